@@ -1,0 +1,4 @@
+//! `argocd-agent` binary entry point.
+fn main() {
+    println!("argocd-agent");
+}

@@ -1,0 +1,2 @@
+//! The GitOpsCluster operator and the fleet PKI: CA and certificate issuance, Argo CD cluster
+//! secrets, ManifestWork builders. Also the library behind the `argocd-agentctl` CLI.

@@ -1,0 +1,4 @@
+//! `argocd-principal` binary entry point.
+fn main() {
+    println!("argocd-principal");
+}
