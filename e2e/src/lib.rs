@@ -1,1 +1,22 @@
-//! End-to-end harness.
+//! End-to-end harness: real Kubernetes control planes (etcd + kube-apiserver), Redis and the
+//! project's binaries as child processes, for tests that prove behaviour across processes.
+//!
+//! Owns process lifecycle (every child is killed and every temporary directory removed when the test
+//! binary ends, also on panic and on Ctrl-C), free-port allocation, control-plane start-up with the
+//! Argo CD and OCM CRDs installed, and wait-for-condition helpers. It does not know the product's
+//! protocol: tests drive the binaries through their command lines and the Kubernetes API.
+
+pub mod binaries;
+pub mod control_plane;
+pub mod crds;
+pub mod ports;
+pub mod process;
+pub mod redis;
+pub mod shared;
+pub mod wait;
+
+pub use control_plane::ControlPlane;
+pub use process::{ManagedProcess, ProcessSpec};
+pub use redis::Redis;
+pub use shared::{shared_planes, SharedPlanes, TestContext};
+pub use wait::wait_until;

@@ -1,0 +1,246 @@
+//! One real Kubernetes control plane: Debian's etcd plus a kube-apiserver built from Debian's
+//! source, on free loopback ports with a temporary data directory, an admin kubeconfig, and the Argo
+//! CD / OCM CRDs installed. No kubelet, scheduler or controller-manager run: objects are stored and
+//! watched, never executed (no pods, no garbage collector, no namespace finalisation).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::binaries::{kube_apiserver, system_binary};
+use crate::crds;
+use crate::ports::free_port;
+use crate::process::{print_log_tail, temp_dir, ManagedProcess, ProcessSpec};
+use crate::wait::wait_until;
+
+/// Bearer token of the plane's `admin` user (group system:masters).
+const ADMIN_TOKEN_LEN: usize = 32;
+
+/// A running control plane.
+pub struct ControlPlane {
+    /// Name given at start (hub, spoke1, ...), used in logs and as kubeconfig context.
+    pub name: String,
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    /// Admin kubeconfig usable by kubectl and kube-rs.
+    pub kubeconfig: PathBuf,
+    /// The admin bearer token.
+    pub admin_token: String,
+    /// CA bundle of the apiserver's self-signed serving certificate.
+    pub ca_file: PathBuf,
+    /// Time from `start` to Ready with CRDs installed.
+    pub startup: Duration,
+    dir: PathBuf,
+    etcd: ManagedProcess,
+    apiserver: ManagedProcess,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver, waits for `/readyz`, installs the CRDs. Blocking: from async
+    /// code use [`ControlPlane::start_async`].
+    pub fn start(name: &str) -> anyhow::Result<ControlPlane> {
+        let started = Instant::now();
+        let dir = temp_dir(&format!("plane-{name}"))?;
+        let etcd = start_etcd(name, &dir)?;
+        let etcd_url = etcd.1;
+        let admin_token = random_token();
+        let port = free_port();
+        let apiserver = start_apiserver(name, &dir, port, &etcd_url, &admin_token)?;
+        let url = format!("https://127.0.0.1:{port}");
+        let ca_file = dir.join("certs/apiserver.crt");
+        let kubeconfig = dir.join("kubeconfig");
+        let mut plane = ControlPlane {
+            name: name.to_string(),
+            url,
+            kubeconfig,
+            admin_token,
+            ca_file,
+            startup: Duration::ZERO,
+            dir,
+            etcd: etcd.0,
+            apiserver,
+        };
+        plane.wait_ready_and_install()?;
+        plane.startup = started.elapsed();
+        eprintln!("[e2e] control plane {name} ready at {} in {:.1?}", plane.url, plane.startup);
+        Ok(plane)
+    }
+
+    /// [`ControlPlane::start`] on a blocking thread.
+    pub async fn start_async(name: &str) -> anyhow::Result<ControlPlane> {
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || ControlPlane::start(&name)).await?
+    }
+
+    /// Starts several planes in parallel (each still takes its own etcd and apiserver).
+    pub fn start_many(names: &[&str]) -> anyhow::Result<Vec<ControlPlane>> {
+        let handles: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let n = n.to_string();
+                std::thread::spawn(move || ControlPlane::start(&n))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("plane start-up panicked"))?).collect()
+    }
+
+    /// A new kube-rs client built from the generated kubeconfig. Create one per test runtime: a client
+    /// is bound to the tokio runtime that created it.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let config = self.kube_config().await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// The kube-rs configuration read from the generated kubeconfig.
+    pub async fn kube_config(&self) -> anyhow::Result<kube::Config> {
+        let kc = Kubeconfig::read_from(&self.kubeconfig)?;
+        Ok(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?)
+    }
+
+    /// Stops the apiserver (etcd keeps the data), for fault injection.
+    pub fn stop_apiserver(&mut self) {
+        self.apiserver.stop();
+    }
+
+    /// Starts the apiserver again after [`stop_apiserver`](Self::stop_apiserver) and waits for `/readyz`.
+    pub fn start_apiserver(&mut self) -> anyhow::Result<()> {
+        self.apiserver.start_again()?;
+        self.wait_ready_and_install()
+    }
+
+    /// Prints the tails of etcd's and the apiserver's logs.
+    pub fn print_logs(&self, lines: usize) {
+        print_log_tail(self.etcd.name(), self.etcd.log_path(), lines);
+        print_log_tail(self.apiserver.name(), self.apiserver.log_path(), lines);
+    }
+
+    /// The plane's temporary directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    fn wait_ready_and_install(&mut self) -> anyhow::Result<()> {
+        // The serving certificate appears once the apiserver has generated it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.ca_file.is_file() {
+            if !self.apiserver.is_running() || Instant::now() > deadline {
+                self.print_logs(30);
+                anyhow::bail!("kube-apiserver for {} exited or produced no serving certificate", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        write_kubeconfig(&self.kubeconfig, &self.name, &self.url, &self.ca_file, &self.admin_token)?;
+        let kubeconfig = self.kubeconfig.clone();
+        let name = self.name.clone();
+        // A fresh thread with its own runtime: callers may be inside another runtime.
+        let result = std::thread::spawn(move || -> anyhow::Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async move {
+                let kc = Kubeconfig::read_from(&kubeconfig)?;
+                let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+                let client = kube::Client::try_from(config)?;
+                wait_until(&format!("{name} /readyz"), Duration::from_secs(60), || {
+                    let client = client.clone();
+                    async move {
+                        let req = http::Request::get("/readyz").body(Vec::new()).expect("static request");
+                        let body = client.request_text(req).await?;
+                        Ok::<_, kube::Error>((body.trim() == "ok").then_some(()))
+                    }
+                })
+                .await?;
+                crds::install_all(&client).await?;
+                Ok(())
+            })
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("readiness thread panicked"))?;
+        if let Err(e) = result {
+            self.print_logs(30);
+            return Err(e.context(format!("control plane {} did not become ready", self.name)));
+        }
+        Ok(())
+    }
+}
+
+fn random_token() -> String {
+    let mut s = String::new();
+    while s.len() < ADMIN_TOKEN_LEN {
+        s.push_str(&uuid::Uuid::new_v4().simple().to_string());
+    }
+    s.truncate(ADMIN_TOKEN_LEN);
+    s
+}
+
+fn start_etcd(name: &str, dir: &std::path::Path) -> anyhow::Result<(ManagedProcess, String)> {
+    let bin = system_binary("etcd", "etcd-server")?;
+    let client_port = free_port();
+    let peer_port = free_port();
+    let client_url = format!("http://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let spec = ProcessSpec::new(format!("etcd-{name}"), bin, dir.join("etcd.log"))
+        .args(["--name", "default", "--data-dir"])
+        .arg(dir.join("etcd"))
+        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("default={peer_url}")])
+        .args(["--log-level", "warn"]);
+    Ok((ManagedProcess::spawn(spec)?, client_url))
+}
+
+fn start_apiserver(
+    name: &str,
+    dir: &std::path::Path,
+    port: u16,
+    etcd_url: &str,
+    token: &str,
+) -> anyhow::Result<ManagedProcess> {
+    let bin = kube_apiserver()?;
+    let sa_key = dir.join("sa.key");
+    let status = Command::new("openssl")
+        .args(["genrsa", "-out"])
+        .arg(&sa_key)
+        .arg("2048")
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| anyhow::anyhow!("running openssl to create the service-account key: {e}"))?;
+    anyhow::ensure!(status.success(), "openssl genrsa failed");
+    let tokens = dir.join("tokens.csv");
+    std::fs::write(&tokens, format!("{token},admin,admin,system:masters\n"))?;
+    let spec = ProcessSpec::new(format!("kube-apiserver-{name}"), bin, dir.join("apiserver.log"))
+        .args(["--etcd-servers", etcd_url, "--cert-dir"])
+        .arg(dir.join("certs"))
+        .args(["--secure-port", &port.to_string(), "--bind-address", "127.0.0.1"])
+        .args(["--advertise-address", "127.0.0.1", "--token-auth-file"])
+        .arg(&tokens)
+        .args(["--authorization-mode", "RBAC", "--service-account-key-file"])
+        .arg(&sa_key)
+        .arg("--service-account-signing-key-file")
+        .arg(&sa_key)
+        .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+        .args(["--service-cluster-ip-range", "10.0.0.0/24"])
+        // No controller-manager: do not try to maintain the `kubernetes` Service endpoints.
+        .args(["--endpoint-reconciler-type", "none"])
+        .args(["--enable-priority-and-fairness=false", "-v", "1"]);
+    ManagedProcess::spawn(spec)
+}
+
+fn write_kubeconfig(
+    path: &std::path::Path,
+    name: &str,
+    url: &str,
+    ca: &std::path::Path,
+    token: &str,
+) -> anyhow::Result<()> {
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": url, "certificate-authority": ca}}],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": "admin"}}],
+        "current-context": name,
+    });
+    std::fs::write(path, serde_yaml::to_string(&kubeconfig)?)?;
+    Ok(())
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The project's test command: installs what it needs, then runs formatting, lint, unit tests and the
+# end-to-end suite on real Kubernetes control planes. Exits non-zero with a message on the first failure.
+#
+# Env: CARGO_TARGET_DIR   build cache (default: ~/.cache/argocd-agent-rs/target, outside the clone)
+#      TEST_FILTER        optional cargo test filter
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/argocd-agent-rs/target}
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+start=$(date +%s)
+step() { echo; echo "==> [$(( $(date +%s) - start ))s] $*"; }
+fail() { echo "hack/test.sh: FAILED: $*" >&2; exit 1; }
+
+step "checking the Rust toolchain"
+command -v cargo >/dev/null || fail "cargo not found: install Rust with rustup (https://rustup.rs) and retry"
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy || fail "could not install rustfmt/clippy with rustup"
+fi
+
+step "installing the test control plane (etcd, redis, kube-apiserver built from Debian's source; cached after the first run)"
+bash hack/control-plane.sh >/dev/null || fail "hack/control-plane.sh could not provide a control plane"
+command -v openssl >/dev/null || { apt-get install -y -qq openssl >/dev/null || fail "could not install openssl"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check || fail "code is not formatted: run cargo fmt --all"
+
+step "cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings || fail "clippy found problems"
+
+step "building the binaries the end-to-end tests start"
+cargo build --workspace --bins --locked || fail "build failed"
+
+step "cargo test (unit tests and the end-to-end suite)"
+cargo test --workspace --locked ${TEST_FILTER:+"$TEST_FILTER"} || fail "tests failed"
+
+step "checking that no etcd / kube-apiserver / redis-server / project process outlived the tests"
+if leftovers=$(pgrep -af 'argocd-agent-e2e' | grep -v pgrep); then
+  echo "$leftovers" >&2
+  fail "processes from the end-to-end tests are still running"
+fi
+
+step "all checks passed in $(( $(date +%s) - start ))s"
