@@ -1,2 +1,19 @@
 //! The principal (hub) of argocd-agent: accepts agents over mutual-TLS gRPC, authenticates them,
 //! streams Application/AppProject events to them and writes their status back on the hub.
+//!
+//! The connection path, composed in [`app::run`]: [`listener`] (TLS accept, certificate identity) →
+//! [`auth`] (Authenticate/RefreshToken, token ↔ certificate check) → [`eventstream`] (one stream
+//! per agent over its [`sessions`] outbox) → [`hub`] / [`inbound`] (hub watches and writes), with
+//! the pure routing rules in [`routing`].
+
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod eventstream;
+pub mod hub;
+pub mod inbound;
+pub mod listener;
+pub mod metrics;
+pub mod routing;
+pub mod sessions;
+pub mod tokens;

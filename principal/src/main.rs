@@ -1,4 +1,33 @@
-//! `argocd-principal` binary entry point.
-fn main() {
-    println!("argocd-principal");
+//! `argocd-principal` binary entry point: flags/env → validated config → logging → run.
+//!
+//! Exit codes: 0 after a clean shutdown, 2 for bad usage or configuration (clap's own errors, or
+//! `error: <message>` naming the flag and env var), 1 for a runtime failure.
+
+use std::process::ExitCode;
+
+use argocd_agent_principal::app;
+use argocd_agent_principal::config::PrincipalArgs;
+use argocd_agent_proto::telemetry::init_logging;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = PrincipalArgs::from_env_and_args();
+    let config = match args.validate() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = init_logging(config.log_format, &config.log_level) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    match app::run(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "argocd-principal failed");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,1021 @@
+//! Command-line and environment configuration of `argocd-principal`.
+//!
+//! Owns: [`PrincipalArgs`] (every flag, each mirrored by an `ARGOCD_PRINCIPAL_<FLAG>` env var),
+//! its validation into [`PrincipalConfig`] (files readable, names well-formed, listeners not
+//! colliding, durations sane), and [`ConfigError`], whose messages name the flag and env var and
+//! say what to do. Syntax errors (an unknown mode, a malformed address) are clap's and exit 2 too.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use argocd_agent_proto::identity::IdentitySource;
+use argocd_agent_proto::telemetry::flags::{
+    self, check_label_selector, check_namespace_name, check_namespace_pattern, check_readable_file,
+    AgentMode, FlagValueError, HostPort,
+};
+use argocd_agent_proto::telemetry::{parse_log_filter, LogFormat};
+use argocd_agent_proto::tls::TlsVersion;
+use clap::builder::{BoolishValueParser, PossibleValuesParser, TypedValueParser};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
+
+/// Prefix of every env var mirroring a principal flag.
+pub const ENV_PREFIX: &str = "ARGOCD_PRINCIPAL_";
+
+/// Default `--grpc-max-message-size`: 16 MiB. Upstream defaults to 200 MB; 16 MiB bounds the
+/// memory one misbehaving agent can make the principal allocate per message while leaving ample
+/// room for large Applications. Raise it if agents report "message too large".
+pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = "16MiB";
+
+const MIN_GRPC_MAX_MESSAGE_SIZE: usize = 4 << 10;
+const MAX_GRPC_MAX_MESSAGE_SIZE: usize = 2 << 30;
+
+/// The env var that mirrors `--<flag>`.
+pub fn env_var_for(flag: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        flag.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
+/// `argocd-principal`: the hub side of argocd-agent.
+///
+/// Every flag can also be set through the environment variable shown next to it; a flag given
+/// twice takes its last value.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "argocd-principal", version, about, long_about = None, args_override_self = true)]
+pub struct PrincipalArgs {
+    /// Address the agent-facing gRPC (mTLS) server listens on.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_LISTEN_ADDRESS",
+        default_value = "0.0.0.0:8443",
+        value_name = "IP:PORT"
+    )]
+    pub listen_address: SocketAddr,
+
+    /// Server certificate (PEM) of the gRPC listener.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CERT", value_name = "PATH")]
+    pub tls_cert: PathBuf,
+
+    /// Private key (PEM) of the gRPC listener's certificate.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_KEY", value_name = "PATH")]
+    pub tls_key: PathBuf,
+
+    /// CA bundle (PEM) that agents' client certificates must chain to.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CA", value_name = "PATH")]
+    pub tls_ca: PathBuf,
+
+    /// Lowest TLS version accepted on every listener.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_TLS_MIN_VERSION",
+        default_value = "tls1.3",
+        value_name = "VERSION",
+        value_parser = PossibleValuesParser::new(["tls1.3", "tls1.2"])
+            .try_map(|v| v.parse::<TlsVersion>())
+    )]
+    pub tls_min_version: TlsVersion,
+
+    /// Private key (PEM, RSA or EC) that signs agents' session tokens (JWT).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_JWT_KEY",
+        value_name = "PATH",
+        required_unless_present = "insecure_jwt_generate"
+    )]
+    pub jwt_key: Option<PathBuf>,
+
+    /// Generate a throwaway JWT signing key at start-up (tokens do not survive a restart; dev only).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_INSECURE_JWT_GENERATE", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub insecure_jwt_generate: bool,
+
+    /// Where the agent name comes from in its client certificate: `mtls` or `mtls:subject:CN`
+    /// (subject common name), or `mtls:uri:<prefix>` (URI SAN starting with prefix, SPIFFE style).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_AUTH",
+        default_value = "mtls:subject:CN",
+        value_name = "METHOD",
+        value_parser = parse_auth
+    )]
+    pub auth: IdentitySource,
+
+    /// Namespace of Argo CD on the hub.
+    #[arg(
+        long,
+        short = 'n',
+        env = "ARGOCD_PRINCIPAL_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    pub namespace: String,
+
+    /// Further namespaces whose Applications are synced, comma-separated; '*' and '?' globs allowed.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_ALLOWED_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "PATTERNS"
+    )]
+    pub allowed_namespaces: Vec<String>,
+
+    /// Create the hub namespace of an autonomous agent when it first connects.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_ENABLE", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub namespace_create_enable: bool,
+
+    /// Route Applications to agents by `spec.destination.name` instead of by namespace.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub destination_based_mapping: bool,
+
+    /// Agent modes allowed to connect, comma-separated [default: managed,autonomous].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_ALLOWED_AGENT_MODES",
+        value_delimiter = ',',
+        default_value = "managed,autonomous",
+        hide_default_value = true,
+        value_name = "MODES"
+    )]
+    pub allowed_agent_modes: Vec<AgentMode>,
+
+    /// Serve the resource proxy (Argo CD's hub-side view of agents' live resources).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_RESOURCE_PROXY", default_value_t = true,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub enable_resource_proxy: bool,
+
+    /// Address the resource proxy listens on.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_ADDRESS",
+        default_value = "0.0.0.0:9090",
+        value_name = "IP:PORT"
+    )]
+    pub resource_proxy_address: SocketAddr,
+
+    /// Server certificate (PEM) of the resource proxy [default: the --tls-cert file].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CERT",
+        value_name = "PATH"
+    )]
+    pub resource_proxy_tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of the resource proxy certificate [default: the --tls-key file].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_KEY",
+        value_name = "PATH"
+    )]
+    pub resource_proxy_tls_key: Option<PathBuf>,
+
+    /// CA bundle (PEM) for the resource proxy's clients (Argo CD) [default: the --tls-ca file].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_TLS_CA",
+        value_name = "PATH"
+    )]
+    pub resource_proxy_tls_ca: Option<PathBuf>,
+
+    /// Serve the Redis proxy that routes Argo CD's cache reads to agents.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_REDIS_PROXY", default_value_t = true,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub enable_redis_proxy: bool,
+
+    /// Address the Redis proxy listens on.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PROXY_ADDRESS",
+        default_value = "0.0.0.0:6379",
+        value_name = "IP:PORT"
+    )]
+    pub redis_proxy_address: SocketAddr,
+
+    /// The hub's Argo CD Redis (upstream of the proxy, and where connection state is written).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_SERVER_ADDRESS",
+        default_value = "argocd-redis:6379",
+        value_name = "HOST:PORT"
+    )]
+    pub redis_server_address: HostPort,
+
+    /// Address `/metrics` is served on.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_METRICS_ADDRESS",
+        default_value = "0.0.0.0:8000",
+        value_name = "IP:PORT"
+    )]
+    pub metrics_address: SocketAddr,
+
+    /// Address `/healthz` and `/readyz` are served on (may equal --metrics-address).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_HEALTH_ADDRESS",
+        default_value = "0.0.0.0:8003",
+        value_name = "IP:PORT"
+    )]
+    pub health_address: SocketAddr,
+
+    /// Kubeconfig of the hub cluster [default: in-cluster config, then $KUBECONFIG, then ~/.kube/config].
+    #[arg(long, env = "ARGOCD_PRINCIPAL_KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Context to use from the kubeconfig [default: its current context].
+    #[arg(long, env = "ARGOCD_PRINCIPAL_KUBECONTEXT", value_name = "NAME")]
+    pub kubecontext: Option<String>,
+
+    /// Run the embedded GitOpsCluster operator.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_OPERATOR", default_value_t = true,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub enable_operator: bool,
+
+    /// Largest gRPC message sent or received, in bytes (units such as 16MiB or 200MB accepted).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_GRPC_MAX_MESSAGE_SIZE",
+        default_value = DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+        value_name = "BYTES",
+        value_parser = flags::parse_byte_size
+    )]
+    pub grpc_max_message_size: usize,
+
+    /// Shortest interval between keepalive pings an agent may send (0 = not enforced).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_KEEPALIVE_MIN_INTERVAL",
+        default_value = "0",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub keepalive_min_interval: Duration,
+
+    /// How often the principal re-checks agents' objects for missed changes (0 = only on connect).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESYNC_INTERVAL",
+        default_value = "5m",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub resync_interval: Duration,
+
+    /// Lifetime of the access tokens issued to agents.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_ACCESS_TOKEN_LIFETIME",
+        default_value = "5m",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub access_token_lifetime: Duration,
+
+    /// Lifetime of the refresh tokens issued to agents.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REFRESH_TOKEN_LIFETIME",
+        default_value = "24h",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub refresh_token_lifetime: Duration,
+
+    /// Log filter: a level (trace, debug, info, warn, error) or directives like `argocd_agent_principal=debug,info`.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_LOG_LEVEL",
+        default_value = "info",
+        value_name = "FILTER"
+    )]
+    pub log_level: String,
+
+    /// Log line format.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_LOG_FORMAT",
+        default_value_t = LogFormat::Text,
+        value_enum,
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormat,
+
+    /// Only watch hub objects matching this Kubernetes label selector.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR", value_name = "SELECTOR")]
+    pub label_selector: Option<String>,
+
+    /// OTLP/gRPC endpoint to export traces to (not yet implemented; accepted and ignored).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS", value_name = "HOST:PORT")]
+    pub otlp_address: Option<String>,
+}
+
+impl PrincipalArgs {
+    /// Parses the process's arguments and `ARGOCD_PRINCIPAL_*` env vars (an empty env var counts
+    /// as unset); on a usage error prints clap's message and exits 2.
+    pub fn from_env_and_args() -> Self {
+        let cmd = flags::ignore_empty_env(Self::command(), |name| std::env::var_os(name));
+        Self::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// Parses `--auth`.
+fn parse_auth(value: &str) -> Result<IdentitySource, String> {
+    match value {
+        // The last two are upstream's shipped defaults, accepted so existing values keep working.
+        "mtls"
+        | "mtls:subject"
+        | "mtls:subject:CN"
+        | "mtls:CN=([^,]+)"
+        | "mtls:subject:CN=([^,]+)" => Ok(IdentitySource::CommonName),
+        _ => match value.strip_prefix("mtls:uri:") {
+            Some(prefix) if !prefix.is_empty() => Ok(IdentitySource::UriSan {
+                prefix: prefix.to_string(),
+            }),
+            Some(_) => Err(
+                "the URI prefix is empty; use e.g. mtls:uri:spiffe://example.org/agents/"
+                    .to_string(),
+            ),
+            None => Err(
+                "use mtls (agent name = subject CN), mtls:subject:CN, or mtls:uri:<prefix> \
+                 (agent name from a URI SAN starting with <prefix>); regular expressions, header \
+                 and userpass auth are not supported"
+                    .to_string(),
+            ),
+        },
+    }
+}
+
+/// Server certificate, key and client CA files of one TLS listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    /// Server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Server private key (PEM).
+    pub key: PathBuf,
+    /// CA bundle client certificates must chain to (PEM).
+    pub client_ca: PathBuf,
+}
+
+/// Where the JWT signing key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwtKeySource {
+    /// A PEM private key file.
+    File(PathBuf),
+    /// A key generated at start-up (`--insecure-jwt-generate`).
+    GenerateInsecure,
+}
+
+/// The resource proxy listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceProxyConfig {
+    /// Listen address.
+    pub address: SocketAddr,
+    /// TLS files (falling back to the gRPC listener's).
+    pub tls: ServerTlsFiles,
+}
+
+/// How to reach the hub's Kubernetes API.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubeClientConfig {
+    /// Explicit kubeconfig file, if any.
+    pub kubeconfig: Option<PathBuf>,
+    /// Explicit kubeconfig context, if any.
+    pub context: Option<String>,
+}
+
+/// Validated configuration of the principal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrincipalConfig {
+    /// gRPC listen address.
+    pub listen_address: SocketAddr,
+    /// gRPC listener TLS files.
+    pub tls: ServerTlsFiles,
+    /// Lowest TLS version on every listener.
+    pub tls_min_version: TlsVersion,
+    /// JWT signing key.
+    pub jwt_key: JwtKeySource,
+    /// Where agent names come from in client certificates.
+    pub auth: IdentitySource,
+    /// Argo CD namespace on the hub.
+    pub namespace: String,
+    /// Extra Application namespace patterns.
+    pub allowed_namespaces: Vec<String>,
+    /// Create autonomous agents' hub namespaces.
+    pub namespace_create_enable: bool,
+    /// Route Applications by `spec.destination.name`.
+    pub destination_based_mapping: bool,
+    /// Modes agents may connect with (no duplicates, never empty).
+    pub allowed_agent_modes: Vec<AgentMode>,
+    /// Resource proxy, if enabled.
+    pub resource_proxy: Option<ResourceProxyConfig>,
+    /// Redis proxy listen address, if enabled.
+    pub redis_proxy_address: Option<SocketAddr>,
+    /// The hub's Argo CD Redis.
+    pub redis_server_address: HostPort,
+    /// Where `/metrics` is served.
+    pub metrics_address: SocketAddr,
+    /// Where `/healthz` and `/readyz` are served.
+    pub health_address: SocketAddr,
+    /// Kubernetes client settings.
+    pub kube: KubeClientConfig,
+    /// Run the embedded operator.
+    pub enable_operator: bool,
+    /// gRPC message size limit in bytes.
+    pub grpc_max_message_size: usize,
+    /// Keepalive enforcement; `None` = not enforced.
+    pub keepalive_min_interval: Option<Duration>,
+    /// Periodic resync; `None` = only on connect.
+    pub resync_interval: Option<Duration>,
+    /// Access token lifetime.
+    pub access_token_lifetime: Duration,
+    /// Refresh token lifetime (longer than the access token's).
+    pub refresh_token_lifetime: Duration,
+    /// Log filter (already checked by `parse_log_filter`).
+    pub log_level: String,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Label selector for watched hub objects.
+    pub label_selector: Option<String>,
+    /// OTLP endpoint (accepted, not yet used).
+    pub otlp_address: Option<String>,
+}
+
+/// Why the principal's configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A flag's value is malformed or points at an unusable file.
+    #[error("--{flag} (env {env}): {source}")]
+    InvalidValue {
+        /// Flag name without dashes.
+        flag: &'static str,
+        /// The mirroring env var.
+        env: String,
+        /// What is wrong.
+        #[source]
+        source: FlagValueError,
+    },
+    /// A flag's value is out of range or otherwise unusable.
+    #[error("--{flag} (env {env}): {problem}")]
+    Invalid {
+        /// Flag name without dashes.
+        flag: &'static str,
+        /// The mirroring env var.
+        env: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+    /// Two flags' values cannot be used together.
+    #[error("--{flag} (env {env}) conflicts with --{other} (env {other_env}): {problem}")]
+    Conflict {
+        /// First flag.
+        flag: &'static str,
+        /// Its env var.
+        env: String,
+        /// Second flag.
+        other: &'static str,
+        /// Its env var.
+        other_env: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+}
+
+impl ConfigError {
+    fn value(flag: &'static str, source: FlagValueError) -> Self {
+        ConfigError::InvalidValue {
+            flag,
+            env: env_var_for(flag),
+            source,
+        }
+    }
+
+    fn invalid(flag: &'static str, problem: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            flag,
+            env: env_var_for(flag),
+            problem: problem.into(),
+        }
+    }
+
+    fn conflict(flag: &'static str, other: &'static str, problem: impl Into<String>) -> Self {
+        ConfigError::Conflict {
+            flag,
+            env: env_var_for(flag),
+            other,
+            other_env: env_var_for(other),
+            problem: problem.into(),
+        }
+    }
+
+    /// The flag (without dashes) the error is about.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            ConfigError::InvalidValue { flag, .. }
+            | ConfigError::Invalid { flag, .. }
+            | ConfigError::Conflict { flag, .. } => flag,
+        }
+    }
+}
+
+fn readable_file(flag: &'static str, path: &Path) -> Result<PathBuf, ConfigError> {
+    if path.as_os_str().is_empty() {
+        return Err(ConfigError::invalid(
+            flag,
+            "is empty; point it at a readable PEM file",
+        ));
+    }
+    check_readable_file(path).map_err(|e| ConfigError::value(flag, e))?;
+    Ok(path.to_path_buf())
+}
+
+/// Empty strings (as Helm charts often render unset values) mean "not set".
+fn non_empty<T: AsRef<std::ffi::OsStr>>(value: Option<T>) -> Option<T> {
+    value.filter(|v| !v.as_ref().is_empty())
+}
+
+/// Rejects two listeners that would fight over one port.
+fn check_listeners_distinct(listeners: &[(&'static str, SocketAddr)]) -> Result<(), ConfigError> {
+    for (i, (flag, addr)) in listeners.iter().enumerate() {
+        for (other, other_addr) in &listeners[i + 1..] {
+            let overlapping_ips = addr.ip() == other_addr.ip()
+                || addr.ip().is_unspecified()
+                || other_addr.ip().is_unspecified();
+            if addr.port() != 0 && addr.port() == other_addr.port() && overlapping_ips {
+                return Err(ConfigError::conflict(
+                    flag,
+                    other,
+                    format!(
+                        "{addr} and {other_addr} would both listen on port {}; give one of them another port",
+                        addr.port()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl PrincipalArgs {
+    /// Checks everything clap cannot (files, names, ranges, combinations) and builds the config.
+    pub fn validate(self) -> Result<PrincipalConfig, ConfigError> {
+        let tls = ServerTlsFiles {
+            cert: readable_file("tls-cert", &self.tls_cert)?,
+            key: readable_file("tls-key", &self.tls_key)?,
+            client_ca: readable_file("tls-ca", &self.tls_ca)?,
+        };
+
+        let jwt_key = match (non_empty(self.jwt_key), self.insecure_jwt_generate) {
+            (Some(_), true) => {
+                return Err(ConfigError::conflict(
+                    "jwt-key",
+                    "insecure-jwt-generate",
+                    "give a key file or ask for a generated key, not both",
+                ))
+            }
+            (Some(path), false) => JwtKeySource::File(readable_file("jwt-key", &path)?),
+            (None, true) => JwtKeySource::GenerateInsecure,
+            (None, false) => {
+                return Err(ConfigError::invalid(
+                    "jwt-key",
+                    "is required: point it at the PEM private key that signs agent tokens \
+                     (or pass --insecure-jwt-generate for a throwaway key)",
+                ))
+            }
+        };
+
+        check_namespace_name(&self.namespace).map_err(|e| ConfigError::value("namespace", e))?;
+        let mut allowed_namespaces = Vec::new();
+        for pattern in self.allowed_namespaces {
+            let pattern = pattern.trim();
+            if pattern.is_empty() {
+                continue;
+            }
+            check_namespace_pattern(pattern)
+                .map_err(|e| ConfigError::value("allowed-namespaces", e))?;
+            allowed_namespaces.push(pattern.to_string());
+        }
+
+        let mut allowed_agent_modes = Vec::new();
+        for mode in self.allowed_agent_modes {
+            if !allowed_agent_modes.contains(&mode) {
+                allowed_agent_modes.push(mode);
+            }
+        }
+        if allowed_agent_modes.is_empty() {
+            return Err(ConfigError::invalid(
+                "allowed-agent-modes",
+                "is empty; allow managed, autonomous, or both",
+            ));
+        }
+
+        let resource_proxy = if self.enable_resource_proxy {
+            let cert = non_empty(self.resource_proxy_tls_cert);
+            let key = non_empty(self.resource_proxy_tls_key);
+            let (cert, key) = match (cert, key) {
+                (Some(cert), Some(key)) => (
+                    readable_file("resource-proxy-tls-cert", &cert)?,
+                    readable_file("resource-proxy-tls-key", &key)?,
+                ),
+                (None, None) => (tls.cert.clone(), tls.key.clone()),
+                (Some(_), None) | (None, Some(_)) => {
+                    return Err(ConfigError::conflict(
+                        "resource-proxy-tls-cert",
+                        "resource-proxy-tls-key",
+                        "set both or neither (neither reuses --tls-cert and --tls-key)",
+                    ))
+                }
+            };
+            let client_ca = match non_empty(self.resource_proxy_tls_ca) {
+                Some(ca) => readable_file("resource-proxy-tls-ca", &ca)?,
+                None => tls.client_ca.clone(),
+            };
+            Some(ResourceProxyConfig {
+                address: self.resource_proxy_address,
+                tls: ServerTlsFiles {
+                    cert,
+                    key,
+                    client_ca,
+                },
+            })
+        } else {
+            None
+        };
+        let redis_proxy_address = self.enable_redis_proxy.then_some(self.redis_proxy_address);
+
+        let mut listeners = vec![("listen-address", self.listen_address)];
+        if let Some(proxy) = &resource_proxy {
+            listeners.push(("resource-proxy-address", proxy.address));
+        }
+        if let Some(addr) = redis_proxy_address {
+            listeners.push(("redis-proxy-address", addr));
+        }
+        listeners.push(("metrics-address", self.metrics_address));
+        check_listeners_distinct(&listeners)?;
+        // Metrics and health may share one address (one server then serves both).
+        if self.health_address != self.metrics_address {
+            listeners.pop();
+            listeners.push(("health-address", self.health_address));
+            check_listeners_distinct(&listeners)?;
+            check_listeners_distinct(&[
+                ("metrics-address", self.metrics_address),
+                ("health-address", self.health_address),
+            ])?;
+        }
+
+        let kube = KubeClientConfig {
+            kubeconfig: match non_empty(self.kubeconfig) {
+                Some(path) => Some(readable_file("kubeconfig", &path)?),
+                None => None,
+            },
+            context: non_empty(self.kubecontext),
+        };
+
+        if !(MIN_GRPC_MAX_MESSAGE_SIZE..=MAX_GRPC_MAX_MESSAGE_SIZE)
+            .contains(&self.grpc_max_message_size)
+        {
+            return Err(ConfigError::invalid(
+                "grpc-max-message-size",
+                format!(
+                    "{} bytes is outside the usable range 4KiB..=2GiB",
+                    self.grpc_max_message_size
+                ),
+            ));
+        }
+
+        let keepalive_min_interval =
+            (!self.keepalive_min_interval.is_zero()).then_some(self.keepalive_min_interval);
+        let resync_interval = match self.resync_interval {
+            d if d.is_zero() => None,
+            d if d < Duration::from_secs(1) => {
+                return Err(ConfigError::invalid(
+                    "resync-interval",
+                    "is shorter than 1s; use 0 to resync only on connect, or at least 1s",
+                ))
+            }
+            d => Some(d),
+        };
+        if self.access_token_lifetime < Duration::from_secs(1) {
+            return Err(ConfigError::invalid(
+                "access-token-lifetime",
+                "must be at least 1s (default 5m)",
+            ));
+        }
+        if self.refresh_token_lifetime <= self.access_token_lifetime {
+            return Err(ConfigError::conflict(
+                "refresh-token-lifetime",
+                "access-token-lifetime",
+                format!(
+                    "the refresh token ({}) must outlive the access token ({})",
+                    flags::format_duration(self.refresh_token_lifetime),
+                    flags::format_duration(self.access_token_lifetime)
+                ),
+            ));
+        }
+
+        parse_log_filter(&self.log_level)
+            .map_err(|e| ConfigError::invalid("log-level", e.to_string()))?;
+        let label_selector = non_empty(self.label_selector);
+        if let Some(selector) = &label_selector {
+            check_label_selector(selector).map_err(|e| ConfigError::value("label-selector", e))?;
+        }
+
+        Ok(PrincipalConfig {
+            listen_address: self.listen_address,
+            tls,
+            tls_min_version: self.tls_min_version,
+            jwt_key,
+            auth: self.auth,
+            namespace: self.namespace,
+            allowed_namespaces,
+            namespace_create_enable: self.namespace_create_enable,
+            destination_based_mapping: self.destination_based_mapping,
+            allowed_agent_modes,
+            resource_proxy,
+            redis_proxy_address,
+            redis_server_address: self.redis_server_address,
+            metrics_address: self.metrics_address,
+            health_address: self.health_address,
+            kube,
+            enable_operator: self.enable_operator,
+            grpc_max_message_size: self.grpc_max_message_size,
+            keepalive_min_interval,
+            resync_interval,
+            access_token_lifetime: self.access_token_lifetime,
+            refresh_token_lifetime: self.refresh_token_lifetime,
+            log_level: self.log_level,
+            log_format: self.log_format,
+            label_selector,
+            otlp_address: non_empty(self.otlp_address),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Files {
+        dir: tempfile::TempDir,
+    }
+
+    impl Files {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            for name in [
+                "tls.crt", "tls.key", "ca.crt", "jwt.key", "rp.crt", "rp.key",
+            ] {
+                std::fs::write(dir.path().join(name), "not checked here\n").unwrap();
+            }
+            Files { dir }
+        }
+
+        fn path(&self, name: &str) -> String {
+            self.dir.path().join(name).display().to_string()
+        }
+
+        fn args(&self, extra: &[&str]) -> Result<PrincipalArgs, clap::Error> {
+            let mut argv = vec![
+                "argocd-principal".to_string(),
+                format!("--tls-cert={}", self.path("tls.crt")),
+                format!("--tls-key={}", self.path("tls.key")),
+                format!("--tls-ca={}", self.path("ca.crt")),
+                format!("--jwt-key={}", self.path("jwt.key")),
+                "--namespace=argocd".to_string(),
+            ];
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            PrincipalArgs::try_parse_from(argv)
+        }
+
+        fn validate(&self, extra: &[&str]) -> Result<PrincipalConfig, ConfigError> {
+            self.args(extra).expect("clap accepts").validate()
+        }
+    }
+
+    #[test]
+    fn every_flag_has_its_env_var() {
+        for arg in PrincipalArgs::command().get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("--{long} has no env var"));
+            assert_eq!(env.to_str().unwrap(), env_var_for(long), "--{long}");
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_documented_contract() {
+        let files = Files::new();
+        let config = files.validate(&[]).unwrap();
+        assert_eq!(config.listen_address, "0.0.0.0:8443".parse().unwrap());
+        assert_eq!(config.tls_min_version, TlsVersion::Tls13);
+        assert_eq!(config.auth, IdentitySource::CommonName);
+        assert_eq!(
+            config.allowed_agent_modes,
+            vec![AgentMode::Managed, AgentMode::Autonomous]
+        );
+        let proxy = config.resource_proxy.unwrap();
+        assert_eq!(proxy.address, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!(
+            proxy.tls, config.tls,
+            "resource proxy reuses the gRPC TLS files"
+        );
+        assert_eq!(
+            config.redis_proxy_address,
+            Some("0.0.0.0:6379".parse().unwrap())
+        );
+        assert_eq!(config.redis_server_address.to_string(), "argocd-redis:6379");
+        assert_eq!(config.metrics_address, "0.0.0.0:8000".parse().unwrap());
+        assert_eq!(config.health_address, "0.0.0.0:8003".parse().unwrap());
+        assert!(config.enable_operator);
+        assert_eq!(config.grpc_max_message_size, 16 << 20);
+        assert_eq!(config.keepalive_min_interval, None);
+        assert_eq!(config.resync_interval, Some(Duration::from_secs(300)));
+        assert_eq!(config.access_token_lifetime, Duration::from_secs(300));
+        assert_eq!(config.refresh_token_lifetime, Duration::from_secs(86400));
+        assert_eq!(config.log_format, LogFormat::Text);
+        assert_eq!(
+            config.jwt_key,
+            JwtKeySource::File(files.path("jwt.key").into())
+        );
+    }
+
+    #[test]
+    fn bool_flags_accept_bare_and_explicit_values() {
+        let files = Files::new();
+        let config = files
+            .validate(&[
+                "--enable-operator=false",
+                "--enable-resource-proxy=false",
+                "--enable-redis-proxy=no",
+                "--destination-based-mapping",
+            ])
+            .unwrap();
+        assert!(!config.enable_operator);
+        assert!(config.resource_proxy.is_none());
+        assert!(config.redis_proxy_address.is_none());
+        assert!(config.destination_based_mapping);
+    }
+
+    #[test]
+    fn auth_methods() {
+        assert_eq!(parse_auth("mtls").unwrap(), IdentitySource::CommonName);
+        assert_eq!(
+            parse_auth("mtls:CN=([^,]+)").unwrap(),
+            IdentitySource::CommonName
+        );
+        assert_eq!(
+            parse_auth("mtls:uri:spiffe://example.org/agents/").unwrap(),
+            IdentitySource::UriSan {
+                prefix: "spiffe://example.org/agents/".to_string()
+            }
+        );
+        assert!(parse_auth("mtls:uri:").is_err());
+        assert!(parse_auth("userpass:/etc/users").is_err());
+    }
+
+    #[test]
+    fn missing_cert_file_names_flag_and_env() {
+        let files = Files::new();
+        let err = files
+            .validate(&["--tls-cert=/nonexistent/tls.crt"])
+            .unwrap_err();
+        let message = err.to_string();
+        assert_eq!(err.flag(), "tls-cert");
+        assert!(
+            message.contains("--tls-cert (env ARGOCD_PRINCIPAL_TLS_CERT)"),
+            "{message}"
+        );
+        assert!(message.contains("/nonexistent/tls.crt"), "{message}");
+    }
+
+    #[test]
+    fn jwt_key_or_generation_but_not_both() {
+        let files = Files::new();
+        let err = files.validate(&["--insecure-jwt-generate"]).unwrap_err();
+        assert_eq!(err.flag(), "jwt-key");
+        let generated = PrincipalArgs::try_parse_from([
+            "argocd-principal",
+            "--tls-cert",
+            &files.path("tls.crt"),
+            "--tls-key",
+            &files.path("tls.key"),
+            "--tls-ca",
+            &files.path("ca.crt"),
+            "--namespace",
+            "argocd",
+            "--insecure-jwt-generate",
+        ])
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(generated.jwt_key, JwtKeySource::GenerateInsecure);
+    }
+
+    #[test]
+    fn namespace_must_be_a_dns_label() {
+        let files = Files::new();
+        let err = files.validate(&["--namespace=Argo_CD"]).unwrap_err();
+        assert_eq!(err.flag(), "namespace");
+        let err = files
+            .validate(&["--allowed-namespaces=team-*,Bad/ns"])
+            .unwrap_err();
+        assert_eq!(err.flag(), "allowed-namespaces");
+        let config = files
+            .validate(&["--allowed-namespaces=team-*,apps"])
+            .unwrap();
+        assert_eq!(config.allowed_namespaces, vec!["team-*", "apps"]);
+    }
+
+    #[test]
+    fn unknown_agent_mode_is_a_usage_error() {
+        let files = Files::new();
+        let err = files
+            .args(&["--allowed-agent-modes=managed,bogus"])
+            .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+        let config = files
+            .validate(&["--allowed-agent-modes=managed,managed"])
+            .unwrap();
+        assert_eq!(config.allowed_agent_modes, vec![AgentMode::Managed]);
+    }
+
+    #[test]
+    fn colliding_listeners_are_rejected_but_metrics_and_health_may_share() {
+        let files = Files::new();
+        let err = files
+            .validate(&["--metrics-address=127.0.0.1:8443"])
+            .unwrap_err();
+        assert!(err.to_string().contains("port 8443"), "{err}");
+        let config = files
+            .validate(&[
+                "--metrics-address=127.0.0.1:8000",
+                "--health-address=127.0.0.1:8000",
+            ])
+            .unwrap();
+        assert_eq!(config.metrics_address, config.health_address);
+        assert!(files
+            .validate(&[
+                "--enable-redis-proxy=false",
+                "--metrics-address=0.0.0.0:6379"
+            ])
+            .is_ok());
+    }
+
+    #[test]
+    fn durations_are_checked() {
+        let files = Files::new();
+        let config = files
+            .validate(&["--resync-interval=0", "--keepalive-min-interval=10s"])
+            .unwrap();
+        assert_eq!(config.resync_interval, None);
+        assert_eq!(config.keepalive_min_interval, Some(Duration::from_secs(10)));
+        let err = files
+            .validate(&["--access-token-lifetime=1h", "--refresh-token-lifetime=30m"])
+            .unwrap_err();
+        assert_eq!(err.flag(), "refresh-token-lifetime");
+        assert!(files.args(&["--resync-interval=soon"]).is_err());
+    }
+
+    #[test]
+    fn resource_proxy_tls_needs_cert_and_key_together() {
+        let files = Files::new();
+        let rp_cert = format!("--resource-proxy-tls-cert={}", files.path("rp.crt"));
+        let rp_key = format!("--resource-proxy-tls-key={}", files.path("rp.key"));
+        let err = files.validate(&[&rp_cert]).unwrap_err();
+        assert_eq!(err.flag(), "resource-proxy-tls-cert");
+        let config = files.validate(&[&rp_cert, &rp_key]).unwrap();
+        let tls = config.resource_proxy.unwrap().tls;
+        assert_eq!(tls.cert, PathBuf::from(files.path("rp.crt")));
+        assert_eq!(tls.client_ca, PathBuf::from(files.path("ca.crt")));
+    }
+
+    #[test]
+    fn log_level_and_label_selector_are_checked() {
+        let files = Files::new();
+        assert_eq!(
+            files.validate(&["--log-level=loud"]).unwrap_err().flag(),
+            "log-level"
+        );
+        assert!(files
+            .validate(&["--log-level=argocd_agent_principal=debug,info"])
+            .is_ok());
+        assert_eq!(
+            files
+                .validate(&["--label-selector=a=b,"])
+                .unwrap_err()
+                .flag(),
+            "label-selector"
+        );
+    }
+}

@@ -1,0 +1,129 @@
+//! The `eventstreamapi.EventStream` service: one bidirectional `Subscribe` stream per agent.
+//!
+//! Path of a stream: the connection's certificate identity and the access token must name the same
+//! agent ([`authorize_stream`]); the agent's session is taken over (an older stream of the same agent
+//! ends); its full state and a resync request are queued; then the shared delivery engine runs the
+//! stream until either side ends it. Undelivered events stay in the session's outbox.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStream;
+use argocd_agent_proto::pb::eventstreamapi::{
+    Event as WireEvent, PingRequest, PongReply, PushSummary,
+};
+use argocd_agent_proto::sync::{run_stream, Lanes, StreamEnd};
+use argocd_agent_proto::telemetry::flags::AgentMode;
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::authorize_stream;
+use crate::hub::Hub;
+use crate::inbound::AgentInbound;
+use crate::metrics::PrincipalMetrics;
+use crate::sessions::AgentRegistry;
+use crate::tokens::TokenIssuer;
+
+/// Number of inbound processing lanes per agent stream.
+const LANES: usize = 8;
+/// Events buffered per lane before the stream reader waits.
+const LANE_DEPTH: usize = 64;
+
+/// Implements `eventstreamapi.EventStream`.
+pub struct EventStreamService {
+    /// Token validation.
+    pub issuer: Arc<TokenIssuer>,
+    /// Sessions.
+    pub registry: Arc<AgentRegistry>,
+    /// Hub view.
+    pub hub: Arc<Hub>,
+    /// Metrics.
+    pub metrics: Arc<PrincipalMetrics>,
+}
+
+type EventResponseStream = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl EventStream for EventStreamService {
+    type SubscribeStream = EventResponseStream;
+
+    async fn subscribe(
+        &self,
+        req: Request<Streaming<WireEvent>>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let (agent, mode) = authorize_stream(&req, &self.issuer, &self.metrics)?;
+        if mode != AgentMode::Managed {
+            self.metrics.auth_failure("mode");
+            return Err(Status::failed_precondition(
+                "only managed agents are served by this principal build",
+            ));
+        }
+        let session = self.registry.get_or_create(&agent, mode);
+        let generation = session.take_over(mode);
+        let inbound = req.into_inner();
+        let (out_tx, out_rx) = mpsc::channel::<WireEvent>(256);
+        let hub = self.hub.clone();
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            metrics.connections.inc();
+            metrics.connected_agents.inc();
+            tracing::info!(
+                agent = agent.as_str(),
+                mode = mode.as_str(),
+                "agent connected"
+            );
+            hub.queue_full_state(&session);
+            let (ctl_tx, mut ctl_rx) = mpsc::channel(1024);
+            let handler = Arc::new(AgentInbound {
+                session: session.clone(),
+                hub: hub.clone(),
+            });
+            let lanes = Lanes::start(handler, LANES, LANE_DEPTH, ctl_tx);
+            let end = run_stream(
+                inbound,
+                out_tx,
+                &session.outbox,
+                &mut ctl_rx,
+                &lanes,
+                session.superseded(generation),
+                |ev| PrincipalMetrics::count_event(&metrics.events_received, ev.event_type.name()),
+            )
+            .await;
+            drop(ctl_rx);
+            lanes.drain().await;
+            metrics.connected_agents.dec();
+            let pending = session.outbox.resources();
+            match end {
+                StreamEnd::PeerClosed => {
+                    tracing::info!(agent = agent.as_str(), pending, "agent disconnected")
+                }
+                StreamEnd::Error(e) => {
+                    tracing::info!(agent = agent.as_str(), pending, error = %e, "agent stream failed")
+                }
+                StreamEnd::Shutdown => tracing::info!(
+                    agent = agent.as_str(),
+                    pending,
+                    "agent stream closed (superseded or shutting down)"
+                ),
+            }
+        });
+        let out = ReceiverStream::new(out_rx).map(Ok::<_, Status>);
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn push(
+        &self,
+        req: Request<Streaming<WireEvent>>,
+    ) -> Result<Response<PushSummary>, Status> {
+        authorize_stream(&req, &self.issuer, &self.metrics)?;
+        Err(Status::unimplemented(
+            "Push is not used by agents; use Subscribe",
+        ))
+    }
+
+    async fn ping(&self, _req: Request<PingRequest>) -> Result<Response<PongReply>, Status> {
+        Ok(Response::new(PongReply {}))
+    }
+}

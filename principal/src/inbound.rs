@@ -1,0 +1,185 @@
+//! Events from a managed agent, applied on the hub: Application status (written onto the hub
+//! object — Argo CD's Application has no status subresource), confirmation of deletions the hub
+//! asked for, and resync requests. An agent can only ever touch objects in its own hub namespace:
+//! the namespace is taken from the authenticated agent, never from the event.
+
+use std::sync::Arc;
+
+use argocd_agent_proto::event::{spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION};
+use argocd_agent_proto::payload::RequestUpdate;
+use argocd_agent_proto::sync::{EventHandler, HandleError};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{json, Value};
+
+use crate::hub::{application_resource, queue, Hub};
+use crate::routing::{application_payload, project_for_agent};
+use crate::sessions::AgentSession;
+
+/// Handles one agent's inbound events.
+pub struct AgentInbound {
+    /// The agent's session (name, outbox for replies).
+    pub session: Arc<AgentSession>,
+    /// The hub view.
+    pub hub: Arc<Hub>,
+}
+
+fn kube_error(e: kube::Error) -> HandleError {
+    match &e {
+        kube::Error::Api(s) if s.code == 409 || s.code == 429 || s.code >= 500 => {
+            HandleError::Retryable(e.to_string())
+        }
+        kube::Error::Api(s) => {
+            HandleError::Rejected(format!("hub apiserver refused the write: {}", s.message))
+        }
+        _ => HandleError::Retryable(e.to_string()),
+    }
+}
+
+fn name_of(obj: &Value) -> Result<&str, HandleError> {
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| HandleError::Rejected("object has no metadata.name".into()))
+}
+
+impl AgentInbound {
+    fn agent(&self) -> &str {
+        self.session.name.as_str()
+    }
+
+    fn apps(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.hub.client.clone(),
+            self.agent(),
+            &application_resource(),
+        )
+    }
+
+    async fn status_update(&self, ev: &Event) -> Result<(), HandleError> {
+        let spoke: Value = ev
+            .data_as()
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        let name = name_of(&spoke)?;
+        let Some(hub_app) = self.hub.application(self.agent(), name) else {
+            return Err(HandleError::Rejected(format!(
+                "no Application {}/{name} on the hub",
+                self.agent()
+            )));
+        };
+        let hub_uid = hub_app.pointer("/metadata/uid").and_then(Value::as_str);
+        let source_uid = spoke
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(SOURCE_UID_ANNOTATION))
+            .and_then(Value::as_str);
+        if source_uid != hub_uid {
+            return Err(HandleError::Rejected(format!(
+                "status for {name} is from a different object (source-uid {source_uid:?}, hub uid {hub_uid:?})"
+            )));
+        }
+        let status = spoke.get("status").cloned().unwrap_or(Value::Null);
+        let mut ops = vec![json!({"op": "add", "path": "/status", "value": status})];
+        let hub_op = hub_app.get("operation").filter(|o| !o.is_null());
+        let spoke_op = spoke.get("operation").filter(|o| !o.is_null());
+        let ran = spoke.pointer("/status/operationState/operation");
+        if hub_op.is_some() && spoke_op.is_none() && ran == hub_op {
+            ops.push(json!({"op": "remove", "path": "/operation"}));
+        }
+        if hub_app.get("status") == Some(&status) && ops.len() == 1 {
+            return Ok(());
+        }
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        self.apps()
+            .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+            .map_err(kube_error)?;
+        Ok(())
+    }
+
+    async fn delete_confirmed(&self, ev: &Event) -> Result<(), HandleError> {
+        let spoke: Value = ev
+            .data_as()
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        let name = name_of(&spoke)?;
+        let Some(hub_app) = self.hub.application(self.agent(), name) else {
+            return Ok(());
+        };
+        if hub_app.pointer("/metadata/deletionTimestamp").is_none() {
+            tracing::info!(
+                agent = self.agent(),
+                app = name,
+                "agent reported a delete the hub did not ask for; ignoring"
+            );
+            return Ok(());
+        }
+        let patch = json!({"metadata": {"finalizers": null}});
+        match self
+            .apps()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(kube_error(e)),
+        }
+    }
+
+    fn request_update(&self, ev: &Event) -> Result<(), HandleError> {
+        let req: RequestUpdate = ev
+            .data_as()
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        // The hub's object of that name (as the agent would receive it), if it still applies.
+        let (target, hub_obj, payload) = match req.kind.as_str() {
+            "Application" => {
+                let obj = self.hub.application(self.agent(), &req.name);
+                let payload = obj.as_ref().map(|o| application_payload(o, false));
+                (Target::Application, obj, payload)
+            }
+            "AppProject" => {
+                let obj = self.hub.project_for(self.agent(), &req.name);
+                let payload = obj.as_ref().map(|o| project_for_agent(o, self.agent()));
+                (Target::AppProject, obj, payload)
+            }
+            other => {
+                return Err(HandleError::Rejected(format!(
+                    "request-update for unsupported kind {other:?}"
+                )))
+            }
+        };
+        let hub_uid = hub_obj
+            .as_ref()
+            .and_then(|o| o.pointer("/metadata/uid"))
+            .and_then(Value::as_str);
+        match payload {
+            Some(payload) if hub_uid == Some(req.uid.as_str()) => {
+                let same =
+                    spec_checksum(&payload, Some(&req.kind)).is_ok_and(|c| c == req.checksum);
+                if !same {
+                    queue(&self.session, EventType::SpecUpdate, target, &payload);
+                }
+            }
+            _ => {
+                // The hub no longer has it (or has a different object by that name): the agent's copy goes.
+                let stub = json!({"metadata": {"name": req.name, "namespace": req.namespace, "uid": req.uid}});
+                queue(&self.session, EventType::Delete, target, &stub);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl EventHandler for AgentInbound {
+    async fn handle(&self, ev: Event) -> Result<(), HandleError> {
+        match (&ev.event_type, &ev.target) {
+            (EventType::StatusUpdate, Target::Application) => self.status_update(&ev).await,
+            (EventType::Delete, Target::Application) => self.delete_confirmed(&ev).await,
+            (EventType::RequestUpdate, _) => self.request_update(&ev),
+            (EventType::Ping | EventType::Pong, _) => Ok(()),
+            (t, target) => Err(HandleError::Rejected(format!(
+                "event type {} for target {} is not accepted from a managed agent",
+                t.name(),
+                target.as_str()
+            ))),
+        }
+    }
+}

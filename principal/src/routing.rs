@@ -1,0 +1,270 @@
+//! Pure decisions of hub-side sync, kept free of I/O so each is unit-tested: which events a change of
+//! a hub Application produces, which agents an AppProject applies to, and the copy of an object that
+//! an agent receives.
+
+use argocd_agent_proto::event::EventType;
+use serde_json::Value;
+use wildmatch::WildMatch;
+
+/// Annotation upstream strips from every copy.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+fn field<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |v, k| v.get(*k))
+}
+
+/// `status.operationState.phase` of an Application.
+fn operation_phase(app: &Value) -> Option<&str> {
+    field(app, &["status", "operationState", "phase"]).and_then(Value::as_str)
+}
+
+/// Events a change of a hub Application (in a managed agent's namespace) produces, in order.
+pub fn application_change_events(old: Option<&Value>, new: &Value) -> Vec<EventType> {
+    let mut out = Vec::new();
+    let new_op = new.get("operation").filter(|o| !o.is_null());
+    match old {
+        None => {
+            out.push(EventType::Create);
+            if new_op.is_some() {
+                out.push(EventType::SetOperation);
+            }
+        }
+        Some(old) => {
+            let meta_changed = ["labels", "annotations", "finalizers", "deletionTimestamp"]
+                .iter()
+                .any(|k| field(old, &["metadata", k]) != field(new, &["metadata", k]));
+            if meta_changed || old.get("spec") != new.get("spec") {
+                out.push(EventType::SpecUpdate);
+            }
+            let old_op = old.get("operation").filter(|o| !o.is_null());
+            if new_op.is_some() && new_op != old_op {
+                out.push(EventType::SetOperation);
+            }
+            if operation_phase(new) == Some("Terminating")
+                && operation_phase(old) != Some("Terminating")
+            {
+                out.push(EventType::TerminateOperation);
+            }
+        }
+    }
+    out
+}
+
+/// Whether the spoke already started the hub's pending operation (it copied it into
+/// `status.operationState.operation`), so sending it again would run it twice.
+pub fn operation_already_started(app: &Value) -> bool {
+    match app.get("operation").filter(|o| !o.is_null()) {
+        Some(op) => field(app, &["status", "operationState", "operation"]) == Some(op),
+        None => true,
+    }
+}
+
+/// The payload of an Application event: the object without `status` and, except for operation
+/// events, without `operation`.
+pub fn application_payload(app: &Value, with_operation: bool) -> Value {
+    let mut out = app.clone();
+    if let Some(map) = out.as_object_mut() {
+        map.remove("status");
+        if !with_operation {
+            map.remove("operation");
+        }
+    }
+    strip_metadata(&mut out);
+    out
+}
+
+fn strip_metadata(obj: &mut Value) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            ann.remove(LAST_APPLIED);
+        }
+    }
+}
+
+/// Glob match with Argo CD's `!pattern` negation: (matched by a positive, denied by a negative).
+fn glob_verdict<'a>(patterns: impl Iterator<Item = &'a str>, name: &str) -> (bool, bool) {
+    let (mut allowed, mut denied) = (false, false);
+    for p in patterns {
+        match p.strip_prefix('!') {
+            Some(neg) => denied |= WildMatch::new(neg).matches(name),
+            None => allowed |= WildMatch::new(p).matches(name),
+        }
+    }
+    (allowed, denied)
+}
+
+fn destination_names(project: &Value) -> impl Iterator<Item = &Value> {
+    field(project, &["spec", "destinations"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+}
+
+fn names_agent(dest: &Value, agent: &str) -> bool {
+    let by_name = dest
+        .get("name")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.starts_with('!') && WildMatch::new(n).matches(agent));
+    let by_server = dest.get("server").and_then(Value::as_str).is_some_and(|s| {
+        s.split(['?', '&'])
+            .any(|kv| kv == format!("agentName={agent}"))
+    });
+    by_name || by_server
+}
+
+/// Whether an AppProject on the hub applies to `agent` (upstream's DoesAgentMatchWithProject):
+/// a destination names the agent (glob, or `?agentName=` in the server URL) or a source namespace
+/// matches it, and no `!` pattern denies it.
+pub fn project_matches_agent(project: &Value, agent: &str) -> bool {
+    let dest_patterns =
+        destination_names(project).filter_map(|d| d.get("name").and_then(Value::as_str));
+    let (_, dest_denied) = glob_verdict(dest_patterns, agent);
+    let dest_allowed = destination_names(project).any(|d| names_agent(d, agent));
+    let source_ns = field(project, &["spec", "sourceNamespaces"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str);
+    let (ns_allowed, ns_denied) = glob_verdict(source_ns, agent);
+    (dest_allowed || ns_allowed) && !(dest_denied || ns_denied)
+}
+
+/// The copy of a hub AppProject an agent receives: destinations that name the agent rewritten to
+/// the in-cluster destination, roles and source namespaces removed (they only mean something on the
+/// hub).
+pub fn project_for_agent(project: &Value, agent: &str) -> Value {
+    let mut out = project.clone();
+    if let Some(map) = out.as_object_mut() {
+        map.remove("status");
+    }
+    strip_metadata(&mut out);
+    if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("roles");
+        spec.remove("sourceNamespaces");
+        if let Some(dests) = spec.get_mut("destinations").and_then(Value::as_array_mut) {
+            let rewritten: Vec<Value> = dests
+                .iter()
+                .filter(|d| names_agent(d, agent))
+                .map(|d| {
+                    serde_json::json!({
+                        "name": "in-cluster",
+                        "server": "https://kubernetes.default.svc",
+                        "namespace": d.get("namespace").cloned().unwrap_or(Value::String("*".into())),
+                    })
+                })
+                .collect();
+            *dests = rewritten;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn app(spec_rev: &str) -> Value {
+        json!({"metadata": {"name": "a", "namespace": "agent1", "uid": "u1", "resourceVersion": "1"},
+               "spec": {"source": {"targetRevision": spec_rev}}})
+    }
+
+    #[test]
+    fn new_app_is_a_create_and_its_operation_follows() {
+        assert_eq!(
+            application_change_events(None, &app("v1")),
+            [EventType::Create]
+        );
+        let mut with_op = app("v1");
+        with_op["operation"] = json!({"sync": {}});
+        assert_eq!(
+            application_change_events(None, &with_op),
+            [EventType::Create, EventType::SetOperation]
+        );
+    }
+
+    #[test]
+    fn spec_change_and_operation_are_separate_events_and_status_alone_is_none() {
+        let old = app("v1");
+        let mut new = app("v2");
+        new["operation"] = json!({"sync": {"revision": "abc"}});
+        assert_eq!(
+            application_change_events(Some(&old), &new),
+            [EventType::SpecUpdate, EventType::SetOperation]
+        );
+        let mut status_only = app("v1");
+        status_only["status"] = json!({"sync": {"status": "Synced"}});
+        assert!(application_change_events(Some(&old), &status_only).is_empty());
+    }
+
+    #[test]
+    fn deletion_timestamp_is_a_spec_update_and_terminating_a_terminate() {
+        let old = app("v1");
+        let mut deleting = app("v1");
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert_eq!(
+            application_change_events(Some(&old), &deleting),
+            [EventType::SpecUpdate]
+        );
+        let mut term = app("v1");
+        term["status"] = json!({"operationState": {"phase": "Terminating"}});
+        assert_eq!(
+            application_change_events(Some(&old), &term),
+            [EventType::TerminateOperation]
+        );
+        assert!(application_change_events(Some(&term), &term).is_empty());
+    }
+
+    #[test]
+    fn payload_drops_status_managed_fields_and_last_applied() {
+        let mut a = app("v1");
+        a["status"] = json!({"x": 1});
+        a["operation"] = json!({"sync": {}});
+        a["metadata"]["managedFields"] = json!([]);
+        a["metadata"]["annotations"] = json!({LAST_APPLIED: "{}", "keep": "me"});
+        let p = application_payload(&a, false);
+        assert!(p.get("status").is_none() && p.get("operation").is_none());
+        assert!(p["metadata"].get("managedFields").is_none());
+        assert_eq!(p["metadata"]["annotations"], json!({"keep": "me"}));
+        assert!(application_payload(&a, true).get("operation").is_some());
+    }
+
+    #[test]
+    fn operation_already_started_compares_with_operation_state() {
+        let mut a = app("v1");
+        a["operation"] = json!({"sync": {"revision": "r1"}});
+        assert!(!operation_already_started(&a));
+        a["status"] = json!({"operationState": {"operation": {"sync": {"revision": "r1"}}, "phase": "Running"}});
+        assert!(operation_already_started(&a));
+    }
+
+    #[test]
+    fn project_matching_follows_destinations_source_namespaces_and_denials() {
+        let p = json!({"spec": {"destinations": [{"name": "agent-*", "namespace": "guestbook"}],
+                                 "sourceNamespaces": ["team-a"]}});
+        assert!(project_matches_agent(&p, "agent-1"));
+        assert!(project_matches_agent(&p, "team-a"));
+        assert!(!project_matches_agent(&p, "other"));
+        let denied = json!({"spec": {"destinations": [{"name": "*"}, {"name": "!agent-2"}]}});
+        assert!(project_matches_agent(&denied, "agent-1"));
+        assert!(!project_matches_agent(&denied, "agent-2"));
+        let by_url =
+            json!({"spec": {"destinations": [{"server": "https://proxy:9090?agentName=agent-9"}]}});
+        assert!(project_matches_agent(&by_url, "agent-9"));
+        assert!(!project_matches_agent(&by_url, "agent-90"));
+    }
+
+    #[test]
+    fn agent_copy_of_a_project_points_at_in_cluster_and_has_no_roles() {
+        let p = json!({"metadata": {"name": "p"}, "spec": {
+            "destinations": [{"name": "agent-1", "namespace": "gb"}, {"name": "other", "namespace": "x"}],
+            "roles": [{"name": "r"}], "sourceNamespaces": ["agent-1"]}});
+        let c = project_for_agent(&p, "agent-1");
+        assert_eq!(
+            c["spec"]["destinations"],
+            json!([{"name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "gb"}])
+        );
+        assert!(c["spec"].get("roles").is_none() && c["spec"].get("sourceNamespaces").is_none());
+    }
+}

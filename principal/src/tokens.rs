@@ -1,0 +1,218 @@
+//! Session tokens: the JWTs the principal issues after an agent authenticated with its certificate,
+//! and their validation on every stream.
+//!
+//! Wire-compatible with upstream: `sub` is the JSON string `{"clientID":"<agent>","mode":"<mode>"}`,
+//! `iss` is `argocd-agent-server`, `aud` is `argocd-agent-server-access` or `-refresh`. Keys are
+//! asymmetric (ECDSA P-256 → ES256, RSA → RS512 as upstream), read from a PEM file or generated for
+//! development.
+
+use std::time::Duration;
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+/// JWT issuer name.
+pub const ISSUER: &str = "argocd-agent-server";
+/// Audience of access tokens.
+pub const AUDIENCE_ACCESS: &str = "argocd-agent-server-access";
+/// Audience of refresh tokens.
+pub const AUDIENCE_REFRESH: &str = "argocd-agent-server-refresh";
+
+/// Errors of key loading and token checks; messages are safe to log (no token material).
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The key file cannot be read or parsed.
+    #[error("JWT signing key: {0}")]
+    Key(String),
+    /// The token failed validation.
+    #[error("invalid token: {0}")]
+    Invalid(String),
+}
+
+/// Who a token was issued to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subject {
+    /// The agent name.
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    /// `managed` or `autonomous`.
+    pub mode: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    iss: String,
+    aud: String,
+    exp: i64,
+    iat: i64,
+    nbf: i64,
+    jti: String,
+}
+
+/// Issues and validates tokens with one key pair.
+pub struct TokenIssuer {
+    algorithm: Algorithm,
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    access_lifetime: Duration,
+    refresh_lifetime: Duration,
+}
+
+impl TokenIssuer {
+    /// Builds an issuer from a PKCS#8 PEM private key (ECDSA P-256 or RSA).
+    pub fn from_pem(
+        pem: &str,
+        access_lifetime: Duration,
+        refresh_lifetime: Duration,
+    ) -> Result<Self, TokenError> {
+        let pair = rcgen::KeyPair::from_pem(pem)
+            .map_err(|e| TokenError::Key(format!("not a usable PKCS#8 private key: {e}")))?;
+        let public = pair.public_key_pem();
+        let (algorithm, encoding, decoding) = if pair.is_compatible(&rcgen::PKCS_ECDSA_P256_SHA256)
+        {
+            (
+                Algorithm::ES256,
+                EncodingKey::from_ec_pem(pem.as_bytes())
+                    .map_err(|e| TokenError::Key(e.to_string()))?,
+                DecodingKey::from_ec_pem(public.as_bytes())
+                    .map_err(|e| TokenError::Key(e.to_string()))?,
+            )
+        } else if pair.is_compatible(&rcgen::PKCS_RSA_SHA256) {
+            (
+                Algorithm::RS512,
+                EncodingKey::from_rsa_pem(pem.as_bytes())
+                    .map_err(|e| TokenError::Key(e.to_string()))?,
+                DecodingKey::from_rsa_pem(public.as_bytes())
+                    .map_err(|e| TokenError::Key(e.to_string()))?,
+            )
+        } else {
+            return Err(TokenError::Key(
+                "unsupported key type: use ECDSA P-256 or RSA".into(),
+            ));
+        };
+        Ok(Self {
+            algorithm,
+            encoding,
+            decoding,
+            access_lifetime,
+            refresh_lifetime,
+        })
+    }
+
+    /// An issuer with a freshly generated ECDSA key (development only: tokens die with the process).
+    pub fn generate(
+        access_lifetime: Duration,
+        refresh_lifetime: Duration,
+    ) -> Result<Self, TokenError> {
+        let pair = rcgen::KeyPair::generate().map_err(|e| TokenError::Key(e.to_string()))?;
+        Self::from_pem(&pair.serialize_pem(), access_lifetime, refresh_lifetime)
+    }
+
+    /// Issues an access and a refresh token for `subject`.
+    pub fn issue_pair(&self, subject: &Subject) -> Result<(String, String), TokenError> {
+        Ok((
+            self.issue(subject, AUDIENCE_ACCESS, self.access_lifetime)?,
+            self.issue(subject, AUDIENCE_REFRESH, self.refresh_lifetime)?,
+        ))
+    }
+
+    /// Issues an access token only.
+    pub fn issue_access(&self, subject: &Subject) -> Result<String, TokenError> {
+        self.issue(subject, AUDIENCE_ACCESS, self.access_lifetime)
+    }
+
+    fn issue(
+        &self,
+        subject: &Subject,
+        audience: &str,
+        lifetime: Duration,
+    ) -> Result<String, TokenError> {
+        let now = chrono::Utc::now().timestamp();
+        let claims = Claims {
+            sub: serde_json::to_string(subject).map_err(|e| TokenError::Invalid(e.to_string()))?,
+            iss: ISSUER.into(),
+            aud: audience.into(),
+            exp: now + lifetime.as_secs() as i64,
+            iat: now,
+            nbf: now,
+            jti: uuid::Uuid::new_v4().to_string(),
+        };
+        jsonwebtoken::encode(&Header::new(self.algorithm), &claims, &self.encoding)
+            .map_err(|e| TokenError::Invalid(e.to_string()))
+    }
+
+    /// Validates a token for `audience` (signature, issuer, audience, expiry) and returns its subject.
+    pub fn validate(&self, token: &str, audience: &str) -> Result<Subject, TokenError> {
+        let mut v = Validation::new(self.algorithm);
+        v.set_issuer(&[ISSUER]);
+        v.set_audience(&[audience]);
+        v.leeway = 5;
+        v.validate_nbf = true;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &v)
+            .map_err(|e| TokenError::Invalid(e.to_string()))?;
+        serde_json::from_str(&data.claims.sub)
+            .map_err(|e| TokenError::Invalid(format!("subject is not {{clientID, mode}}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issuer() -> TokenIssuer {
+        TokenIssuer::generate(Duration::from_secs(300), Duration::from_secs(3600)).unwrap()
+    }
+
+    fn subject() -> Subject {
+        Subject {
+            client_id: "agent-a".into(),
+            mode: "managed".into(),
+        }
+    }
+
+    #[test]
+    fn access_token_round_trips_and_is_not_a_refresh_token() {
+        let i = issuer();
+        let (access, refresh) = i.issue_pair(&subject()).unwrap();
+        assert_eq!(i.validate(&access, AUDIENCE_ACCESS).unwrap(), subject());
+        assert!(
+            i.validate(&refresh, AUDIENCE_ACCESS).is_err(),
+            "refresh token used as access token"
+        );
+        assert_eq!(i.validate(&refresh, AUDIENCE_REFRESH).unwrap(), subject());
+    }
+
+    #[test]
+    fn token_from_another_key_is_refused() {
+        let (access, _) = issuer().issue_pair(&subject()).unwrap();
+        assert!(issuer().validate(&access, AUDIENCE_ACCESS).is_err());
+    }
+
+    #[test]
+    fn expired_token_is_refused() {
+        let i = TokenIssuer::generate(Duration::from_secs(0), Duration::from_secs(0)).unwrap();
+        let t = i.issue_access(&subject()).unwrap();
+        // exp == now; with 5 s leeway it is still valid now, so forge an old one instead.
+        let old = Claims {
+            sub: serde_json::to_string(&subject()).unwrap(),
+            iss: ISSUER.into(),
+            aud: AUDIENCE_ACCESS.into(),
+            exp: 1000,
+            iat: 900,
+            nbf: 900,
+            jti: "x".into(),
+        };
+        let forged = jsonwebtoken::encode(&Header::new(i.algorithm), &old, &i.encoding).unwrap();
+        assert!(i.validate(&t, AUDIENCE_ACCESS).is_ok());
+        assert!(i.validate(&forged, AUDIENCE_ACCESS).is_err());
+    }
+
+    #[test]
+    fn subject_json_matches_upstream() {
+        assert_eq!(
+            serde_json::to_string(&subject()).unwrap(),
+            r#"{"clientID":"agent-a","mode":"managed"}"#
+        );
+    }
+}

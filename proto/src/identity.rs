@@ -1,0 +1,437 @@
+//! Agent identity: the validated [`AgentName`] and how it is read from a client certificate.
+//!
+//! Owns: the DNS-1123 label rule for agent names (upstream requires agent ids to be DNS labels
+//! because the name doubles as the hub namespace), extracting the name from a certificate's
+//! subject CN or from a SPIFFE-style URI SAN, and the certificate fingerprint format used by the
+//! TLS blocklist (SHA-256 over the DER, uppercase hex). It does not decide whether a certificate
+//! is trusted: chain and validity checks happen in the TLS handshake (see [`crate::tls`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use x509_parser::extensions::GeneralName;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+/// Longest allowed agent name (DNS-1123 label limit).
+pub const MAX_AGENT_NAME_LEN: usize = 63;
+
+/// Name of an agent, validated once as a DNS-1123 label: 1 to 63 characters of lowercase
+/// ASCII letters, digits and '-', starting and ending with a letter or digit.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AgentName(String);
+
+/// Why a string is not a valid [`AgentName`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentNameError {
+    /// The name is the empty string.
+    #[error(
+        "agent name is empty; it must be a DNS-1123 label (1 to 63 characters of a-z, 0-9, '-')"
+    )]
+    Empty,
+    /// The name is longer than 63 characters.
+    #[error("agent name {name:?} is {len} characters long; a DNS-1123 label allows at most 63")]
+    TooLong {
+        /// The rejected name.
+        name: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The name contains a character other than a-z, 0-9 and '-'.
+    #[error(
+        "agent name {name:?} contains {ch:?} at position {position}; only lowercase letters a-z, digits 0-9 and '-' are allowed"
+    )]
+    InvalidCharacter {
+        /// The rejected name.
+        name: String,
+        /// The first offending character.
+        ch: char,
+        /// Its character index (0-based).
+        position: usize,
+    },
+    /// The name starts or ends with '-'.
+    #[error("agent name {name:?} must start and end with a lowercase letter or digit, not '-'")]
+    DashAtEdge {
+        /// The rejected name.
+        name: String,
+    },
+}
+
+impl AgentName {
+    /// Validate `name` as a DNS-1123 label and wrap it.
+    pub fn new(name: impl Into<String>) -> Result<Self, AgentNameError> {
+        let name = name.into();
+        validate_dns_label(&name)?;
+        Ok(Self(name))
+    }
+
+    /// The name as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Give back the inner string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+fn validate_dns_label(name: &str) -> Result<(), AgentNameError> {
+    if name.is_empty() {
+        return Err(AgentNameError::Empty);
+    }
+    if name.len() > MAX_AGENT_NAME_LEN {
+        return Err(AgentNameError::TooLong {
+            name: name.to_owned(),
+            len: name.len(),
+        });
+    }
+    if let Some((position, ch)) = name
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+    {
+        return Err(AgentNameError::InvalidCharacter {
+            name: name.to_owned(),
+            ch,
+            position,
+        });
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        return Err(AgentNameError::DashAtEdge {
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+impl FromStr for AgentName {
+    type Err = AgentNameError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<&str> for AgentName {
+    type Error = AgentNameError;
+    fn try_from(s: &str) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<String> for AgentName {
+    type Error = AgentNameError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+impl From<AgentName> for String {
+    fn from(name: AgentName) -> Self {
+        name.0
+    }
+}
+
+impl fmt::Display for AgentName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for AgentName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for AgentName {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for AgentName {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+/// Where in a client certificate the agent name is found.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum IdentitySource {
+    /// The subject's common name (upstream's default `mtls:subject:` mode).
+    #[default]
+    CommonName,
+    /// A URI SAN starting with `prefix` (SPIFFE style, e.g. `spiffe://example.org/agents/`);
+    /// the name is the last path segment after the prefix.
+    UriSan {
+        /// URI prefix the SAN must start with.
+        prefix: String,
+    },
+}
+
+/// The identity of a connected agent, derived from its verified client certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentIdentity {
+    /// The agent's name.
+    pub name: AgentName,
+    /// SHA-256 of the certificate DER, uppercase hex (the TLS blocklist format).
+    pub fingerprint: String,
+    /// End of the certificate's validity period.
+    pub not_after: DateTime<Utc>,
+}
+
+/// Why no agent identity could be read from a certificate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// The bytes are not a DER X.509 certificate.
+    #[error("client certificate cannot be parsed: {reason}")]
+    Unparseable {
+        /// Parser message.
+        reason: String,
+    },
+    /// The subject has no common name.
+    #[error("client certificate subject {subject:?} has no common name (CN)")]
+    NoCommonName {
+        /// The subject DN as text.
+        subject: String,
+    },
+    /// The subject has more than one common name, so the identity is ambiguous.
+    #[error("client certificate subject {subject:?} has more than one common name")]
+    AmbiguousCommonName {
+        /// The subject DN as text.
+        subject: String,
+    },
+    /// No URI SAN starts with the configured prefix.
+    #[error("client certificate has no URI SAN starting with {prefix:?} (found: {found:?})")]
+    NoMatchingUriSan {
+        /// Configured prefix.
+        prefix: String,
+        /// URI SANs present in the certificate.
+        found: Vec<String>,
+    },
+    /// More than one URI SAN matches the prefix.
+    #[error("client certificate has several URI SANs starting with {prefix:?}: {found:?}")]
+    AmbiguousUriSan {
+        /// Configured prefix.
+        prefix: String,
+        /// The matching URIs.
+        found: Vec<String>,
+    },
+    /// The extracted value is not a valid agent name.
+    #[error("client certificate names an invalid agent: {0}")]
+    InvalidName(#[from] AgentNameError),
+    /// The certificate's notAfter cannot be represented.
+    #[error("client certificate has an out-of-range notAfter")]
+    BadValidity,
+}
+
+impl AgentIdentity {
+    /// Read the agent identity from a DER certificate (normally the verified peer leaf).
+    pub fn from_cert_der(der: &[u8], source: &IdentitySource) -> Result<Self, IdentityError> {
+        let (_, cert) = X509Certificate::from_der(der).map_err(|e| IdentityError::Unparseable {
+            reason: e.to_string(),
+        })?;
+        let raw_name = match source {
+            IdentitySource::CommonName => common_name(&cert)?,
+            IdentitySource::UriSan { prefix } => uri_san_name(&cert, prefix)?,
+        };
+        let name = AgentName::new(raw_name)?;
+        let not_after = DateTime::<Utc>::from_timestamp(cert.validity().not_after.timestamp(), 0)
+            .ok_or(IdentityError::BadValidity)?;
+        Ok(Self {
+            name,
+            fingerprint: cert_fingerprint(der),
+            not_after,
+        })
+    }
+}
+
+fn common_name(cert: &X509Certificate<'_>) -> Result<String, IdentityError> {
+    let subject = cert.subject();
+    let mut cns = subject.iter_common_name();
+    let first = cns.next().ok_or_else(|| IdentityError::NoCommonName {
+        subject: subject.to_string(),
+    })?;
+    if cns.next().is_some() {
+        return Err(IdentityError::AmbiguousCommonName {
+            subject: subject.to_string(),
+        });
+    }
+    first
+        .as_str()
+        .map(str::to_owned)
+        .map_err(|e| IdentityError::Unparseable {
+            reason: format!("subject CN is not a string: {e}"),
+        })
+}
+
+fn uri_sans(cert: &X509Certificate<'_>) -> Result<Vec<String>, IdentityError> {
+    let ext = cert
+        .subject_alternative_name()
+        .map_err(|e| IdentityError::Unparseable {
+            reason: format!("subjectAltName: {e}"),
+        })?;
+    Ok(ext
+        .map(|ext| {
+            ext.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    GeneralName::URI(uri) => Some((*uri).to_owned()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+fn uri_san_name(cert: &X509Certificate<'_>, prefix: &str) -> Result<String, IdentityError> {
+    let uris = uri_sans(cert)?;
+    let matching: Vec<&String> = uris.iter().filter(|u| u.starts_with(prefix)).collect();
+    match matching.as_slice() {
+        [] => Err(IdentityError::NoMatchingUriSan {
+            prefix: prefix.to_owned(),
+            found: uris.clone(),
+        }),
+        [uri] => {
+            let rest = &uri[prefix.len()..];
+            let last = rest.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+            Ok(last.to_owned())
+        }
+        many => Err(IdentityError::AmbiguousUriSan {
+            prefix: prefix.to_owned(),
+            found: many.iter().map(|s| (*s).clone()).collect(),
+        }),
+    }
+}
+
+/// SHA-256 fingerprint of a DER certificate as uppercase hex, the format upstream's TLS
+/// blocklist ConfigMap uses for its keys.
+pub fn cert_fingerprint(der: &[u8]) -> String {
+    hex::encode_upper(Sha256::digest(der))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
+
+    fn cert_with(cn: Option<&str>, uris: &[&str]) -> Vec<u8> {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        if let Some(cn) = cn {
+            dn.push(DnType::CommonName, cn);
+        }
+        params.distinguished_name = dn;
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| SanType::URI((*u).try_into().unwrap()))
+            .collect();
+        let key = KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn agent_name_accepts_dns_labels() {
+        for ok in ["a", "spoke1", "my-agent-0", &"a".repeat(63)] {
+            assert_eq!(AgentName::new(ok).unwrap().as_str(), ok);
+        }
+    }
+
+    #[test]
+    fn agent_name_rejections_say_what_is_wrong() {
+        assert_eq!(AgentName::new(""), Err(AgentNameError::Empty));
+        let e = AgentName::new("a".repeat(64)).unwrap_err();
+        assert!(e.to_string().contains("64 characters"), "{e}");
+        let e = AgentName::new("Spoke").unwrap_err();
+        assert!(matches!(
+            e,
+            AgentNameError::InvalidCharacter {
+                ch: 'S',
+                position: 0,
+                ..
+            }
+        ));
+        let e = AgentName::new("a.b").unwrap_err();
+        assert!(e.to_string().contains("'.'"), "{e}");
+        assert!(matches!(
+            AgentName::new("-a").unwrap_err(),
+            AgentNameError::DashAtEdge { .. }
+        ));
+        assert!(matches!(
+            AgentName::new("a-").unwrap_err(),
+            AgentNameError::DashAtEdge { .. }
+        ));
+    }
+
+    #[test]
+    fn agent_name_serde_round_trips_and_validates() {
+        let n: AgentName = serde_json::from_str("\"spoke1\"").unwrap();
+        assert_eq!(serde_json::to_string(&n).unwrap(), "\"spoke1\"");
+        assert!(serde_json::from_str::<AgentName>("\"Bad_Name\"").is_err());
+        let parsed: AgentName = "spoke2".parse().unwrap();
+        assert_eq!(parsed.to_string(), "spoke2");
+        assert_eq!(AgentName::try_from("x").unwrap(), "x");
+    }
+
+    #[test]
+    fn identity_from_common_name() {
+        let der = cert_with(Some("spoke1"), &[]);
+        let id = AgentIdentity::from_cert_der(&der, &IdentitySource::CommonName).unwrap();
+        assert_eq!(id.name, "spoke1");
+        assert_eq!(id.fingerprint, cert_fingerprint(&der));
+        assert_eq!(id.fingerprint.len(), 64);
+        assert_eq!(id.fingerprint, id.fingerprint.to_uppercase());
+    }
+
+    #[test]
+    fn identity_requires_a_valid_common_name() {
+        let der = cert_with(None, &[]);
+        assert!(matches!(
+            AgentIdentity::from_cert_der(&der, &IdentitySource::CommonName),
+            Err(IdentityError::NoCommonName { .. })
+        ));
+        let der = cert_with(Some("Not_A_Label"), &[]);
+        assert!(matches!(
+            AgentIdentity::from_cert_der(&der, &IdentitySource::CommonName),
+            Err(IdentityError::InvalidName(_))
+        ));
+    }
+
+    #[test]
+    fn identity_from_spiffe_uri_san_takes_last_segment() {
+        let der = cert_with(
+            Some("ignored"),
+            &[
+                "https://other.example/x",
+                "spiffe://example.org/ns/argocd/agent/spoke7",
+            ],
+        );
+        let src = IdentitySource::UriSan {
+            prefix: "spiffe://example.org/".into(),
+        };
+        let id = AgentIdentity::from_cert_der(&der, &src).unwrap();
+        assert_eq!(id.name, "spoke7");
+
+        let src = IdentitySource::UriSan {
+            prefix: "spiffe://other.org/".into(),
+        };
+        let err = AgentIdentity::from_cert_der(&der, &src).unwrap_err();
+        assert!(
+            matches!(err, IdentityError::NoMatchingUriSan { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn garbage_is_not_a_certificate() {
+        assert!(matches!(
+            AgentIdentity::from_cert_der(b"nope", &IdentitySource::CommonName),
+            Err(IdentityError::Unparseable { .. })
+        ));
+    }
+}

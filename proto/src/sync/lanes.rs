@@ -1,0 +1,199 @@
+//! Inbound event processing with per-resource ordering.
+//!
+//! Every event goes to one of N sequential lanes chosen by hashing its resource key, so events of one
+//! resource are handled strictly in arrival order while different resources proceed concurrently (no
+//! per-agent serialisation: upstream #1051). After handling, the event is ACKed on the control lane
+//! (or ACKed with an error if it was rejected; a retryable failure sends no ACK so the peer resends).
+
+use std::collections::hash_map::DefaultHasher;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::event::{Event, EventType};
+use crate::sync::pump::ControlSender;
+
+/// Outcome of a handler that did not succeed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum HandleError {
+    /// A transient failure (apiserver unavailable, conflict): no ACK, the peer resends.
+    #[error("retryable: {0}")]
+    Retryable(String),
+    /// The event can never succeed (malformed, refused, unknown type): ACKed with this error.
+    #[error("rejected: {0}")]
+    Rejected(String),
+}
+
+/// Processes one inbound event.
+pub trait EventHandler: Send + Sync + 'static {
+    /// Handles `event`; the lane ACKs according to the result.
+    fn handle(&self, event: Event) -> impl Future<Output = Result<(), HandleError>> + Send;
+}
+
+/// The lanes of one live stream.
+pub struct Lanes {
+    senders: Vec<mpsc::Sender<Event>>,
+    tasks: JoinSet<()>,
+}
+
+/// Key that decides the lane: events with the same key are processed in order.
+pub fn ordering_key(ev: &Event) -> &str {
+    if !ev.resource_id.is_empty() {
+        &ev.resource_id
+    } else if let Some(s) = ev.subject.as_deref() {
+        s
+    } else {
+        &ev.event_id
+    }
+}
+
+impl Lanes {
+    /// Starts `lanes` sequential workers, each buffering up to `depth` events.
+    pub fn start<H: EventHandler>(
+        handler: Arc<H>,
+        lanes: usize,
+        depth: usize,
+        control: ControlSender,
+    ) -> Lanes {
+        let mut tasks = JoinSet::new();
+        let senders = (0..lanes.max(1))
+            .map(|_| {
+                let (tx, mut rx) = mpsc::channel::<Event>(depth.max(1));
+                let handler = handler.clone();
+                let control = control.clone();
+                tasks.spawn(async move {
+                    while let Some(ev) = rx.recv().await {
+                        let reply = match handler.handle(ev.clone()).await {
+                            Ok(()) => Some(ev.ack()),
+                            Err(HandleError::Rejected(msg)) => {
+                                tracing::warn!(event_type = %ev.event_type.name(), target = ev.target.as_str(),
+                                    subject = ev.subject.as_deref().unwrap_or(""), error = %msg, "event rejected");
+                                Some(ev.ack_with_error(msg))
+                            }
+                            Err(HandleError::Retryable(msg)) => {
+                                tracing::info!(event_type = %ev.event_type.name(), error = %msg,
+                                    "event processing failed transiently; waiting for the peer to resend");
+                                None
+                            }
+                        };
+                        let needs_ack = !matches!(ev.event_type, EventType::Ping | EventType::Pong | EventType::Processed);
+                        if let (Some(ack), true) = (reply, needs_ack) {
+                            if control.send(ack).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                });
+                tx
+            })
+            .collect();
+        Lanes { senders, tasks }
+    }
+
+    /// Hands `ev` to its lane, waiting for room (backpressure on the stream reader).
+    pub async fn dispatch(&self, ev: Event) -> Result<(), Event> {
+        let mut h = DefaultHasher::new();
+        ordering_key(&ev).hash(&mut h);
+        let lane = (h.finish() % self.senders.len() as u64) as usize;
+        self.senders[lane].send(ev).await.map_err(|e| e.0)
+    }
+
+    /// Stops accepting events and waits for the lanes to finish what they hold.
+    pub async fn drain(mut self) {
+        self.senders.clear();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Target;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    struct Recorder {
+        seen: Mutex<Vec<String>>,
+    }
+
+    impl EventHandler for Recorder {
+        async fn handle(&self, event: Event) -> Result<(), HandleError> {
+            if event.resource_id == "slow" {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            self.seen.lock().unwrap().push(event.event_id.clone());
+            match event.event_type {
+                EventType::Unknown(_) => Err(HandleError::Rejected("unknown event type".into())),
+                EventType::Error => Err(HandleError::Retryable("try later".into())),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    fn ev(t: EventType, key: &str, id: &str) -> Event {
+        Event::new(t, Target::Application, "t").with_ids(key, id)
+    }
+
+    #[tokio::test]
+    async fn one_resource_in_order_others_not_blocked_and_acks_follow_results() {
+        let rec = Arc::new(Recorder {
+            seen: Mutex::new(Vec::new()),
+        });
+        let (ctl_tx, mut ctl_rx) = mpsc::channel(16);
+        let lanes = Lanes::start(rec.clone(), 4, 8, ctl_tx);
+        lanes
+            .dispatch(ev(EventType::Create, "slow", "s1"))
+            .await
+            .unwrap();
+        lanes
+            .dispatch(ev(EventType::SpecUpdate, "slow", "s2"))
+            .await
+            .unwrap();
+        // Find a key on another lane than "slow".
+        let other = (0..100)
+            .map(|i| format!("k{i}"))
+            .find(|k| {
+                let lane = |s: &str| {
+                    let mut h = DefaultHasher::new();
+                    s.hash(&mut h);
+                    h.finish() % 4
+                };
+                lane(k) != lane("slow")
+            })
+            .unwrap();
+        lanes
+            .dispatch(ev(EventType::Unknown("x".into()), &other, "o1"))
+            .await
+            .unwrap();
+        lanes
+            .dispatch(ev(EventType::Error, &other, "o2"))
+            .await
+            .unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(5), ctl_rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            first.event_id, "o1",
+            "a fast resource is not stuck behind a slow one"
+        );
+        assert_eq!(first.ack_error(), Some("unknown event type"));
+        lanes.drain().await;
+        let mut acks = Vec::new();
+        while let Ok(a) = ctl_rx.try_recv() {
+            acks.push(a.event_id);
+        }
+        assert_eq!(
+            acks,
+            ["s1", "s2"],
+            "retryable failure (o2) is not ACKed; slow resource ACKed in order"
+        );
+        let seen = rec.seen.lock().unwrap().clone();
+        let s1 = seen.iter().position(|s| s == "s1").unwrap();
+        let s2 = seen.iter().position(|s| s == "s2").unwrap();
+        assert!(s1 < s2);
+    }
+}
