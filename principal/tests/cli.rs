@@ -21,11 +21,33 @@ struct Pki {
 }
 
 impl Pki {
+    /// Real key material (a CA, a server certificate it signed, a JWT key) and a kubeconfig for a
+    /// hub that does not answer, so the principal starts but cannot become ready.
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        for name in ["tls.crt", "tls.key", "ca.crt", "jwt.key"] {
-            std::fs::write(dir.path().join(name), "placeholder\n").unwrap();
-        }
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let server_key = rcgen::KeyPair::generate().unwrap();
+        let server = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .signed_by(&server_key, &issuer)
+            .unwrap();
+        let jwt_key = rcgen::KeyPair::generate().unwrap();
+        let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
+        write("tls.crt", server.pem());
+        write("tls.key", server_key.serialize_pem());
+        write("ca.crt", ca.pem());
+        write("jwt.key", jwt_key.serialize_pem());
+        write(
+            "kubeconfig",
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: hub\n  cluster:\n    server: https://127.0.0.1:{}\n    insecure-skip-tls-verify: true\ncontexts:\n- name: hub\n  context:\n    cluster: hub\n    user: u\ncurrent-context: hub\nusers:\n- name: u\n  user:\n    token: t\n",
+                free_port()
+            ),
+        );
         Pki { dir }
     }
 
@@ -225,7 +247,7 @@ fn spawn_principal(pki: &Pki, extra: &[String], envs: &[(&str, &str)]) -> Child 
 }
 
 #[test]
-fn serves_health_and_metrics_until_sigterm_with_empty_env_vars_as_defaults() {
+fn stays_live_but_unready_without_a_reachable_hub_until_sigterm_with_empty_env_vars_as_defaults() {
     let pki = Pki::new();
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut child = spawn_principal(
@@ -234,6 +256,7 @@ fn serves_health_and_metrics_until_sigterm_with_empty_env_vars_as_defaults() {
             format!("--metrics-address={addr}"),
             format!("--health-address={addr}"),
             "--enable-operator=false".to_string(),
+            format!("--kubeconfig={}", pki.path("kubeconfig").display()),
         ],
         // Empty env vars (as Helm renders unset values) mean "use the default".
         &[
@@ -255,9 +278,17 @@ fn serves_health_and_metrics_until_sigterm_with_empty_env_vars_as_defaults() {
             }
         }
     }
-    let (status, body) = http_get(addr, "/readyz").unwrap();
-    assert_eq!(status, 503);
-    assert!(body.contains("not yet implemented: gateway"), "{body}");
+    // Start-up moves from "starting" to waiting for the hub, and never to ready: the hub is unreachable.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = http_get(addr, "/readyz").unwrap();
+        assert_eq!(status, 503, "an unreachable hub keeps the principal unready: {body}");
+        if body.contains("waiting for the hub watches") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "readiness reason never said it waits for the hub: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (status, body) = http_get(addr, "/metrics").unwrap();
     assert_eq!(status, 200);
     assert!(body.contains("argocd_agent_build_info{version="), "{body}");
@@ -270,7 +301,7 @@ fn serves_health_and_metrics_until_sigterm_with_empty_env_vars_as_defaults() {
     let status = wait_with_timeout(&mut child, Duration::from_secs(10));
     let stderr = stderr_of(&mut child);
     assert_eq!(status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("not yet implemented: gateway"), "{stderr}");
+    assert!(stderr.contains("shutting down"), "{stderr}");
 }
 
 #[test]
