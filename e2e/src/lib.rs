@@ -9,6 +9,7 @@
 pub mod binaries;
 pub mod control_plane;
 pub mod crds;
+pub mod gateway;
 pub mod ports;
 pub mod process;
 pub mod redis;

@@ -15,7 +15,7 @@ use argocd_agent_proto::pb::eventstreamapi::{
 use argocd_agent_proto::sync::{run_stream, Lanes, StreamEnd};
 use argocd_agent_proto::telemetry::flags::AgentMode;
 use futures::{Stream, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -64,6 +64,9 @@ impl EventStream for EventStreamService {
         let generation = session.take_over(mode);
         let inbound = req.into_inner();
         let (out_tx, out_rx) = mpsc::channel::<WireEvent>(256);
+        // Ends the response with the reason when the agent's side of the stream failed (e.g. a
+        // message over the size limit), so the agent sees why instead of a silent end.
+        let (end_tx, end_rx) = oneshot::channel::<Status>();
         let hub = self.hub.clone();
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
@@ -99,8 +102,9 @@ impl EventStream for EventStreamService {
                 StreamEnd::PeerClosed => {
                     tracing::info!(agent = agent.as_str(), pending, "agent disconnected")
                 }
-                StreamEnd::Error(e) => {
-                    tracing::info!(agent = agent.as_str(), pending, error = %e, "agent stream failed")
+                StreamEnd::Error(status) => {
+                    tracing::info!(agent = agent.as_str(), pending, error = %status.message(), "agent stream failed");
+                    let _ = end_tx.send(status);
                 }
                 StreamEnd::Shutdown => tracing::info!(
                     agent = agent.as_str(),
@@ -109,7 +113,8 @@ impl EventStream for EventStreamService {
                 ),
             }
         });
-        let out = ReceiverStream::new(out_rx).map(Ok::<_, Status>);
+        let failure = futures::stream::once(end_rx).filter_map(|r| async move { r.ok().map(Err) });
+        let out = ReceiverStream::new(out_rx).map(Ok::<_, Status>).chain(failure);
         Ok(Response::new(Box::pin(out)))
     }
 

@@ -17,12 +17,12 @@ use crate::sync::outbox::Outbox;
 pub type ControlSender = mpsc::Sender<Event>;
 
 /// Why a stream ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum StreamEnd {
     /// The peer closed its sending side cleanly.
     PeerClosed,
-    /// The transport failed (status or I/O error).
-    Error(String),
+    /// The transport failed or the peer sent something the transport refuses (e.g. too large).
+    Error(tonic::Status),
     /// Our side shut down, or our outbound channel was closed.
     Shutdown,
 }
@@ -64,7 +64,7 @@ where
             match inbound.next().await {
                 None => return StreamEnd::PeerClosed,
                 Some(Err(status)) => {
-                    return StreamEnd::Error(format!("{}: {}", status.code(), status.message()))
+                    return StreamEnd::Error(status)
                 }
                 Some(Ok(wire)) => match Event::try_from_stream_event(wire) {
                     Ok(ev) => {
