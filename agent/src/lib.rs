@@ -1,2 +1,10 @@
 //! The agent (workload cluster side) of argocd-agent: dials the principal, authenticates, and keeps
 //! the spoke's Applications/AppProjects in sync in managed or autonomous mode.
+
+pub mod app;
+pub mod config;
+pub mod connection;
+pub mod drift;
+pub mod managed;
+pub mod metrics;
+pub mod spoke_copy;

@@ -1,4 +1,45 @@
-//! `argocd-agent` binary entry point.
-fn main() {
-    println!("argocd-agent");
+//! `argocd-agent` binary entry point: flags/env → validated config → logging → run.
+//!
+//! Exit codes: 0 after a clean shutdown, 2 for bad usage or configuration (clap's own errors, or
+//! `error: <message>` naming the flag and env var; also unusable certificate or kubeconfig files,
+//! and autonomous mode, which this build does not implement yet), 1 for a runtime failure.
+
+use std::process::ExitCode;
+
+use argocd_agent_agent::app;
+use argocd_agent_agent::config::AgentArgs;
+use argocd_agent_proto::telemetry::flags::AgentMode;
+use argocd_agent_proto::telemetry::init_logging;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = AgentArgs::from_env_and_args();
+    let config = match args.validate() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = init_logging(config.log_format, &config.log_level) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    if config.mode == AgentMode::Autonomous {
+        tracing::error!(
+            "autonomous mode is not implemented yet in this build; run with --mode=managed (env ARGOCD_AGENT_MODE)"
+        );
+        return ExitCode::from(2);
+    }
+    match app::run(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<app::ConfigProblem>().is_some() => {
+            tracing::error!(error = format!("{e:#}"), "argocd-agent cannot start");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "argocd-agent failed");
+            ExitCode::FAILURE
+        }
+    }
 }

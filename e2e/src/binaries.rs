@@ -9,20 +9,18 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// Path of one of the project's binaries (`argocd-principal`, `argocd-agent`, `argocd-agentctl`) built
-/// into the same target directory as the running test (`<target>/debug/deps/<test>` → `<target>/debug`).
+/// into the same target directory as the running executable: a test runs from `<target>/debug/deps`,
+/// a binary of this crate (the quickstart) from `<target>/debug`.
 pub fn project_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow::anyhow!("cannot locate the target directory from {}", exe.display()))?;
-    let path = profile_dir.join(name);
-    anyhow::ensure!(
-        path.is_file(),
-        "{} not found: build the binaries first with `cargo build --workspace --bins` (hack/test.sh does this)",
-        path.display()
-    );
-    Ok(path)
+    let dir = exe.parent().ok_or_else(|| anyhow::anyhow!("cannot locate the target directory from {}", exe.display()))?;
+    let candidates = [Some(dir.join(name)), dir.parent().map(|p| p.join(name))];
+    candidates.into_iter().flatten().find(|p| p.is_file()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{name} not found next to {}: build the binaries first with `cargo build --workspace --bins` (hack/test.sh does this)",
+            exe.display()
+        )
+    })
 }
 
 /// Path of the kube-apiserver: `$KUBE_APISERVER`, else the one cached by `hack/control-plane.sh`.

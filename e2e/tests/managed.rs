@@ -100,12 +100,25 @@ async fn managed_applications_reach_only_their_spoke_and_report_status_back() ->
     wait_for(&spoke1, "guestbook", "operation on spoke 1", |v| v.get("operation") == Some(&op)).await?;
     // Argo CD on the spoke runs it: clears `.operation`, records it in operationState → the hub's
     // operation is done and removed.
-    let ran = json!({"operation": null, "status": {"operationState": {"operation": op, "phase": "Succeeded"}}});
+    let ran = json!({"operation": null, "status": {"operationState": {
+        "operation": op, "phase": "Succeeded", "startedAt": "2026-01-01T00:00:00Z"}}});
     spoke1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&ran)).await?;
     wait_for(&hub1, "guestbook", "hub operation completed", |v| {
         v.get("operation").is_none() && text(v, "/status/operationState/phase") == "Succeeded"
     })
     .await?;
+
+    // A second sync, terminated from the hub while it runs on the spoke.
+    let op2 = json!({"sync": {"revision": "v2", "prune": true}, "initiatedBy": {"username": "admin"}});
+    hub1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&json!({"operation": op2}))).await?;
+    wait_for(&spoke1, "guestbook", "second operation on spoke 1", |v| v.get("operation") == Some(&op2)).await?;
+    let running = json!({"operation": null, "status": {"operationState": {
+        "operation": op2, "phase": "Running", "startedAt": "2026-01-01T00:01:00Z"}}});
+    spoke1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&running)).await?;
+    wait_for(&hub1, "guestbook", "running operation on the hub", |v| text(v, "/status/operationState/phase") == "Running").await?;
+    let terminate = json!({"status": {"operationState": {"phase": "Terminating"}}});
+    hub1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&terminate)).await?;
+    wait_for(&spoke1, "guestbook", "terminate request on spoke 1", |v| text(v, "/status/operationState/phase") == "Terminating").await?;
 
     // The other agent's spoke never saw any of it.
     assert!(get_json(&spoke2, "guestbook").await?.is_none(), "an app of agent 1 reached agent 2");

@@ -1,2 +1,8 @@
 //! The GitOpsCluster operator and the fleet PKI: CA and certificate issuance, Argo CD cluster
 //! secrets, ManifestWork builders. Also the library behind the `argocd-agentctl` CLI.
+
+pub mod cli;
+pub mod pki;
+pub mod registration;
+pub mod pull;
+pub mod wrap;

@@ -1,0 +1,168 @@
+//! Runs the agent process once its configuration is valid.
+//!
+//! Owns: the process lifecycle and the wiring, top to bottom — ops endpoints (metrics, health),
+//! the TLS client config (hot reloaded) and the spoke's Kubernetes client, the process-wide
+//! [`Outbox`] (outbound events, kept across reconnects), managed-mode sync
+//! ([`ManagedSync`]: event handler + spoke watchers), the [`Connection`] to the principal, and
+//! orderly shutdown on SIGTERM/Ctrl-C. Managed mode only: autonomous mode is refused in `main`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_agent_proto::sync::{Outbox, OutboxConfig};
+use argocd_agent_proto::telemetry::{
+    shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
+};
+use argocd_agent_proto::tls::{ClientTlsOptions, ReloadingClientConfig, TlsPolicy, ALPN_H2};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::sync::{oneshot, watch};
+use tracing::{info, warn};
+
+use crate::config::{AgentConfig, KubeClientConfig};
+use crate::connection::{Connection, ConnectionSettings};
+use crate::managed::{ManagedSettings, ManagedSync};
+use crate::metrics::AgentMetrics;
+
+/// How often the TLS files are checked for rotation.
+const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the outbox gauge is sampled.
+const OUTBOX_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+/// How long shutdown waits for the stream to close.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// A configuration problem found at start-up that validation could not see (a PEM file that is
+/// not a certificate, an unusable kubeconfig). `main` exits 2 for it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigProblem(pub String);
+
+/// Runs the agent until SIGTERM/Ctrl-C; an error means a runtime failure (exit 1), or a
+/// [`ConfigProblem`] (exit 2).
+pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
+    let registry = MetricsRegistry::new(env!("CARGO_PKG_VERSION"));
+    let metrics = AgentMetrics::register(&registry);
+    let health = HealthState::new();
+    let (stop_ops, ops_stopped) = oneshot::channel::<()>();
+    let ops = start_ops_servers(
+        config.metrics_address,
+        config.health_address,
+        registry,
+        health.clone(),
+        async move {
+            let _ = ops_stopped.await;
+        },
+    )
+    .await?;
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        mode = %config.mode,
+        principal = %config.server_address,
+        namespace = %config.namespace,
+        metrics = %ops.metrics_addr,
+        health = %ops.health_addr,
+        "argocd-agent started"
+    );
+
+    let tls = load_tls(&config)?;
+    let client = kube_client(&config.kube).await?;
+    let tls_watcher = tls.spawn_watcher(TLS_RELOAD_INTERVAL);
+
+    let outbox_config = OutboxConfig::default();
+    let outbox_capacity = outbox_config.max_resources;
+    let outbox = Arc::new(Outbox::new(outbox_config));
+    let sync = ManagedSync::new(
+        client,
+        ManagedSettings::from_config(&config),
+        outbox.clone(),
+    );
+    let watchers = tokio::spawn(sync.clone().run_watchers());
+    let sampler = {
+        let (outbox, gauge) = (outbox.clone(), metrics.outbox_resources.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(OUTBOX_SAMPLE_INTERVAL);
+            loop {
+                tick.tick().await;
+                gauge.set(outbox.resources() as i64);
+            }
+        })
+    };
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let connection = Connection::new(
+        ConnectionSettings::from_config(&config, outbox_capacity),
+        tls,
+        outbox,
+        metrics,
+        health.clone(),
+    );
+    let mut connection = tokio::spawn(connection.run(sync, stop_rx));
+
+    let outcome = tokio::select! {
+        signal = shutdown_signal() => signal.map(|s| info!(signal = s, "shutting down")).map_err(anyhow::Error::from),
+        ended = &mut connection => Err(anyhow::anyhow!("the connection to the principal stopped unexpectedly: {ended:?}")),
+    };
+    health.set_ready(false, "shutting down");
+    let _ = stop_tx.send(true);
+    if !connection.is_finished()
+        && tokio::time::timeout(SHUTDOWN_GRACE, &mut connection)
+            .await
+            .is_err()
+    {
+        warn!("the connection did not close in time; abandoning it");
+        connection.abort();
+    }
+    watchers.abort();
+    sampler.abort();
+    tls_watcher.abort();
+    let _ = stop_ops.send(());
+    ops.wait().await?;
+    outcome
+}
+
+/// The client TLS config from the certificate files, reloaded when they change.
+fn load_tls(config: &AgentConfig) -> Result<ReloadingClientConfig, ConfigProblem> {
+    let options = ClientTlsOptions::new(&config.tls.ca)
+        .with_client_cert(&config.tls.cert, &config.tls.key)
+        .with_alpn(&[ALPN_H2])
+        .with_policy(TlsPolicy {
+            min_version: config.tls_min_version,
+        });
+    ReloadingClientConfig::load(options).map_err(|e| {
+        ConfigProblem(format!(
+            "--tls-client-cert/--tls-client-key/--tls-ca (env ARGOCD_AGENT_TLS_CLIENT_CERT, \
+             ARGOCD_AGENT_TLS_CLIENT_KEY, ARGOCD_AGENT_TLS_CA): {e}"
+        ))
+    })
+}
+
+/// The spoke's Kubernetes client: `--kubeconfig`/`--kubecontext` if given, else in-cluster
+/// config, then `$KUBECONFIG`, then `~/.kube/config`.
+async fn kube_client(k: &KubeClientConfig) -> anyhow::Result<kube::Client> {
+    let options = KubeConfigOptions {
+        context: k.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let loaded = match &k.kubeconfig {
+        Some(path) => match Kubeconfig::read_from(path) {
+            Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+        None if k.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| e.to_string()),
+        None => kube::Config::infer().await.map_err(|e| e.to_string()),
+    };
+    let config = loaded.map_err(|e| {
+        ConfigProblem(format!(
+            "--kubeconfig/--kubecontext (env ARGOCD_AGENT_KUBECONFIG, ARGOCD_AGENT_KUBECONTEXT): \
+             cannot load the Kubernetes client configuration: {e}"
+        ))
+    })?;
+    kube::Client::try_from(config).map_err(|e| {
+        anyhow::Error::new(ConfigProblem(format!(
+            "--kubeconfig (env ARGOCD_AGENT_KUBECONFIG): cannot build a Kubernetes client: {e}"
+        )))
+    })
+}

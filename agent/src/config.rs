@@ -1,0 +1,935 @@
+//! Command-line and environment configuration of `argocd-agent`.
+//!
+//! Owns: [`AgentArgs`] (every flag, each mirrored by an `ARGOCD_AGENT_<FLAG>` env var), its
+//! validation into [`AgentConfig`] (files readable, names well-formed, mode-dependent options
+//! consistent, durations sane), and [`ConfigError`], whose messages name the flag and env var and
+//! say what to do. Syntax errors (an unknown mode, a malformed address) are clap's and exit 2 too.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use argocd_agent_proto::telemetry::flags::{
+    self, check_host_name, check_label_selector, check_namespace_name, check_namespace_pattern,
+    check_readable_file, AgentMode, FlagValueError, HostPort,
+};
+use argocd_agent_proto::telemetry::{parse_log_filter, LogFormat};
+use argocd_agent_proto::tls::TlsVersion;
+use clap::builder::{BoolishValueParser, PossibleValuesParser, TypedValueParser};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
+
+/// Prefix of every env var mirroring an agent flag.
+pub const ENV_PREFIX: &str = "ARGOCD_AGENT_";
+
+/// Default `--grpc-max-message-size`: 16 MiB (upstream: 200 MB). Must be at least as large as
+/// the largest message the principal sends; raise both together if "message too large" appears.
+pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = "16MiB";
+
+const MIN_GRPC_MAX_MESSAGE_SIZE: usize = 4 << 10;
+const MAX_GRPC_MAX_MESSAGE_SIZE: usize = 2 << 30;
+
+/// The env var that mirrors `--<flag>`.
+pub fn env_var_for(flag: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        flag.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
+/// What a managed agent does when a local object's source UID differs from the hub's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum SourceUidMismatchPolicy {
+    /// Delete the local object and create it again from the hub's copy.
+    #[default]
+    Recreate,
+    /// Update the local object in place and take over the hub's identity.
+    Upsert,
+}
+
+/// Whether a managed agent takes over a same-named local Application that no hub object created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum AdoptionPolicy {
+    /// Adopt it: the hub's copy wins from then on.
+    #[default]
+    Always,
+    /// Leave it alone and report an error to the hub.
+    Never,
+}
+
+/// `argocd-agent`: the workload-cluster side of argocd-agent.
+///
+/// Every flag can also be set through the environment variable shown next to it; a flag given
+/// twice takes its last value.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "argocd-agent", version, about, long_about = None, args_override_self = true)]
+pub struct AgentArgs {
+    /// The principal's gRPC endpoint.
+    #[arg(long, env = "ARGOCD_AGENT_SERVER_ADDRESS", value_name = "HOST:PORT")]
+    pub server_address: HostPort,
+
+    /// Name to send as SNI and to verify the principal's certificate against [default: the host of --server-address].
+    #[arg(long, env = "ARGOCD_AGENT_TLS_SERVER_NAME", value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+
+    /// How this agent operates.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_MODE",
+        value_enum,
+        default_value_t = AgentMode::Managed,
+        value_name = "MODE"
+    )]
+    pub mode: AgentMode,
+
+    /// Client certificate (PEM) presented to the principal; its subject/SAN names this agent.
+    #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_CERT", value_name = "PATH")]
+    pub tls_client_cert: PathBuf,
+
+    /// Private key (PEM) of the client certificate.
+    #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_KEY", value_name = "PATH")]
+    pub tls_client_key: PathBuf,
+
+    /// CA bundle (PEM) the principal's server certificate must chain to.
+    #[arg(long, env = "ARGOCD_AGENT_TLS_CA", value_name = "PATH")]
+    pub tls_ca: PathBuf,
+
+    /// Lowest TLS version offered to the principal.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_TLS_MIN_VERSION",
+        default_value = "tls1.3",
+        value_name = "VERSION",
+        value_parser = PossibleValuesParser::new(["tls1.3", "tls1.2"])
+            .try_map(|v| v.parse::<TlsVersion>())
+    )]
+    pub tls_min_version: TlsVersion,
+
+    /// Namespace of Argo CD on this cluster.
+    #[arg(
+        long,
+        short = 'n',
+        env = "ARGOCD_AGENT_NAMESPACE",
+        default_value = "argocd",
+        value_name = "NAMESPACE"
+    )]
+    pub namespace: String,
+
+    /// Further local namespaces whose Applications are synced, comma-separated; '*' and '?' globs allowed.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_ALLOWED_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "PATTERNS"
+    )]
+    pub allowed_namespaces: Vec<String>,
+
+    /// This cluster's Argo CD Redis (answers the principal's Redis proxy requests).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_REDIS_ADDRESS",
+        default_value = "argocd-redis:6379",
+        value_name = "HOST:PORT"
+    )]
+    pub redis_address: HostPort,
+
+    /// Directory holding the outbound event queue, so changes made while offline survive a restart.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_QUEUE_DIR",
+        default_value = "/var/lib/argocd-agent/queue",
+        value_name = "DIR"
+    )]
+    pub queue_dir: PathBuf,
+
+    /// Address `/metrics` is served on.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_METRICS_ADDRESS",
+        default_value = "0.0.0.0:8181",
+        value_name = "IP:PORT"
+    )]
+    pub metrics_address: SocketAddr,
+
+    /// Address `/healthz` and `/readyz` are served on (may equal --metrics-address).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_HEALTH_ADDRESS",
+        default_value = "0.0.0.0:8001",
+        value_name = "IP:PORT"
+    )]
+    pub health_address: SocketAddr,
+
+    /// Interval of HTTP/2 keepalive pings to the principal (0 = off).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_KEEPALIVE_INTERVAL",
+        default_value = "30s",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub keepalive_interval: Duration,
+
+    /// How long to wait for a keepalive ping's answer before dropping the connection.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_KEEPALIVE_TIMEOUT",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub keepalive_timeout: Duration,
+
+    /// Interval of application-level heartbeat events, for meshes that cut idle streams (0 = off).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_HEARTBEAT_INTERVAL",
+        default_value = "0",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub heartbeat_interval: Duration,
+
+    /// Longest wait between reconnection attempts (backoff grows up to this).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_RECONNECT_BACKOFF_MAX",
+        default_value = "60s",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub reconnect_backoff_max: Duration,
+
+    /// Largest gRPC message sent or received, in bytes (units such as 16MiB or 200MB accepted).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_GRPC_MAX_MESSAGE_SIZE",
+        default_value = DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+        value_name = "BYTES",
+        value_parser = flags::parse_byte_size
+    )]
+    pub grpc_max_message_size: usize,
+
+    /// Answer the principal's resource proxy requests (live resources for the hub's Argo CD UI).
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_RESOURCE_PROXY", default_value_t = true,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub enable_resource_proxy: bool,
+
+    /// Keep each Application's hub namespace locally (the principal maps by destination; managed only).
+    #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub destination_based_mapping: bool,
+
+    /// Create an Application's namespace locally when it is missing (managed only).
+    #[arg(long, env = "ARGOCD_AGENT_CREATE_NAMESPACE", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub create_namespace: bool,
+
+    /// What to do when a local object's source UID differs from the hub object's (managed only).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_SOURCE_UID_MISMATCH_POLICY",
+        value_enum,
+        default_value_t = SourceUidMismatchPolicy::Recreate,
+        value_name = "POLICY"
+    )]
+    pub source_uid_mismatch_policy: SourceUidMismatchPolicy,
+
+    /// Whether to adopt pre-existing local Applications of the same name (managed only).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_ADOPTION_POLICY",
+        value_enum,
+        default_value_t = AdoptionPolicy::Always,
+        value_name = "POLICY"
+    )]
+    pub adoption_policy: AdoptionPolicy,
+
+    /// How often to compare local and hub state for missed changes (0 = only on (re)connect).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_RESYNC_INTERVAL",
+        default_value = "5m",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub resync_interval: Duration,
+
+    /// Kubeconfig of this cluster [default: in-cluster config, then $KUBECONFIG, then ~/.kube/config].
+    #[arg(long, env = "ARGOCD_AGENT_KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Context to use from the kubeconfig [default: its current context].
+    #[arg(long, env = "ARGOCD_AGENT_KUBECONTEXT", value_name = "NAME")]
+    pub kubecontext: Option<String>,
+
+    /// Log filter: a level (trace, debug, info, warn, error) or directives like `argocd_agent_agent=debug,info`.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_LOG_LEVEL",
+        default_value = "info",
+        value_name = "FILTER"
+    )]
+    pub log_level: String,
+
+    /// Log line format.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_LOG_FORMAT",
+        default_value_t = LogFormat::Text,
+        value_enum,
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormat,
+
+    /// Only watch local objects matching this Kubernetes label selector.
+    #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR", value_name = "SELECTOR")]
+    pub label_selector: Option<String>,
+}
+
+impl AgentArgs {
+    /// Parses the process's arguments and `ARGOCD_AGENT_*` env vars (an empty env var counts as
+    /// unset); on a usage error prints clap's message and exits 2.
+    pub fn from_env_and_args() -> Self {
+        let cmd = flags::ignore_empty_env(Self::command(), |name| std::env::var_os(name));
+        Self::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// Client certificate, key and server CA files for the connection to the principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTlsFiles {
+    /// Client certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Client private key (PEM).
+    pub key: PathBuf,
+    /// CA bundle the principal's certificate must chain to (PEM).
+    pub ca: PathBuf,
+}
+
+/// HTTP/2 keepalive towards the principal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepaliveConfig {
+    /// Ping interval.
+    pub interval: Duration,
+    /// How long to wait for the ping's answer.
+    pub timeout: Duration,
+}
+
+/// How to reach this cluster's Kubernetes API.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubeClientConfig {
+    /// Explicit kubeconfig file, if any.
+    pub kubeconfig: Option<PathBuf>,
+    /// Explicit kubeconfig context, if any.
+    pub context: Option<String>,
+}
+
+/// Validated configuration of the agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// The principal's endpoint.
+    pub server_address: HostPort,
+    /// SNI / certificate verification name (the override, or the server address's host).
+    pub tls_server_name: String,
+    /// Operating mode.
+    pub mode: AgentMode,
+    /// TLS files.
+    pub tls: ClientTlsFiles,
+    /// Lowest TLS version.
+    pub tls_min_version: TlsVersion,
+    /// Local Argo CD namespace.
+    pub namespace: String,
+    /// Extra local Application namespace patterns.
+    pub allowed_namespaces: Vec<String>,
+    /// Local Argo CD Redis.
+    pub redis_address: HostPort,
+    /// Outbound queue directory (may not exist yet; its nearest existing ancestor is a directory).
+    pub queue_dir: PathBuf,
+    /// Where `/metrics` is served.
+    pub metrics_address: SocketAddr,
+    /// Where `/healthz` and `/readyz` are served.
+    pub health_address: SocketAddr,
+    /// HTTP/2 keepalive; `None` = off.
+    pub keepalive: Option<KeepaliveConfig>,
+    /// Heartbeat event interval; `None` = off.
+    pub heartbeat_interval: Option<Duration>,
+    /// Cap of the reconnection backoff.
+    pub reconnect_backoff_max: Duration,
+    /// gRPC message size limit in bytes.
+    pub grpc_max_message_size: usize,
+    /// Serve resource proxy requests.
+    pub enable_resource_proxy: bool,
+    /// Destination-based mapping (managed only).
+    pub destination_based_mapping: bool,
+    /// Create missing Application namespaces (managed only).
+    pub create_namespace: bool,
+    /// Source UID mismatch handling.
+    pub source_uid_mismatch_policy: SourceUidMismatchPolicy,
+    /// Adoption of pre-existing Applications.
+    pub adoption_policy: AdoptionPolicy,
+    /// Periodic resync; `None` = only on (re)connect.
+    pub resync_interval: Option<Duration>,
+    /// Kubernetes client settings.
+    pub kube: KubeClientConfig,
+    /// Log filter (already checked by `parse_log_filter`).
+    pub log_level: String,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Label selector for watched local objects.
+    pub label_selector: Option<String>,
+}
+
+/// Why the agent's configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A flag's value is malformed or points at an unusable file.
+    #[error("--{flag} (env {env}): {source}")]
+    InvalidValue {
+        /// Flag name without dashes.
+        flag: &'static str,
+        /// The mirroring env var.
+        env: String,
+        /// What is wrong.
+        #[source]
+        source: FlagValueError,
+    },
+    /// A flag's value is out of range or otherwise unusable.
+    #[error("--{flag} (env {env}): {problem}")]
+    Invalid {
+        /// Flag name without dashes.
+        flag: &'static str,
+        /// The mirroring env var.
+        env: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+    /// Two flags' values cannot be used together.
+    #[error("--{flag} (env {env}) conflicts with --{other} (env {other_env}): {problem}")]
+    Conflict {
+        /// First flag.
+        flag: &'static str,
+        /// Its env var.
+        env: String,
+        /// Second flag.
+        other: &'static str,
+        /// Its env var.
+        other_env: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+}
+
+impl ConfigError {
+    fn value(flag: &'static str, source: FlagValueError) -> Self {
+        ConfigError::InvalidValue {
+            flag,
+            env: env_var_for(flag),
+            source,
+        }
+    }
+
+    fn invalid(flag: &'static str, problem: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            flag,
+            env: env_var_for(flag),
+            problem: problem.into(),
+        }
+    }
+
+    fn conflict(flag: &'static str, other: &'static str, problem: impl Into<String>) -> Self {
+        ConfigError::Conflict {
+            flag,
+            env: env_var_for(flag),
+            other,
+            other_env: env_var_for(other),
+            problem: problem.into(),
+        }
+    }
+
+    /// The flag (without dashes) the error is about.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            ConfigError::InvalidValue { flag, .. }
+            | ConfigError::Invalid { flag, .. }
+            | ConfigError::Conflict { flag, .. } => flag,
+        }
+    }
+}
+
+fn readable_file(flag: &'static str, path: &Path) -> Result<PathBuf, ConfigError> {
+    if path.as_os_str().is_empty() {
+        return Err(ConfigError::invalid(
+            flag,
+            "is empty; point it at a readable PEM file",
+        ));
+    }
+    check_readable_file(path).map_err(|e| ConfigError::value(flag, e))?;
+    Ok(path.to_path_buf())
+}
+
+/// Empty strings (as Helm charts often render unset values) mean "not set".
+fn non_empty<T: AsRef<std::ffi::OsStr>>(value: Option<T>) -> Option<T> {
+    value.filter(|v| !v.as_ref().is_empty())
+}
+
+/// The queue directory may be created at start-up, but only inside an existing directory.
+fn check_queue_dir(path: &Path) -> Result<(), ConfigError> {
+    const FLAG: &str = "queue-dir";
+    if path.as_os_str().is_empty() {
+        return Err(ConfigError::invalid(
+            FLAG,
+            "is empty; give a directory path",
+        ));
+    }
+    let mut candidate = Some(path);
+    while let Some(dir) = candidate {
+        match std::fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => return Ok(()),
+            Ok(_) => {
+                return Err(ConfigError::invalid(
+                    FLAG,
+                    format!(
+                        "{} exists and is not a directory; point it at a directory",
+                        dir.display()
+                    ),
+                ))
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                candidate = dir.parent().filter(|p| !p.as_os_str().is_empty());
+            }
+            Err(e) => {
+                return Err(ConfigError::invalid(
+                    FLAG,
+                    format!("cannot inspect {}: {e}", dir.display()),
+                ))
+            }
+        }
+    }
+    // A relative path whose every component is missing lives in the working directory.
+    Ok(())
+}
+
+fn optional_interval(
+    flag: &'static str,
+    value: Duration,
+    what_zero_means: &str,
+) -> Result<Option<Duration>, ConfigError> {
+    if value.is_zero() {
+        Ok(None)
+    } else if value < Duration::from_secs(1) {
+        Err(ConfigError::invalid(
+            flag,
+            format!("is shorter than 1s; use 0 for {what_zero_means}, or at least 1s"),
+        ))
+    } else {
+        Ok(Some(value))
+    }
+}
+
+impl AgentArgs {
+    /// Checks everything clap cannot (files, names, ranges, combinations) and builds the config.
+    pub fn validate(self) -> Result<AgentConfig, ConfigError> {
+        let tls = ClientTlsFiles {
+            cert: readable_file("tls-client-cert", &self.tls_client_cert)?,
+            key: readable_file("tls-client-key", &self.tls_client_key)?,
+            ca: readable_file("tls-ca", &self.tls_ca)?,
+        };
+        let tls_server_name = match non_empty(self.tls_server_name) {
+            Some(name) => {
+                check_host_name(&name).map_err(|e| ConfigError::value("tls-server-name", e))?;
+                name
+            }
+            None => self.server_address.host.clone(),
+        };
+
+        if self.mode == AgentMode::Autonomous {
+            if self.destination_based_mapping {
+                return Err(ConfigError::conflict(
+                    "destination-based-mapping",
+                    "mode",
+                    "destination-based mapping is for managed agents only; drop it or use --mode=managed",
+                ));
+            }
+            if self.create_namespace {
+                return Err(ConfigError::conflict(
+                    "create-namespace",
+                    "mode",
+                    "creating Application namespaces is for managed agents only; drop it or use --mode=managed",
+                ));
+            }
+        }
+
+        check_namespace_name(&self.namespace).map_err(|e| ConfigError::value("namespace", e))?;
+        let mut allowed_namespaces = Vec::new();
+        for pattern in self.allowed_namespaces {
+            let pattern = pattern.trim();
+            if pattern.is_empty() {
+                continue;
+            }
+            check_namespace_pattern(pattern)
+                .map_err(|e| ConfigError::value("allowed-namespaces", e))?;
+            allowed_namespaces.push(pattern.to_string());
+        }
+
+        check_queue_dir(&self.queue_dir)?;
+
+        if self.metrics_address != self.health_address
+            && self.metrics_address.port() != 0
+            && self.metrics_address.port() == self.health_address.port()
+            && (self.metrics_address.ip() == self.health_address.ip()
+                || self.metrics_address.ip().is_unspecified()
+                || self.health_address.ip().is_unspecified())
+        {
+            return Err(ConfigError::conflict(
+                "metrics-address",
+                "health-address",
+                format!(
+                    "{} and {} would both listen on port {}; use one address for both or two ports",
+                    self.metrics_address,
+                    self.health_address,
+                    self.metrics_address.port()
+                ),
+            ));
+        }
+
+        let keepalive = match optional_interval(
+            "keepalive-interval",
+            self.keepalive_interval,
+            "no keepalive pings",
+        )? {
+            None => None,
+            Some(interval) => {
+                if self.keepalive_timeout.is_zero() {
+                    return Err(ConfigError::invalid(
+                        "keepalive-timeout",
+                        "is 0; give the principal time to answer a ping (default 10s)",
+                    ));
+                }
+                Some(KeepaliveConfig {
+                    interval,
+                    timeout: self.keepalive_timeout,
+                })
+            }
+        };
+        let heartbeat_interval = optional_interval(
+            "heartbeat-interval",
+            self.heartbeat_interval,
+            "no heartbeats",
+        )?;
+        if self.reconnect_backoff_max < Duration::from_secs(1) {
+            return Err(ConfigError::invalid(
+                "reconnect-backoff-max",
+                "must be at least 1s so a down principal is not hammered (default 60s)",
+            ));
+        }
+        if !(MIN_GRPC_MAX_MESSAGE_SIZE..=MAX_GRPC_MAX_MESSAGE_SIZE)
+            .contains(&self.grpc_max_message_size)
+        {
+            return Err(ConfigError::invalid(
+                "grpc-max-message-size",
+                format!(
+                    "{} bytes is outside the usable range 4KiB..=2GiB",
+                    self.grpc_max_message_size
+                ),
+            ));
+        }
+        let resync_interval = optional_interval(
+            "resync-interval",
+            self.resync_interval,
+            "resyncing only on (re)connect",
+        )?;
+
+        let kube = KubeClientConfig {
+            kubeconfig: match non_empty(self.kubeconfig) {
+                Some(path) => Some(readable_file("kubeconfig", &path)?),
+                None => None,
+            },
+            context: non_empty(self.kubecontext),
+        };
+        parse_log_filter(&self.log_level)
+            .map_err(|e| ConfigError::invalid("log-level", e.to_string()))?;
+        let label_selector = non_empty(self.label_selector);
+        if let Some(selector) = &label_selector {
+            check_label_selector(selector).map_err(|e| ConfigError::value("label-selector", e))?;
+        }
+
+        Ok(AgentConfig {
+            server_address: self.server_address,
+            tls_server_name,
+            mode: self.mode,
+            tls,
+            tls_min_version: self.tls_min_version,
+            namespace: self.namespace,
+            allowed_namespaces,
+            redis_address: self.redis_address,
+            queue_dir: self.queue_dir,
+            metrics_address: self.metrics_address,
+            health_address: self.health_address,
+            keepalive,
+            heartbeat_interval,
+            reconnect_backoff_max: self.reconnect_backoff_max,
+            grpc_max_message_size: self.grpc_max_message_size,
+            enable_resource_proxy: self.enable_resource_proxy,
+            destination_based_mapping: self.destination_based_mapping,
+            create_namespace: self.create_namespace,
+            source_uid_mismatch_policy: self.source_uid_mismatch_policy,
+            adoption_policy: self.adoption_policy,
+            resync_interval,
+            kube,
+            log_level: self.log_level,
+            log_format: self.log_format,
+            label_selector,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Files {
+        dir: tempfile::TempDir,
+    }
+
+    impl Files {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            for name in ["client.crt", "client.key", "ca.crt"] {
+                std::fs::write(dir.path().join(name), "not checked here\n").unwrap();
+            }
+            Files { dir }
+        }
+
+        fn path(&self, name: &str) -> String {
+            self.dir.path().join(name).display().to_string()
+        }
+
+        fn args(&self, extra: &[&str]) -> Result<AgentArgs, clap::Error> {
+            let mut argv = vec![
+                "argocd-agent".to_string(),
+                "--server-address=principal.example.com:8443".to_string(),
+                format!("--tls-client-cert={}", self.path("client.crt")),
+                format!("--tls-client-key={}", self.path("client.key")),
+                format!("--tls-ca={}", self.path("ca.crt")),
+                format!("--queue-dir={}", self.path("queue")),
+            ];
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            AgentArgs::try_parse_from(argv)
+        }
+
+        fn validate(&self, extra: &[&str]) -> Result<AgentConfig, ConfigError> {
+            self.args(extra).expect("clap accepts").validate()
+        }
+    }
+
+    #[test]
+    fn every_flag_has_its_env_var() {
+        for arg in AgentArgs::command().get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("--{long} has no env var"));
+            assert_eq!(env.to_str().unwrap(), env_var_for(long), "--{long}");
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_documented_contract() {
+        let files = Files::new();
+        let config = files.validate(&[]).unwrap();
+        assert_eq!(
+            config.server_address.to_string(),
+            "principal.example.com:8443"
+        );
+        assert_eq!(config.tls_server_name, "principal.example.com");
+        assert_eq!(config.mode, AgentMode::Managed);
+        assert_eq!(config.namespace, "argocd");
+        assert_eq!(config.redis_address.to_string(), "argocd-redis:6379");
+        assert_eq!(config.metrics_address, "0.0.0.0:8181".parse().unwrap());
+        assert_eq!(config.health_address, "0.0.0.0:8001".parse().unwrap());
+        assert_eq!(
+            config.keepalive,
+            Some(KeepaliveConfig {
+                interval: Duration::from_secs(30),
+                timeout: Duration::from_secs(10)
+            })
+        );
+        assert_eq!(config.heartbeat_interval, None);
+        assert_eq!(config.reconnect_backoff_max, Duration::from_secs(60));
+        assert_eq!(config.grpc_max_message_size, 16 << 20);
+        assert!(config.enable_resource_proxy);
+        assert_eq!(
+            config.source_uid_mismatch_policy,
+            SourceUidMismatchPolicy::Recreate
+        );
+        assert_eq!(config.adoption_policy, AdoptionPolicy::Always);
+        assert_eq!(config.resync_interval, Some(Duration::from_secs(300)));
+        assert_eq!(config.tls_min_version, TlsVersion::Tls13);
+    }
+
+    #[test]
+    fn default_queue_dir_is_documented() {
+        let args = AgentArgs::try_parse_from([
+            "argocd-agent",
+            "--server-address=p:1",
+            "--tls-client-cert=a",
+            "--tls-client-key=b",
+            "--tls-ca=c",
+        ])
+        .unwrap();
+        assert_eq!(args.queue_dir, PathBuf::from("/var/lib/argocd-agent/queue"));
+    }
+
+    #[test]
+    fn server_address_needs_a_port() {
+        let files = Files::new();
+        let err = files.args(&["--server-address=principal"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn tls_server_name_overrides_the_host() {
+        let files = Files::new();
+        let config = files
+            .validate(&[
+                "--server-address=10.0.0.5:443",
+                "--tls-server-name=principal.hub",
+            ])
+            .unwrap();
+        assert_eq!(config.tls_server_name, "principal.hub");
+        let err = files
+            .validate(&["--tls-server-name=not a name"])
+            .unwrap_err();
+        assert_eq!(err.flag(), "tls-server-name");
+    }
+
+    #[test]
+    fn missing_client_key_names_flag_and_env() {
+        let files = Files::new();
+        let err = files
+            .validate(&["--tls-client-key=/nonexistent/client.key"])
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("--tls-client-key (env ARGOCD_AGENT_TLS_CLIENT_KEY)"),
+            "{message}"
+        );
+        assert!(message.contains("/nonexistent/client.key"), "{message}");
+    }
+
+    #[test]
+    fn autonomous_mode_rejects_managed_only_mapping_options() {
+        let files = Files::new();
+        let err = files
+            .validate(&["--mode=autonomous", "--destination-based-mapping"])
+            .unwrap_err();
+        assert_eq!(err.flag(), "destination-based-mapping");
+        assert!(err.to_string().contains("ARGOCD_AGENT_MODE"), "{err}");
+        let err = files
+            .validate(&["--mode=autonomous", "--create-namespace=true"])
+            .unwrap_err();
+        assert_eq!(err.flag(), "create-namespace");
+        let config = files
+            .validate(&["--destination-based-mapping", "--create-namespace"])
+            .unwrap();
+        assert!(config.destination_based_mapping && config.create_namespace);
+    }
+
+    #[test]
+    fn queue_dir_must_be_a_directory_or_creatable() {
+        let files = Files::new();
+        assert!(files
+            .validate(&[&format!("--queue-dir={}", files.path("a/b/c"))])
+            .is_ok());
+        let err = files
+            .validate(&[&format!("--queue-dir={}", files.path("ca.crt"))])
+            .unwrap_err();
+        assert_eq!(err.flag(), "queue-dir");
+        let err = files
+            .validate(&[&format!("--queue-dir={}", files.path("ca.crt/sub"))])
+            .unwrap_err();
+        assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+
+    #[test]
+    fn intervals_are_checked() {
+        let files = Files::new();
+        let config = files
+            .validate(&[
+                "--keepalive-interval=0",
+                "--heartbeat-interval=30s",
+                "--resync-interval=0",
+            ])
+            .unwrap();
+        assert_eq!(config.keepalive, None);
+        assert_eq!(config.heartbeat_interval, Some(Duration::from_secs(30)));
+        assert_eq!(config.resync_interval, None);
+        assert_eq!(
+            files
+                .validate(&["--keepalive-timeout=0"])
+                .unwrap_err()
+                .flag(),
+            "keepalive-timeout"
+        );
+        assert_eq!(
+            files
+                .validate(&["--reconnect-backoff-max=10ms"])
+                .unwrap_err()
+                .flag(),
+            "reconnect-backoff-max"
+        );
+        assert_eq!(
+            files
+                .validate(&["--heartbeat-interval=100ms"])
+                .unwrap_err()
+                .flag(),
+            "heartbeat-interval"
+        );
+    }
+
+    #[test]
+    fn metrics_and_health_may_share_an_address_but_not_a_port() {
+        let files = Files::new();
+        assert!(files
+            .validate(&[
+                "--metrics-address=127.0.0.1:9000",
+                "--health-address=127.0.0.1:9000"
+            ])
+            .is_ok());
+        let err = files
+            .validate(&[
+                "--metrics-address=0.0.0.0:9000",
+                "--health-address=127.0.0.1:9000",
+            ])
+            .unwrap_err();
+        assert_eq!(err.flag(), "metrics-address");
+    }
+
+    #[test]
+    fn policies_parse() {
+        let files = Files::new();
+        let config = files
+            .validate(&[
+                "--source-uid-mismatch-policy=upsert",
+                "--adoption-policy=never",
+            ])
+            .unwrap();
+        assert_eq!(
+            config.source_uid_mismatch_policy,
+            SourceUidMismatchPolicy::Upsert
+        );
+        assert_eq!(config.adoption_policy, AdoptionPolicy::Never);
+        assert!(files.args(&["--adoption-policy=sometimes"]).is_err());
+    }
+}

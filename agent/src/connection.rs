@@ -1,0 +1,783 @@
+//! The agent's link to its principal: dial, authenticate, subscribe, run the event stream, and
+//! reconnect forever.
+//!
+//! Owns: the transport (TCP to `--server-address`, TLS with the hot-reloading client config, ALPN
+//! h2, SNI `--tls-server-name`, HTTP/2 keepalive so a half-open link is noticed), the session
+//! tokens (Authenticate with mTLS, RefreshToken when the access token runs out — see [`token`]),
+//! the `Subscribe` stream driven by `proto::sync::run_stream` against the process-wide
+//! [`Outbox`], the reconnection schedule ([`backoff`]), the classification of failures into
+//! transient ones and refusals that need an operator, and what the outside sees of all this:
+//! one log line per state change, readiness, and the connection metrics.
+//!
+//! It never listens: the principal cannot reach the agent, the agent always dials.
+
+pub mod backoff;
+pub mod token;
+
+use std::error::Error as StdError;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use argocd_agent_proto::event::{Event, AGENT_SOURCE};
+use argocd_agent_proto::pb::authapi::authentication_client::AuthenticationClient;
+use argocd_agent_proto::pb::authapi::{AuthRequest, RefreshTokenRequest};
+use argocd_agent_proto::pb::eventstreamapi::event_stream_client::EventStreamClient;
+use argocd_agent_proto::pb::eventstreamapi::Event as WireEvent;
+use argocd_agent_proto::sync::{run_stream, EventHandler, Lanes, Outbox, StreamEnd};
+use argocd_agent_proto::telemetry::flags::{format_duration, AgentMode, HostPort};
+use argocd_agent_proto::telemetry::HealthState;
+use argocd_agent_proto::tls::{ReloadingClientConfig, ALPN_H2};
+use argocd_agent_proto::version::{check_compatible, version_string};
+use futures::StreamExt;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+use tracing::{debug, error, info, warn};
+
+use crate::config::{AgentConfig, KeepaliveConfig};
+use crate::metrics::AgentMetrics;
+pub use backoff::ReconnectBackoff;
+pub use token::{jwt_expiry, SessionTokens, TokenStep};
+
+/// Authentication method sent in `AuthRequest.method` (the credential is the client certificate).
+pub const AUTH_METHOD_MTLS: &str = "mtls";
+/// Limit on TCP connect + TLS handshake.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Limit on each unary auth call and on opening the stream.
+const RPC_TIMEOUT: Duration = Duration::from_secs(30);
+/// Inbound processing lanes per stream (events of one resource stay in one lane, in order).
+const LANES: usize = 8;
+/// Events buffered per lane before the stream reader waits.
+const LANE_DEPTH: usize = 64;
+/// ACKs and heartbeats buffered ahead of the outbound stream.
+const CONTROL_BUFFER: usize = 256;
+/// Outbound messages buffered between the pump and the HTTP/2 stream.
+const OUTBOUND_BUFFER: usize = 64;
+/// How long handlers may finish in-flight events after a stream ends before they are abandoned
+/// (the principal resends anything not ACKed).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Share of the outbox capacity above which the agent stops calling itself ready while offline.
+const OUTBOX_HEALTHY_PERCENT: usize = 90;
+
+/// Everything the connection needs from the agent's configuration.
+#[derive(Debug, Clone)]
+pub struct ConnectionSettings {
+    /// The principal's endpoint.
+    pub server: HostPort,
+    /// SNI and the name the principal's certificate must carry.
+    pub server_name: String,
+    /// Mode announced in `AuthRequest.mode`.
+    pub mode: AgentMode,
+    /// Namespace announced in `AuthRequest.agentNamespace`.
+    pub namespace: String,
+    /// HTTP/2 keepalive; `None` = off.
+    pub keepalive: Option<KeepaliveConfig>,
+    /// Heartbeat (`ping` event) interval; `None` = off.
+    pub heartbeat_interval: Option<Duration>,
+    /// gRPC message size limit, both directions.
+    pub max_message_size: usize,
+    /// Cap of the reconnection delay.
+    pub backoff_max: Duration,
+    /// Maximum distinct resources the outbox holds (for the offline readiness rule).
+    pub outbox_capacity: usize,
+}
+
+impl ConnectionSettings {
+    /// Settings from the validated configuration and the outbox capacity.
+    pub fn from_config(config: &AgentConfig, outbox_capacity: usize) -> Self {
+        ConnectionSettings {
+            server: config.server_address.clone(),
+            server_name: config.tls_server_name.clone(),
+            mode: config.mode,
+            namespace: config.namespace.clone(),
+            keepalive: config.keepalive,
+            heartbeat_interval: config.heartbeat_interval,
+            max_message_size: config.grpc_max_message_size,
+            backoff_max: config.reconnect_backoff_max,
+            outbox_capacity,
+        }
+    }
+}
+
+/// Where in the connection sequence something failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// TCP connect, TLS handshake, HTTP/2 set-up.
+    Connect,
+    /// `Authenticate`.
+    Authenticate,
+    /// `RefreshToken`.
+    RefreshToken,
+    /// Opening `Subscribe`.
+    Subscribe,
+    /// The open event stream.
+    Stream,
+}
+
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stage::Connect => "connect",
+            Stage::Authenticate => "authenticate",
+            Stage::RefreshToken => "refresh token",
+            Stage::Subscribe => "subscribe",
+            Stage::Stream => "event stream",
+        }
+    }
+}
+
+/// A failed connection attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Where it failed.
+    pub stage: Stage,
+    /// What happened (the principal's status or the transport error chain; never a token).
+    pub message: String,
+    /// For refusals that retrying will not cure: what the operator should fix.
+    pub fix: Option<&'static str>,
+}
+
+impl Failure {
+    fn transient(stage: Stage, message: impl Into<String>) -> Self {
+        Failure {
+            stage,
+            message: message.into(),
+            fix: None,
+        }
+    }
+
+    /// Whether this failure needs an operator (retried at the maximum delay).
+    pub fn is_refusal(&self) -> bool {
+        self.fix.is_some()
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} failed: {}", self.stage.as_str(), self.message)?;
+        if let Some(fix) = self.fix {
+            write!(f, " ({fix})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Classifies a gRPC status from the principal.
+pub fn classify_status(stage: Stage, status: &Status) -> Failure {
+    let message = format!("{:?}: {}", status.code(), status.message());
+    let fix = match (status.code(), stage) {
+        (Code::PermissionDenied, _) => Some(
+            "the principal does not accept this agent: check that the name in --tls-client-cert is an agent the \
+             principal knows, that the principal allows --mode, and that --namespace is right",
+        ),
+        (Code::Unauthenticated, Stage::Authenticate) => Some(
+            "the principal does not accept the client certificate: check that --tls-client-cert/--tls-client-key \
+             were issued by the principal's agent CA and have not expired",
+        ),
+        (Code::FailedPrecondition, _) => Some(
+            "the principal and this agent speak incompatible protocol versions: upgrade the older side",
+        ),
+        (Code::InvalidArgument, _) => {
+            Some("the principal refused the request as invalid: check --mode and --namespace")
+        }
+        (Code::Unimplemented, _) => Some(
+            "the server at --server-address does not serve the argocd-agent API: check the address and port",
+        ),
+        _ => None,
+    };
+    Failure {
+        stage,
+        message,
+        fix,
+    }
+}
+
+/// Classifies a transport error (TCP, TLS, HTTP/2) by its message chain.
+fn classify_transport(message: String) -> Failure {
+    let lower = message.to_ascii_lowercase();
+    let fix = if lower.contains("alert") {
+        Some(
+            "the principal rejected the TLS handshake: check that --tls-client-cert/--tls-client-key were issued \
+             by the principal's agent CA and have not expired",
+        )
+    } else if lower.contains("certificate") || lower.contains("unknownissuer") {
+        Some(
+            "the principal's certificate is not trusted: check that --tls-ca holds the CA that signed it and that \
+             --tls-server-name matches a name in it",
+        )
+    } else {
+        None
+    };
+    Failure {
+        stage: Stage::Connect,
+        message,
+        fix,
+    }
+}
+
+/// An error and its sources, joined with ": " (tonic's transport error alone says only
+/// "transport error").
+fn error_chain(e: &(dyn StdError + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// How one attempt ended.
+enum Attempt {
+    /// Never got a stream.
+    Failed(Failure),
+    /// A stream was up for `lasted` and then ended.
+    Ended { lasted: Duration, reason: Failure },
+    /// The process is shutting down.
+    Shutdown,
+}
+
+/// The agent's connection to the principal. One per process; [`Connection::run`] loops until
+/// shutdown, reconnecting as needed. The [`Outbox`] outlives every stream.
+pub struct Connection {
+    settings: ConnectionSettings,
+    tls: ReloadingClientConfig,
+    outbox: Arc<Outbox>,
+    metrics: AgentMetrics,
+    health: HealthState,
+    tokens: Option<SessionTokens>,
+    principal_version: Option<String>,
+}
+
+impl Connection {
+    /// A connection that has not dialled yet.
+    pub fn new(
+        settings: ConnectionSettings,
+        tls: ReloadingClientConfig,
+        outbox: Arc<Outbox>,
+        metrics: AgentMetrics,
+        health: HealthState,
+    ) -> Self {
+        Connection {
+            settings,
+            tls,
+            outbox,
+            metrics,
+            health,
+            tokens: None,
+            principal_version: None,
+        }
+    }
+
+    /// Connects, streams, and reconnects until `shutdown` becomes true (or its sender is
+    /// dropped). Inbound events go to `handler`.
+    pub async fn run<H: EventHandler>(mut self, handler: Arc<H>, shutdown: watch::Receiver<bool>) {
+        let server = self.settings.server.to_string();
+        let mut backoff = ReconnectBackoff::new(self.settings.backoff_max);
+        // What was last logged at warn/error, so a repeated failure is logged once.
+        let mut last_logged: Option<String> = None;
+        let mut failed_attempts: u32 = 0;
+        self.health
+            .set_ready(false, format!("connecting to the principal at {server}"));
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let attempt = self.attempt(&handler, &shutdown, failed_attempts).await;
+            let delay = match attempt {
+                Attempt::Shutdown => break,
+                Attempt::Ended { lasted, reason } => {
+                    failed_attempts = 0;
+                    if lasted >= backoff::STABLE_AFTER {
+                        backoff.reset();
+                    }
+                    let delay = if reason.is_refusal() {
+                        backoff.max()
+                    } else {
+                        backoff.next_delay()
+                    };
+                    let connected_for = format_duration(Duration::from_secs(lasted.as_secs()));
+                    let retry_in = format_duration(round_delay(delay));
+                    if reason.is_refusal() {
+                        error!(principal = %server, connected_for = %connected_for,
+                            "the principal ended the stream and refuses this agent: {reason}; reconnecting in {retry_in}");
+                    } else {
+                        warn!(principal = %server, connected_for = %connected_for,
+                            "disconnected from the principal: {reason}; reconnecting in {retry_in}");
+                    }
+                    self.set_offline_readiness(Some(&reason));
+                    last_logged = Some(reason.to_string());
+                    delay
+                }
+                Attempt::Failed(failure) => {
+                    failed_attempts = failed_attempts.saturating_add(1);
+                    let delay = if failure.is_refusal() {
+                        backoff.max()
+                    } else {
+                        backoff.next_delay()
+                    };
+                    let summary = failure.to_string();
+                    let retry_in = format_duration(round_delay(delay));
+                    if last_logged.as_deref() == Some(summary.as_str()) {
+                        debug!(principal = %server, attempts = failed_attempts, "still cannot connect to the principal: {summary}; retrying in {retry_in}");
+                    } else if failure.is_refusal() {
+                        error!(principal = %server, "the principal refuses this agent: {summary}; retrying in {retry_in}");
+                    } else {
+                        warn!(principal = %server, "cannot connect to the principal: {summary}; retrying in {retry_in}");
+                    }
+                    last_logged = Some(summary);
+                    self.set_offline_readiness(Some(&failure));
+                    delay
+                }
+            };
+            let mut stop = shutdown.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+        self.metrics.connection_status.set(0);
+        debug!("connection loop stopped");
+    }
+
+    /// Readiness while not connected: ready (working offline) unless the principal refuses this
+    /// agent or the outbound queue is close to full.
+    fn set_offline_readiness(&self, failure: Option<&Failure>) {
+        if let Some(f) = failure.filter(|f| f.is_refusal()) {
+            self.health
+                .set_ready(false, format!("the principal refuses this agent: {f}"));
+            return;
+        }
+        let queued = self.outbox.resources();
+        let limit = self.settings.outbox_capacity / 100 * OUTBOX_HEALTHY_PERCENT;
+        if queued >= limit.max(1) {
+            self.health.set_ready(
+                false,
+                format!(
+                    "offline from the principal and the outbound queue is nearly full ({queued} resources)"
+                ),
+            );
+        } else {
+            // Working offline: local reconciliation goes on and changes queue up for later.
+            self.health.set_ready(true, "");
+        }
+    }
+
+    async fn attempt<H: EventHandler>(
+        &mut self,
+        handler: &Arc<H>,
+        shutdown: &watch::Receiver<bool>,
+        failed_before: u32,
+    ) -> Attempt {
+        let channel = match self.dial().await {
+            Ok(c) => c,
+            Err(f) => return Attempt::Failed(f),
+        };
+        let mut stale_token_retried = false;
+        let (out_tx, inbound) = loop {
+            let (out_tx, out_rx) = mpsc::channel(OUTBOUND_BUFFER);
+            match self.subscribe(&channel, out_rx).await {
+                Ok(inbound) => break (out_tx, inbound),
+                Err(SubscribeFailure::StaleToken) if !stale_token_retried => {
+                    stale_token_retried = true;
+                }
+                Err(SubscribeFailure::StaleToken) => {
+                    return Attempt::Failed(Failure::transient(
+                        Stage::Subscribe,
+                        "the principal rejected a new session token",
+                    ))
+                }
+                Err(SubscribeFailure::Failed(f)) => return Attempt::Failed(f),
+            }
+        };
+
+        self.metrics.connections.inc();
+        self.metrics.connection_status.set(1);
+        self.health.set_ready(true, "");
+        if failed_before > 0 {
+            info!(principal = %self.settings.server, failed_attempts = failed_before, "connected to the principal");
+        } else {
+            info!(principal = %self.settings.server, "connected to the principal");
+        }
+        let started = Instant::now();
+
+        let (control_tx, mut control_rx) = mpsc::channel(CONTROL_BUFFER);
+        let lanes = Lanes::start(handler.clone(), LANES, LANE_DEPTH, control_tx.clone());
+        let heartbeat = self.settings.heartbeat_interval.map(|every| {
+            let control = control_tx.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    // A full control lane means traffic is flowing: no ping needed.
+                    if let Err(mpsc::error::TrySendError::Closed(_)) =
+                        control.try_send(Event::ping(AGENT_SOURCE))
+                    {
+                        return;
+                    }
+                }
+            })
+        });
+        drop(control_tx);
+
+        let mut stop = shutdown.clone();
+        let metrics = self.metrics.clone();
+        let end = run_stream(
+            inbound,
+            out_tx,
+            &self.outbox,
+            &mut control_rx,
+            &lanes,
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+            |ev| metrics.observe_received(ev),
+        )
+        .await;
+
+        if let Some(h) = heartbeat {
+            h.abort();
+        }
+        // ACKs for a dead stream are worthless: closing the control lane lets the lanes stop
+        // after their current event.
+        drop(control_rx);
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, lanes.drain()).await;
+        self.metrics.connection_status.set(0);
+
+        let shutting_down = *shutdown.borrow() || shutdown.has_changed().is_err();
+        let reason = match end {
+            StreamEnd::Shutdown if shutting_down => return Attempt::Shutdown,
+            StreamEnd::Shutdown => Failure::transient(Stage::Stream, "the HTTP/2 stream closed"),
+            StreamEnd::PeerClosed => {
+                Failure::transient(Stage::Stream, "the principal closed the stream")
+            }
+            StreamEnd::Error(status) => {
+                if status.code() == Code::Unauthenticated {
+                    self.tokens = None;
+                }
+                classify_status(Stage::Stream, &status)
+            }
+        };
+        Attempt::Ended {
+            lasted: started.elapsed(),
+            reason,
+        }
+    }
+
+    /// Opens the HTTP/2 connection: TCP, TLS (ALPN h2, SNI), keepalive, message limits.
+    async fn dial(&self) -> Result<Channel, Failure> {
+        let s = &self.settings;
+        let uri = format!("http://{}", s.server);
+        let mut endpoint = Endpoint::from_shared(uri.clone())
+            .map_err(|e| {
+                Failure::transient(Stage::Connect, format!("invalid endpoint {uri}: {e}"))
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        if let Some(k) = s.keepalive {
+            endpoint = endpoint
+                .http2_keep_alive_interval(k.interval)
+                .keep_alive_timeout(k.timeout)
+                .keep_alive_while_idle(true);
+        }
+        let server_name = ServerName::try_from(s.server_name.clone()).map_err(|e| {
+            Failure::transient(
+                Stage::Connect,
+                format!("--tls-server-name {:?} is not usable: {e}", s.server_name),
+            )
+        })?;
+        let tls = self.tls.clone();
+        let host = s.server.host.clone();
+        let port = s.server.port;
+        let connector = tower::service_fn(move |_: http::Uri| {
+            let tls = tls.clone();
+            let host = host.clone();
+            let server_name = server_name.clone();
+            async move {
+                let tcp = TcpStream::connect((host.as_str(), port)).await?;
+                tcp.set_nodelay(true)?;
+                let stream = tls
+                    .connector()
+                    .connect(server_name.clone(), tcp)
+                    .await
+                    .map_err(|e| {
+                        std::io::Error::new(
+                            e.kind(),
+                            format!("TLS handshake (server name {server_name:?}) failed: {e}"),
+                        )
+                    })?;
+                if let Some(alpn) = stream.get_ref().1.alpn_protocol() {
+                    if alpn != ALPN_H2 {
+                        return Err(std::io::Error::other(format!(
+                            "the server negotiated ALPN {:?} instead of h2",
+                            String::from_utf8_lossy(alpn)
+                        )));
+                    }
+                }
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        });
+        endpoint
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| classify_transport(error_chain(&e)))
+    }
+
+    /// A usable access token: the held one, a refreshed one, or a new session. Returns the
+    /// token and whether it was obtained just now.
+    async fn access_token(&mut self, channel: &Channel) -> Result<(String, bool), Failure> {
+        let limit = self.settings.max_message_size;
+        let mut auth = AuthenticationClient::new(channel.clone())
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        if let Some(tokens) = &self.tokens {
+            match tokens.next_step(unix_now()) {
+                TokenStep::UseAccess => return Ok((tokens.access().to_string(), false)),
+                TokenStep::Refresh => {
+                    let req = RefreshTokenRequest {
+                        refresh_token: tokens.refresh().to_string(),
+                    };
+                    match tokio::time::timeout(RPC_TIMEOUT, auth.refresh_token(req)).await {
+                        Ok(Ok(resp)) => {
+                            let resp = resp.into_inner();
+                            if !resp.access_token.is_empty() {
+                                let refresh = if resp.refresh_token.is_empty() {
+                                    tokens.refresh().to_string()
+                                } else {
+                                    resp.refresh_token
+                                };
+                                let fresh = SessionTokens::new(resp.access_token, refresh);
+                                let access = fresh.access().to_string();
+                                self.tokens = Some(fresh);
+                                debug!("refreshed the session token");
+                                return Ok((access, true));
+                            }
+                        }
+                        Ok(Err(status)) => {
+                            self.metrics.auth_failures.inc();
+                            debug!(error = %classify_status(Stage::RefreshToken, &status),
+                                "token refresh refused; authenticating again");
+                        }
+                        Err(_) => {
+                            return Err(Failure::transient(
+                                Stage::RefreshToken,
+                                format!("no answer within {}", format_duration(RPC_TIMEOUT)),
+                            ))
+                        }
+                    }
+                }
+                TokenStep::Authenticate => {}
+            }
+        }
+        self.tokens = None;
+        let req = AuthRequest {
+            method: AUTH_METHOD_MTLS.to_string(),
+            credentials: Default::default(),
+            mode: self.settings.mode.as_str().to_string(),
+            version: version_string(),
+            agent_namespace: self.settings.namespace.clone(),
+        };
+        let resp = match tokio::time::timeout(RPC_TIMEOUT, auth.authenticate(req)).await {
+            Ok(Ok(resp)) => resp.into_inner(),
+            Ok(Err(status)) => {
+                self.metrics.auth_failures.inc();
+                return Err(classify_status(Stage::Authenticate, &status));
+            }
+            Err(_) => {
+                return Err(Failure::transient(
+                    Stage::Authenticate,
+                    format!("no answer within {}", format_duration(RPC_TIMEOUT)),
+                ))
+            }
+        };
+        if resp.access_token.is_empty() {
+            return Err(Failure::transient(
+                Stage::Authenticate,
+                "the principal answered without an access token",
+            ));
+        }
+        if self.principal_version.as_deref() != Some(resp.version.as_str()) {
+            match check_compatible(&resp.version) {
+                Ok(()) => {
+                    info!(principal_version = %resp.version, principal_namespace = %resp.principal_namespace,
+                    "authenticated with the principal")
+                }
+                Err(e) if resp.version.is_empty() => {
+                    debug!(error = %e, "the principal did not say its version")
+                }
+                Err(e) => warn!(principal_version = %resp.version, error = %e,
+                    "the principal's version may not be compatible with this agent"),
+            }
+            self.principal_version = Some(resp.version.clone());
+        }
+        let tokens = SessionTokens::new(resp.access_token, resp.refresh_token);
+        let access = tokens.access().to_string();
+        self.tokens = Some(tokens);
+        Ok((access, true))
+    }
+
+    /// Opens `Subscribe` with a valid access token (`authorization` metadata, raw JWT).
+    async fn subscribe(
+        &mut self,
+        channel: &Channel,
+        out_rx: mpsc::Receiver<WireEvent>,
+    ) -> Result<tonic::Streaming<WireEvent>, SubscribeFailure> {
+        let limit = self.settings.max_message_size;
+        let (access, fresh) = self
+            .access_token(channel)
+            .await
+            .map_err(SubscribeFailure::Failed)?;
+        let Ok(token) = MetadataValue::try_from(access.as_str()) else {
+            self.tokens = None;
+            return Err(SubscribeFailure::Failed(Failure::transient(
+                Stage::Authenticate,
+                "the principal issued a token that is not valid gRPC metadata",
+            )));
+        };
+        let metrics = self.metrics.clone();
+        let outbound = ReceiverStream::new(out_rx).inspect(move |ev| metrics.observe_sent(ev));
+        let mut request = tonic::Request::new(outbound);
+        request.metadata_mut().insert("authorization", token);
+        let mut client = EventStreamClient::new(channel.clone())
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        match tokio::time::timeout(RPC_TIMEOUT, client.subscribe(request)).await {
+            Ok(Ok(resp)) => Ok(resp.into_inner()),
+            Ok(Err(status)) if status.code() == Code::Unauthenticated && !fresh => {
+                debug!(error = %status.message(),
+                    "the principal rejected the held session token; authenticating again");
+                self.tokens = None;
+                Err(SubscribeFailure::StaleToken)
+            }
+            Ok(Err(status)) => {
+                if status.code() == Code::Unauthenticated {
+                    self.tokens = None;
+                }
+                Err(SubscribeFailure::Failed(classify_status(
+                    Stage::Subscribe,
+                    &status,
+                )))
+            }
+            Err(_) => Err(SubscribeFailure::Failed(Failure::transient(
+                Stage::Subscribe,
+                format!("no answer within {}", format_duration(RPC_TIMEOUT)),
+            ))),
+        }
+    }
+}
+
+/// Why `Subscribe` did not open.
+enum SubscribeFailure {
+    /// A held token was refused (e.g. the principal restarted with new keys): try again at once
+    /// with a new session.
+    StaleToken,
+    /// Anything else.
+    Failed(Failure),
+}
+
+/// Delays in logs, rounded to 100 ms so lines stay readable.
+fn round_delay(d: Duration) -> Duration {
+    Duration::from_millis((d.as_millis() as u64).div_ceil(100) * 100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_say_what_to_fix_transient_failures_do_not() {
+        let denied = classify_status(
+            Stage::Authenticate,
+            &Status::permission_denied("agent not allowed"),
+        );
+        assert!(denied.is_refusal());
+        assert!(denied.to_string().contains("--tls-client-cert"), "{denied}");
+        let version = classify_status(
+            Stage::Authenticate,
+            &Status::failed_precondition("version mismatch"),
+        );
+        assert!(version.is_refusal());
+        assert!(version.to_string().contains("upgrade"), "{version}");
+        let cert = classify_status(
+            Stage::Authenticate,
+            &Status::unauthenticated("no client certificate"),
+        );
+        assert!(cert.is_refusal());
+        let token = classify_status(Stage::Subscribe, &Status::unauthenticated("token expired"));
+        assert!(
+            !token.is_refusal(),
+            "an expired token is cured by a new session"
+        );
+        assert!(
+            !classify_status(Stage::Subscribe, &Status::unavailable("not active")).is_refusal()
+        );
+    }
+
+    #[test]
+    fn transport_failures_name_the_tls_problem() {
+        assert!(
+            !classify_transport("tcp connect error: Connection refused (os error 111)".into())
+                .is_refusal()
+        );
+        let untrusted = classify_transport(
+            "TLS handshake (server name \"p\") failed: invalid peer certificate: UnknownIssuer"
+                .into(),
+        );
+        assert!(untrusted.to_string().contains("--tls-ca"), "{untrusted}");
+        let rejected = classify_transport("received fatal alert: CertificateRequired".into());
+        assert!(
+            rejected.to_string().contains("--tls-client-cert"),
+            "{rejected}"
+        );
+    }
+
+    #[test]
+    fn error_chain_includes_sources_once() {
+        let inner = std::io::Error::other("connection refused");
+        let outer = std::io::Error::other(OuterErr(inner));
+        let chain = error_chain(&outer);
+        assert_eq!(chain.matches("connection refused").count(), 1, "{chain}");
+    }
+
+    #[derive(Debug)]
+    struct OuterErr(std::io::Error);
+    impl std::fmt::Display for OuterErr {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("transport error")
+        }
+    }
+    impl StdError for OuterErr {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn log_delays_are_rounded() {
+        assert_eq!(
+            round_delay(Duration::from_millis(1234)),
+            Duration::from_millis(1300)
+        );
+        assert_eq!(
+            round_delay(Duration::from_secs(60)),
+            Duration::from_secs(60)
+        );
+    }
+}

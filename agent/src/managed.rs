@@ -1,0 +1,694 @@
+//! Managed mode on the spoke: the hub is the source of truth for spec, the spoke for status.
+//!
+//! Owns: [`ManagedSync`], which is both the [`EventHandler`] for what the principal sends
+//! (create / spec-update / set-operation / terminate-operation / delete of Applications and
+//! AppProjects, and `request-resource-resync`) and the watcher of the agent namespace that keeps
+//! the spoke honest: it reverts local drift, recreates objects deleted without the hub asking,
+//! reports status changes as `status-update`, and confirms deletions the hub asked for with a
+//! `delete` event. Also owns the in-memory cache of the last hub copy per object (by kind and
+//! name) and the set of deletions the hub asked for. Every write is idempotent: events may be
+//! redelivered. Pure decisions live in [`crate::drift`], the spoke copy in [`crate::spoke_copy`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use argocd_agent_proto::event::{spec_checksum, Event, EventType, AGENT_SOURCE};
+use argocd_agent_proto::payload::RequestUpdate;
+use argocd_agent_proto::sync::{EventHandler, HandleError, Outbox};
+use futures::StreamExt;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+};
+use kube::runtime::{watcher, WatchStreamExt};
+use serde_json::{json, Value};
+use tracing::{debug, info, warn};
+
+use crate::config::{AdoptionPolicy, AgentConfig, SourceUidMismatchPolicy};
+use crate::drift::{
+    needs_revert, on_deleted, status_report, CachedCopy, DeletedAction, StatusReport,
+};
+use crate::spoke_copy::{
+    is_terminating, managed_view, matches_desired, object_name, object_uid, replacement_body,
+    source_uid, spoke_copy, SyncedKind,
+};
+
+/// Field manager of every write the agent makes.
+pub const FIELD_MANAGER: &str = "argocd-agent";
+
+/// What managed mode needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct ManagedSettings {
+    /// The agent's Argo CD namespace, where spoke copies live.
+    pub namespace: String,
+    /// What to do with a same-named local object the hub did not create.
+    pub adoption_policy: AdoptionPolicy,
+    /// What to do with a local object carrying another hub object's uid.
+    pub source_uid_mismatch_policy: SourceUidMismatchPolicy,
+    /// Only watch local objects matching this selector.
+    pub label_selector: Option<String>,
+}
+
+impl ManagedSettings {
+    /// Settings from the validated configuration.
+    pub fn from_config(config: &AgentConfig) -> Self {
+        ManagedSettings {
+            namespace: config.namespace.clone(),
+            adoption_policy: config.adoption_policy,
+            source_uid_mismatch_policy: config.source_uid_mismatch_policy,
+            label_selector: config.label_selector.clone(),
+        }
+    }
+}
+
+/// Identity of a spoke object within the agent namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ObjectKey {
+    kind: SyncedKind,
+    name: String,
+}
+
+impl ObjectKey {
+    fn new(kind: SyncedKind, name: &str) -> Self {
+        ObjectKey {
+            kind,
+            name: name.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct SpokeState {
+    /// Last hub copy per object.
+    cache: HashMap<ObjectKey, CachedCopy>,
+    /// Deletions the hub asked for and the watcher has not seen complete yet.
+    expected_deletions: HashSet<ObjectKey>,
+    /// Status/operation view last reported per Application name.
+    reported: HashMap<String, Value>,
+}
+
+/// The spoke side of managed mode (see the module docs). Share it as `Arc<ManagedSync>`.
+pub struct ManagedSync {
+    settings: ManagedSettings,
+    apps: Api<DynamicObject>,
+    projects: Api<DynamicObject>,
+    outbox: Arc<Outbox>,
+    state: Mutex<SpokeState>,
+}
+
+/// A kube error as a handler result: invalid input can never succeed, everything else may.
+fn kube_failure(what: String, e: kube::Error) -> HandleError {
+    match &e {
+        kube::Error::Api(s) if s.code == 400 || s.is_invalid() => {
+            HandleError::Rejected(format!("{what}: {e}"))
+        }
+        _ => HandleError::Retryable(format!("{what}: {e}")),
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.is_not_found())
+}
+
+fn to_json(obj: &DynamicObject) -> Value {
+    let mut v = serde_json::to_value(obj).unwrap_or(Value::Null);
+    // Bulky, and nothing the principal uses.
+    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+    }
+    v
+}
+
+fn from_json(v: &Value) -> Result<DynamicObject, HandleError> {
+    serde_json::from_value(v.clone())
+        .map_err(|e| HandleError::Rejected(format!("not a Kubernetes object: {e}")))
+}
+
+fn write_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    }
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    }
+}
+
+impl ManagedSync {
+    /// Managed sync over `client`, queueing outbound events into `outbox`.
+    pub fn new(client: kube::Client, settings: ManagedSettings, outbox: Arc<Outbox>) -> Arc<Self> {
+        let apps = Api::namespaced_with(
+            client.clone(),
+            &settings.namespace,
+            &SyncedKind::Application.api_resource(),
+        );
+        let projects = Api::namespaced_with(
+            client,
+            &settings.namespace,
+            &SyncedKind::AppProject.api_resource(),
+        );
+        Arc::new(ManagedSync {
+            settings,
+            apps,
+            projects,
+            outbox,
+            state: Mutex::new(SpokeState::default()),
+        })
+    }
+
+    /// The last hub copy received for `kind`/`name` (the spoke copy the agent keeps in place).
+    pub fn cached_copy(&self, kind: SyncedKind, name: &str) -> Option<Value> {
+        self.lock()
+            .cache
+            .get(&ObjectKey::new(kind, name))
+            .map(|c| c.desired.clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SpokeState> {
+        // No invariant spans a panic here; keep going with what is there.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn api(&self, kind: SyncedKind) -> &Api<DynamicObject> {
+        match kind {
+            SyncedKind::Application => &self.apps,
+            SyncedKind::AppProject => &self.projects,
+        }
+    }
+
+    fn push(&self, event: Event) -> Result<(), HandleError> {
+        self.outbox.push(event).map_err(|e| {
+            warn!(error = %e, "cannot queue an event for the principal");
+            HandleError::Retryable(e.to_string())
+        })
+    }
+
+    // ---- principal -> spoke -------------------------------------------------------------
+
+    /// create / spec-update: keep the hub copy and make the spoke match it; a payload with a
+    /// deletionTimestamp means the hub is deleting the object.
+    async fn apply_hub_object(&self, kind: SyncedKind, hub: &Value) -> Result<(), HandleError> {
+        if is_terminating(hub) {
+            return self.delete_for_hub(kind, hub).await;
+        }
+        let desired = spoke_copy(kind, hub, &self.settings.namespace)
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        let key = ObjectKey::new(kind, object_name(&desired));
+        {
+            let mut st = self.lock();
+            st.expected_deletions.remove(&key);
+            match st.cache.get_mut(&key) {
+                Some(c) if c.desired == desired => {}
+                _ => {
+                    st.cache
+                        .insert(key.clone(), CachedCopy::new(desired.clone()));
+                }
+            }
+        }
+        let result = self.upsert(kind, &desired).await;
+        if let Err(HandleError::Rejected(_)) = &result {
+            // Not ours to keep in place (e.g. adoption refused): no drift revert, no recreate.
+            self.lock().cache.remove(&key);
+        }
+        result
+    }
+
+    /// Creates the spoke copy, or replaces a live one while keeping its status and operation.
+    async fn upsert(&self, kind: SyncedKind, desired: &Value) -> Result<(), HandleError> {
+        let api = self.api(kind);
+        let ns = &self.settings.namespace;
+        let name = object_name(desired);
+        let live = api
+            .get_opt(name)
+            .await
+            .map_err(|e| kube_failure(format!("reading spoke {kind} {ns}/{name}"), e))?;
+        let Some(live) = live else {
+            return match api.create(&write_params(), &from_json(desired)?).await {
+                Ok(created) => {
+                    self.record_applied(kind, desired, &to_json(&created));
+                    info!(kind = %kind, namespace = %ns, name, "created spoke copy of the hub's object");
+                    Ok(())
+                }
+                Err(kube::Error::Api(s)) if s.is_already_exists() => Err(HandleError::Retryable(
+                    format!("spoke {kind} {ns}/{name} appeared while creating it"),
+                )),
+                Err(e) => Err(kube_failure(
+                    format!("creating spoke {kind} {ns}/{name}"),
+                    e,
+                )),
+            };
+        };
+        let live = to_json(&live);
+        if is_terminating(&live) {
+            // Writing to it would not stop the deletion; the watcher recreates it once gone.
+            debug!(kind = %kind, namespace = %ns, name, "spoke object is being deleted; it is recreated once gone");
+            return Ok(());
+        }
+        let wanted_uid = source_uid(desired).unwrap_or_default();
+        match source_uid(&live) {
+            None => match self.settings.adoption_policy {
+                AdoptionPolicy::Never => {
+                    return Err(HandleError::Rejected(format!(
+                        "spoke {kind} {ns}/{name} exists but was not created from the hub, and \
+                         --adoption-policy=never forbids taking it over"
+                    )))
+                }
+                AdoptionPolicy::Always => {
+                    info!(kind = %kind, namespace = %ns, name, "adopting a local object of the same name as the hub's")
+                }
+            },
+            Some(uid) if uid != wanted_uid => match self.settings.source_uid_mismatch_policy {
+                SourceUidMismatchPolicy::Recreate => {
+                    info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; deleting it to recreate it from the current one");
+                    let params = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: Some(object_uid(&live).to_string()),
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::background()
+                    };
+                    return match api.delete(name, &params).await {
+                        Ok(_) => Ok(()),
+                        Err(e) if is_not_found(&e) => Err(HandleError::Retryable(format!(
+                            "spoke {kind} {ns}/{name} vanished while replacing it"
+                        ))),
+                        Err(e) => Err(kube_failure(
+                            format!("deleting stale spoke {kind} {ns}/{name}"),
+                            e,
+                        )),
+                    };
+                }
+                SourceUidMismatchPolicy::Upsert => {
+                    info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; updating it in place")
+                }
+            },
+            Some(_) => {}
+        }
+        if matches_desired(&live, desired) {
+            self.record_applied(kind, desired, &live);
+            return Ok(());
+        }
+        let body = replacement_body(&live, desired);
+        match api.replace(name, &write_params(), &from_json(&body)?).await {
+            Ok(updated) => {
+                self.record_applied(kind, desired, &to_json(&updated));
+                info!(kind = %kind, namespace = %ns, name, "updated spoke copy to the hub's");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.is_conflict() => Err(HandleError::Retryable(format!(
+                "spoke {kind} {ns}/{name} changed while updating it"
+            ))),
+            Err(e) => Err(kube_failure(
+                format!("updating spoke {kind} {ns}/{name}"),
+                e,
+            )),
+        }
+    }
+
+    /// Remembers what the apiserver stored for `desired` (if it is still the current hub copy).
+    fn record_applied(&self, kind: SyncedKind, desired: &Value, stored: &Value) {
+        let mut st = self.lock();
+        if let Some(c) = st
+            .cache
+            .get_mut(&ObjectKey::new(kind, object_name(desired)))
+        {
+            if c.desired == *desired {
+                c.applied = Some(managed_view(stored));
+            }
+        }
+    }
+
+    /// set-operation: make sure the spoke copy exists, then set its `.operation`.
+    async fn set_operation(&self, hub: &Value) -> Result<(), HandleError> {
+        self.apply_hub_object(SyncedKind::Application, hub).await?;
+        let operation = hub.get("operation").cloned().unwrap_or(Value::Null);
+        if operation.is_null() || is_terminating(hub) {
+            return Ok(());
+        }
+        let name = object_name(hub);
+        let ns = &self.settings.namespace;
+        self.apps
+            .patch(
+                name,
+                &patch_params(),
+                &Patch::Merge(json!({ "operation": operation })),
+            )
+            .await
+            .map_err(|e| {
+                kube_failure(
+                    format!("setting the operation of spoke Application {ns}/{name}"),
+                    e,
+                )
+            })?;
+        info!(namespace = %ns, name, "started the operation the hub requested");
+        Ok(())
+    }
+
+    /// terminate-operation: mark the running operation Terminating.
+    async fn terminate_operation(&self, hub: &Value) -> Result<(), HandleError> {
+        let name = object_name(hub);
+        let ns = &self.settings.namespace;
+        let patch = json!({"status": {"operationState": {"phase": "Terminating"}}});
+        match self
+            .apps
+            .patch(name, &patch_params(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {
+                info!(namespace = %ns, name, "terminating the operation as the hub requested");
+                Ok(())
+            }
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(kube_failure(
+                format!("terminating the operation of spoke Application {ns}/{name}"),
+                e,
+            )),
+        }
+    }
+
+    /// delete (or spec-update with deletionTimestamp): delete the spoke copy, expecting it.
+    async fn delete_for_hub(&self, kind: SyncedKind, hub: &Value) -> Result<(), HandleError> {
+        let name = object_name(hub);
+        if name.is_empty() {
+            return Err(HandleError::Rejected(format!(
+                "the {kind} payload has no metadata.name"
+            )));
+        }
+        let ns = &self.settings.namespace;
+        let hub_uid = object_uid(hub);
+        let key = ObjectKey::new(kind, name);
+        let api = self.api(kind);
+        let live = api
+            .get_opt(name)
+            .await
+            .map_err(|e| kube_failure(format!("reading spoke {kind} {ns}/{name}"), e))?
+            .map(|o| to_json(&o));
+        let ours = live
+            .as_ref()
+            .is_some_and(|l| source_uid(l).is_some_and(|u| hub_uid.is_empty() || u == hub_uid));
+        if !ours {
+            // Nothing of this hub object exists here: the deletion is complete as far as the
+            // spoke is concerned. Keep the cache if it describes another (newer) hub object.
+            {
+                let mut st = self.lock();
+                let stale = st
+                    .cache
+                    .get(&key)
+                    .is_none_or(|c| hub_uid.is_empty() || source_uid(&c.desired) == Some(hub_uid));
+                if stale {
+                    st.cache.remove(&key);
+                }
+            }
+            debug!(kind = %kind, namespace = %ns, name, "no spoke copy of the deleted hub object");
+            if kind == SyncedKind::Application {
+                let gone = json!({
+                    "apiVersion": "argoproj.io/v1alpha1",
+                    "kind": kind.kind(),
+                    "metadata": {
+                        "name": name,
+                        "namespace": ns,
+                        "annotations": {argocd_agent_proto::event::SOURCE_UID_ANNOTATION: hub_uid},
+                    },
+                });
+                self.confirm_deletion(&gone)?;
+            }
+            return Ok(());
+        }
+        let live = live.unwrap_or_default();
+        {
+            let mut st = self.lock();
+            st.cache.remove(&key);
+            st.expected_deletions.insert(key.clone());
+        }
+        if is_terminating(&live) {
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(object_uid(&live).to_string()),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(name, &params).await {
+            Ok(_) => {
+                info!(kind = %kind, namespace = %ns, name, "deleting spoke copy as the hub asked");
+                Ok(())
+            }
+            Err(e) if is_not_found(&e) => {
+                // Gone in the meantime; the watcher confirms it (or already did).
+                Ok(())
+            }
+            Err(e) => Err(kube_failure(
+                format!("deleting spoke {kind} {ns}/{name}"),
+                e,
+            )),
+        }
+    }
+
+    fn confirm_deletion(&self, gone: &Value) -> Result<(), HandleError> {
+        let ev = Event::for_object(
+            EventType::Delete,
+            SyncedKind::Application.target(),
+            AGENT_SOURCE,
+            gone,
+        )
+        .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        self.push(ev)
+    }
+
+    /// request-resource-resync: one request-update per local object the hub created.
+    async fn answer_resync(&self) -> Result<(), HandleError> {
+        let mut params = ListParams::default();
+        if let Some(sel) = &self.settings.label_selector {
+            params = params.labels(sel);
+        }
+        let mut sent = 0usize;
+        for kind in [SyncedKind::Application, SyncedKind::AppProject] {
+            let list = self.api(kind).list(&params).await.map_err(|e| {
+                kube_failure(
+                    format!("listing spoke {kind}s in {}", self.settings.namespace),
+                    e,
+                )
+            })?;
+            for obj in list.items.iter().map(to_json) {
+                let Some(uid) = source_uid(&obj) else {
+                    continue;
+                };
+                let checksum = match spec_checksum(&obj, Some(kind.kind())) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        warn!(error = %e, "cannot checksum a spoke object for resync; skipping it");
+                        continue;
+                    }
+                };
+                let req = RequestUpdate {
+                    name: object_name(&obj).to_string(),
+                    namespace: self.settings.namespace.clone(),
+                    uid: uid.to_string(),
+                    kind: kind.kind().to_string(),
+                    checksum,
+                };
+                let ev = Event::request_update(AGENT_SOURCE, &req)
+                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
+                self.push(ev)?;
+                sent += 1;
+            }
+        }
+        info!(objects = sent, "answered the principal's resync request");
+        Ok(())
+    }
+
+    // ---- spoke watch --------------------------------------------------------------------
+
+    /// Watches Applications and AppProjects in the agent namespace until the future is dropped.
+    pub async fn run_watchers(self: Arc<Self>) {
+        futures::join!(
+            self.clone().watch(SyncedKind::Application),
+            self.clone().watch(SyncedKind::AppProject)
+        );
+    }
+
+    async fn watch(self: Arc<Self>, kind: SyncedKind) {
+        let mut config = watcher::Config::default();
+        if let Some(sel) = &self.settings.label_selector {
+            config = config.labels(sel);
+        }
+        let mut events = watcher(self.api(kind).clone(), config)
+            .default_backoff()
+            .boxed();
+        // Last seen object per name, to notice deletions that happened while the watch was down
+        // (a relist does not replay them).
+        let mut known: HashMap<String, Value> = HashMap::new();
+        let mut relisted: Option<HashSet<String>> = None;
+        let mut last_error: Option<String> = None;
+        while let Some(item) = events.next().await {
+            let event = match item {
+                Ok(ev) => ev,
+                Err(e) => {
+                    let msg = e.to_string();
+                    if last_error.as_deref() != Some(msg.as_str()) {
+                        warn!(kind = %kind, namespace = %self.settings.namespace, error = %msg, "watching spoke objects failed; retrying");
+                        last_error = Some(msg);
+                    } else {
+                        debug!(kind = %kind, error = %msg, "watching spoke objects still failing");
+                    }
+                    continue;
+                }
+            };
+            // `Init` comes before the list is attempted; only a completed list proves recovery.
+            if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_))
+                && last_error.take().is_some()
+            {
+                info!(kind = %kind, namespace = %self.settings.namespace, "watching spoke objects again");
+            }
+            match event {
+                watcher::Event::Init => relisted = Some(HashSet::new()),
+                watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
+                    let obj = to_json(&obj);
+                    let name = object_name(&obj).to_string();
+                    if let Some(seen) = relisted.as_mut() {
+                        seen.insert(name.clone());
+                    }
+                    self.on_applied(kind, &obj).await;
+                    known.insert(name, obj);
+                }
+                watcher::Event::InitDone => {
+                    let seen = relisted.take().unwrap_or_default();
+                    let vanished: Vec<String> = known
+                        .keys()
+                        .filter(|n| !seen.contains(*n))
+                        .cloned()
+                        .collect();
+                    for name in vanished {
+                        if let Some(obj) = known.remove(&name) {
+                            self.on_gone(kind, &obj).await;
+                        }
+                    }
+                }
+                watcher::Event::Delete(obj) => {
+                    let obj = to_json(&obj);
+                    known.remove(object_name(&obj));
+                    self.on_gone(kind, &obj).await;
+                }
+            }
+        }
+    }
+
+    /// A spoke object was added or changed: report its status, revert drift.
+    async fn on_applied(&self, kind: SyncedKind, live: &Value) {
+        let name = object_name(live);
+        let ns = &self.settings.namespace;
+        let (revert, report) = {
+            let st = self.lock();
+            let cached = st.cache.get(&ObjectKey::new(kind, name));
+            let revert = needs_revert(live, cached).then(|| cached.map(|c| c.desired.clone()));
+            (
+                revert.flatten(),
+                status_report(kind, live, st.reported.get(name)),
+            )
+        };
+        match report {
+            StatusReport::Unchanged => {}
+            StatusReport::RecordOnly(view) => {
+                self.lock().reported.insert(name.to_string(), view);
+            }
+            StatusReport::Send(view) => {
+                match Event::for_object(EventType::StatusUpdate, kind.target(), AGENT_SOURCE, live)
+                {
+                    Ok(ev) => {
+                        if self.push(ev).is_ok() {
+                            debug!(namespace = %ns, name, "queued status-update for the principal");
+                            self.lock().reported.insert(name.to_string(), view);
+                        }
+                    }
+                    Err(e) => {
+                        warn!(namespace = %ns, name, error = %e, "cannot build a status-update")
+                    }
+                }
+            }
+        }
+        if let Some(desired) = revert {
+            info!(kind = %kind, namespace = %ns, name, "reverting a local change to the hub's copy");
+            if let Err(e) = self.upsert(kind, &desired).await {
+                // A conflict means another write landed; its watch event brings us back here.
+                debug!(kind = %kind, namespace = %ns, name, error = %e, "drift revert did not apply");
+            }
+        }
+    }
+
+    /// A spoke object is gone: confirm an expected deletion, recreate an unexpected one.
+    async fn on_gone(&self, kind: SyncedKind, gone: &Value) {
+        let name = object_name(gone);
+        let ns = &self.settings.namespace;
+        let key = ObjectKey::new(kind, name);
+        let (expected, cached) = {
+            let mut st = self.lock();
+            st.reported.remove(name);
+            (
+                st.expected_deletions.remove(&key),
+                st.cache.get(&key).cloned(),
+            )
+        };
+        match on_deleted(gone, expected, cached.as_ref()) {
+            DeletedAction::Ignore => {}
+            DeletedAction::Confirm => {
+                info!(kind = %kind, namespace = %ns, name, "spoke copy deleted as the hub asked");
+                if kind == SyncedKind::Application {
+                    if let Err(e) = self.confirm_deletion(gone) {
+                        warn!(namespace = %ns, name, error = %e, "cannot confirm a deletion to the principal");
+                    }
+                }
+            }
+            DeletedAction::Recreate(desired) => {
+                info!(kind = %kind, namespace = %ns, name, "spoke copy was deleted locally; recreating it from the hub's copy");
+                if let Err(e) = self.upsert(kind, &desired).await {
+                    warn!(kind = %kind, namespace = %ns, name, error = %e, "cannot recreate a locally deleted object; the principal's next resync will");
+                }
+            }
+        }
+    }
+}
+
+impl EventHandler for ManagedSync {
+    async fn handle(&self, event: Event) -> Result<(), HandleError> {
+        match &event.event_type {
+            EventType::RequestResourceResync => return self.answer_resync().await,
+            EventType::Ping | EventType::Pong | EventType::Processed => return Ok(()),
+            EventType::Error => {
+                warn!(subject = event.subject.as_deref().unwrap_or(""),
+                    data = %String::from_utf8_lossy(event.data.as_deref().unwrap_or_default()),
+                    "the principal reported an error");
+                return Ok(());
+            }
+            _ => {}
+        }
+        let Some(kind) = SyncedKind::from_target(&event.target) else {
+            return Err(HandleError::Rejected(format!(
+                "a managed agent does not handle {} events for target {:?}",
+                event.event_type.name(),
+                event.target.as_str()
+            )));
+        };
+        let obj: Value = event
+            .data_as()
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        match (&event.event_type, kind) {
+            (EventType::Create | EventType::SpecUpdate, _) => {
+                self.apply_hub_object(kind, &obj).await
+            }
+            (EventType::Delete, _) => self.delete_for_hub(kind, &obj).await,
+            (EventType::SetOperation, SyncedKind::Application) => self.set_operation(&obj).await,
+            (EventType::TerminateOperation, SyncedKind::Application) => {
+                self.terminate_operation(&obj).await
+            }
+            (other, _) => Err(HandleError::Rejected(format!(
+                "a managed agent does not handle {} events for {kind}s",
+                other.name()
+            ))),
+        }
+    }
+}

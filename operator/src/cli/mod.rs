@@ -1,0 +1,249 @@
+//! The `argocd-agentctl` command line: argument definitions (clap) and command dispatch.
+//!
+//! Owns: the user contract of the CLI (subcommands, flags, `ARGOCD_AGENTCTL_*` environment
+//! variables, exit codes: 0 ok, 2 bad usage or configuration, 1 runtime failure) and the
+//! one-line summaries it prints. The work itself is done by [`crate::pki`] and
+//! [`crate::registration`]; each command group lives in its own module so new groups
+//! (blocklist, fleet, wrap, config) can be added beside them.
+
+pub mod agent;
+pub mod jwt;
+pub mod kubeconfig;
+pub mod pki;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::pki::PkiError;
+use crate::registration::RegistrationError;
+
+/// Exit code for bad usage or configuration.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code for runtime failures.
+pub const EXIT_RUNTIME: u8 = 1;
+
+/// argocd-agentctl: PKI, JWT keys and agent registration for argocd-agent.
+#[derive(Parser, Debug)]
+#[command(name = "argocd-agentctl", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
+    #[arg(
+        long,
+        global = true,
+        env = "ARGOCD_AGENTCTL_LOG_LEVEL",
+        default_value = "warn"
+    )]
+    pub log_level: String,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level command groups.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// !!NON-PROD!! Manage the CA and issue certificates for principal, resource proxy and agents.
+    #[command(subcommand)]
+    Pki(pki::PkiCommand),
+    /// Manage the principal's JWT signing key.
+    #[command(subcommand)]
+    Jwt(jwt::JwtCommand),
+    /// Register agents on the hub (Argo CD cluster secrets).
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
+}
+
+/// Where PKI material is read from and written to: a directory, or Secrets in a namespace.
+#[derive(Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Keep PKI files in this directory instead of Kubernetes Secrets.
+    #[arg(long, env = "ARGOCD_AGENTCTL_DIR", value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// Kubeconfig of the hub cluster (default: $KUBECONFIG, ~/.kube/config or in-cluster).
+    #[arg(long, env = "ARGOCD_AGENTCTL_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Kubeconfig context of the hub cluster.
+    #[arg(long, env = "ARGOCD_AGENTCTL_CONTEXT", value_name = "NAME")]
+    pub context: Option<String>,
+
+    /// Namespace of the principal on the hub, where the PKI secrets live.
+    #[arg(
+        long,
+        short = 'n',
+        env = "ARGOCD_AGENTCTL_NAMESPACE",
+        default_value = "argocd",
+        value_name = "NS"
+    )]
+    pub namespace: String,
+}
+
+/// Resolved storage choice.
+pub enum Store {
+    /// Files in a directory.
+    Dir(crate::pki::directory::PkiDirectory),
+    /// Secrets in the principal namespace.
+    Secrets(Box<crate::pki::secrets::SecretStore>),
+}
+
+impl StoreArgs {
+    /// Pick the backend: `--dir` or Kubernetes. Giving both is a usage error.
+    pub async fn open(&self) -> Result<Store, CliError> {
+        match &self.dir {
+            Some(dir) => {
+                if self.kubeconfig.is_some() || self.context.is_some() {
+                    return Err(CliError::usage(
+                        "--dir and --kubeconfig/--context are alternatives for this command; give one of them",
+                    ));
+                }
+                Ok(Store::Dir(crate::pki::directory::PkiDirectory::new(dir)))
+            }
+            None => {
+                let client =
+                    kubeconfig::client(self.kubeconfig.as_deref(), self.context.as_deref()).await?;
+                Ok(Store::Secrets(Box::new(
+                    crate::pki::secrets::SecretStore::new(client, &self.namespace),
+                )))
+            }
+        }
+    }
+}
+
+/// Output format of read commands.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OutputFormat {
+    /// Human-readable text.
+    #[default]
+    Text,
+    /// JSON.
+    Json,
+}
+
+/// A failed command: the message and which exit code it maps to.
+#[derive(Debug)]
+pub enum CliError {
+    /// Bad usage or configuration (exit 2).
+    Usage(String),
+    /// Failure while doing the work (exit 1).
+    Runtime(String),
+}
+
+impl CliError {
+    /// A usage/configuration error.
+    pub fn usage(msg: impl Into<String>) -> Self {
+        Self::Usage(msg.into())
+    }
+
+    /// A runtime error.
+    pub fn runtime(msg: impl Into<String>) -> Self {
+        Self::Runtime(msg.into())
+    }
+
+    /// The process exit code.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => EXIT_USAGE,
+            Self::Runtime(_) => EXIT_RUNTIME,
+        }
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Usage(m) | Self::Runtime(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for CliError {}
+
+impl From<PkiError> for CliError {
+    fn from(e: PkiError) -> Self {
+        let msg = e.to_string();
+        match &e {
+            PkiError::CaNotInitialized { .. }
+            | PkiError::NoCertificate { .. }
+            | PkiError::BadCertificate { .. }
+            | PkiError::BadKey { .. }
+            | PkiError::KeyMismatch { .. }
+            | PkiError::NotCa { .. }
+            | PkiError::BadValidity { .. }
+            | PkiError::InvalidName { .. }
+            | PkiError::BadCsr(_)
+            | PkiError::CsrRefused(_)
+            | PkiError::NotIssuedByCa { .. }
+            | PkiError::AlreadyExists { .. }
+            | PkiError::SecretMissingKey { .. }
+            | PkiError::WouldReplaceCa { .. } => Self::Usage(msg),
+            PkiError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                Self::Usage(msg)
+            }
+            PkiError::Io { .. }
+            | PkiError::KeyGeneration(_)
+            | PkiError::Issue { .. }
+            | PkiError::Kube { .. }
+            | PkiError::JwtKey(_) => Self::Runtime(msg),
+        }
+    }
+}
+
+impl From<RegistrationError> for CliError {
+    fn from(e: RegistrationError) -> Self {
+        match e {
+            RegistrationError::Pki(p) => p.into(),
+            RegistrationError::InvalidAddress { .. }
+            | RegistrationError::InvalidAgent { .. }
+            | RegistrationError::AgentExists { .. } => Self::Usage(e.to_string()),
+            RegistrationError::NotAClusterSecret { .. } | RegistrationError::Kube { .. } => {
+                Self::Runtime(e.to_string())
+            }
+        }
+    }
+}
+
+/// Run a parsed command line.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Pki(cmd) => pki::run(cmd).await,
+        Command::Jwt(cmd) => jwt::run(cmd).await,
+        Command::Agent(cmd) => agent::run(cmd).await,
+    }
+}
+
+/// A timestamp as `YYYY-MM-DD HH:MM:SS UTC`, for summaries.
+pub(crate) fn date(t: &chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bad_ip_is_a_usage_error_naming_the_flag() {
+        let err = Cli::try_parse_from([
+            "argocd-agentctl",
+            "pki",
+            "issue",
+            "principal",
+            "--dir",
+            "/tmp/x",
+            "--ip",
+            "300.1.1.1",
+        ])
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("--ip"), "{err}");
+    }
+}

@@ -1,0 +1,383 @@
+//! The cleanup controller: a pull-model ManifestWork exists only while its hub Application wants
+//! it. Deleting the Application, removing its pull label, pointing it at another cluster or
+//! re-creating it (new UID, new work name) deletes the old ManifestWork; ManifestWorks whose
+//! Application vanished while nothing watched are found at start-up and after every re-list.
+//!
+//! Owns ManifestWork deletion and Argo CD's resources finalizer on pulled hub Applications: the
+//! finalizer is removed once the Application's ManifestWorks are gone (the spoke's Argo CD does
+//! the cascading delete). Never relies on ownerReferences (a ManifestWork lives in another
+//! namespace than its Application, and a hub may run without a garbage collector). A deletion
+//! decided from the caches is confirmed against a fresh read of the Application first.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::application::{application_resource, pull_intent, PULL_LABEL, RESOURCES_FINALIZERS};
+use super::manifestwork::{hub_application_of, manifest_work_name_of, ManifestWork};
+use super::queue::DirtyQueue;
+use super::{PullModelError, PullModelOptions, Shutdown, PROPAGATION_MANAGER};
+
+/// Coalesces a burst of events for one key.
+const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Why a ManifestWork must go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unwanted {
+    /// The hub Application does not exist.
+    AppGone,
+    /// The hub Application is being deleted.
+    AppDeleting,
+    /// The hub Application is no longer (validly) labelled for the pull model.
+    NotPulled,
+    /// The hub Application now targets another cluster.
+    Retargeted,
+    /// The work was made for an earlier Application of the same name (another UID).
+    Superseded,
+}
+
+impl std::fmt::Display for Unwanted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unwanted::AppGone => "its hub Application no longer exists",
+            Unwanted::AppDeleting => "its hub Application is being deleted",
+            Unwanted::NotPulled => "its hub Application is no longer labelled for the pull model",
+            Unwanted::Retargeted => "its hub Application now targets another cluster",
+            Unwanted::Superseded => "its hub Application was re-created",
+        })
+    }
+}
+
+/// Whether `app` (the work's hub Application, if it exists) still wants `work`.
+pub fn work_wanted(work: &ManifestWork, app: Option<&DynamicObject>) -> Result<(), Unwanted> {
+    let app = app.ok_or(Unwanted::AppGone)?;
+    if app.metadata.deletion_timestamp.is_some() {
+        return Err(Unwanted::AppDeleting);
+    }
+    let intent = pull_intent(&app.metadata);
+    let target = intent.target().ok_or(Unwanted::NotPulled)?;
+    if work.namespace().as_deref() != Some(target.cluster.as_str()) {
+        return Err(Unwanted::Retargeted);
+    }
+    if manifest_work_name_of(app).as_deref() != Some(work.name_any().as_str()) {
+        return Err(Unwanted::Superseded);
+    }
+    Ok(())
+}
+
+/// The finalizers left once Argo CD's resources finalizers are removed, or `None` if there are none.
+pub fn without_resources_finalizers(finalizers: &[String]) -> Option<Vec<String>> {
+    let kept: Vec<String> = finalizers
+        .iter()
+        .filter(|f| !RESOURCES_FINALIZERS.contains(&f.as_str()))
+        .cloned()
+        .collect();
+    (kept.len() != finalizers.len()).then_some(kept)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Key {
+    /// Check one ManifestWork (cluster namespace, name).
+    Work(String, String),
+    /// Finish the deletion of one hub Application (namespace, name).
+    Finalize(String, String),
+}
+
+struct Cleanup {
+    client: kube::Client,
+    apps: Store<DynamicObject>,
+    works: Store<ManifestWork>,
+    app_resource: kube::core::ApiResource,
+}
+
+impl Cleanup {
+    fn app_api(&self, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), namespace, &self.app_resource)
+    }
+
+    fn cached_app(&self, namespace: &str, name: &str) -> Option<Arc<DynamicObject>> {
+        self.apps
+            .get(&ObjectRef::new_with(name, self.app_resource.clone()).within(namespace))
+    }
+
+    fn works_of(&self, namespace: &str, name: &str) -> Vec<Arc<ManifestWork>> {
+        self.works.state_filter(|w| {
+            hub_application_of(w).is_some_and(|(ns, n)| ns == namespace && n == name)
+        })
+    }
+
+    async fn check_work(&self, cluster: &str, name: &str) -> Result<(), kube::Error> {
+        let Some(work) = self.works.get(&ObjectRef::new(name).within(cluster)) else {
+            return Ok(());
+        };
+        let Some((app_ns, app_name)) = hub_application_of(&work) else {
+            return Ok(()); // not made by the pull model
+        };
+        if work.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        if work_wanted(&work, self.cached_app(&app_ns, &app_name).as_deref()).is_ok() {
+            return Ok(());
+        }
+        // The caches may lag behind a just-created or just-relabelled Application.
+        let live = self.app_api(&app_ns).get_opt(&app_name).await?;
+        let Err(reason) = work_wanted(&work, live.as_ref()) else {
+            return Ok(());
+        };
+        let works: Api<ManifestWork> = Api::namespaced(self.client.clone(), cluster);
+        match works.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(work = %format!("{cluster}/{name}"), app = %format!("{app_ns}/{app_name}"), "deleted ManifestWork: {reason}")
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Deletes the Application's works; once none is left, drops Argo CD's resources finalizer.
+    async fn finalize(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
+        let api = self.app_api(namespace);
+        let Some(app) = api.get_opt(name).await? else {
+            return Ok(());
+        };
+        if app.metadata.deletion_timestamp.is_none()
+            || !crate::pull::application::has_pull_label(&app.metadata)
+        {
+            return Ok(());
+        }
+        let Some(kept) =
+            without_resources_finalizers(app.metadata.finalizers.as_deref().unwrap_or_default())
+        else {
+            return Ok(());
+        };
+        let remaining = self.works_of(namespace, name);
+        for work in &remaining {
+            if work.metadata.deletion_timestamp.is_none() {
+                let works: Api<ManifestWork> =
+                    Api::namespaced(self.client.clone(), &work.namespace().unwrap_or_default());
+                match works
+                    .delete(&work.name_any(), &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(work = %format!("{}/{}", work.namespace().unwrap_or_default(), work.name_any()), app = %format!("{namespace}/{name}"), "deleted ManifestWork: {}", Unwanted::AppDeleting)
+                    }
+                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        // Confirm against the API: the cache may still list works that are gone.
+        let mut still_there = false;
+        for work in &remaining {
+            let works: Api<ManifestWork> =
+                Api::namespaced(self.client.clone(), &work.namespace().unwrap_or_default());
+            still_there |= works.get_opt(&work.name_any()).await?.is_some();
+        }
+        if still_there {
+            return Ok(()); // the works' Delete events bring us back
+        }
+        let patch = json!({"metadata": {"resourceVersion": app.metadata.resource_version, "finalizers": kept}});
+        let params = PatchParams {
+            field_manager: Some(PROPAGATION_MANAGER.to_string()),
+            ..Default::default()
+        };
+        api.patch(name, &params, &Patch::Merge(&patch)).await?;
+        tracing::info!(app = %format!("{namespace}/{name}"), "ManifestWorks gone; removed the resources finalizer");
+        Ok(())
+    }
+
+    fn mark_app(&self, queue: &mut DirtyQueue<Key>, app: &DynamicObject) {
+        let (ns, name) = (app.namespace().unwrap_or_default(), app.name_any());
+        for work in self.works_of(&ns, &name) {
+            queue.mark(
+                Key::Work(work.namespace().unwrap_or_default(), work.name_any()),
+                DEBOUNCE,
+            );
+        }
+        if app.metadata.deletion_timestamp.is_some()
+            && without_resources_finalizers(app.metadata.finalizers.as_deref().unwrap_or_default())
+                .is_some()
+        {
+            queue.mark(Key::Finalize(ns, name), DEBOUNCE);
+        }
+    }
+
+    fn mark_all_works(&self, queue: &mut DirtyQueue<Key>) {
+        for work in self.works.state() {
+            queue.mark(
+                Key::Work(work.namespace().unwrap_or_default(), work.name_any()),
+                DEBOUNCE,
+            );
+        }
+    }
+}
+
+/// Runs the cleanup controller until `shutdown`.
+pub async fn run(
+    client: kube::Client,
+    opts: PullModelOptions,
+    shutdown: Shutdown,
+) -> Result<(), PullModelError> {
+    let app_resource = application_resource();
+    let app_writer = reflector::store::Writer::<DynamicObject>::new(app_resource.clone());
+    let apps = app_writer.as_reader();
+    let mut app_events = reflector::reflector(
+        app_writer,
+        watcher::watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &app_resource),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .boxed();
+    let work_writer = reflector::store::Writer::<ManifestWork>::default();
+    let works = work_writer.as_reader();
+    let mut work_events = reflector::reflector(
+        work_writer,
+        watcher::watcher(
+            Api::<ManifestWork>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{PULL_LABEL}=true")),
+        ),
+    )
+    .default_backoff()
+    .boxed();
+
+    let cleanup = Cleanup {
+        client,
+        apps,
+        works,
+        app_resource,
+    };
+    let mut queue = DirtyQueue::<Key>::default();
+    let (mut apps_ready, mut works_ready) = (false, false);
+    let stop = shutdown.requested();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            event = app_events.next() => match event {
+                Some(Ok(Event::Apply(app) | Event::InitApply(app) | Event::Delete(app))) => cleanup.mark_app(&mut queue, &app),
+                Some(Ok(Event::InitDone)) => {
+                    apps_ready = true;
+                    cleanup.mark_all_works(&mut queue);
+                }
+                Some(Ok(Event::Init)) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "cleanup: Application watch failed; retrying"),
+                None => break,
+            },
+            event = work_events.next() => match event {
+                Some(Ok(Event::Apply(work) | Event::InitApply(work))) => {
+                    queue.mark(Key::Work(work.namespace().unwrap_or_default(), work.name_any()), DEBOUNCE);
+                }
+                Some(Ok(Event::Delete(work))) => {
+                    if let Some((ns, name)) = hub_application_of(&work) {
+                        queue.mark(Key::Finalize(ns, name), DEBOUNCE);
+                    }
+                }
+                Some(Ok(Event::InitDone)) => {
+                    works_ready = true;
+                    cleanup.mark_all_works(&mut queue);
+                }
+                Some(Ok(Event::Init)) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "cleanup: ManifestWork watch failed; retrying"),
+                None => break,
+            },
+            _ = queue.wait_due(), if apps_ready && works_ready => {
+                for key in queue.take_due(std::time::Instant::now()) {
+                    let result = match &key {
+                        Key::Work(cluster, name) => cleanup.check_work(cluster, name).await,
+                        Key::Finalize(ns, name) => cleanup.finalize(ns, name).await,
+                    };
+                    if let Err(e) = result {
+                        tracing::warn!(?key, error = %e, "cleanup failed; retrying");
+                        queue.mark(key, opts.retry_after);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pull::application::{CLUSTER_ANNOTATION, PULL_LABEL};
+
+    fn app(labels: serde_json::Value, cluster: &str, uid: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "guestbook", "namespace": "apps", "uid": uid, "labels": labels,
+                         "annotations": {CLUSTER_ANNOTATION: cluster}},
+            "spec": {}
+        }))
+        .unwrap()
+    }
+
+    fn work(cluster: &str, name: &str) -> ManifestWork {
+        serde_json::from_value(json!({
+            "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+            "metadata": {"name": name, "namespace": cluster},
+            "spec": {"workload": {"manifests": []}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_work_is_wanted_only_by_its_current_application() {
+        let pulled = app(json!({PULL_LABEL: "true"}), "cluster1", "abcdef12");
+        assert_eq!(
+            work_wanted(&work("cluster1", "guestbook-abcde"), Some(&pulled)),
+            Ok(())
+        );
+        assert_eq!(
+            work_wanted(&work("cluster1", "guestbook-abcde"), None),
+            Err(Unwanted::AppGone)
+        );
+        assert_eq!(
+            work_wanted(&work("cluster2", "guestbook-abcde"), Some(&pulled)),
+            Err(Unwanted::Retargeted)
+        );
+        assert_eq!(
+            work_wanted(&work("cluster1", "guestbook-99999"), Some(&pulled)),
+            Err(Unwanted::Superseded)
+        );
+        let unlabelled = app(json!({}), "cluster1", "abcdef12");
+        assert_eq!(
+            work_wanted(&work("cluster1", "guestbook-abcde"), Some(&unlabelled)),
+            Err(Unwanted::NotPulled)
+        );
+        let mut deleting = pulled.clone();
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
+        assert_eq!(
+            work_wanted(&work("cluster1", "guestbook-abcde"), Some(&deleting)),
+            Err(Unwanted::AppDeleting)
+        );
+    }
+
+    #[test]
+    fn only_argo_cd_resources_finalizers_are_removed() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            without_resources_finalizers(&f(&[
+                "resources-finalizer.argocd.argoproj.io",
+                "example.com/keep"
+            ])),
+            Some(f(&["example.com/keep"]))
+        );
+        assert_eq!(
+            without_resources_finalizers(&f(&["example.com/keep"])),
+            None
+        );
+    }
+}

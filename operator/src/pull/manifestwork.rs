@@ -1,0 +1,688 @@
+//! OCM's ManifestWork (work.open-cluster-management.io/v1) as far as the pull model uses it, and
+//! the pure builder that wraps a hub Application into one.
+//!
+//! Owns the ManifestWork name of an Application (upstream's `<app name>-<first 5 chars of the
+//! UID>`, so a controller taking over from argocd-pull-integration finds the same objects), the
+//! cleaning of the payload Application (hub-only metadata and OCM opt-in keys dropped,
+//! destination forced to the spoke's own API server, namespace from the annotation) and the
+//! status feedback rules that bring the spoke Application's health, sync and operation back.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::DynamicObject;
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use super::application::{
+    hosting_appset, PullTarget, APPSET_LABEL, APP_NAMESPACE_ANNOTATION, CLUSTER_ANNOTATION,
+    HOSTING_APPSET_ANNOTATION, PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
+};
+
+/// ManifestWork annotation naming the hub Application's namespace.
+pub const HUB_APP_NAMESPACE_ANNOTATION: &str =
+    "apps.open-cluster-management.io/hub-application-namespace";
+/// ManifestWork annotation naming the hub Application.
+pub const HUB_APP_NAME_ANNOTATION: &str = "apps.open-cluster-management.io/hub-application-name";
+/// Address of a cluster's own API server from inside it: the payload's destination.
+pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
+/// Feedback value carrying the spoke Application's `status.health.status`.
+pub const FEEDBACK_HEALTH: &str = "healthStatus";
+/// Feedback value carrying the spoke Application's `status.sync.status`.
+pub const FEEDBACK_SYNC: &str = "syncStatus";
+/// Feedback value carrying the spoke Application's `status.operationState.phase`.
+pub const FEEDBACK_OPERATION_PHASE: &str = "operationPhase";
+/// Feedback value carrying the spoke Application's `status.operationState.startedAt`.
+pub const FEEDBACK_OPERATION_STARTED_AT: &str = "operationStartedAt";
+/// Feedback value carrying the spoke Application's `status.operationState.message`.
+pub const FEEDBACK_OPERATION_MESSAGE: &str = "operationMessage";
+/// Longest Kubernetes object name.
+const MAX_NAME_LEN: usize = 253;
+
+/// The ManifestWork spec (fields the pull model writes or reads).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "work.open-cluster-management.io",
+    version = "v1",
+    kind = "ManifestWork",
+    namespaced,
+    status = "ManifestWorkStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestWorkSpec {
+    /// The objects to apply on the managed cluster.
+    #[serde(default)]
+    pub workload: ManifestsTemplate,
+    /// Per-resource apply and feedback configuration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub manifest_configs: Vec<ManifestConfigOption>,
+}
+
+/// `spec.workload`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ManifestsTemplate {
+    /// Raw Kubernetes objects.
+    #[serde(default)]
+    pub manifests: Vec<Value>,
+}
+
+/// `spec.manifestConfigs[]`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestConfigOption {
+    /// Which payload resource this configures.
+    pub resource_identifier: ResourceIdentifier,
+    /// Status fields reported back in `status.resourceStatus.manifests[].statusFeedback`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub feedback_rules: Vec<FeedbackRule>,
+    /// How the work agent writes the resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<UpdateStrategy>,
+}
+
+/// `resourceIdentifier`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ResourceIdentifier {
+    /// API group (empty for core).
+    #[serde(default)]
+    pub group: String,
+    /// Plural resource name.
+    pub resource: String,
+    /// Object name.
+    pub name: String,
+    /// Object namespace.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+}
+
+/// `feedbackRules[]` (type `JSONPaths` or `WellKnownStatus`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FeedbackRule {
+    /// `JSONPaths` or `WellKnownStatus`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The paths for `JSONPaths`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub json_paths: Vec<JsonPath>,
+}
+
+/// One named JSON path into the applied resource.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct JsonPath {
+    /// Name of the feedback value.
+    pub name: String,
+    /// Path such as `.status.health.status`.
+    pub path: String,
+}
+
+/// `updateStrategy`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateStrategy {
+    /// `Update`, `CreateOnly`, `ServerSideApply` or `ReadOnly`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Options for `ServerSideApply`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_side_apply: Option<ServerSideApplyConfig>,
+}
+
+/// `updateStrategy.serverSideApply`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerSideApplyConfig {
+    /// Take over fields owned by other managers on the spoke.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// ManifestWork status, written by the work agent.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestWorkStatus {
+    /// Work-level conditions (`Applied`, `Available`, `Degraded`, ...).
+    #[serde(default)]
+    pub conditions: Vec<WorkCondition>,
+    /// Per-manifest status.
+    #[serde(default)]
+    pub resource_status: ManifestResourceStatus,
+}
+
+/// A metav1.Condition, leniently typed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct WorkCondition {
+    /// Condition type.
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    #[serde(default)]
+    pub status: String,
+    /// Machine-readable reason.
+    #[serde(default)]
+    pub reason: String,
+    /// Human-readable message.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// `status.resourceStatus`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ManifestResourceStatus {
+    /// One entry per applied manifest.
+    #[serde(default)]
+    pub manifests: Vec<ManifestCondition>,
+}
+
+/// `status.resourceStatus.manifests[]`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestCondition {
+    /// Which manifest.
+    #[serde(default)]
+    pub resource_meta: ManifestResourceMeta,
+    /// Values scraped by the feedback rules.
+    #[serde(default)]
+    pub status_feedback: StatusFeedbackResult,
+    /// Per-manifest conditions.
+    #[serde(default)]
+    pub conditions: Vec<WorkCondition>,
+}
+
+/// `resourceMeta`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ManifestResourceMeta {
+    /// Index in `spec.workload.manifests`.
+    #[serde(default)]
+    pub ordinal: i64,
+    /// API group.
+    #[serde(default)]
+    pub group: String,
+    /// Kind.
+    #[serde(default)]
+    pub kind: String,
+    /// Plural resource.
+    #[serde(default)]
+    pub resource: String,
+    /// Name.
+    #[serde(default)]
+    pub name: String,
+    /// Namespace.
+    #[serde(default)]
+    pub namespace: String,
+}
+
+/// `statusFeedback`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct StatusFeedbackResult {
+    /// Named values.
+    #[serde(default)]
+    pub values: Vec<FeedbackValue>,
+}
+
+/// `statusFeedback.values[]`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FeedbackValue {
+    /// The feedback rule's name.
+    #[serde(default)]
+    pub name: String,
+    /// The value.
+    #[serde(default)]
+    pub field_value: FieldValue,
+}
+
+/// `fieldValue`: a typed union (`type` says which member is set).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FieldValue {
+    /// `Integer`, `String`, `Boolean` or `JsonRaw`.
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    /// Set for `String`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub string: Option<String>,
+    /// Set for `Integer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integer: Option<i64>,
+    /// Set for `Boolean`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boolean: Option<bool>,
+    /// Set for `JsonRaw`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_raw: Option<String>,
+}
+
+/// Why an Application cannot be wrapped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// The object lacks a field the ManifestWork is derived from.
+    #[error("Application {namespace}/{name} has no metadata.{field}")]
+    MissingField {
+        /// Namespace of the Application.
+        namespace: String,
+        /// Name of the Application.
+        name: String,
+        /// The missing field.
+        field: &'static str,
+    },
+}
+
+/// The ManifestWork name for an Application: `<name>-<first 5 characters of its UID>` (upstream's
+/// scheme), with the name shortened if the result would exceed 253 characters.
+pub fn manifest_work_name(app_name: &str, uid: &str) -> String {
+    let suffix: String = uid.chars().take(5).collect();
+    let keep = MAX_NAME_LEN.saturating_sub(suffix.len() + 1);
+    let mut base: String = app_name.chars().take(keep).collect();
+    while base.ends_with(['-', '.']) {
+        base.pop();
+    }
+    format!("{base}-{suffix}")
+}
+
+/// The ManifestWork name for this Application, if it has a name and UID.
+pub fn manifest_work_name_of(app: &DynamicObject) -> Option<String> {
+    Some(manifest_work_name(
+        app.metadata.name.as_deref()?,
+        app.metadata.uid.as_deref()?,
+    ))
+}
+
+fn hub_only_label(key: &str) -> bool {
+    key == PULL_LABEL
+}
+
+fn hub_only_annotation(key: &str) -> bool {
+    matches!(
+        key,
+        CLUSTER_ANNOTATION
+            | APP_NAMESPACE_ANNOTATION
+            | SKIP_RECONCILE_ANNOTATION
+            | "kubectl.kubernetes.io/last-applied-configuration"
+    )
+}
+
+/// The Application as it is created on the spoke: fresh metadata (name, spoke namespace,
+/// finalizers, labels and annotations minus the OCM opt-in keys and hub-only bookkeeping), the
+/// hub `spec` with the destination set to the spoke's own API server, and `operation` if the hub
+/// asked for one. No status, UID, resourceVersion, ownerReferences or managedFields.
+pub fn payload_application(app: &DynamicObject, target: &PullTarget) -> Value {
+    let meta = &app.metadata;
+    let mut labels: BTreeMap<String, String> = meta
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !hub_only_label(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut annotations: BTreeMap<String, String> = meta
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !hub_only_annotation(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Some(appset) = hosting_appset(meta) {
+        labels.insert(APPSET_LABEL.to_string(), "true".to_string());
+        annotations.insert(HOSTING_APPSET_ANNOTATION.to_string(), appset.to_string());
+    }
+    let mut metadata = Map::new();
+    metadata.insert("name".into(), json!(meta.name.clone().unwrap_or_default()));
+    metadata.insert("namespace".into(), json!(target.spoke_namespace));
+    if !labels.is_empty() {
+        metadata.insert("labels".into(), json!(labels));
+    }
+    if !annotations.is_empty() {
+        metadata.insert("annotations".into(), json!(annotations));
+    }
+    if let Some(finalizers) = meta.finalizers.as_ref().filter(|f| !f.is_empty()) {
+        metadata.insert("finalizers".into(), json!(finalizers));
+    }
+
+    let mut spec = app.data.get("spec").cloned().unwrap_or_else(|| json!({}));
+    if let Some(spec) = spec.as_object_mut() {
+        let destination = spec.entry("destination").or_insert_with(|| json!({}));
+        if let Some(destination) = destination.as_object_mut() {
+            destination.remove("name");
+            destination.insert("server".into(), json!(IN_CLUSTER_SERVER));
+        }
+    }
+    let mut payload = Map::new();
+    payload.insert("apiVersion".into(), json!("argoproj.io/v1alpha1"));
+    payload.insert("kind".into(), json!("Application"));
+    payload.insert("metadata".into(), Value::Object(metadata));
+    payload.insert("spec".into(), spec);
+    if let Some(operation) = app.data.get("operation").filter(|o| o.is_object()) {
+        payload.insert("operation".into(), operation.clone());
+    }
+    Value::Object(payload)
+}
+
+/// The feedback rules that bring the spoke Application's state back.
+pub fn application_feedback_rules() -> Vec<FeedbackRule> {
+    let paths = [
+        (FEEDBACK_HEALTH, ".status.health.status"),
+        (FEEDBACK_SYNC, ".status.sync.status"),
+        (FEEDBACK_OPERATION_PHASE, ".status.operationState.phase"),
+        (
+            FEEDBACK_OPERATION_STARTED_AT,
+            ".status.operationState.startedAt",
+        ),
+        (FEEDBACK_OPERATION_MESSAGE, ".status.operationState.message"),
+    ];
+    // One rule per value, like upstream: the work agent skips a whole rule whose path is absent.
+    paths
+        .iter()
+        .map(|(name, path)| FeedbackRule {
+            type_: "JSONPaths".into(),
+            json_paths: vec![JsonPath {
+                name: name.to_string(),
+                path: path.to_string(),
+            }],
+        })
+        .collect()
+}
+
+/// Wraps the hub Application into the ManifestWork for `target`: named by
+/// [`manifest_work_name`], in the cluster's namespace, labelled for the pull model, annotated
+/// with the hub Application (and its ApplicationSet), applied on the spoke with server-side apply
+/// so the spoke Argo CD's status writes are never overwritten.
+pub fn build_manifest_work(
+    app: &DynamicObject,
+    target: &PullTarget,
+) -> Result<ManifestWork, BuildError> {
+    let meta = &app.metadata;
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let missing = |field| BuildError::MissingField {
+        namespace: namespace.clone(),
+        name: meta.name.clone().unwrap_or_default(),
+        field,
+    };
+    let name = meta
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| missing("name"))?;
+    if namespace.is_empty() {
+        return Err(missing("namespace"));
+    }
+    let uid = meta
+        .uid
+        .clone()
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| missing("uid"))?;
+
+    let mut labels = BTreeMap::from([(PULL_LABEL.to_string(), "true".to_string())]);
+    let mut annotations = BTreeMap::from([
+        (HUB_APP_NAMESPACE_ANNOTATION.to_string(), namespace.clone()),
+        (HUB_APP_NAME_ANNOTATION.to_string(), name.clone()),
+    ]);
+    if let Some(appset) = hosting_appset(meta) {
+        labels.insert(APPSET_LABEL.to_string(), "true".to_string());
+        annotations.insert(HOSTING_APPSET_ANNOTATION.to_string(), appset.to_string());
+    }
+    let spec = ManifestWorkSpec {
+        workload: ManifestsTemplate {
+            manifests: vec![payload_application(app, target)],
+        },
+        manifest_configs: vec![ManifestConfigOption {
+            resource_identifier: ResourceIdentifier {
+                group: "argoproj.io".into(),
+                resource: "applications".into(),
+                name: name.clone(),
+                namespace: target.spoke_namespace.clone(),
+            },
+            feedback_rules: application_feedback_rules(),
+            update_strategy: Some(UpdateStrategy {
+                type_: "ServerSideApply".into(),
+                server_side_apply: Some(ServerSideApplyConfig { force: true }),
+            }),
+        }],
+    };
+    Ok(ManifestWork {
+        metadata: ObjectMeta {
+            name: Some(manifest_work_name(&name, &uid)),
+            namespace: Some(target.cluster.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec,
+        status: None,
+    })
+}
+
+/// The hub Application a ManifestWork was made for, from its annotations.
+pub fn hub_application_of(work: &ManifestWork) -> Option<(String, String)> {
+    let annotations = work.metadata.annotations.as_ref()?;
+    let namespace = annotations
+        .get(HUB_APP_NAMESPACE_ANNOTATION)
+        .filter(|v| !v.is_empty())?;
+    let name = annotations
+        .get(HUB_APP_NAME_ANNOTATION)
+        .filter(|v| !v.is_empty())?;
+    Some((namespace.clone(), name.clone()))
+}
+
+/// True when `existing` already carries everything `desired` asks for: the same payload (exactly,
+/// so removed fields are noticed), configs and metadata at least as desired (the apiserver adds
+/// defaults, other writers may add labels).
+pub fn work_is_current(existing: &ManifestWork, desired: &ManifestWork) -> bool {
+    let map_contains = |have: &Option<BTreeMap<String, String>>,
+                        want: &Option<BTreeMap<String, String>>| {
+        want.iter()
+            .flatten()
+            .all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
+    };
+    existing.spec.workload == desired.spec.workload
+        && json_contains(
+            &serde_json::to_value(&existing.spec.manifest_configs).unwrap_or_default(),
+            &serde_json::to_value(&desired.spec.manifest_configs).unwrap_or_default(),
+        )
+        && map_contains(&existing.metadata.labels, &desired.metadata.labels)
+        && map_contains(
+            &existing.metadata.annotations,
+            &desired.metadata.annotations,
+        )
+}
+
+/// `have` contains `want`: objects by key (extra keys allowed), arrays element-wise with the
+/// same length, scalars equal.
+fn json_contains(have: &Value, want: &Value) -> bool {
+    match (have, want) {
+        (Value::Object(h), Value::Object(w)) => w
+            .iter()
+            .all(|(k, wv)| h.get(k).is_some_and(|hv| json_contains(hv, wv))),
+        (Value::Array(h), Value::Array(w)) => {
+            h.len() == w.len() && h.iter().zip(w).all(|(hv, wv)| json_contains(hv, wv))
+        }
+        _ => have == want,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pull::application::{pull_intent, PullIntent};
+
+    fn hub_app() -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Application",
+            "metadata": {
+                "name": "guestbook",
+                "namespace": "apps",
+                "uid": "3f2a9c1e-0000-4000-8000-000000000000",
+                "resourceVersion": "42",
+                "generation": 3,
+                "creationTimestamp": "2024-01-01T00:00:00Z",
+                "finalizers": ["resources-finalizer.argocd.argoproj.io"],
+                "labels": {PULL_LABEL: "true", "team": "web"},
+                "annotations": {
+                    CLUSTER_ANNOTATION: "cluster1",
+                    APP_NAMESPACE_ANNOTATION: "argocd",
+                    SKIP_RECONCILE_ANNOTATION: "true",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                    "notes": "kept"
+                },
+                "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet", "name": "fleet", "uid": "u1"}],
+                "managedFields": [{"manager": "kubectl"}]
+            },
+            "spec": {
+                "project": "default",
+                "source": {"repoURL": "https://example.com/repo.git", "path": "guestbook", "targetRevision": "HEAD"},
+                "destination": {"name": "cluster1", "namespace": "guestbook"}
+            },
+            "operation": {"sync": {"revision": "HEAD"}},
+            "status": {"health": {"status": "Unknown"}}
+        }))
+        .expect("valid app")
+    }
+
+    fn target(app: &DynamicObject) -> PullTarget {
+        match pull_intent(&app.metadata) {
+            PullIntent::Pulled(t) => t,
+            other => panic!("expected a pull target, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn work_name_is_app_name_plus_uid_prefix() {
+        assert_eq!(
+            manifest_work_name("guestbook", "3f2a9c1e-0000"),
+            "guestbook-3f2a9"
+        );
+        let long = "a".repeat(260);
+        let name = manifest_work_name(&long, "abcdef");
+        assert_eq!(name.len(), 253);
+        assert!(name.ends_with("-abcde"));
+    }
+
+    #[test]
+    fn payload_is_cleaned_of_hub_only_fields_and_points_in_cluster() {
+        let app = hub_app();
+        let payload = payload_application(&app, &target(&app));
+        let meta = &payload["metadata"];
+        assert_eq!(meta["name"], "guestbook");
+        assert_eq!(
+            meta["namespace"], "argocd",
+            "namespace comes from the app-namespace annotation"
+        );
+        for gone in [
+            "uid",
+            "resourceVersion",
+            "generation",
+            "creationTimestamp",
+            "ownerReferences",
+            "managedFields",
+        ] {
+            assert!(meta.get(gone).is_none(), "{gone} must not reach the spoke");
+        }
+        assert!(meta["labels"].get(PULL_LABEL).is_none());
+        assert_eq!(meta["labels"]["team"], "web");
+        assert_eq!(meta["labels"][APPSET_LABEL], "true");
+        for gone in [
+            CLUSTER_ANNOTATION,
+            APP_NAMESPACE_ANNOTATION,
+            SKIP_RECONCILE_ANNOTATION,
+            "kubectl.kubernetes.io/last-applied-configuration",
+        ] {
+            assert!(
+                meta["annotations"].get(gone).is_none(),
+                "{gone} must not reach the spoke"
+            );
+        }
+        assert_eq!(meta["annotations"]["notes"], "kept");
+        assert_eq!(meta["annotations"][HOSTING_APPSET_ANNOTATION], "apps/fleet");
+        assert_eq!(
+            meta["finalizers"],
+            json!(["resources-finalizer.argocd.argoproj.io"])
+        );
+        assert_eq!(
+            payload["spec"]["destination"],
+            json!({"server": IN_CLUSTER_SERVER, "namespace": "guestbook"})
+        );
+        assert_eq!(payload["spec"]["source"]["path"], "guestbook");
+        assert_eq!(payload["operation"], json!({"sync": {"revision": "HEAD"}}));
+        assert!(payload.get("status").is_none());
+    }
+
+    #[test]
+    fn manifest_work_carries_payload_feedback_rules_and_hub_references() {
+        let app = hub_app();
+        let work = build_manifest_work(&app, &target(&app)).expect("built");
+        assert_eq!(work.metadata.name.as_deref(), Some("guestbook-3f2a9"));
+        assert_eq!(work.metadata.namespace.as_deref(), Some("cluster1"));
+        assert_eq!(work.metadata.labels.as_ref().unwrap()[PULL_LABEL], "true");
+        assert_eq!(
+            hub_application_of(&work),
+            Some(("apps".into(), "guestbook".into()))
+        );
+        assert_eq!(
+            work.metadata.annotations.as_ref().unwrap()[HOSTING_APPSET_ANNOTATION],
+            "apps/fleet"
+        );
+        let config = &work.spec.manifest_configs[0];
+        assert_eq!(config.resource_identifier.resource, "applications");
+        assert_eq!(config.resource_identifier.namespace, "argocd");
+        let paths: Vec<(String, String)> = config
+            .feedback_rules
+            .iter()
+            .flat_map(|r| {
+                r.json_paths
+                    .iter()
+                    .map(|p| (p.name.clone(), p.path.clone()))
+            })
+            .collect();
+        assert!(paths.contains(&("healthStatus".into(), ".status.health.status".into())));
+        assert!(paths.contains(&("syncStatus".into(), ".status.sync.status".into())));
+        assert!(paths.contains(&(
+            "operationPhase".into(),
+            ".status.operationState.phase".into()
+        )));
+        assert!(config.feedback_rules.iter().all(|r| r.type_ == "JSONPaths"));
+        // The wire form uses upstream's field names.
+        let wire = serde_json::to_value(&work).unwrap();
+        assert_eq!(wire["apiVersion"], "work.open-cluster-management.io/v1");
+        assert!(wire["spec"]["manifestConfigs"][0]["feedbackRules"][0]["jsonPaths"].is_array());
+        assert_eq!(
+            wire["spec"]["manifestConfigs"][0]["updateStrategy"]["type"],
+            "ServerSideApply"
+        );
+    }
+
+    #[test]
+    fn app_without_uid_cannot_be_wrapped() {
+        let mut app = hub_app();
+        app.metadata.uid = None;
+        let err = build_manifest_work(&app, &target(&hub_app())).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("apps/guestbook has no metadata.uid"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn current_work_ignores_server_defaults_but_not_payload_changes() {
+        let app = hub_app();
+        let desired = build_manifest_work(&app, &target(&app)).unwrap();
+        let mut existing: ManifestWork = serde_json::from_value({
+            let mut v = serde_json::to_value(&desired).unwrap();
+            v["spec"]["manifestConfigs"][0]["feedbackScrapeType"] = json!("Poll");
+            v["spec"]["manifestConfigs"][0]["updateStrategy"]["serverSideApply"]["fieldManager"] =
+                json!("work-agent");
+            v["metadata"]["labels"]["extra"] = json!("x");
+            v
+        })
+        .unwrap();
+        assert!(work_is_current(&existing, &desired));
+        existing.spec.workload.manifests[0]["spec"]["source"]["helm"] = json!({"releaseName": "x"});
+        assert!(
+            !work_is_current(&existing, &desired),
+            "a field only on the spoke copy must be removed"
+        );
+    }
+}

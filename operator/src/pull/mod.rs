@@ -1,0 +1,155 @@
+//! The OCM pull model on the hub: Argo CD Applications carried to managed clusters inside
+//! ManifestWorks, their spoke status carried back, and the per-ApplicationSet report.
+//!
+//! Field-compatible with open-cluster-management-io/argocd-pull-integration (labels,
+//! annotations, ManifestWork names and layout, cluster Secrets) and with the
+//! `MulticlusterApplicationSetReport` of open-cluster-management-io/multicloud-integrations.
+//!
+//! Each controller owns one decision and writes with its own field manager:
+//! - [`propagation`]: which ManifestWork should exist for an Application, and its content;
+//! - [`status`]: the spoke status (ManifestWork status feedback) written into the hub Application;
+//! - [`cleanup`]: which ManifestWorks must go (Application deleted, unlabelled, retargeted, orphaned);
+//! - [`cluster_secret`]: one Argo CD cluster Secret per ManagedCluster (ApplicationSet cluster generator);
+//! - [`report`]: one `MulticlusterApplicationSetReport` per ApplicationSet with pulled Applications.
+//!
+//! The pure parts (what an Application asks for, ManifestWork building, feedback parsing, report
+//! aggregation) live in [`application`], [`manifestwork`], [`status`] and [`report`] and are tested
+//! without an apiserver. Nothing here relies on ownerReference garbage collection: deletions are
+//! explicit, so the controllers also work where no controller-manager runs.
+
+pub mod application;
+pub mod cleanup;
+pub mod cluster_secret;
+pub mod manifestwork;
+pub mod propagation;
+pub mod queue;
+pub mod report;
+pub mod status;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Field manager of the Application → ManifestWork controller (and of the Application
+/// conditions it owns).
+pub const PROPAGATION_MANAGER: &str = "argocd-agent-pull-model";
+/// Field manager of the status controller.
+pub const STATUS_MANAGER: &str = "argocd-agent-pull-status";
+/// Field manager of the cluster Secret controller.
+pub const CLUSTER_SECRET_MANAGER: &str = "argocd-agent-pull-cluster-secret";
+/// Field manager of the ApplicationSet report controller.
+pub const REPORT_MANAGER: &str = "argocd-agent-appset-report";
+
+/// What the pull-model controllers need to know about the installation.
+#[derive(Clone, Debug)]
+pub struct PullModelOptions {
+    /// Namespace of the hub's Argo CD, where cluster Secrets are written.
+    pub argocd_namespace: String,
+    /// Run the cluster Secret controller (turn off when another component registers clusters).
+    pub cluster_secrets: bool,
+    /// Run the `MulticlusterApplicationSetReport` controller.
+    pub appset_report: bool,
+    /// How many Applications / ManifestWorks are reconciled at once.
+    pub concurrency: u16,
+    /// Wait before retrying a failed write.
+    pub retry_after: Duration,
+}
+
+impl Default for PullModelOptions {
+    fn default() -> Self {
+        PullModelOptions {
+            argocd_namespace: "argocd".to_string(),
+            cluster_secrets: true,
+            appset_report: true,
+            concurrency: 8,
+            retry_after: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why the pull-model controllers stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum PullModelError {
+    /// A controller task panicked or was aborted.
+    #[error("pull-model controller task failed: {0}")]
+    TaskFailed(#[from] tokio::task::JoinError),
+    /// A controller gave up.
+    #[error("pull-model {controller} controller stopped: {reason}")]
+    ControllerStopped {
+        /// Which controller.
+        controller: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A cloneable shutdown signal shared by the controllers.
+#[derive(Clone, Debug)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    /// A signal, and the sender that fires it (sending `true` or dropping the sender).
+    pub fn new() -> (watch::Sender<bool>, Shutdown) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Shutdown(rx))
+    }
+
+    /// Completes once shutdown was requested (or the sender is gone).
+    pub async fn requested(mut self) {
+        while !*self.0.borrow() {
+            if self.0.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Runs every enabled pull-model controller against the hub until `shutdown` completes.
+///
+/// The principal embeds this; it returns `Ok(())` after a clean shutdown and an error if a
+/// controller task fails (the other controllers are then stopped too).
+pub async fn run_pull_model(
+    client: kube::Client,
+    opts: PullModelOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), PullModelError> {
+    let (tx, signal) = Shutdown::new();
+    let trigger = tx.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = trigger.send(true);
+    });
+    let mut tasks = JoinSet::new();
+    tasks.spawn(propagation::run(
+        client.clone(),
+        opts.clone(),
+        signal.clone(),
+    ));
+    tasks.spawn(status::run(client.clone(), opts.clone(), signal.clone()));
+    tasks.spawn(cleanup::run(client.clone(), opts.clone(), signal.clone()));
+    if opts.cluster_secrets {
+        tasks.spawn(cluster_secret::run(
+            client.clone(),
+            opts.clone(),
+            signal.clone(),
+        ));
+    }
+    if opts.appset_report {
+        tasks.spawn(report::run(client.clone(), opts.clone(), signal.clone()));
+    }
+    tracing::info!(argocd_namespace = %opts.argocd_namespace, "pull-model controllers started");
+    let mut outcome = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        let result = joined.map_err(PullModelError::from).and_then(|r| r);
+        if let Err(e) = result {
+            tracing::error!(error = %e, "pull-model controller failed; stopping the others");
+            let _ = tx.send(true);
+            if outcome.is_ok() {
+                outcome = Err(e);
+            }
+        }
+    }
+    outcome
+}

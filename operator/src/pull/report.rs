@@ -1,0 +1,715 @@
+//! The ApplicationSet report: for every ApplicationSet whose Applications use the pull model (basic:
+//! the pull label; agent: the Application lives in a ManagedCluster's namespace), a
+//! `MulticlusterApplicationSetReport` (apps.open-cluster-management.io/v1alpha1, field-compatible
+//! with open-cluster-management-io/multicloud-integrations) in the ApplicationSet's namespace with
+//! the same name: per-cluster sync/health and error conditions, and summary counts.
+//!
+//! Owns the report type (its CRD YAML is generated from it: [`report_crd_yaml`]), the pure
+//! aggregation from Applications ([`report_statuses`]) and the event-driven controller that keeps
+//! reports current: an Application change re-computes only its ApplicationSet's report, a burst
+//! of changes is coalesced, and a report is written only when its content changes. Reports of
+//! deleted ApplicationSets (or ones without pulled Applications) are deleted explicitly.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{CustomResource, CustomResourceExt, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::application::{
+    application_resource, applicationset_resource, hosting_appset, managed_cluster_resource,
+    pull_intent, AppSetKey,
+};
+use super::queue::DirtyQueue;
+use super::{PullModelError, PullModelOptions, Shutdown, REPORT_MANAGER};
+
+/// Label on a report naming its ApplicationSet as `<namespace>.<name>` (at most 63 characters).
+pub const REPORT_APPSET_LABEL: &str = "apps.open-cluster-management.io/hosting-applicationset";
+/// Coalesces the status updates of many Applications of one ApplicationSet into one write.
+const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// MulticlusterApplicationSetReport provides a report of the status of an application from all the
+/// managed clusters where the application is deployed on.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "apps.open-cluster-management.io",
+    version = "v1alpha1",
+    kind = "MulticlusterApplicationSetReport",
+    plural = "multiclusterapplicationsetreports",
+    namespaced,
+    no_spec,
+    shortname = "appsetreport",
+    shortname = "appsetreports",
+    doc = "MulticlusterApplicationSetReport provides a report of the status of an application from all the managed clusters where the application is deployed on."
+)]
+#[schemars(transform = without_schema_defaults)]
+pub struct ReportFields {
+    /// AppConditions defines all the error/warning conditions in all clusters per application.
+    #[serde(default)]
+    pub statuses: AppConditions,
+}
+
+/// All the error/warning conditions in all clusters where the ApplicationSet's applications run.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = without_schema_defaults)]
+pub struct AppConditions {
+    /// Resources deployed by the applications.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ResourceRef>,
+    /// One entry per application (and so per cluster).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_conditions: Vec<ClusterCondition>,
+    /// Summary provides a summary of results.
+    #[serde(default)]
+    pub summary: ReportSummary,
+}
+
+/// A resource deployed by the application.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = without_schema_defaults)]
+pub struct ResourceRef {
+    /// API version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub api_version: String,
+    /// Kind.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    /// Name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Namespace.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+}
+
+/// The state and error/warning conditions of the application on one cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = without_schema_defaults)]
+pub struct ClusterCondition {
+    /// The ManagedCluster.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
+    /// Sync status of the application on that cluster.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sync_status: String,
+    /// Health status of the application on that cluster.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub health_status: String,
+    /// The hub Application (`<namespace>/<name>`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub app: String,
+    /// Error and warning conditions of the application.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A type of error/warning.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = without_schema_defaults)]
+pub struct Condition {
+    /// Type identifies if the condition is a warning or an error.
+    #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
+    pub type_: String,
+    /// Message is the warning/error message associated with this condition.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// Counts of clusters by state (strings, as upstream).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = without_schema_defaults)]
+pub struct ReportSummary {
+    /// Synced provides the count of synced applications.
+    #[serde(default)]
+    pub synced: String,
+    /// NotSynced provides the count of the out of sync applications.
+    #[serde(default)]
+    pub not_synced: String,
+    /// Healthy provides the count of healthy applications.
+    #[serde(default)]
+    pub healthy: String,
+    /// NotHealthy provides the count of non-healthy applications.
+    #[serde(default)]
+    pub not_healthy: String,
+    /// InProgress provides the count of applications that are in the process of being deployed.
+    #[serde(default)]
+    pub in_progress: String,
+    /// Clusters provides the count of all managed clusters the application is deployed to.
+    #[serde(default)]
+    pub clusters: String,
+}
+
+/// Drops `default` from a schema: `#[serde(default)]` is for reading old objects, not an API
+/// default, and kube-apiserver 1.20 rejects `default: ""` on strings.
+fn without_schema_defaults(schema: &mut schemars::Schema) {
+    fn strip(node: &mut Value) {
+        match node {
+            Value::Object(map) => {
+                map.remove("default");
+                for (key, child) in map.iter_mut() {
+                    if key == "properties" {
+                        // Keys here are property names, values are schemas.
+                        child
+                            .as_object_mut()
+                            .into_iter()
+                            .flat_map(|p| p.values_mut())
+                            .for_each(strip);
+                    } else {
+                        strip(child);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    if let Some(map) = schema.as_object_mut() {
+        let mut node = Value::Object(std::mem::take(map));
+        strip(&mut node);
+        if let Value::Object(stripped) = node {
+            *map = stripped;
+        }
+    }
+}
+
+/// The report's CustomResourceDefinition as YAML (checked in under
+/// `charts/argocd-agent-principal/crds/`).
+pub fn report_crd_yaml() -> String {
+    let yaml =
+        serde_yaml::to_string(&MulticlusterApplicationSetReport::crd()).expect("a CRD serialises");
+    format!("# Generated from argocd_agent_operator::pull::report::ReportFields; do not edit.\n---\n{yaml}")
+}
+
+/// The cluster an Application is pulled to: the pull annotation (basic model), else the
+/// ManagedCluster whose namespace holds it (argocd-agent managed mode). `None`: not pulled.
+pub fn pull_cluster(app: &DynamicObject, managed_clusters: &BTreeSet<String>) -> Option<String> {
+    if let Some(target) = pull_intent(&app.metadata).target() {
+        return Some(target.cluster.clone());
+    }
+    app.namespace().filter(|ns| managed_clusters.contains(ns))
+}
+
+fn app_string(app: &DynamicObject, pointer: &str) -> String {
+    app.data
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("Unknown")
+        .to_string()
+}
+
+/// The Application's error and warning conditions (Argo CD types end in `Error` or `Warning`).
+fn problem_conditions(app: &DynamicObject) -> Vec<Condition> {
+    super::application::conditions(app)
+        .iter()
+        .filter_map(|c| {
+            let type_ = c.get("type")?.as_str()?;
+            (type_.ends_with("Error") || type_.ends_with("Warning")).then(|| Condition {
+                type_: type_.to_string(),
+                message: c
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Aggregates an ApplicationSet's pulled Applications (each with its cluster) into the report
+/// content. A cluster counts as synced/healthy when all its applications are; `Progressing`
+/// counts as in progress and not healthy (upstream's rule).
+pub fn report_statuses(apps: &[(String, &DynamicObject)]) -> AppConditions {
+    let mut conditions: Vec<ClusterCondition> = apps
+        .iter()
+        .map(|(cluster, app)| ClusterCondition {
+            cluster: cluster.clone(),
+            sync_status: app_string(app, "/status/sync/status"),
+            health_status: app_string(app, "/status/health/status"),
+            app: format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any()),
+            conditions: problem_conditions(app),
+        })
+        .collect();
+    conditions.sort_by(|a, b| (&a.cluster, &a.app).cmp(&(&b.cluster, &b.app)));
+
+    let mut per_cluster: BTreeMap<&str, Vec<&ClusterCondition>> = BTreeMap::new();
+    for c in &conditions {
+        per_cluster.entry(&c.cluster).or_default().push(c);
+    }
+    let (mut synced, mut healthy, mut in_progress) = (0, 0, 0);
+    for entries in per_cluster.values() {
+        if entries.iter().all(|c| c.sync_status == "Synced") {
+            synced += 1;
+        }
+        if entries.iter().all(|c| c.health_status == "Healthy") {
+            healthy += 1;
+        } else if entries.iter().any(|c| c.health_status == "Progressing") {
+            in_progress += 1;
+        }
+    }
+    let clusters = per_cluster.len();
+    AppConditions {
+        resources: Vec::new(),
+        summary: ReportSummary {
+            synced: synced.to_string(),
+            not_synced: (clusters - synced).to_string(),
+            healthy: healthy.to_string(),
+            not_healthy: (clusters - healthy).to_string(),
+            in_progress: in_progress.to_string(),
+            clusters: clusters.to_string(),
+        },
+        cluster_conditions: conditions,
+    }
+}
+
+/// The report label value: `<namespace>.<name>`, cut to a valid label value.
+pub fn report_label_value(appset: &AppSetKey) -> String {
+    let mut value: String = format!("{}.{}", appset.namespace, appset.name)
+        .chars()
+        .take(63)
+        .collect();
+    while value.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
+        value.pop();
+    }
+    value
+}
+
+/// The report object for an ApplicationSet (owned by it, so a garbage collector also removes it).
+pub fn build_report(
+    appset: &DynamicObject,
+    statuses: AppConditions,
+) -> MulticlusterApplicationSetReport {
+    let key = AppSetKey {
+        namespace: appset.namespace().unwrap_or_default(),
+        name: appset.name_any(),
+    };
+    let owner = appset.metadata.uid.as_ref().map(|uid| OwnerReference {
+        api_version: "argoproj.io/v1alpha1".into(),
+        kind: "ApplicationSet".into(),
+        name: key.name.clone(),
+        uid: uid.clone(),
+        ..Default::default()
+    });
+    MulticlusterApplicationSetReport {
+        metadata: ObjectMeta {
+            name: Some(key.name.clone()),
+            namespace: Some(key.namespace.clone()),
+            labels: Some(BTreeMap::from([(
+                REPORT_APPSET_LABEL.to_string(),
+                report_label_value(&key),
+            )])),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: ReportFields { statuses },
+    }
+}
+
+type AppKey = (String, String);
+
+struct Reports {
+    client: kube::Client,
+    apps: Store<DynamicObject>,
+    appsets: Store<DynamicObject>,
+    clusters: Store<DynamicObject>,
+    reports: Store<MulticlusterApplicationSetReport>,
+    app_resource: kube::core::ApiResource,
+    appset_resource: kube::core::ApiResource,
+    /// Which ApplicationSet each Application belongs to, and the reverse.
+    app_appset: HashMap<AppKey, AppSetKey>,
+    members: HashMap<AppSetKey, BTreeSet<AppKey>>,
+}
+
+impl Reports {
+    /// Records the Application's (new) ApplicationSet; marks the old and new ones dirty.
+    fn track_app(&mut self, queue: &mut DirtyQueue<AppSetKey>, app: &DynamicObject, deleted: bool) {
+        let key = (app.namespace().unwrap_or_default(), app.name_any());
+        let now = if deleted {
+            None
+        } else {
+            hosting_appset(&app.metadata)
+        };
+        let before = match &now {
+            Some(s) => self.app_appset.insert(key.clone(), s.clone()),
+            None => self.app_appset.remove(&key),
+        };
+        if let Some(old) = &before {
+            if now.as_ref() != Some(old) {
+                if let Some(m) = self.members.get_mut(old) {
+                    m.remove(&key);
+                }
+            }
+            queue.mark(old.clone(), DEBOUNCE);
+        }
+        if let Some(new) = now {
+            self.members.entry(new.clone()).or_default().insert(key);
+            queue.mark(new, DEBOUNCE);
+        }
+    }
+
+    fn mark_everything(&self, queue: &mut DirtyQueue<AppSetKey>) {
+        let appsets = self.appsets.state();
+        let reports = self.reports.state();
+        let keys = appsets
+            .iter()
+            .map(|a| (a.namespace(), a.name_any()))
+            .chain(reports.iter().map(|r| (r.namespace(), r.name_any())));
+        for (ns, name) in keys {
+            queue.mark(
+                AppSetKey {
+                    namespace: ns.unwrap_or_default(),
+                    name,
+                },
+                DEBOUNCE,
+            );
+        }
+    }
+
+    fn desired(&self, key: &AppSetKey) -> Option<MulticlusterApplicationSetReport> {
+        let appset = self.appsets.get(
+            &ObjectRef::new_with(&key.name, self.appset_resource.clone()).within(&key.namespace),
+        )?;
+        if appset.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        let cluster_names: BTreeSet<String> =
+            self.clusters.state().iter().map(|c| c.name_any()).collect();
+        let apps: Vec<_> = self
+            .members
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|(ns, name)| {
+                self.apps
+                    .get(&ObjectRef::new_with(name, self.app_resource.clone()).within(ns))
+            })
+            .collect();
+        let pulled: Vec<(String, &DynamicObject)> = apps
+            .iter()
+            .filter_map(|a| pull_cluster(a, &cluster_names).map(|c| (c, a.as_ref())))
+            .collect();
+        (!pulled.is_empty()).then(|| build_report(&appset, report_statuses(&pulled)))
+    }
+
+    async fn reconcile(&self, key: &AppSetKey) -> Result<(), kube::Error> {
+        let existing = self
+            .reports
+            .get(&ObjectRef::new(&key.name).within(&key.namespace));
+        let api: Api<MulticlusterApplicationSetReport> =
+            Api::namespaced(self.client.clone(), &key.namespace);
+        match self.desired(key) {
+            Some(report) => {
+                let current = existing.as_deref().is_some_and(|e| {
+                    e.spec == report.spec
+                        && e.labels().get(REPORT_APPSET_LABEL)
+                            == report.labels().get(REPORT_APPSET_LABEL)
+                });
+                if !current {
+                    api.patch(
+                        &key.name,
+                        &PatchParams::apply(REPORT_MANAGER).force(),
+                        &Patch::Apply(&report),
+                    )
+                    .await?;
+                    let s = &report.spec.statuses.summary;
+                    tracing::info!(appset = %key, clusters = %s.clusters, synced = %s.synced, healthy = %s.healthy, "ApplicationSet report updated");
+                }
+            }
+            None if existing.is_some() => {
+                match api.delete(&key.name, &DeleteParams::default()).await {
+                    Ok(_) => tracing::info!(appset = %key, "ApplicationSet report deleted"),
+                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            None => {}
+        }
+        Ok(())
+    }
+}
+
+/// Runs the report controller until `shutdown`.
+pub async fn run(
+    client: kube::Client,
+    opts: PullModelOptions,
+    shutdown: Shutdown,
+) -> Result<(), PullModelError> {
+    let app_resource = application_resource();
+    let appset_resource = applicationset_resource();
+    let cluster_resource = managed_cluster_resource();
+    let dynamic = |ar: &kube::core::ApiResource| {
+        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+        let reader = writer.as_reader();
+        let events = reflector::reflector(
+            writer,
+            watcher::watcher(
+                Api::<DynamicObject>::all_with(client.clone(), ar),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .boxed();
+        (reader, events)
+    };
+    let (apps, mut app_events) = dynamic(&app_resource);
+    let (appsets, mut appset_events) = dynamic(&appset_resource);
+    let (clusters, mut cluster_events) = dynamic(&cluster_resource);
+    let report_writer = reflector::store::Writer::<MulticlusterApplicationSetReport>::default();
+    let reports = report_writer.as_reader();
+    let mut report_events = reflector::reflector(
+        report_writer,
+        watcher::watcher(
+            Api::<MulticlusterApplicationSetReport>::all(client.clone()),
+            watcher::Config::default().labels(REPORT_APPSET_LABEL),
+        ),
+    )
+    .default_backoff()
+    .boxed();
+
+    let mut state = Reports {
+        client,
+        apps,
+        appsets,
+        clusters,
+        reports,
+        app_resource,
+        appset_resource,
+        app_appset: HashMap::new(),
+        members: HashMap::new(),
+    };
+    let mut queue = DirtyQueue::<AppSetKey>::default();
+    let mut ready = [false; 4];
+    let stop = shutdown.requested();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            event = app_events.next() => match event {
+                Some(Ok(Event::Apply(app) | Event::InitApply(app))) => state.track_app(&mut queue, &app, false),
+                Some(Ok(Event::Delete(app))) => state.track_app(&mut queue, &app, true),
+                Some(Ok(Event::InitDone)) => {
+                    ready[0] = true;
+                    state.mark_everything(&mut queue);
+                }
+                Some(Ok(Event::Init)) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "report: Application watch failed; retrying"),
+                None => break,
+            },
+            event = appset_events.next() => match event {
+                Some(Ok(Event::Apply(s) | Event::InitApply(s) | Event::Delete(s))) => {
+                    queue.mark(AppSetKey { namespace: s.namespace().unwrap_or_default(), name: s.name_any() }, DEBOUNCE);
+                }
+                Some(Ok(Event::InitDone)) => {
+                    ready[1] = true;
+                    state.mark_everything(&mut queue);
+                }
+                Some(Ok(Event::Init)) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "report: ApplicationSet watch failed; retrying"),
+                None => break,
+            },
+            event = cluster_events.next() => match event {
+                // Agent-mode membership depends on which namespaces are clusters.
+                Some(Ok(Event::Apply(c) | Event::Delete(c))) => {
+                    let name = c.name_any();
+                    let affected: BTreeSet<AppSetKey> =
+                        state.app_appset.iter().filter(|((ns, _), _)| *ns == name).map(|(_, s)| s.clone()).collect();
+                    for key in affected {
+                        queue.mark(key, DEBOUNCE);
+                    }
+                }
+                Some(Ok(Event::InitDone)) => {
+                    ready[2] = true;
+                    state.mark_everything(&mut queue);
+                }
+                Some(Ok(Event::Init | Event::InitApply(_))) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "report: ManagedCluster watch failed; retrying"),
+                None => break,
+            },
+            event = report_events.next() => match event {
+                // Our own writes come back here too; re-computing finds nothing to do.
+                Some(Ok(Event::Apply(r) | Event::Delete(r))) => {
+                    queue.mark(AppSetKey { namespace: r.namespace().unwrap_or_default(), name: r.name_any() }, DEBOUNCE);
+                }
+                Some(Ok(Event::InitDone)) => {
+                    ready[3] = true;
+                    state.mark_everything(&mut queue);
+                }
+                Some(Ok(Event::Init | Event::InitApply(_))) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "report: report watch failed; retrying"),
+                None => break,
+            },
+            _ = queue.wait_due(), if ready.iter().all(|r| *r) => {
+                for key in queue.take_due(std::time::Instant::now()) {
+                    if let Err(e) = state.reconcile(&key).await {
+                        tracing::warn!(appset = %key, error = %e, "ApplicationSet report failed; retrying");
+                        queue.mark(key, opts.retry_after);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pull::application::{CLUSTER_ANNOTATION, PULL_LABEL};
+    use serde_json::json;
+
+    fn app(
+        name: &str,
+        cluster: &str,
+        sync: &str,
+        health: &str,
+        conditions: Value,
+    ) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": name, "namespace": "apps", "labels": {PULL_LABEL: "true"},
+                         "annotations": {CLUSTER_ANNOTATION: cluster}},
+            "spec": {},
+            "status": {"sync": {"status": sync}, "health": {"status": health}, "conditions": conditions}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn three_clusters_with_one_failing_are_counted() {
+        let a = app("set-c1", "c1", "Synced", "Healthy", json!([]));
+        let b = app("set-c2", "c2", "Synced", "Healthy", json!([]));
+        let c = app(
+            "set-c3",
+            "c3",
+            "OutOfSync",
+            "Degraded",
+            json!([{"type": "ManifestWorkError", "message": "boom"}, {"type": "Info", "message": "x"}]),
+        );
+        let clusters = BTreeSet::new();
+        let pulled: Vec<(String, &DynamicObject)> = [&c, &a, &b]
+            .iter()
+            .map(|x| (pull_cluster(x, &clusters).expect("pulled"), *x))
+            .collect();
+        let statuses = report_statuses(&pulled);
+        let s = &statuses.summary;
+        assert_eq!(
+            (
+                &*s.clusters,
+                &*s.synced,
+                &*s.not_synced,
+                &*s.healthy,
+                &*s.not_healthy,
+                &*s.in_progress
+            ),
+            ("3", "2", "1", "2", "1", "0")
+        );
+        let names: Vec<&str> = statuses
+            .cluster_conditions
+            .iter()
+            .map(|c| c.cluster.as_str())
+            .collect();
+        assert_eq!(names, ["c1", "c2", "c3"], "sorted by cluster");
+        let failing = &statuses.cluster_conditions[2];
+        assert_eq!(failing.app, "apps/set-c3");
+        assert_eq!(
+            failing.conditions,
+            vec![Condition {
+                type_: "ManifestWorkError".into(),
+                message: "boom".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn progressing_is_in_progress_and_not_healthy_and_missing_status_is_unknown() {
+        let a = app("a", "c1", "Synced", "Progressing", json!([]));
+        let mut b = app("b", "c2", "Synced", "Healthy", json!([]));
+        b.data["status"] = json!({});
+        let statuses = report_statuses(&[("c1".into(), &a), ("c2".into(), &b)]);
+        assert_eq!(statuses.summary.in_progress, "1");
+        assert_eq!(statuses.summary.not_healthy, "2");
+        assert_eq!(statuses.summary.synced, "1");
+        assert_eq!(statuses.cluster_conditions[1].health_status, "Unknown");
+    }
+
+    #[test]
+    fn agent_mode_applications_are_pulled_to_their_namespace_cluster() {
+        let mut a = app("a", "", "Synced", "Healthy", json!([]));
+        a.metadata.labels = None;
+        a.metadata.namespace = Some("agent-1".into());
+        assert_eq!(pull_cluster(&a, &BTreeSet::new()), None);
+        assert_eq!(
+            pull_cluster(&a, &BTreeSet::from(["agent-1".to_string()])).as_deref(),
+            Some("agent-1")
+        );
+    }
+
+    #[test]
+    fn report_wire_form_matches_upstream_field_names() {
+        let appset: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet",
+            "metadata": {"name": "guestbook", "namespace": "apps", "uid": "u-1"}, "spec": {}
+        }))
+        .unwrap();
+        let a = app("set-c1", "c1", "Synced", "Healthy", json!([]));
+        let report = build_report(&appset, report_statuses(&[("c1".into(), &a)]));
+        let wire = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            wire["apiVersion"],
+            "apps.open-cluster-management.io/v1alpha1"
+        );
+        assert_eq!(wire["kind"], "MulticlusterApplicationSetReport");
+        assert!(wire.get("spec").is_none(), "upstream has no spec: {wire}");
+        assert_eq!(wire["statuses"]["summary"]["notSynced"], "0");
+        assert_eq!(
+            wire["statuses"]["clusterConditions"][0]["healthStatus"],
+            "Healthy"
+        );
+        assert_eq!(
+            wire["metadata"]["labels"][REPORT_APPSET_LABEL],
+            "apps.guestbook"
+        );
+        assert_eq!(wire["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        let back: MulticlusterApplicationSetReport = serde_json::from_value(wire).unwrap();
+        assert_eq!(back.spec, report.spec);
+    }
+
+    #[test]
+    fn label_value_is_cut_to_a_valid_label() {
+        let key = AppSetKey {
+            namespace: "n".repeat(40),
+            name: format!("{}-x", "a".repeat(21)),
+        };
+        let v = report_label_value(&key);
+        assert!(v.len() <= 63 && v.ends_with('a'), "{v}");
+    }
+
+    #[test]
+    fn checked_in_crd_matches_the_type() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../charts/argocd-agent-principal/crds/multiclusterapplicationsetreports.yaml");
+        let generated = report_crd_yaml();
+        if std::env::var_os("UPDATE_CRDS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            checked_in == generated,
+            "{} is out of date with pull::report::ReportFields; regenerate with \
+             UPDATE_CRDS=1 cargo test -p argocd-agent-operator checked_in_crd_matches_the_type",
+            path.display()
+        );
+    }
+}

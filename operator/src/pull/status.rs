@@ -1,0 +1,458 @@
+//! The status controller: a pulled Application's spoke state, reported by the OCM work agent as
+//! ManifestWork status feedback, written into the hub Application's status.
+//!
+//! Owns the parsing of feedback values (malformed ones are reported, never trusted), the
+//! translation into a merge patch of the hub Application (`status.health.status`,
+//! `status.sync.status`, `status.operationState`), and the `ManifestWorkError` condition that
+//! says why a cluster did not apply the work. It never touches the spec or the ManifestWork.
+
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use serde_json::{json, Map, Value};
+
+use super::application::{
+    application_resource, conditions, now_rfc3339, pull_intent, with_condition, PULL_LABEL,
+    WORK_ERROR_CONDITION,
+};
+use super::manifestwork::{
+    hub_application_of, manifest_work_name_of, ManifestCondition, ManifestWork, FEEDBACK_HEALTH,
+    FEEDBACK_OPERATION_MESSAGE, FEEDBACK_OPERATION_PHASE, FEEDBACK_OPERATION_STARTED_AT,
+    FEEDBACK_SYNC,
+};
+use super::{PullModelError, PullModelOptions, Shutdown, STATUS_MANAGER};
+
+/// How long in-flight reconciliations may take after shutdown was requested.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The spoke Application's state as far as the feedback carried it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpokeStatus {
+    /// `status.health.status`.
+    pub health: Option<String>,
+    /// `status.sync.status`.
+    pub sync: Option<String>,
+    /// `status.operationState.phase`.
+    pub operation_phase: Option<String>,
+    /// `status.operationState.startedAt` (RFC 3339).
+    pub operation_started_at: Option<String>,
+    /// `status.operationState.message`.
+    pub operation_message: Option<String>,
+}
+
+/// A feedback value that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FeedbackError {
+    /// The value is not a string, or claims to be one without carrying it.
+    #[error("feedback value {name} has type {type_:?} but a String was expected")]
+    NotAString {
+        /// The feedback name.
+        name: String,
+        /// The declared type.
+        type_: String,
+    },
+    /// The value is empty.
+    #[error("feedback value {name} is an empty string")]
+    Empty {
+        /// The feedback name.
+        name: String,
+    },
+    /// A timestamp that is not RFC 3339.
+    #[error("feedback value {name}={value:?} is not an RFC 3339 time")]
+    NotATime {
+        /// The feedback name.
+        name: String,
+        /// The value.
+        value: String,
+    },
+}
+
+/// The manifest status entry of the wrapped Application (the first manifest if none matches).
+pub fn application_manifest(work: &ManifestWork) -> Option<&ManifestCondition> {
+    let manifests = &work.status.as_ref()?.resource_status.manifests;
+    manifests
+        .iter()
+        .find(|m| {
+            let meta = &m.resource_meta;
+            meta.group == "argoproj.io"
+                && (meta.kind == "Application" || meta.resource == "applications")
+        })
+        .or_else(|| manifests.first())
+}
+
+/// Reads the feedback values: the usable ones, and what was wrong with the others. Unknown names
+/// are ignored (other rules may exist).
+pub fn read_feedback(work: &ManifestWork) -> (SpokeStatus, Vec<FeedbackError>) {
+    let mut status = SpokeStatus::default();
+    let mut problems = Vec::new();
+    let Some(manifest) = application_manifest(work) else {
+        return (status, problems);
+    };
+    for value in &manifest.status_feedback.values {
+        let slot = match value.name.as_str() {
+            FEEDBACK_HEALTH => &mut status.health,
+            FEEDBACK_SYNC => &mut status.sync,
+            FEEDBACK_OPERATION_PHASE => &mut status.operation_phase,
+            FEEDBACK_OPERATION_STARTED_AT => &mut status.operation_started_at,
+            FEEDBACK_OPERATION_MESSAGE => &mut status.operation_message,
+            _ => continue,
+        };
+        let field = &value.field_value;
+        let text = match (field.type_.as_str(), &field.string) {
+            ("String", Some(s)) => s.clone(),
+            _ => {
+                problems.push(FeedbackError::NotAString {
+                    name: value.name.clone(),
+                    type_: field.type_.clone(),
+                });
+                continue;
+            }
+        };
+        if text.is_empty() && value.name != FEEDBACK_OPERATION_MESSAGE {
+            problems.push(FeedbackError::Empty {
+                name: value.name.clone(),
+            });
+            continue;
+        }
+        if value.name == FEEDBACK_OPERATION_STARTED_AT
+            && chrono::DateTime::parse_from_rfc3339(&text).is_err()
+        {
+            problems.push(FeedbackError::NotATime {
+                name: value.name.clone(),
+                value: text,
+            });
+            continue;
+        }
+        *slot = Some(text);
+    }
+    (status, problems)
+}
+
+/// Why the cluster did not (fully) apply the work, as one message; `None` when all is well.
+pub fn work_problem(work: &ManifestWork, feedback: &[FeedbackError]) -> Option<String> {
+    let cluster = work.namespace().unwrap_or_default();
+    let work_name = work.name_any();
+    let mut parts = Vec::new();
+    let status = work.status.clone().unwrap_or_default();
+    let failed =
+        |c: &&super::manifestwork::WorkCondition| c.type_ == "Applied" && c.status == "False";
+    if let Some(c) = status.conditions.iter().find(failed) {
+        parts.push(format!(
+            "not applied on cluster {cluster}: {}: {}",
+            c.reason, c.message
+        ));
+    } else if let Some(c) =
+        application_manifest(work).and_then(|m| m.conditions.iter().find(failed))
+    {
+        parts.push(format!(
+            "Application not applied on cluster {cluster}: {}: {}",
+            c.reason, c.message
+        ));
+    }
+    if !feedback.is_empty() {
+        let list: Vec<String> = feedback.iter().map(ToString::to_string).collect();
+        parts.push(format!("malformed status feedback: {}", list.join("; ")));
+    }
+    (!parts.is_empty()).then(|| format!("ManifestWork {cluster}/{work_name}: {}", parts.join("; ")))
+}
+
+/// The merge patch that brings the hub Application up to date with the spoke, or `None` if it
+/// already is. Includes the `resourceVersion` read, so a concurrent change makes it fail (409).
+pub fn status_patch(
+    app: &DynamicObject,
+    spoke: &SpokeStatus,
+    problem: Option<&str>,
+    now: &str,
+) -> Option<Value> {
+    let current = |pointer: &str| {
+        app.data
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let mut status = Map::new();
+    if let Some(h) = spoke
+        .health
+        .as_ref()
+        .filter(|h| current("/status/health/status").as_ref() != Some(h))
+    {
+        status.insert("health".into(), json!({"status": h}));
+    }
+    if let Some(s) = spoke
+        .sync
+        .as_ref()
+        .filter(|s| current("/status/sync/status").as_ref() != Some(s))
+    {
+        status.insert("sync".into(), json!({"status": s}));
+    }
+    if let (Some(phase), Some(started)) = (&spoke.operation_phase, &spoke.operation_started_at) {
+        let changed = current("/status/operationState/phase").as_ref() != Some(phase)
+            || current("/status/operationState/startedAt").as_ref() != Some(started)
+            || (spoke.operation_message.is_some()
+                && current("/status/operationState/message") != spoke.operation_message);
+        if changed {
+            // Argo CD's schema requires `operation`; an empty object merges into an existing one.
+            let mut op = json!({"operation": {}, "phase": phase, "startedAt": started});
+            if let Some(m) = &spoke.operation_message {
+                op["message"] = json!(m);
+            }
+            status.insert("operationState".into(), op);
+        }
+    }
+    if let Some(next) = with_condition(&conditions(app), WORK_ERROR_CONDITION, problem, now) {
+        status.insert("conditions".into(), json!(next));
+    }
+    if status.is_empty() {
+        return None;
+    }
+    Some(json!({"metadata": {"resourceVersion": app.metadata.resource_version}, "status": status}))
+}
+
+/// Errors of one status reconciliation (retried).
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// Reading or patching the hub Application failed.
+    #[error("updating hub Application {namespace}/{name} from ManifestWork {work}: {source}")]
+    Kube {
+        /// Application namespace.
+        namespace: String,
+        /// Application name.
+        name: String,
+        /// The ManifestWork (`cluster/name`).
+        work: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+struct Context {
+    client: kube::Client,
+    opts: PullModelOptions,
+}
+
+async fn reconcile(work: Arc<ManifestWork>, ctx: Arc<Context>) -> Result<Action, StatusError> {
+    if work.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let Some((namespace, name)) = hub_application_of(&work) else {
+        return Ok(Action::await_change());
+    };
+    let err = |source| StatusError::Kube {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        work: format!(
+            "{}/{}",
+            work.namespace().unwrap_or_default(),
+            work.name_any()
+        ),
+        source,
+    };
+    let apps: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &namespace, &application_resource());
+    let Some(app) = apps.get_opt(&name).await.map_err(err)? else {
+        return Ok(Action::await_change());
+    };
+    // A leftover work of an earlier incarnation or target of this Application is cleanup's
+    // business; its feedback says nothing about the current one.
+    let current_target = pull_intent(&app.metadata)
+        .target()
+        .map(|t| t.cluster.clone());
+    if manifest_work_name_of(&app) != Some(work.name_any()) || current_target != work.namespace() {
+        return Ok(Action::await_change());
+    }
+    let (spoke, problems) = read_feedback(&work);
+    for p in &problems {
+        tracing::warn!(work = %work.name_any(), cluster = ?work.namespace(), "{p}");
+    }
+    let problem = work_problem(&work, &problems);
+    if let Some(patch) = status_patch(&app, &spoke, problem.as_deref(), &now_rfc3339()) {
+        let params = PatchParams {
+            field_manager: Some(STATUS_MANAGER.to_string()),
+            ..Default::default()
+        };
+        apps.patch(&name, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(err)?;
+        tracing::debug!(app = %format!("{namespace}/{name}"), ?spoke, "hub Application status updated from feedback");
+    }
+    Ok(Action::await_change())
+}
+
+fn error_policy(_work: Arc<ManifestWork>, error: &StatusError, ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "status reconciliation failed; retrying");
+    Action::requeue(ctx.opts.retry_after)
+}
+
+/// Runs the status controller until `shutdown`.
+pub async fn run(
+    client: kube::Client,
+    opts: PullModelOptions,
+    shutdown: Shutdown,
+) -> Result<(), PullModelError> {
+    let works: Api<ManifestWork> = Api::all(client.clone());
+    let config = watcher::Config::default().labels(&format!("{PULL_LABEL}=true"));
+    let concurrency = opts.concurrency;
+    let ctx = Arc::new(Context { client, opts });
+    let controller = Controller::new(works, config);
+    let store = controller.store();
+    let running = controller
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .graceful_shutdown_on(shutdown.clone().requested())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "status controller event");
+            }
+        });
+    // kube's graceful shutdown waits for the store to fill, which never happens once the watch
+    // is cut; before the first list nothing is in flight, so stop at once. Otherwise in-flight
+    // reconciliations get a grace period.
+    let deadline = async {
+        shutdown.requested().await;
+        if store.wait_until_ready().now_or_never().is_some() {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+            tracing::warn!(
+                "status controller did not stop within {SHUTDOWN_GRACE:?}; abandoning it"
+            );
+        }
+    };
+    tokio::select! {
+        _ = running => {}
+        _ = deadline => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work_with_feedback(values: Value, conditions: Value) -> ManifestWork {
+        serde_json::from_value(json!({
+            "apiVersion": "work.open-cluster-management.io/v1",
+            "kind": "ManifestWork",
+            "metadata": {"name": "guestbook-3f2a9", "namespace": "cluster1"},
+            "spec": {"workload": {"manifests": []}},
+            "status": {
+                "conditions": conditions,
+                "resourceStatus": {"manifests": [{
+                    "resourceMeta": {"ordinal": 0, "group": "argoproj.io", "kind": "Application", "resource": "applications", "name": "guestbook", "namespace": "argocd", "version": "v1alpha1"},
+                    "statusFeedback": {"values": values},
+                    "conditions": []
+                }]}
+            }
+        }))
+        .expect("valid work")
+    }
+
+    fn string(name: &str, value: &str) -> Value {
+        json!({"name": name, "fieldValue": {"type": "String", "string": value}})
+    }
+
+    fn app(status: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "guestbook", "namespace": "apps", "resourceVersion": "7"},
+            "spec": {}, "status": status
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn feedback_values_become_a_status_patch() {
+        let work = work_with_feedback(
+            json!([
+                string("healthStatus", "Healthy"),
+                string("syncStatus", "Synced"),
+                string("operationPhase", "Succeeded"),
+                string("operationStartedAt", "2024-05-01T10:00:00Z"),
+                string("somethingElse", "ignored")
+            ]),
+            json!([]),
+        );
+        let (spoke, problems) = read_feedback(&work);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(spoke.health.as_deref(), Some("Healthy"));
+        assert_eq!(spoke.sync.as_deref(), Some("Synced"));
+        let patch = status_patch(&app(json!({})), &spoke, None, "now").expect("a change");
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        assert_eq!(patch["status"]["health"], json!({"status": "Healthy"}));
+        assert_eq!(patch["status"]["sync"], json!({"status": "Synced"}));
+        assert_eq!(patch["status"]["operationState"]["phase"], "Succeeded");
+        assert_eq!(patch["status"]["operationState"]["operation"], json!({}));
+        assert!(patch["status"].get("conditions").is_none());
+        // Already up to date: nothing to write.
+        let current = app(json!({
+            "health": {"status": "Healthy"}, "sync": {"status": "Synced"},
+            "operationState": {"operation": {"sync": {}}, "phase": "Succeeded", "startedAt": "2024-05-01T10:00:00Z"}
+        }));
+        assert_eq!(status_patch(&current, &spoke, None, "now"), None);
+    }
+
+    #[test]
+    fn malformed_feedback_values_are_reported_not_written() {
+        let work = work_with_feedback(
+            json!([
+                {"name": "healthStatus", "fieldValue": {"type": "Integer", "integer": 3}},
+                {"name": "syncStatus", "fieldValue": {"type": "String"}},
+                string("operationPhase", "Running"),
+                string("operationStartedAt", "yesterday")
+            ]),
+            json!([]),
+        );
+        let (spoke, problems) = read_feedback(&work);
+        assert_eq!(spoke.health, None);
+        assert_eq!(spoke.sync, None);
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        let problem = work_problem(&work, &problems).expect("reported");
+        assert!(problem.contains("cluster1/guestbook-3f2a9"), "{problem}");
+        assert!(
+            problem.contains("healthStatus has type \"Integer\""),
+            "{problem}"
+        );
+        assert!(
+            problem.contains("operationStartedAt=\"yesterday\""),
+            "{problem}"
+        );
+        // Phase without a valid start time is not written (Argo CD requires startedAt).
+        let patch =
+            status_patch(&app(json!({})), &spoke, Some(&problem), "now").expect("condition");
+        assert!(patch["status"].get("operationState").is_none());
+        assert_eq!(
+            patch["status"]["conditions"][0]["type"],
+            WORK_ERROR_CONDITION
+        );
+    }
+
+    #[test]
+    fn failed_apply_becomes_a_condition_and_clears_when_applied() {
+        let failed = work_with_feedback(
+            json!([]),
+            json!([{"type": "Applied", "status": "False", "reason": "AppliedManifestFailed", "message": "namespace argocd not found", "lastTransitionTime": "2024-05-01T10:00:00Z"}]),
+        );
+        let problem = work_problem(&failed, &[]).expect("problem");
+        assert!(
+            problem.contains("not applied on cluster cluster1")
+                && problem.contains("namespace argocd not found"),
+            "{problem}"
+        );
+        let with_condition =
+            app(json!({"conditions": [{"type": WORK_ERROR_CONDITION, "message": problem}]}));
+        assert_eq!(
+            status_patch(
+                &with_condition,
+                &SpokeStatus::default(),
+                Some(&problem),
+                "now"
+            ),
+            None
+        );
+        let cleared =
+            status_patch(&with_condition, &SpokeStatus::default(), None, "now").expect("cleared");
+        assert_eq!(cleared["status"]["conditions"], json!([]));
+    }
+}
