@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_proto::event::{spec_checksum, Event, EventType, AGENT_SOURCE};
-use argocd_agent_proto::payload::RequestUpdate;
+use argocd_agent_proto::payload::{ErrorData, RequestUpdate};
 use argocd_agent_proto::sync::{EventHandler, HandleError, Outbox};
 use futures::StreamExt;
 use kube::api::{
@@ -209,11 +209,36 @@ impl ManagedSync {
             }
         }
         let result = self.upsert(kind, &desired).await;
-        if let Err(HandleError::Rejected(_)) = &result {
+        if let Err(HandleError::Rejected(reason)) = &result {
             // Not ours to keep in place (e.g. adoption refused): no drift revert, no recreate.
             self.lock().cache.remove(&key);
+            if kind == SyncedKind::Application {
+                self.report_error(hub, reason);
+            }
         }
         result
+    }
+
+    /// Tells the principal that a hub Application could not be applied here (it shows the message
+    /// on the hub object as an `AgentError` condition). Other objects keep flowing.
+    fn report_error(&self, hub: &Value, reason: &str) {
+        let err = ErrorData {
+            resource_name: object_name(hub).to_string(),
+            resource_namespace: hub
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            message: reason.to_string(),
+        };
+        match Event::error_report(AGENT_SOURCE, SyncedKind::Application.target(), &err) {
+            Ok(ev) => {
+                if let Err(e) = self.outbox.push(ev) {
+                    warn!(error = %e, "cannot queue an error report for the principal");
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot build an error report"),
+        }
     }
 
     /// Creates the spoke copy, or replaces a live one while keeping its status and operation.

@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 
 /// The workspace root (parent of this crate).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("e2e crate lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("e2e crate lives in the workspace")
+        .to_path_buf()
 }
 
 /// Path of one of the project's binaries (`argocd-principal`, `argocd-agent`, `argocd-agentctl`) built
@@ -13,7 +16,9 @@ pub fn workspace_root() -> PathBuf {
 /// a binary of this crate (the quickstart) from `<target>/debug`.
 pub fn project_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe.parent().ok_or_else(|| anyhow::anyhow!("cannot locate the target directory from {}", exe.display()))?;
+    let dir = exe.parent().ok_or_else(|| {
+        anyhow::anyhow!("cannot locate the target directory from {}", exe.display())
+    })?;
     let candidates = [Some(dir.join(name)), dir.parent().map(|p| p.join(name))];
     candidates.into_iter().flatten().find(|p| p.is_file()).ok_or_else(|| {
         anyhow::anyhow!(
@@ -29,7 +34,10 @@ pub fn kube_apiserver() -> anyhow::Result<PathBuf> {
         return Ok(PathBuf::from(p));
     }
     let script = workspace_root().join("hack/control-plane.sh");
-    let out = std::process::Command::new("bash").arg(&script).arg("--path").output()?;
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg("--path")
+        .output()?;
     anyhow::ensure!(
         out.status.success(),
         "kube-apiserver is not built yet: run `{}` once (hack/test.sh does this)",

@@ -64,7 +64,10 @@ impl ControlPlane {
         };
         plane.wait_ready_and_install()?;
         plane.startup = started.elapsed();
-        eprintln!("[e2e] control plane {name} ready at {} in {:.1?}", plane.url, plane.startup);
+        eprintln!(
+            "[e2e] control plane {name} ready at {} in {:.1?}",
+            plane.url, plane.startup
+        );
         Ok(plane)
     }
 
@@ -83,7 +86,13 @@ impl ControlPlane {
                 std::thread::spawn(move || ControlPlane::start(&n))
             })
             .collect();
-        handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("plane start-up panicked"))?).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("plane start-up panicked"))?
+            })
+            .collect()
     }
 
     /// A new kube-rs client built from the generated kubeconfig. Create one per test runtime: a client
@@ -127,24 +136,38 @@ impl ControlPlane {
         while !self.ca_file.is_file() {
             if !self.apiserver.is_running() || Instant::now() > deadline {
                 self.print_logs(30);
-                anyhow::bail!("kube-apiserver for {} exited or produced no serving certificate", self.name);
+                anyhow::bail!(
+                    "kube-apiserver for {} exited or produced no serving certificate",
+                    self.name
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        write_kubeconfig(&self.kubeconfig, &self.name, &self.url, &self.ca_file, &self.admin_token)?;
+        write_kubeconfig(
+            &self.kubeconfig,
+            &self.name,
+            &self.url,
+            &self.ca_file,
+            &self.admin_token,
+        )?;
         let kubeconfig = self.kubeconfig.clone();
         let name = self.name.clone();
         // A fresh thread with its own runtime: callers may be inside another runtime.
         let result = std::thread::spawn(move || -> anyhow::Result<()> {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(async move {
                 let kc = Kubeconfig::read_from(&kubeconfig)?;
-                let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+                let config =
+                    kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
                 let client = kube::Client::try_from(config)?;
                 wait_until(&format!("{name} /readyz"), Duration::from_secs(60), || {
                     let client = client.clone();
                     async move {
-                        let req = http::Request::get("/readyz").body(Vec::new()).expect("static request");
+                        let req = http::Request::get("/readyz")
+                            .body(Vec::new())
+                            .expect("static request");
                         let body = client.request_text(req).await?;
                         Ok::<_, kube::Error>((body.trim() == "ok").then_some(()))
                     }
@@ -182,8 +205,18 @@ fn start_etcd(name: &str, dir: &std::path::Path) -> anyhow::Result<(ManagedProce
     let spec = ProcessSpec::new(format!("etcd-{name}"), bin, dir.join("etcd.log"))
         .args(["--name", "default", "--data-dir"])
         .arg(dir.join("etcd"))
-        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+        .args([
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+        ])
         .args(["--initial-cluster", &format!("default={peer_url}")])
         .args(["--log-level", "warn"]);
     Ok((ManagedProcess::spawn(spec)?, client_url))
@@ -208,21 +241,30 @@ fn start_apiserver(
     anyhow::ensure!(status.success(), "openssl genrsa failed");
     let tokens = dir.join("tokens.csv");
     std::fs::write(&tokens, format!("{token},admin,admin,system:masters\n"))?;
-    let spec = ProcessSpec::new(format!("kube-apiserver-{name}"), bin, dir.join("apiserver.log"))
-        .args(["--etcd-servers", etcd_url, "--cert-dir"])
-        .arg(dir.join("certs"))
-        .args(["--secure-port", &port.to_string(), "--bind-address", "127.0.0.1"])
-        .args(["--advertise-address", "127.0.0.1", "--token-auth-file"])
-        .arg(&tokens)
-        .args(["--authorization-mode", "RBAC", "--service-account-key-file"])
-        .arg(&sa_key)
-        .arg("--service-account-signing-key-file")
-        .arg(&sa_key)
-        .args(["--service-account-issuer", "https://kubernetes.default.svc"])
-        .args(["--service-cluster-ip-range", "10.0.0.0/24"])
-        // No controller-manager: do not try to maintain the `kubernetes` Service endpoints.
-        .args(["--endpoint-reconciler-type", "none"])
-        .args(["--enable-priority-and-fairness=false", "-v", "1"]);
+    let spec = ProcessSpec::new(
+        format!("kube-apiserver-{name}"),
+        bin,
+        dir.join("apiserver.log"),
+    )
+    .args(["--etcd-servers", etcd_url, "--cert-dir"])
+    .arg(dir.join("certs"))
+    .args([
+        "--secure-port",
+        &port.to_string(),
+        "--bind-address",
+        "127.0.0.1",
+    ])
+    .args(["--advertise-address", "127.0.0.1", "--token-auth-file"])
+    .arg(&tokens)
+    .args(["--authorization-mode", "RBAC", "--service-account-key-file"])
+    .arg(&sa_key)
+    .arg("--service-account-signing-key-file")
+    .arg(&sa_key)
+    .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+    .args(["--service-cluster-ip-range", "10.0.0.0/24"])
+    // No controller-manager: do not try to maintain the `kubernetes` Service endpoints.
+    .args(["--endpoint-reconciler-type", "none"])
+    .args(["--enable-priority-and-fairness=false", "-v", "1"]);
     ManagedProcess::spawn(spec)
 }
 

@@ -42,9 +42,13 @@ fn adapt_schema_for_1_20(node: &mut serde_json::Value) {
                 .and_then(|k| k.as_array())
                 .is_some_and(|keys| {
                     let item = map.get("items");
-                    let required = item.and_then(|i| i.get("required")).and_then(|r| r.as_array());
+                    let required = item
+                        .and_then(|i| i.get("required"))
+                        .and_then(|r| r.as_array());
                     keys.iter().any(|k| {
-                        let prop = item.and_then(|i| i.get("properties")).and_then(|p| k.as_str().and_then(|k| p.get(k)));
+                        let prop = item
+                            .and_then(|i| i.get("properties"))
+                            .and_then(|p| k.as_str().and_then(|k| p.get(k)));
                         let defaulted = prop.is_some_and(|p| p.get("default").is_some());
                         let is_required = required.is_some_and(|r| r.contains(k));
                         !defaulted && !is_required
@@ -63,7 +67,10 @@ fn adapt_schema_for_1_20(node: &mut serde_json::Value) {
 /// Creates every CRD from [`crd_dir`] (tolerating ones that exist) and waits for all to be Established.
 pub async fn install_all(client: &kube::Client) -> anyhow::Result<Vec<String>> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let raw: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<CustomResourceDefinition>(&()));
+    let raw: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::erase::<CustomResourceDefinition>(&()),
+    );
     let mut names = Vec::new();
     let mut files: Vec<_> = std::fs::read_dir(crd_dir())?
         .filter_map(Result::ok)
@@ -82,16 +89,20 @@ pub async fn install_all(client: &kube::Client) -> anyhow::Result<Vec<String>> {
         names.push(name);
     }
     for name in &names {
-        wait_until(&format!("CRD {name} Established"), Duration::from_secs(60), || async {
-            let crd = api.get(name).await?;
-            let established = crd
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            Ok::<_, kube::Error>(established.then_some(()))
-        })
+        wait_until(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(60),
+            || async {
+                let crd = api.get(name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok::<_, kube::Error>(established.then_some(()))
+            },
+        )
         .await?;
     }
     Ok(names)

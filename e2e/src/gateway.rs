@@ -17,12 +17,18 @@ use crate::wait::wait_until;
 
 /// `argoproj.io/v1alpha1` Application.
 pub fn application_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+        "applications",
+    )
 }
 
 /// `argoproj.io/v1alpha1` AppProject.
 pub fn appproject_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"), "appprojects")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
+        "appprojects",
+    )
 }
 
 /// Annotation that links a spoke copy to its hub object.
@@ -57,7 +63,9 @@ pub async fn ensure_namespace(client: &kube::Client, ns: &str) -> anyhow::Result
 
 /// Runs `argocd-agentctl` with `args`, failing with its output if it fails.
 pub fn agentctl(args: &[&str]) -> anyhow::Result<String> {
-    let out = std::process::Command::new(project_binary("argocd-agentctl")?).args(args).output()?;
+    let out = std::process::Command::new(project_binary("argocd-agentctl")?)
+        .args(args)
+        .output()?;
     anyhow::ensure!(
         out.status.success(),
         "argocd-agentctl {} failed: {}{}",
@@ -79,14 +87,33 @@ impl Pki {
     pub fn create(dir: &Path) -> anyhow::Result<Pki> {
         let d = dir.to_str().expect("utf-8 path");
         agentctl(&["pki", "init", "--dir", d])?;
-        agentctl(&["pki", "issue", "principal", "--dir", d, "--dns", "localhost", "--ip", "127.0.0.1"])?;
+        agentctl(&[
+            "pki",
+            "issue",
+            "principal",
+            "--dir",
+            d,
+            "--dns",
+            "localhost",
+            "--ip",
+            "127.0.0.1",
+        ])?;
         agentctl(&["jwt", "create-key", "--dir", d])?;
-        Ok(Pki { dir: dir.to_path_buf() })
+        Ok(Pki {
+            dir: dir.to_path_buf(),
+        })
     }
 
     /// Issues a client certificate for agent `name`.
     pub fn issue_agent(&self, name: &str) -> anyhow::Result<()> {
-        agentctl(&["pki", "issue", "agent", name, "--dir", self.dir.to_str().expect("utf-8 path")])?;
+        agentctl(&[
+            "pki",
+            "issue",
+            "agent",
+            name,
+            "--dir",
+            self.dir.to_str().expect("utf-8 path"),
+        ])?;
         Ok(())
     }
 
@@ -97,7 +124,10 @@ impl Pki {
 
     /// (certificate, key) of agent `name`.
     pub fn agent_files(&self, name: &str) -> (PathBuf, PathBuf) {
-        (self.dir.join(format!("agents/{name}.crt")), self.dir.join(format!("agents/{name}.key")))
+        (
+            self.dir.join(format!("agents/{name}.crt")),
+            self.dir.join(format!("agents/{name}.key")),
+        )
     }
 }
 
@@ -105,12 +135,22 @@ impl Pki {
 pub async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await?;
     let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -129,27 +169,52 @@ pub struct Principal {
 impl Principal {
     /// Starts a principal against `hub` with its own namespace `namespace` (created if needed)
     /// and waits until it is ready.
-    pub async fn start(name: &str, dir: &Path, hub: &ControlPlane, pki: &Pki, namespace: &str, extra: &[&str]) -> anyhow::Result<Principal> {
+    pub async fn start(
+        name: &str,
+        dir: &Path,
+        hub: &ControlPlane,
+        pki: &Pki,
+        namespace: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Principal> {
         ensure_namespace(&hub.client().await?, namespace).await?;
         let grpc_port = free_port();
         let ops_port = free_port();
-        let spec = ProcessSpec::new(format!("principal-{name}"), project_binary("argocd-principal")?, dir.join(format!("principal-{name}.log")))
-            .arg(format!("--listen-address=127.0.0.1:{grpc_port}"))
-            .arg(format!("--metrics-address=127.0.0.1:{ops_port}"))
-            .arg(format!("--health-address=127.0.0.1:{ops_port}"))
-            .arg(format!("--resource-proxy-address=127.0.0.1:{}", free_port()))
-            .arg(format!("--redis-proxy-address=127.0.0.1:{}", free_port()))
-            .arg(format!("--tls-cert={}", pki.dir.join("principal.crt").display()))
-            .arg(format!("--tls-key={}", pki.dir.join("principal.key").display()))
-            .arg(format!("--tls-ca={}", pki.ca().display()))
-            .arg(format!("--jwt-key={}", pki.dir.join("jwt.key").display()))
-            .arg(format!("--namespace={namespace}"))
-            .arg(format!("--kubeconfig={}", hub.kubeconfig.display()))
-            .arg("--enable-operator=false")
-            .arg("--log-level=debug,kube_client=warn,hyper=info,h2=info,tower=info,rustls=info")
-            .args(extra.iter().copied())
-            .env("RUST_BACKTRACE", "1");
-        let principal = Principal { process: ManagedProcess::spawn(spec)?, grpc_port, ops_port, namespace: namespace.to_string() };
+        let spec = ProcessSpec::new(
+            format!("principal-{name}"),
+            project_binary("argocd-principal")?,
+            dir.join(format!("principal-{name}.log")),
+        )
+        .arg(format!("--listen-address=127.0.0.1:{grpc_port}"))
+        .arg(format!("--metrics-address=127.0.0.1:{ops_port}"))
+        .arg(format!("--health-address=127.0.0.1:{ops_port}"))
+        .arg(format!(
+            "--resource-proxy-address=127.0.0.1:{}",
+            free_port()
+        ))
+        .arg(format!("--redis-proxy-address=127.0.0.1:{}", free_port()))
+        .arg(format!(
+            "--tls-cert={}",
+            pki.dir.join("principal.crt").display()
+        ))
+        .arg(format!(
+            "--tls-key={}",
+            pki.dir.join("principal.key").display()
+        ))
+        .arg(format!("--tls-ca={}", pki.ca().display()))
+        .arg(format!("--jwt-key={}", pki.dir.join("jwt.key").display()))
+        .arg(format!("--namespace={namespace}"))
+        .arg(format!("--kubeconfig={}", hub.kubeconfig.display()))
+        .arg("--enable-operator=false")
+        .arg("--log-level=debug,kube_client=warn,hyper=info,h2=info,tower=info,rustls=info")
+        .args(extra.iter().copied())
+        .env("RUST_BACKTRACE", "1");
+        let principal = Principal {
+            process: ManagedProcess::spawn(spec)?,
+            grpc_port,
+            ops_port,
+            namespace: namespace.to_string(),
+        };
         principal.wait_ready().await?;
         Ok(principal)
     }
@@ -157,9 +222,15 @@ impl Principal {
     /// Waits for `/readyz` to answer 200.
     pub async fn wait_ready(&self) -> anyhow::Result<()> {
         let port = self.ops_port;
-        wait_until("principal /readyz", Duration::from_secs(30), || async move {
-            Ok::<_, anyhow::Error>(matches!(http_get(port, "/readyz").await, Ok((200, _))).then_some(()))
-        })
+        wait_until(
+            "principal /readyz",
+            Duration::from_secs(30),
+            || async move {
+                Ok::<_, anyhow::Error>(
+                    matches!(http_get(port, "/readyz").await, Ok((200, _))).then_some(()),
+                )
+            },
+        )
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", self.process.log_tail(30)))
     }
@@ -183,7 +254,8 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts agent `name` on `spoke` in `mode`, keeping its Applications in `namespace` there.
+    /// Starts managed agent `name` on `spoke`, keeping its Applications in `namespace` there;
+    /// `extra` flags come last and win (e.g. `--mode=autonomous`).
     pub async fn start(
         name: &str,
         dir: &Path,
@@ -191,38 +263,59 @@ impl Agent {
         pki: &Pki,
         principal_address: &str,
         namespace: &str,
-        mode: &str,
         extra: &[&str],
     ) -> anyhow::Result<Agent> {
         ensure_namespace(&spoke.client().await?, namespace).await?;
         let (cert, key) = pki.agent_files(name);
         let ops_port = free_port();
-        let spec = ProcessSpec::new(format!("agent-{name}"), project_binary("argocd-agent")?, dir.join(format!("agent-{name}.log")))
-            .arg(format!("--server-address={principal_address}"))
-            .arg("--tls-server-name=localhost")
-            .arg(format!("--mode={mode}"))
-            .arg(format!("--tls-client-cert={}", cert.display()))
-            .arg(format!("--tls-client-key={}", key.display()))
-            .arg(format!("--tls-ca={}", pki.ca().display()))
-            .arg(format!("--namespace={namespace}"))
-            .arg(format!("--queue-dir={}", dir.join(format!("queue-{name}")).display()))
-            .arg(format!("--metrics-address=127.0.0.1:{ops_port}"))
-            .arg(format!("--health-address=127.0.0.1:{ops_port}"))
-            .arg(format!("--kubeconfig={}", spoke.kubeconfig.display()))
-            .arg("--reconnect-backoff-max=2s")
-            .arg("--log-level=debug,kube_client=warn,hyper=info,h2=info,tower=info,rustls=info")
-            .args(extra.iter().copied())
-            .env("RUST_BACKTRACE", "1");
-        Ok(Agent { process: ManagedProcess::spawn(spec)?, name: name.to_string(), namespace: namespace.to_string(), ops_port })
+        let spec = ProcessSpec::new(
+            format!("agent-{name}"),
+            project_binary("argocd-agent")?,
+            dir.join(format!("agent-{name}.log")),
+        )
+        .arg(format!("--server-address={principal_address}"))
+        .arg("--tls-server-name=localhost")
+        .arg("--mode=managed")
+        .arg(format!("--tls-client-cert={}", cert.display()))
+        .arg(format!("--tls-client-key={}", key.display()))
+        .arg(format!("--tls-ca={}", pki.ca().display()))
+        .arg(format!("--namespace={namespace}"))
+        .arg(format!(
+            "--queue-dir={}",
+            dir.join(format!("queue-{name}")).display()
+        ))
+        .arg(format!("--metrics-address=127.0.0.1:{ops_port}"))
+        .arg(format!("--health-address=127.0.0.1:{ops_port}"))
+        .arg(format!("--kubeconfig={}", spoke.kubeconfig.display()))
+        .arg("--reconnect-backoff-max=2s")
+        .arg("--log-level=debug,kube_client=warn,hyper=info,h2=info,tower=info,rustls=info")
+        .args(extra.iter().copied())
+        .env("RUST_BACKTRACE", "1");
+        Ok(Agent {
+            process: ManagedProcess::spawn(spec)?,
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            ops_port,
+        })
     }
 
     /// Waits until the agent reports a live connection (`argocd_agent_connection_status 1`).
     pub async fn wait_connected(&self) -> anyhow::Result<()> {
         let port = self.ops_port;
-        wait_until(&format!("agent {} connected", self.name), Duration::from_secs(30), || async move {
-            let (_, body) = http_get(port, "/metrics").await?;
-            Ok::<_, anyhow::Error>(body.lines().any(|l| l.starts_with("argocd_agent_connection_status") && l.ends_with(" 1")).then_some(()))
-        })
+        wait_until(
+            &format!("agent {} connected", self.name),
+            Duration::from_secs(30),
+            || async move {
+                let (_, body) = http_get(port, "/metrics").await?;
+                Ok::<_, anyhow::Error>(
+                    body.lines()
+                        .any(|l| {
+                            l.starts_with("argocd_agent_connection_status") && l.ends_with(" 1")
+                        })
+                        .then_some(()),
+                )
+            },
+        )
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", self.process.log_tail(30)))
     }
@@ -230,12 +323,18 @@ impl Agent {
 
 /// Reads a field of a JSON object by pointer, as a string ("" if absent).
 pub fn text(v: &Value, pointer: &str) -> String {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or_default().to_string()
+    v.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// Opens a gRPC channel to `addr` over TLS with `tls` (ALPN h2), as an agent would, so tests can
 /// speak the protocol with certificates and tokens of their choosing.
-pub async fn grpc_channel(addr: &str, tls: rustls::ClientConfig) -> anyhow::Result<tonic::transport::Channel> {
+pub async fn grpc_channel(
+    addr: &str,
+    tls: rustls::ClientConfig,
+) -> anyhow::Result<tonic::transport::Channel> {
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
     let addr = addr.to_string();
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
@@ -244,7 +343,8 @@ pub async fn grpc_channel(addr: &str, tls: rustls::ClientConfig) -> anyhow::Resu
             let addr = addr.clone();
             async move {
                 let tcp = tokio::net::TcpStream::connect(&addr).await?;
-                let name = rustls::pki_types::ServerName::try_from("localhost").expect("static name");
+                let name =
+                    rustls::pki_types::ServerName::try_from("localhost").expect("static name");
                 let tls = connector.connect(name, tcp).await?;
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
             }
@@ -255,11 +355,18 @@ pub async fn grpc_channel(addr: &str, tls: rustls::ClientConfig) -> anyhow::Resu
 
 /// Issues a client certificate signed by the PKI's CA with an arbitrary common name and validity
 /// (for certificates `argocd-agentctl` would refuse to make: bad names, expired ones).
-pub fn forge_client_cert(pki: &Pki, cn: &str, not_before: time::OffsetDateTime, not_after: time::OffsetDateTime) -> anyhow::Result<(String, String)> {
+pub fn forge_client_cert(
+    pki: &Pki,
+    cn: &str,
+    not_before: time::OffsetDateTime,
+    not_after: time::OffsetDateTime,
+) -> anyhow::Result<(String, String)> {
     let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.dir.join("ca.key"))?)?;
     let issuer = rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(pki.ca())?, ca_key)?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
     params.not_before = not_before;
     params.not_after = not_after;
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
@@ -269,13 +376,22 @@ pub fn forge_client_cert(pki: &Pki, cn: &str, not_before: time::OffsetDateTime, 
 }
 
 /// A client TLS config trusting the PKI's CA and presenting `identity` (cert PEM, key PEM), if any.
-pub fn client_tls(pki: &Pki, identity: Option<(&str, &str)>, alpn: &[&[u8]]) -> anyhow::Result<rustls::ClientConfig> {
+pub fn client_tls(
+    pki: &Pki,
+    identity: Option<(&str, &str)>,
+    alpn: &[&[u8]],
+) -> anyhow::Result<rustls::ClientConfig> {
     use argocd_agent_proto::tls::{client_config_from_pem, PemInput, TlsPolicy};
     let ca = std::fs::read(pki.ca())?;
     let alpn: Vec<Vec<u8>> = alpn.iter().map(|a| a.to_vec()).collect();
     let loaded = client_config_from_pem(
         PemInput::new("ca", &ca),
-        identity.map(|(c, k)| (PemInput::new("cert", c.as_bytes()), PemInput::new("key", k.as_bytes()))),
+        identity.map(|(c, k)| {
+            (
+                PemInput::new("cert", c.as_bytes()),
+                PemInput::new("key", k.as_bytes()),
+            )
+        }),
         &alpn,
         TlsPolicy::default(),
     )?;

@@ -42,8 +42,18 @@ pub struct ProcessSpec {
 
 impl ProcessSpec {
     /// A spec with no arguments yet, logging to `log`.
-    pub fn new(name: impl Into<String>, program: impl Into<PathBuf>, log: impl Into<PathBuf>) -> Self {
-        Self { name: name.into(), program: program.into(), args: Vec::new(), env: Vec::new(), log: log.into() }
+    pub fn new(
+        name: impl Into<String>,
+        program: impl Into<PathBuf>,
+        log: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            log: log.into(),
+        }
     }
 
     /// Appends one argument.
@@ -96,7 +106,9 @@ fn install_hooks() {
             libc::atexit(cleanup_at_exit);
         }
         let _ = ctrlc::set_handler(|| {
-            eprintln!("[e2e] interrupted: stopping child processes and removing temporary directories");
+            eprintln!(
+                "[e2e] interrupted: stopping child processes and removing temporary directories"
+            );
             cleanup_everything();
             std::process::exit(130);
         });
@@ -106,7 +118,8 @@ fn install_hooks() {
 /// Kills every registered child (SIGTERM to its process group, SIGKILL after a grace period) and
 /// removes every registered temporary directory. Idempotent.
 pub fn cleanup_everything() {
-    let (children, dirs) = with_registry(|r| (std::mem::take(&mut r.children), std::mem::take(&mut r.dirs)));
+    let (children, dirs) =
+        with_registry(|r| (std::mem::take(&mut r.children), std::mem::take(&mut r.dirs)));
     for pid in children.keys() {
         signal_group(*pid, libc::SIGTERM);
     }
@@ -137,7 +150,9 @@ pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
             // Field 3 (after the parenthesised command name) is the state; Z = zombie, X = dead.
-            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
             !matches!(state, Some("Z") | Some("X") | None)
         }
         Err(_) => false,
@@ -189,7 +204,9 @@ fn spawn_child(spec: &ProcessSpec) -> io::Result<Child> {
         .unwrap_or_else(|e| e.into_inner())
         .send((cmd, tx))
         .map_err(|_| io::Error::other("e2e spawner thread is gone"))?;
-    let child = rx.recv().map_err(|_| io::Error::other("e2e spawner thread did not answer"))??;
+    let child = rx
+        .recv()
+        .map_err(|_| io::Error::other("e2e spawner thread did not answer"))??;
     with_registry(|r| r.children.insert(child.id(), spec.name.clone()));
     Ok(child)
 }
@@ -204,9 +221,16 @@ impl ManagedProcess {
     /// Starts the process described by `spec`.
     pub fn spawn(spec: ProcessSpec) -> anyhow::Result<Self> {
         let child = spawn_child(&spec).map_err(|e| {
-            anyhow::anyhow!("failed to start {} ({}): {e}", spec.name, spec.program.display())
+            anyhow::anyhow!(
+                "failed to start {} ({}): {e}",
+                spec.name,
+                spec.program.display()
+            )
         })?;
-        Ok(Self { spec, child: Some(child) })
+        Ok(Self {
+            spec,
+            child: Some(child),
+        })
     }
 
     /// The component's name.
@@ -259,12 +283,17 @@ impl ManagedProcess {
     /// Starts the process again after [`stop`](Self::stop) or [`kill`](Self::kill).
     pub fn start_again(&mut self) -> anyhow::Result<()> {
         anyhow::ensure!(self.child.is_none(), "{} is still running", self.spec.name);
-        self.child = Some(spawn_child(&self.spec).map_err(|e| anyhow::anyhow!("failed to start {}: {e}", self.spec.name))?);
+        self.child = Some(
+            spawn_child(&self.spec)
+                .map_err(|e| anyhow::anyhow!("failed to start {}: {e}", self.spec.name))?,
+        );
         Ok(())
     }
 
     fn terminate(&mut self, sig: libc::c_int, grace: Duration) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         let pid = child.id();
         signal_group(pid, sig);
         let deadline = Instant::now() + grace;
@@ -294,7 +323,9 @@ impl Drop for ManagedProcess {
 
 /// The last `n` lines of a log file ("" if unreadable).
 pub fn log_tail(path: &Path, n: usize) -> String {
-    let Ok(f) = File::open(path) else { return String::new() };
+    let Ok(f) = File::open(path) else {
+        return String::new();
+    };
     let lines: Vec<String> = BufReader::new(f).lines().map_while(Result::ok).collect();
     let start = lines.len().saturating_sub(n);
     lines[start..].join("\n")
@@ -314,12 +345,19 @@ pub fn temp_dir(label: &str) -> anyhow::Result<PathBuf> {
     static BASE: OnceLock<PathBuf> = OnceLock::new();
     install_hooks();
     let base = BASE.get_or_init(|| {
-        let root = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+        let root = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
         let base = root.join(format!("{MARKER}-{}", std::process::id()));
         with_registry(|r| r.dirs.push(base.clone()));
         base
     });
-    let dir = base.join(format!("{label}-{}", COUNTER.fetch_add(1, Ordering::Relaxed)));
+    let dir = base.join(format!(
+        "{label}-{}",
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("create {}: {e}", dir.display()))?;
     Ok(dir)
 }

@@ -58,7 +58,9 @@ impl Redis {
 
     /// True if the server answers `PING` with `+PONG`.
     pub fn ping(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
         let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
         if s.write_all(b"PING\r\n").is_err() {
             return false;

@@ -25,7 +25,10 @@ pub async fn shared_planes() -> &'static SharedPlanes {
             ControlPlane::start_many(&["hub", "spoke1", "spoke2"])
                 .map(|mut v| {
                     let spokes = v.split_off(1);
-                    SharedPlanes { hub: v.remove(0), spokes }
+                    SharedPlanes {
+                        hub: v.remove(0),
+                        spokes,
+                    }
                 })
                 .map_err(|e| format!("{e:#}"))
         })
@@ -53,7 +56,11 @@ impl TestContext {
     pub fn new(name: &str) -> anyhow::Result<TestContext> {
         let suffix = uuid::Uuid::new_v4().simple().to_string()[..6].to_string();
         let dir = temp_dir(&format!("test-{name}"))?;
-        Ok(TestContext { name: name.to_string(), suffix, dir })
+        Ok(TestContext {
+            name: name.to_string(),
+            suffix,
+            dir,
+        })
     }
 
     /// A DNS-1123 label unique to this test: `<prefix>-<suffix>`.
@@ -65,7 +72,11 @@ impl TestContext {
 impl Drop for TestContext {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("[e2e] test {} failed; its files are in {}", self.name, self.dir.display());
+            eprintln!(
+                "[e2e] test {} failed; its files are in {}",
+                self.name,
+                self.dir.display()
+            );
             if let Some(Ok(planes)) = PLANES.get() {
                 planes.hub.print_logs(15);
                 for s in &planes.spokes {

@@ -7,7 +7,11 @@ use std::time::{Duration, Instant};
 
 /// Polls `probe` every 100 ms until it returns `Ok(Some(v))`; fails after `timeout` with `what` and the
 /// last error or "not yet" so the failure explains itself.
-pub async fn wait_until<T, E, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> anyhow::Result<T>
+pub async fn wait_until<T, E, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut probe: F,
+) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>, E>>,
@@ -21,7 +25,9 @@ where
             Err(e) => format!("{e:?}"),
         };
         if Instant::now() >= deadline {
-            anyhow::bail!("timed out after {timeout:?} waiting for {what}; last observation: {last}");
+            anyhow::bail!(
+                "timed out after {timeout:?} waiting for {what}; last observation: {last}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

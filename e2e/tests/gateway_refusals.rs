@@ -27,8 +27,20 @@ async fn setup(test: &str, extra: &[&str]) -> anyhow::Result<Setup> {
     let planes = shared_planes().await;
     let ctx = TestContext::new(test)?;
     let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let principal = Principal::start("p", &ctx.dir, &planes.hub, &pki, &ctx.unique("argocd"), extra).await?;
-    Ok(Setup { _ctx: ctx, pki, principal })
+    let principal = Principal::start(
+        "p",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ctx.unique("argocd"),
+        extra,
+    )
+    .await?;
+    Ok(Setup {
+        _ctx: ctx,
+        pki,
+        principal,
+    })
 }
 
 async fn authenticate(ch: tonic::transport::Channel, mode: &str) -> Result<AuthResponse, Status> {
@@ -39,14 +51,25 @@ async fn authenticate(ch: tonic::transport::Channel, mode: &str) -> Result<AuthR
         version: version_string(),
         agent_namespace: "argocd".into(),
     };
-    Ok(AuthenticationClient::new(ch).authenticate(req).await?.into_inner())
+    Ok(AuthenticationClient::new(ch)
+        .authenticate(req)
+        .await?
+        .into_inner())
 }
 
 /// Authenticates with `identity` and returns the outcome (any transport failure counts as refusal).
-async fn try_authenticate(s: &Setup, identity: Option<(&str, &str)>, alpn: &[&[u8]]) -> Result<AuthResponse, String> {
+async fn try_authenticate(
+    s: &Setup,
+    identity: Option<(&str, &str)>,
+    alpn: &[&[u8]],
+) -> Result<AuthResponse, String> {
     let tls = client_tls(&s.pki, identity, alpn).map_err(|e| e.to_string())?;
-    let ch = grpc_channel(&s.principal.address(), tls).await.map_err(|e| format!("connect: {e}"))?;
-    authenticate(ch, "managed").await.map_err(|e| format!("{:?}: {}", e.code(), e.message()))
+    let ch = grpc_channel(&s.principal.address(), tls)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    authenticate(ch, "managed")
+        .await
+        .map_err(|e| format!("{:?}: {}", e.code(), e.message()))
 }
 
 async fn subscribe(
@@ -55,19 +78,31 @@ async fn subscribe(
     token: &str,
 ) -> Result<(mpsc::Sender<WireEvent>, Streaming<WireEvent>), Status> {
     let tls = client_tls(&s.pki, Some(identity), &[b"h2"]).expect("tls");
-    let ch = grpc_channel(&s.principal.address(), tls).await.expect("channel");
+    let ch = grpc_channel(&s.principal.address(), tls)
+        .await
+        .expect("channel");
     let (tx, rx) = mpsc::channel(16);
     let mut req = Request::new(ReceiverStream::new(rx));
-    req.metadata_mut().insert("authorization", token.parse().expect("ascii token"));
-    let inbound = EventStreamClient::new(ch).subscribe(req).await?.into_inner();
+    req.metadata_mut()
+        .insert("authorization", token.parse().expect("ascii token"));
+    let inbound = EventStreamClient::new(ch)
+        .subscribe(req)
+        .await?
+        .into_inner();
     Ok((tx, inbound))
 }
 
 /// Reads events until one satisfies `pred` (ACKs for our probes), failing after 20 s.
-async fn next_matching(inbound: &mut Streaming<WireEvent>, pred: impl Fn(&Event) -> bool) -> anyhow::Result<Event> {
+async fn next_matching(
+    inbound: &mut Streaming<WireEvent>,
+    pred: impl Fn(&Event) -> bool,
+) -> anyhow::Result<Event> {
     tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            let wire = inbound.message().await?.ok_or_else(|| anyhow::anyhow!("stream ended"))?;
+            let wire = inbound
+                .message()
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("stream ended"))?;
             let ev = Event::try_from_stream_event(wire)?;
             if pred(&ev) {
                 return Ok(ev);
@@ -81,7 +116,10 @@ async fn next_matching(inbound: &mut Streaming<WireEvent>, pred: impl Fn(&Event)
 async fn client_without_certificate_is_refused() -> anyhow::Result<()> {
     let s = setup("no_client_cert", &[]).await?;
     let r = try_authenticate(&s, None, &[b"h2"]).await;
-    assert!(r.is_err(), "a client without certificate was authenticated: {r:?}");
+    assert!(
+        r.is_err(),
+        "a client without certificate was authenticated: {r:?}"
+    );
     Ok(())
 }
 
@@ -92,7 +130,10 @@ async fn certificate_from_another_ca_is_refused() -> anyhow::Result<()> {
     other.issue_agent("intruder")?;
     let (c, k) = agent_identity(&other, "intruder")?;
     let r = try_authenticate(&s, Some((&c, &k)), &[b"h2"]).await;
-    assert!(r.is_err(), "a certificate from a foreign CA was accepted: {r:?}");
+    assert!(
+        r.is_err(),
+        "a certificate from a foreign CA was accepted: {r:?}"
+    );
     Ok(())
 }
 
@@ -100,12 +141,24 @@ async fn certificate_from_another_ca_is_refused() -> anyhow::Result<()> {
 async fn expired_certificate_is_refused() -> anyhow::Result<()> {
     let s = setup("expired_cert", &[]).await?;
     let now = time::OffsetDateTime::now_utc();
-    let (c, k) = forge_client_cert(&s.pki, "late-agent", now - time::Duration::days(10), now - time::Duration::days(1))?;
+    let (c, k) = forge_client_cert(
+        &s.pki,
+        "late-agent",
+        now - time::Duration::days(10),
+        now - time::Duration::days(1),
+    )?;
     let r = try_authenticate(&s, Some((&c, &k)), &[b"h2"]).await;
     assert!(r.is_err(), "an expired certificate was accepted: {r:?}");
     // The same name with a valid certificate works, so the refusal was about expiry.
-    let (c, k) = forge_client_cert(&s.pki, "late-agent", now - time::Duration::days(1), now + time::Duration::days(1))?;
-    try_authenticate(&s, Some((&c, &k)), &[b"h2"]).await.map_err(anyhow::Error::msg)?;
+    let (c, k) = forge_client_cert(
+        &s.pki,
+        "late-agent",
+        now - time::Duration::days(1),
+        now + time::Duration::days(1),
+    )?;
+    try_authenticate(&s, Some((&c, &k)), &[b"h2"])
+        .await
+        .map_err(anyhow::Error::msg)?;
     Ok(())
 }
 
@@ -117,9 +170,14 @@ async fn http1_client_cannot_negotiate_a_connection() -> anyhow::Result<()> {
     let tls = client_tls(&s.pki, Some((&c, &k)), &[b"http/1.1"])?;
     let tcp = tokio::net::TcpStream::connect(s.principal.address()).await?;
     let name = rustls::pki_types::ServerName::try_from("localhost")?;
-    let handshake = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls)).connect(name, tcp).await;
-    let err = handshake.err().expect("an HTTP/1.1-only client completed the TLS handshake");
-    assert!(err.to_string().to_lowercase().contains("protocol"), "unexpected error: {err}");
+    let handshake = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+        .connect(name, tcp)
+        .await;
+    let err = handshake.expect_err("an HTTP/1.1-only client completed the TLS handshake");
+    assert!(
+        err.to_string().to_lowercase().contains("protocol"),
+        "unexpected error: {err}"
+    );
     Ok(())
 }
 
@@ -127,9 +185,19 @@ async fn http1_client_cannot_negotiate_a_connection() -> anyhow::Result<()> {
 async fn certificate_naming_an_invalid_agent_is_refused_with_the_reason() -> anyhow::Result<()> {
     let s = setup("invalid_name", &[]).await?;
     let now = time::OffsetDateTime::now_utc();
-    let (c, k) = forge_client_cert(&s.pki, "Bad_Name", now - time::Duration::days(1), now + time::Duration::days(1))?;
-    let err = try_authenticate(&s, Some((&c, &k)), &[b"h2"]).await.expect_err("invalid name accepted");
-    assert!(err.starts_with("Unauthenticated") && err.contains("invalid agent"), "{err}");
+    let (c, k) = forge_client_cert(
+        &s.pki,
+        "Bad_Name",
+        now - time::Duration::days(1),
+        now + time::Duration::days(1),
+    )?;
+    let err = try_authenticate(&s, Some((&c, &k)), &[b"h2"])
+        .await
+        .expect_err("invalid name accepted");
+    assert!(
+        err.starts_with("Unauthenticated") && err.contains("invalid agent"),
+        "{err}"
+    );
     Ok(())
 }
 
@@ -141,12 +209,22 @@ async fn token_of_one_agent_on_another_agents_certificate_is_refused() -> anyhow
     }
     let (ca, ka) = agent_identity(&s.pki, "agent-a")?;
     let (cb, kb) = agent_identity(&s.pki, "agent-b")?;
-    let tokens = try_authenticate(&s, Some((&ca, &ka)), &[b"h2"]).await.map_err(anyhow::Error::msg)?;
-    let err = subscribe(&s, (&cb, &kb), &tokens.access_token).await.err().expect("stream opened with a foreign token");
+    let tokens = try_authenticate(&s, Some((&ca, &ka)), &[b"h2"])
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let err = subscribe(&s, (&cb, &kb), &tokens.access_token)
+        .await
+        .expect_err("stream opened with a foreign token");
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
-    assert!(err.message().contains("agent-a") && err.message().contains("agent-b"), "{}", err.message());
+    assert!(
+        err.message().contains("agent-a") && err.message().contains("agent-b"),
+        "{}",
+        err.message()
+    );
     // A refresh token is not an access token.
-    let err = subscribe(&s, (&ca, &ka), &tokens.refresh_token).await.err().expect("refresh token accepted as access token");
+    let err = subscribe(&s, (&ca, &ka), &tokens.refresh_token)
+        .await
+        .expect_err("refresh token accepted as access token");
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
     // And the right pairing works.
     subscribe(&s, (&ca, &ka), &tokens.access_token).await?;
@@ -158,8 +236,14 @@ async fn autonomous_mode_is_refused_with_a_reason() -> anyhow::Result<()> {
     let s = setup("autonomous_auth", &[]).await?;
     s.pki.issue_agent("auto")?;
     let (c, k) = agent_identity(&s.pki, "auto")?;
-    let ch = grpc_channel(&s.principal.address(), client_tls(&s.pki, Some((&c, &k)), &[b"h2"])?).await?;
-    let err = authenticate(ch, "autonomous").await.expect_err("autonomous accepted");
+    let ch = grpc_channel(
+        &s.principal.address(),
+        client_tls(&s.pki, Some((&c, &k)), &[b"h2"])?,
+    )
+    .await?;
+    let err = authenticate(ch, "autonomous")
+        .await
+        .expect_err("autonomous accepted");
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.message().contains("autonomous"), "{}", err.message());
     Ok(())
@@ -170,24 +254,50 @@ async fn stream_survives_malformed_and_unknown_events() -> anyhow::Result<()> {
     let s = setup("bad_events", &[]).await?;
     s.pki.issue_agent("probe")?;
     let (c, k) = agent_identity(&s.pki, "probe")?;
-    let tokens = try_authenticate(&s, Some((&c, &k)), &[b"h2"]).await.map_err(anyhow::Error::msg)?;
+    let tokens = try_authenticate(&s, Some((&c, &k)), &[b"h2"])
+        .await
+        .map_err(anyhow::Error::msg)?;
     let (tx, mut inbound) = subscribe(&s, (&c, &k), &tokens.access_token).await?;
 
     // Not a CloudEvent at all (no type, wrong spec version): dropped, nothing to ACK.
-    let garbage = CloudEvent { spec_version: "0.1".into(), ..Default::default() };
-    tx.send(WireEvent { event: Some(garbage) }).await?;
+    let garbage = CloudEvent {
+        spec_version: "0.1".into(),
+        ..Default::default()
+    };
+    tx.send(WireEvent {
+        event: Some(garbage),
+    })
+    .await?;
     // An event type nobody knows: ACKed with an error.
-    let unknown = Event::new(EventType::Unknown("io.example.nonsense".into()), Target::Application, "probe");
+    let unknown = Event::new(
+        EventType::Unknown("io.example.nonsense".into()),
+        Target::Application,
+        "probe",
+    );
     tx.send(unknown.to_stream_event()).await?;
-    let ack = next_matching(&mut inbound, |e| e.is_ack() && e.event_id == unknown.event_id).await?;
-    assert!(ack.ack_error().is_some_and(|m| m.contains("not accepted")), "{:?}", ack.ack_error());
+    let ack = next_matching(&mut inbound, |e| {
+        e.is_ack() && e.event_id == unknown.event_id
+    })
+    .await?;
+    assert!(
+        ack.ack_error().is_some_and(|m| m.contains("not accepted")),
+        "{:?}",
+        ack.ack_error()
+    );
     // Status for an Application the hub does not have: ACKed with an error naming it.
     let app = serde_json::json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
         "metadata": {"name": "ghost", "namespace": "argocd", "uid": "u-1", "resourceVersion": "1"}, "status": {}});
     let status = Event::for_object(EventType::StatusUpdate, Target::Application, "probe", &app)?;
     tx.send(status.to_stream_event()).await?;
-    let ack = next_matching(&mut inbound, |e| e.is_ack() && e.event_id == status.event_id).await?;
-    assert!(ack.ack_error().is_some_and(|m| m.contains("ghost")), "{:?}", ack.ack_error());
+    let ack = next_matching(&mut inbound, |e| {
+        e.is_ack() && e.event_id == status.event_id
+    })
+    .await?;
+    assert!(
+        ack.ack_error().is_some_and(|m| m.contains("ghost")),
+        "{:?}",
+        ack.ack_error()
+    );
     Ok(())
 }
 
@@ -196,7 +306,9 @@ async fn oversized_message_is_refused_and_the_agent_can_reconnect() -> anyhow::R
     let s = setup("oversized", &["--grpc-max-message-size=64KiB"]).await?;
     s.pki.issue_agent("big")?;
     let (c, k) = agent_identity(&s.pki, "big")?;
-    let tokens = try_authenticate(&s, Some((&c, &k)), &[b"h2"]).await.map_err(anyhow::Error::msg)?;
+    let tokens = try_authenticate(&s, Some((&c, &k)), &[b"h2"])
+        .await
+        .map_err(anyhow::Error::msg)?;
     let (tx, mut inbound) = subscribe(&s, (&c, &k), &tokens.access_token).await?;
     let mut big = Event::new(EventType::StatusUpdate, Target::Application, "big");
     big.data = Some(vec![b' '; 128 * 1024]);
@@ -211,7 +323,10 @@ async fn oversized_message_is_refused_and_the_agent_can_reconnect() -> anyhow::R
     })
     .await?;
     let status = end.expect_err("the stream should end with an error status");
-    assert!(status.message().contains("too large") || status.message().contains("length"), "{status:?}");
+    assert!(
+        status.message().contains("too large") || status.message().contains("length"),
+        "{status:?}"
+    );
     // The principal is unharmed: a new stream opens.
     subscribe(&s, (&c, &k), &tokens.access_token).await?;
     Ok(())

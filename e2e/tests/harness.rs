@@ -13,7 +13,10 @@ use serde_json::json;
 use e2e::{shared_planes, wait_until, TestContext};
 
 fn application_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+        "applications",
+    )
 }
 
 fn application(name: &str, ns: &str, repo: &str) -> DynamicObject {
@@ -56,9 +59,21 @@ async fn two_planes_serve_applications_independently() -> anyhow::Result<()> {
     let spoke_apps: Api<DynamicObject> = Api::namespaced_with(spoke.clone(), &ns, &ar);
 
     // Watch the hub before creating, so the create must arrive as a watch event.
-    let mut events = watcher::watcher(hub_apps.clone(), watcher::Config::default()).applied_objects().boxed();
-    hub_apps.create(&PostParams::default(), &application("guestbook", &ns, "https://example.com/hub.git")).await?;
-    spoke_apps.create(&PostParams::default(), &application("guestbook", &ns, "https://example.com/spoke.git")).await?;
+    let mut events = watcher::watcher(hub_apps.clone(), watcher::Config::default())
+        .applied_objects()
+        .boxed();
+    hub_apps
+        .create(
+            &PostParams::default(),
+            &application("guestbook", &ns, "https://example.com/hub.git"),
+        )
+        .await?;
+    spoke_apps
+        .create(
+            &PostParams::default(),
+            &application("guestbook", &ns, "https://example.com/spoke.git"),
+        )
+        .await?;
     let seen = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(obj) = events.try_next().await? {
             if obj.metadata.name.as_deref() == Some("guestbook") {
@@ -68,12 +83,17 @@ async fn two_planes_serve_applications_independently() -> anyhow::Result<()> {
         anyhow::bail!("watch ended")
     })
     .await??;
-    assert_eq!(seen.data["spec"]["source"]["repoURL"], "https://example.com/hub.git");
+    assert_eq!(
+        seen.data["spec"]["source"]["repoURL"],
+        "https://example.com/hub.git"
+    );
 
     // Status as Argo CD's application-controller writes it: Application has no status subresource
     // (subresources: {} in Argo CD's CRD), so status is patched on the object itself.
     let status = json!({"status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}});
-    spoke_apps.patch("guestbook", &PatchParams::default(), &Patch::Merge(&status)).await?;
+    spoke_apps
+        .patch("guestbook", &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
     let spoke_app = spoke_apps.get("guestbook").await?;
     assert_eq!(spoke_app.data["status"]["health"]["status"], "Healthy");
 
@@ -91,9 +111,17 @@ async fn two_planes_serve_applications_independently() -> anyhow::Result<()> {
         "status": {"version": {"kubernetes": "ignored-on-create"}}
     }))?;
     clusters.create(&PostParams::default(), &mc).await?;
-    assert!(clusters.get(&mc_name).await?.data.get("status").and_then(|s| s.get("version")).is_none());
+    assert!(clusters
+        .get(&mc_name)
+        .await?
+        .data
+        .get("status")
+        .and_then(|s| s.get("version"))
+        .is_none());
     let st = json!({"status": {"version": {"kubernetes": "v1.20.2"}}});
-    clusters.patch_status(&mc_name, &PatchParams::default(), &Patch::Merge(&st)).await?;
+    clusters
+        .patch_status(&mc_name, &PatchParams::default(), &Patch::Merge(&st))
+        .await?;
     let got = clusters.get(&mc_name).await?;
     assert_eq!(got.data["status"]["version"]["kubernetes"], "v1.20.2");
     assert_eq!(got.data["spec"]["hubAcceptsClient"], true);
@@ -104,25 +132,49 @@ async fn two_planes_serve_applications_independently() -> anyhow::Result<()> {
         "metadata": {"name": "guestbook", "namespace": ns},
         "spec": {"source": {"repoURL": "https://example.com/hub.git", "path": "guestbook", "targetRevision": "v2"}}
     });
-    hub_apps.patch("guestbook", &PatchParams::apply("e2e-harness").force(), &Patch::Apply(&change)).await?;
+    hub_apps
+        .patch(
+            "guestbook",
+            &PatchParams::apply("e2e-harness").force(),
+            &Patch::Apply(&change),
+        )
+        .await?;
     let hub_app = hub_apps.get("guestbook").await?;
     assert_eq!(hub_app.data["spec"]["source"]["targetRevision"], "v2");
-    assert!(hub_app.data.get("status").is_none(), "the spoke's status must not leak into the hub");
+    assert!(
+        hub_app.data.get("status").is_none(),
+        "the spoke's status must not leak into the hub"
+    );
 
     // Isolation: the spoke's object kept its own spec, and each plane has exactly its own object.
     let spoke_app = spoke_apps.get("guestbook").await?;
-    assert_eq!(spoke_app.data["spec"]["source"]["repoURL"], "https://example.com/spoke.git");
+    assert_eq!(
+        spoke_app.data["spec"]["source"]["repoURL"],
+        "https://example.com/spoke.git"
+    );
     assert_eq!(spoke_app.data["spec"]["source"]["targetRevision"], "HEAD");
     assert_ne!(hub_app.metadata.uid, spoke_app.metadata.uid);
     let only_hub = ctx.unique("only-hub");
-    hub_apps.create(&PostParams::default(), &application(&only_hub, &ns, "https://example.com/x.git")).await?;
-    wait_until("hub-only app listed on the hub", Duration::from_secs(5), || {
-        let hub_apps = hub_apps.clone();
-        let n = only_hub.clone();
-        async move { Ok::<_, kube::Error>(hub_apps.get_opt(&n).await?.map(|_| ())) }
-    })
+    hub_apps
+        .create(
+            &PostParams::default(),
+            &application(&only_hub, &ns, "https://example.com/x.git"),
+        )
+        .await?;
+    wait_until(
+        "hub-only app listed on the hub",
+        Duration::from_secs(5),
+        || {
+            let hub_apps = hub_apps.clone();
+            let n = only_hub.clone();
+            async move { Ok::<_, kube::Error>(hub_apps.get_opt(&n).await?.map(|_| ())) }
+        },
+    )
     .await?;
-    assert!(spoke_apps.get_opt(&only_hub).await?.is_none(), "an object created on the hub appeared on the spoke");
+    assert!(
+        spoke_apps.get_opt(&only_hub).await?.is_none(),
+        "an object created on the hub appeared on the spoke"
+    );
     Ok(())
 }
 
@@ -130,16 +182,28 @@ async fn two_planes_serve_applications_independently() -> anyhow::Result<()> {
 async fn kubectl_uses_the_generated_kubeconfig() -> anyhow::Result<()> {
     let planes = shared_planes().await;
     let Ok(kubectl) = e2e::binaries::system_binary("kubectl", "kubectl") else {
-        eprintln!("SKIP kubectl_uses_the_generated_kubeconfig: kubectl is not installed on this machine");
+        eprintln!(
+            "SKIP kubectl_uses_the_generated_kubeconfig: kubectl is not installed on this machine"
+        );
         return Ok(());
     };
     let out = tokio::process::Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(&planes.spokes[1].kubeconfig)
-        .args(["get", "crd", "applications.argoproj.io", "-o", "jsonpath={.spec.group}"])
+        .args([
+            "get",
+            "crd",
+            "applications.argoproj.io",
+            "-o",
+            "jsonpath={.spec.group}",
+        ])
         .output()
         .await?;
-    assert!(out.status.success(), "kubectl failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "argoproj.io");
     Ok(())
 }
@@ -148,10 +212,15 @@ async fn kubectl_uses_the_generated_kubeconfig() -> anyhow::Result<()> {
 #[tokio::test]
 #[ignore = "helper for no_orphans_after_a_panicking_test"]
 async fn panicking_child_with_a_plane() {
-    let plane = e2e::ControlPlane::start_async("doomed").await.expect("plane starts");
+    let plane = e2e::ControlPlane::start_async("doomed")
+        .await
+        .expect("plane starts");
     let redis = e2e::Redis::start("doomed").expect("redis starts");
     // The per-process base directory holds every child's data dir, so it names all of them.
-    println!("CHILD-DIR {}", plane.dir().parent().expect("base dir").display());
+    println!(
+        "CHILD-DIR {}",
+        plane.dir().parent().expect("base dir").display()
+    );
     println!("CHILD-REDIS {}", redis.port);
     // Keep both alive in statics-like fashion: leak them so only the exit hooks can clean up.
     std::mem::forget(plane);
@@ -163,22 +232,37 @@ async fn panicking_child_with_a_plane() {
 fn no_orphans_after_a_panicking_test() -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let out = std::process::Command::new(exe)
-        .args(["--ignored", "--exact", "panicking_child_with_a_plane", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            "panicking_child_with_a_plane",
+            "--nocapture",
+        ])
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "the child test was expected to fail");
     let dir = stdout
         .lines()
         .find_map(|l| l.strip_prefix("CHILD-DIR "))
-        .unwrap_or_else(|| panic!("child printed no plane dir; stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr)))
+        .unwrap_or_else(|| {
+            panic!(
+                "child printed no plane dir; stdout:\n{stdout}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
         .to_string();
     // The child has exited: nothing referencing its directory may still run, and the directory is gone.
-    let leftovers = std::process::Command::new("pgrep").args(["-f", &dir]).output()?;
+    let leftovers = std::process::Command::new("pgrep")
+        .args(["-f", &dir])
+        .output()?;
     assert!(
         String::from_utf8_lossy(&leftovers.stdout).trim().is_empty(),
         "processes of the panicked test are still running: {}",
         String::from_utf8_lossy(&leftovers.stdout)
     );
-    assert!(!std::path::Path::new(&dir).exists(), "temporary directory {dir} was not removed");
+    assert!(
+        !std::path::Path::new(&dir).exists(),
+        "temporary directory {dir} was not removed"
+    );
     Ok(())
 }

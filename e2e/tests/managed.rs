@@ -7,7 +7,10 @@
 
 use std::time::Duration;
 
-use e2e::gateway::{application, application_resource, appproject_resource, ensure_namespace, text, Agent, Pki, Principal, SOURCE_UID};
+use e2e::gateway::{
+    application, application_resource, appproject_resource, ensure_namespace, text, Agent, Pki,
+    Principal, SOURCE_UID,
+};
 use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
@@ -26,46 +29,92 @@ impl Fleet {
     async fn start(test: &str, planes: &'static SharedPlanes) -> anyhow::Result<Fleet> {
         let ctx = TestContext::new(test)?;
         let pki = Pki::create(&ctx.dir.join("pki"))?;
-        let principal = Principal::start("p", &ctx.dir, &planes.hub, &pki, &ctx.unique("argocd"), &[]).await?;
+        let principal =
+            Principal::start("p", &ctx.dir, &planes.hub, &pki, &ctx.unique("argocd"), &[]).await?;
         let hub = planes.hub.client().await?;
         let mut agents = Vec::new();
         for (i, spoke) in planes.spokes.iter().enumerate() {
             let name = ctx.unique(&format!("agent{}", i + 1));
             pki.issue_agent(&name)?;
             ensure_namespace(&hub, &name).await?;
-            let agent = Agent::start(&name, &ctx.dir, spoke, &pki, &principal.address(), &ctx.unique("spoke-argocd"), "managed", &[]).await?;
+            let agent = Agent::start(
+                &name,
+                &ctx.dir,
+                spoke,
+                &pki,
+                &principal.address(),
+                &ctx.unique("spoke-argocd"),
+                &[],
+            )
+            .await?;
             agents.push(agent);
         }
         for a in &agents {
             a.wait_connected().await?;
         }
-        Ok(Fleet { _ctx: ctx, _pki: pki, principal, agents })
+        Ok(Fleet {
+            _ctx: ctx,
+            _pki: pki,
+            principal,
+            agents,
+        })
     }
 
-    async fn hub_apps(&self, planes: &SharedPlanes, agent: usize) -> anyhow::Result<Api<DynamicObject>> {
-        Ok(Api::namespaced_with(planes.hub.client().await?, &self.agents[agent].name, &application_resource()))
+    async fn hub_apps(
+        &self,
+        planes: &SharedPlanes,
+        agent: usize,
+    ) -> anyhow::Result<Api<DynamicObject>> {
+        Ok(Api::namespaced_with(
+            planes.hub.client().await?,
+            &self.agents[agent].name,
+            &application_resource(),
+        ))
     }
 
-    async fn spoke_apps(&self, planes: &SharedPlanes, agent: usize) -> anyhow::Result<Api<DynamicObject>> {
-        Ok(Api::namespaced_with(planes.spokes[agent].client().await?, &self.agents[agent].namespace, &application_resource()))
+    async fn spoke_apps(
+        &self,
+        planes: &SharedPlanes,
+        agent: usize,
+    ) -> anyhow::Result<Api<DynamicObject>> {
+        Ok(Api::namespaced_with(
+            planes.spokes[agent].client().await?,
+            &self.agents[agent].namespace,
+            &application_resource(),
+        ))
     }
 }
 
 async fn get_json(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>, kube::Error> {
-    Ok(api.get_opt(name).await?.map(|o| serde_json::to_value(o).expect("object serialises")))
+    Ok(api
+        .get_opt(name)
+        .await?
+        .map(|o| serde_json::to_value(o).expect("object serialises")))
 }
 
 /// Waits until `name` exists in `api` and satisfies `pred`; returns it.
-async fn wait_for(api: &Api<DynamicObject>, name: &str, what: &str, pred: impl Fn(&Value) -> bool) -> anyhow::Result<Value> {
-    wait_until(what, WAIT, || async { Ok::<_, kube::Error>(get_json(api, name).await?.filter(|v| pred(v))) }).await
+async fn wait_for(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    wait_until(what, WAIT, || async {
+        Ok::<_, kube::Error>(get_json(api, name).await?.filter(|v| pred(v)))
+    })
+    .await
 }
 
 async fn wait_gone(api: &Api<DynamicObject>, name: &str, what: &str) -> anyhow::Result<()> {
-    wait_until(what, WAIT, || async { Ok::<_, kube::Error>(get_json(api, name).await?.is_none().then_some(())) }).await
+    wait_until(what, WAIT, || async {
+        Ok::<_, kube::Error>(get_json(api, name).await?.is_none().then_some(()))
+    })
+    .await
 }
 
 #[tokio::test]
-async fn managed_applications_reach_only_their_spoke_and_report_status_back() -> anyhow::Result<()> {
+async fn managed_applications_reach_only_their_spoke_and_report_status_back() -> anyhow::Result<()>
+{
     let planes = shared_planes().await;
     let fleet = Fleet::start("managed_flow", planes).await?;
     let hub1 = fleet.hub_apps(planes, 0).await?;
@@ -73,22 +122,36 @@ async fn managed_applications_reach_only_their_spoke_and_report_status_back() ->
     let spoke2 = fleet.spoke_apps(planes, 1).await?;
 
     // Create on the hub → appears on spoke 1 with identity and in-cluster destination.
-    let created = hub1.create(&PostParams::default(), &application("guestbook", &fleet.agents[0].name, "v1")).await?;
+    let created = hub1
+        .create(
+            &PostParams::default(),
+            &application("guestbook", &fleet.agents[0].name, "v1"),
+        )
+        .await?;
     let hub_uid = created.metadata.uid.clone().expect("uid");
     let copy = wait_for(&spoke1, "guestbook", "hub app on spoke 1", |_| true).await?;
-    assert_eq!(copy["metadata"]["annotations"][SOURCE_UID], hub_uid.as_str());
+    assert_eq!(
+        copy["metadata"]["annotations"][SOURCE_UID],
+        hub_uid.as_str()
+    );
     assert_eq!(text(&copy, "/spec/destination/name"), "in-cluster");
     assert_eq!(text(&copy, "/spec/destination/namespace"), "guestbook");
     assert_eq!(text(&copy, "/spec/source/targetRevision"), "v1");
 
     // Spec update on the hub → updated on the spoke.
     let patch = json!({"spec": {"source": {"targetRevision": "v2"}}});
-    hub1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    wait_for(&spoke1, "guestbook", "spec update on spoke 1", |v| text(v, "/spec/source/targetRevision") == "v2").await?;
+    hub1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_for(&spoke1, "guestbook", "spec update on spoke 1", |v| {
+        text(v, "/spec/source/targetRevision") == "v2"
+    })
+    .await?;
 
     // Status written on the spoke (as Argo CD's application-controller would) → shows on the hub.
     let status = json!({"status": {"sync": {"status": "Synced", "revision": "abc"}, "health": {"status": "Healthy"}}});
-    spoke1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&status)).await?;
+    spoke1
+        .patch("guestbook", &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
     wait_for(&hub1, "guestbook", "status on the hub", |v| {
         text(v, "/status/sync/status") == "Synced" && text(v, "/status/health/status") == "Healthy"
     })
@@ -96,32 +159,71 @@ async fn managed_applications_reach_only_their_spoke_and_report_status_back() ->
 
     // A sync requested on the hub reaches the spoke as `.operation`.
     let op = json!({"sync": {"revision": "v2", "syncStrategy": {"hook": {}}}, "initiatedBy": {"username": "admin"}});
-    hub1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&json!({"operation": op}))).await?;
-    wait_for(&spoke1, "guestbook", "operation on spoke 1", |v| v.get("operation") == Some(&op)).await?;
+    hub1.patch(
+        "guestbook",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"operation": op})),
+    )
+    .await?;
+    wait_for(&spoke1, "guestbook", "operation on spoke 1", |v| {
+        v.get("operation") == Some(&op)
+    })
+    .await?;
     // Argo CD on the spoke runs it: clears `.operation`, records it in operationState → the hub's
     // operation is done and removed.
     let ran = json!({"operation": null, "status": {"operationState": {
         "operation": op, "phase": "Succeeded", "startedAt": "2026-01-01T00:00:00Z"}}});
-    spoke1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&ran)).await?;
+    spoke1
+        .patch("guestbook", &PatchParams::default(), &Patch::Merge(&ran))
+        .await?;
     wait_for(&hub1, "guestbook", "hub operation completed", |v| {
         v.get("operation").is_none() && text(v, "/status/operationState/phase") == "Succeeded"
     })
     .await?;
 
     // A second sync, terminated from the hub while it runs on the spoke.
-    let op2 = json!({"sync": {"revision": "v2", "prune": true}, "initiatedBy": {"username": "admin"}});
-    hub1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&json!({"operation": op2}))).await?;
-    wait_for(&spoke1, "guestbook", "second operation on spoke 1", |v| v.get("operation") == Some(&op2)).await?;
+    let op2 =
+        json!({"sync": {"revision": "v2", "prune": true}, "initiatedBy": {"username": "admin"}});
+    hub1.patch(
+        "guestbook",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"operation": op2})),
+    )
+    .await?;
+    wait_for(&spoke1, "guestbook", "second operation on spoke 1", |v| {
+        v.get("operation") == Some(&op2)
+    })
+    .await?;
     let running = json!({"operation": null, "status": {"operationState": {
         "operation": op2, "phase": "Running", "startedAt": "2026-01-01T00:01:00Z"}}});
-    spoke1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&running)).await?;
-    wait_for(&hub1, "guestbook", "running operation on the hub", |v| text(v, "/status/operationState/phase") == "Running").await?;
+    spoke1
+        .patch(
+            "guestbook",
+            &PatchParams::default(),
+            &Patch::Merge(&running),
+        )
+        .await?;
+    wait_for(&hub1, "guestbook", "running operation on the hub", |v| {
+        text(v, "/status/operationState/phase") == "Running"
+    })
+    .await?;
     let terminate = json!({"status": {"operationState": {"phase": "Terminating"}}});
-    hub1.patch("guestbook", &PatchParams::default(), &Patch::Merge(&terminate)).await?;
-    wait_for(&spoke1, "guestbook", "terminate request on spoke 1", |v| text(v, "/status/operationState/phase") == "Terminating").await?;
+    hub1.patch(
+        "guestbook",
+        &PatchParams::default(),
+        &Patch::Merge(&terminate),
+    )
+    .await?;
+    wait_for(&spoke1, "guestbook", "terminate request on spoke 1", |v| {
+        text(v, "/status/operationState/phase") == "Terminating"
+    })
+    .await?;
 
     // The other agent's spoke never saw any of it.
-    assert!(get_json(&spoke2, "guestbook").await?.is_none(), "an app of agent 1 reached agent 2");
+    assert!(
+        get_json(&spoke2, "guestbook").await?.is_none(),
+        "an app of agent 1 reached agent 2"
+    );
 
     // Delete without finalizer → gone on the spoke.
     hub1.delete("guestbook", &DeleteParams::default()).await?;
@@ -139,16 +241,36 @@ async fn hub_deletion_with_finalizer_waits_for_the_spoke() -> anyhow::Result<()>
     let mut app = application("cascade", &fleet.agents[0].name, "v1");
     app.metadata.finalizers = Some(vec!["resources-finalizer.argocd.argoproj.io".into()]);
     hub1.create(&PostParams::default(), &app).await?;
-    wait_for(&spoke1, "cascade", "app on spoke", |v| v["metadata"]["finalizers"][0] == "resources-finalizer.argocd.argoproj.io").await?;
+    wait_for(&spoke1, "cascade", "app on spoke", |v| {
+        v["metadata"]["finalizers"][0] == "resources-finalizer.argocd.argoproj.io"
+    })
+    .await?;
 
     hub1.delete("cascade", &DeleteParams::default()).await?;
     // The spoke copy is being deleted, held by Argo CD's finalizer; the hub object waits for it.
-    wait_for(&spoke1, "cascade", "spoke copy marked for deletion", |v| v["metadata"].get("deletionTimestamp").is_some()).await?;
-    assert!(get_json(&hub1, "cascade").await?.is_some(), "hub app vanished before the spoke confirmed");
+    wait_for(&spoke1, "cascade", "spoke copy marked for deletion", |v| {
+        v["metadata"].get("deletionTimestamp").is_some()
+    })
+    .await?;
+    assert!(
+        get_json(&hub1, "cascade").await?.is_some(),
+        "hub app vanished before the spoke confirmed"
+    );
     // Argo CD on the spoke finishes the cascade and drops its finalizer.
-    spoke1.patch("cascade", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": null}}))).await?;
+    spoke1
+        .patch(
+            "cascade",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
     wait_gone(&spoke1, "cascade", "spoke copy gone").await?;
-    wait_gone(&hub1, "cascade", "hub app released after the spoke confirmed").await?;
+    wait_gone(
+        &hub1,
+        "cascade",
+        "hub app released after the spoke confirmed",
+    )
+    .await?;
     drop(fleet);
     Ok(())
 }
@@ -159,16 +281,28 @@ async fn local_changes_to_managed_apps_on_the_spoke_are_reverted() -> anyhow::Re
     let fleet = Fleet::start("managed_drift", planes).await?;
     let hub1 = fleet.hub_apps(planes, 0).await?;
     let spoke1 = fleet.spoke_apps(planes, 0).await?;
-    hub1.create(&PostParams::default(), &application("drift", &fleet.agents[0].name, "v1")).await?;
+    hub1.create(
+        &PostParams::default(),
+        &application("drift", &fleet.agents[0].name, "v1"),
+    )
+    .await?;
     wait_for(&spoke1, "drift", "app on spoke", |_| true).await?;
 
     let edit = json!({"spec": {"source": {"targetRevision": "hacked"}}});
-    spoke1.patch("drift", &PatchParams::default(), &Patch::Merge(&edit)).await?;
-    wait_for(&spoke1, "drift", "local spec edit reverted", |v| text(v, "/spec/source/targetRevision") == "v1").await?;
+    spoke1
+        .patch("drift", &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    wait_for(&spoke1, "drift", "local spec edit reverted", |v| {
+        text(v, "/spec/source/targetRevision") == "v1"
+    })
+    .await?;
 
     let before = get_json(&spoke1, "drift").await?.expect("exists");
     spoke1.delete("drift", &DeleteParams::default()).await?;
-    wait_for(&spoke1, "drift", "local delete undone", |v| v["metadata"]["uid"] != before["metadata"]["uid"]).await?;
+    wait_for(&spoke1, "drift", "local delete undone", |v| {
+        v["metadata"]["uid"] != before["metadata"]["uid"]
+    })
+    .await?;
     drop(fleet);
     Ok(())
 }
@@ -178,7 +312,8 @@ async fn appprojects_reach_the_agents_they_name() -> anyhow::Result<()> {
     let planes = shared_planes().await;
     let fleet = Fleet::start("managed_projects", planes).await?;
     let hub = planes.hub.client().await?;
-    let projects: Api<DynamicObject> = Api::namespaced_with(hub, &fleet.principal.namespace, &appproject_resource());
+    let projects: Api<DynamicObject> =
+        Api::namespaced_with(hub, &fleet.principal.namespace, &appproject_resource());
     let agent1 = fleet.agents[0].name.clone();
     let proj: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
@@ -187,15 +322,31 @@ async fn appprojects_reach_the_agents_they_name() -> anyhow::Result<()> {
                  "sourceRepos": ["*"], "roles": [{"name": "ci", "policies": ["p, proj:team-a:ci, applications, get, team-a/*, allow"]}]}
     }))?;
     projects.create(&PostParams::default(), &proj).await?;
-    let spoke1: Api<DynamicObject> = Api::namespaced_with(planes.spokes[0].client().await?, &fleet.agents[0].namespace, &appproject_resource());
-    let spoke2: Api<DynamicObject> = Api::namespaced_with(planes.spokes[1].client().await?, &fleet.agents[1].namespace, &appproject_resource());
+    let spoke1: Api<DynamicObject> = Api::namespaced_with(
+        planes.spokes[0].client().await?,
+        &fleet.agents[0].namespace,
+        &appproject_resource(),
+    );
+    let spoke2: Api<DynamicObject> = Api::namespaced_with(
+        planes.spokes[1].client().await?,
+        &fleet.agents[1].namespace,
+        &appproject_resource(),
+    );
     let copy = wait_for(&spoke1, "team-a", "project on spoke 1", |_| true).await?;
-    assert_eq!(copy["spec"]["destinations"], json!([{"name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "guestbook"}]));
-    assert!(copy["spec"].get("roles").is_none(), "hub-only roles leaked to the spoke");
+    assert_eq!(
+        copy["spec"]["destinations"],
+        json!([{"name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "guestbook"}])
+    );
+    assert!(
+        copy["spec"].get("roles").is_none(),
+        "hub-only roles leaked to the spoke"
+    );
 
     // Re-targeting the project to agent 2 moves it.
     let retarget = json!({"spec": {"destinations": [{"name": fleet.agents[1].name, "namespace": "guestbook"}]}});
-    projects.patch("team-a", &PatchParams::default(), &Patch::Merge(&retarget)).await?;
+    projects
+        .patch("team-a", &PatchParams::default(), &Patch::Merge(&retarget))
+        .await?;
     wait_for(&spoke2, "team-a", "project on spoke 2", |_| true).await?;
     wait_gone(&spoke1, "team-a", "project removed from spoke 1").await?;
     drop(fleet);
@@ -210,29 +361,66 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     let spoke1 = fleet.spoke_apps(planes, 0).await?;
     let ns = fleet.agents[0].name.clone();
     for name in ["keep", "change", "remove"] {
-        hub1.create(&PostParams::default(), &application(name, &ns, "v1")).await?;
+        hub1.create(&PostParams::default(), &application(name, &ns, "v1"))
+            .await?;
         wait_for(&spoke1, name, "initial sync", |_| true).await?;
     }
 
     // Agent down: the hub changes; the agent catches up after it restarts.
     fleet.agents[0].process.kill();
-    hub1.patch("change", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"source": {"targetRevision": "v2"}}}))).await?;
+    hub1.patch(
+        "change",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"source": {"targetRevision": "v2"}}})),
+    )
+    .await?;
     hub1.delete("remove", &DeleteParams::default()).await?;
-    hub1.create(&PostParams::default(), &application("added", &ns, "v1")).await?;
+    hub1.create(&PostParams::default(), &application("added", &ns, "v1"))
+        .await?;
     fleet.agents[0].process.start_again()?;
-    wait_for(&spoke1, "change", "update made while the agent was down", |v| text(v, "/spec/source/targetRevision") == "v2").await?;
-    wait_for(&spoke1, "added", "create made while the agent was down", |_| true).await?;
+    wait_for(
+        &spoke1,
+        "change",
+        "update made while the agent was down",
+        |v| text(v, "/spec/source/targetRevision") == "v2",
+    )
+    .await?;
+    wait_for(
+        &spoke1,
+        "added",
+        "create made while the agent was down",
+        |_| true,
+    )
+    .await?;
     wait_gone(&spoke1, "remove", "delete made while the agent was down").await?;
 
     // Principal down: the hub changes; agents reconnect to the new principal and converge.
     fleet.principal.process.kill();
-    hub1.patch("change", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"source": {"targetRevision": "v3"}}}))).await?;
+    hub1.patch(
+        "change",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"source": {"targetRevision": "v3"}}})),
+    )
+    .await?;
     hub1.delete("added", &DeleteParams::default()).await?;
-    hub1.create(&PostParams::default(), &application("late", &ns, "v1")).await?;
+    hub1.create(&PostParams::default(), &application("late", &ns, "v1"))
+        .await?;
     fleet.principal.process.start_again()?;
     fleet.principal.wait_ready().await?;
-    wait_for(&spoke1, "change", "update made while the principal was down", |v| text(v, "/spec/source/targetRevision") == "v3").await?;
-    wait_for(&spoke1, "late", "create made while the principal was down", |_| true).await?;
+    wait_for(
+        &spoke1,
+        "change",
+        "update made while the principal was down",
+        |v| text(v, "/spec/source/targetRevision") == "v3",
+    )
+    .await?;
+    wait_for(
+        &spoke1,
+        "late",
+        "create made while the principal was down",
+        |_| true,
+    )
+    .await?;
     wait_gone(&spoke1, "added", "delete made while the principal was down").await?;
     assert!(get_json(&spoke1, "keep").await?.is_some());
     drop(fleet);
@@ -244,15 +432,79 @@ async fn autonomous_agent_is_refused_with_a_clear_reason() -> anyhow::Result<()>
     let planes = shared_planes().await;
     let ctx = TestContext::new("autonomous_refused")?;
     let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let principal = Principal::start("p", &ctx.dir, &planes.hub, &pki, &ctx.unique("argocd"), &[]).await?;
+    let principal =
+        Principal::start("p", &ctx.dir, &planes.hub, &pki, &ctx.unique("argocd"), &[]).await?;
     let name = ctx.unique("auto");
     pki.issue_agent(&name)?;
-    let agent = Agent::start(&name, &ctx.dir, &planes.spokes[0], &pki, &principal.address(), &ctx.unique("ns"), "autonomous", &[]).await?;
+    let agent = Agent::start(
+        &name,
+        &ctx.dir,
+        &planes.spokes[0],
+        &pki,
+        &principal.address(),
+        &ctx.unique("ns"),
+        &["--mode=autonomous"],
+    )
+    .await?;
     wait_until("refusal explained in the agent log", WAIT, || async {
-        Ok::<_, anyhow::Error>(agent.process.log_tail(200).contains("not implemented").then_some(()))
+        Ok::<_, anyhow::Error>(
+            agent
+                .process
+                .log_tail(200)
+                .contains("not implemented")
+                .then_some(()),
+        )
     })
     .await?;
     drop(agent);
     drop(principal);
+    Ok(())
+}
+
+#[tokio::test]
+async fn application_the_spoke_refuses_is_reported_on_the_hub_and_blocks_nothing(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let fleet = Fleet::start("managed_refused", planes).await?;
+    let hub1 = fleet.hub_apps(planes, 0).await?;
+    let spoke1 = fleet.spoke_apps(planes, 0).await?;
+    let ns = fleet.agents[0].name.clone();
+    // Annotations just under the apiserver's 256 KiB total: the hub accepts the object, but the
+    // spoke copy carries one more annotation (the source UID) and the spoke apiserver refuses it.
+    let mut big = application("too-big", &ns, "v1");
+    let key = "example.com/padding";
+    let limit = 256 * 1024;
+    big.metadata.annotations = Some([(key.to_string(), "x".repeat(limit - key.len() - 10))].into());
+    hub1.create(&PostParams::default(), &big).await?;
+    hub1.create(&PostParams::default(), &application("fine", &ns, "v1"))
+        .await?;
+
+    let refused = wait_for(&hub1, "too-big", "AgentError condition on the hub", |v| {
+        v.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "AgentError"))
+    })
+    .await?;
+    let message = refused["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "AgentError"))
+        .map(|c| text(c, "/message"))
+        .unwrap_or_default();
+    assert!(
+        message.to_lowercase().contains("too long"),
+        "condition should carry the spoke's reason: {message}"
+    );
+    assert!(get_json(&spoke1, "too-big").await?.is_none());
+
+    // Everything else keeps flowing.
+    wait_for(&spoke1, "fine", "other app delivered", |_| true).await?;
+    let patch = json!({"spec": {"source": {"targetRevision": "v2"}}});
+    hub1.patch("fine", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_for(&spoke1, "fine", "other app updated", |v| {
+        text(v, "/spec/source/targetRevision") == "v2"
+    })
+    .await?;
+    drop(fleet);
     Ok(())
 }

@@ -3,6 +3,6 @@
 
 pub mod cli;
 pub mod pki;
-pub mod registration;
 pub mod pull;
+pub mod registration;
 pub mod wrap;

@@ -436,10 +436,10 @@ pub fn wrap_manifests(input: WrapInput, cluster: &str, name: &str) -> Result<Str
 )]
 pub struct WrapArgs {
     /// ManagedCluster to deliver to (the ManifestWork's namespace).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, env = "ARGOCD_AGENTCTL_CLUSTER", value_name = "NAME")]
     pub cluster: String,
     /// Name of the ManifestWork.
-    #[arg(long, value_name = "WORK")]
+    #[arg(long, env = "ARGOCD_AGENTCTL_WORK_NAME", value_name = "WORK")]
     pub name: String,
     /// Folder or file with the manifests, or '-' for stdin.
     #[arg(value_name = "DIR|-")]

@@ -373,3 +373,38 @@ async fn issued_certificates_complete_an_mtls_handshake_with_our_tls_stack() {
     let id = AgentIdentity::from_cert_der(&leaf, &IdentitySource::CommonName).unwrap();
     assert_eq!(id.name, "spoke1");
 }
+
+#[test]
+fn wrap_renders_a_folder_into_one_manifestwork_and_refuses_invalid_yaml() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wrap");
+    let out = ok(&[
+        "wrap",
+        "--cluster",
+        "spoke1",
+        "--name",
+        "guestbook",
+        fixtures.join("app").to_str().unwrap(),
+    ]);
+    let work: serde_yaml::Value = serde_yaml::from_str(&out).expect("stdout is YAML");
+    assert_eq!(work["kind"], "ManifestWork");
+    assert_eq!(work["metadata"]["namespace"], "spoke1");
+    assert_eq!(work["metadata"]["name"], "guestbook");
+    assert!(work["spec"]["workload"]["manifests"]
+        .as_sequence()
+        .is_some_and(|m| !m.is_empty()));
+
+    let bad = agentctl(&[
+        "wrap",
+        "--cluster",
+        "c",
+        "--name",
+        "w",
+        fixtures.join("invalid-yaml").to_str().unwrap(),
+    ]);
+    assert_eq!(bad.code, 2, "invalid YAML is bad input: {}", bad.stderr);
+    assert!(
+        bad.stderr.contains("line"),
+        "error names the line: {}",
+        bad.stderr
+    );
+}

@@ -114,7 +114,9 @@ impl EventStream for EventStreamService {
             }
         });
         let failure = futures::stream::once(end_rx).filter_map(|r| async move { r.ok().map(Err) });
-        let out = ReceiverStream::new(out_rx).map(Ok::<_, Status>).chain(failure);
+        let out = ReceiverStream::new(out_rx)
+            .map(Ok::<_, Status>)
+            .chain(failure);
         Ok(Response::new(Box::pin(out)))
     }
 

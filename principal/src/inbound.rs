@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use argocd_agent_proto::event::{spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION};
-use argocd_agent_proto::payload::RequestUpdate;
+use argocd_agent_proto::payload::{ErrorData, RequestUpdate};
 use argocd_agent_proto::sync::{EventHandler, HandleError};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{json, Value};
@@ -14,6 +14,9 @@ use serde_json::{json, Value};
 use crate::hub::{application_resource, queue, Hub};
 use crate::routing::{application_payload, project_for_agent};
 use crate::sessions::AgentSession;
+
+/// Condition type written on a hub Application when its agent could not apply it (upstream's name).
+pub const AGENT_ERROR: &str = "AgentError";
 
 /// Handles one agent's inbound events.
 pub struct AgentInbound {
@@ -124,6 +127,52 @@ impl AgentInbound {
         }
     }
 
+    /// An agent could not apply an Application (e.g. its apiserver refused it): record it on the
+    /// hub object as an `AgentError` condition, replacing an earlier one, so the hub's users see it.
+    async fn error_report(&self, ev: &Event) -> Result<(), HandleError> {
+        let report: ErrorData = ev
+            .data_as()
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        let Some(hub_app) = self.hub.application(self.agent(), &report.resource_name) else {
+            return Err(HandleError::Rejected(format!(
+                "error report for unknown Application {:?}",
+                report.resource_name
+            )));
+        };
+        tracing::warn!(agent = self.agent(), app = %report.resource_name, message = %report.message, "agent could not apply an Application");
+        let mut conditions: Vec<Value> = hub_app
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .map(|c| {
+                c.iter()
+                    .filter(|c| c["type"] != AGENT_ERROR)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        conditions.push(json!({
+            "type": AGENT_ERROR,
+            "message": report.message,
+            "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        }));
+        let op = if hub_app.get("status").is_some_and(|s| s.is_object()) {
+            json!({"op": "add", "path": "/status/conditions", "value": conditions})
+        } else {
+            json!({"op": "add", "path": "/status", "value": {"conditions": conditions}})
+        };
+        let patch: json_patch::Patch = serde_json::from_value(json!([op]))
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        self.apps()
+            .patch(
+                &report.resource_name,
+                &PatchParams::default(),
+                &Patch::<()>::Json(patch),
+            )
+            .await
+            .map_err(kube_error)?;
+        Ok(())
+    }
+
     fn request_update(&self, ev: &Event) -> Result<(), HandleError> {
         let req: RequestUpdate = ev
             .data_as()
@@ -174,6 +223,7 @@ impl EventHandler for AgentInbound {
             (EventType::StatusUpdate, Target::Application) => self.status_update(&ev).await,
             (EventType::Delete, Target::Application) => self.delete_confirmed(&ev).await,
             (EventType::RequestUpdate, _) => self.request_update(&ev),
+            (EventType::Error, Target::Application) => self.error_report(&ev).await,
             (EventType::Ping | EventType::Pong, _) => Ok(()),
             (t, target) => Err(HandleError::Rejected(format!(
                 "event type {} for target {} is not accepted from a managed agent",

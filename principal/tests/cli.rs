@@ -282,11 +282,17 @@ fn stays_live_but_unready_without_a_reachable_hub_until_sigterm_with_empty_env_v
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (status, body) = http_get(addr, "/readyz").unwrap();
-        assert_eq!(status, 503, "an unreachable hub keeps the principal unready: {body}");
+        assert_eq!(
+            status, 503,
+            "an unreachable hub keeps the principal unready: {body}"
+        );
         if body.contains("waiting for the hub watches") {
             break;
         }
-        assert!(Instant::now() < deadline, "readiness reason never said it waits for the hub: {body}");
+        assert!(
+            Instant::now() < deadline,
+            "readiness reason never said it waits for the hub: {body}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let (status, body) = http_get(addr, "/metrics").unwrap();

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use e2e::gateway::{application, application_resource, ensure_namespace, text, Agent, Pki, Principal};
+use e2e::gateway::{
+    application, application_resource, ensure_namespace, text, Agent, Pki, Principal,
+};
 use e2e::ControlPlane;
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -27,12 +29,17 @@ fn record_arrivals(api: Api<DynamicObject>, pred: fn(&serde_json::Value) -> bool
     let arrivals: Arrivals = Arc::default();
     let out = arrivals.clone();
     tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default()).applied_objects().boxed();
+        let mut stream = watcher(api, watcher::Config::default())
+            .applied_objects()
+            .boxed();
         while let Some(Ok(obj)) = stream.next().await {
             let now = Instant::now();
             let v = serde_json::to_value(&obj).unwrap_or_default();
             if pred(&v) {
-                out.lock().unwrap().entry(text(&v, "/metadata/name")).or_insert(now);
+                out.lock()
+                    .unwrap()
+                    .entry(text(&v, "/metadata/name"))
+                    .or_insert(now);
             }
         }
     });
@@ -59,51 +66,90 @@ fn summary(name: &str, mut samples: Vec<Duration>, baseline_p50: Option<Duration
     samples.sort();
     let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
     let ratio = baseline_p50
-        .map(|b| format!("  p50 = {:.2}x baseline, {:.2}x two watch hops", p50.as_secs_f64() / b.as_secs_f64(), p50.as_secs_f64() / (2.0 * b.as_secs_f64())))
+        .map(|b| {
+            format!(
+                "  p50 = {:.2}x baseline, {:.2}x two watch hops",
+                p50.as_secs_f64() / b.as_secs_f64(),
+                p50.as_secs_f64() / (2.0 * b.as_secs_f64())
+            )
+        })
         .unwrap_or_default();
-    println!("{name:<34} n={:<4} p50={:>8.2?} p99={:>8.2?}{ratio}", samples.len(), p50, p99);
+    println!(
+        "{name:<34} n={:<4} p50={:>8.2?} p99={:>8.2?}{ratio}",
+        samples.len(),
+        p50,
+        p99
+    );
     p50
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let count: usize = std::env::args().skip_while(|a| a != "--count").nth(1).map(|c| c.parse()).transpose()?.unwrap_or(50);
+    let count: usize = std::env::args()
+        .skip_while(|a| a != "--count")
+        .nth(1)
+        .map(|c| c.parse())
+        .transpose()?
+        .unwrap_or(50);
     eprintln!("==> starting hub and spoke control planes");
-    let planes = tokio::task::spawn_blocking(|| ControlPlane::start_many(&["hub", "spoke"])).await??;
+    let planes =
+        tokio::task::spawn_blocking(|| ControlPlane::start_many(&["hub", "spoke"])).await??;
     let (hub, spoke) = (&planes[0], &planes[1]);
     let dir = e2e::process::temp_dir("bench")?;
     let pki = Pki::create(&dir.join("pki"))?;
     pki.issue_agent("bench")?;
-    let principal = Principal::start("bench", &dir, hub, &pki, "argocd", &["--log-level=info"]).await?;
+    let principal =
+        Principal::start("bench", &dir, hub, &pki, "argocd", &["--log-level=info"]).await?;
     let hub_client = hub.client().await?;
     ensure_namespace(&hub_client, "bench").await?;
     ensure_namespace(&hub_client, "baseline").await?;
-    let agent = Agent::start("bench", &dir, spoke, &pki, &principal.address(), "argocd", "managed", &["--log-level=info"]).await?;
+    let agent = Agent::start(
+        "bench",
+        &dir,
+        spoke,
+        &pki,
+        &principal.address(),
+        "argocd",
+        &["--log-level=info"],
+    )
+    .await?;
     agent.wait_connected().await?;
 
     eprintln!("==> baseline: create → watch on one apiserver ({count} Applications)");
-    let base_api: Api<DynamicObject> = Api::namespaced_with(hub_client.clone(), "baseline", &application_resource());
+    let base_api: Api<DynamicObject> =
+        Api::namespaced_with(hub_client.clone(), "baseline", &application_resource());
     let base_seen = record_arrivals(base_api.clone(), |_| true);
     tokio::time::sleep(Duration::from_millis(500)).await; // let the watch establish before measuring
     let mut base = Vec::new();
     for i in 0..count {
         let name = format!("b{i}");
         let t0 = Instant::now();
-        base_api.create(&PostParams::default(), &application(&name, "baseline", "v1")).await?;
+        base_api
+            .create(
+                &PostParams::default(),
+                &application(&name, "baseline", "v1"),
+            )
+            .await?;
         base.push(wait_arrival(&base_seen, &name).await? - t0);
     }
 
     eprintln!("==> hub create → spoke visible through principal and agent");
-    let hub_apps: Api<DynamicObject> = Api::namespaced_with(hub_client.clone(), "bench", &application_resource());
-    let spoke_apps: Api<DynamicObject> = Api::namespaced_with(spoke.client().await?, "argocd", &application_resource());
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub_client.clone(), "bench", &application_resource());
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke.client().await?, "argocd", &application_resource());
     let spoke_seen = record_arrivals(spoke_apps.clone(), |_| true);
-    let hub_status_seen = record_arrivals(hub_apps.clone(), |v| text(v, "/status/health/status") == "Healthy");
+    let hub_status_seen = record_arrivals(hub_apps.clone(), |v| {
+        text(v, "/status/health/status") == "Healthy"
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut down = Vec::new();
     for i in 0..count {
         let name = format!("g{i}");
         let t0 = Instant::now();
-        hub_apps.create(&PostParams::default(), &application(&name, "bench", "v1")).await?;
+        hub_apps
+            .create(&PostParams::default(), &application(&name, "bench", "v1"))
+            .await?;
         down.push(wait_arrival(&spoke_seen, &name).await? - t0);
     }
 
@@ -113,11 +159,18 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..count {
         let name = format!("g{i}");
         let t0 = Instant::now();
-        spoke_apps.patch(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+        spoke_apps
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
         up.push(wait_arrival(&hub_status_seen, &name).await? - t0);
     }
 
-    println!("\npropagation latency (machine: {} cores)", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+    println!(
+        "\npropagation latency (machine: {} cores)",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
     let b = summary("baseline: apiserver create→watch", base, None);
     summary("gateway: hub create → spoke", down, Some(b));
     summary("gateway: spoke status → hub", up, Some(b));

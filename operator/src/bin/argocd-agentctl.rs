@@ -21,6 +21,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
+    let cli = match cli.command {
+        cli::Command::Wrap(args) => return argocd_agent_operator::wrap::run_wrap(args),
+        _ => cli,
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -54,6 +54,9 @@ pub enum Command {
     /// Register agents on the hub (Argo CD cluster secrets).
     #[command(subcommand)]
     Agent(agent::AgentCommand),
+    /// Render a folder of Kubernetes manifests (or stdin) into one OCM ManifestWork on stdout
+    /// (usable as an Argo CD config-management-plugin generate command).
+    Wrap(crate::wrap::WrapArgs),
 }
 
 /// Where PKI material is read from and written to: a directory, or Secrets in a namespace.
@@ -212,6 +215,9 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pki(cmd) => pki::run(cmd).await,
         Command::Jwt(cmd) => jwt::run(cmd).await,
         Command::Agent(cmd) => agent::run(cmd).await,
+        Command::Wrap(_) => Err(CliError::Usage(
+            "wrap runs without the async runtime: call wrap::run_wrap".into(),
+        )),
     }
 }
 

@@ -2,7 +2,7 @@
 //! ManifestWork in the target cluster's namespace, with the current payload.
 //!
 //! Owns creating and updating ManifestWorks (server-side apply, field manager
-//! [`PROPAGATION_MANAGER`](super::PROPAGATION_MANAGER)) and the `PullModelSpecError` condition
+//! [`PROPAGATION_MANAGER`]) and the `PullModelSpecError` condition
 //! that tells the user why nothing was propagated (label without cluster annotation, unknown
 //! ManagedCluster, cluster without namespace). Deleting ManifestWorks is [`cleanup`](super::cleanup)'s.
 //!

@@ -63,9 +63,7 @@ where
         loop {
             match inbound.next().await {
                 None => return StreamEnd::PeerClosed,
-                Some(Err(status)) => {
-                    return StreamEnd::Error(status)
-                }
+                Some(Err(status)) => return StreamEnd::Error(status),
                 Some(Ok(wire)) => match Event::try_from_stream_event(wire) {
                     Ok(ev) => {
                         on_event(&ev);
