@@ -403,8 +403,8 @@ fn wrap_renders_a_folder_into_one_manifestwork_and_refuses_invalid_yaml() {
     ]);
     assert_eq!(bad.code, 2, "invalid YAML is bad input: {}", bad.stderr);
     assert!(
-        bad.stderr.contains("line"),
-        "error names the line: {}",
+        bad.stderr.contains("broken.yaml:10:"),
+        "error names the file and line: {}",
         bad.stderr
     );
 }
