@@ -2,12 +2,13 @@
 //! create → watch latency measured in the same run (the baseline).
 //!
 //! Figures (p50 / p99 over `--count` Applications, default 50):
-//! - baseline: create on the hub → the hub's own watch sees it (one watch hop);
+//! - baselines: create (and status patch) on the hub → the hub's own watch sees it (one hop);
 //! - hub → spoke: create on the hub → the spoke's watch sees the agent's copy;
 //! - spoke → hub: status written on the spoke → the hub's watch sees it.
 //!
 //! The gateway path needs at least two watch hops (principal's watch on the hub, then the spoke's
-//! watch after the agent writes), so the ratios are reported against 2 × baseline.
+//! watch after the agent writes), so the ratios are reported against 2 × baseline: create for the
+//! hub → spoke path, status patch for the spoke → hub path. Build with `--release` (hack/bench.sh).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -133,6 +134,18 @@ async fn main() -> anyhow::Result<()> {
         base.push(wait_arrival(&base_seen, &name).await? - t0);
     }
 
+    eprintln!("==> baseline: status patch → watch on one apiserver");
+    let base_status_seen = record_arrivals(base_api.clone(), |v| text(v, "/status/health/status") == "Healthy");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut base_patch = Vec::new();
+    let healthy = json!({"status": {"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}});
+    for i in 0..count {
+        let name = format!("b{i}");
+        let t0 = Instant::now();
+        base_api.patch(&name, &PatchParams::default(), &Patch::Merge(&healthy)).await?;
+        base_patch.push(wait_arrival(&base_status_seen, &name).await? - t0);
+    }
+
     eprintln!("==> hub create → spoke visible through principal and agent");
     let hub_apps: Api<DynamicObject> =
         Api::namespaced_with(hub_client.clone(), "bench", &application_resource());
@@ -172,8 +185,9 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or(0)
     );
     let b = summary("baseline: apiserver create→watch", base, None);
+    let bp = summary("baseline: apiserver patch→watch", base_patch, None);
     summary("gateway: hub create → spoke", down, Some(b));
-    summary("gateway: spoke status → hub", up, Some(b));
+    summary("gateway: spoke status → hub", up, Some(bp));
     drop(agent);
     drop(principal);
     Ok(())
