@@ -135,14 +135,19 @@ async fn main() -> anyhow::Result<()> {
     }
 
     eprintln!("==> baseline: status patch → watch on one apiserver");
-    let base_status_seen = record_arrivals(base_api.clone(), |v| text(v, "/status/health/status") == "Healthy");
+    let base_status_seen = record_arrivals(base_api.clone(), |v| {
+        text(v, "/status/health/status") == "Healthy"
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut base_patch = Vec::new();
-    let healthy = json!({"status": {"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}});
+    let healthy =
+        json!({"status": {"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}});
     for i in 0..count {
         let name = format!("b{i}");
         let t0 = Instant::now();
-        base_api.patch(&name, &PatchParams::default(), &Patch::Merge(&healthy)).await?;
+        base_api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&healthy))
+            .await?;
         base_patch.push(wait_arrival(&base_status_seen, &name).await? - t0);
     }
 
