@@ -2,6 +2,7 @@
 //! secrets, ManifestWork builders. Also the library behind the `argocd-agentctl` CLI.
 
 pub mod cli;
+pub mod gitops;
 pub mod pki;
 pub mod pull;
 pub mod registration;

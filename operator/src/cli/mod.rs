@@ -7,6 +7,7 @@
 //! (blocklist, fleet, wrap, config) can be added beside them.
 
 pub mod agent;
+pub mod fleet;
 pub mod jwt;
 pub mod kubeconfig;
 pub mod pki;
@@ -57,6 +58,9 @@ pub enum Command {
     /// Render a folder of Kubernetes manifests (or stdin) into one OCM ManifestWork on stdout
     /// (usable as an Argo CD config-management-plugin generate command).
     Wrap(crate::wrap::WrapArgs),
+    /// Fleet overview: agents, connection, mode, queue depth, certificate expiry.
+    #[command(subcommand)]
+    Fleet(fleet::FleetCommand),
 }
 
 /// Where PKI material is read from and written to: a directory, or Secrets in a namespace.
@@ -215,6 +219,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pki(cmd) => pki::run(cmd).await,
         Command::Jwt(cmd) => jwt::run(cmd).await,
         Command::Agent(cmd) => agent::run(cmd).await,
+        Command::Fleet(cmd) => fleet::run(cmd).await,
         Command::Wrap(_) => Err(CliError::Usage(
             "wrap runs without the async runtime: call wrap::run_wrap".into(),
         )),

@@ -1,0 +1,627 @@
+//! The GitOpsCluster operator end to end, embedded in a real `argocd-principal`
+//! (`--enable-operator=true`) on a hub plane with the OCM and Argo CD CRDs and the GitOpsCluster CRD
+//! generated from the operator's type: ManagedClusters selected by a Placement get certificates,
+//! Argo CD cluster secrets and agent ManifestWorks; an agent started from a ManifestWork's payload
+//! connects and receives hub Applications; clusters leaving the decision are offboarded; a rotated
+//! CA gets every certificate reissued and the agent reconnects without a restart; deleting the
+//! GitOpsCluster leaves nothing behind; bad input is reported in the status.
+//!
+//! OCM's controllers do not run: the test plays the placement controller (writes the
+//! PlacementDecision) and the work agent (applies the ManifestWork payload on the spoke, starts
+//! `argocd-agent` as a process with the certificate and config from that payload, and reports the
+//! agent's readiness back as status feedback). The principal reads its TLS from files, so the test
+//! copies the operator's Secrets into them (the principal reloads changed files by itself).
+//! One test function: a second operator on the shared hub would reconcile the same GitOpsClusters.
+
+use std::path::Path;
+use std::time::Duration;
+
+use argocd_agent_operator::gitops::agent_work::{
+    payload_secret_text, AGENT_DEPLOYMENT, AGENT_PARAMS_CONFIGMAP, AGENT_WORK_NAME, PARAM_MODE,
+    PARAM_NAMESPACE, PARAM_SERVER_ADDRESS, PARAM_SERVER_PORT,
+};
+use argocd_agent_operator::gitops::crd::GitOpsCluster;
+use argocd_agent_operator::pki::secrets::{
+    AGENT_CLIENT_TLS_SECRET, CA_CERT_KEY, TLS_CERT_KEY, TLS_KEY_KEY,
+};
+use argocd_agent_operator::pki::{days, CertificateAuthority};
+use argocd_agent_operator::pull::manifestwork::ManifestWork;
+use e2e::binaries::project_binary;
+use e2e::gateway::{application, application_resource, ensure_namespace, http_get, Pki, Principal};
+use e2e::ports::free_port;
+use e2e::{shared_planes, wait_until, ManagedProcess, ProcessSpec, TestContext};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+fn secret_text(s: &Secret, key: &str) -> String {
+    String::from_utf8(s.data.as_ref().expect("data")[key].0.clone()).expect("utf-8")
+}
+
+async fn wait_secret(
+    api: &Api<Secret>,
+    name: &str,
+    pred: impl Fn(&Secret) -> bool,
+) -> anyhow::Result<Secret> {
+    wait_until(&format!("secret {name}"), WAIT, || async {
+        Ok::<_, kube::Error>(api.get_opt(name).await?.filter(|s| pred(s)))
+    })
+    .await
+}
+
+async fn wait_work(
+    hub: &kube::Client,
+    cluster: &str,
+    pred: impl Fn(&ManifestWork) -> bool,
+) -> anyhow::Result<ManifestWork> {
+    let api: Api<ManifestWork> = Api::namespaced(hub.clone(), cluster);
+    wait_until(
+        &format!("ManifestWork {cluster}/{AGENT_WORK_NAME}"),
+        WAIT,
+        || async { Ok::<_, kube::Error>(api.get_opt(AGENT_WORK_NAME).await?.filter(|w| pred(w))) },
+    )
+    .await
+}
+
+async fn wait_goc(
+    api: &Api<GitOpsCluster>,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&GitOpsCluster) -> bool,
+) -> anyhow::Result<GitOpsCluster> {
+    wait_until(what, WAIT, || async {
+        Ok::<_, kube::Error>(api.get_opt(name).await?.filter(|g| pred(g)))
+    })
+    .await
+}
+
+fn condition(goc: &GitOpsCluster, type_: &str) -> Option<(String, String, String)> {
+    goc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Writes the principal's TLS files from the operator's Secrets.
+async fn write_principal_files(
+    secrets: &Api<Secret>,
+    pki: &Pki,
+    ca_pem: &str,
+) -> anyhow::Result<()> {
+    let tls = wait_secret(secrets, "argocd-agent-principal-tls", |_| true).await?;
+    std::fs::write(
+        pki.dir.join("principal.key"),
+        secret_text(&tls, TLS_KEY_KEY),
+    )?;
+    std::fs::write(
+        pki.dir.join("principal.crt"),
+        secret_text(&tls, TLS_CERT_KEY),
+    )?;
+    std::fs::write(pki.ca(), ca_pem)?;
+    Ok(())
+}
+
+/// Plays OCM's work agent for one cluster: applies the payload on the spoke.
+async fn apply_payload(spoke: &kube::Client, work: &ManifestWork) -> anyhow::Result<()> {
+    for m in &work.spec.workload.manifests {
+        let api_version = m["apiVersion"].as_str().unwrap_or_default();
+        let kind = m["kind"].as_str().unwrap_or_default();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let plural = format!("{}s", kind.to_lowercase());
+        let ar = resource(group, version, kind, &plural);
+        let obj: DynamicObject = serde_json::from_value(m.clone())?;
+        let api: Api<DynamicObject> = match m.pointer("/metadata/namespace").and_then(Value::as_str)
+        {
+            Some(ns) => Api::namespaced_with(spoke.clone(), ns, &ar),
+            None => Api::all_with(spoke.clone(), &ar),
+        };
+        let pp = PatchParams::apply("work-agent").force();
+        api.patch(
+            &obj.metadata.name.clone().unwrap_or_default(),
+            &pp,
+            &Patch::Apply(&obj),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Writes the agent's certificate files from the payload; returns (cert, key, ca) paths.
+fn write_agent_files(dir: &Path, work: &ManifestWork) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (key, file) in [
+        (TLS_CERT_KEY, "tls.crt"),
+        (TLS_KEY_KEY, "tls.key"),
+        (CA_CERT_KEY, "ca.crt"),
+    ] {
+        let text = payload_secret_text(work, AGENT_CLIENT_TLS_SECRET, key)
+            .ok_or_else(|| anyhow::anyhow!("payload lacks {AGENT_CLIENT_TLS_SECRET}/{key}"))?;
+        std::fs::write(dir.join(file), text)?;
+    }
+    Ok(())
+}
+
+/// Starts `argocd-agent` with the config carried by the payload's ConfigMap.
+fn start_agent(
+    ctx: &TestContext,
+    name: &str,
+    spoke_kubeconfig: &Path,
+    work: &ManifestWork,
+) -> anyhow::Result<(ManagedProcess, u16)> {
+    let params = work
+        .spec
+        .workload
+        .manifests
+        .iter()
+        .find(|m| m["kind"] == "ConfigMap" && m["metadata"]["name"] == AGENT_PARAMS_CONFIGMAP)
+        .ok_or_else(|| anyhow::anyhow!("payload lacks the params ConfigMap"))?;
+    let p = |k: &str| params["data"][k].as_str().unwrap_or_default().to_string();
+    let dir = ctx.dir.join(format!("agent-{name}"));
+    write_agent_files(&dir, work)?;
+    let ops_port = free_port();
+    let spec = ProcessSpec::new(
+        format!("agent-{name}"),
+        project_binary("argocd-agent")?,
+        ctx.dir.join(format!("agent-{name}.log")),
+    )
+    .arg(format!(
+        "--server-address={}:{}",
+        p(PARAM_SERVER_ADDRESS),
+        p(PARAM_SERVER_PORT)
+    ))
+    .arg(format!("--mode={}", p(PARAM_MODE)))
+    .arg(format!("--namespace={}", p(PARAM_NAMESPACE)))
+    .arg(format!(
+        "--tls-client-cert={}",
+        dir.join("tls.crt").display()
+    ))
+    .arg(format!(
+        "--tls-client-key={}",
+        dir.join("tls.key").display()
+    ))
+    .arg(format!("--tls-ca={}", dir.join("ca.crt").display()))
+    .arg(format!("--queue-dir={}", dir.join("queue").display()))
+    .arg(format!("--metrics-address=127.0.0.1:{ops_port}"))
+    .arg(format!("--health-address=127.0.0.1:{ops_port}"))
+    .arg(format!("--kubeconfig={}", spoke_kubeconfig.display()))
+    .arg("--reconnect-backoff-max=2s")
+    .arg("--log-level=debug,kube_client=warn,hyper=info,h2=info,tower=info,rustls=info");
+    Ok((ManagedProcess::spawn(spec)?, ops_port))
+}
+
+async fn connected(port: u16) -> bool {
+    matches!(http_get(port, "/metrics").await, Ok((_, body)) if body.lines().any(|l| l.starts_with("argocd_agent_connection_status") && l.ends_with(" 1")))
+}
+
+/// Plays the work agent's status feedback: Applied, and the Deployment's ready replicas.
+async fn report_feedback(
+    hub: &kube::Client,
+    cluster: &str,
+    agent_ns: &str,
+    ready: i64,
+) -> anyhow::Result<()> {
+    let api: Api<ManifestWork> = Api::namespaced(hub.clone(), cluster);
+    let now = "2024-01-01T00:00:00Z";
+    let status = json!({"status": {
+        "conditions": [{"type": "Applied", "status": "True", "reason": "AppliedManifestWorkComplete", "message": "applied", "lastTransitionTime": now}],
+        "resourceStatus": {"manifests": [{
+            "resourceMeta": {"ordinal": 6, "group": "apps", "version": "v1", "kind": "Deployment", "resource": "deployments", "name": AGENT_DEPLOYMENT, "namespace": agent_ns},
+            "statusFeedback": {"values": [{"name": "ReadyReplicas", "fieldValue": {"type": "Integer", "integer": ready}}]},
+            "conditions": [{"type": "Applied", "status": "True", "reason": "Applied", "message": "applied", "lastTransitionTime": now}]
+        }]}
+    }});
+    api.patch_status(
+        AGENT_WORK_NAME,
+        &PatchParams::default(),
+        &Patch::Merge(&status),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn set_decision(
+    hub: &kube::Client,
+    ns: &str,
+    name: &str,
+    clusters: &[&str],
+) -> anyhow::Result<()> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        hub.clone(),
+        ns,
+        &resource(
+            "cluster.open-cluster-management.io",
+            "v1beta1",
+            "PlacementDecision",
+            "placementdecisions",
+        ),
+    );
+    let decisions: Vec<Value> = clusters
+        .iter()
+        .map(|c| json!({"clusterName": c, "reason": "Selected"}))
+        .collect();
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": {"decisions": decisions}})),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn gitopscluster_onboards_selected_clusters_and_offboards_them() -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("operator_chain")?;
+    let hub = planes.hub.client().await?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let ns = ctx.unique("gitops");
+    let mut principal = Principal::start(
+        "p",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ns,
+        &["--enable-operator=true"],
+    )
+    .await?;
+    let spoke_ns = ctx.unique("spoke-argocd");
+    let clusters = [ctx.unique("c1"), ctx.unique("c2")];
+
+    // OCM registration: ManagedClusters and their namespaces.
+    let mc_api: Api<DynamicObject> = Api::all_with(
+        hub.clone(),
+        &resource(
+            "cluster.open-cluster-management.io",
+            "v1",
+            "ManagedCluster",
+            "managedclusters",
+        ),
+    );
+    for c in &clusters {
+        let mc: DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": c}, "spec": {"hubAcceptsClient": true}}),
+        )?;
+        mc_api.create(&PostParams::default(), &mc).await?;
+        ensure_namespace(&hub, c).await?;
+    }
+    // Placement and its decision (the test plays OCM's placement controller).
+    let placements: Api<DynamicObject> = Api::namespaced_with(
+        hub.clone(),
+        &ns,
+        &resource(
+            "cluster.open-cluster-management.io",
+            "v1beta1",
+            "Placement",
+            "placements",
+        ),
+    );
+    placements.create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement", "metadata": {"name": "all", "namespace": ns}, "spec": {}}))?).await?;
+    let decisions: Api<DynamicObject> = Api::namespaced_with(
+        hub.clone(),
+        &ns,
+        &resource(
+            "cluster.open-cluster-management.io",
+            "v1beta1",
+            "PlacementDecision",
+            "placementdecisions",
+        ),
+    );
+    decisions.create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision", "metadata": {"name": "all-decision-1", "namespace": ns, "labels": {"cluster.open-cluster-management.io/placement": "all"}}}))?).await?;
+    set_decision(&hub, &ns, "all-decision-1", &[&clusters[0], &clusters[1]]).await?;
+
+    let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns);
+    let goc: GitOpsCluster = serde_json::from_value(json!({
+        "apiVersion": "apps.open-cluster-management.io/v1alpha1", "kind": "GitOpsCluster",
+        "metadata": {"name": "fleet", "namespace": ns},
+        "spec": {"placementRef": {"kind": "Placement", "name": "all"},
+                 "argoCDAgentAddon": {"mode": "managed", "principalServerAddress": "127.0.0.1",
+                                      "principalServerPort": principal.grpc_port.to_string(),
+                                      "agentNamespace": spoke_ns, "agentKeyInManifestWork": true}}
+    }))?;
+    gocs.create(&PostParams::default(), &goc).await?;
+
+    // Certificates, cluster secrets and ManifestWorks appear.
+    let secrets: Api<Secret> = Api::namespaced(hub.clone(), &ns);
+    let ca_secret = wait_secret(&secrets, "argocd-agent-ca", |_| true).await?;
+    let ca_pem = secret_text(&ca_secret, TLS_CERT_KEY);
+    wait_secret(&secrets, "argocd-agent-ca-bundle", |_| true).await?;
+    wait_secret(&secrets, "argocd-agent-resource-proxy-tls", |_| true).await?;
+    for c in &clusters {
+        let s = wait_secret(&secrets, &format!("cluster-{c}"), |_| true).await?;
+        let labels = s.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels["argocd.argoproj.io/secret-type"], "cluster");
+        assert_eq!(labels["apps.open-cluster-management.io/cluster-name"], *c);
+        assert_eq!(labels["argocd-agent.argoproj-labs.io/agent-name"], *c);
+        assert_eq!(
+            secret_text(&s, "server"),
+            format!("https://argocd-agent-resource-proxy:9090?agentName={c}")
+        );
+        wait_work(&hub, c, |_| true).await?;
+    }
+    write_principal_files(&secrets, &pki, &ca_pem).await?;
+
+    // Play the work agent for cluster 1 on spoke 1 and start the agent from the payload.
+    let work1 = wait_work(&hub, &clusters[0], |_| true).await?;
+    let spoke1 = planes.spokes[0].client().await?;
+    apply_payload(&spoke1, &work1).await?;
+    ensure_namespace(&spoke1, &spoke_ns).await?;
+    let (mut agent, agent_port) =
+        start_agent(&ctx, &clusters[0], &planes.spokes[0].kubeconfig, &work1)?;
+    wait_until("agent from the ManifestWork connected", WAIT, || async {
+        Ok::<_, anyhow::Error>(connected(agent_port).await.then_some(()))
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n{}\n{}",
+            agent.log_tail(30),
+            principal.process.log_tail(30)
+        )
+    })?;
+    report_feedback(&hub, &clusters[0], &spoke_ns, 1).await?;
+
+    // An Application created on the hub reaches the spoke.
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &clusters[0], &application_resource());
+    hub_apps
+        .create(
+            &PostParams::default(),
+            &application("guestbook", &clusters[0], "v1"),
+        )
+        .await?;
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke1.clone(), &spoke_ns, &application_resource());
+    wait_until("hub app on spoke 1", WAIT, || async {
+        spoke_apps.get_opt("guestbook").await
+    })
+    .await?;
+
+    // Status: cluster 1 onboarded, cluster 2 waiting for its agent.
+    let status = wait_goc(&gocs, "fleet", "status lists cluster 1 onboarded", |g| {
+        g.status.as_ref().is_some_and(|s| {
+            s.clusters
+                .iter()
+                .any(|c| c.name == clusters[0] && c.phase == "Onboarded" && c.agent_ready)
+        })
+    })
+    .await?;
+    assert_eq!(condition(&status, "PlacementResolved").unwrap().0, "True");
+    assert_eq!(condition(&status, "CertificatesReady").unwrap().0, "True");
+    assert_eq!(condition(&status, "ClustersRegistered").unwrap().0, "True");
+    let (s, reason, message) = condition(&status, "AgentsDeployed").unwrap();
+    assert_eq!((s.as_str(), reason.as_str()), ("False", "WaitingForAgents"));
+    assert!(message.contains(&clusters[1]), "{message}");
+    assert_eq!(
+        status.status.as_ref().unwrap().observed_generation,
+        status.metadata.generation
+    );
+
+    // Fleet status from the CLI.
+    let out = e2e::gateway::agentctl(&[
+        "fleet",
+        "status",
+        "--kubeconfig",
+        planes.hub.kubeconfig.to_str().unwrap(),
+        "-n",
+        &ns,
+        "--metrics-url",
+        &format!("http://127.0.0.1:{}/metrics", principal.ops_port),
+    ])?;
+    assert!(
+        out.contains(&clusters[0]) && out.contains(&clusters[1]),
+        "{out}"
+    );
+
+    // Removing cluster 2 from the decision offboards it.
+    set_decision(&hub, &ns, "all-decision-1", &[&clusters[0]]).await?;
+    let works2: Api<ManifestWork> = Api::namespaced(hub.clone(), &clusters[1]);
+    wait_until("cluster 2 offboarded", WAIT, || async {
+        Ok::<_, kube::Error>(
+            (works2.get_opt(AGENT_WORK_NAME).await?.is_none()
+                && secrets
+                    .get_opt(&format!("cluster-{}", clusters[1]))
+                    .await?
+                    .is_none())
+            .then_some(()),
+        )
+    })
+    .await?;
+    let ready = wait_goc(&gocs, "fleet", "Ready after offboarding", |g| {
+        condition(g, "Ready").is_some_and(|c| c.0 == "True")
+    })
+    .await?;
+    assert_eq!(ready.status.unwrap().clusters.len(), 1);
+
+    // CA rotation (a new CA with another validity window): everything is reissued; the agent picks
+    // up its new files and reconnects without a restart.
+    let old_cert = payload_secret_text(&work1, AGENT_CLIENT_TLS_SECRET, TLS_CERT_KEY).unwrap();
+    let new_ca = CertificateAuthority::generate("argocd-agent-ca", days(90))?;
+    let mut rotated = ca_secret.clone();
+    rotated.metadata.resource_version = None;
+    rotated.data = Some(
+        [
+            (
+                "tls.crt".to_string(),
+                k8s_openapi::ByteString(new_ca.cert_pem().as_bytes().to_vec()),
+            ),
+            (
+                "tls.key".to_string(),
+                k8s_openapi::ByteString(new_ca.key_pem().into_bytes()),
+            ),
+        ]
+        .into(),
+    );
+    secrets
+        .replace("argocd-agent-ca", &PostParams::default(), &{
+            let mut r = rotated;
+            r.metadata.resource_version = secrets
+                .get("argocd-agent-ca")
+                .await?
+                .metadata
+                .resource_version;
+            r
+        })
+        .await?;
+    let work1 = wait_work(&hub, &clusters[0], |w| {
+        payload_secret_text(w, AGENT_CLIENT_TLS_SECRET, TLS_CERT_KEY)
+            .is_some_and(|c| c != old_cert && new_ca.verify_issued(&c).is_ok())
+    })
+    .await?;
+    wait_secret(&secrets, "argocd-agent-principal-tls", |s| {
+        new_ca.verify_issued(&secret_text(s, TLS_CERT_KEY)).is_ok()
+    })
+    .await?;
+    wait_secret(&secrets, &format!("cluster-{}", clusters[0]), |s| {
+        secret_text(s, "config").contains(&{
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(new_ca.cert_pem())
+        })
+    })
+    .await?;
+    write_agent_files(&ctx.dir.join(format!("agent-{}", clusters[0])), &work1)?;
+    write_principal_files(&secrets, &pki, new_ca.cert_pem()).await?;
+    principal.process.restart()?;
+    principal.wait_ready().await?;
+    wait_until(
+        "agent reconnected with its reissued certificate",
+        WAIT,
+        || async { Ok::<_, anyhow::Error>(connected(agent_port).await.then_some(())) },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.log_tail(30)))?;
+    hub_apps
+        .create(
+            &PostParams::default(),
+            &application("after-rotation", &clusters[0], "v1"),
+        )
+        .await?;
+    wait_until("app after rotation on spoke 1", WAIT, || async {
+        spoke_apps.get_opt("after-rotation").await
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.log_tail(30)))?;
+    assert!(agent.is_running(), "the agent was not restarted");
+
+    // Tampered CA: reported, not replaced.
+    let mut tampered = secrets.get("argocd-agent-ca").await?;
+    tampered.data.as_mut().unwrap().insert(
+        "tls.key".into(),
+        k8s_openapi::ByteString(b"not a key".to_vec()),
+    );
+    secrets
+        .replace("argocd-agent-ca", &PostParams::default(), &tampered)
+        .await?;
+    let g = wait_goc(&gocs, "fleet", "tampered CA reported", |g| {
+        condition(g, "CertificatesReady").is_some_and(|c| c.0 == "False")
+    })
+    .await?;
+    let (_, reason, message) = condition(&g, "CertificatesReady").unwrap();
+    assert_eq!(reason, "CAUnusable");
+    assert!(message.contains("argocd-agent-ca"), "{message}");
+    assert_eq!(
+        secret_text(&secrets.get("argocd-agent-ca").await?, "tls.key"),
+        "not a key",
+        "not silently replaced"
+    );
+    let mut restored = secrets.get("argocd-agent-ca").await?;
+    restored.data.as_mut().unwrap().insert(
+        "tls.key".into(),
+        k8s_openapi::ByteString(new_ca.key_pem().into_bytes()),
+    );
+    secrets
+        .replace("argocd-agent-ca", &PostParams::default(), &restored)
+        .await?;
+
+    // Bad input: a missing Placement, an invalid mode, a conflicting GitOpsCluster, a decision
+    // naming a cluster without a namespace.
+    let bad = |name: &str, placement: &str, mode: &str| -> anyhow::Result<GitOpsCluster> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "apps.open-cluster-management.io/v1alpha1", "kind": "GitOpsCluster",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"placementRef": {"kind": "Placement", "name": placement},
+                     "argoCDAgentAddon": {"mode": mode, "principalServerAddress": "127.0.0.1", "principalServerPort": "1"}}
+        }))?)
+    };
+    gocs.create(&PostParams::default(), &bad("missing", "nope", "managed")?)
+        .await?;
+    gocs.create(&PostParams::default(), &bad("badmode", "all", "sideways")?)
+        .await?;
+    gocs.create(&PostParams::default(), &bad("second", "all", "managed")?)
+        .await?;
+    let g = wait_goc(&gocs, "missing", "missing placement reported", |g| {
+        condition(g, "PlacementResolved").is_some_and(|c| c.0 == "False")
+    })
+    .await?;
+    let (_, reason, message) = condition(&g, "PlacementResolved").unwrap();
+    assert_eq!(reason, "PlacementNotFound");
+    assert!(message.contains("nope"), "{message}");
+    let g = wait_goc(&gocs, "badmode", "invalid mode reported", |g| {
+        condition(g, "Ready").is_some_and(|c| c.1 == "InvalidMode")
+    })
+    .await?;
+    assert!(condition(&g, "Ready").unwrap().2.contains("sideways"));
+    let g = wait_goc(&gocs, "second", "conflict reported", |g| {
+        condition(g, "ClustersRegistered").is_some_and(|c| c.1 == "ClusterConflict")
+    })
+    .await?;
+    assert!(g
+        .status
+        .unwrap()
+        .clusters
+        .iter()
+        .any(|c| c.name == clusters[0] && c.phase == "Conflict"));
+    let w = wait_work(&hub, &clusters[0], |_| true).await?;
+    assert_eq!(
+        w.metadata.annotations.unwrap()["apps.open-cluster-management.io/gitopscluster"],
+        format!("{ns}/fleet"),
+        "the older GitOpsCluster keeps the cluster"
+    );
+    let ghost = ctx.unique("ghost");
+    set_decision(&hub, &ns, "all-decision-1", &[&clusters[0], &ghost]).await?;
+    let g = wait_goc(&gocs, "fleet", "cluster without namespace reported", |g| {
+        g.status.as_ref().is_some_and(|s| {
+            s.clusters.iter().any(|c| {
+                c.name == ghost && c.phase == "Failed" && c.message.contains("does not exist")
+            })
+        })
+    })
+    .await?;
+    assert_eq!(
+        condition(&g, "ClustersRegistered").unwrap().1,
+        "RegistrationFailed"
+    );
+    for name in ["missing", "badmode", "second"] {
+        gocs.delete(name, &DeleteParams::default()).await?;
+    }
+
+    // Deleting the GitOpsCluster offboards everything (finalizer).
+    gocs.delete("fleet", &DeleteParams::default()).await?;
+    let works1: Api<ManifestWork> = Api::namespaced(hub.clone(), &clusters[0]);
+    wait_until(
+        "GitOpsCluster deleted and its objects gone",
+        WAIT,
+        || async {
+            Ok::<_, kube::Error>(
+                (gocs.get_opt("fleet").await?.is_none()
+                    && works1.get_opt(AGENT_WORK_NAME).await?.is_none()
+                    && secrets
+                        .get_opt(&format!("cluster-{}", clusters[0]))
+                        .await?
+                        .is_none())
+                .then_some(()),
+            )
+        },
+    )
+    .await?;
+    agent.stop();
+    Ok(())
+}

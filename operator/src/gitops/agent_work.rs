@@ -1,0 +1,398 @@
+//! The agent ManifestWork: one per managed cluster, in the cluster's namespace on the hub,
+//! carrying everything the agent needs on its cluster — Namespace, ServiceAccount, a Role limited
+//! to the agent namespace, the CA (and, only as an opt-in fallback, the client certificate and
+//! key), the parameters ConfigMap and the Deployment — with feedback rules that bring the
+//! Deployment's readiness back into the ManifestWork status.
+//!
+//! Owns the payload layout (names, mount paths, arguments) and reading things back out of a
+//! ManifestWork (embedded client certificate, agent readiness). Pure: no apiserver.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::{json, Value};
+
+use crate::pki::secrets::{
+    AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET, CA_CERT_KEY, TLS_CERT_KEY, TLS_KEY_KEY,
+};
+use crate::pki::IssuedCert;
+use crate::pull::manifestwork::{
+    FeedbackRule, JsonPath, ManifestConfigOption, ManifestWork, ManifestWorkSpec,
+    ManifestsTemplate, ResourceIdentifier, UpdateStrategy,
+};
+
+/// Name of the agent ManifestWork in each cluster namespace.
+pub const AGENT_WORK_NAME: &str = "argocd-agent";
+/// Name of the agent's Deployment, ServiceAccount, Role and RoleBinding on the spoke.
+pub const AGENT_DEPLOYMENT: &str = "argocd-agent-agent";
+/// Name of the agent's parameters ConfigMap on the spoke.
+pub const AGENT_PARAMS_CONFIGMAP: &str = "argocd-agent-params";
+/// ConfigMap key: principal host.
+pub const PARAM_SERVER_ADDRESS: &str = "agent.server.address";
+/// ConfigMap key: principal port.
+pub const PARAM_SERVER_PORT: &str = "agent.server.port";
+/// ConfigMap key: agent mode.
+pub const PARAM_MODE: &str = "agent.mode";
+/// ConfigMap key: agent namespace.
+pub const PARAM_NAMESPACE: &str = "agent.namespace";
+/// Label on everything the operator creates on the hub.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY_OPERATOR: &str = "argocd-agent-operator";
+/// Label naming the managed cluster of a hub object (upstream's label).
+pub const CLUSTER_NAME_LABEL: &str = "apps.open-cluster-management.io/cluster-name";
+/// Annotation naming the owning GitOpsCluster as `namespace/name`.
+pub const OWNER_ANNOTATION: &str = "apps.open-cluster-management.io/gitopscluster";
+/// Feedback value name for the Deployment's ready replicas.
+pub const FEEDBACK_READY_REPLICAS: &str = "readyReplicas";
+
+const TLS_MOUNT: &str = "/app/config/tls";
+const CA_MOUNT: &str = "/app/config/ca";
+
+/// Everything that decides the content of one cluster's agent ManifestWork.
+#[derive(Clone, Debug)]
+pub struct AgentDeployment<'a> {
+    /// Managed cluster (= agent name, certificate CN, hub namespace).
+    pub cluster: &'a str,
+    /// Owning GitOpsCluster, `namespace/name`.
+    pub owner: &'a str,
+    /// `managed` or `autonomous`.
+    pub mode: &'a str,
+    /// Agent namespace on the spoke.
+    pub agent_namespace: &'a str,
+    /// Container image.
+    pub image: &'a str,
+    /// Principal host the agent dials.
+    pub principal_address: &'a str,
+    /// Principal port.
+    pub principal_port: u16,
+    /// CA certificate, PEM.
+    pub ca_pem: &'a str,
+    /// Client certificate and key to ship (opt-in fallback); `None`: the key stays on the spoke.
+    pub client_tls: Option<&'a IssuedCert>,
+    /// Extra manifests from `argoCDCRManifestWork`.
+    pub extra_manifests: &'a [Value],
+}
+
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// The agent's command-line arguments inside the Deployment.
+pub fn agent_args(d: &AgentDeployment<'_>) -> Vec<String> {
+    vec![
+        format!(
+            "--server-address={}",
+            host_port(d.principal_address, d.principal_port)
+        ),
+        format!("--mode={}", d.mode),
+        format!("--namespace={}", d.agent_namespace),
+        format!("--tls-client-cert={TLS_MOUNT}/{TLS_CERT_KEY}"),
+        format!("--tls-client-key={TLS_MOUNT}/{TLS_KEY_KEY}"),
+        format!("--tls-ca={CA_MOUNT}/{CA_CERT_KEY}"),
+    ]
+}
+
+/// The payload objects, in apply order.
+pub fn agent_manifests(d: &AgentDeployment<'_>) -> Vec<Value> {
+    let ns = d.agent_namespace;
+    let labels = json!({"app.kubernetes.io/name": AGENT_DEPLOYMENT, "app.kubernetes.io/part-of": "argocd-agent"});
+    let mut out = vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels},
+        "rules": [
+            {"apiGroups": ["argoproj.io"], "resources": ["applications", "appprojects", "applicationsets"],
+             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+            {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
+        ]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AGENT_DEPLOYMENT},
+               "subjects": [{"kind": "ServiceAccount", "name": AGENT_DEPLOYMENT, "namespace": ns}]}),
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+               "metadata": {"name": AGENT_CA_SECRET, "namespace": ns, "labels": labels},
+               "data": {CA_CERT_KEY: b64(d.ca_pem)}}),
+    ];
+    if let Some(tls) = d.client_tls {
+        out.push(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": AGENT_CLIENT_TLS_SECRET, "namespace": ns, "labels": labels},
+            "data": {TLS_CERT_KEY: b64(&tls.cert_pem), TLS_KEY_KEY: b64(&tls.key_pem), CA_CERT_KEY: b64(d.ca_pem)}}));
+    }
+    out.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+    "metadata": {"name": AGENT_PARAMS_CONFIGMAP, "namespace": ns, "labels": labels},
+    "data": {
+        PARAM_SERVER_ADDRESS: d.principal_address,
+        PARAM_SERVER_PORT: d.principal_port.to_string(),
+        PARAM_MODE: d.mode,
+        PARAM_NAMESPACE: ns,
+    }}));
+    out.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": AGENT_DEPLOYMENT}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": AGENT_DEPLOYMENT,
+                    "containers": [{
+                        "name": "agent",
+                        "image": d.image,
+                        "command": ["argocd-agent"],
+                        "args": agent_args(d),
+                        "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                                            "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [
+                            {"name": "client-tls", "mountPath": TLS_MOUNT, "readOnly": true},
+                            {"name": "ca", "mountPath": CA_MOUNT, "readOnly": true}
+                        ]
+                    }],
+                    "volumes": [
+                        {"name": "client-tls", "secret": {"secretName": AGENT_CLIENT_TLS_SECRET}},
+                        {"name": "ca", "secret": {"secretName": AGENT_CA_SECRET}}
+                    ]
+                }
+            }
+        }}));
+    out.extend(d.extra_manifests.iter().cloned());
+    out
+}
+
+/// Hub-side labels of objects the operator creates for `cluster`.
+pub fn hub_labels(cluster: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_OPERATOR.to_owned()),
+        (CLUSTER_NAME_LABEL.to_owned(), cluster.to_owned()),
+    ])
+}
+
+/// The agent ManifestWork for one cluster.
+pub fn build_agent_manifest_work(d: &AgentDeployment<'_>) -> ManifestWork {
+    ManifestWork {
+        metadata: ObjectMeta {
+            name: Some(AGENT_WORK_NAME.to_owned()),
+            namespace: Some(d.cluster.to_owned()),
+            labels: Some(hub_labels(d.cluster)),
+            annotations: Some(BTreeMap::from([(
+                OWNER_ANNOTATION.to_owned(),
+                d.owner.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: ManifestWorkSpec {
+            workload: ManifestsTemplate {
+                manifests: agent_manifests(d),
+            },
+            manifest_configs: vec![ManifestConfigOption {
+                resource_identifier: ResourceIdentifier {
+                    group: "apps".into(),
+                    resource: "deployments".into(),
+                    name: AGENT_DEPLOYMENT.into(),
+                    namespace: d.agent_namespace.to_owned(),
+                },
+                feedback_rules: vec![
+                    FeedbackRule {
+                        type_: "WellKnownStatus".into(),
+                        json_paths: vec![],
+                    },
+                    FeedbackRule {
+                        type_: "JSONPaths".into(),
+                        json_paths: vec![JsonPath {
+                            name: FEEDBACK_READY_REPLICAS.into(),
+                            path: ".status.readyReplicas".into(),
+                        }],
+                    },
+                ],
+                update_strategy: Some(UpdateStrategy {
+                    type_: "Update".into(),
+                    server_side_apply: None,
+                }),
+            }],
+        },
+        status: None,
+    }
+}
+
+fn payload<'w>(work: &'w ManifestWork, kind: &str, name: &str) -> Option<&'w Value> {
+    work.spec.workload.manifests.iter().find(|m| {
+        m.get("kind").and_then(Value::as_str) == Some(kind)
+            && m.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+    })
+}
+
+/// A data value of a payload Secret, decoded.
+pub fn payload_secret_text(work: &ManifestWork, secret: &str, key: &str) -> Option<String> {
+    use base64::Engine;
+    let data =
+        payload(work, "Secret", secret)?.pointer(&format!("/data/{}", key.replace('/', "~1")))?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.as_str()?)
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// The client certificate and key shipped in the ManifestWork, if any.
+pub fn embedded_client_tls(work: &ManifestWork) -> Option<IssuedCert> {
+    Some(IssuedCert {
+        cert_pem: payload_secret_text(work, AGENT_CLIENT_TLS_SECRET, TLS_CERT_KEY)?,
+        key_pem: payload_secret_text(work, AGENT_CLIENT_TLS_SECRET, TLS_KEY_KEY)?,
+    })
+}
+
+/// What the work agent reported back about the agent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentReadiness {
+    /// The ManifestWork's `Applied` condition is True.
+    pub applied: bool,
+    /// The agent Deployment has at least one ready replica.
+    pub ready: bool,
+}
+
+/// Reads the work agent's status and the Deployment feedback.
+pub fn agent_readiness(work: &ManifestWork) -> AgentReadiness {
+    let Some(status) = &work.status else {
+        return AgentReadiness::default();
+    };
+    let applied = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Applied" && c.status == "True");
+    let ready = status
+        .resource_status
+        .manifests
+        .iter()
+        .filter(|m| {
+            m.resource_meta.kind == "Deployment" && m.resource_meta.name == AGENT_DEPLOYMENT
+        })
+        .flat_map(|m| &m.status_feedback.values)
+        .any(|v| {
+            (v.name == FEEDBACK_READY_REPLICAS || v.name == "ReadyReplicas")
+                && v.field_value.integer.unwrap_or(0) >= 1
+        });
+    AgentReadiness { applied, ready }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki::{days, CertificateAuthority};
+
+    fn deployment<'a>(ca: &'a str, tls: Option<&'a IssuedCert>) -> AgentDeployment<'a> {
+        AgentDeployment {
+            cluster: "cluster1",
+            owner: "ns/gitops",
+            mode: "managed",
+            agent_namespace: "argocd",
+            image: "example/agent:1",
+            principal_address: "10.0.0.1",
+            principal_port: 8443,
+            ca_pem: ca,
+            client_tls: tls,
+            extra_manifests: &[],
+        }
+    }
+
+    #[test]
+    fn payload_carries_agent_config_and_no_key_by_default() {
+        let ca = CertificateAuthority::generate("argocd-agent-ca", days(10)).unwrap();
+        let work = build_agent_manifest_work(&deployment(ca.cert_pem(), None));
+        assert_eq!(work.metadata.namespace.as_deref(), Some("cluster1"));
+        assert_eq!(
+            work.metadata.labels.as_ref().unwrap()[CLUSTER_NAME_LABEL],
+            "cluster1"
+        );
+        let kinds: Vec<&str> = work
+            .spec
+            .workload
+            .manifests
+            .iter()
+            .map(|m| m["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "Namespace",
+                "ServiceAccount",
+                "Role",
+                "RoleBinding",
+                "Secret",
+                "ConfigMap",
+                "Deployment"
+            ]
+        );
+        assert!(embedded_client_tls(&work).is_none());
+        assert_eq!(
+            payload_secret_text(&work, AGENT_CA_SECRET, CA_CERT_KEY).as_deref(),
+            Some(ca.cert_pem())
+        );
+        let dep = payload(&work, "Deployment", AGENT_DEPLOYMENT).unwrap();
+        let args: Vec<&str> = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(args.contains(&"--server-address=10.0.0.1:8443"));
+        assert!(args.contains(&"--mode=managed"));
+        let role = payload(&work, "Role", AGENT_DEPLOYMENT).unwrap();
+        assert!(
+            !role.to_string().contains("\"*\""),
+            "least privilege: no wildcards"
+        );
+        assert_eq!(
+            work.spec.manifest_configs[0].resource_identifier.resource,
+            "deployments"
+        );
+    }
+
+    #[test]
+    fn opt_in_key_is_shipped_and_read_back() {
+        let ca = CertificateAuthority::generate("argocd-agent-ca", days(10)).unwrap();
+        let tls = ca.issue_client("cluster1", days(1)).unwrap();
+        let work = build_agent_manifest_work(&deployment(ca.cert_pem(), Some(&tls)));
+        assert_eq!(embedded_client_tls(&work), Some(tls));
+    }
+
+    #[test]
+    fn readiness_comes_from_the_deployment_feedback() {
+        let ca = CertificateAuthority::generate("argocd-agent-ca", days(10)).unwrap();
+        let mut work = build_agent_manifest_work(&deployment(ca.cert_pem(), None));
+        assert_eq!(agent_readiness(&work), AgentReadiness::default());
+        work.status = Some(
+            serde_json::from_value(json!({
+                "conditions": [{"type": "Applied", "status": "True"}],
+                "resourceStatus": {"manifests": [{
+                    "resourceMeta": {"kind": "Deployment", "name": AGENT_DEPLOYMENT, "namespace": "argocd"},
+                    "statusFeedback": {"values": [{"name": "ReadyReplicas", "fieldValue": {"type": "Integer", "integer": 1}}]}
+                }]}
+            }))
+            .unwrap(),
+        );
+        assert_eq!(
+            agent_readiness(&work),
+            AgentReadiness {
+                applied: true,
+                ready: true
+            }
+        );
+    }
+
+    #[test]
+    fn ipv6_principal_is_bracketed() {
+        assert_eq!(host_port("::1", 8443), "[::1]:8443");
+        assert_eq!(host_port("principal", 443), "principal:443");
+    }
+}

@@ -1,0 +1,843 @@
+//! The GitOpsCluster reconcile pass: one pass over every GitOpsCluster at once, because the
+//! decisions are global (a cluster selected by two GitOpsClusters goes to the oldest; anything the
+//! operator created that no GitOpsCluster wants any more is removed).
+//!
+//! A pass: finalizers → placements → cluster assignment → PKI (CA, principal and resource-proxy
+//! certificates) → per cluster: Argo CD cluster secret and agent ManifestWork (certificates reused
+//! while current, reissued when not) → offboarding of what is no longer selected → add-on CSRs →
+//! status. Writes happen only when content differs, so a pass over a converged fleet is read-only.
+//! A GitOpsCluster whose placement cannot be resolved or whose spec is invalid keeps its existing
+//! clusters untouched (a typo must not offboard a fleet) and says why in its status.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use argocd_agent_proto::identity::AgentName;
+use base64::Engine;
+use chrono::Utc;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+use super::agent_work::{
+    agent_readiness, build_agent_manifest_work, embedded_client_tls, hub_labels, AgentDeployment,
+    CLUSTER_NAME_LABEL, MANAGED_BY_LABEL, MANAGED_BY_OPERATOR, OWNER_ANNOTATION,
+};
+use super::certs::{
+    discover_principal_addresses, ensure_ca, ensure_server_cert, reissue_reason, server_sans,
+    CaProblem, PRINCIPAL_SERVICE, RESOURCE_PROXY_SERVICE,
+};
+use super::crd::*;
+use super::csr::process_csrs;
+use super::placement::{assign_clusters, goc_key, resolve, PlacementError};
+use super::{OperatorError, OperatorOptions, FINALIZER};
+use crate::pki::secrets::{SecretStore, PRINCIPAL_TLS_SECRET, RESOURCE_PROXY_TLS_SECRET};
+use crate::pki::{inspect, CertificateAuthority, IssuedCert};
+use crate::pull::manifestwork::{work_is_current, ManifestWork};
+use crate::registration::{
+    build_cluster_secret, cluster_secret_name, resource_proxy_server_url, ClusterTlsMaterial,
+};
+
+/// Principal port when neither the spec nor discovery gives one (the principal Service's port).
+const DEFAULT_PRINCIPAL_PORT: u16 = 443;
+
+fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> OperatorError {
+    let action = action.into();
+    move |source| OperatorError::Kube { action, source }
+}
+
+/// What happened to one selected cluster in this pass.
+struct ClusterOutcome {
+    status: ClusterOnboardingStatus,
+    registered: bool,
+    deployed: bool,
+}
+
+/// Result of one pass, for logs and tests.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PassSummary {
+    /// Clusters with a cluster secret and ManifestWork after the pass.
+    pub onboarded: BTreeSet<String>,
+    /// Clusters whose objects were removed in this pass.
+    pub offboarded: BTreeSet<String>,
+    /// Add-on CSRs signed.
+    pub csrs_signed: usize,
+    /// Some work is waiting on others (finalizer cleanup): run again soon.
+    pub requeue_soon: bool,
+}
+
+/// Runs one reconcile pass over every GitOpsCluster.
+pub async fn reconcile_all(
+    client: &kube::Client,
+    opts: &OperatorOptions,
+) -> Result<PassSummary, OperatorError> {
+    let gocs_api: Api<GitOpsCluster> = Api::all(client.clone());
+    let mut gocs = gocs_api
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("listing GitOpsClusters"))?
+        .items;
+    gocs.sort_by_key(goc_key);
+    let mut summary = PassSummary::default();
+
+    // Finalizers first, so nothing is created for a GitOpsCluster that could vanish without cleanup.
+    for goc in gocs
+        .iter_mut()
+        .filter(|g| g.metadata.deletion_timestamp.is_none())
+    {
+        if !goc.finalizers().iter().any(|f| f == FINALIZER) {
+            let mut finalizers = goc.finalizers().to_vec();
+            finalizers.push(FINALIZER.to_owned());
+            let api: Api<GitOpsCluster> =
+                Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
+            *goc = api
+                .patch(
+                    &goc.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+                )
+                .await
+                .map_err(kube_err(format!(
+                    "adding the finalizer to GitOpsCluster {}",
+                    goc_key(goc)
+                )))?;
+        }
+    }
+    let live: Vec<&GitOpsCluster> = gocs
+        .iter()
+        .filter(|g| g.metadata.deletion_timestamp.is_none())
+        .collect();
+
+    // Placements and spec validation.
+    let mut selections: BTreeMap<String, Result<BTreeSet<String>, (String, String)>> =
+        BTreeMap::new();
+    for goc in &live {
+        let key = goc_key(goc);
+        let selected = match goc.mode() {
+            "managed" | "autonomous" => resolve(client, goc)
+                .await
+                .map_err(|e: PlacementError| (e.reason().to_owned(), e.to_string())),
+            other => Err((
+                "InvalidMode".to_owned(),
+                format!("spec.argoCDAgentAddon.mode is {other:?}; use managed or autonomous"),
+            )),
+        };
+        selections.insert(key, selected);
+    }
+    let assignment = assign_clusters(
+        &live
+            .iter()
+            .filter_map(|g| {
+                let key = goc_key(g);
+                let clusters = selections.get(&key)?.as_ref().ok()?.clone();
+                let created = g
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| format!("{:020}", t.0.as_second()))
+                    .unwrap_or_default();
+                Some((key, created, clusters))
+            })
+            .collect::<Vec<_>>(),
+    );
+    // GitOpsClusters whose objects must be left alone this pass (unresolvable or invalid).
+    let frozen: BTreeSet<String> = selections
+        .iter()
+        .filter(|(_, s)| s.is_err())
+        .map(|(k, _)| k.clone())
+        .collect();
+
+    // Existing objects the operator created.
+    let managed =
+        ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_OPERATOR}"));
+    let works_api: Api<ManifestWork> = Api::all(client.clone());
+    let works = works_api
+        .list(&managed)
+        .await
+        .map_err(kube_err("listing agent ManifestWorks"))?
+        .items;
+    let secrets_api: Api<Secret> = Api::all(client.clone());
+    let cluster_secrets = secrets_api
+        .list(&managed)
+        .await
+        .map_err(kube_err("listing cluster secrets"))?
+        .items;
+
+    // PKI, only when there is something to onboard.
+    let store = SecretStore::new(client.clone(), &opts.namespace);
+    let mut ca_state: Option<Result<CertificateAuthority, String>> = None;
+    let mut server_cert_message = String::new();
+    if !live.is_empty() {
+        ca_state = Some(match ensure_ca(&store, &opts.certs).await {
+            Ok((ca, _)) => Ok(ca),
+            Err(CaProblem::Pki(e)) => return Err(e.into()),
+            Err(problem) => {
+                tracing::warn!(problem = %problem, "fleet CA unusable; not issuing certificates");
+                Err(problem.to_string())
+            }
+        });
+    }
+    let discovered = discover_principal_addresses(client, &opts.namespace)
+        .await
+        .map_err(kube_err(format!(
+            "reading service {}/{PRINCIPAL_SERVICE}",
+            opts.namespace
+        )))?;
+    if let Some(Ok(ca)) = &ca_state {
+        let mut hosts: Vec<String> = live
+            .iter()
+            .filter_map(|g| g.spec.argocd_agent_addon.principal_server_address.clone())
+            .collect();
+        hosts.extend(discovered.iter().cloned());
+        let principal = ensure_server_cert(
+            &store,
+            ca,
+            &opts.certs,
+            PRINCIPAL_TLS_SECRET,
+            &server_sans(PRINCIPAL_SERVICE, &opts.namespace, &hosts),
+        )
+        .await?;
+        let proxy_host = opts
+            .resource_proxy_address
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_matches(['[', ']']).to_owned())
+            .unwrap_or_default();
+        let proxy = ensure_server_cert(
+            &store,
+            ca,
+            &opts.certs,
+            RESOURCE_PROXY_TLS_SECRET,
+            &server_sans(RESOURCE_PROXY_SERVICE, &opts.namespace, &[proxy_host]),
+        )
+        .await?;
+        server_cert_message = format!(
+            "CA valid until {}; principal certificate until {}; resource proxy certificate until {}",
+            ca.info().not_after.to_rfc3339(),
+            principal.not_after.to_rfc3339(),
+            proxy.not_after.to_rfc3339()
+        );
+    }
+
+    // Per cluster.
+    let mut outcomes: BTreeMap<String, ClusterOutcome> = BTreeMap::new();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for (cluster, owner_key) in &assignment {
+        let goc = live
+            .iter()
+            .find(|g| &goc_key(g) == owner_key)
+            .expect("owner is live");
+        let mut status = ClusterOnboardingStatus {
+            name: cluster.clone(),
+            phase: "Failed".into(),
+            mode: goc.mode().to_owned(),
+            ..Default::default()
+        };
+        let fail = |status: &mut ClusterOnboardingStatus, msg: String| {
+            status.message = msg;
+        };
+        let agent = match AgentName::new(cluster.as_str()) {
+            Ok(a) => a,
+            Err(e) => {
+                fail(
+                    &mut status,
+                    format!("cluster name {cluster:?} cannot be an agent name: {e}"),
+                );
+                outcomes.insert(
+                    cluster.clone(),
+                    ClusterOutcome {
+                        status,
+                        registered: false,
+                        deployed: false,
+                    },
+                );
+                continue;
+            }
+        };
+        if namespaces
+            .get_opt(cluster)
+            .await
+            .map_err(kube_err(format!("reading namespace {cluster}")))?
+            .is_none()
+        {
+            fail(&mut status, format!(
+                "namespace {cluster:?} does not exist on the hub; is ManagedCluster {cluster:?} registered with OCM (registration creates it)?"
+            ));
+            outcomes.insert(
+                cluster.clone(),
+                ClusterOutcome {
+                    status,
+                    registered: false,
+                    deployed: false,
+                },
+            );
+            continue;
+        }
+        let Some(Ok(ca)) = &ca_state else {
+            fail(
+                &mut status,
+                "waiting for a usable CA (see condition CertificatesReady)".into(),
+            );
+            outcomes.insert(
+                cluster.clone(),
+                ClusterOutcome {
+                    status,
+                    registered: false,
+                    deployed: false,
+                },
+            );
+            continue;
+        };
+        let addon = &goc.spec.argocd_agent_addon;
+        let principal_address = addon
+            .principal_server_address
+            .clone()
+            .filter(|a| !a.is_empty())
+            .or_else(|| discovered.first().cloned());
+        let Some(principal_address) = principal_address else {
+            fail(&mut status, format!(
+                "principal address unknown: set spec.argoCDAgentAddon.principalServerAddress or give service {}/{PRINCIPAL_SERVICE} a LoadBalancer ingress",
+                opts.namespace
+            ));
+            outcomes.insert(
+                cluster.clone(),
+                ClusterOutcome {
+                    status,
+                    registered: false,
+                    deployed: false,
+                },
+            );
+            continue;
+        };
+        let principal_port = match addon
+            .principal_server_port
+            .as_deref()
+            .filter(|p| !p.is_empty())
+        {
+            None => DEFAULT_PRINCIPAL_PORT,
+            Some(p) => {
+                match p.parse::<u16>() {
+                    Ok(port) if port > 0 => port,
+                    _ => {
+                        fail(&mut status, format!("spec.argoCDAgentAddon.principalServerPort {p:?} is not a port number"));
+                        outcomes.insert(
+                            cluster.clone(),
+                            ClusterOutcome {
+                                status,
+                                registered: false,
+                                deployed: false,
+                            },
+                        );
+                        continue;
+                    }
+                }
+            }
+        };
+        let now = Utc::now();
+        let validity = opts.certs.leaf_validity(ca, now);
+
+        // Argo CD cluster secret.
+        let argocd_ns = goc
+            .spec
+            .argo_server
+            .as_ref()
+            .and_then(|a| a.argo_namespace.clone())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| opts.argocd_namespace().to_owned());
+        let server_url = resource_proxy_server_url(&opts.resource_proxy_address, &agent)?;
+        let secret_name = cluster_secret_name(&agent);
+        let existing_secret = cluster_secrets.iter().find(|s| {
+            s.name_any() == secret_name && s.namespace().as_deref() == Some(argocd_ns.as_str())
+        });
+        let existing_tls = existing_secret.and_then(cluster_secret_tls);
+        let tls = match reissue_reason(
+            existing_tls.as_ref().map(|t| t.cert_pem.as_str()),
+            ca,
+            &opts.certs,
+            cluster,
+            None,
+            now,
+        ) {
+            None => ClusterTlsMaterial {
+                ca_pem: ca.cert_pem().to_owned(),
+                ..existing_tls.expect("checked")
+            },
+            Some(reason) => {
+                tracing::info!(cluster = %cluster, %reason, "issuing resource-proxy client certificate");
+                ClusterTlsMaterial::issue(ca, &agent, validity)?
+            }
+        };
+        status.certificate_not_after = inspect(&tls.cert_pem)
+            .ok()
+            .map(|i| i.not_after.to_rfc3339());
+        let mut desired_secret =
+            build_cluster_secret(&agent, &argocd_ns, &server_url, &tls, &hub_labels(cluster));
+        desired_secret
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(OWNER_ANNOTATION.to_owned(), owner_key.clone());
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &argocd_ns);
+        if !secret_is_current(existing_secret, &desired_secret) {
+            upsert(
+                &secrets,
+                &secret_name,
+                desired_secret,
+                existing_secret.and_then(|s| s.resource_version()),
+            )
+            .await
+            .map_err(kube_err(format!(
+                "writing secret {argocd_ns}/{secret_name}"
+            )))?;
+            tracing::info!(cluster = %cluster, secret = %format!("{argocd_ns}/{secret_name}"), "cluster registered with Argo CD");
+        }
+
+        // Agent ManifestWork.
+        let existing_work = works
+            .iter()
+            .find(|w| w.namespace().as_deref() == Some(cluster.as_str()));
+        let client_tls: Option<IssuedCert> = if goc.agent_key_in_manifest_work() {
+            let current = existing_work.and_then(embedded_client_tls);
+            match reissue_reason(
+                current.as_ref().map(|c| c.cert_pem.as_str()),
+                ca,
+                &opts.certs,
+                cluster,
+                None,
+                now,
+            ) {
+                None => current,
+                Some(reason) => {
+                    tracing::info!(cluster = %cluster, %reason, "issuing agent client certificate (key shipped in the ManifestWork)");
+                    Some(ca.issue_agent(&agent, validity)?)
+                }
+            }
+        } else {
+            None
+        };
+        let image = addon
+            .image
+            .clone()
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| opts.agent_image.clone());
+        let extra: Vec<Value> = addon
+            .argocd_cr_manifest_work
+            .as_ref()
+            .map(|m| m.manifests.clone())
+            .unwrap_or_default();
+        let desired_work = build_agent_manifest_work(&AgentDeployment {
+            cluster,
+            owner: owner_key,
+            mode: goc.mode(),
+            agent_namespace: goc.agent_namespace(),
+            image: &image,
+            principal_address: &principal_address,
+            principal_port,
+            ca_pem: ca.cert_pem(),
+            client_tls: client_tls.as_ref(),
+            extra_manifests: &extra,
+        });
+        if existing_work.is_none_or(|w| !work_is_current(w, &desired_work)) {
+            let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);
+            upsert(
+                &api,
+                super::agent_work::AGENT_WORK_NAME,
+                desired_work,
+                existing_work.and_then(|w| w.resource_version()),
+            )
+            .await
+            .map_err(kube_err(format!(
+                "writing ManifestWork {cluster}/{}",
+                super::agent_work::AGENT_WORK_NAME
+            )))?;
+            tracing::info!(cluster = %cluster, mode = goc.mode(), "agent ManifestWork written");
+        }
+        let readiness = existing_work.map(agent_readiness).unwrap_or_default();
+        status.agent_ready = readiness.ready;
+        status.phase = if readiness.ready {
+            "Onboarded"
+        } else {
+            "Deploying"
+        }
+        .into();
+        if !readiness.ready {
+            status.message = if readiness.applied {
+                "ManifestWork applied; waiting for the agent Deployment to become ready".into()
+            } else {
+                "waiting for the OCM work agent to apply the ManifestWork".into()
+            };
+        }
+        summary.onboarded.insert(cluster.clone());
+        outcomes.insert(
+            cluster.clone(),
+            ClusterOutcome {
+                status,
+                registered: true,
+                deployed: readiness.ready,
+            },
+        );
+    }
+
+    // Offboarding: anything ours that no live GitOpsCluster wants (frozen owners keep theirs).
+    let keep = |cluster: &str, owner: Option<&String>| {
+        outcomes.get(cluster).is_some_and(|o| o.registered)
+            || owner.is_some_and(|o| frozen.contains(o))
+    };
+    for work in &works {
+        let cluster = work.namespace().unwrap_or_default();
+        if keep(&cluster, work.annotations().get(OWNER_ANNOTATION)) {
+            continue;
+        }
+        let api: Api<ManifestWork> = Api::namespaced(client.clone(), &cluster);
+        delete_ignoring_missing(&api, &work.name_any())
+            .await
+            .map_err(kube_err(format!(
+                "deleting ManifestWork {cluster}/{}",
+                work.name_any()
+            )))?;
+        tracing::info!(cluster = %cluster, "agent ManifestWork removed (offboarded)");
+        summary.offboarded.insert(cluster);
+    }
+    for secret in &cluster_secrets {
+        let cluster = secret
+            .labels()
+            .get(CLUSTER_NAME_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        if keep(&cluster, secret.annotations().get(OWNER_ANNOTATION)) {
+            continue;
+        }
+        let ns = secret.namespace().unwrap_or_default();
+        let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        delete_ignoring_missing(&api, &secret.name_any())
+            .await
+            .map_err(kube_err(format!(
+                "deleting secret {ns}/{}",
+                secret.name_any()
+            )))?;
+        tracing::info!(cluster = %cluster, secret = %format!("{ns}/{}", secret.name_any()), "cluster secret removed (offboarded)");
+        summary.offboarded.insert(cluster);
+    }
+
+    // Finalizers of deleted GitOpsClusters: released once none of their objects remain.
+    for goc in gocs
+        .iter()
+        .filter(|g| g.metadata.deletion_timestamp.is_some())
+    {
+        if !goc.finalizers().iter().any(|f| f == FINALIZER) {
+            continue;
+        }
+        let key = goc_key(goc);
+        let owned = |a: &BTreeMap<String, String>| a.get(OWNER_ANNOTATION) == Some(&key);
+        let remaining = works.iter().filter(|w| owned(w.annotations())).count()
+            + cluster_secrets
+                .iter()
+                .filter(|s| owned(s.annotations()))
+                .count();
+        if remaining > 0 {
+            // Deleted above in this pass; release on the next pass once they are gone.
+            summary.requeue_soon = true;
+            continue;
+        }
+        let finalizers: Vec<String> = goc
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        let api: Api<GitOpsCluster> =
+            Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
+        match api
+            .patch(
+                &goc.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+            )
+            .await
+        {
+            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Err(e) => return Err(kube_err(format!("releasing GitOpsCluster {key}"))(e)),
+        }
+        tracing::info!(gitopscluster = %key, "offboarding complete; finalizer released");
+    }
+
+    // Add-on CSRs of onboarded clusters.
+    if let Some(Ok(ca)) = &ca_state {
+        summary.csrs_signed = process_csrs(
+            client,
+            ca,
+            &summary.onboarded,
+            opts.certs.leaf_validity(ca, Utc::now()),
+        )
+        .await
+        .map_err(kube_err("processing add-on CertificateSigningRequests"))?;
+    }
+
+    // Status.
+    for goc in &live {
+        let key = goc_key(goc);
+        let status = goc_status(
+            goc,
+            &key,
+            &selections[&key],
+            &assignment,
+            &outcomes,
+            ca_state.as_ref(),
+            &server_cert_message,
+        );
+        write_status(client, goc, status).await?;
+    }
+    Ok(summary)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn goc_status(
+    goc: &GitOpsCluster,
+    key: &str,
+    selection: &Result<BTreeSet<String>, (String, String)>,
+    assignment: &BTreeMap<String, String>,
+    outcomes: &BTreeMap<String, ClusterOutcome>,
+    ca_state: Option<&Result<CertificateAuthority, String>>,
+    server_cert_message: &str,
+) -> GitOpsClusterStatus {
+    let generation = goc.metadata.generation;
+    let cond = |type_: &str, ok: bool, reason: &str, message: String| Condition {
+        type_: type_.to_owned(),
+        status: if ok { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let mut clusters = Vec::new();
+    let mut conditions = Vec::new();
+    match selection {
+        Err((reason, message)) => {
+            let placement_failed = reason != "InvalidMode";
+            conditions.push(if placement_failed {
+                cond(
+                    CONDITION_PLACEMENT_RESOLVED,
+                    false,
+                    reason,
+                    format!("{message}; clusters onboarded earlier are left as they are"),
+                )
+            } else {
+                cond(
+                    CONDITION_PLACEMENT_RESOLVED,
+                    true,
+                    "Resolved",
+                    "placement not evaluated while the spec is invalid".into(),
+                )
+            });
+            conditions.push(cond(
+                CONDITION_AGENTS_DEPLOYED,
+                false,
+                reason,
+                message.clone(),
+            ));
+            conditions.push(cond(CONDITION_READY, false, reason, message.clone()));
+        }
+        Ok(selected) => {
+            conditions.push(cond(
+                CONDITION_PLACEMENT_RESOLVED,
+                true,
+                "Resolved",
+                format!("{} cluster(s) selected", selected.len()),
+            ));
+            let mut conflicts = Vec::new();
+            let mut unregistered = Vec::new();
+            let mut not_ready = Vec::new();
+            for c in selected {
+                match assignment.get(c) {
+                    Some(owner) if owner != key => {
+                        conflicts.push(format!("{c} (owned by {owner})"));
+                        clusters.push(ClusterOnboardingStatus {
+                            name: c.clone(),
+                            phase: "Conflict".into(),
+                            message: format!("also selected by GitOpsCluster {owner}, which is older and manages it; remove {c} from one of the two placements"),
+                            mode: goc.mode().to_owned(),
+                            ..Default::default()
+                        });
+                    }
+                    _ => {
+                        let o = &outcomes[c];
+                        if !o.registered {
+                            unregistered.push(format!("{c}: {}", o.status.message));
+                        } else if !o.deployed {
+                            not_ready.push(c.clone());
+                        }
+                        clusters.push(o.status.clone());
+                    }
+                }
+            }
+            match ca_state {
+                Some(Err(problem)) => conditions.push(cond(
+                    CONDITION_CERTIFICATES_READY,
+                    false,
+                    "CAUnusable",
+                    problem.clone(),
+                )),
+                _ => conditions.push(cond(
+                    CONDITION_CERTIFICATES_READY,
+                    true,
+                    "Issued",
+                    server_cert_message.to_owned(),
+                )),
+            }
+            let registered_ok = conflicts.is_empty() && unregistered.is_empty();
+            let (reason, message) = if !conflicts.is_empty() {
+                (
+                    "ClusterConflict",
+                    format!(
+                        "clusters selected by an older GitOpsCluster are skipped: {}",
+                        conflicts.join(", ")
+                    ),
+                )
+            } else if !unregistered.is_empty() {
+                ("RegistrationFailed", unregistered.join("; "))
+            } else {
+                (
+                    "Registered",
+                    format!("{} cluster secret(s) in the hub Argo CD", selected.len()),
+                )
+            };
+            conditions.push(cond(
+                CONDITION_CLUSTERS_REGISTERED,
+                registered_ok,
+                reason,
+                message,
+            ));
+            let deployed_ok = registered_ok && not_ready.is_empty();
+            conditions.push(cond(
+                CONDITION_AGENTS_DEPLOYED,
+                deployed_ok,
+                if deployed_ok { "AgentsReady" } else { "WaitingForAgents" },
+                if not_ready.is_empty() {
+                    "every agent Deployment reports ready".into()
+                } else {
+                    format!("agent not ready yet on: {} (see the ManifestWork argocd-agent in each cluster namespace)", not_ready.join(", "))
+                },
+            ));
+            let all_ok = deployed_ok && !matches!(ca_state, Some(Err(_)));
+            conditions.push(cond(
+                CONDITION_READY,
+                all_ok,
+                if all_ok { "Ready" } else { "NotReady" },
+                if all_ok {
+                    "every selected cluster is onboarded".into()
+                } else {
+                    "see the other conditions".into()
+                },
+            ));
+        }
+    }
+    GitOpsClusterStatus {
+        conditions,
+        observed_generation: generation,
+        clusters,
+    }
+}
+
+async fn write_status(
+    client: &kube::Client,
+    goc: &GitOpsCluster,
+    mut status: GitOpsClusterStatus,
+) -> Result<(), OperatorError> {
+    let old = goc.status.clone().unwrap_or_default();
+    for c in &mut status.conditions {
+        if let Some(prev) = old.conditions.iter().find(|p| p.type_ == c.type_) {
+            if prev.status == c.status {
+                c.last_transition_time = prev.last_transition_time.clone();
+            }
+        }
+    }
+    if old == status {
+        return Ok(());
+    }
+    for c in &status.conditions {
+        let prev = old.conditions.iter().find(|p| p.type_ == c.type_);
+        if prev.is_none_or(|p| p.status != c.status || p.reason != c.reason) {
+            tracing::info!(gitopscluster = %goc_key(goc), condition = %c.type_, status = %c.status, reason = %c.reason, message = %c.message, "condition changed");
+        }
+    }
+    let api: Api<GitOpsCluster> =
+        Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
+    api.patch_status(
+        &goc.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await
+    .map_err(kube_err(format!(
+        "writing status of GitOpsCluster {}",
+        goc_key(goc)
+    )))?;
+    Ok(())
+}
+
+/// The resource-proxy client certificate stored in an Argo CD cluster secret.
+fn cluster_secret_tls(secret: &Secret) -> Option<ClusterTlsMaterial> {
+    let config = secret.data.as_ref()?.get("config")?;
+    let config: Value = serde_json::from_slice(&config.0).ok()?;
+    let field = |k: &str| -> Option<String> {
+        let b = base64::engine::general_purpose::STANDARD
+            .decode(config.pointer(&format!("/tlsClientConfig/{k}"))?.as_str()?)
+            .ok()?;
+        String::from_utf8(b).ok()
+    };
+    Some(ClusterTlsMaterial {
+        ca_pem: field("caData")?,
+        cert_pem: field("certData")?,
+        key_pem: field("keyData")?,
+    })
+}
+
+fn secret_is_current(existing: Option<&Secret>, desired: &Secret) -> bool {
+    let Some(existing) = existing else {
+        return false;
+    };
+    let contains = |have: &Option<BTreeMap<String, String>>,
+                    want: &Option<BTreeMap<String, String>>| {
+        want.iter()
+            .flatten()
+            .all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
+    };
+    existing.data == desired.data
+        && contains(&existing.metadata.labels, &desired.metadata.labels)
+        && contains(
+            &existing.metadata.annotations,
+            &desired.metadata.annotations,
+        )
+}
+
+async fn upsert<K>(
+    api: &Api<K>,
+    name: &str,
+    mut obj: K,
+    resource_version: Option<String>,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match resource_version {
+        Some(rv) => {
+            obj.meta_mut().resource_version = Some(rv);
+            api.replace(name, &PostParams::default(), &obj).await?;
+        }
+        None => {
+            api.create(&PostParams::default(), &obj).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn delete_ignoring_missing<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}

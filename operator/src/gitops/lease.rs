@@ -1,0 +1,178 @@
+//! Leader election with a coordination.k8s.io/v1 Lease, so that among several principal
+//! replicas exactly one runs the operator's reconcile passes.
+//!
+//! Owns the acquire/renew/take-over rule: a Lease held by someone else is taken only after its
+//! `renewTime + leaseDurationSeconds` has passed; every write carries the resourceVersion read,
+//! so two candidates cannot both win. Leadership is published on a `watch` channel.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+
+use crate::pull::Shutdown;
+
+/// Lease timings.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// Lease name.
+    pub name: String,
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// This candidate's identity.
+    pub identity: String,
+    /// How long a lease is valid without renewal.
+    pub duration: Duration,
+    /// How often the holder renews and candidates retry.
+    pub retry: Duration,
+}
+
+/// Whether `identity` may (re)take a lease now.
+pub fn may_acquire(lease: &Lease, identity: &str, now: chrono::DateTime<Utc>) -> bool {
+    let Some(spec) = &lease.spec else { return true };
+    match spec.holder_identity.as_deref() {
+        None | Some("") => true,
+        Some(h) if h == identity => true,
+        Some(_) => {
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+            spec.renew_time
+                .as_ref()
+                .map(|t| t.0.as_second() + duration < now.timestamp())
+                .unwrap_or(true)
+        }
+    }
+}
+
+fn desired(cfg: &LeaseConfig, previous: Option<&Lease>) -> Lease {
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let prev_spec = previous.and_then(|l| l.spec.as_ref());
+    let same_holder = prev_spec.and_then(|s| s.holder_identity.as_deref()) == Some(&cfg.identity);
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(cfg.name.clone()),
+            namespace: Some(cfg.namespace.clone()),
+            resource_version: previous.and_then(|l| l.metadata.resource_version.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(cfg.identity.clone()),
+            lease_duration_seconds: Some(cfg.duration.as_secs().max(1) as i32),
+            acquire_time: if same_holder {
+                prev_spec.and_then(|s| s.acquire_time.clone())
+            } else {
+                Some(now.clone())
+            },
+            renew_time: Some(now),
+            lease_transitions: Some(
+                prev_spec.and_then(|s| s.lease_transitions).unwrap_or(0)
+                    + i32::from(!same_holder && previous.is_some()),
+            ),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// One acquire-or-renew attempt; `Ok(true)` when this candidate holds the lease afterwards.
+pub async fn try_acquire(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
+    let pp = PostParams::default();
+    match api.get_opt(&cfg.name).await? {
+        None => match api.create(&pp, &desired(cfg, None)).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        },
+        Some(lease) if may_acquire(&lease, &cfg.identity, Utc::now()) => {
+            match api
+                .replace(&cfg.name, &pp, &desired(cfg, Some(&lease)))
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+        Some(_) => Ok(false),
+    }
+}
+
+/// Runs the election until `shutdown`, publishing leadership on `leader`. A leader that cannot
+/// renew within the lease duration steps down.
+pub async fn run_election(
+    client: kube::Client,
+    cfg: LeaseConfig,
+    leader: watch::Sender<bool>,
+    shutdown: Shutdown,
+) {
+    let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    let mut last_renewed = tokio::time::Instant::now();
+    let stop = shutdown.requested();
+    tokio::pin!(stop);
+    loop {
+        let holds = match try_acquire(&api, &cfg).await {
+            Ok(h) => {
+                if h {
+                    last_renewed = tokio::time::Instant::now();
+                }
+                h
+            }
+            Err(e) => {
+                tracing::warn!(lease = %cfg.name, error = %e, "leader election: lease not reachable");
+                *leader.borrow() && last_renewed.elapsed() < cfg.duration
+            }
+        };
+        if holds != *leader.borrow() {
+            tracing::info!(lease = %cfg.name, identity = %cfg.identity, leader = holds, "leadership changed");
+            let _ = leader.send(holds);
+        }
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = tokio::time::sleep(cfg.retry) => {}
+        }
+    }
+    if *leader.borrow() {
+        // Step down so another replica takes over at once instead of after the lease expires.
+        if let Ok(Some(mut lease)) = api.get_opt(&cfg.name).await {
+            if let Some(spec) = lease.spec.as_mut() {
+                if spec.holder_identity.as_deref() == Some(&cfg.identity) {
+                    spec.holder_identity = None;
+                    let _ = api.replace(&cfg.name, &PostParams::default(), &lease).await;
+                }
+            }
+        }
+        let _ = leader.send(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(holder: Option<&str>, renewed_secs_ago: i64) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(
+                    k8s_openapi::jiff::Timestamp::from_second(
+                        Utc::now().timestamp() - renewed_secs_ago,
+                    )
+                    .unwrap(),
+                )),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        }
+    }
+
+    #[test]
+    fn a_live_lease_of_another_holder_is_respected_an_expired_one_taken() {
+        let now = Utc::now();
+        assert!(may_acquire(&lease(None, 0), "me", now));
+        assert!(may_acquire(&lease(Some("me"), 0), "me", now));
+        assert!(!may_acquire(&lease(Some("other"), 5), "me", now));
+        assert!(may_acquire(&lease(Some("other"), 60), "me", now));
+    }
+}

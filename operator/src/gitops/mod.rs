@@ -1,0 +1,219 @@
+//! The GitOpsCluster operator, embedded in `argocd-principal`: every managed cluster selected by a
+//! GitOpsCluster's Placement gets certificates, a place in the hub Argo CD (cluster secret) and an
+//! agent (ManifestWork), with no manual step; clusters leaving the placement, and deleted
+//! GitOpsClusters (finalizer), leave nothing behind.
+//!
+//! Owns the run loop ([`run_operator`]): leader election ([`lease`]) so that one replica
+//! reconciles, watches on everything a pass depends on (GitOpsClusters, PlacementDecisions,
+//! Placements, the operator's ManifestWorks and Secrets, add-on CSRs) coalesced into passes, and a
+//! periodic pass for certificate renewal. The pass itself is [`controller::reconcile_all`]; the
+//! pieces are [`crd`], [`placement`], [`certs`], [`agent_work`] and [`csr`].
+
+pub mod agent_work;
+pub mod certs;
+pub mod controller;
+pub mod crd;
+pub mod csr;
+pub mod lease;
+pub mod placement;
+
+use std::time::Duration;
+
+use futures::{stream, StreamExt};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use tokio::sync::watch;
+
+use crate::pki::PkiError;
+use crate::pull::manifestwork::ManifestWork;
+use crate::pull::queue::DirtyQueue;
+use crate::pull::Shutdown;
+use crate::registration::{RegistrationError, DEFAULT_RESOURCE_PROXY_ADDRESS};
+
+pub use certs::CertPolicy;
+pub use controller::reconcile_all;
+pub use crd::{GitOpsCluster, GitOpsClusterSpec, GitOpsClusterStatus};
+
+/// Finalizer that holds a deleted GitOpsCluster until its clusters are offboarded.
+pub const FINALIZER: &str = "apps.open-cluster-management.io/argocd-agent-cleanup";
+/// Default Lease name.
+pub const LEASE_NAME: &str = "argocd-agent-operator";
+/// Events within this window become one pass.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// Everything that can fail in a pass.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// A Kubernetes call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Certificate issuance or Secret storage failed.
+    #[error(transparent)]
+    Pki(#[from] PkiError),
+    /// Cluster registration input was invalid.
+    #[error(transparent)]
+    Registration(#[from] RegistrationError),
+}
+
+/// How the operator runs.
+#[derive(Clone, Debug)]
+pub struct OperatorOptions {
+    /// The principal's namespace: PKI Secrets, the Lease, server discovery.
+    pub namespace: String,
+    /// Namespace of the hub Argo CD (default: `namespace`); a GitOpsCluster may override it.
+    pub argocd_namespace: Option<String>,
+    /// Address the hub Argo CD uses for the resource proxy (`host:port`).
+    pub resource_proxy_address: String,
+    /// Agent image when the GitOpsCluster names none.
+    pub agent_image: String,
+    /// Certificate lifetimes and renewal.
+    pub certs: CertPolicy,
+    /// Pass interval without events (certificate renewal, drift).
+    pub resync: Duration,
+    /// Lease name.
+    pub lease_name: String,
+    /// This replica's identity in the Lease.
+    pub identity: String,
+    /// Lease validity without renewal.
+    pub lease_duration: Duration,
+    /// Lease renewal/retry interval.
+    pub lease_retry: Duration,
+}
+
+impl OperatorOptions {
+    /// Defaults for a principal in `namespace`.
+    pub fn new(namespace: &str) -> Self {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "argocd-principal".into());
+        OperatorOptions {
+            namespace: namespace.to_owned(),
+            argocd_namespace: None,
+            resource_proxy_address: DEFAULT_RESOURCE_PROXY_ADDRESS.to_owned(),
+            agent_image: format!(
+                "ghcr.io/argocd-agent-rs/argocd-agent:{}",
+                env!("CARGO_PKG_VERSION")
+            ),
+            certs: CertPolicy::default(),
+            resync: Duration::from_secs(60),
+            lease_name: LEASE_NAME.to_owned(),
+            identity: format!("{host}-{:08x}", rand::random::<u32>()),
+            lease_duration: Duration::from_secs(15),
+            lease_retry: Duration::from_secs(5),
+        }
+    }
+
+    /// The hub Argo CD namespace.
+    pub fn argocd_namespace(&self) -> &str {
+        self.argocd_namespace.as_deref().unwrap_or(&self.namespace)
+    }
+}
+
+fn triggers<K>(api: Api<K>, config: watcher::Config) -> stream::BoxStream<'static, ()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(|event| async move {
+            match event {
+                Ok(
+                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
+                ) => Some(()),
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::debug!(error = %e, "operator watch error (retrying)");
+                    None
+                }
+            }
+        })
+        .boxed()
+}
+
+/// Runs the operator against the hub until `shutdown` completes: elects a leader among replicas
+/// and, while leader, reconciles on every relevant change and every `resync`.
+pub async fn run_operator(client: kube::Client, opts: OperatorOptions, shutdown: Shutdown) {
+    let (leader_tx, mut leader) = watch::channel(false);
+    let election = tokio::spawn(lease::run_election(
+        client.clone(),
+        lease::LeaseConfig {
+            name: opts.lease_name.clone(),
+            namespace: opts.namespace.clone(),
+            identity: opts.identity.clone(),
+            duration: opts.lease_duration,
+            retry: opts.lease_retry,
+        },
+        leader_tx,
+        shutdown.clone(),
+    ));
+    let managed = watcher::Config::default().labels(&format!(
+        "{}={}",
+        agent_work::MANAGED_BY_LABEL,
+        agent_work::MANAGED_BY_OPERATOR
+    ));
+    let mut events = stream::select_all([
+        triggers(
+            Api::<GitOpsCluster>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+        triggers(
+            Api::<DynamicObject>::all_with(
+                client.clone(),
+                &placement::placement_decision_resource(),
+            ),
+            watcher::Config::default(),
+        ),
+        triggers(
+            Api::<DynamicObject>::all_with(client.clone(), &placement::placement_resource()),
+            watcher::Config::default(),
+        ),
+        triggers(Api::<ManifestWork>::all(client.clone()), managed.clone()),
+        triggers(Api::<Secret>::all(client.clone()), managed),
+        triggers(
+            Api::<Secret>::namespaced(client.clone(), &opts.namespace),
+            watcher::Config::default()
+                .fields(&format!("metadata.name={}", crate::pki::secrets::CA_SECRET)),
+        ),
+        triggers(
+            Api::<CertificateSigningRequest>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    ]);
+    tracing::info!(namespace = %opts.namespace, identity = %opts.identity, "GitOpsCluster operator started");
+    let mut queue: DirtyQueue<()> = DirtyQueue::default();
+    let stop = shutdown.requested();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            Some(()) = events.next() => queue.mark((), DEBOUNCE),
+            changed = leader.changed() => {
+                if changed.is_err() { break; }
+                if *leader.borrow() { queue.mark((), Duration::ZERO); }
+            }
+            _ = queue.wait_due() => {
+                queue.take_due(std::time::Instant::now());
+                if !*leader.borrow() { continue; }
+                match reconcile_all(&client, &opts).await {
+                    Ok(summary) => {
+                        tracing::debug!(?summary, "operator pass done");
+                        queue.mark((), if summary.requeue_soon { Duration::from_secs(1) } else { opts.resync });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "operator pass failed; retrying");
+                        queue.mark((), Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+    }
+    let _ = election.await;
+    tracing::info!("GitOpsCluster operator stopped");
+}
