@@ -2,9 +2,10 @@
 //!
 //! Owns: the process lifecycle and the wiring, top to bottom — ops endpoints (metrics, health),
 //! the TLS client config (hot reloaded) and the spoke's Kubernetes client, the process-wide
-//! [`Outbox`] (outbound events, kept across reconnects), managed-mode sync
-//! ([`ManagedSync`]: event handler + spoke watchers), the [`Connection`] to the principal, and
-//! orderly shutdown on SIGTERM/Ctrl-C. Managed mode only: autonomous mode is refused in `main`.
+//! [`Outbox`] (outbound events, kept across reconnects and, journalled under `--queue-dir`, across
+//! restarts), the mode's sync ([`ManagedSync`] or [`AutonomousSync`]: event handler + spoke
+//! watchers), the periodic jittered resync (`--resync-interval`), the [`Connection`] to the
+//! principal, and orderly shutdown on SIGTERM/Ctrl-C.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +19,13 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
 
+use crate::autonomous::AutonomousSync;
 use crate::config::{AgentConfig, KubeClientConfig};
 use crate::connection::{Connection, ConnectionSettings};
 use crate::managed::{ManagedSettings, ManagedSync};
 use crate::metrics::AgentMetrics;
+use argocd_agent_proto::sync::resync::jittered;
+use argocd_agent_proto::telemetry::flags::AgentMode;
 
 /// How often the TLS files are checked for rotation.
 const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(30);
@@ -69,13 +73,72 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
     let outbox_config = OutboxConfig::default();
     let outbox_capacity = outbox_config.max_resources;
-    let outbox = Arc::new(Outbox::new(outbox_config));
-    let sync = ManagedSync::new(
-        client,
-        ManagedSettings::from_config(&config),
+    let (outbox, opened) = Outbox::open(&config.queue_dir, outbox_config).map_err(|e| {
+        ConfigProblem(format!(
+            "--queue-dir (env ARGOCD_AGENT_QUEUE_DIR) {}: {e}",
+            config.queue_dir.display()
+        ))
+    })?;
+    let outbox = Arc::new(outbox);
+    if let Some(damage) = &opened.damage {
+        warn!(queue_dir = %config.queue_dir.display(), damage = %damage, restored = opened.restored,
+            "the outbound queue journal was damaged; events after the damage are lost, so everything is sent again (full resync)");
+    } else if opened.restored > 0 {
+        info!(queue_dir = %config.queue_dir.display(), restored = opened.restored, "restored queued events from the last run");
+    }
+    let full_resync = opened.damage.is_some();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let connection = Connection::new(
+        ConnectionSettings::from_config(&config, outbox_capacity),
+        tls,
         outbox.clone(),
+        metrics.clone(),
+        health.clone(),
     );
-    let watchers = tokio::spawn(sync.clone().run_watchers());
+    let live = crate::live::LiveService::start(&config, client.clone(), outbox.clone());
+    let (watchers, resync, mut connection) = match config.mode {
+        AgentMode::Managed => {
+            let sync = ManagedSync::new(
+                client,
+                ManagedSettings::from_config(&config),
+                outbox.clone(),
+            );
+            let watchers = tokio::spawn(sync.clone().run_watchers());
+            let periodic = sync.clone();
+            let resync = spawn_periodic_resync(config.resync_interval, outbox.clone(), move || {
+                let sync = periodic.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = sync.answer_resync().await {
+                        warn!(error = %e, "periodic resync failed; the next one retries");
+                    }
+                });
+            });
+            (
+                watchers,
+                resync,
+                tokio::spawn(connection.run(crate::live::LiveDispatch::wrap(sync, live), stop_rx)),
+            )
+        }
+        AgentMode::Autonomous => {
+            let sync = AutonomousSync::new(
+                client,
+                config.namespace.clone(),
+                config.label_selector.clone(),
+                outbox.clone(),
+                full_resync,
+            );
+            let watchers = tokio::spawn(sync.clone().run_watchers());
+            let periodic = sync.clone();
+            let resync = spawn_periodic_resync(config.resync_interval, outbox.clone(), move || {
+                periodic.request_resync()
+            });
+            (
+                watchers,
+                resync,
+                tokio::spawn(connection.run(crate::live::LiveDispatch::wrap(sync, live), stop_rx)),
+            )
+        }
+    };
     let sampler = {
         let (outbox, gauge) = (outbox.clone(), metrics.outbox_resources.clone());
         tokio::spawn(async move {
@@ -86,16 +149,6 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             }
         })
     };
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let connection = Connection::new(
-        ConnectionSettings::from_config(&config, outbox_capacity),
-        tls,
-        outbox,
-        metrics,
-        health.clone(),
-    );
-    let mut connection = tokio::spawn(connection.run(sync, stop_rx));
 
     let outcome = tokio::select! {
         signal = shutdown_signal() => signal.map(|s| info!(signal = s, "shutting down")).map_err(anyhow::Error::from),
@@ -112,11 +165,32 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         connection.abort();
     }
     watchers.abort();
+    if let Some(r) = resync {
+        r.abort();
+    }
     sampler.abort();
     tls_watcher.abort();
     let _ = stop_ops.send(());
     ops.wait().await?;
     outcome
+}
+
+/// Runs `resync` every `--resync-interval` (jittered) while the stream is up; `None` when off.
+fn spawn_periodic_resync(
+    interval: Option<Duration>,
+    outbox: Arc<Outbox>,
+    resync: impl Fn() + Send + 'static,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let interval = interval?;
+    Some(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(jittered(interval)).await;
+            if outbox.is_connected() {
+                tracing::debug!("periodic resync");
+                resync();
+            }
+        }
+    }))
 }
 
 /// The client TLS config from the certificate files, reloaded when they change.

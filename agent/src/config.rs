@@ -2,38 +2,36 @@
 //!
 //! Owns: [`AgentArgs`] (every flag, each mirrored by an `ARGOCD_AGENT_<FLAG>` env var), its
 //! validation into [`AgentConfig`] (files readable, names well-formed, mode-dependent options
-//! consistent, durations sane), and [`ConfigError`], whose messages name the flag and env var and
-//! say what to do. Syntax errors (an unknown mode, a malformed address) are clap's and exit 2 too.
+//! consistent, durations sane). The checks both binaries share, and [`ConfigError`] whose messages
+//! name the flag and env var and say what to do, live in [`binary_config`]. Syntax errors (an
+//! unknown mode, a malformed address) are clap's and exit 2 too.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use argocd_agent_proto::telemetry::flags::{
-    self, check_host_name, check_label_selector, check_namespace_name, check_namespace_pattern,
-    check_readable_file, AgentMode, FlagValueError, HostPort,
-};
-use argocd_agent_proto::telemetry::{parse_log_filter, LogFormat};
+use argocd_agent_proto::telemetry::binary_config::{self, non_empty, FlagEnv};
+use argocd_agent_proto::telemetry::flags::{self, check_host_name, AgentMode, HostPort};
+use argocd_agent_proto::telemetry::LogFormat;
 use argocd_agent_proto::tls::TlsVersion;
-use clap::builder::{BoolishValueParser, PossibleValuesParser, TypedValueParser};
-use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser, ValueEnum};
+
+pub use argocd_agent_proto::telemetry::binary_config::{ConfigError, KubeClientConfig};
 
 /// Prefix of every env var mirroring an agent flag.
 pub const ENV_PREFIX: &str = "ARGOCD_AGENT_";
 
+/// The agent's flags and the env vars mirroring them.
+const FLAGS: FlagEnv = FlagEnv::new(ENV_PREFIX);
+
 /// Default `--grpc-max-message-size`: 16 MiB (upstream: 200 MB). Must be at least as large as
 /// the largest message the principal sends; raise both together if "message too large" appears.
-pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = "16MiB";
-
-const MIN_GRPC_MAX_MESSAGE_SIZE: usize = 4 << 10;
-const MAX_GRPC_MAX_MESSAGE_SIZE: usize = 2 << 30;
+pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = binary_config::DEFAULT_GRPC_MAX_MESSAGE_SIZE;
 
 /// The env var that mirrors `--<flag>`.
 pub fn env_var_for(flag: &str) -> String {
-    format!(
-        "{ENV_PREFIX}{}",
-        flag.to_ascii_uppercase().replace('-', "_")
-    )
+    FLAGS.env_var_for(flag)
 }
 
 /// What a managed agent does when a local object's source UID differs from the hub's.
@@ -99,8 +97,7 @@ pub struct AgentArgs {
         env = "ARGOCD_AGENT_TLS_MIN_VERSION",
         default_value = "tls1.3",
         value_name = "VERSION",
-        value_parser = PossibleValuesParser::new(["tls1.3", "tls1.2"])
-            .try_map(|v| v.parse::<TlsVersion>())
+        value_parser = flags::tls_min_version_parser()
     )]
     pub tls_min_version: TlsVersion,
 
@@ -293,8 +290,7 @@ impl AgentArgs {
     /// Parses the process's arguments and `ARGOCD_AGENT_*` env vars (an empty env var counts as
     /// unset); on a usage error prints clap's message and exits 2.
     pub fn from_env_and_args() -> Self {
-        let cmd = flags::ignore_empty_env(Self::command(), |name| std::env::var_os(name));
-        Self::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
+        binary_config::parse_env_and_args()
     }
 }
 
@@ -316,15 +312,6 @@ pub struct KeepaliveConfig {
     pub interval: Duration,
     /// How long to wait for the ping's answer.
     pub timeout: Duration,
-}
-
-/// How to reach this cluster's Kubernetes API.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KubeClientConfig {
-    /// Explicit kubeconfig file, if any.
-    pub kubeconfig: Option<PathBuf>,
-    /// Explicit kubeconfig context, if any.
-    pub context: Option<String>,
 }
 
 /// Validated configuration of the agent.
@@ -382,114 +369,18 @@ pub struct AgentConfig {
     pub label_selector: Option<String>,
 }
 
-/// Why the agent's configuration was rejected.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// A flag's value is malformed or points at an unusable file.
-    #[error("--{flag} (env {env}): {source}")]
-    InvalidValue {
-        /// Flag name without dashes.
-        flag: &'static str,
-        /// The mirroring env var.
-        env: String,
-        /// What is wrong.
-        #[source]
-        source: FlagValueError,
-    },
-    /// A flag's value is out of range or otherwise unusable.
-    #[error("--{flag} (env {env}): {problem}")]
-    Invalid {
-        /// Flag name without dashes.
-        flag: &'static str,
-        /// The mirroring env var.
-        env: String,
-        /// What is wrong and what to do.
-        problem: String,
-    },
-    /// Two flags' values cannot be used together.
-    #[error("--{flag} (env {env}) conflicts with --{other} (env {other_env}): {problem}")]
-    Conflict {
-        /// First flag.
-        flag: &'static str,
-        /// Its env var.
-        env: String,
-        /// Second flag.
-        other: &'static str,
-        /// Its env var.
-        other_env: String,
-        /// What is wrong and what to do.
-        problem: String,
-    },
-}
-
-impl ConfigError {
-    fn value(flag: &'static str, source: FlagValueError) -> Self {
-        ConfigError::InvalidValue {
-            flag,
-            env: env_var_for(flag),
-            source,
-        }
-    }
-
-    fn invalid(flag: &'static str, problem: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            flag,
-            env: env_var_for(flag),
-            problem: problem.into(),
-        }
-    }
-
-    fn conflict(flag: &'static str, other: &'static str, problem: impl Into<String>) -> Self {
-        ConfigError::Conflict {
-            flag,
-            env: env_var_for(flag),
-            other,
-            other_env: env_var_for(other),
-            problem: problem.into(),
-        }
-    }
-
-    /// The flag (without dashes) the error is about.
-    pub fn flag(&self) -> &'static str {
-        match self {
-            ConfigError::InvalidValue { flag, .. }
-            | ConfigError::Invalid { flag, .. }
-            | ConfigError::Conflict { flag, .. } => flag,
-        }
-    }
-}
-
-fn readable_file(flag: &'static str, path: &Path) -> Result<PathBuf, ConfigError> {
-    if path.as_os_str().is_empty() {
-        return Err(ConfigError::invalid(
-            flag,
-            "is empty; point it at a readable PEM file",
-        ));
-    }
-    check_readable_file(path).map_err(|e| ConfigError::value(flag, e))?;
-    Ok(path.to_path_buf())
-}
-
-/// Empty strings (as Helm charts often render unset values) mean "not set".
-fn non_empty<T: AsRef<std::ffi::OsStr>>(value: Option<T>) -> Option<T> {
-    value.filter(|v| !v.as_ref().is_empty())
-}
-
 /// The queue directory may be created at start-up, but only inside an existing directory.
 fn check_queue_dir(path: &Path) -> Result<(), ConfigError> {
     const FLAG: &str = "queue-dir";
     if path.as_os_str().is_empty() {
-        return Err(ConfigError::invalid(
-            FLAG,
-            "is empty; give a directory path",
-        ));
+        return Err(FLAGS.invalid(FLAG, "is empty; give a directory path"));
     }
     let mut candidate = Some(path);
     while let Some(dir) = candidate {
         match std::fs::metadata(dir) {
             Ok(meta) if meta.is_dir() => return Ok(()),
             Ok(_) => {
-                return Err(ConfigError::invalid(
+                return Err(FLAGS.invalid(
                     FLAG,
                     format!(
                         "{} exists and is not a directory; point it at a directory",
@@ -506,10 +397,7 @@ fn check_queue_dir(path: &Path) -> Result<(), ConfigError> {
                 candidate = dir.parent().filter(|p| !p.as_os_str().is_empty());
             }
             Err(e) => {
-                return Err(ConfigError::invalid(
-                    FLAG,
-                    format!("cannot inspect {}: {e}", dir.display()),
-                ))
+                return Err(FLAGS.invalid(FLAG, format!("cannot inspect {}: {e}", dir.display())))
             }
         }
     }
@@ -517,34 +405,17 @@ fn check_queue_dir(path: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn optional_interval(
-    flag: &'static str,
-    value: Duration,
-    what_zero_means: &str,
-) -> Result<Option<Duration>, ConfigError> {
-    if value.is_zero() {
-        Ok(None)
-    } else if value < Duration::from_secs(1) {
-        Err(ConfigError::invalid(
-            flag,
-            format!("is shorter than 1s; use 0 for {what_zero_means}, or at least 1s"),
-        ))
-    } else {
-        Ok(Some(value))
-    }
-}
-
 impl AgentArgs {
     /// Checks everything clap cannot (files, names, ranges, combinations) and builds the config.
     pub fn validate(self) -> Result<AgentConfig, ConfigError> {
         let tls = ClientTlsFiles {
-            cert: readable_file("tls-client-cert", &self.tls_client_cert)?,
-            key: readable_file("tls-client-key", &self.tls_client_key)?,
-            ca: readable_file("tls-ca", &self.tls_ca)?,
+            cert: FLAGS.readable_file("tls-client-cert", &self.tls_client_cert)?,
+            key: FLAGS.readable_file("tls-client-key", &self.tls_client_key)?,
+            ca: FLAGS.readable_file("tls-ca", &self.tls_ca)?,
         };
         let tls_server_name = match non_empty(self.tls_server_name) {
             Some(name) => {
-                check_host_name(&name).map_err(|e| ConfigError::value("tls-server-name", e))?;
+                check_host_name(&name).map_err(|e| FLAGS.invalid_value("tls-server-name", e))?;
                 name
             }
             None => self.server_address.host.clone(),
@@ -552,14 +423,14 @@ impl AgentArgs {
 
         if self.mode == AgentMode::Autonomous {
             if self.destination_based_mapping {
-                return Err(ConfigError::conflict(
+                return Err(FLAGS.conflict(
                     "destination-based-mapping",
                     "mode",
                     "destination-based mapping is for managed agents only; drop it or use --mode=managed",
                 ));
             }
             if self.create_namespace {
-                return Err(ConfigError::conflict(
+                return Err(FLAGS.conflict(
                     "create-namespace",
                     "mode",
                     "creating Application namespaces is for managed agents only; drop it or use --mode=managed",
@@ -567,48 +438,31 @@ impl AgentArgs {
             }
         }
 
-        check_namespace_name(&self.namespace).map_err(|e| ConfigError::value("namespace", e))?;
-        let mut allowed_namespaces = Vec::new();
-        for pattern in self.allowed_namespaces {
-            let pattern = pattern.trim();
-            if pattern.is_empty() {
-                continue;
-            }
-            check_namespace_pattern(pattern)
-                .map_err(|e| ConfigError::value("allowed-namespaces", e))?;
-            allowed_namespaces.push(pattern.to_string());
-        }
+        FLAGS.namespace(&self.namespace)?;
+        let allowed_namespaces = FLAGS.allowed_namespaces(self.allowed_namespaces)?;
 
         check_queue_dir(&self.queue_dir)?;
 
-        if self.metrics_address != self.health_address
-            && self.metrics_address.port() != 0
-            && self.metrics_address.port() == self.health_address.port()
-            && (self.metrics_address.ip() == self.health_address.ip()
-                || self.metrics_address.ip().is_unspecified()
-                || self.health_address.ip().is_unspecified())
-        {
-            return Err(ConfigError::conflict(
-                "metrics-address",
-                "health-address",
-                format!(
-                    "{} and {} would both listen on port {}; use one address for both or two ports",
-                    self.metrics_address,
-                    self.health_address,
-                    self.metrics_address.port()
-                ),
-            ));
+        // Metrics and health may share one address (one server then serves both).
+        if self.metrics_address != self.health_address {
+            FLAGS.listeners_distinct(
+                &[
+                    ("metrics-address", self.metrics_address),
+                    ("health-address", self.health_address),
+                ],
+                "use one address for both or two ports",
+            )?;
         }
 
-        let keepalive = match optional_interval(
+        let keepalive = match FLAGS.optional_interval(
             "keepalive-interval",
             self.keepalive_interval,
-            "no keepalive pings",
+            "for no keepalive pings",
         )? {
             None => None,
             Some(interval) => {
                 if self.keepalive_timeout.is_zero() {
-                    return Err(ConfigError::invalid(
+                    return Err(FLAGS.invalid(
                         "keepalive-timeout",
                         "is 0; give the principal time to answer a ping (default 10s)",
                     ));
@@ -619,47 +473,27 @@ impl AgentArgs {
                 })
             }
         };
-        let heartbeat_interval = optional_interval(
+        let heartbeat_interval = FLAGS.optional_interval(
             "heartbeat-interval",
             self.heartbeat_interval,
-            "no heartbeats",
+            "for no heartbeats",
         )?;
         if self.reconnect_backoff_max < Duration::from_secs(1) {
-            return Err(ConfigError::invalid(
+            return Err(FLAGS.invalid(
                 "reconnect-backoff-max",
                 "must be at least 1s so a down principal is not hammered (default 60s)",
             ));
         }
-        if !(MIN_GRPC_MAX_MESSAGE_SIZE..=MAX_GRPC_MAX_MESSAGE_SIZE)
-            .contains(&self.grpc_max_message_size)
-        {
-            return Err(ConfigError::invalid(
-                "grpc-max-message-size",
-                format!(
-                    "{} bytes is outside the usable range 4KiB..=2GiB",
-                    self.grpc_max_message_size
-                ),
-            ));
-        }
-        let resync_interval = optional_interval(
+        let grpc_max_message_size = FLAGS.grpc_max_message_size(self.grpc_max_message_size)?;
+        let resync_interval = FLAGS.optional_interval(
             "resync-interval",
             self.resync_interval,
-            "resyncing only on (re)connect",
+            "for resyncing only on (re)connect",
         )?;
 
-        let kube = KubeClientConfig {
-            kubeconfig: match non_empty(self.kubeconfig) {
-                Some(path) => Some(readable_file("kubeconfig", &path)?),
-                None => None,
-            },
-            context: non_empty(self.kubecontext),
-        };
-        parse_log_filter(&self.log_level)
-            .map_err(|e| ConfigError::invalid("log-level", e.to_string()))?;
-        let label_selector = non_empty(self.label_selector);
-        if let Some(selector) = &label_selector {
-            check_label_selector(selector).map_err(|e| ConfigError::value("label-selector", e))?;
-        }
+        let kube = FLAGS.kube_client(self.kubeconfig, self.kubecontext)?;
+        FLAGS.log_level(&self.log_level)?;
+        let label_selector = FLAGS.label_selector(self.label_selector)?;
 
         Ok(AgentConfig {
             server_address: self.server_address,
@@ -676,7 +510,7 @@ impl AgentArgs {
             keepalive,
             heartbeat_interval,
             reconnect_backoff_max: self.reconnect_backoff_max,
-            grpc_max_message_size: self.grpc_max_message_size,
+            grpc_max_message_size,
             enable_resource_proxy: self.enable_resource_proxy,
             destination_based_mapping: self.destination_based_mapping,
             create_namespace: self.create_namespace,
@@ -694,6 +528,7 @@ impl AgentArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
 
     struct Files {
         dir: tempfile::TempDir,
@@ -732,16 +567,10 @@ mod tests {
 
     #[test]
     fn every_flag_has_its_env_var() {
-        for arg in AgentArgs::command().get_arguments() {
-            let Some(long) = arg.get_long() else { continue };
-            if matches!(long, "help" | "version") {
-                continue;
-            }
-            let env = arg
-                .get_env()
-                .unwrap_or_else(|| panic!("--{long} has no env var"));
-            assert_eq!(env.to_str().unwrap(), env_var_for(long), "--{long}");
-        }
+        assert_eq!(
+            FLAGS.flags_without_their_env_var(&AgentArgs::command()),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

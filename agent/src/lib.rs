@@ -2,9 +2,11 @@
 //! the spoke's Applications/AppProjects in sync in managed or autonomous mode.
 
 pub mod app;
+pub mod autonomous;
 pub mod config;
 pub mod connection;
 pub mod drift;
+pub mod live;
 pub mod managed;
 pub mod metrics;
 pub mod spoke_copy;

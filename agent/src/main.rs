@@ -1,14 +1,13 @@
 //! `argocd-agent` binary entry point: flags/env → validated config → logging → run.
 //!
 //! Exit codes: 0 after a clean shutdown, 2 for bad usage or configuration (clap's own errors, or
-//! `error: <message>` naming the flag and env var; also unusable certificate or kubeconfig files,
-//! and autonomous mode, which this build does not implement yet), 1 for a runtime failure.
+//! `error: <message>` naming the flag and env var; also unusable certificate or kubeconfig files
+//! and an unusable queue directory), 1 for a runtime failure.
 
 use std::process::ExitCode;
 
 use argocd_agent_agent::app;
 use argocd_agent_agent::config::AgentArgs;
-use argocd_agent_proto::telemetry::flags::AgentMode;
 use argocd_agent_proto::telemetry::init_logging;
 
 #[tokio::main]
@@ -24,12 +23,6 @@ async fn main() -> ExitCode {
     if let Err(e) = init_logging(config.log_format, &config.log_level) {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
-    }
-    if config.mode == AgentMode::Autonomous {
-        tracing::error!(
-            "autonomous mode is not implemented yet in this build; run with --mode=managed (env ARGOCD_AGENT_MODE)"
-        );
-        return ExitCode::from(2);
     }
     match app::run(config).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_proto::event::{spec_checksum, Event, EventType, AGENT_SOURCE};
 use argocd_agent_proto::payload::{ErrorData, RequestUpdate};
-use argocd_agent_proto::sync::{EventHandler, HandleError, Outbox};
+use argocd_agent_proto::sync::resync::request_update_key;
+use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
 use futures::StreamExt;
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
@@ -96,7 +97,7 @@ pub struct ManagedSync {
 }
 
 /// A kube error as a handler result: invalid input can never succeed, everything else may.
-fn kube_failure(what: String, e: kube::Error) -> HandleError {
+pub(crate) fn kube_failure(what: String, e: kube::Error) -> HandleError {
     match &e {
         kube::Error::Api(s) if s.code == 400 || s.is_invalid() => {
             HandleError::Rejected(format!("{what}: {e}"))
@@ -105,11 +106,11 @@ fn kube_failure(what: String, e: kube::Error) -> HandleError {
     }
 }
 
-fn is_not_found(e: &kube::Error) -> bool {
+pub(crate) fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.is_not_found())
 }
 
-fn to_json(obj: &DynamicObject) -> Value {
+pub(crate) fn to_json(obj: &DynamicObject) -> Value {
     let mut v = serde_json::to_value(obj).unwrap_or(Value::Null);
     // Bulky, and nothing the principal uses.
     if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -130,7 +131,7 @@ fn write_params() -> PostParams {
     }
 }
 
-fn patch_params() -> PatchParams {
+pub(crate) fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
@@ -485,8 +486,9 @@ impl ManagedSync {
         self.push(ev)
     }
 
-    /// request-resource-resync: one request-update per local object the hub created.
-    async fn answer_resync(&self) -> Result<(), HandleError> {
+    /// request-resource-resync (and the periodic resync): one request-update per local object
+    /// the hub created; the principal answers only where its copy differs.
+    pub async fn answer_resync(&self) -> Result<(), HandleError> {
         let mut params = ListParams::default();
         if let Some(sel) = &self.settings.label_selector {
             params = params.labels(sel);
@@ -519,7 +521,8 @@ impl ManagedSync {
                 };
                 let ev = Event::request_update(AGENT_SOURCE, &req)
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
-                self.push(ev)?;
+                let key = request_update_key(kind.kind(), &req.name);
+                self.push(keyed_request(ev, key))?;
                 sent += 1;
             }
         }

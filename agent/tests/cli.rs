@@ -1,18 +1,24 @@
 //! The `argocd-agent` command-line contract: help, exit codes, env vars, ops endpoints.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+#[path = "../../proto/tests/support/cli.rs"]
+mod cli_support;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+use cli_support::{
+    assert_cannot_bind, assert_config_error, assert_help_lists, assert_required,
+    assert_version_exits_zero, exit_of, free_port, http_get, run, spawn, taken_port, terminate,
+    text, wait_until_live, write_ca_and_signed_cert, write_unreachable_kubeconfig,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_argocd-agent");
 
 /// The binary with no inherited environment, so stray `ARGOCD_AGENT_*` vars cannot interfere.
 fn agent() -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.env_clear();
-    cmd
+    cli_support::clean_command(BIN)
 }
 
 /// PEM files and a queue directory. Flag validation only checks the files are readable; start-up
@@ -31,21 +37,16 @@ impl Pki {
         Pki { dir }
     }
 
-    /// A self-signed certificate that serves as client certificate and CA, and a kubeconfig
-    /// pointing at a port nothing listens on (the agent retries; these tests do not need a cluster).
+    /// A client certificate and the CA that signed it, and a kubeconfig pointing at a port
+    /// nothing listens on (the agent retries; these tests do not need a cluster).
     fn real() -> Self {
         let pki = Pki::new();
-        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-        std::fs::write(pki.path("client.crt"), ck.cert.pem()).unwrap();
-        std::fs::write(pki.path("ca.crt"), ck.cert.pem()).unwrap();
-        std::fs::write(pki.path("client.key"), ck.signing_key.serialize_pem()).unwrap();
-        let kubeconfig = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{}\n\
-             users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
-             current-context: c\n",
-            free_port()
+        write_ca_and_signed_cert(
+            &pki.path("ca.crt"),
+            &pki.path("client.crt"),
+            &pki.path("client.key"),
         );
-        std::fs::write(pki.path("kubeconfig"), kubeconfig).unwrap();
+        write_unreachable_kubeconfig(&pki.path("kubeconfig"));
         pki
     }
 
@@ -64,70 +65,9 @@ impl Pki {
     }
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("run argocd-agent")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    Ok((status, response))
-}
-
-fn wait_with_timeout(child: &mut Child, timeout: Duration) -> ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("argocd-agent did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    stderr
-}
-
 #[test]
 fn help_lists_key_flags_with_their_env_vars() {
-    let output = run(agent().arg("--help"));
-    assert_eq!(output.status.code(), Some(0));
-    let help = text(&output.stdout);
-    for flag in [
+    let flags = [
         "server-address",
         "mode",
         "tls-client-cert",
@@ -140,41 +80,23 @@ fn help_lists_key_flags_with_their_env_vars() {
         "health-address",
         "log-format",
         "log-level",
-    ] {
-        let env = format!("ARGOCD_AGENT_{}", flag.to_uppercase().replace('-', "_"));
-        assert!(
-            help.contains(&format!("--{flag}")),
-            "--{flag} missing from help"
-        );
-        assert!(help.contains(&env), "{env} missing from help");
-    }
-    assert!(help.contains("0.0.0.0:8181"));
-    assert!(help.contains("0.0.0.0:8001"));
-    assert!(help.contains("/var/lib/argocd-agent/queue"));
+    ];
+    let defaults = [
+        "0.0.0.0:8181",
+        "0.0.0.0:8001",
+        "/var/lib/argocd-agent/queue",
+    ];
+    assert_help_lists(agent(), "ARGOCD_AGENT_", &flags, &defaults);
 }
 
 #[test]
 fn version_exits_zero() {
-    let output = run(agent().arg("--version"));
-    assert_eq!(output.status.code(), Some(0));
-    assert!(text(&output.stdout).contains(env!("CARGO_PKG_VERSION")));
+    assert_version_exits_zero(agent());
 }
 
 #[test]
 fn missing_required_flag_is_a_usage_error() {
-    let pki = Pki::new();
-    let args: Vec<String> = pki
-        .required_flags()
-        .into_iter()
-        .filter(|a| !a.starts_with("--server-address"))
-        .collect();
-    let output = run(agent().args(&args));
-    assert_eq!(output.status.code(), Some(2));
-    assert!(
-        text(&output.stderr).contains("--server-address"),
-        "{}",
-        text(&output.stderr)
-    );
+    assert_required(agent(), Pki::new().required_flags(), "server-address");
 }
 
 #[test]
@@ -183,13 +105,11 @@ fn nonexistent_cert_file_exits_2_naming_the_flag() {
     let output = run(agent()
         .args(pki.required_flags())
         .arg("--tls-client-cert=/nonexistent/agent.crt"));
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = text(&output.stderr);
-    assert!(
-        stderr.starts_with("error: --tls-client-cert (env ARGOCD_AGENT_TLS_CLIENT_CERT)"),
-        "{stderr}"
+    assert_config_error(
+        &output,
+        "--tls-client-cert (env ARGOCD_AGENT_TLS_CLIENT_CERT)",
+        &["/nonexistent/agent.crt"],
     );
-    assert!(stderr.contains("/nonexistent/agent.crt"), "{stderr}");
 }
 
 #[test]
@@ -224,23 +144,16 @@ fn required_flags_can_all_come_from_env() {
         .env("ARGOCD_AGENT_TLS_CLIENT_KEY", pki.path("client.key"))
         .env("ARGOCD_AGENT_TLS_CA", "/nonexistent/ca.crt"));
     // Parsing succeeded (all required present); validation then names the env-provided file.
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = text(&output.stderr);
-    assert!(
-        stderr.starts_with("error: --tls-ca (env ARGOCD_AGENT_TLS_CA)"),
-        "{stderr}"
-    );
+    assert_config_error(&output, "--tls-ca (env ARGOCD_AGENT_TLS_CA)", &[]);
 }
 
 fn spawn_agent(pki: &Pki, extra: &[String], envs: &[(&str, &str)]) -> Child {
-    agent()
-        .envs(envs.iter().copied())
-        .args(pki.required_flags())
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn argocd-agent")
+    spawn(
+        agent()
+            .envs(envs.iter().copied())
+            .args(pki.required_flags())
+            .args(extra),
+    )
 }
 
 #[test]
@@ -254,8 +167,7 @@ fn unusable_certificate_files_exit_2_naming_the_flags() {
         ],
         &[],
     );
-    let status = wait_with_timeout(&mut child, Duration::from_secs(10));
-    let stderr = stderr_of(&mut child);
+    let (status, stderr) = exit_of(&mut child);
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--tls-client-cert"), "{stderr}");
     assert!(
@@ -265,15 +177,15 @@ fn unusable_certificate_files_exit_2_naming_the_flags() {
 }
 
 #[test]
-fn autonomous_mode_is_refused_with_exit_2() {
+fn managed_only_options_are_refused_in_autonomous_mode_with_exit_2() {
     let pki = Pki::real();
-    let output = run(agent().args(pki.required_flags()).arg("--mode=autonomous"));
+    let output = run(agent()
+        .args(pki.required_flags())
+        .args(["--mode=autonomous", "--create-namespace"]));
     assert_eq!(output.status.code(), Some(2));
     let stderr = text(&output.stderr);
-    assert!(
-        stderr.contains("autonomous mode is not implemented yet"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("--create-namespace"), "{stderr}");
+    assert!(stderr.contains("managed agents only"), "{stderr}");
 }
 
 #[test]
@@ -297,17 +209,7 @@ fn serves_health_and_metrics_on_separate_addresses_until_sigterm() {
         ],
     );
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match http_get(health, "/healthz") {
-            Ok((200, _)) => break,
-            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            other => {
-                let _ = child.kill();
-                panic!("/healthz never answered 200: {other:?}");
-            }
-        }
-    }
+    wait_until_live(&mut child, health);
     // Principal unreachable but nothing queued: ready, working offline.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -332,21 +234,14 @@ fn serves_health_and_metrics_on_separate_addresses_until_sigterm() {
     assert!(body.contains("argocd_agent_connection_status 0"), "{body}");
     assert!(body.contains("argocd_agent_connections_total 0"), "{body}");
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = wait_with_timeout(&mut child, Duration::from_secs(10));
-    let stderr = stderr_of(&mut child);
+    let (status, stderr) = terminate(&mut child);
     assert_eq!(status.code(), Some(0), "{stderr}");
 }
 
 #[test]
 fn busy_health_port_is_a_runtime_failure() {
     let pki = Pki::new();
-    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = taken.local_addr().unwrap();
+    let (taken, addr) = taken_port();
     let mut child = spawn_agent(
         &pki,
         &[
@@ -355,12 +250,6 @@ fn busy_health_port_is_a_runtime_failure() {
         ],
         &[],
     );
-    let status = wait_with_timeout(&mut child, Duration::from_secs(10));
-    let stderr = stderr_of(&mut child);
-    assert_eq!(status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!("cannot bind health endpoint on {addr}")),
-        "{stderr}"
-    );
+    assert_cannot_bind(&mut child, "health", addr);
     drop(taken);
 }

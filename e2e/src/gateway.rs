@@ -164,6 +164,10 @@ pub struct Principal {
     pub ops_port: u16,
     /// The principal's namespace on the hub.
     pub namespace: String,
+    /// Resource proxy port on 127.0.0.1.
+    pub resource_proxy_port: u16,
+    /// Redis proxy port on 127.0.0.1.
+    pub redis_proxy_port: u16,
 }
 
 impl Principal {
@@ -180,6 +184,7 @@ impl Principal {
         ensure_namespace(&hub.client().await?, namespace).await?;
         let grpc_port = free_port();
         let ops_port = free_port();
+        let (resource_proxy_port, redis_proxy_port) = (free_port(), free_port());
         let spec = ProcessSpec::new(
             format!("principal-{name}"),
             project_binary("argocd-principal")?,
@@ -189,10 +194,11 @@ impl Principal {
         .arg(format!("--metrics-address=127.0.0.1:{ops_port}"))
         .arg(format!("--health-address=127.0.0.1:{ops_port}"))
         .arg(format!(
-            "--resource-proxy-address=127.0.0.1:{}",
-            free_port()
+            "--resource-proxy-address=127.0.0.1:{resource_proxy_port}"
         ))
-        .arg(format!("--redis-proxy-address=127.0.0.1:{}", free_port()))
+        .arg(format!(
+            "--redis-proxy-address=127.0.0.1:{redis_proxy_port}"
+        ))
         .arg(format!(
             "--tls-cert={}",
             pki.dir.join("principal.crt").display()
@@ -214,6 +220,8 @@ impl Principal {
             grpc_port,
             ops_port,
             namespace: namespace.to_string(),
+            resource_proxy_port,
+            redis_proxy_port,
         };
         principal.wait_ready().await?;
         Ok(principal)

@@ -14,6 +14,7 @@ pub mod ports;
 pub mod process;
 pub mod redis;
 pub mod shared;
+pub mod tcp_proxy;
 pub mod wait;
 
 pub use control_plane::ControlPlane;

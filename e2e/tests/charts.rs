@@ -95,8 +95,12 @@ fn server_dry_run(dir: &Path, kubeconfig: &Path, manifest: &str) -> Result<Strin
     }
 }
 
-/// (apiGroup, resource, verb) triples a list of RBAC rules grants.
-fn grants(rules: &Value) -> BTreeSet<(String, String, String)> {
+/// One granted (apiGroup, resource, verb, resourceName) — resourceName "" = any object.
+type Grant = (String, String, String, String);
+
+/// The grants a list of RBAC rules makes; a rule's `resourceNames` narrow it, so they are part of
+/// each grant (a chart granting `signers approve` for every signer must not pass for one).
+fn grants(rules: &Value) -> BTreeSet<Grant> {
     let strs = |v: &Value| -> Vec<String> {
         v.as_array()
             .map(|a| {
@@ -108,10 +112,16 @@ fn grants(rules: &Value) -> BTreeSet<(String, String, String)> {
     };
     let mut out = BTreeSet::new();
     for rule in rules.as_array().into_iter().flatten() {
+        let mut names = strs(&rule["resourceNames"]);
+        if names.is_empty() {
+            names.push(String::new());
+        }
         for g in strs(&rule["apiGroups"]) {
             for r in strs(&rule["resources"]) {
                 for v in strs(&rule["verbs"]) {
-                    out.insert((g.clone(), r.clone(), v));
+                    for n in &names {
+                        out.insert((g.clone(), r.clone(), v.clone(), n.clone()));
+                    }
                 }
             }
         }
@@ -120,7 +130,7 @@ fn grants(rules: &Value) -> BTreeSet<(String, String, String)> {
 }
 
 /// The grants of every rendered object of `kind` together.
-fn rendered_grants(objs: &[Value], kind: &str) -> BTreeSet<(String, String, String)> {
+fn rendered_grants(objs: &[Value], kind: &str) -> BTreeSet<Grant> {
     of_kind(objs, kind)
         .into_iter()
         .flat_map(|o| grants(&o["rules"]))
@@ -215,14 +225,24 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
         "agent Role differs from agent/rbac.yaml `namespace`"
     );
     // No wildcard anywhere.
-    for (g, r, v) in rendered_grants(&principal, "ClusterRole")
+    for (g, r, v, n) in rendered_grants(&principal, "ClusterRole")
         .into_iter()
+        .chain(rendered_grants(&principal, "Role"))
         .chain(rendered_grants(&agent, "Role"))
     {
         assert!(
-            g != "*" && r != "*" && v != "*",
-            "wildcard grant {g}/{r}/{v}"
+            g != "*" && r != "*" && v != "*" && n != "*",
+            "wildcard grant {g}/{r}/{v}/{n}"
         );
+    }
+    // Signing is limited to the add-on's signer (operator/src/gitops/csr.rs ADDON_SIGNER).
+    for (g, r, v, n) in rendered_grants(&principal, "ClusterRole") {
+        if g == "certificates.k8s.io" && r == "signers" {
+            assert_eq!(
+                n, "open-cluster-management.io/argocd-agent-addon",
+                "signers/{v} granted beyond the add-on signer"
+            );
+        }
     }
     // Bindings name the chart's ServiceAccount in the release namespace.
     for b in of_kind(&principal, "ClusterRoleBinding")

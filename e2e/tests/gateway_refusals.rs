@@ -232,8 +232,8 @@ async fn token_of_one_agent_on_another_agents_certificate_is_refused() -> anyhow
 }
 
 #[tokio::test]
-async fn autonomous_mode_is_refused_with_a_reason() -> anyhow::Result<()> {
-    let s = setup("autonomous_auth", &[]).await?;
+async fn autonomous_mode_is_refused_when_the_principal_allows_only_managed() -> anyhow::Result<()> {
+    let s = setup("autonomous_auth", &["--allowed-agent-modes=managed"]).await?;
     s.pki.issue_agent("auto")?;
     let (c, k) = agent_identity(&s.pki, "auto")?;
     let ch = grpc_channel(
@@ -244,8 +244,12 @@ async fn autonomous_mode_is_refused_with_a_reason() -> anyhow::Result<()> {
     let err = authenticate(ch, "autonomous")
         .await
         .expect_err("autonomous accepted");
-    assert_eq!(err.code(), Code::FailedPrecondition);
-    assert!(err.message().contains("autonomous"), "{}", err.message());
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert!(
+        err.message().contains("autonomous") && err.message().contains("--allowed-agent-modes"),
+        "{}",
+        err.message()
+    );
     Ok(())
 }
 

@@ -428,7 +428,10 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn autonomous_agent_is_refused_with_a_clear_reason() -> anyhow::Result<()> {
+async fn autonomous_agent_without_a_hub_namespace_is_refused_with_a_clear_reason(
+) -> anyhow::Result<()> {
+    // The principal may not create namespaces (no --namespace-create-enable) and the agent's hub
+    // namespace does not exist: the agent is told why, and keeps retrying.
     let planes = shared_planes().await;
     let ctx = TestContext::new("autonomous_refused")?;
     let pki = Pki::create(&ctx.dir.join("pki"))?;
@@ -451,7 +454,7 @@ async fn autonomous_agent_is_refused_with_a_clear_reason() -> anyhow::Result<()>
             agent
                 .process
                 .log_tail(200)
-                .contains("not implemented")
+                .contains("--namespace-create-enable")
                 .then_some(()),
         )
     })

@@ -26,7 +26,7 @@ use tracing::{info, warn};
 use crate::auth::{AuthPolicy, AuthService, VersionService};
 use crate::config::{JwtKeySource, KubeClientConfig, PrincipalConfig};
 use crate::eventstream::EventStreamService;
-use crate::hub::Hub;
+use crate::hub::{Hub, HubOptions};
 use crate::listener::accept_loop;
 use crate::metrics::PrincipalMetrics;
 use crate::sessions::AgentRegistry;
@@ -73,6 +73,48 @@ fn token_issuer(config: &PrincipalConfig) -> anyhow::Result<TokenIssuer> {
     Ok(issuer)
 }
 
+/// Starts the resource proxy and the Redis proxy when configured; returns the resource proxy's
+/// certificate watcher.
+async fn start_live_view(
+    config: &PrincipalConfig,
+    registry: &Arc<AgentRegistry>,
+    live: &Arc<crate::live::LiveRequests>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let mut watcher = None;
+    if let Some(rp) = &config.resource_proxy {
+        let tls = ReloadingServerConfig::load(
+            ServerTlsOptions::new(&rp.tls.cert, &rp.tls.key)
+                .require_client_certs(&rp.tls.client_ca)
+                .with_alpn(&[b"h2", b"http/1.1"])
+                .with_policy(TlsPolicy {
+                    min_version: config.tls_min_version,
+                }),
+        )
+        .context("loading the resource proxy's TLS files")?;
+        watcher = Some(tls.spawn_watcher(TLS_RELOAD_INTERVAL));
+        let proxy = Arc::new(crate::resource_proxy::ResourceProxy {
+            registry: registry.clone(),
+            live: live.clone(),
+        });
+        let addr = crate::resource_proxy::serve(rp.address, tls, proxy)
+            .await
+            .with_context(|| format!("cannot listen on --resource-proxy-address {}", rp.address))?;
+        info!(%addr, "resource proxy listening");
+    }
+    if let Some(addr) = config.redis_proxy_address {
+        let proxy = Arc::new(crate::redis_proxy::RedisProxy {
+            registry: registry.clone(),
+            live: live.clone(),
+            upstream: config.redis_server_address.to_string(),
+        });
+        let addr = crate::redis_proxy::serve(addr, proxy)
+            .await
+            .with_context(|| format!("cannot listen on --redis-proxy-address {addr}"))?;
+        info!(%addr, upstream = %config.redis_server_address, "redis proxy listening");
+    }
+    Ok(watcher)
+}
+
 /// Runs the principal until SIGTERM/Ctrl-C; an error means a runtime failure (exit 1).
 pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     let registry_metrics = MetricsRegistry::new(env!("CARGO_PKG_VERSION"));
@@ -107,7 +149,44 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     let _tls_watcher = tls.spawn_watcher(TLS_RELOAD_INTERVAL);
 
     let registry = Arc::new(AgentRegistry::new(OutboxConfig::default()));
-    let hub = Hub::new(client, config.namespace.clone(), registry.clone());
+    let live = crate::live::LiveRequests::new();
+    let _live_view_tls_watcher = start_live_view(&config, &registry, &live).await?;
+    let (stop_operator, operator_stopped) = argocd_agent_operator::pull::Shutdown::new();
+    let operator = config.enable_operator.then(|| {
+        let opts = argocd_agent_operator::gitops::OperatorOptions::new(&config.namespace);
+        let pull = argocd_agent_operator::pull::PullModelOptions {
+            argocd_namespace: config.namespace.clone(),
+            ..Default::default()
+        };
+        let pull_stopped = operator_stopped.clone().requested();
+        let pull_model = tokio::spawn(argocd_agent_operator::pull::run_pull_model(
+            client.clone(),
+            pull,
+            pull_stopped,
+        ));
+        let gitops = tokio::spawn(argocd_agent_operator::gitops::run_operator(
+            client.clone(),
+            opts,
+            operator_stopped,
+        ));
+        async move {
+            let (gitops, pull_model) = tokio::join!(gitops, pull_model);
+            if let Ok(Err(e)) = pull_model {
+                tracing::error!(error = %e, "the OCM pull-model controllers failed");
+            }
+            drop(gitops);
+        }
+    });
+    let operator = operator.map(tokio::spawn);
+    let hub = Hub::with_options(
+        client,
+        config.namespace.clone(),
+        registry.clone(),
+        HubOptions {
+            namespace_create: config.namespace_create_enable,
+            resync_interval: config.resync_interval,
+        },
+    );
     tokio::spawn(hub.clone().run());
 
     let listener = tokio::net::TcpListener::bind(config.listen_address)
@@ -127,7 +206,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         policy: AuthPolicy {
             principal_namespace: config.namespace.clone(),
             allowed_modes: config.allowed_agent_modes.clone(),
-            implemented_modes: vec![AgentMode::Managed],
+            implemented_modes: vec![AgentMode::Managed, AgentMode::Autonomous],
         },
         metrics: metrics.clone(),
     };
@@ -136,6 +215,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         registry,
         hub: hub.clone(),
         metrics,
+        live,
     };
     let (stop_grpc, grpc_stopped) = oneshot::channel::<()>();
     let mut server = tonic::transport::Server::builder()
@@ -185,6 +265,10 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     ready.abort();
     health.set_ready(false, "shutting down");
     let _ = stop_grpc.send(());
+    let _ = stop_operator.send(true);
+    if let Some(operator) = operator {
+        let _ = tokio::time::timeout(Duration::from_secs(5), operator).await;
+    }
     let _ = tokio::time::timeout(Duration::from_secs(10), grpc_task).await;
     let _ = stop_ops.send(());
     ops.wait().await?;

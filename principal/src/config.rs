@@ -2,40 +2,38 @@
 //!
 //! Owns: [`PrincipalArgs`] (every flag, each mirrored by an `ARGOCD_PRINCIPAL_<FLAG>` env var),
 //! its validation into [`PrincipalConfig`] (files readable, names well-formed, listeners not
-//! colliding, durations sane), and [`ConfigError`], whose messages name the flag and env var and
-//! say what to do. Syntax errors (an unknown mode, a malformed address) are clap's and exit 2 too.
+//! colliding, durations sane). The checks both binaries share, and [`ConfigError`] whose messages
+//! name the flag and env var and say what to do, live in [`binary_config`]. Syntax errors (an
+//! unknown mode, a malformed address) are clap's and exit 2 too.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use argocd_agent_proto::identity::IdentitySource;
-use argocd_agent_proto::telemetry::flags::{
-    self, check_label_selector, check_namespace_name, check_namespace_pattern, check_readable_file,
-    AgentMode, FlagValueError, HostPort,
-};
-use argocd_agent_proto::telemetry::{parse_log_filter, LogFormat};
+use argocd_agent_proto::telemetry::binary_config::{self, non_empty, FlagEnv};
+use argocd_agent_proto::telemetry::flags::{self, AgentMode, HostPort};
+use argocd_agent_proto::telemetry::LogFormat;
 use argocd_agent_proto::tls::TlsVersion;
-use clap::builder::{BoolishValueParser, PossibleValuesParser, TypedValueParser};
-use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser};
+
+pub use argocd_agent_proto::telemetry::binary_config::{ConfigError, KubeClientConfig};
 
 /// Prefix of every env var mirroring a principal flag.
 pub const ENV_PREFIX: &str = "ARGOCD_PRINCIPAL_";
 
+/// The principal's flags and the env vars mirroring them.
+const FLAGS: FlagEnv = FlagEnv::new(ENV_PREFIX);
+
 /// Default `--grpc-max-message-size`: 16 MiB. Upstream defaults to 200 MB; 16 MiB bounds the
 /// memory one misbehaving agent can make the principal allocate per message while leaving ample
 /// room for large Applications. Raise it if agents report "message too large".
-pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = "16MiB";
-
-const MIN_GRPC_MAX_MESSAGE_SIZE: usize = 4 << 10;
-const MAX_GRPC_MAX_MESSAGE_SIZE: usize = 2 << 30;
+pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = binary_config::DEFAULT_GRPC_MAX_MESSAGE_SIZE;
 
 /// The env var that mirrors `--<flag>`.
 pub fn env_var_for(flag: &str) -> String {
-    format!(
-        "{ENV_PREFIX}{}",
-        flag.to_ascii_uppercase().replace('-', "_")
-    )
+    FLAGS.env_var_for(flag)
 }
 
 /// `argocd-principal`: the hub side of argocd-agent.
@@ -72,8 +70,7 @@ pub struct PrincipalArgs {
         env = "ARGOCD_PRINCIPAL_TLS_MIN_VERSION",
         default_value = "tls1.3",
         value_name = "VERSION",
-        value_parser = PossibleValuesParser::new(["tls1.3", "tls1.2"])
-            .try_map(|v| v.parse::<TlsVersion>())
+        value_parser = flags::tls_min_version_parser()
     )]
     pub tls_min_version: TlsVersion,
 
@@ -321,8 +318,7 @@ impl PrincipalArgs {
     /// Parses the process's arguments and `ARGOCD_PRINCIPAL_*` env vars (an empty env var counts
     /// as unset); on a usage error prints clap's message and exits 2.
     pub fn from_env_and_args() -> Self {
-        let cmd = flags::ignore_empty_env(Self::command(), |name| std::env::var_os(name));
-        Self::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
+        binary_config::parse_env_and_args()
     }
 }
 
@@ -382,15 +378,6 @@ pub struct ResourceProxyConfig {
     pub tls: ServerTlsFiles,
 }
 
-/// How to reach the hub's Kubernetes API.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KubeClientConfig {
-    /// Explicit kubeconfig file, if any.
-    pub kubeconfig: Option<PathBuf>,
-    /// Explicit kubeconfig context, if any.
-    pub context: Option<String>,
-}
-
 /// Validated configuration of the principal.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrincipalConfig {
@@ -448,142 +435,30 @@ pub struct PrincipalConfig {
     pub otlp_address: Option<String>,
 }
 
-/// Why the principal's configuration was rejected.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// A flag's value is malformed or points at an unusable file.
-    #[error("--{flag} (env {env}): {source}")]
-    InvalidValue {
-        /// Flag name without dashes.
-        flag: &'static str,
-        /// The mirroring env var.
-        env: String,
-        /// What is wrong.
-        #[source]
-        source: FlagValueError,
-    },
-    /// A flag's value is out of range or otherwise unusable.
-    #[error("--{flag} (env {env}): {problem}")]
-    Invalid {
-        /// Flag name without dashes.
-        flag: &'static str,
-        /// The mirroring env var.
-        env: String,
-        /// What is wrong and what to do.
-        problem: String,
-    },
-    /// Two flags' values cannot be used together.
-    #[error("--{flag} (env {env}) conflicts with --{other} (env {other_env}): {problem}")]
-    Conflict {
-        /// First flag.
-        flag: &'static str,
-        /// Its env var.
-        env: String,
-        /// Second flag.
-        other: &'static str,
-        /// Its env var.
-        other_env: String,
-        /// What is wrong and what to do.
-        problem: String,
-    },
-}
-
-impl ConfigError {
-    fn value(flag: &'static str, source: FlagValueError) -> Self {
-        ConfigError::InvalidValue {
-            flag,
-            env: env_var_for(flag),
-            source,
-        }
-    }
-
-    fn invalid(flag: &'static str, problem: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            flag,
-            env: env_var_for(flag),
-            problem: problem.into(),
-        }
-    }
-
-    fn conflict(flag: &'static str, other: &'static str, problem: impl Into<String>) -> Self {
-        ConfigError::Conflict {
-            flag,
-            env: env_var_for(flag),
-            other,
-            other_env: env_var_for(other),
-            problem: problem.into(),
-        }
-    }
-
-    /// The flag (without dashes) the error is about.
-    pub fn flag(&self) -> &'static str {
-        match self {
-            ConfigError::InvalidValue { flag, .. }
-            | ConfigError::Invalid { flag, .. }
-            | ConfigError::Conflict { flag, .. } => flag,
-        }
-    }
-}
-
-fn readable_file(flag: &'static str, path: &Path) -> Result<PathBuf, ConfigError> {
-    if path.as_os_str().is_empty() {
-        return Err(ConfigError::invalid(
-            flag,
-            "is empty; point it at a readable PEM file",
-        ));
-    }
-    check_readable_file(path).map_err(|e| ConfigError::value(flag, e))?;
-    Ok(path.to_path_buf())
-}
-
-/// Empty strings (as Helm charts often render unset values) mean "not set".
-fn non_empty<T: AsRef<std::ffi::OsStr>>(value: Option<T>) -> Option<T> {
-    value.filter(|v| !v.as_ref().is_empty())
-}
-
-/// Rejects two listeners that would fight over one port.
-fn check_listeners_distinct(listeners: &[(&'static str, SocketAddr)]) -> Result<(), ConfigError> {
-    for (i, (flag, addr)) in listeners.iter().enumerate() {
-        for (other, other_addr) in &listeners[i + 1..] {
-            let overlapping_ips = addr.ip() == other_addr.ip()
-                || addr.ip().is_unspecified()
-                || other_addr.ip().is_unspecified();
-            if addr.port() != 0 && addr.port() == other_addr.port() && overlapping_ips {
-                return Err(ConfigError::conflict(
-                    flag,
-                    other,
-                    format!(
-                        "{addr} and {other_addr} would both listen on port {}; give one of them another port",
-                        addr.port()
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
+/// How a listener collision error tells the user to resolve it.
+const LISTENER_REMEDY: &str = "give one of them another port";
 
 impl PrincipalArgs {
     /// Checks everything clap cannot (files, names, ranges, combinations) and builds the config.
     pub fn validate(self) -> Result<PrincipalConfig, ConfigError> {
         let tls = ServerTlsFiles {
-            cert: readable_file("tls-cert", &self.tls_cert)?,
-            key: readable_file("tls-key", &self.tls_key)?,
-            client_ca: readable_file("tls-ca", &self.tls_ca)?,
+            cert: FLAGS.readable_file("tls-cert", &self.tls_cert)?,
+            key: FLAGS.readable_file("tls-key", &self.tls_key)?,
+            client_ca: FLAGS.readable_file("tls-ca", &self.tls_ca)?,
         };
 
         let jwt_key = match (non_empty(self.jwt_key), self.insecure_jwt_generate) {
             (Some(_), true) => {
-                return Err(ConfigError::conflict(
+                return Err(FLAGS.conflict(
                     "jwt-key",
                     "insecure-jwt-generate",
                     "give a key file or ask for a generated key, not both",
                 ))
             }
-            (Some(path), false) => JwtKeySource::File(readable_file("jwt-key", &path)?),
+            (Some(path), false) => JwtKeySource::File(FLAGS.readable_file("jwt-key", &path)?),
             (None, true) => JwtKeySource::GenerateInsecure,
             (None, false) => {
-                return Err(ConfigError::invalid(
+                return Err(FLAGS.invalid(
                     "jwt-key",
                     "is required: point it at the PEM private key that signs agent tokens \
                      (or pass --insecure-jwt-generate for a throwaway key)",
@@ -591,17 +466,8 @@ impl PrincipalArgs {
             }
         };
 
-        check_namespace_name(&self.namespace).map_err(|e| ConfigError::value("namespace", e))?;
-        let mut allowed_namespaces = Vec::new();
-        for pattern in self.allowed_namespaces {
-            let pattern = pattern.trim();
-            if pattern.is_empty() {
-                continue;
-            }
-            check_namespace_pattern(pattern)
-                .map_err(|e| ConfigError::value("allowed-namespaces", e))?;
-            allowed_namespaces.push(pattern.to_string());
-        }
+        FLAGS.namespace(&self.namespace)?;
+        let allowed_namespaces = FLAGS.allowed_namespaces(self.allowed_namespaces)?;
 
         let mut allowed_agent_modes = Vec::new();
         for mode in self.allowed_agent_modes {
@@ -610,7 +476,7 @@ impl PrincipalArgs {
             }
         }
         if allowed_agent_modes.is_empty() {
-            return Err(ConfigError::invalid(
+            return Err(FLAGS.invalid(
                 "allowed-agent-modes",
                 "is empty; allow managed, autonomous, or both",
             ));
@@ -621,22 +487,21 @@ impl PrincipalArgs {
             let key = non_empty(self.resource_proxy_tls_key);
             let (cert, key) = match (cert, key) {
                 (Some(cert), Some(key)) => (
-                    readable_file("resource-proxy-tls-cert", &cert)?,
-                    readable_file("resource-proxy-tls-key", &key)?,
+                    FLAGS.readable_file("resource-proxy-tls-cert", &cert)?,
+                    FLAGS.readable_file("resource-proxy-tls-key", &key)?,
                 ),
                 (None, None) => (tls.cert.clone(), tls.key.clone()),
                 (Some(_), None) | (None, Some(_)) => {
-                    return Err(ConfigError::conflict(
+                    return Err(FLAGS.conflict(
                         "resource-proxy-tls-cert",
                         "resource-proxy-tls-key",
                         "set both or neither (neither reuses --tls-cert and --tls-key)",
                     ))
                 }
             };
-            let client_ca = match non_empty(self.resource_proxy_tls_ca) {
-                Some(ca) => readable_file("resource-proxy-tls-ca", &ca)?,
-                None => tls.client_ca.clone(),
-            };
+            let client_ca = FLAGS
+                .optional_readable_file("resource-proxy-tls-ca", self.resource_proxy_tls_ca)?
+                .unwrap_or_else(|| tls.client_ca.clone());
             Some(ResourceProxyConfig {
                 address: self.resource_proxy_address,
                 tls: ServerTlsFiles {
@@ -658,58 +523,36 @@ impl PrincipalArgs {
             listeners.push(("redis-proxy-address", addr));
         }
         listeners.push(("metrics-address", self.metrics_address));
-        check_listeners_distinct(&listeners)?;
+        FLAGS.listeners_distinct(&listeners, LISTENER_REMEDY)?;
         // Metrics and health may share one address (one server then serves both).
         if self.health_address != self.metrics_address {
             listeners.pop();
             listeners.push(("health-address", self.health_address));
-            check_listeners_distinct(&listeners)?;
-            check_listeners_distinct(&[
-                ("metrics-address", self.metrics_address),
-                ("health-address", self.health_address),
-            ])?;
+            FLAGS.listeners_distinct(&listeners, LISTENER_REMEDY)?;
+            FLAGS.listeners_distinct(
+                &[
+                    ("metrics-address", self.metrics_address),
+                    ("health-address", self.health_address),
+                ],
+                LISTENER_REMEDY,
+            )?;
         }
 
-        let kube = KubeClientConfig {
-            kubeconfig: match non_empty(self.kubeconfig) {
-                Some(path) => Some(readable_file("kubeconfig", &path)?),
-                None => None,
-            },
-            context: non_empty(self.kubecontext),
-        };
-
-        if !(MIN_GRPC_MAX_MESSAGE_SIZE..=MAX_GRPC_MAX_MESSAGE_SIZE)
-            .contains(&self.grpc_max_message_size)
-        {
-            return Err(ConfigError::invalid(
-                "grpc-max-message-size",
-                format!(
-                    "{} bytes is outside the usable range 4KiB..=2GiB",
-                    self.grpc_max_message_size
-                ),
-            ));
-        }
+        let kube = FLAGS.kube_client(self.kubeconfig, self.kubecontext)?;
+        let grpc_max_message_size = FLAGS.grpc_max_message_size(self.grpc_max_message_size)?;
 
         let keepalive_min_interval =
             (!self.keepalive_min_interval.is_zero()).then_some(self.keepalive_min_interval);
-        let resync_interval = match self.resync_interval {
-            d if d.is_zero() => None,
-            d if d < Duration::from_secs(1) => {
-                return Err(ConfigError::invalid(
-                    "resync-interval",
-                    "is shorter than 1s; use 0 to resync only on connect, or at least 1s",
-                ))
-            }
-            d => Some(d),
-        };
+        let resync_interval = FLAGS.optional_interval(
+            "resync-interval",
+            self.resync_interval,
+            "to resync only on connect",
+        )?;
         if self.access_token_lifetime < Duration::from_secs(1) {
-            return Err(ConfigError::invalid(
-                "access-token-lifetime",
-                "must be at least 1s (default 5m)",
-            ));
+            return Err(FLAGS.invalid("access-token-lifetime", "must be at least 1s (default 5m)"));
         }
         if self.refresh_token_lifetime <= self.access_token_lifetime {
-            return Err(ConfigError::conflict(
+            return Err(FLAGS.conflict(
                 "refresh-token-lifetime",
                 "access-token-lifetime",
                 format!(
@@ -720,12 +563,8 @@ impl PrincipalArgs {
             ));
         }
 
-        parse_log_filter(&self.log_level)
-            .map_err(|e| ConfigError::invalid("log-level", e.to_string()))?;
-        let label_selector = non_empty(self.label_selector);
-        if let Some(selector) = &label_selector {
-            check_label_selector(selector).map_err(|e| ConfigError::value("label-selector", e))?;
-        }
+        FLAGS.log_level(&self.log_level)?;
+        let label_selector = FLAGS.label_selector(self.label_selector)?;
 
         Ok(PrincipalConfig {
             listen_address: self.listen_address,
@@ -745,7 +584,7 @@ impl PrincipalArgs {
             health_address: self.health_address,
             kube,
             enable_operator: self.enable_operator,
-            grpc_max_message_size: self.grpc_max_message_size,
+            grpc_max_message_size,
             keepalive_min_interval,
             resync_interval,
             access_token_lifetime: self.access_token_lifetime,
@@ -761,6 +600,7 @@ impl PrincipalArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
 
     struct Files {
         dir: tempfile::TempDir,
@@ -801,16 +641,10 @@ mod tests {
 
     #[test]
     fn every_flag_has_its_env_var() {
-        for arg in PrincipalArgs::command().get_arguments() {
-            let Some(long) = arg.get_long() else { continue };
-            if matches!(long, "help" | "version") {
-                continue;
-            }
-            let env = arg
-                .get_env()
-                .unwrap_or_else(|| panic!("--{long} has no env var"));
-            assert_eq!(env.to_str().unwrap(), env_var_for(long), "--{long}");
-        }
+        assert_eq!(
+            FLAGS.flags_without_their_env_var(&PrincipalArgs::command()),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! Path of a stream: the connection's certificate identity and the access token must name the same
 //! agent ([`authorize_stream`]); the agent's session is taken over (an older stream of the same agent
-//! ends); its full state and a resync request are queued; then the shared delivery engine runs the
+//! ends); its full state and a resync request (managed) or the checksum resync (autonomous, whose
+//! hub namespace must exist or be creatable) are queued; then the shared delivery engine runs the
 //! stream until either side ends it. Undelivered events stay in the session's outbox.
 
 use std::pin::Pin;
@@ -41,6 +42,8 @@ pub struct EventStreamService {
     pub hub: Arc<Hub>,
     /// Metrics.
     pub metrics: Arc<PrincipalMetrics>,
+    /// Live requests waiting on agents (told when an agent's stream starts and ends).
+    pub live: Arc<crate::live::LiveRequests>,
 }
 
 type EventResponseStream = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send>>;
@@ -54,11 +57,14 @@ impl EventStream for EventStreamService {
         req: Request<Streaming<WireEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let (agent, mode) = authorize_stream(&req, &self.issuer, &self.metrics)?;
-        if mode != AgentMode::Managed {
-            self.metrics.auth_failure("mode");
-            return Err(Status::failed_precondition(
-                "only managed agents are served by this principal build",
-            ));
+        if mode == AgentMode::Autonomous {
+            if let Err(reason) = self.hub.ensure_agent_namespace(agent.as_str()).await {
+                tracing::error!(
+                    agent = agent.as_str(),
+                    "refusing an autonomous agent: {reason}"
+                );
+                return Err(Status::failed_precondition(reason));
+            }
         }
         let session = self.registry.get_or_create(&agent, mode);
         let generation = session.take_over(mode);
@@ -69,6 +75,7 @@ impl EventStream for EventStreamService {
         let (end_tx, end_rx) = oneshot::channel::<Status>();
         let hub = self.hub.clone();
         let metrics = self.metrics.clone();
+        let live = self.live.clone();
         tokio::spawn(async move {
             metrics.connections.inc();
             metrics.connected_agents.inc();
@@ -77,11 +84,16 @@ impl EventStream for EventStreamService {
                 mode = mode.as_str(),
                 "agent connected"
             );
-            hub.queue_full_state(&session);
+            {
+                let (hub, session) = (hub.clone(), session.clone());
+                tokio::spawn(async move { hub.on_connect(&session).await });
+            }
+            live.agent_connected(agent.as_str());
             let (ctl_tx, mut ctl_rx) = mpsc::channel(1024);
             let handler = Arc::new(AgentInbound {
                 session: session.clone(),
                 hub: hub.clone(),
+                live: live.clone(),
             });
             let lanes = Lanes::start(handler, LANES, LANE_DEPTH, ctl_tx);
             let end = run_stream(
@@ -95,6 +107,7 @@ impl EventStream for EventStreamService {
             )
             .await;
             drop(ctl_rx);
+            live.agent_disconnected(agent.as_str());
             lanes.drain().await;
             metrics.connected_agents.dec();
             let pending = session.outbox.resources();

@@ -1,15 +1,34 @@
-//! Hub-side sync of managed agents: watches Applications (all namespaces; namespace == agent) and
-//! AppProjects (principal namespace) on the hub, keeps the latest copy of each, and turns changes
-//! into events in the right agent's outbox; on each (re)connect it queues the agent's full state
-//! followed by a resync request so deletions made while apart are found.
+//! Hub-side sync: watches Applications (all namespaces; namespace == agent) and AppProjects
+//! (principal namespace) on the hub, keeps the latest copy of each, and turns changes into events
+//! in the right agent's outbox.
+//!
+//! Managed agents: on each (re)connect it queues the agent's full state followed by a resync
+//! request so deletions made while apart are found.
+//!
+//! Autonomous agents: it writes the mirrors of what the spoke owns ([`Hub::upsert_mirror`],
+//! [`Hub::delete_mirror`]), remembers each mirror as written and reverts hub edits and deletions of
+//! it, forwards operations, terminations and refresh requests made on a mirror to the spoke, and
+//! runs the checksum resync ([`Hub::autonomous_resync`]) on connect, periodically and on request:
+//! one `request-update` (carrying the mirror's checksum) per mirror plus one
+//! `request-synced-resource-list`, so a resync where nothing changed costs O(1)-sized messages.
+//! Conflicts resolve to the owner: for an autonomous agent's objects, the spoke.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use argocd_agent_proto::event::{Event, EventType, Target};
+use argocd_agent_proto::event::{
+    set_checksum, Event, EventType, ResourceKey, Target, SOURCE_UID_ANNOTATION,
+};
+use argocd_agent_proto::payload::RequestUpdate;
+use argocd_agent_proto::sync::resync::{
+    jittered, request_update_key, MIRROR_AGENT_ANNOTATION, MIRROR_CHECKSUM_ANNOTATION,
+    RESYNC_REQUEST_KEY,
+};
+use argocd_agent_proto::sync::{keyed_request, HandleError};
 use argocd_agent_proto::telemetry::flags::AgentMode;
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
@@ -17,8 +36,9 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::routing::{
-    application_change_events, application_payload, operation_already_started, project_for_agent,
-    project_matches_agent,
+    application_change_events, application_payload, mirror_application, mirror_project,
+    mirror_view, mirrored_project_name, operation_already_started, project_for_agent,
+    project_matches_agent, REFRESH_ANNOTATION,
 };
 use crate::sessions::{AgentRegistry, AgentSession};
 
@@ -51,6 +71,18 @@ fn key_of(v: &Value) -> AppKey {
     )
 }
 
+/// Hub-side behaviour the flags choose.
+#[derive(Debug, Clone, Default)]
+pub struct HubOptions {
+    /// Create the hub namespace of an autonomous agent when missing (`--namespace-create-enable`).
+    pub namespace_create: bool,
+    /// Periodic resync of connected agents (`--resync-interval`); `None` = only on connect.
+    pub resync_interval: Option<Duration>,
+}
+
+/// Field manager of the principal's hub writes.
+const FIELD_MANAGER: &str = "argocd-principal";
+
 /// The hub's view of synced objects and the routing of their changes to agents.
 pub struct Hub {
     /// Hub Kubernetes client.
@@ -62,6 +94,73 @@ pub struct Hub {
     apps: RwLock<HashMap<AppKey, Value>>,
     projects: RwLock<HashMap<String, Value>>,
     synced: watch::Sender<(bool, bool)>,
+    options: HubOptions,
+    /// Autonomous mirrors as the principal last wrote them: Applications by (agent, name),
+    /// AppProjects by mirror name. Hub edits are reverted to these; deletions recreate them.
+    app_mirrors: RwLock<HashMap<AppKey, Value>>,
+    project_mirrors: RwLock<HashMap<String, Value>>,
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn kube_error(what: &str, e: kube::Error) -> HandleError {
+    match &e {
+        kube::Error::Api(s) if s.code == 409 || s.code == 429 || s.code >= 500 || s.code == 404 => {
+            HandleError::Retryable(format!("{what}: {e}"))
+        }
+        kube::Error::Api(s) => {
+            HandleError::Rejected(format!("{what}: hub apiserver refused: {}", s.message))
+        }
+        _ => HandleError::Retryable(format!("{what}: {e}")),
+    }
+}
+
+fn name_of(v: &Value) -> &str {
+    v.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+fn source_uid_of(v: &Value) -> Option<&str> {
+    v.pointer("/metadata/annotations")
+        .and_then(|a| a.get(SOURCE_UID_ANNOTATION))
+        .and_then(Value::as_str)
+}
+
+fn mirror_agent_of(v: &Value) -> Option<&str> {
+    v.pointer("/metadata/annotations")
+        .and_then(|a| a.get(MIRROR_AGENT_ANNOTATION))
+        .and_then(Value::as_str)
+}
+
+fn is_terminating(v: &Value) -> bool {
+    v.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+}
+
+fn phase(v: &Value) -> Option<&str> {
+    v.pointer("/status/operationState/phase")
+        .and_then(Value::as_str)
+}
+
+fn refresh(v: &Value) -> Option<&Value> {
+    v.pointer("/metadata/annotations")
+        .and_then(|a| a.get(REFRESH_ANNOTATION))
+}
+
+/// The kinds an autonomous agent owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MirrorKind {
+    /// Application, mirrored into namespace `<agent>`.
+    Application,
+    /// AppProject, mirrored as `<agent>-<name>` in the principal namespace.
+    AppProject,
 }
 
 impl Hub {
@@ -71,6 +170,16 @@ impl Hub {
         principal_namespace: String,
         registry: Arc<AgentRegistry>,
     ) -> Arc<Hub> {
+        Hub::with_options(client, principal_namespace, registry, HubOptions::default())
+    }
+
+    /// A hub view with the behaviour `options` choose.
+    pub fn with_options(
+        client: kube::Client,
+        principal_namespace: String,
+        registry: Arc<AgentRegistry>,
+        options: HubOptions,
+    ) -> Arc<Hub> {
         Arc::new(Hub {
             client,
             principal_namespace,
@@ -78,6 +187,9 @@ impl Hub {
             apps: RwLock::new(HashMap::new()),
             projects: RwLock::new(HashMap::new()),
             synced: watch::channel((false, false)).0,
+            options,
+            app_mirrors: RwLock::new(HashMap::new()),
+            project_mirrors: RwLock::new(HashMap::new()),
         })
     }
 
@@ -119,7 +231,70 @@ impl Hub {
             ),
             Kind::AppProject,
         );
-        tokio::join!(apps, projects);
+        let periodic = self.clone().periodic_resync();
+        tokio::join!(apps, projects, periodic);
+    }
+
+    /// Every `--resync-interval` (jittered): a resync of every connected agent.
+    async fn periodic_resync(self: Arc<Self>) {
+        let Some(interval) = self.options.resync_interval else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(jittered(interval)).await;
+            for session in self.registry.all() {
+                if !session.outbox.is_connected() {
+                    continue;
+                }
+                tracing::debug!(agent = session.name.as_str(), "periodic resync");
+                match session.mode() {
+                    AgentMode::Autonomous => self.autonomous_resync(&session),
+                    AgentMode::Managed => match Event::request_resource_resync(SOURCE) {
+                        Ok(ev) => push(&session, keyed_request(ev, RESYNC_REQUEST_KEY)),
+                        Err(e) => tracing::error!(error = %e, "cannot build a resync request"),
+                    },
+                }
+            }
+        }
+    }
+
+    /// What a newly connected agent needs once the hub view is complete: its full state
+    /// (managed) or the checksum resync (autonomous).
+    pub async fn on_connect(&self, session: &AgentSession) {
+        self.wait_synced().await;
+        match session.mode() {
+            AgentMode::Managed => self.queue_full_state(session),
+            AgentMode::Autonomous => self.autonomous_resync(session),
+        }
+    }
+
+    /// Makes sure hub namespace `agent` exists for an autonomous agent's mirrors: creates it
+    /// with `--namespace-create-enable`, else says what is missing.
+    pub async fn ensure_agent_namespace(&self, agent: &str) -> Result<(), String> {
+        use k8s_openapi::api::core::v1::Namespace;
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        match api.get_opt(agent).await {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) => {}
+            Err(e) => return Err(format!("cannot read hub namespace {agent:?}: {e}")),
+        }
+        if !self.options.namespace_create {
+            return Err(format!(
+                "hub namespace {agent:?} for autonomous agent {agent:?} does not exist; create it or start the \
+                 principal with --namespace-create-enable"
+            ));
+        }
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": agent}}))
+                .map_err(|e| e.to_string())?;
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => {
+                tracing::info!(agent, "created the hub namespace of an autonomous agent");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(format!("cannot create hub namespace {agent:?}: {e}")),
+        }
     }
 
     async fn watch_objects(self: Arc<Self>, api: Api<DynamicObject>, kind: Kind) {
@@ -211,7 +386,7 @@ impl Hub {
         }
     }
 
-    fn applied(&self, kind: Kind, v: Value) {
+    fn applied(self: &Arc<Self>, kind: Kind, v: Value) {
         match kind {
             Kind::Application => {
                 let key = key_of(&v);
@@ -220,6 +395,10 @@ impl Hub {
                     .write()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(key.clone(), v.clone());
+                if let Some(session) = self.autonomous_session(&key.0) {
+                    self.mirror_app_changed(&session, old.as_ref(), &v);
+                    return;
+                }
                 let Some(session) = self.managed_session(&key.0) else {
                     return;
                 };
@@ -242,7 +421,11 @@ impl Hub {
                     .projects
                     .write()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(name, v.clone());
+                    .insert(name.clone(), v.clone());
+                if let Some(desired) = read(&self.project_mirrors).get(&name).cloned() {
+                    self.mirror_project_changed(&desired, &v);
+                    return;
+                }
                 for session in self
                     .registry
                     .all()
@@ -270,10 +453,17 @@ impl Hub {
         }
     }
 
-    fn deleted(&self, kind: Kind, v: Value) {
+    fn deleted(self: &Arc<Self>, kind: Kind, v: Value) {
         match kind {
             Kind::Application => {
-                let (ns, _) = key_of(&v);
+                let (ns, name) = key_of(&v);
+                if self.autonomous_session(&ns).is_some() {
+                    if let Some(desired) = read(&self.app_mirrors).get(&(ns.clone(), name)).cloned()
+                    {
+                        self.spawn_restore(MirrorKind::Application, desired, "deleted on the hub");
+                    }
+                    return;
+                }
                 if let Some(session) = self.managed_session(&ns) {
                     queue(
                         &session,
@@ -284,6 +474,10 @@ impl Hub {
                 }
             }
             Kind::AppProject => {
+                if let Some(desired) = read(&self.project_mirrors).get(name_of(&v)).cloned() {
+                    self.spawn_restore(MirrorKind::AppProject, desired, "deleted on the hub");
+                    return;
+                }
                 for session in self
                     .registry
                     .all()
@@ -301,6 +495,12 @@ impl Hub {
                 }
             }
         }
+    }
+
+    fn autonomous_session(&self, namespace: &str) -> Option<Arc<AgentSession>> {
+        self.registry
+            .get(namespace)
+            .filter(|s| s.mode() == AgentMode::Autonomous)
     }
 
     fn managed_session(&self, namespace: &str) -> Option<Arc<AgentSession>> {
@@ -347,7 +547,7 @@ impl Hub {
             }
         }
         match Event::request_resource_resync(SOURCE) {
-            Ok(ev) => push(session, ev),
+            Ok(ev) => push(session, keyed_request(ev, RESYNC_REQUEST_KEY)),
             Err(e) => tracing::error!(error = %e, "cannot build a resync request"),
         }
         tracing::info!(
@@ -355,6 +555,399 @@ impl Hub {
             applications = apps.len(),
             projects = projects.len(),
             "queued the agent's full state"
+        );
+    }
+}
+
+/// Autonomous agents: mirrors, their protection, and the checksum resync.
+impl Hub {
+    fn mirror_api(&self, kind: MirrorKind, agent: &str) -> Api<DynamicObject> {
+        match kind {
+            MirrorKind::Application => {
+                Api::namespaced_with(self.client.clone(), agent, &application_resource())
+            }
+            MirrorKind::AppProject => Api::namespaced_with(
+                self.client.clone(),
+                &self.principal_namespace,
+                &appproject_resource(),
+            ),
+        }
+    }
+
+    /// Writes the hub mirror of spoke object `spoke` of autonomous agent `agent` (the spoke's
+    /// version wins over whatever the hub holds).
+    pub async fn upsert_mirror(
+        &self,
+        kind: MirrorKind,
+        agent: &str,
+        spoke: &Value,
+    ) -> Result<(), HandleError> {
+        if name_of(spoke).is_empty() {
+            return Err(HandleError::Rejected(
+                "the object has no metadata.name".into(),
+            ));
+        }
+        let desired = match kind {
+            MirrorKind::Application => mirror_application(spoke, agent),
+            MirrorKind::AppProject => mirror_project(spoke, agent, &self.principal_namespace),
+        };
+        let name = name_of(&desired).to_string();
+        match kind {
+            MirrorKind::Application => {
+                write(&self.app_mirrors).insert((agent.to_string(), name.clone()), desired.clone());
+            }
+            MirrorKind::AppProject => {
+                write(&self.project_mirrors).insert(name.clone(), desired.clone());
+            }
+        }
+        self.write_mirror(kind, agent, &desired).await
+    }
+
+    /// Creates or replaces a mirror with `desired`, keeping a hub-requested operation.
+    async fn write_mirror(
+        &self,
+        kind: MirrorKind,
+        agent: &str,
+        desired: &Value,
+    ) -> Result<(), HandleError> {
+        let name = name_of(desired);
+        let api = self.mirror_api(kind, agent);
+        let what = format!("mirror {kind:?} {name} of agent {agent}");
+        let live = api.get_opt(name).await.map_err(|e| kube_error(&what, e))?;
+        let body: DynamicObject = match live {
+            None => serde_json::from_value(desired.clone())
+                .map_err(|e| HandleError::Rejected(format!("{what}: {e}")))?,
+            Some(live) => {
+                let live = to_value(live);
+                if is_terminating(&live) {
+                    return Err(HandleError::Retryable(format!(
+                        "{what} is being deleted; retrying once gone"
+                    )));
+                }
+                if mirror_view(&live) == mirror_view(desired)
+                    && live.get("operation") == desired.get("operation")
+                {
+                    return Ok(());
+                }
+                let mut body = desired.clone();
+                body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"].clone();
+                if let Some(r) = refresh(&live) {
+                    body["metadata"]["annotations"][REFRESH_ANNOTATION] = r.clone();
+                }
+                if let Some(f) = live.pointer("/metadata/finalizers") {
+                    body["metadata"]["finalizers"] = f.clone();
+                }
+                let replaced: DynamicObject = serde_json::from_value(body)
+                    .map_err(|e| HandleError::Rejected(format!("{what}: {e}")))?;
+                api.replace(
+                    name,
+                    &PostParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    },
+                    &replaced,
+                )
+                .await
+                .map_err(|e| kube_error(&what, e))?;
+                tracing::debug!(agent, kind = ?kind, name, "updated hub mirror from the spoke");
+                return Ok(());
+            }
+        };
+        match api
+            .create(
+                &PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                },
+                &body,
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(agent, kind = ?kind, name, "created hub mirror of a spoke object");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 && kind == MirrorKind::Application => {
+                Err(match self.ensure_agent_namespace(agent).await {
+                    Ok(()) => HandleError::Retryable(format!(
+                        "{what}: hub namespace was missing; created it"
+                    )),
+                    Err(msg) => HandleError::Rejected(msg),
+                })
+            }
+            Err(e) => Err(kube_error(&what, e)),
+        }
+    }
+
+    /// Deletes the hub mirror of spoke object `name` (uid `uid`, empty = any) of agent `agent`:
+    /// the spoke deleted it. Not recreated afterwards.
+    pub async fn delete_mirror(
+        &self,
+        kind: MirrorKind,
+        agent: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<(), HandleError> {
+        let mirror_name = match kind {
+            MirrorKind::Application => name.to_string(),
+            MirrorKind::AppProject => mirrored_project_name(agent, name),
+        };
+        let live = match kind {
+            MirrorKind::Application => self.application(agent, name),
+            MirrorKind::AppProject => read(&self.projects).get(&mirror_name).cloned(),
+        };
+        if let Some(live) = &live {
+            let theirs = source_uid_of(live);
+            if !uid.is_empty() && theirs.is_some_and(|t| t != uid) {
+                tracing::debug!(
+                    agent,
+                    name,
+                    "delete for an older spoke object; the mirror is a newer one"
+                );
+                return Ok(());
+            }
+        }
+        match kind {
+            MirrorKind::Application => {
+                write(&self.app_mirrors).remove(&(agent.to_string(), mirror_name.clone()));
+            }
+            MirrorKind::AppProject => {
+                write(&self.project_mirrors).remove(&mirror_name);
+            }
+        }
+        let api = self.mirror_api(kind, agent);
+        let what = format!("deleting mirror {kind:?} {mirror_name} of agent {agent}");
+        if live
+            .as_ref()
+            .is_some_and(|l| l.pointer("/metadata/finalizers").is_some())
+        {
+            let patch = serde_json::json!({"metadata": {"finalizers": null}});
+            match api
+                .patch(&mirror_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                Err(e) => return Err(kube_error(&what, e)),
+            }
+        }
+        match api.delete(&mirror_name, &DeleteParams::background()).await {
+            Ok(_) => {
+                tracing::info!(agent, kind = ?kind, name = %mirror_name, "deleted hub mirror: the spoke deleted the object");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(kube_error(&what, e)),
+        }
+    }
+
+    /// Recreates or reverts a mirror from what the principal last wrote, in the background.
+    fn spawn_restore(self: &Arc<Self>, kind: MirrorKind, desired: Value, why: &'static str) {
+        let hub = self.clone();
+        tokio::spawn(async move {
+            let agent = mirror_agent_of(&desired).unwrap_or_default().to_string();
+            let name = name_of(&desired).to_string();
+            tracing::info!(agent, kind = ?kind, name, "hub mirror was {why}; restoring the spoke's version");
+            for attempt in 0..5u32 {
+                let still_wanted = match kind {
+                    MirrorKind::Application => {
+                        read(&hub.app_mirrors).get(&(agent.clone(), name.clone())) == Some(&desired)
+                    }
+                    MirrorKind::AppProject => {
+                        read(&hub.project_mirrors).get(&name) == Some(&desired)
+                    }
+                };
+                if !still_wanted {
+                    return;
+                }
+                match hub.write_mirror(kind, &agent, &desired).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::debug!(agent, name, error = %e, "restoring the mirror failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(200 * 2u64.pow(attempt))).await;
+                    }
+                }
+            }
+        });
+    }
+
+    /// A hub Application in an autonomous agent's namespace changed: forward requests, revert edits.
+    fn mirror_app_changed(
+        self: &Arc<Self>,
+        session: &AgentSession,
+        old: Option<&Value>,
+        new: &Value,
+    ) {
+        let agent = session.name.as_str();
+        let Some(desired) = read(&self.app_mirrors)
+            .get(&(agent.to_string(), name_of(new).to_string()))
+            .cloned()
+        else {
+            return;
+        };
+        if is_terminating(new) {
+            if new.pointer("/metadata/finalizers").is_some() {
+                let hub = self.clone();
+                let name = name_of(new).to_string();
+                let agent = agent.to_string();
+                tokio::spawn(async move {
+                    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+                    let _ = hub
+                        .mirror_api(MirrorKind::Application, &agent)
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await;
+                });
+            }
+            return;
+        }
+        let new_op = new.get("operation").filter(|o| !o.is_null());
+        let old_op = old
+            .and_then(|o| o.get("operation"))
+            .filter(|o| !o.is_null());
+        let written_op = desired.get("operation").filter(|o| !o.is_null());
+        if new_op.is_some() && new_op != old_op && new_op != written_op {
+            tracing::info!(
+                agent,
+                app = name_of(new),
+                "sync requested on the hub mirror; forwarding it to the spoke"
+            );
+            queue(
+                session,
+                EventType::SetOperation,
+                Target::Application,
+                &application_payload(new, true),
+            );
+        }
+        if phase(new) == Some("Terminating")
+            && old.and_then(phase) != Some("Terminating")
+            && phase(&desired) != Some("Terminating")
+        {
+            tracing::info!(
+                agent,
+                app = name_of(new),
+                "termination requested on the hub mirror; forwarding it to the spoke"
+            );
+            queue(
+                session,
+                EventType::TerminateOperation,
+                Target::Application,
+                &application_payload(new, false),
+            );
+        }
+        if refresh(new).is_some()
+            && refresh(new) != old.and_then(refresh)
+            && refresh(new) != refresh(&desired)
+        {
+            tracing::info!(
+                agent,
+                app = name_of(new),
+                "refresh requested on the hub mirror; forwarding it to the spoke"
+            );
+            queue(
+                session,
+                EventType::SpecUpdate,
+                Target::Application,
+                &application_payload(new, false),
+            );
+        }
+        if mirror_view(new) != mirror_view(&desired) {
+            self.spawn_restore(MirrorKind::Application, desired, "edited on the hub");
+        }
+    }
+
+    fn mirror_project_changed(self: &Arc<Self>, desired: &Value, new: &Value) {
+        if is_terminating(new) {
+            return;
+        }
+        if mirror_view(new) != mirror_view(desired) {
+            self.spawn_restore(MirrorKind::AppProject, desired.clone(), "edited on the hub");
+        }
+    }
+
+    /// Whether a mirror of (kind, spoke name, spoke uid) exists on the hub.
+    pub fn has_mirror(&self, kind: MirrorKind, agent: &str, name: &str, uid: &str) -> bool {
+        let live = match kind {
+            MirrorKind::Application => self.application(agent, name),
+            MirrorKind::AppProject => read(&self.projects)
+                .get(&mirrored_project_name(agent, name))
+                .cloned(),
+        };
+        live.is_some_and(|l| source_uid_of(&l) == Some(uid))
+    }
+
+    /// Asks the agent for one object (empty checksum: "send it").
+    pub fn request_object(
+        &self,
+        session: &AgentSession,
+        kind: &str,
+        name: &str,
+        uid: &str,
+        checksum: Vec<u8>,
+    ) {
+        let req = RequestUpdate {
+            name: name.to_string(),
+            namespace: String::new(),
+            uid: uid.to_string(),
+            kind: kind.to_string(),
+            checksum,
+        };
+        match Event::request_update(SOURCE, &req) {
+            Ok(ev) => push(session, keyed_request(ev, request_update_key(kind, name))),
+            Err(e) => tracing::error!(error = %e, "cannot build a request-update"),
+        }
+    }
+
+    /// The checksum resync with an autonomous agent: one `request-update` per mirror (with the
+    /// checksum of the spoke object it mirrors) and the checksum of the mirrored key set.
+    pub fn autonomous_resync(&self, session: &AgentSession) {
+        let agent = session.name.as_str();
+        let checksum_of = |v: &Value| {
+            v.pointer("/metadata/annotations")
+                .and_then(|a| a.get(MIRROR_CHECKSUM_ANNOTATION))
+                .and_then(Value::as_str)
+                .and_then(|h| hex::decode(h).ok())
+                .unwrap_or_default()
+        };
+        let apps: Vec<Value> = read(&self.apps)
+            .iter()
+            .filter(|((ns, _), v)| ns == agent && source_uid_of(v).is_some())
+            .map(|(_, v)| v.clone())
+            .collect();
+        let prefix = format!("{agent}-");
+        let projects: Vec<Value> = read(&self.projects)
+            .values()
+            .filter(|v| mirror_agent_of(v) == Some(agent) && name_of(v).starts_with(&prefix))
+            .cloned()
+            .collect();
+        let mut keys = Vec::new();
+        for app in &apps {
+            let name = name_of(app);
+            let uid = source_uid_of(app).unwrap_or_default();
+            write(&self.app_mirrors)
+                .entry((agent.to_string(), name.to_string()))
+                .or_insert_with(|| app.clone());
+            keys.push(ResourceKey::new("Application", name, "", uid));
+            self.request_object(session, "Application", name, uid, checksum_of(app));
+        }
+        for project in &projects {
+            let mirror_name = name_of(project);
+            let name = &mirror_name[prefix.len()..];
+            let uid = source_uid_of(project).unwrap_or_default();
+            write(&self.project_mirrors)
+                .entry(mirror_name.to_string())
+                .or_insert_with(|| project.clone());
+            keys.push(ResourceKey::new("AppProject", name, "", uid));
+            self.request_object(session, "AppProject", name, uid, checksum_of(project));
+        }
+        match Event::request_synced_resource_list(SOURCE, set_checksum(&keys)) {
+            Ok(ev) => push(session, keyed_request(ev, RESYNC_REQUEST_KEY)),
+            Err(e) => tracing::error!(error = %e, "cannot build a resync request"),
+        }
+        tracing::info!(
+            agent,
+            applications = apps.len(),
+            projects = projects.len(),
+            "checksum resync with the autonomous agent started"
         );
     }
 }

@@ -1,7 +1,10 @@
-//! Events from a managed agent, applied on the hub: Application status (written onto the hub
-//! object — Argo CD's Application has no status subresource), confirmation of deletions the hub
-//! asked for, and resync requests. An agent can only ever touch objects in its own hub namespace:
-//! the namespace is taken from the authenticated agent, never from the event.
+//! Events from an agent, applied on the hub. Managed agents: Application status (written onto the
+//! hub object — Argo CD's Application has no status subresource), confirmation of deletions the
+//! hub asked for, and resync requests. Autonomous agents: the spoke's Applications and AppProjects
+//! (`create`/`spec-update` = write the mirror, `delete` = remove it), and their resync answers
+//! (`response-synced-resource` for a key the hub may lack, `request-resource-resync`). An agent can
+//! only ever touch objects in its own hub namespace (and its own `<agent>-` AppProjects): the
+//! namespace is taken from the authenticated agent, never from the event.
 
 use std::sync::Arc;
 
@@ -11,9 +14,11 @@ use argocd_agent_proto::sync::{EventHandler, HandleError};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{json, Value};
 
-use crate::hub::{application_resource, queue, Hub};
+use crate::hub::{application_resource, queue, Hub, MirrorKind};
 use crate::routing::{application_payload, project_for_agent};
 use crate::sessions::AgentSession;
+use argocd_agent_proto::payload::SyncedResource;
+use argocd_agent_proto::telemetry::flags::AgentMode;
 
 /// Condition type written on a hub Application when its agent could not apply it (upstream's name).
 pub const AGENT_ERROR: &str = "AgentError";
@@ -24,6 +29,8 @@ pub struct AgentInbound {
     pub session: Arc<AgentSession>,
     /// The hub view.
     pub hub: Arc<Hub>,
+    /// Callers waiting for the agent's live answers (resource/redis proxies, logs).
+    pub live: Arc<crate::live::LiveRequests>,
 }
 
 fn kube_error(e: kube::Error) -> HandleError {
@@ -217,14 +224,88 @@ impl AgentInbound {
     }
 }
 
+impl AgentInbound {
+    async fn handle_autonomous(&self, ev: Event) -> Result<(), HandleError> {
+        let kind = match ev.target {
+            Target::Application => Some(MirrorKind::Application),
+            Target::AppProject => Some(MirrorKind::AppProject),
+            _ => None,
+        };
+        match (&ev.event_type, kind) {
+            (EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate, Some(kind)) => {
+                let spoke: Value = ev
+                    .data_as()
+                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
+                self.hub.upsert_mirror(kind, self.agent(), &spoke).await
+            }
+            (EventType::Delete, Some(kind)) => {
+                let spoke: Value = ev
+                    .data_as()
+                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
+                let uid = spoke
+                    .pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                self.hub
+                    .delete_mirror(kind, self.agent(), name_of(&spoke)?, uid)
+                    .await
+            }
+            (EventType::ResponseSyncedResource, _) => {
+                let key: SyncedResource = ev
+                    .data_as()
+                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
+                let kind = match key.kind.as_str() {
+                    "Application" => MirrorKind::Application,
+                    "AppProject" => MirrorKind::AppProject,
+                    other => {
+                        return Err(HandleError::Rejected(format!(
+                            "response-synced-resource for unsupported kind {other:?}"
+                        )))
+                    }
+                };
+                if !self.hub.has_mirror(kind, self.agent(), &key.name, &key.uid) {
+                    self.hub.request_object(
+                        &self.session,
+                        &key.kind,
+                        &key.name,
+                        &key.uid,
+                        Vec::new(),
+                    );
+                }
+                Ok(())
+            }
+            (EventType::RequestResourceResync, _) => {
+                self.hub.autonomous_resync(&self.session);
+                Ok(())
+            }
+            (EventType::Error, _) => {
+                tracing::warn!(agent = self.agent(), data = %String::from_utf8_lossy(ev.data.as_deref().unwrap_or_default()), "autonomous agent reported an error");
+                Ok(())
+            }
+            (EventType::Ping | EventType::Pong, _) => Ok(()),
+            (t, _) => Err(HandleError::Rejected(format!(
+                "event type {} for target {} is not accepted from an autonomous agent",
+                t.name(),
+                ev.target.as_str()
+            ))),
+        }
+    }
+}
+
 impl EventHandler for AgentInbound {
     async fn handle(&self, ev: Event) -> Result<(), HandleError> {
+        if self.session.mode() == AgentMode::Autonomous {
+            return self.handle_autonomous(ev).await;
+        }
         match (&ev.event_type, &ev.target) {
             (EventType::StatusUpdate, Target::Application) => self.status_update(&ev).await,
             (EventType::Delete, Target::Application) => self.delete_confirmed(&ev).await,
             (EventType::RequestUpdate, _) => self.request_update(&ev),
             (EventType::Error, Target::Application) => self.error_report(&ev).await,
             (EventType::Ping | EventType::Pong, _) => Ok(()),
+            (EventType::Response | EventType::RedisResponse, _) => {
+                self.live.handle_reply(&self.session, &ev).await
+            }
             (t, target) => Err(HandleError::Rejected(format!(
                 "event type {} for target {} is not accepted from a managed agent",
                 t.name(),

@@ -1,6 +1,8 @@
 //! Pure decisions of hub-side sync, kept free of I/O so each is unit-tested: which events a change of
 //! a hub Application produces, which agents an AppProject applies to, and the copy of an object that
-//! an agent receives.
+//! an agent receives; for autonomous agents, the hub mirror of a spoke object
+//! ([`mirror_application`], [`mirror_project`]) and the view of a mirror that hub edits may not
+//! change ([`mirror_view`]).
 
 use argocd_agent_proto::event::EventType;
 use serde_json::Value;
@@ -160,6 +162,158 @@ pub fn project_for_agent(project: &Value, agent: &str) -> Value {
     out
 }
 
+/// Annotation asking Argo CD for a refresh (a hub request that flows to the spoke).
+pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
+
+fn annotations_of(obj: &Value) -> serde_json::Map<String, Value> {
+    match obj.pointer("/metadata/annotations") {
+        Some(Value::Object(a)) => a.clone(),
+        _ => serde_json::Map::new(),
+    }
+}
+
+fn mirror_metadata(spoke: &Value, agent: &str, name: &str, namespace: &str) -> Value {
+    use argocd_agent_proto::event::SOURCE_UID_ANNOTATION;
+    use argocd_agent_proto::sync::resync::{
+        owned_checksum, MIRROR_AGENT_ANNOTATION, MIRROR_CHECKSUM_ANNOTATION,
+    };
+    let mut annotations = annotations_of(spoke);
+    annotations.remove(LAST_APPLIED);
+    let uid = field(spoke, &["metadata", "uid"])
+        .cloned()
+        .unwrap_or(Value::Null);
+    annotations.insert(SOURCE_UID_ANNOTATION.into(), uid);
+    annotations.insert(MIRROR_AGENT_ANNOTATION.into(), Value::String(agent.into()));
+    annotations.insert(
+        MIRROR_CHECKSUM_ANNOTATION.into(),
+        Value::String(hex::encode(owned_checksum(spoke))),
+    );
+    let mut meta =
+        serde_json::json!({"name": name, "namespace": namespace, "annotations": annotations});
+    if let Some(labels) = field(spoke, &["metadata", "labels"]).filter(|l| l.is_object()) {
+        meta["labels"] = labels.clone();
+    }
+    meta
+}
+
+/// Name of the hub mirror of autonomous agent `agent`'s AppProject `project`.
+pub fn mirrored_project_name(agent: &str, project: &str) -> String {
+    format!("{agent}-{project}")
+}
+
+/// The hub mirror of an autonomous agent's Application: in namespace `agent`, same name,
+/// source-uid = the spoke uid, `spec.project` = `<agent>-<project>`, destination
+/// `{name: <agent>, namespace: <spoke destination namespace>}` (no server), the spoke's status
+/// and operation; no finalizers (nothing on the hub may block a deletion the spoke decided).
+pub fn mirror_application(spoke: &Value, agent: &str) -> Value {
+    let name = field(spoke, &["metadata", "name"])
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let mut spec = field(spoke, &["spec"])
+        .cloned()
+        .unwrap_or(serde_json::json!({}));
+    if let Some(map) = spec.as_object_mut() {
+        let project = map
+            .get("project")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let project = mirrored_project_name(agent, project);
+        map.insert("project".into(), Value::String(project));
+        // Upstream's `server: ""` is dropped by Go's omitempty; an explicit "" is refused by the
+        // Application CRD's schema, so the field is left out.
+        let mut dest = serde_json::json!({"name": agent});
+        if let Some(ns) = field(spoke, &["spec", "destination", "namespace"]) {
+            dest["namespace"] = ns.clone();
+        }
+        map.insert("destination".into(), dest);
+    }
+    let mut out = serde_json::json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": mirror_metadata(spoke, agent, name, agent),
+        "spec": spec,
+    });
+    for f in ["status", "operation"] {
+        if let Some(v) = spoke.get(f).filter(|v| !v.is_null()) {
+            out[f] = v.clone();
+        }
+    }
+    out
+}
+
+/// Rewrites one Casbin policy line of project `project` for its hub mirror: the subject
+/// `proj:<project>:<role>` becomes `proj:<agent>-<project>:<role>` and the object
+/// `<project>/<app>` becomes `<agent>-<project>/<agent>/<app>`.
+pub fn mirror_policy_line(line: &str, agent: &str, project: &str) -> String {
+    let subject = format!("proj:{project}:");
+    let object = format!("{project}/");
+    line.split(',')
+        .map(|part| {
+            let t = part.trim();
+            let rewritten = if let Some(role) = t.strip_prefix(&subject) {
+                format!("proj:{}:{role}", mirrored_project_name(agent, project))
+            } else if let Some(app) = t.strip_prefix(&object) {
+                format!("{}/{agent}/{app}", mirrored_project_name(agent, project))
+            } else {
+                return part.to_string();
+            };
+            let lead = &part[..part.len() - part.trim_start().len()];
+            format!("{lead}{rewritten}")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The hub mirror of an autonomous agent's AppProject: `<agent>-<name>` in the principal
+/// namespace, `sourceNamespaces: [<agent>]`, one destination `{name: <agent>, server: "*",
+/// namespace: "*"}`, role policy lines rewritten with [`mirror_policy_line`].
+pub fn mirror_project(spoke: &Value, agent: &str, principal_namespace: &str) -> Value {
+    let name = field(spoke, &["metadata", "name"])
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let mut spec = field(spoke, &["spec"])
+        .cloned()
+        .unwrap_or(serde_json::json!({}));
+    if let Some(map) = spec.as_object_mut() {
+        map.insert("sourceNamespaces".into(), serde_json::json!([agent]));
+        map.insert(
+            "destinations".into(),
+            serde_json::json!([{"name": agent, "server": "*", "namespace": "*"}]),
+        );
+        if let Some(roles) = map.get_mut("roles").and_then(Value::as_array_mut) {
+            for role in roles {
+                if let Some(policies) = role.get_mut("policies").and_then(Value::as_array_mut) {
+                    for p in policies.iter_mut() {
+                        if let Some(line) = p.as_str() {
+                            *p = Value::String(mirror_policy_line(line, agent, name));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    serde_json::json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "AppProject",
+        "metadata": mirror_metadata(spoke, agent, &mirrored_project_name(agent, name), principal_namespace),
+        "spec": spec,
+    })
+}
+
+/// What hub edits of a mirror may not change (reverted when they do): spec, status, labels and
+/// annotations other than the refresh request and kubectl's last-applied copy.
+pub fn mirror_view(obj: &Value) -> Value {
+    let mut annotations = annotations_of(obj);
+    annotations.remove(LAST_APPLIED);
+    annotations.remove(REFRESH_ANNOTATION);
+    serde_json::json!({
+        "spec": obj.get("spec").cloned().unwrap_or(Value::Null),
+        "status": obj.get("status").cloned().unwrap_or(Value::Null),
+        "labels": field(obj, &["metadata", "labels"]).cloned().unwrap_or(serde_json::json!({})),
+        "annotations": annotations,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,5 +420,45 @@ mod tests {
             json!([{"name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "gb"}])
         );
         assert!(c["spec"].get("roles").is_none() && c["spec"].get("sourceNamespaces").is_none());
+    }
+
+    #[test]
+    fn autonomous_application_mirror_is_renamed_into_the_agent_namespace() {
+        let spoke = json!({"metadata": {"name": "web", "namespace": "argocd", "uid": "s1",
+            "finalizers": ["x"], "labels": {"a": "1"}},
+            "spec": {"project": "team", "destination": {"server": "https://kubernetes.default.svc", "namespace": "web"}},
+            "status": {"sync": {"status": "Synced"}}});
+        let m = mirror_application(&spoke, "ship1");
+        assert_eq!(m["metadata"]["namespace"], "ship1");
+        assert_eq!(
+            m["metadata"]["annotations"]["argocd.argoproj.io/source-uid"],
+            "s1"
+        );
+        assert_eq!(m["spec"]["project"], "ship1-team");
+        assert_eq!(
+            m["spec"]["destination"],
+            json!({"name": "ship1", "namespace": "web"})
+        );
+        assert_eq!(m["status"], spoke["status"]);
+        assert!(m["metadata"].get("finalizers").is_none());
+    }
+
+    #[test]
+    fn autonomous_project_mirror_rewrites_destinations_namespaces_and_policies() {
+        let spoke = json!({"metadata": {"name": "team", "uid": "p1"},
+            "spec": {"destinations": [{"server": "*", "namespace": "web"}],
+                     "roles": [{"name": "ci", "policies": ["p, proj:team:ci, applications, sync, team/*, allow"]}]}});
+        let m = mirror_project(&spoke, "ship1", "argocd");
+        assert_eq!(m["metadata"]["name"], "ship1-team");
+        assert_eq!(m["metadata"]["namespace"], "argocd");
+        assert_eq!(m["spec"]["sourceNamespaces"], json!(["ship1"]));
+        assert_eq!(
+            m["spec"]["destinations"],
+            json!([{"name": "ship1", "server": "*", "namespace": "*"}])
+        );
+        assert_eq!(
+            m["spec"]["roles"][0]["policies"][0],
+            "p, proj:ship1-team:ci, applications, sync, ship1-team/ship1/*, allow"
+        );
     }
 }

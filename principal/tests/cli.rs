@@ -1,21 +1,27 @@
 //! The `argocd-principal` command-line contract: help, exit codes, env vars, ops endpoints.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+#[path = "../../proto/tests/support/cli.rs"]
+mod cli_support;
+
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+use cli_support::{
+    assert_cannot_bind, assert_config_error, assert_help_lists, assert_required,
+    assert_version_exits_zero, free_port, http_get, run, spawn, taken_port, terminate, text,
+    wait_until_live, write_ca_and_signed_cert, write_private_key, write_unreachable_kubeconfig,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_argocd-principal");
 
 /// The binary with no inherited environment, so stray `ARGOCD_PRINCIPAL_*` vars cannot interfere.
 fn principal() -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.env_clear();
-    cmd
+    cli_support::clean_command(BIN)
 }
 
-/// Placeholder PEM files: configuration only checks they are readable.
+/// Key material and a kubeconfig in a temporary directory.
 struct Pki {
     dir: tempfile::TempDir,
 }
@@ -24,31 +30,17 @@ impl Pki {
     /// Real key material (a CA, a server certificate it signed, a JWT key) and a kubeconfig for a
     /// hub that does not answer, so the principal starts but cannot become ready.
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let server_key = rcgen::KeyPair::generate().unwrap();
-        let server = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-            .unwrap()
-            .signed_by(&server_key, &issuer)
-            .unwrap();
-        let jwt_key = rcgen::KeyPair::generate().unwrap();
-        let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
-        write("tls.crt", server.pem());
-        write("tls.key", server_key.serialize_pem());
-        write("ca.crt", ca.pem());
-        write("jwt.key", jwt_key.serialize_pem());
-        write(
-            "kubeconfig",
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: hub\n  cluster:\n    server: https://127.0.0.1:{}\n    insecure-skip-tls-verify: true\ncontexts:\n- name: hub\n  context:\n    cluster: hub\n    user: u\ncurrent-context: hub\nusers:\n- name: u\n  user:\n    token: t\n",
-                free_port()
-            ),
+        let pki = Pki {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        write_ca_and_signed_cert(
+            &pki.path("ca.crt"),
+            &pki.path("tls.crt"),
+            &pki.path("tls.key"),
         );
-        Pki { dir }
+        write_private_key(&pki.path("jwt.key"));
+        write_unreachable_kubeconfig(&pki.path("kubeconfig"));
+        pki
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -66,70 +58,9 @@ impl Pki {
     }
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("run argocd-principal")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    Ok((status, response))
-}
-
-fn wait_with_timeout(child: &mut Child, timeout: Duration) -> ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("argocd-principal did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    stderr
-}
-
 #[test]
 fn help_lists_key_flags_with_their_env_vars() {
-    let output = run(principal().arg("--help"));
-    assert_eq!(output.status.code(), Some(0));
-    let help = text(&output.stdout);
-    for flag in [
+    let flags = [
         "listen-address",
         "tls-cert",
         "tls-key",
@@ -145,41 +76,19 @@ fn help_lists_key_flags_with_their_env_vars() {
         "enable-operator",
         "log-format",
         "log-level",
-    ] {
-        let env = format!("ARGOCD_PRINCIPAL_{}", flag.to_uppercase().replace('-', "_"));
-        assert!(
-            help.contains(&format!("--{flag}")),
-            "--{flag} missing from help"
-        );
-        assert!(help.contains(&env), "{env} missing from help");
-    }
-    assert!(help.contains("0.0.0.0:8443"));
-    assert!(help.contains("0.0.0.0:9090"));
-    assert!(help.contains("0.0.0.0:8000"));
+    ];
+    let defaults = ["0.0.0.0:8443", "0.0.0.0:9090", "0.0.0.0:8000"];
+    assert_help_lists(principal(), "ARGOCD_PRINCIPAL_", &flags, &defaults);
 }
 
 #[test]
 fn version_exits_zero() {
-    let output = run(principal().arg("--version"));
-    assert_eq!(output.status.code(), Some(0));
-    assert!(text(&output.stdout).contains(env!("CARGO_PKG_VERSION")));
+    assert_version_exits_zero(principal());
 }
 
 #[test]
 fn missing_required_flag_is_a_usage_error() {
-    let pki = Pki::new();
-    let args: Vec<String> = pki
-        .required_flags()
-        .into_iter()
-        .filter(|a| !a.starts_with("--namespace"))
-        .collect();
-    let output = run(principal().args(&args));
-    assert_eq!(output.status.code(), Some(2));
-    assert!(
-        text(&output.stderr).contains("--namespace"),
-        "{}",
-        text(&output.stderr)
-    );
+    assert_required(principal(), Pki::new().required_flags(), "namespace");
 }
 
 #[test]
@@ -188,29 +97,28 @@ fn nonexistent_cert_file_exits_2_naming_the_flag() {
     let output = run(principal()
         .args(pki.required_flags())
         .arg("--tls-cert=/nonexistent/principal.crt"));
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = text(&output.stderr);
-    assert!(
-        stderr.starts_with("error: --tls-cert (env ARGOCD_PRINCIPAL_TLS_CERT)"),
-        "{stderr}"
+    assert_config_error(
+        &output,
+        "--tls-cert (env ARGOCD_PRINCIPAL_TLS_CERT)",
+        &["/nonexistent/principal.crt"],
     );
-    assert!(stderr.contains("/nonexistent/principal.crt"), "{stderr}");
 }
 
 #[test]
 fn env_vars_stand_in_for_flags() {
     let pki = Pki::new();
-    let with_env = |cmd: &mut Command| {
-        cmd.env("ARGOCD_PRINCIPAL_TLS_CERT", pki.path("tls.crt"))
+    // Every required value from the env, then `name` set to `value`.
+    let run_with_env = |name: &str, value: &str| {
+        run(principal()
+            .env("ARGOCD_PRINCIPAL_TLS_CERT", pki.path("tls.crt"))
             .env("ARGOCD_PRINCIPAL_TLS_KEY", pki.path("tls.key"))
             .env("ARGOCD_PRINCIPAL_TLS_CA", pki.path("ca.crt"))
             .env("ARGOCD_PRINCIPAL_JWT_KEY", pki.path("jwt.key"))
-            .env("ARGOCD_PRINCIPAL_NAMESPACE", "argocd");
+            .env("ARGOCD_PRINCIPAL_NAMESPACE", "argocd")
+            .env(name, value))
     };
 
-    let mut cmd = principal();
-    with_env(&mut cmd);
-    let output = run(cmd.env("ARGOCD_PRINCIPAL_TLS_MIN_VERSION", "tls1.1"));
+    let output = run_with_env("ARGOCD_PRINCIPAL_TLS_MIN_VERSION", "tls1.1");
     assert_eq!(output.status.code(), Some(2));
     let stderr = text(&output.stderr);
     assert!(
@@ -218,9 +126,7 @@ fn env_vars_stand_in_for_flags() {
         "{stderr}"
     );
 
-    let mut cmd = principal();
-    with_env(&mut cmd);
-    let output = run(cmd.env("ARGOCD_PRINCIPAL_NAMESPACE", "Not_A_Namespace"));
+    let output = run_with_env("ARGOCD_PRINCIPAL_NAMESPACE", "Not_A_Namespace");
     assert_eq!(output.status.code(), Some(2));
     let stderr = text(&output.stderr);
     assert!(
@@ -231,19 +137,17 @@ fn env_vars_stand_in_for_flags() {
 }
 
 fn spawn_principal(pki: &Pki, extra: &[String], envs: &[(&str, &str)]) -> Child {
-    principal()
-        .envs(envs.iter().copied())
-        .args(pki.required_flags())
-        .args([
-            "--listen-address=127.0.0.1:0",
-            "--resource-proxy-address=127.0.0.1:0",
-            "--redis-proxy-address=127.0.0.1:0",
-        ])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn argocd-principal")
+    spawn(
+        principal()
+            .envs(envs.iter().copied())
+            .args(pki.required_flags())
+            .args([
+                "--listen-address=127.0.0.1:0",
+                "--resource-proxy-address=127.0.0.1:0",
+                "--redis-proxy-address=127.0.0.1:0",
+            ])
+            .args(extra),
+    )
 }
 
 #[test]
@@ -267,17 +171,7 @@ fn stays_live_but_unready_without_a_reachable_hub_until_sigterm_with_empty_env_v
         ],
     );
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match http_get(addr, "/healthz") {
-            Ok((200, _)) => break,
-            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            other => {
-                let _ = child.kill();
-                panic!("/healthz never answered 200: {other:?}");
-            }
-        }
-    }
+    wait_until_live(&mut child, addr);
     // Start-up moves from "starting" to waiting for the hub, and never to ready: the hub is unreachable.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -299,13 +193,7 @@ fn stays_live_but_unready_without_a_reachable_hub_until_sigterm_with_empty_env_v
     assert_eq!(status, 200);
     assert!(body.contains("argocd_agent_build_info{version="), "{body}");
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = wait_with_timeout(&mut child, Duration::from_secs(10));
-    let stderr = stderr_of(&mut child);
+    let (status, stderr) = terminate(&mut child);
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("shutting down"), "{stderr}");
 }
@@ -313,8 +201,7 @@ fn stays_live_but_unready_without_a_reachable_hub_until_sigterm_with_empty_env_v
 #[test]
 fn busy_metrics_port_is_a_runtime_failure() {
     let pki = Pki::new();
-    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = taken.local_addr().unwrap();
+    let (taken, addr) = taken_port();
     let mut child = spawn_principal(
         &pki,
         &[
@@ -324,13 +211,7 @@ fn busy_metrics_port_is_a_runtime_failure() {
         ],
         &[],
     );
-    let status = wait_with_timeout(&mut child, Duration::from_secs(10));
-    let stderr = stderr_of(&mut child);
-    assert_eq!(status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!("cannot bind metrics endpoint on {addr}")),
-        "{stderr}"
-    );
+    assert_cannot_bind(&mut child, "metrics", addr);
     drop(taken);
 }
 

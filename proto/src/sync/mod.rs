@@ -3,15 +3,21 @@
 //!
 //! - [`outbox`]: per-peer outbound events, coalesced per resource, one un-ACKed event per resource
 //!   in flight, resent with backoff until ACKed; survives disconnects.
+//! - [`journal`]: the outbox on disk (append-only, checksummed records, compaction), so a
+//!   restart while the peer is away loses nothing; damage is detected and reported, never fatal.
+//! - [`resync`]: the checksum an autonomous mirror carries, and resync message keys.
 //! - [`lanes`]: inbound processing — events of one resource strictly in order, different resources
 //!   concurrently — and the ACK (or ACK-with-error) after each.
 //! - [`pump`]: drives one live stream: ACKs and heartbeats on a priority lane that never waits
 //!   behind bulk traffic, then resends, then new events.
 
+pub mod journal;
 pub mod lanes;
 pub mod outbox;
 pub mod pump;
 
 pub use lanes::{EventHandler, HandleError, Lanes};
-pub use outbox::{Outbox, OutboxConfig, OutboxError, DELIVERY_ID};
+pub mod resync;
+
+pub use outbox::{keyed_request, OpenReport, Outbox, OutboxConfig, OutboxError, DELIVERY_ID};
 pub use pump::{run_stream, ControlSender, StreamEnd};

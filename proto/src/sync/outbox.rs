@@ -1,20 +1,29 @@
 //! Outbound events of one peer connection, kept across disconnects.
 //!
-//! Coalescing (per `resourceid`): a later `spec-update` or `status-update` replaces a queued one of
+//! Coalescing (per `resourceid`): a later `spec-update`, `status-update` or resync message
+//! (`request-update`, `request-synced-resource-list`, `response-synced-resource`,
+//! `request-resource-resync`, which senders key by what they ask about) replaces a queued one of
 //! the same type; a `delete` supersedes everything queued for that resource; `create`,
-//! `set-operation`, `terminate-operation` and requests are never coalesced away. The number of
-//! entries is therefore bounded by the number of distinct resources, not by the event rate.
+//! `set-operation` and `terminate-operation` are never coalesced away (an event identical to one
+//! already queued is not queued twice). The number of entries is therefore bounded by the number
+//! of distinct resources, not by the event rate.
+//!
+//! Durability: [`Outbox::open`] keeps the outbox in a [`journal`](super::journal) under a
+//! directory, so a process that restarts while its peer is away still delivers everything; a
+//! damaged journal is reported in [`OpenReport::damage`] and the caller runs a full resync.
 //!
 //! Delivery: at most one event per resource is in flight (sent, not yet ACKed), which keeps events
 //! of one resource in order at the receiver. An in-flight event is resent with exponential backoff
 //! until its ACK arrives; after a reconnect everything in flight is resent at once.
 
 use std::collections::{HashMap, VecDeque};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::journal::{self, Journal, Record};
 use crate::event::{Event, EventType, ExtensionValue};
 
 /// Our extension carrying a unique id per queued event. ACKs copy every extension (upstream's Go
@@ -58,6 +67,44 @@ pub enum OutboxError {
         "outbox full: {0} distinct resources are pending; raise the limit or reconnect the peer"
     )]
     Full(usize),
+    /// The queue directory or journal cannot be used.
+    #[error("outbox journal {path}: {message}")]
+    Storage {
+        /// The file or directory.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// What [`Outbox::open`] found on disk.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Events restored (after coalescing) from an earlier run.
+    pub restored: usize,
+    /// Why the journal was damaged, if it was: what it held past the damage is lost, so the
+    /// caller must run a full resync with its peer.
+    pub damage: Option<String>,
+}
+
+/// Event types a later event of the same type (and resource) replaces.
+fn coalesces(t: &EventType) -> bool {
+    matches!(
+        t,
+        EventType::SpecUpdate
+            | EventType::StatusUpdate
+            | EventType::RequestUpdate
+            | EventType::RequestSyncedResourceList
+            | EventType::ResponseSyncedResource
+            | EventType::RequestResourceResync
+    )
+}
+
+/// Gives a request event a stable resource id, so a newer request about the same thing replaces
+/// a queued older one instead of piling up while the peer is away.
+pub fn keyed_request(mut event: Event, key: impl Into<String>) -> Event {
+    event.resource_id = key.into();
+    event
 }
 
 #[derive(Debug)]
@@ -79,7 +126,98 @@ struct State {
     /// Resources with pending events and nothing in flight, in the order they became ready.
     ready: VecDeque<String>,
     connected: bool,
+    journal: Option<Journal>,
+    /// Last journal failure, logged once until writes work again.
+    journal_failure: Option<String>,
 }
+
+impl State {
+    /// Adds `event` to its resource's queue under the coalescing rules; false if it was a
+    /// duplicate of a queued event and dropped.
+    fn enqueue(&mut self, key: &str, event: Event) -> bool {
+        let q = self.resources.entry(key.to_string()).or_default();
+        match &event.event_type {
+            EventType::Delete => q.pending.clear(),
+            t if coalesces(t) => q.pending.retain(|e| &e.event_type != t),
+            t @ (EventType::SetOperation | EventType::TerminateOperation)
+                if event.data.is_some()
+                    && q.pending
+                        .iter()
+                        .any(|e| &e.event_type == t && e.data == event.data) =>
+            {
+                return false;
+            }
+            _ => {}
+        }
+        q.pending.push_back(event);
+        let becomes_ready = q.in_flight.is_none() && q.pending.len() == 1;
+        if becomes_ready && !self.ready.iter().any(|k| k == key) {
+            self.ready.push_back(key.to_string());
+        }
+        true
+    }
+
+    fn live_events(&self) -> usize {
+        self.resources
+            .values()
+            .map(|q| q.pending.len() + usize::from(q.in_flight.is_some()))
+            .sum()
+    }
+
+    /// Runs a journal write; a failure is logged once and the outbox goes on in memory.
+    fn journal_write(&mut self, write: impl FnOnce(&mut Journal) -> std::io::Result<()>) {
+        let Some(j) = self.journal.as_mut() else {
+            return;
+        };
+        match write(j) {
+            Ok(()) => {
+                if let Some(prev) = self.journal_failure.take() {
+                    tracing::info!(journal = %j.path().display(), previous_error = %prev, "outbox journal writable again");
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                if self.journal_failure.as_deref() != Some(msg.as_str()) {
+                    tracing::error!(journal = %j.path().display(), error = %msg, "cannot write the outbox journal; queued events survive only in memory until it works again");
+                    self.journal_failure = Some(msg);
+                }
+            }
+        }
+        self.maybe_compact();
+    }
+
+    /// Rewrites the journal with only the live events once dead records dominate it.
+    fn maybe_compact(&mut self) {
+        let records = match &self.journal {
+            Some(j) if j.records() >= COMPACT_MIN_RECORDS && j.records() % 64 == 0 => j.records(),
+            _ => return,
+        };
+        if records < self.live_events() * 4 {
+            return;
+        }
+        self.compact();
+    }
+
+    fn compact(&mut self) {
+        let Some(path) = self.journal.as_ref().map(|j| j.path().to_path_buf()) else {
+            return;
+        };
+        let events: Vec<&Event> = self
+            .resources
+            .values()
+            .flat_map(|q| q.in_flight.iter().map(|f| &f.event).chain(q.pending.iter()))
+            .collect();
+        match Journal::rewrite(&path, events.into_iter()) {
+            Ok(j) => self.journal = Some(j),
+            Err(e) => {
+                tracing::error!(journal = %path.display(), error = %e, "cannot compact the outbox journal; it keeps growing until it can")
+            }
+        }
+    }
+}
+
+/// Journals shorter than this are never compacted.
+const COMPACT_MIN_RECORDS: usize = 1024;
 
 /// Outbound event store for one peer.
 #[derive(Debug)]
@@ -111,6 +249,58 @@ impl Outbox {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// An outbox kept in `dir` (created if missing): restores what an earlier run left queued,
+    /// then journals every change. A damaged journal is not an error: it is reported in
+    /// [`OpenReport::damage`] (what preceded the damage is restored) and rewritten clean.
+    pub fn open(dir: &Path, config: OutboxConfig) -> Result<(Outbox, OpenReport), OutboxError> {
+        let storage = |path: &Path, e: std::io::Error| OutboxError::Storage {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        };
+        std::fs::create_dir_all(dir).map_err(|e| storage(dir, e))?;
+        let path = dir.join(journal::JOURNAL_FILE);
+        let replay = journal::replay(&path).map_err(|e| storage(&path, e))?;
+        let mut st = State::default();
+        for record in replay.records {
+            match record {
+                Record::Queued(ev) => {
+                    let key = key_of(&ev);
+                    st.enqueue(&key, *ev);
+                }
+                Record::Confirmed { key, delivery } => {
+                    if let Some(q) = st.resources.get_mut(&key) {
+                        q.pending
+                            .retain(|e| delivery_id(e) != Some(delivery.as_str()));
+                        if q.pending.is_empty() {
+                            st.resources.remove(&key);
+                        }
+                    }
+                }
+            }
+        }
+        st.ready.retain(|k| st.resources.contains_key(k));
+        let events: Vec<&Event> = st
+            .resources
+            .values()
+            .flat_map(|q| q.pending.iter())
+            .collect();
+        let restored = events.len();
+        st.journal =
+            Some(Journal::rewrite(&path, events.into_iter()).map_err(|e| storage(&path, e))?);
+        let report = OpenReport {
+            restored,
+            damage: replay.damage,
+        };
+        Ok((
+            Outbox {
+                config,
+                state: Mutex::new(st),
+                changed: Notify::new(),
+            },
+            report,
+        ))
+    }
+
     /// Queues an event, coalescing it with what is already queued for the same resource.
     pub fn push(&self, mut event: Event) -> Result<(), OutboxError> {
         event.extensions.insert(
@@ -122,18 +312,11 @@ impl Outbox {
         if !st.resources.contains_key(&key) && st.resources.len() >= self.config.max_resources {
             return Err(OutboxError::Full(st.resources.len()));
         }
-        let q = st.resources.entry(key.clone()).or_default();
-        match &event.event_type {
-            EventType::Delete => q.pending.clear(),
-            t @ (EventType::SpecUpdate | EventType::StatusUpdate) => {
-                q.pending.retain(|e| &e.event_type != t)
+        let journaled = st.journal.is_some().then(|| event.clone());
+        if st.enqueue(&key, event) {
+            if let Some(event) = journaled {
+                st.journal_write(|j| j.queued(&event));
             }
-            _ => {}
-        }
-        q.pending.push_back(event);
-        let becomes_ready = q.in_flight.is_none() && q.pending.len() == 1;
-        if becomes_ready && !st.ready.contains(&key) {
-            st.ready.push_back(key);
         }
         drop(st);
         self.changed.notify_one();
@@ -227,11 +410,17 @@ impl Outbox {
         if !matches {
             return false;
         }
-        q.in_flight = None;
+        let confirmed = q
+            .in_flight
+            .take()
+            .and_then(|f| delivery_id(&f.event).map(str::to_string));
         if q.pending.is_empty() {
             st.resources.remove(key);
         } else {
             st.ready.push_back(key.to_string());
+        }
+        if let Some(delivery) = confirmed {
+            st.journal_write(|j| j.confirmed(key, &delivery));
         }
         drop(st);
         self.changed.notify_one();
@@ -257,6 +446,11 @@ impl Outbox {
         self.changed.notify_one();
     }
 
+    /// Whether the stream is up (events are being sent).
+    pub fn is_connected(&self) -> bool {
+        self.lock().connected
+    }
+
     /// Number of distinct resources with queued or in-flight events.
     pub fn resources(&self) -> usize {
         self.lock().resources.len()
@@ -264,11 +458,7 @@ impl Outbox {
 
     /// Number of events queued or in flight.
     pub fn len(&self) -> usize {
-        self.lock()
-            .resources
-            .values()
-            .map(|q| q.pending.len() + usize::from(q.in_flight.is_some()))
-            .sum()
+        self.lock().live_events()
     }
 
     /// True when nothing is queued or in flight.
@@ -288,7 +478,10 @@ mod tests {
     use crate::event::Target;
 
     fn ev(t: EventType, key: &str, id: &str) -> Event {
-        Event::new(t, Target::Application, "test").with_ids(key, id)
+        Event::new(t, Target::Application, "test")
+            .with_ids(key, id)
+            .with_json(&serde_json::json!({}))
+            .unwrap()
     }
 
     fn connected() -> Outbox {
@@ -426,5 +619,120 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(got, "x1");
+    }
+
+    fn dir() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap()
+    }
+
+    #[test]
+    fn queued_events_survive_a_restart_and_confirmed_ones_do_not() {
+        let d = dir();
+        {
+            let (o, report) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+            assert_eq!(report, OpenReport::default());
+            o.set_connected(true);
+            o.push(ev(EventType::Create, "a", "a1").with_json(&"x").unwrap())
+                .unwrap();
+            o.push(ev(EventType::SpecUpdate, "a", "a2")).unwrap();
+            o.push(ev(EventType::SpecUpdate, "b", "b1")).unwrap();
+            o.push(ev(EventType::SpecUpdate, "b", "b2")).unwrap();
+            o.push(ev(EventType::SetOperation, "c", "c1")).unwrap();
+            let first = o.take_next(Instant::now()).unwrap();
+            assert_eq!(first.event_id, "a1");
+            assert!(o.ack(&first.ack()));
+        }
+        let (o, report) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+        assert_eq!(report.damage, None, "{report:?}");
+        assert_eq!(report.restored, 3);
+        o.set_connected(true);
+        let now = Instant::now();
+        let mut ids: Vec<String> = std::iter::from_fn(|| {
+            let e = o.take_next(now)?;
+            o.ack(&e.ack());
+            Some(e.event_id)
+        })
+        .collect();
+        ids.sort();
+        assert_eq!(ids, ["a2", "b2", "c1"]);
+        drop(o);
+        let (o, _) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+        assert!(o.is_empty(), "everything was confirmed before this restart");
+    }
+
+    #[test]
+    fn truncated_or_corrupted_journal_is_reported_and_the_intact_prefix_kept() {
+        let d = dir();
+        {
+            let (o, _) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+            for i in 0..10 {
+                o.push(ev(EventType::SpecUpdate, &format!("r{i}"), "x"))
+                    .unwrap();
+            }
+        }
+        let path = d.path().join(journal::JOURNAL_FILE);
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 5).unwrap();
+        drop(f);
+        let (o, report) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+        assert!(report.damage.unwrap().contains("truncated"));
+        assert_eq!(o.len(), 9, "the intact records are kept");
+        drop(o);
+        let (_, report) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+        assert_eq!(report.damage, None, "the journal was rewritten clean");
+
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, report) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+        assert!(report.damage.is_some());
+
+        std::fs::write(&path, b"garbage that is not a journal").unwrap();
+        let (o, report) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+        assert!(report.damage.unwrap().contains("header"));
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn journal_is_compacted_to_the_live_events() {
+        let d = dir();
+        let (o, _) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+        for i in 0..5000 {
+            o.push(ev(EventType::StatusUpdate, &format!("r{}", i % 3), "x"))
+                .unwrap();
+        }
+        let size = std::fs::metadata(d.path().join(journal::JOURNAL_FILE))
+            .unwrap()
+            .len();
+        assert!(
+            size < 400_000,
+            "journal of 3 live events after 5,000 pushes (~1.2 MB uncompacted) is {size} bytes"
+        );
+        drop(o);
+        let (o, _) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+        assert_eq!(o.len(), 3);
+    }
+
+    #[test]
+    fn keyed_requests_coalesce_and_identical_operations_are_queued_once() {
+        let o = Outbox::new(OutboxConfig::default());
+        for _ in 0..10 {
+            o.push(keyed_request(
+                Event::new(EventType::RequestUpdate, Target::ResourceResync, "t")
+                    .with_json(&serde_json::json!({}))
+                    .unwrap(),
+                "resync/a",
+            ))
+            .unwrap();
+            o.push(
+                ev(EventType::SetOperation, "op", "1")
+                    .with_json(&"sync")
+                    .unwrap(),
+            )
+            .unwrap();
+        }
+        assert_eq!(o.len(), 2);
     }
 }

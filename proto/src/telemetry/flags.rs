@@ -2,13 +2,17 @@
 //!
 //! Owns: [`AgentMode`], durations (`30s`, `5m`, `1h`, `0`), byte sizes (`16MiB`), `host:port` addresses
 //! ([`HostPort`]), namespace names and allow-list patterns, host names, label selectors, and the
-//! "is this file there and readable" check. Each function says what is wrong with a value; the
-//! binaries' config modules add which flag and env var it came from.
+//! "is this file there and readable" check. Each function says what is wrong with a value;
+//! [`super::binary_config`] adds which flag and env var it came from.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
+
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+
+use crate::tls::TlsVersion;
 
 /// What is wrong with one flag value.
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +132,12 @@ pub fn ignore_empty_env(
     empty.into_iter().fold(cmd, |cmd, id| {
         cmd.mut_arg(id, |arg| arg.env(clap::builder::Resettable::Reset))
     })
+}
+
+/// Parser of `--tls-min-version`: upstream's spellings `tls1.3` and `tls1.2`, both listed in
+/// `--help` as the possible values.
+pub fn tls_min_version_parser() -> impl TypedValueParser<Value = TlsVersion> {
+    PossibleValuesParser::new(["tls1.3", "tls1.2"]).try_map(|v| v.parse::<TlsVersion>())
 }
 
 /// Parses a duration such as `30s`, `5m`, `1h30m`, `250ms` or `0`.

@@ -3,10 +3,12 @@
 //! Owns: log set-up ([`init_logging`], [`LogFormat`]), the Prometheus registry both binaries register
 //! their metrics into ([`MetricsRegistry`]), liveness/readiness state ([`HealthState`]), the HTTP
 //! server for `/metrics`, `/healthz` and `/readyz` ([`ops_router`], [`serve_ops`],
-//! [`start_ops_servers`]), process shutdown signals, and the parsing of command-line values both
-//! binaries accept ([`flags`]). It does not own any metric of a particular subsystem: those are
+//! [`start_ops_servers`]), process shutdown signals, the parsing of command-line values both
+//! binaries accept ([`flags`]), and the validation machinery of their configurations
+//! ([`binary_config`]). It does not own any metric of a particular subsystem: those are
 //! declared next to the code that updates them and registered here.
 
+pub mod binary_config;
 pub mod flags;
 mod health;
 mod metrics;

@@ -1,0 +1,420 @@
+//! Autonomous mode on the spoke: the spoke is the source of truth for Applications and
+//! AppProjects (spec and status); the principal keeps mirrors of them on the hub.
+//!
+//! Owns: [`AutonomousSync`], the watcher of the agent namespace that reports every change of an
+//! Application or AppProject as a `spec-update` (spec and status together) and every deletion as
+//! a `delete`, and the [`EventHandler`] for what the principal sends an autonomous agent: resync
+//! questions (`request-update` with the mirror's checksum, `request-synced-resource-list` with
+//! the checksum of the hub's key set) and the operations users request on a hub mirror
+//! (`set-operation`, `terminate-operation`, `spec-update` carrying the refresh annotation), which
+//! run here. Local objects are never overwritten from the hub: the owner wins.
+//!
+//! Restart: what was queued survives in the durable outbox; what changed while the process was
+//! down is found by the principal's checksum resync on connect, so the first list after start
+//! only records what it sees, unless the outbox was lost ([`AutonomousSync::new`]'s
+//! `full_resync`), in which case everything is sent once.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use argocd_agent_proto::event::{set_checksum, Event, EventType, ResourceKey, AGENT_SOURCE};
+use argocd_agent_proto::payload::{RequestSyncedResourceList, RequestUpdate, SyncedResource};
+use argocd_agent_proto::sync::resync::{owned_checksum, synced_resource_key, RESYNC_REQUEST_KEY};
+use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, ListParams, Patch};
+use kube::runtime::{watcher, WatchStreamExt};
+use serde_json::{json, Value};
+use tracing::{debug, info, warn};
+
+use crate::managed::{is_not_found, kube_failure, patch_params, to_json};
+use crate::spoke_copy::{object_name, object_uid, SyncedKind, REFRESH_ANNOTATION};
+
+/// The spoke side of autonomous mode (see the module docs). Share it as `Arc<AutonomousSync>`.
+pub struct AutonomousSync {
+    namespace: String,
+    label_selector: Option<String>,
+    apps: Api<DynamicObject>,
+    projects: Api<DynamicObject>,
+    outbox: Arc<Outbox>,
+    state: Mutex<SentState>,
+}
+
+#[derive(Debug, Default)]
+struct SentState {
+    /// Checksum of what was last reported per (kind, name).
+    sent: HashMap<(SyncedKind, String), Vec<u8>>,
+    /// Kinds whose first list since start still only records (no full resync asked).
+    record_only: HashSet<SyncedKind>,
+}
+
+fn rejected(e: impl std::fmt::Display) -> HandleError {
+    HandleError::Rejected(e.to_string())
+}
+
+impl AutonomousSync {
+    /// Autonomous sync of `namespace`; `full_resync` sends every object once after start (the
+    /// outbox of an earlier run was lost or damaged).
+    pub fn new(
+        client: kube::Client,
+        namespace: String,
+        label_selector: Option<String>,
+        outbox: Arc<Outbox>,
+        full_resync: bool,
+    ) -> Arc<Self> {
+        let api = |kind: SyncedKind| {
+            Api::namespaced_with(client.clone(), &namespace, &kind.api_resource())
+        };
+        let mut state = SentState::default();
+        if !full_resync {
+            state.record_only = HashSet::from([SyncedKind::Application, SyncedKind::AppProject]);
+        }
+        Arc::new(AutonomousSync {
+            apps: api(SyncedKind::Application),
+            projects: api(SyncedKind::AppProject),
+            namespace,
+            label_selector,
+            outbox,
+            state: Mutex::new(state),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SentState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn api(&self, kind: SyncedKind) -> &Api<DynamicObject> {
+        match kind {
+            SyncedKind::Application => &self.apps,
+            SyncedKind::AppProject => &self.projects,
+        }
+    }
+
+    fn push(&self, event: Event) -> Result<(), HandleError> {
+        self.outbox.push(event).map_err(|e| {
+            warn!(error = %e, "cannot queue an event for the principal");
+            HandleError::Retryable(e.to_string())
+        })
+    }
+
+    /// Queues the full object as a `spec-update` and remembers its checksum.
+    fn report(&self, kind: SyncedKind, obj: &Value, checksum: Vec<u8>) -> Result<(), HandleError> {
+        let ev = Event::for_object(EventType::SpecUpdate, kind.target(), AGENT_SOURCE, obj)
+            .map_err(rejected)?;
+        self.push(ev)?;
+        self.lock()
+            .sent
+            .insert((kind, object_name(obj).to_string()), checksum);
+        Ok(())
+    }
+
+    fn report_deleted(&self, kind: SyncedKind, name: &str, uid: &str) -> Result<(), HandleError> {
+        let stub = json!({
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": kind.kind(),
+            "metadata": {"name": name, "namespace": self.namespace, "uid": uid},
+        });
+        let ev = Event::for_object(EventType::Delete, kind.target(), AGENT_SOURCE, &stub)
+            .map_err(rejected)?;
+        self.push(ev)?;
+        self.lock().sent.remove(&(kind, name.to_string()));
+        Ok(())
+    }
+
+    // ---- spoke watch --------------------------------------------------------------------
+
+    /// Watches Applications and AppProjects in the agent namespace until the future is dropped.
+    pub async fn run_watchers(self: Arc<Self>) {
+        futures::join!(
+            self.clone().watch(SyncedKind::Application),
+            self.clone().watch(SyncedKind::AppProject)
+        );
+    }
+
+    async fn watch(self: Arc<Self>, kind: SyncedKind) {
+        let mut config = watcher::Config::default();
+        if let Some(sel) = &self.label_selector {
+            config = config.labels(sel);
+        }
+        let mut events = watcher(self.api(kind).clone(), config)
+            .default_backoff()
+            .boxed();
+        let mut known: HashMap<String, String> = HashMap::new();
+        let mut relisted: Option<HashSet<String>> = None;
+        let mut failing: Option<String> = None;
+        while let Some(item) = events.next().await {
+            let event = match item {
+                Ok(ev) => ev,
+                Err(e) => {
+                    let msg = e.to_string();
+                    if failing.as_deref() != Some(msg.as_str()) {
+                        warn!(kind = %kind, namespace = %self.namespace, error = %msg, "watching spoke objects failed; retrying");
+                        failing = Some(msg);
+                    }
+                    continue;
+                }
+            };
+            if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_))
+                && failing.take().is_some()
+            {
+                info!(kind = %kind, namespace = %self.namespace, "watching spoke objects again");
+            }
+            match event {
+                watcher::Event::Init => relisted = Some(HashSet::new()),
+                watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
+                    let obj = to_json(&obj);
+                    let name = object_name(&obj).to_string();
+                    if let Some(seen) = relisted.as_mut() {
+                        seen.insert(name.clone());
+                    }
+                    known.insert(name, object_uid(&obj).to_string());
+                    self.on_applied(kind, &obj);
+                }
+                watcher::Event::InitDone => {
+                    let seen = relisted.take().unwrap_or_default();
+                    let vanished: Vec<(String, String)> = known
+                        .iter()
+                        .filter(|(n, _)| !seen.contains(*n))
+                        .map(|(n, u)| (n.clone(), u.clone()))
+                        .collect();
+                    for (name, uid) in vanished {
+                        known.remove(&name);
+                        self.on_gone(kind, &name, &uid);
+                    }
+                    self.lock().record_only.remove(&kind);
+                }
+                watcher::Event::Delete(obj) => {
+                    let obj = to_json(&obj);
+                    let name = object_name(&obj).to_string();
+                    known.remove(&name);
+                    self.on_gone(kind, &name, object_uid(&obj));
+                }
+            }
+        }
+    }
+
+    fn on_applied(&self, kind: SyncedKind, live: &Value) {
+        let name = object_name(live);
+        let checksum = owned_checksum(live);
+        let record_only = {
+            let mut st = self.lock();
+            if st.sent.get(&(kind, name.to_string())) == Some(&checksum) {
+                return;
+            }
+            let record_only = st.record_only.contains(&kind);
+            if record_only {
+                st.sent.insert((kind, name.to_string()), checksum.clone());
+            }
+            record_only
+        };
+        if record_only {
+            return;
+        }
+        match self.report(kind, live, checksum) {
+            Ok(()) => {
+                debug!(kind = %kind, namespace = %self.namespace, name, "queued spec-update for the principal")
+            }
+            Err(e) => {
+                warn!(kind = %kind, namespace = %self.namespace, name, error = %e, "cannot report a change to the principal; the next resync will")
+            }
+        }
+    }
+
+    fn on_gone(&self, kind: SyncedKind, name: &str, uid: &str) {
+        info!(kind = %kind, namespace = %self.namespace, name, "spoke object deleted; telling the principal");
+        if let Err(e) = self.report_deleted(kind, name, uid) {
+            warn!(kind = %kind, name, error = %e, "cannot report a deletion to the principal; the next resync will");
+        }
+    }
+
+    // ---- principal -> spoke -------------------------------------------------------------
+
+    async fn live(&self, kind: SyncedKind, name: &str) -> Result<Option<Value>, HandleError> {
+        self.api(kind)
+            .get_opt(name)
+            .await
+            .map(|o| o.as_ref().map(to_json))
+            .map_err(|e| kube_failure(format!("reading spoke {kind} {}/{name}", self.namespace), e))
+    }
+
+    /// request-update: the hub mirror's checksum against the live object; answers with the
+    /// object when they differ, with `delete` when the object is gone (or is another one now).
+    async fn answer_request_update(&self, req: RequestUpdate) -> Result<(), HandleError> {
+        let kind = match req.kind.as_str() {
+            "Application" => SyncedKind::Application,
+            "AppProject" => SyncedKind::AppProject,
+            other => {
+                return Err(rejected(format!(
+                    "request-update for unsupported kind {other:?}"
+                )))
+            }
+        };
+        match self.live(kind, &req.name).await? {
+            Some(live) if object_uid(&live) == req.uid || req.uid.is_empty() => {
+                let checksum = owned_checksum(&live);
+                if checksum != req.checksum {
+                    debug!(kind = %kind, name = %req.name, "hub mirror differs; sending the spoke's object");
+                    self.report(kind, &live, checksum)?;
+                }
+                Ok(())
+            }
+            _ => {
+                debug!(kind = %kind, name = %req.name, "hub mirrors an object the spoke no longer has");
+                self.report_deleted(kind, &req.name, &req.uid)
+            }
+        }
+    }
+
+    /// request-synced-resource-list: when the hub's key set differs from the spoke's, list every
+    /// spoke key so the principal can ask for the objects it lacks.
+    async fn answer_key_list(&self, req: RequestSyncedResourceList) -> Result<(), HandleError> {
+        let mut params = ListParams::default();
+        if let Some(sel) = &self.label_selector {
+            params = params.labels(sel);
+        }
+        let mut keys = Vec::new();
+        for kind in [SyncedKind::Application, SyncedKind::AppProject] {
+            let list = self.api(kind).list(&params).await.map_err(|e| {
+                kube_failure(format!("listing spoke {kind}s in {}", self.namespace), e)
+            })?;
+            keys.extend(list.items.iter().map(|o| {
+                let o = to_json(o);
+                ResourceKey::new(kind.kind(), object_name(&o), "", object_uid(&o))
+            }));
+        }
+        if set_checksum(&keys) == req.checksum {
+            debug!(
+                objects = keys.len(),
+                "the hub mirrors exactly the spoke's objects"
+            );
+            return Ok(());
+        }
+        info!(
+            objects = keys.len(),
+            "the hub's mirrors differ from the spoke's objects; listing them for the principal"
+        );
+        for key in &keys {
+            let ev = Event::synced_resource(AGENT_SOURCE, &SyncedResource::from(key))
+                .map_err(rejected)?;
+            self.push(keyed_request(ev, synced_resource_key(&key.kind, &key.name)))?;
+        }
+        Ok(())
+    }
+
+    /// set-operation from a hub mirror: run it here.
+    async fn set_operation(&self, mirror: &Value) -> Result<(), HandleError> {
+        let name = object_name(mirror);
+        let Some(operation) = mirror.get("operation").filter(|o| !o.is_null()) else {
+            return Ok(());
+        };
+        match self
+            .apps
+            .patch(
+                name,
+                &patch_params(),
+                &Patch::Merge(json!({ "operation": operation })),
+            )
+            .await
+        {
+            Ok(_) => {
+                info!(namespace = %self.namespace, name, "started the operation requested on the hub");
+                Ok(())
+            }
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(kube_failure(format!("setting the operation of {name}"), e)),
+        }
+    }
+
+    async fn terminate_operation(&self, mirror: &Value) -> Result<(), HandleError> {
+        let name = object_name(mirror);
+        let patch = json!({"status": {"operationState": {"phase": "Terminating"}}});
+        match self
+            .apps
+            .patch(name, &patch_params(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {
+                info!(namespace = %self.namespace, name, "terminating the operation as requested on the hub");
+                Ok(())
+            }
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(kube_failure(
+                format!("terminating the operation of {name}"),
+                e,
+            )),
+        }
+    }
+
+    /// spec-update from a hub mirror: only a refresh request is taken; the spec is the spoke's.
+    async fn refresh(&self, mirror: &Value) -> Result<(), HandleError> {
+        let name = object_name(mirror);
+        let Some(refresh) = mirror
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(REFRESH_ANNOTATION))
+            .filter(|v| !v.is_null())
+        else {
+            return Ok(());
+        };
+        let patch = json!({"metadata": {"annotations": {REFRESH_ANNOTATION: refresh}}});
+        match self
+            .apps
+            .patch(name, &patch_params(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {
+                info!(namespace = %self.namespace, name, "refresh requested on the hub");
+                Ok(())
+            }
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(kube_failure(format!("requesting a refresh of {name}"), e)),
+        }
+    }
+
+    /// Periodic resync from this side: asks the principal to compare its mirrors with the spoke.
+    pub fn request_resync(&self) {
+        match Event::request_resource_resync(AGENT_SOURCE) {
+            Ok(ev) => {
+                let _ = self.push(keyed_request(ev, RESYNC_REQUEST_KEY));
+            }
+            Err(e) => warn!(error = %e, "cannot build a resync request"),
+        }
+    }
+}
+
+impl EventHandler for AutonomousSync {
+    async fn handle(&self, event: Event) -> Result<(), HandleError> {
+        match (&event.event_type, &event.target) {
+            (EventType::Ping | EventType::Pong | EventType::Processed, _) => Ok(()),
+            (EventType::RequestUpdate, _) => {
+                self.answer_request_update(event.data_as().map_err(rejected)?)
+                    .await
+            }
+            (EventType::RequestSyncedResourceList, _) => {
+                self.answer_key_list(event.data_as().map_err(rejected)?)
+                    .await
+            }
+            (EventType::Error, _) => {
+                warn!(data = %String::from_utf8_lossy(event.data.as_deref().unwrap_or_default()),
+                    "the principal reported an error");
+                Ok(())
+            }
+            (t, target) if SyncedKind::from_target(target) == Some(SyncedKind::Application) => {
+                let mirror: Value = event.data_as().map_err(rejected)?;
+                match t {
+                    EventType::SetOperation => self.set_operation(&mirror).await,
+                    EventType::TerminateOperation => self.terminate_operation(&mirror).await,
+                    EventType::SpecUpdate => self.refresh(&mirror).await,
+                    other => Err(rejected(format!(
+                        "an autonomous agent owns its Applications and does not take {} events from the hub",
+                        other.name()
+                    ))),
+                }
+            }
+            (t, target) => Err(rejected(format!(
+                "an autonomous agent does not handle {} events for target {:?}",
+                t.name(),
+                target.as_str()
+            ))),
+        }
+    }
+}

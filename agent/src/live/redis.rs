@@ -1,0 +1,291 @@
+//! Redis-proxy requests answered from the agent's local Argo CD Redis (`--redis-address`).
+//!
+//! Owns the key mapping (the hub names an application `<agent>_<app>`; the local Argo CD, running
+//! the app in its own namespace, names it `<app>`), `GET` (one short connection per request),
+//! and `SUBSCRIBE`: one local subscriber connection per hub redis connection, whose messages go
+//! back as `pushFromSubscribe`; it ends when the hub connection stops pinging for
+//! [`IDLE_LIMIT`] (upstream: 10 minutes). The RESP codec is `redis-protocol`'s.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use argocd_agent_proto::payload::{
+    RedisRequest, RedisResponse, RedisResponseBody, RedisResponseBodyGet, RedisResponseBodyPong,
+    RedisResponseBodyPushFromSubscribe, RedisResponseBodySubscribeResponse,
+};
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use redis_protocol::codec::Resp2;
+use redis_protocol::resp2::types::BytesFrame as Frame;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::Framed;
+use tracing::{debug, info};
+
+use super::LiveService;
+
+/// A subscription whose hub connection has not pinged for this long is closed.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(600);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The local name of a hub live-view key: the `<namespace>_` prefix of the application segment
+/// is dropped (`app|resources-tree|agent-a_guestbook|1.8` → `app|resources-tree|guestbook|1.8`).
+pub fn local_key(key: &str) -> String {
+    let mut parts: Vec<&str> = key.split('|').collect();
+    if parts.len() >= 3 {
+        if let Some((_, app)) = parts[2].split_once('_') {
+            parts[2] = app;
+        }
+    }
+    parts.join("|")
+}
+
+fn bulk(s: &str) -> Frame {
+    Frame::BulkString(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+async fn connect(addr: &str) -> Result<Framed<TcpStream, Resp2>, String> {
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| format!("local redis {addr} did not accept a connection in time"))?
+        .map_err(|e| format!("local redis {addr}: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    Ok(Framed::new(tcp, Resp2::default()))
+}
+
+async fn get(addr: &str, key: &str) -> RedisResponseBodyGet {
+    let result = async {
+        let mut conn = connect(addr).await?;
+        conn.send(Frame::Array(vec![bulk("GET"), bulk(key)]))
+            .await
+            .map_err(|e| e.to_string())?;
+        match tokio::time::timeout(REPLY_TIMEOUT, conn.next()).await {
+            Ok(Some(Ok(f))) => Ok(f),
+            Ok(Some(Err(e))) => Err(e.to_string()),
+            Ok(None) => Err("local redis closed the connection".into()),
+            Err(_) => Err("local redis did not answer in time".into()),
+        }
+    }
+    .await;
+    match result {
+        Ok(Frame::BulkString(b)) | Ok(Frame::SimpleString(b)) => RedisResponseBodyGet {
+            bytes: b.to_vec(),
+            cache_hit: true,
+            error: String::new(),
+        },
+        Ok(Frame::Null) => RedisResponseBodyGet::default(),
+        Ok(Frame::Error(e)) => RedisResponseBodyGet {
+            error: e.to_string(),
+            ..Default::default()
+        },
+        Ok(other) => RedisResponseBodyGet {
+            error: format!("unexpected reply from local redis: {other:?}"),
+            ..Default::default()
+        },
+        Err(e) => RedisResponseBodyGet {
+            error: e,
+            ..Default::default()
+        },
+    }
+}
+
+type SubscribeCommand = (String, String, oneshot::Sender<Result<(), String>>);
+
+struct Subscriber {
+    commands: mpsc::Sender<SubscribeCommand>,
+    last_ping: Arc<Mutex<Instant>>,
+}
+
+/// Local subscriber connections by hub connection UUID.
+#[derive(Default)]
+pub struct Subscriptions {
+    by_connection: Mutex<HashMap<String, Subscriber>>,
+}
+
+fn frame_text(f: &Frame) -> Option<String> {
+    match f {
+        Frame::BulkString(b) | Frame::SimpleString(b) => {
+            Some(String::from_utf8_lossy(b).into_owned())
+        }
+        _ => None,
+    }
+}
+
+/// Runs one local subscriber connection until the hub connection goes idle.
+async fn run_subscriber(
+    live: Arc<LiveService>,
+    connection: String,
+    mut commands: mpsc::Receiver<SubscribeCommand>,
+    last_ping: Arc<Mutex<Instant>>,
+) {
+    let addr = live.settings.redis_address.clone();
+    let mut conn: Option<Framed<TcpStream, Resp2>> = None;
+    // local channel -> hub channel name, and subscriptions waiting for their confirmation
+    let mut names: HashMap<String, String> = HashMap::new();
+    let mut pending: HashMap<String, oneshot::Sender<Result<(), String>>> = HashMap::new();
+    let mut idle_check = tokio::time::interval(Duration::from_secs(30));
+    loop {
+        let frame = async {
+            match conn.as_mut() {
+                Some(c) => c.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            cmd = commands.recv() => {
+                let Some((local, hub, done)) = cmd else { break };
+                if conn.is_none() {
+                    match connect(&addr).await {
+                        Ok(c) => conn = Some(c),
+                        Err(e) => { let _ = done.send(Err(e)); continue; }
+                    }
+                }
+                let c = conn.as_mut().expect("connected above");
+                if let Err(e) = c.send(Frame::Array(vec![bulk("SUBSCRIBE"), bulk(&local)])).await {
+                    let _ = done.send(Err(e.to_string()));
+                    conn = None;
+                    continue;
+                }
+                names.insert(local.clone(), hub);
+                pending.insert(local, done);
+            }
+            f = frame => match f {
+                Some(Ok(Frame::Array(items))) => {
+                    let kind = items.first().and_then(frame_text).unwrap_or_default();
+                    let channel = items.get(1).and_then(frame_text).unwrap_or_default();
+                    match kind.as_str() {
+                        "subscribe" => {
+                            if let Some(done) = pending.remove(&channel) { let _ = done.send(Ok(())); }
+                        }
+                        "message" => {
+                            if let Some(hub) = names.get(&channel) {
+                                live.redis_answer(&RedisResponse {
+                                    uuid: uuid::Uuid::new_v4().to_string(),
+                                    connection_uuid: connection.clone(),
+                                    body: RedisResponseBody {
+                                        push_from_subscribe: Some(RedisResponseBodyPushFromSubscribe { channel_name: hub.clone() }),
+                                        ..Default::default()
+                                    },
+                                });
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => {
+                    info!(connection = %connection, "local redis subscription connection ended");
+                    for (_, done) in pending.drain() { let _ = done.send(Err("local redis closed the connection".into())); }
+                    break;
+                }
+            },
+            _ = idle_check.tick() => {
+                let idle = last_ping.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+                if idle > IDLE_LIMIT {
+                    info!(connection = %connection, "hub redis connection idle; closing its subscriptions");
+                    break;
+                }
+            }
+        }
+    }
+    live.redis
+        .by_connection
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&connection);
+}
+
+impl Subscriptions {
+    /// Answers one redis request.
+    pub async fn handle(&self, live: &Arc<LiveService>, req: &RedisRequest) -> RedisResponse {
+        let mut resp = RedisResponse {
+            uuid: req.uuid.clone(),
+            connection_uuid: req.connection_uuid.clone(),
+            body: RedisResponseBody::default(),
+        };
+        if let Some(g) = &req.body.get {
+            resp.body.get = Some(get(&live.settings.redis_address, &local_key(&g.key)).await);
+            debug!(request = %req.uuid, hit = resp.body.get.as_ref().is_some_and(|g| g.cache_hit), "redis GET answered");
+        } else if let Some(s) = &req.body.subscribe {
+            let error = match self
+                .subscribe(live, &req.connection_uuid, &s.channel_name)
+                .await
+            {
+                Ok(()) => String::new(),
+                Err(e) => e,
+            };
+            resp.body.subscribe_response = Some(RedisResponseBodySubscribeResponse { error });
+        } else {
+            if let Some(sub) = self
+                .by_connection
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&req.connection_uuid)
+            {
+                *sub.last_ping.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            }
+            resp.body.pong = Some(RedisResponseBodyPong {});
+        }
+        resp
+    }
+
+    async fn subscribe(
+        &self,
+        live: &Arc<LiveService>,
+        connection: &str,
+        channel: &str,
+    ) -> Result<(), String> {
+        let commands = {
+            let mut map = self.by_connection.lock().unwrap_or_else(|e| e.into_inner());
+            let sub = map.entry(connection.to_string()).or_insert_with(|| {
+                let (tx, rx) = mpsc::channel(16);
+                let last_ping = Arc::new(Mutex::new(Instant::now()));
+                tokio::spawn(run_subscriber(
+                    live.clone(),
+                    connection.to_string(),
+                    rx,
+                    last_ping.clone(),
+                ));
+                Subscriber {
+                    commands: tx,
+                    last_ping,
+                }
+            });
+            *sub.last_ping.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            sub.commands.clone()
+        };
+        let (done, confirmed) = oneshot::channel();
+        commands
+            .send((local_key(channel), channel.to_string(), done))
+            .await
+            .map_err(|_| "the local subscription connection ended".to_string())?;
+        match tokio::time::timeout(REPLY_TIMEOUT, confirmed).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err("the local subscription connection ended".into()),
+            Err(_) => Err("local redis did not confirm the subscription in time".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_keys_map_to_local_keys() {
+        assert_eq!(
+            local_key("app|resources-tree|agent-a_guestbook|1.8.3"),
+            "app|resources-tree|guestbook|1.8.3"
+        );
+        assert_eq!(
+            local_key("app|managed-resources|agent-a_my_app"),
+            "app|managed-resources|my_app"
+        );
+        assert_eq!(
+            local_key("app|resources-tree|guestbook"),
+            "app|resources-tree|guestbook"
+        );
+    }
+}

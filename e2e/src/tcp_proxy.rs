@@ -1,0 +1,157 @@
+//! A small in-test TCP proxy between an agent and its principal, to inject link faults: forward
+//! (normal), cut (every connection closed, new ones closed at once), blackhole (connections stay
+//! open but every byte is dropped, no RST: a half-open link), and a per-chunk delay. Listens on
+//! 127.0.0.1 only. The upstream can be changed (a restarted principal on another port).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkMode {
+    /// Bytes flow both ways.
+    Forward,
+    /// Connections are closed; new ones are closed as soon as accepted.
+    Cut,
+    /// Connections stay open; bytes are swallowed in both directions.
+    Blackhole,
+}
+
+/// A running proxy; stops when dropped.
+pub struct TcpProxy {
+    /// The port it listens on (127.0.0.1).
+    pub port: u16,
+    mode: watch::Sender<LinkMode>,
+    delay_ms: Arc<AtomicU64>,
+    upstream: Arc<Mutex<SocketAddr>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Starts forwarding 127.0.0.1:<port> to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> anyhow::Result<TcpProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let (mode, _) = watch::channel(LinkMode::Forward);
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let upstream = Arc::new(Mutex::new(upstream));
+        let accept = {
+            let (mode, delay_ms, upstream) = (mode.clone(), delay_ms.clone(), upstream.clone());
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    if *mode.borrow() == LinkMode::Cut {
+                        drop(client);
+                        continue;
+                    }
+                    let target = *upstream.lock().unwrap_or_else(|e| e.into_inner());
+                    let (mode, delay_ms) = (mode.subscribe(), delay_ms.clone());
+                    tokio::spawn(async move {
+                        let Ok(server) = TcpStream::connect(target).await else {
+                            return;
+                        };
+                        let _ = client.set_nodelay(true);
+                        let _ = server.set_nodelay(true);
+                        let (cr, cw) = client.into_split();
+                        let (sr, sw) = server.into_split();
+                        let up = pump(cr, sw, mode.clone(), delay_ms.clone());
+                        let down = pump(sr, cw, mode, delay_ms);
+                        // Either direction ending ends the connection (both halves dropped).
+                        tokio::select! {
+                            _ = up => {}
+                            _ = down => {}
+                        }
+                    });
+                }
+            })
+        };
+        Ok(TcpProxy {
+            port,
+            mode,
+            delay_ms,
+            upstream,
+            accept,
+        })
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Lets traffic flow.
+    pub fn forward(&self) {
+        self.mode.send_replace(LinkMode::Forward);
+    }
+
+    /// Closes every connection and refuses new ones until [`forward`](Self::forward).
+    pub fn cut(&self) {
+        self.mode.send_replace(LinkMode::Cut);
+    }
+
+    /// Keeps connections open but drops every byte (a half-open link: no FIN, no RST).
+    pub fn blackhole(&self) {
+        self.mode.send_replace(LinkMode::Blackhole);
+    }
+
+    /// Delays every forwarded chunk by `delay`.
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_ms
+            .store(delay.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Sends new connections to `upstream`.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *self.upstream.lock().unwrap_or_else(|e| e.into_inner()) = upstream;
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.mode.send_replace(LinkMode::Cut);
+        self.accept.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: watch::Receiver<LinkMode>,
+    delay_ms: Arc<AtomicU64>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if *mode.borrow() == LinkMode::Cut {
+            return;
+        }
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            changed = mode.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        match *mode.borrow() {
+            LinkMode::Cut => return,
+            LinkMode::Blackhole => continue,
+            LinkMode::Forward => {}
+        }
+        let delay = delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Autonomous mode end to end on real control planes: the spoke owns its Applications and
+//! AppProjects; the principal mirrors them into the hub (namespace `<agent>`, projects renamed
+//! `<agent>-<name>` with policies rewritten), reverts hub edits and deletions of mirrors, and
+//! forwards sync / refresh / terminate requested on a mirror to the spoke. One principal serves
+//! a managed and an autonomous agent at the same time.
+//!
+//! No Argo CD runs here: where its application-controller would write status on the spoke, the
+//! test does it.
+
+use std::time::Duration;
+
+use e2e::gateway::{
+    application, application_resource, appproject_resource, text, Agent, Pki, Principal, SOURCE_UID,
+};
+use e2e::{shared_planes, wait_until, TestContext};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn get_json(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>, kube::Error> {
+    Ok(api
+        .get_opt(name)
+        .await?
+        .map(|o| serde_json::to_value(o).expect("object serialises")))
+}
+
+async fn wait_for(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    wait_until(what, WAIT, || async {
+        Ok::<_, kube::Error>(get_json(api, name).await?.filter(|v| pred(v)))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn autonomous_spoke_objects_are_mirrored_protected_and_operable_from_the_hub(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("autonomous_flow")?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let principal_ns = ctx.unique("argocd");
+    let principal = Principal::start(
+        "p",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &principal_ns,
+        &["--namespace-create-enable"],
+    )
+    .await?;
+    let auto = ctx.unique("ship");
+    let managed = ctx.unique("shop");
+    pki.issue_agent(&auto)?;
+    pki.issue_agent(&managed)?;
+    let hub = planes.hub.client().await?;
+    e2e::gateway::ensure_namespace(&hub, &managed).await?;
+    let spoke_ns = ctx.unique("spoke-argocd");
+    let agent = Agent::start(
+        &auto,
+        &ctx.dir,
+        &planes.spokes[0],
+        &pki,
+        &principal.address(),
+        &spoke_ns,
+        &["--mode=autonomous"],
+    )
+    .await?;
+    let managed_agent = Agent::start(
+        &managed,
+        &ctx.dir,
+        &planes.spokes[1],
+        &pki,
+        &principal.address(),
+        &spoke_ns,
+        &[],
+    )
+    .await?;
+    agent.wait_connected().await?;
+    managed_agent.wait_connected().await?;
+
+    let spoke = planes.spokes[0].client().await?;
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke.clone(), &spoke_ns, &application_resource());
+    let spoke_projects: Api<DynamicObject> =
+        Api::namespaced_with(spoke, &spoke_ns, &appproject_resource());
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &auto, &application_resource());
+    let hub_projects: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &principal_ns, &appproject_resource());
+
+    // The spoke creates a project with a role and an Application in it.
+    let project: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": "team", "namespace": spoke_ns},
+        "spec": {"destinations": [{"server": "*", "namespace": "*"}],
+                 "sourceRepos": ["*"],
+                 "roles": [{"name": "ci", "policies": ["p, proj:team:ci, applications, sync, team/*, allow"]}]}
+    }))?;
+    spoke_projects
+        .create(&PostParams::default(), &project)
+        .await?;
+    let mut app = application("web", &spoke_ns, "v1");
+    app.data["spec"]["project"] = json!("team");
+    let created = spoke_apps.create(&PostParams::default(), &app).await?;
+    let spoke_uid = created.metadata.uid.clone().expect("uid");
+
+    let mirror = wait_for(&hub_apps, "web", "hub mirror of the spoke app", |_| true)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}\nagent:\n{}\nprincipal:\n{}",
+                agent.process.log_tail(40),
+                principal.process.log_tail(40)
+            )
+        })?;
+    assert_eq!(
+        mirror["metadata"]["annotations"][SOURCE_UID],
+        spoke_uid.as_str()
+    );
+    assert_eq!(text(&mirror, "/spec/project"), format!("{auto}-team"));
+    assert_eq!(text(&mirror, "/spec/destination/name"), auto);
+    assert!(mirror.pointer("/spec/destination/server").is_none());
+    let mirrored_project = wait_for(
+        &hub_projects,
+        &format!("{auto}-team"),
+        "hub mirror of the spoke project",
+        |_| true,
+    )
+    .await?;
+    assert_eq!(mirrored_project["spec"]["sourceNamespaces"], json!([auto]));
+    assert_eq!(
+        mirrored_project["spec"]["destinations"],
+        json!([{"name": auto, "server": "*", "namespace": "*"}])
+    );
+    assert_eq!(
+        mirrored_project["spec"]["roles"][0]["policies"][0],
+        format!("p, proj:{auto}-team:ci, applications, sync, {auto}-team/{auto}/*, allow")
+    );
+
+    // Spec and status changes on the spoke reach the mirror.
+    spoke_apps
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"targetRevision": "v2"}},
+                "status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}})),
+        )
+        .await?;
+    wait_for(
+        &hub_apps,
+        "web",
+        "spoke spec and status on the mirror",
+        |v| {
+            text(v, "/spec/source/targetRevision") == "v2"
+                && text(v, "/status/health/status") == "Healthy"
+        },
+    )
+    .await?;
+
+    // A hub edit of the mirror is reverted; so is a hub edit of the mirrored project.
+    hub_apps
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"targetRevision": "hub-edit"}}})),
+        )
+        .await?;
+    wait_for(&hub_apps, "web", "hub edit reverted", |v| {
+        text(v, "/spec/source/targetRevision") == "v2"
+    })
+    .await?;
+    hub_projects
+        .patch(
+            &format!("{auto}-team"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sourceRepos": ["https://evil.example.com"]}})),
+        )
+        .await?;
+    wait_for(
+        &hub_projects,
+        &format!("{auto}-team"),
+        "hub project edit reverted",
+        |v| v["spec"]["sourceRepos"] == json!(["*"]),
+    )
+    .await?;
+
+    // A hub deletion of the mirror is reverted.
+    hub_apps.delete("web", &DeleteParams::default()).await?;
+    wait_for(&hub_apps, "web", "deleted mirror recreated", |v| {
+        text(v, "/spec/source/targetRevision") == "v2"
+            && v["metadata"]["annotations"][SOURCE_UID] == spoke_uid.as_str()
+    })
+    .await?;
+
+    // Sync requested on the hub mirror runs on the spoke.
+    let op = json!({"sync": {"revision": "v2"}, "initiatedBy": {"username": "admin"}});
+    hub_apps
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"operation": op})),
+        )
+        .await?;
+    wait_for(&spoke_apps, "web", "operation on the spoke", |v| {
+        v.get("operation") == Some(&op)
+    })
+    .await?;
+    // The spoke's controller runs it (the test plays its part): the hub sees it done.
+    spoke_apps
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"operation": null, "status": {"operationState": {
+                "operation": op, "phase": "Running", "startedAt": "2026-01-01T00:00:00Z"}}})),
+        )
+        .await?;
+    wait_for(
+        &hub_apps,
+        "web",
+        "operation running, seen on the hub",
+        |v| v.get("operation").is_none() && text(v, "/status/operationState/phase") == "Running",
+    )
+    .await?;
+    // Terminate requested on the hub reaches the spoke.
+    hub_apps
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"operationState": {"phase": "Terminating"}}})),
+        )
+        .await?;
+    wait_for(&spoke_apps, "web", "termination on the spoke", |v| {
+        text(v, "/status/operationState/phase") == "Terminating"
+    })
+    .await?;
+    // Refresh requested on the hub reaches the spoke.
+    hub_apps
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"argocd.argoproj.io/refresh": "hard"}}}),
+            ),
+        )
+        .await?;
+    wait_for(&spoke_apps, "web", "refresh on the spoke", |v| {
+        v["metadata"]["annotations"]["argocd.argoproj.io/refresh"] == "hard"
+    })
+    .await?;
+
+    // The managed agent is served by the same principal at the same time.
+    let managed_hub: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &managed, &application_resource());
+    managed_hub
+        .create(
+            &PostParams::default(),
+            &application("shop-app", &managed, "v1"),
+        )
+        .await?;
+    let managed_spoke: Api<DynamicObject> = Api::namespaced_with(
+        planes.spokes[1].client().await?,
+        &spoke_ns,
+        &application_resource(),
+    );
+    wait_for(
+        &managed_spoke,
+        "shop-app",
+        "managed app on its spoke",
+        |_| true,
+    )
+    .await?;
+
+    // Deleting on the spoke removes the mirror (and it stays gone).
+    spoke_apps.delete("web", &DeleteParams::default()).await?;
+    wait_until("mirror removed", WAIT, || async {
+        Ok::<_, kube::Error>(get_json(&hub_apps, "web").await?.is_none().then_some(()))
+    })
+    .await?;
+    spoke_projects
+        .delete("team", &DeleteParams::default())
+        .await?;
+    let project_name = format!("{auto}-team");
+    wait_until("project mirror removed", WAIT, || async {
+        Ok::<_, kube::Error>(
+            get_json(&hub_projects, &project_name)
+                .await?
+                .is_none()
+                .then_some(()),
+        )
+    })
+    .await?;
+    drop(agent);
+    drop(managed_agent);
+    drop(principal);
+    Ok(())
+}

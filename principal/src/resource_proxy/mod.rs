@@ -1,0 +1,380 @@
+//! The resource proxy: a Kubernetes-API-shaped HTTPS endpoint the hub's Argo CD uses as the
+//! "cluster" of each agent, answered by the agent over its event stream.
+//!
+//! Owns the listener (TLS, client certificate required, HTTP/1.1 and HTTP/2), who the caller is
+//! (the client certificate's common name names the agent; the `?agentName=` of the cluster URL is
+//! never trusted), turning an API request into a `resource`/`containerlog` request event in that
+//! agent's outbox, and turning the agent's answer into the HTTP response: streamed part by part,
+//! 502 with a Kubernetes `Status` when the agent is not connected or goes away, 504 when it does
+//! not answer in time, 413 for a request body over the limit. Path parsing is in [`route`]; the
+//! request/answer matching in [`crate::live`].
+
+pub mod route;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_agent_proto::event::Event;
+use argocd_agent_proto::identity::{AgentIdentity, AgentName, IdentitySource};
+use argocd_agent_proto::payload::ContainerLogRequest;
+use argocd_agent_proto::tls::reload::ReloadingServerConfig;
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::listener::HANDSHAKE_TIMEOUT;
+use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
+use crate::sessions::AgentRegistry;
+use route::{parse_api_path, parse_query, resource_request, ApiRoute, PATCH_TYPE_PARAM};
+
+/// How long the proxy waits for the agent's first answer (upstream: 30 s).
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest request body accepted (writes from Argo CD resource actions are small).
+pub const MAX_REQUEST_BODY: usize = 4 << 20;
+/// Answer parts buffered per request for a slow client.
+const PART_BUFFER: usize = 16;
+
+/// Body of every proxy response.
+pub type ProxyBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// The proxy's view of the principal.
+pub struct ResourceProxy {
+    /// Agents' sessions (their outboxes carry the requests).
+    pub registry: Arc<AgentRegistry>,
+    /// Waiting requests and connected agents.
+    pub live: Arc<LiveRequests>,
+}
+
+/// A Kubernetes `Status` failure response.
+pub fn status_response(
+    code: StatusCode,
+    reason: &str,
+    message: impl Into<String>,
+) -> Response<ProxyBody> {
+    let body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message.into(),
+        "reason": reason,
+        "code": code.as_u16(),
+    });
+    let mut resp = Response::new(full(body.to_string().into_bytes()));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn full(bytes: Vec<u8>) -> ProxyBody {
+    Full::new(Bytes::from(bytes))
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+/// The rest of a streamed answer after its first part; ends with an error (aborting the
+/// response) when the agent goes away or, if `idle` is set, stays silent that long.
+fn remaining_parts(
+    waiter: LiveWaiter,
+    idle: Option<Duration>,
+) -> impl futures::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send {
+    futures::stream::unfold(Some(waiter), move |state| async move {
+        let mut waiter = state?;
+        let next = match idle {
+            Some(d) => match tokio::time::timeout(d, waiter.recv()).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Some((
+                        Err(std::io::Error::other("the agent stopped answering")),
+                        None,
+                    ))
+                }
+            },
+            None => waiter.recv().await,
+        };
+        match next {
+            Some(LiveReply::Part { body, end, .. }) => {
+                let frame = Ok(Frame::data(Bytes::from(body)));
+                Some((frame, (!end).then_some(waiter)))
+            }
+            Some(LiveReply::AgentGone) | None => {
+                Some((Err(std::io::Error::other("the agent went away")), None))
+            }
+            Some(LiveReply::Redis(_)) => None,
+        }
+    })
+}
+
+impl ResourceProxy {
+    /// Handles one HTTP request from `caller` (the client certificate's agent identity).
+    pub async fn handle(
+        &self,
+        caller: Result<AgentName, String>,
+        req: Request<Incoming>,
+    ) -> Response<ProxyBody> {
+        let agent = match caller {
+            Ok(a) => a,
+            Err(reason) => {
+                return status_response(
+                    StatusCode::UNAUTHORIZED,
+                    "Unauthorized",
+                    format!("the client certificate does not name an agent: {reason}"),
+                )
+            }
+        };
+        let path = req.uri().path().to_string();
+        let params = parse_query(req.uri().query());
+        let Some(route) = parse_api_path(&path) else {
+            return status_response(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("{path} is not served by the resource proxy"),
+            );
+        };
+        let method = req.method().clone();
+        let allowed = match &route {
+            ApiRoute::Discovery(_) | ApiRoute::ContainerLog { .. } => method == Method::GET,
+            ApiRoute::Resource { .. } => matches!(
+                method,
+                Method::GET | Method::POST | Method::PATCH | Method::PUT | Method::DELETE
+            ),
+        };
+        if !allowed {
+            return status_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                format!("{method} {path} is not supported by the resource proxy"),
+            );
+        }
+        if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
+            return status_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "watch is not supported by the resource proxy",
+            );
+        }
+        tracing::debug!(agent = agent.as_str(), %method, %path, "resource proxy request");
+        if !self.live.is_connected(agent.as_str()) {
+            return status_response(
+                StatusCode::BAD_GATEWAY,
+                "ServiceUnavailable",
+                format!("agent {agent} is not connected"),
+            );
+        }
+        let Some(session) = self.registry.get(agent.as_str()) else {
+            return status_response(
+                StatusCode::BAD_GATEWAY,
+                "ServiceUnavailable",
+                format!("agent {agent} is not connected"),
+            );
+        };
+        let content_type = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = match Limited::new(req.into_body(), MAX_REQUEST_BODY)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes().to_vec(),
+            Err(e) => {
+                return status_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "RequestEntityTooLarge",
+                    format!("request body refused (limit {MAX_REQUEST_BODY} bytes): {e}"),
+                )
+            }
+        };
+        let uuid = uuid::Uuid::new_v4().to_string();
+        let (event, waiter, content, idle) = match &route {
+            ApiRoute::ContainerLog { namespace, pod } => {
+                let log = ContainerLogRequest::from_params(&uuid, namespace, pod, &params);
+                let follow = log.follow;
+                let waiter = self.live.register(
+                    agent.as_str(),
+                    &uuid,
+                    WaitKind::ContainerLog,
+                    PART_BUFFER,
+                    Some(session.clone()),
+                );
+                (
+                    Event::container_log_request("", method.as_str(), &log),
+                    waiter,
+                    "text/plain",
+                    (!follow).then_some(ANSWER_TIMEOUT),
+                )
+            }
+            _ => {
+                let mut params = params;
+                if method == Method::PATCH {
+                    params.insert(
+                        PATCH_TYPE_PARAM.to_string(),
+                        content_type.unwrap_or_else(|| "application/merge-patch+json".into()),
+                    );
+                }
+                let rr = resource_request(&uuid, method.as_str(), &route, params, body);
+                let waiter = self.live.register(
+                    agent.as_str(),
+                    &uuid,
+                    WaitKind::Resource,
+                    PART_BUFFER,
+                    None,
+                );
+                (
+                    Event::resource_request("", &rr),
+                    waiter,
+                    "application/json",
+                    Some(ANSWER_TIMEOUT),
+                )
+            }
+        };
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                return status_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    e.to_string(),
+                )
+            }
+        };
+        if let Err(e) = session.outbox.push(event) {
+            return status_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                format!("cannot queue the request for agent {agent}: {e}"),
+            );
+        }
+        self.answer(agent, waiter, content, idle).await
+    }
+
+    async fn answer(
+        &self,
+        agent: AgentName,
+        mut waiter: LiveWaiter,
+        content_type: &'static str,
+        idle: Option<Duration>,
+    ) -> Response<ProxyBody> {
+        let first = match tokio::time::timeout(ANSWER_TIMEOUT, waiter.recv()).await {
+            Err(_) => {
+                return status_response(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "Timeout",
+                    format!("agent {agent} did not answer within {ANSWER_TIMEOUT:?}"),
+                )
+            }
+            Ok(Some(LiveReply::Part { status, body, end })) => (status, body, end),
+            Ok(Some(LiveReply::AgentGone) | None) => {
+                return status_response(
+                    StatusCode::BAD_GATEWAY,
+                    "ServiceUnavailable",
+                    format!("agent {agent} disconnected before answering"),
+                )
+            }
+            Ok(Some(LiveReply::Redis(_))) => {
+                return status_response(
+                    StatusCode::BAD_GATEWAY,
+                    "InternalError",
+                    "the agent answered with a redis response",
+                )
+            }
+        };
+        let (status, body, end) = first;
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+        // An error answer is a Kubernetes Status in JSON, also for logs.
+        let content_type = if status.is_success() {
+            content_type
+        } else {
+            "application/json"
+        };
+        let body = if end {
+            full(body)
+        } else {
+            let head = futures::stream::once(async move {
+                Ok::<_, std::io::Error>(Frame::data(Bytes::from(body)))
+            });
+            StreamBody::new(head.chain(remaining_parts(waiter, idle))).boxed_unsync()
+        };
+        let mut resp = Response::new(body);
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        );
+        resp
+    }
+}
+
+/// Binds `addr` and serves the proxy with `tls` (which must require client certificates);
+/// returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    tls: ReloadingServerConfig,
+    proxy: Arc<ResourceProxy>,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let (tcp, remote) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "resource proxy: accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = tls.acceptor();
+            let proxy = proxy.clone();
+            tokio::spawn(async move {
+                let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+                    .await
+                {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::info!(%remote, error = %e, "resource proxy: TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let caller = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .ok_or_else(|| "no client certificate presented".to_string())
+                    .and_then(|leaf| {
+                        AgentIdentity::from_cert_der(leaf.as_ref(), &IdentitySource::CommonName)
+                            .map(|id| id.name)
+                            .map_err(|e| e.to_string())
+                    });
+                let service = hyper::service::service_fn(move |req| {
+                    let proxy = proxy.clone();
+                    let caller = caller.clone();
+                    async move { Ok::<_, Infallible>(proxy.handle(caller, req).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                if let Err(e) = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(%remote, error = %e, "resource proxy connection ended with an error");
+                }
+            });
+        }
+    });
+    Ok(bound)
+}

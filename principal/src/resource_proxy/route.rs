@@ -1,0 +1,260 @@
+//! What a Kubernetes API path asks for: discovery, `/version`, an object or a list (with its
+//! subresource), or a container's logs. Pure parsing, no I/O.
+
+use std::collections::BTreeMap;
+
+use argocd_agent_proto::payload::ResourceRequest;
+
+/// Query parameter our agent reads the discovery path from (discovery requests carry no
+/// group/version/resource that could tell `/api` from `/apis`).
+pub const DISCOVERY_PATH_PARAM: &str = "discoveryPath";
+/// Query parameter our agent reads a PATCH's content type from (the payload has no header field).
+pub const PATCH_TYPE_PARAM: &str = "patchType";
+
+/// A parsed request path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiRoute {
+    /// `/api`, `/api/v1`, `/apis`, `/apis/<g>`, `/apis/<g>/<v>` or `/version`.
+    Discovery(String),
+    /// An object, a list, or a subresource.
+    Resource {
+        /// API group ("" for core).
+        group: String,
+        /// API version.
+        version: String,
+        /// Plural resource.
+        resource: String,
+        /// Namespace ("" for cluster scope or all namespaces).
+        namespace: String,
+        /// Object name ("" for a list).
+        name: String,
+        /// Subresource ("" for none).
+        subresource: String,
+    },
+    /// `/api/v1/namespaces/<ns>/pods/<pod>/log`.
+    ContainerLog {
+        /// Namespace.
+        namespace: String,
+        /// Pod.
+        pod: String,
+    },
+}
+
+fn valid_segment(s: &str) -> bool {
+    !s.is_empty()
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b))
+}
+
+/// Parses `path` (without query); `None` for anything that is not a Kubernetes API path.
+pub fn parse_api_path(path: &str) -> Option<ApiRoute> {
+    let path = path.trim_end_matches('/');
+    if path == "/version" {
+        return Some(ApiRoute::Discovery(path.to_string()));
+    }
+    let segs: Vec<&str> = path.split('/').skip(1).collect();
+    if !segs.iter().all(|s| valid_segment(s)) {
+        return None;
+    }
+    let (group, version, rest) = match segs.as_slice() {
+        ["api"] | ["apis"] | ["api", _] | ["apis", _] | ["apis", _, _] => {
+            return Some(ApiRoute::Discovery(path.to_string()))
+        }
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let (namespace, resource, name, subresource) = match rest {
+        ["namespaces", ns, sub @ ("status" | "finalize")] => ("", "namespaces", *ns, *sub),
+        ["namespaces", ns] => ("", "namespaces", *ns, ""),
+        ["namespaces", ns, r] => (*ns, *r, "", ""),
+        ["namespaces", ns, r, n] => (*ns, *r, *n, ""),
+        ["namespaces", ns, r, n, s] => (*ns, *r, *n, *s),
+        [r] => ("", *r, "", ""),
+        [r, n] => ("", *r, *n, ""),
+        [r, n, s] => ("", *r, *n, *s),
+        _ => return None,
+    };
+    if group.is_empty() && version == "v1" && resource == "pods" && subresource == "log" {
+        return Some(ApiRoute::ContainerLog {
+            namespace: namespace.to_string(),
+            pod: name.to_string(),
+        });
+    }
+    Some(ApiRoute::Resource {
+        group: group.to_string(),
+        version: version.to_string(),
+        resource: resource.to_string(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        subresource: subresource.to_string(),
+    })
+}
+
+/// Decodes a URL query string into parameters (the last value of a repeated key wins).
+pub fn parse_query(query: Option<&str>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        out.insert(percent_decode(k), percent_decode(v));
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The request event payload for `route` (not a container log).
+pub fn resource_request(
+    uuid: &str,
+    method: &str,
+    route: &ApiRoute,
+    mut params: BTreeMap<String, String>,
+    body: Vec<u8>,
+) -> ResourceRequest {
+    let mut req = ResourceRequest {
+        uuid: uuid.to_string(),
+        method: method.to_string(),
+        body,
+        ..ResourceRequest::default()
+    };
+    match route {
+        ApiRoute::Discovery(path) => {
+            params.insert(DISCOVERY_PATH_PARAM.to_string(), path.clone());
+        }
+        ApiRoute::Resource {
+            group,
+            version,
+            resource,
+            namespace,
+            name,
+            subresource,
+        } => {
+            req.group = group.clone();
+            req.version = version.clone();
+            req.resource = resource.clone();
+            req.namespace = namespace.clone();
+            req.name = name.clone();
+            req.subresource = subresource.clone();
+        }
+        ApiRoute::ContainerLog { .. } => {}
+    }
+    req.params = params;
+    req
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(g: &str, v: &str, r: &str, ns: &str, n: &str, s: &str) -> Option<ApiRoute> {
+        Some(ApiRoute::Resource {
+            group: g.into(),
+            version: v.into(),
+            resource: r.into(),
+            namespace: ns.into(),
+            name: n.into(),
+            subresource: s.into(),
+        })
+    }
+
+    #[test]
+    fn kubernetes_paths_are_understood() {
+        for p in [
+            "/api",
+            "/apis",
+            "/api/v1",
+            "/apis/apps",
+            "/apis/apps/v1",
+            "/version",
+        ] {
+            assert_eq!(
+                parse_api_path(p),
+                Some(ApiRoute::Discovery(p.into())),
+                "{p}"
+            );
+        }
+        assert_eq!(
+            parse_api_path("/apis/apps/v1/namespaces/guestbook/deployments/web"),
+            res("apps", "v1", "deployments", "guestbook", "web", "")
+        );
+        assert_eq!(
+            parse_api_path("/apis/apps/v1/namespaces/g/deployments/web/scale"),
+            res("apps", "v1", "deployments", "g", "web", "scale")
+        );
+        assert_eq!(
+            parse_api_path("/api/v1/namespaces/g/secrets"),
+            res("", "v1", "secrets", "g", "", "")
+        );
+        assert_eq!(
+            parse_api_path("/api/v1/namespaces/g"),
+            res("", "v1", "namespaces", "", "g", "")
+        );
+        assert_eq!(
+            parse_api_path("/api/v1/namespaces"),
+            res("", "v1", "namespaces", "", "", "")
+        );
+        assert_eq!(
+            parse_api_path("/api/v1/nodes/n1/status"),
+            res("", "v1", "nodes", "", "n1", "status")
+        );
+        assert_eq!(
+            parse_api_path("/api/v1/namespaces/g/pods/p/log"),
+            Some(ApiRoute::ContainerLog {
+                namespace: "g".into(),
+                pod: "p".into()
+            })
+        );
+    }
+
+    #[test]
+    fn other_paths_are_refused() {
+        for p in [
+            "/",
+            "/healthz",
+            "/api/v1/namespaces/g/pods/p/log/x/y",
+            "/apis/a/v1/../x",
+            "/metrics",
+            "/api/v1/a%2Fb",
+        ] {
+            assert_eq!(parse_api_path(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn queries_are_decoded() {
+        let q = parse_query(Some("labelSelector=app%3Dweb&limit=5&watch"));
+        assert_eq!(q["labelSelector"], "app=web");
+        assert_eq!(q["limit"], "5");
+        assert_eq!(q["watch"], "");
+    }
+}
