@@ -83,10 +83,16 @@ impl AutonomousSync {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn api(&self, kind: SyncedKind) -> &Api<DynamicObject> {
+    /// The spoke API of a kind this agent owns; repositories are never synced in autonomous mode,
+    /// so an event about one (from a confused or hostile peer) is refused, not acted on.
+    fn api(&self, kind: SyncedKind) -> Result<&Api<DynamicObject>, HandleError> {
         match kind {
-            SyncedKind::Application => &self.apps,
-            SyncedKind::AppProject => &self.projects,
+            SyncedKind::Application => Ok(&self.apps),
+            SyncedKind::AppProject => Ok(&self.projects),
+            SyncedKind::Repository => Err(HandleError::Rejected(
+                "autonomous agents keep their own repositories; repository events are not accepted"
+                    .into(),
+            )),
         }
     }
 
@@ -136,9 +142,8 @@ impl AutonomousSync {
         if let Some(sel) = &self.label_selector {
             config = config.labels(sel);
         }
-        let mut events = watcher(self.api(kind).clone(), config)
-            .default_backoff()
-            .boxed();
+        let Ok(api) = self.api(kind) else { return };
+        let mut events = watcher(api.clone(), config).default_backoff().boxed();
         let mut known: HashMap<String, String> = HashMap::new();
         let mut relisted: Option<HashSet<String>> = None;
         let mut failing: Option<String> = None;
@@ -230,7 +235,7 @@ impl AutonomousSync {
     // ---- principal -> spoke -------------------------------------------------------------
 
     async fn live(&self, kind: SyncedKind, name: &str) -> Result<Option<Value>, HandleError> {
-        self.api(kind)
+        self.api(kind)?
             .get_opt(name)
             .await
             .map(|o| o.as_ref().map(to_json))
@@ -274,7 +279,7 @@ impl AutonomousSync {
         }
         let mut keys = Vec::new();
         for kind in [SyncedKind::Application, SyncedKind::AppProject] {
-            let list = self.api(kind).list(&params).await.map_err(|e| {
+            let list = self.api(kind)?.list(&params).await.map_err(|e| {
                 kube_failure(format!("listing spoke {kind}s in {}", self.namespace), e)
             })?;
             keys.extend(list.items.iter().map(|o| {

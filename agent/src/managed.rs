@@ -1,8 +1,9 @@
 //! Managed mode on the spoke: the hub is the source of truth for spec, the spoke for status.
 //!
 //! Owns: [`ManagedSync`], which is both the [`EventHandler`] for what the principal sends
-//! (create / spec-update / set-operation / terminate-operation / delete of Applications and
-//! AppProjects, and `request-resource-resync`) and the watcher of the agent namespace that keeps
+//! (create / spec-update / set-operation / terminate-operation / delete of Applications, and
+//! create / spec-update / delete of AppProjects and repository Secrets, and
+//! `request-resource-resync`) and the watcher of the agent namespace that keeps
 //! the spoke honest: it reverts local drift, recreates objects deleted without the hub asking,
 //! reports status changes as `status-update`, and confirms deletions the hub asked for with a
 //! `delete` event. Also owns the in-memory cache of the last hub copy per object (by kind and
@@ -35,6 +36,9 @@ use crate::spoke_copy::{
 
 /// Field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "argocd-agent";
+
+/// The Secrets a managed agent keeps for the hub: Argo CD repositories and repository credentials.
+pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
 
 /// What managed mode needs from the configuration.
 #[derive(Debug, Clone)]
@@ -92,6 +96,7 @@ pub struct ManagedSync {
     settings: ManagedSettings,
     apps: Api<DynamicObject>,
     projects: Api<DynamicObject>,
+    repositories: Api<DynamicObject>,
     outbox: Arc<Outbox>,
     state: Mutex<SpokeState>,
 }
@@ -147,14 +152,20 @@ impl ManagedSync {
             &SyncedKind::Application.api_resource(),
         );
         let projects = Api::namespaced_with(
-            client,
+            client.clone(),
             &settings.namespace,
             &SyncedKind::AppProject.api_resource(),
+        );
+        let repositories = Api::namespaced_with(
+            client,
+            &settings.namespace,
+            &SyncedKind::Repository.api_resource(),
         );
         Arc::new(ManagedSync {
             settings,
             apps,
             projects,
+            repositories,
             outbox,
             state: Mutex::new(SpokeState::default()),
         })
@@ -177,7 +188,21 @@ impl ManagedSync {
         match kind {
             SyncedKind::Application => &self.apps,
             SyncedKind::AppProject => &self.projects,
+            SyncedKind::Repository => &self.repositories,
         }
+    }
+
+    /// The label selector for listing and watching `kind`: `--label-selector`, and for Secrets
+    /// only repository and repo-creds ones.
+    fn selector(&self, kind: SyncedKind) -> Option<String> {
+        let own = self.settings.label_selector.clone();
+        if kind != SyncedKind::Repository {
+            return own;
+        }
+        Some(match own {
+            Some(sel) if !sel.is_empty() => format!("{REPOSITORY_SELECTOR},{sel}"),
+            _ => REPOSITORY_SELECTOR.to_string(),
+        })
     }
 
     fn push(&self, event: Event) -> Result<(), HandleError> {
@@ -489,12 +514,16 @@ impl ManagedSync {
     /// request-resource-resync (and the periodic resync): one request-update per local object
     /// the hub created; the principal answers only where its copy differs.
     pub async fn answer_resync(&self) -> Result<(), HandleError> {
-        let mut params = ListParams::default();
-        if let Some(sel) = &self.settings.label_selector {
-            params = params.labels(sel);
-        }
         let mut sent = 0usize;
-        for kind in [SyncedKind::Application, SyncedKind::AppProject] {
+        for kind in [
+            SyncedKind::Application,
+            SyncedKind::AppProject,
+            SyncedKind::Repository,
+        ] {
+            let mut params = ListParams::default();
+            if let Some(sel) = self.selector(kind) {
+                params = params.labels(&sel);
+            }
             let list = self.api(kind).list(&params).await.map_err(|e| {
                 kube_failure(
                     format!("listing spoke {kind}s in {}", self.settings.namespace),
@@ -532,18 +561,20 @@ impl ManagedSync {
 
     // ---- spoke watch --------------------------------------------------------------------
 
-    /// Watches Applications and AppProjects in the agent namespace until the future is dropped.
+    /// Watches Applications, AppProjects and Secrets in the agent namespace until the future is
+    /// dropped.
     pub async fn run_watchers(self: Arc<Self>) {
         futures::join!(
             self.clone().watch(SyncedKind::Application),
-            self.clone().watch(SyncedKind::AppProject)
+            self.clone().watch(SyncedKind::AppProject),
+            self.clone().watch(SyncedKind::Repository)
         );
     }
 
     async fn watch(self: Arc<Self>, kind: SyncedKind) {
         let mut config = watcher::Config::default();
-        if let Some(sel) = &self.settings.label_selector {
-            config = config.labels(sel);
+        if let Some(sel) = self.selector(kind) {
+            config = config.labels(&sel);
         }
         let mut events = watcher(self.api(kind).clone(), config)
             .default_backoff()

@@ -1,7 +1,8 @@
 //! The spoke copy of a hub object: what a managed agent writes locally for an Application or
 //! AppProject the principal sent, and the views of a live object the sync logic compares.
 //!
-//! Owns: [`SyncedKind`] (the two kinds a managed agent keeps, with their API coordinates and event
+//! Owns: [`SyncedKind`] (the kinds a managed agent keeps: Application, AppProject and repository
+//! Secrets, with their API coordinates and event
 //! targets), [`spoke_copy`] (hub JSON → spoke JSON, a pure function), [`replacement_body`] (the PUT
 //! body that replaces everything but the live status and operation), and the comparison views
 //! [`managed_view`] (what drift revert protects) and [`reported_view`] (what status reporting
@@ -28,6 +29,8 @@ pub enum SyncedKind {
     Application,
     /// `argoproj.io/v1alpha1` AppProject.
     AppProject,
+    /// `v1` Secret labelled `argocd.argoproj.io/secret-type: repository` or `repo-creds`.
+    Repository,
 }
 
 impl SyncedKind {
@@ -36,6 +39,7 @@ impl SyncedKind {
         match self {
             SyncedKind::Application => "Application",
             SyncedKind::AppProject => "AppProject",
+            SyncedKind::Repository => "Secret",
         }
     }
 
@@ -44,15 +48,25 @@ impl SyncedKind {
         match self {
             SyncedKind::Application => "applications",
             SyncedKind::AppProject => "appprojects",
+            SyncedKind::Repository => "secrets",
+        }
+    }
+
+    /// The `apiVersion` of this kind.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            SyncedKind::Repository => "v1",
+            _ => "argoproj.io/v1alpha1",
         }
     }
 
     /// API coordinates for a dynamic client.
     pub fn api_resource(self) -> ApiResource {
-        ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("argoproj.io", "v1alpha1", self.kind()),
-            self.plural(),
-        )
+        let gvk = match self {
+            SyncedKind::Repository => GroupVersionKind::gvk("", "v1", self.kind()),
+            _ => GroupVersionKind::gvk("argoproj.io", "v1alpha1", self.kind()),
+        };
+        ApiResource::from_gvk_with_plural(&gvk, self.plural())
     }
 
     /// The event target (`dataschema`) of this kind.
@@ -60,6 +74,7 @@ impl SyncedKind {
         match self {
             SyncedKind::Application => Target::Application,
             SyncedKind::AppProject => Target::AppProject,
+            SyncedKind::Repository => Target::Repository,
         }
     }
 
@@ -68,6 +83,7 @@ impl SyncedKind {
         match target {
             Target::Application => Some(SyncedKind::Application),
             Target::AppProject => Some(SyncedKind::AppProject),
+            Target::Repository => Some(SyncedKind::Repository),
             _ => None,
         }
     }
@@ -155,11 +171,15 @@ pub fn spoke_copy(kind: SyncedKind, hub: &Value, namespace: &str) -> Result<Valu
     if uid.is_empty() {
         return Err(CopyError::MissingField { kind, field: "uid" });
     }
-    let Some(Value::Object(hub_spec)) = hub.get("spec") else {
-        return Err(CopyError::MissingSpec {
-            kind,
-            name: name.to_string(),
-        });
+    let hub_spec = match (kind, hub.get("spec")) {
+        (SyncedKind::Repository, _) => None,
+        (_, Some(Value::Object(spec))) => Some(spec),
+        _ => {
+            return Err(CopyError::MissingSpec {
+                kind,
+                name: name.to_string(),
+            })
+        }
     };
 
     let mut annotations = match hub.pointer("/metadata/annotations") {
@@ -184,6 +204,20 @@ pub fn spoke_copy(kind: SyncedKind, hub: &Value, namespace: &str) -> Result<Valu
         }
     }
 
+    let Some(hub_spec) = hub_spec else {
+        // A repository Secret: its type and data, nothing else.
+        let mut copy = json!({
+            "apiVersion": kind.api_version(),
+            "kind": kind.kind(),
+            "metadata": Value::Object(metadata),
+        });
+        for field in ["type", "data"] {
+            if let Some(v) = hub.get(field).filter(|v| !v.is_null()) {
+                copy[field] = v.clone();
+            }
+        }
+        return Ok(copy);
+    };
     let mut spec = hub_spec.clone();
     if kind == SyncedKind::Application {
         let mut destination = Map::new();
@@ -226,8 +260,9 @@ pub fn replacement_body(live: &Value, desired: &Value) -> Value {
     body
 }
 
-/// What drift revert protects: spec, labels and annotations (minus the ones the spoke may change
-/// on its own: last-applied-configuration and refresh). Absent labels/annotations equal empty ones.
+/// What drift revert protects: spec (data for a Secret), labels and annotations (minus the ones the
+/// spoke may change on its own: last-applied-configuration and refresh). Absent
+/// labels/annotations/data equal empty ones.
 pub fn managed_view(obj: &Value) -> Value {
     let map_or_empty = |ptr: &str| match obj.pointer(ptr) {
         Some(Value::Object(m)) => m.clone(),
@@ -238,6 +273,7 @@ pub fn managed_view(obj: &Value) -> Value {
     annotations.remove(REFRESH_ANNOTATION);
     json!({
         "spec": obj.get("spec").cloned().unwrap_or(Value::Null),
+        "data": Value::Object(map_or_empty("/data")),
         "labels": Value::Object(map_or_empty("/metadata/labels")),
         "annotations": Value::Object(annotations),
     })
@@ -356,6 +392,40 @@ mod tests {
         assert_eq!(copy["kind"], "AppProject");
         assert_eq!(copy["spec"], hub["spec"]);
         assert_eq!(source_uid(&copy), Some("p1"));
+    }
+
+    #[test]
+    fn repository_secret_keeps_type_data_and_labels_only() {
+        let hub = json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "repo-1", "namespace": "argocd", "uid": "s1",
+                         "resourceVersion": "3",
+                         "labels": {"argocd.argoproj.io/secret-type": "repository"}},
+            "type": "Opaque",
+            "data": {"url": "aHR0cHM6Ly9leGFtcGxlLmNvbQ==", "project": "dGVhbS1h"}
+        });
+        let copy = spoke_copy(SyncedKind::Repository, &hub, "spoke-ns").unwrap();
+        assert_eq!(
+            copy,
+            json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "repo-1", "namespace": "spoke-ns",
+                             "labels": {"argocd.argoproj.io/secret-type": "repository"},
+                             "annotations": {"argocd.argoproj.io/source-uid": "s1"}},
+                "type": "Opaque",
+                "data": hub["data"]
+            })
+        );
+        let mut edited = copy.clone();
+        edited["data"]["url"] = json!("ZXZpbA==");
+        assert!(!matches_desired(&edited, &copy), "a data edit is drift");
+        assert_eq!(SyncedKind::Repository.api_resource().group, "");
+        assert_eq!(
+            SyncedKind::from_target(&Target::Repository),
+            Some(SyncedKind::Repository)
+        );
     }
 
     #[test]

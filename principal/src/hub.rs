@@ -1,6 +1,8 @@
-//! Hub-side sync: watches Applications (all namespaces; namespace == agent) and AppProjects
-//! (principal namespace) on the hub, keeps the latest copy of each, and turns changes into events
-//! in the right agent's outbox.
+//! Hub-side sync: watches Applications (all namespaces; namespace == agent), AppProjects and
+//! repository / repo-creds Secrets (principal namespace) on the hub, keeps the latest copy of each,
+//! and turns changes into events in the right agent's outbox. A repository Secret goes to every
+//! managed agent the AppProject in its `data.project` applies to, and is re-routed whenever that
+//! AppProject changes.
 //!
 //! Managed agents: on each (re)connect it queues the agent's full state followed by a resync
 //! request so deletions made while apart are found.
@@ -38,7 +40,8 @@ use tokio::sync::watch;
 use crate::routing::{
     application_change_events, application_payload, mirror_application, mirror_project,
     mirror_view, mirrored_project_name, operation_already_started, project_for_agent,
-    project_matches_agent, REFRESH_ANNOTATION,
+    project_matches_agent, repository_payload, repository_project, repository_routes_to,
+    REFRESH_ANNOTATION,
 };
 use crate::sessions::{AgentRegistry, AgentSession};
 
@@ -57,6 +60,9 @@ pub fn appproject_resource() -> ApiResource {
         "appprojects",
     )
 }
+
+/// The hub Secrets synced to managed agents: Argo CD repositories and repository credentials.
+pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
 
 type AppKey = (String, String);
 
@@ -93,7 +99,9 @@ pub struct Hub {
     pub registry: Arc<AgentRegistry>,
     apps: RwLock<HashMap<AppKey, Value>>,
     projects: RwLock<HashMap<String, Value>>,
-    synced: watch::Sender<(bool, bool)>,
+    /// Repository and repo-creds Secrets in the principal namespace, by name.
+    repositories: RwLock<HashMap<String, Value>>,
+    synced: watch::Sender<(bool, bool, bool)>,
     options: HubOptions,
     /// Autonomous mirrors as the principal last wrote them: Applications by (agent, name),
     /// AppProjects by mirror name. Hub edits are reverted to these; deletions recreate them.
@@ -186,17 +194,18 @@ impl Hub {
             registry,
             apps: RwLock::new(HashMap::new()),
             projects: RwLock::new(HashMap::new()),
-            synced: watch::channel((false, false)).0,
+            repositories: RwLock::new(HashMap::new()),
+            synced: watch::channel((false, false, false)).0,
             options,
             app_mirrors: RwLock::new(HashMap::new()),
             project_mirrors: RwLock::new(HashMap::new()),
         })
     }
 
-    /// Waits until both watches have listed everything once.
+    /// Waits until every watch has listed everything once.
     pub async fn wait_synced(&self) {
         let mut rx = self.synced.subscribe();
-        let _ = rx.wait_for(|(a, p)| *a && *p).await;
+        let _ = rx.wait_for(|(a, p, r)| *a && *p && *r).await;
     }
 
     /// The hub Application `name` in agent namespace `agent`.
@@ -217,7 +226,14 @@ impl Hub {
             .cloned()
     }
 
-    /// Runs both watches until the process ends.
+    /// The hub repository Secret `name`, if the AppProject it names applies to `agent`.
+    pub fn repository_for(&self, agent: &str, name: &str) -> Option<Value> {
+        let secret = read(&self.repositories).get(name).cloned()?;
+        let project = self.project_of(&secret);
+        repository_routes_to(&secret, project.as_ref(), agent).then_some(secret)
+    }
+
+    /// Runs the watches until the process ends.
     pub async fn run(self: Arc<Self>) {
         let apps = self.clone().watch_objects(
             Api::all_with(self.client.clone(), &application_resource()),
@@ -231,8 +247,16 @@ impl Hub {
             ),
             Kind::AppProject,
         );
+        let repositories = self.clone().watch_objects(
+            Api::namespaced_with(
+                self.client.clone(),
+                &self.principal_namespace,
+                &ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()),
+            ),
+            Kind::Repository,
+        );
         let periodic = self.clone().periodic_resync();
-        tokio::join!(apps, projects, periodic);
+        tokio::join!(apps, projects, repositories, periodic);
     }
 
     /// Every `--resync-interval` (jittered): a resync of every connected agent.
@@ -298,9 +322,11 @@ impl Hub {
     }
 
     async fn watch_objects(self: Arc<Self>, api: Api<DynamicObject>, kind: Kind) {
-        let mut stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
+        let config = match kind {
+            Kind::Repository => watcher::Config::default().labels(REPOSITORY_SELECTOR),
+            _ => watcher::Config::default(),
+        };
+        let mut stream = watcher(api, config).default_backoff().boxed();
         let mut relisted: Option<HashSet<String>> = None;
         let mut last_error: Option<String> = None;
         while let Some(ev) = stream.next().await {
@@ -338,6 +364,7 @@ impl Hub {
                     self.synced.send_modify(|s| match kind {
                         Kind::Application => s.0 = true,
                         Kind::AppProject => s.1 = true,
+                        Kind::Repository => s.2 = true,
                     });
                 }
                 watcher::Event::Apply(obj) => self.applied(kind, to_value(obj)),
@@ -366,6 +393,7 @@ impl Hub {
                 .keys()
                 .cloned()
                 .collect(),
+            Kind::Repository => read(&self.repositories).keys().cloned().collect(),
         }
     }
 
@@ -383,6 +411,7 @@ impl Hub {
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(key),
+            Kind::Repository => write(&self.repositories).remove(key),
         }
     }
 
@@ -449,7 +478,79 @@ impl Hub {
                         queue(&session, EventType::Delete, Target::AppProject, &copy);
                     }
                 }
+                self.reroute_repositories(&name, old.as_ref(), Some(&v));
             }
+            Kind::Repository => {
+                let name = name_of(&v).to_string();
+                let old = write(&self.repositories).insert(name, v.clone());
+                self.repository_changed(old.as_ref(), Some(&v));
+            }
+        }
+    }
+
+    /// The hub AppProject a repository Secret names, if it exists.
+    fn project_of(&self, secret: &Value) -> Option<Value> {
+        repository_project(secret).and_then(|p| read(&self.projects).get(&p).cloned())
+    }
+
+    /// Routes one repository Secret change (`old` → `new`, `None` = absent) to managed agents:
+    /// create where it starts applying, spec-update where its payload changed, delete where it
+    /// stops applying.
+    fn repository_changed(&self, old: Option<&Value>, new: Option<&Value>) {
+        let old_project = old.and_then(|o| self.project_of(o));
+        let new_project = new.and_then(|n| self.project_of(n));
+        self.route_repository(old, old_project.as_ref(), new, new_project.as_ref());
+    }
+
+    /// AppProject `project` changed from `old` to `new` (`None` = absent): re-routes every
+    /// repository Secret that names it.
+    fn reroute_repositories(&self, project: &str, old: Option<&Value>, new: Option<&Value>) {
+        let secrets: Vec<Value> = read(&self.repositories)
+            .values()
+            .filter(|s| repository_project(s).as_deref() == Some(project))
+            .cloned()
+            .collect();
+        for secret in &secrets {
+            self.route_repository(Some(secret), old, Some(secret), new);
+        }
+    }
+
+    fn route_repository(
+        &self,
+        old: Option<&Value>,
+        old_project: Option<&Value>,
+        new: Option<&Value>,
+        new_project: Option<&Value>,
+    ) {
+        for session in self
+            .registry
+            .all()
+            .into_iter()
+            .filter(|s| s.mode() == AgentMode::Managed)
+        {
+            let agent = session.name.as_str();
+            let was = old.filter(|o| repository_routes_to(o, old_project, agent));
+            let is = new.filter(|n| repository_routes_to(n, new_project, agent));
+            let (event, secret) = match (was, is) {
+                (None, Some(n)) => (EventType::Create, n),
+                (Some(o), Some(n)) if repository_payload(o) != repository_payload(n) => {
+                    (EventType::SpecUpdate, n)
+                }
+                (Some(o), None) => (EventType::Delete, o),
+                _ => continue,
+            };
+            tracing::info!(
+                agent,
+                repository = name_of(secret),
+                event_type = event.name(),
+                "routing a repository Secret to the agent"
+            );
+            queue(
+                &session,
+                event,
+                Target::Repository,
+                &repository_payload(secret),
+            );
         }
     }
 
@@ -493,7 +594,9 @@ impl Hub {
                         );
                     }
                 }
+                self.reroute_repositories(name_of(&v), Some(&v), None);
             }
+            Kind::Repository => self.repository_changed(Some(&v), None),
         }
     }
 
@@ -522,6 +625,15 @@ impl Hub {
         };
         for p in &projects {
             queue(session, EventType::SpecUpdate, Target::AppProject, p);
+        }
+        let names: Vec<String> = read(&self.repositories).keys().cloned().collect();
+        let repositories: Vec<Value> = names
+            .iter()
+            .filter_map(|name| self.repository_for(agent, name))
+            .map(|s| repository_payload(&s))
+            .collect();
+        for r in &repositories {
+            queue(session, EventType::SpecUpdate, Target::Repository, r);
         }
         let apps: Vec<Value> = {
             let a = self.apps.read().unwrap_or_else(|e| e.into_inner());
@@ -554,6 +666,7 @@ impl Hub {
             agent,
             applications = apps.len(),
             projects = projects.len(),
+            repositories = repositories.len(),
             "queued the agent's full state"
         );
     }
@@ -976,6 +1089,7 @@ fn to_value(obj: DynamicObject) -> Value {
 enum Kind {
     Application,
     AppProject,
+    Repository,
 }
 
 impl Kind {
@@ -983,6 +1097,7 @@ impl Kind {
         match self {
             Kind::Application => "Application",
             Kind::AppProject => "AppProject",
+            Kind::Repository => "Secret",
         }
     }
 
@@ -990,7 +1105,7 @@ impl Kind {
         let (ns, name) = key_of(v);
         match self {
             Kind::Application => format!("{ns}/{name}"),
-            Kind::AppProject => name,
+            Kind::AppProject | Kind::Repository => name,
         }
     }
 }

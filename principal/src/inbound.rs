@@ -1,10 +1,11 @@
 //! Events from an agent, applied on the hub. Managed agents: Application status (written onto the
 //! hub object — Argo CD's Application has no status subresource), confirmation of deletions the
-//! hub asked for, and resync requests. Autonomous agents: the spoke's Applications and AppProjects
-//! (`create`/`spec-update` = write the mirror, `delete` = remove it), and their resync answers
-//! (`response-synced-resource` for a key the hub may lack, `request-resource-resync`). An agent can
-//! only ever touch objects in its own hub namespace (and its own `<agent>-` AppProjects): the
-//! namespace is taken from the authenticated agent, never from the event.
+//! hub asked for, and resync requests (for Applications, AppProjects and repository Secrets).
+//! Autonomous agents: the spoke's Applications and AppProjects (`create`/`spec-update` = write the
+//! mirror, `delete` = remove it), and their resync answers (`response-synced-resource` for a key
+//! the hub may lack, `request-resource-resync`). An agent can only ever touch objects in its own
+//! hub namespace (and its own `<agent>-` AppProjects): the namespace is taken from the
+//! authenticated agent, never from the event.
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{json, Value};
 
 use crate::hub::{application_resource, queue, Hub, MirrorKind};
-use crate::routing::{application_payload, project_for_agent};
+use crate::routing::{application_payload, project_for_agent, repository_payload};
 use crate::sessions::AgentSession;
 use argocd_agent_proto::payload::SyncedResource;
 use argocd_agent_proto::telemetry::flags::AgentMode;
@@ -195,6 +196,11 @@ impl AgentInbound {
                 let obj = self.hub.project_for(self.agent(), &req.name);
                 let payload = obj.as_ref().map(|o| project_for_agent(o, self.agent()));
                 (Target::AppProject, obj, payload)
+            }
+            "Secret" => {
+                let obj = self.hub.repository_for(self.agent(), &req.name);
+                let payload = obj.as_ref().map(repository_payload);
+                (Target::Repository, obj, payload)
             }
             other => {
                 return Err(HandleError::Rejected(format!(

@@ -1,6 +1,6 @@
 //! Pure decisions of hub-side sync, kept free of I/O so each is unit-tested: which events a change of
-//! a hub Application produces, which agents an AppProject applies to, and the copy of an object that
-//! an agent receives; for autonomous agents, the hub mirror of a spoke object
+//! a hub Application produces, which agents an AppProject applies to, which AppProject a repository
+//! Secret belongs to ([`repository_project`]), and the copy of an object that an agent receives; for autonomous agents, the hub mirror of a spoke object
 //! ([`mirror_application`], [`mirror_project`]) and the view of a mirror that hub edits may not
 //! change ([`mirror_view`]).
 
@@ -159,6 +159,30 @@ pub fn project_for_agent(project: &Value, agent: &str) -> Value {
             *dests = rewritten;
         }
     }
+    out
+}
+
+/// The AppProject a repository or repo-creds Secret belongs to: its base64 `data.project`.
+/// `None` when absent or not valid base64 UTF-8 (such a Secret goes to no agent).
+pub fn repository_project(secret: &Value) -> Option<String> {
+    use base64::Engine;
+    let encoded = field(secret, &["data", "project"]).and_then(Value::as_str)?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    String::from_utf8(bytes).ok().filter(|p| !p.is_empty())
+}
+
+/// Whether repository Secret `secret` goes to `agent`, given `project`, the hub AppProject its
+/// `data.project` names (if it exists).
+pub fn repository_routes_to(secret: &Value, project: Option<&Value>, agent: &str) -> bool {
+    repository_project(secret).is_some() && project.is_some_and(|p| project_matches_agent(p, agent))
+}
+
+/// The payload of a repository event: the Secret without managed fields and last-applied.
+pub fn repository_payload(secret: &Value) -> Value {
+    let mut out = secret.clone();
+    strip_metadata(&mut out);
     out
 }
 
@@ -460,5 +484,30 @@ mod tests {
             m["spec"]["roles"][0]["policies"][0],
             "p, proj:ship1-team:ci, applications, sync, ship1-team/ship1/*, allow"
         );
+    }
+
+    #[test]
+    fn repository_secret_follows_the_project_its_data_names() {
+        let secret = serde_json::json!({
+            "metadata": {"name": "repo", "managedFields": [{}],
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+            "data": {"project": "dGVhbS1h", "url": "eA=="}
+        });
+        assert_eq!(repository_project(&secret).as_deref(), Some("team-a"));
+        let project = serde_json::json!({"spec": {"destinations": [{"name": "agent-1"}]}});
+        assert!(repository_routes_to(&secret, Some(&project), "agent-1"));
+        assert!(!repository_routes_to(&secret, Some(&project), "agent-2"));
+        assert!(!repository_routes_to(&secret, None, "agent-1"));
+        let no_project = serde_json::json!({"data": {"url": "eA=="}});
+        assert!(!repository_routes_to(
+            &no_project,
+            Some(&project),
+            "agent-1"
+        ));
+        let garbage = serde_json::json!({"data": {"project": "!!"}});
+        assert_eq!(repository_project(&garbage), None);
+        let payload = repository_payload(&secret);
+        assert!(payload.pointer("/metadata/managedFields").is_none());
+        assert_eq!(payload["data"], secret["data"]);
     }
 }
