@@ -6,6 +6,7 @@
 //! Argo CD and OCM CRDs installed, and wait-for-condition helpers. It does not know the product's
 //! protocol: tests drive the binaries through their command lines and the Kubernetes API.
 
+pub mod bench;
 pub mod binaries;
 pub mod control_plane;
 pub mod crds;

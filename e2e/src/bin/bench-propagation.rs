@@ -14,10 +14,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use e2e::gateway::{
-    application, application_resource, ensure_namespace, text, Agent, Pki, Principal,
-};
-use e2e::ControlPlane;
+use e2e::bench::{count_arg, percentile, BenchSetup};
+use e2e::gateway::{application, application_resource, ensure_namespace, text, Agent};
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -58,11 +56,6 @@ async fn wait_arrival(arrivals: &Arrivals, name: &str) -> anyhow::Result<Instant
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
 fn summary(name: &str, mut samples: Vec<Duration>, baseline_p50: Option<Duration>) -> Duration {
     samples.sort();
     let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
@@ -86,29 +79,23 @@ fn summary(name: &str, mut samples: Vec<Duration>, baseline_p50: Option<Duration
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let count: usize = std::env::args()
-        .skip_while(|a| a != "--count")
-        .nth(1)
-        .map(|c| c.parse())
-        .transpose()?
-        .unwrap_or(50);
-    eprintln!("==> starting hub and spoke control planes");
-    let planes =
-        tokio::task::spawn_blocking(|| ControlPlane::start_many(&["hub", "spoke"])).await??;
-    let (hub, spoke) = (&planes[0], &planes[1]);
-    let dir = e2e::process::temp_dir("bench")?;
-    let pki = Pki::create(&dir.join("pki"))?;
-    pki.issue_agent("bench")?;
-    let principal =
-        Principal::start("bench", &dir, hub, &pki, "argocd", &["--log-level=info"]).await?;
+    let count = count_arg(50)?;
+    let setup = BenchSetup::start("bench").await?;
+    let (hub, spoke, dir, pki, principal) = (
+        setup.hub(),
+        setup.spoke(),
+        &setup.dir,
+        &setup.pki,
+        &setup.principal,
+    );
     let hub_client = hub.client().await?;
     ensure_namespace(&hub_client, "bench").await?;
     ensure_namespace(&hub_client, "baseline").await?;
     let agent = Agent::start(
         "bench",
-        &dir,
+        dir,
         spoke,
-        &pki,
+        pki,
         &principal.address(),
         "argocd",
         &["--log-level=info"],
@@ -194,6 +181,6 @@ async fn main() -> anyhow::Result<()> {
     summary("gateway: hub create → spoke", down, Some(b));
     summary("gateway: spoke status → hub", up, Some(bp));
     drop(agent);
-    drop(principal);
+    drop(setup);
     Ok(())
 }

@@ -9,18 +9,13 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::gateway::{agentctl, ensure_namespace, Agent, Pki, Principal};
-use e2e::ControlPlane;
+use e2e::bench::{count_arg, percentile, BenchSetup};
+use e2e::gateway::{agentctl, ensure_namespace, Agent};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
 
 async fn measure(
     client: &kube::Client,
@@ -47,21 +42,15 @@ async fn measure(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let count: usize = std::env::args()
-        .skip_while(|a| a != "--count")
-        .nth(1)
-        .map(|c| c.parse())
-        .transpose()?
-        .unwrap_or(200);
-    eprintln!("==> starting hub and spoke control planes");
-    let planes =
-        tokio::task::spawn_blocking(|| ControlPlane::start_many(&["hub", "spoke"])).await??;
-    let (hub, spoke) = (&planes[0], &planes[1]);
-    let dir = e2e::process::temp_dir("bench-proxy")?;
-    let pki = Pki::create(&dir.join("pki"))?;
-    pki.issue_agent("bench")?;
-    let principal =
-        Principal::start("bench", &dir, hub, &pki, "argocd", &["--log-level=info"]).await?;
+    let count = count_arg(200)?;
+    let setup = BenchSetup::start("bench-proxy").await?;
+    let (hub, spoke, dir, pki, principal) = (
+        setup.hub(),
+        setup.spoke(),
+        &setup.dir,
+        &setup.pki,
+        &setup.principal,
+    );
     agentctl(&[
         "agent",
         "create",
@@ -77,9 +66,9 @@ async fn main() -> anyhow::Result<()> {
     ])?;
     let agent = Agent::start(
         "bench",
-        &dir,
+        dir,
         spoke,
-        &pki,
+        pki,
         &principal.address(),
         "argocd",
         &["--log-level=info"],
@@ -139,6 +128,6 @@ async fn main() -> anyhow::Result<()> {
         p99.as_secs_f64() / d99.as_secs_f64()
     );
     drop(agent);
-    drop(principal);
+    drop(setup);
     Ok(())
 }
