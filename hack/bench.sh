@@ -1,11 +1,76 @@
 #!/usr/bin/env bash
 # Benchmarks on real control planes with release builds; each figure is printed next to a baseline
-# measured in the same run. Usage: hack/bench.sh [--count N]
+# measured in the same run, then a summary of every bench.
+#
+# Usage: hack/bench.sh [--smoke] [--out DIR]
+#   --smoke    tiny sizes (what CI runs), e.g. a few agents instead of 10,000
+#   --out DIR  where bench-fleet writes bench-fleet.json and bench-fleet.png (default results/,
+#              which is not committed)
+# Runs bench-propagation, bench-proxy, bench-resync (when it exists) and bench-fleet in sequence.
+# bench-fleet's chart is drawn with DejaVu Sans: Debian's fonts-dejavu-core is installed if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/argocd-agent-rs/target}
+
+smoke=0
+out=results
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) smoke=1 ;;
+    --out) out=${2:?--out needs a directory}; shift ;;
+    *) echo "hack/bench.sh: unknown argument $1 (use --smoke, --out DIR)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+  echo "==> installing fonts-dejavu-core (the font of bench-fleet's chart)" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core >/dev/null
+fi
 echo "==> providing the control plane binaries" >&2
 bash hack/control-plane.sh >/dev/null
 echo "==> building release binaries" >&2
 cargo build --release --locked --workspace --bins
-exec "$CARGO_TARGET_DIR/release/bench-propagation" "$@"
+
+bin=$CARGO_TARGET_DIR/release
+mkdir -p "$out"
+summary=$(mktemp)
+trap 'rm -f "$summary"' EXIT
+failed=()
+
+run() {
+  local name=$1; shift
+  if [ ! -x "$bin/$name" ]; then
+    echo "==> $name: not built in this tree, skipped" >&2
+    return
+  fi
+  echo "==> $name $*" >&2
+  local log="$out/$name.txt" start=$SECONDS
+  if "$bin/$name" "$@" | tee "$log"; then
+    printf '%s (%ss)\n' "$name" "$((SECONDS - start))" >>"$summary"
+  else
+    printf '%s FAILED (%ss)\n' "$name" "$((SECONDS - start))" >>"$summary"
+    failed+=("$name")
+  fi
+  sed 's/^/    /' "$log" >>"$summary"
+}
+
+if [ "$smoke" = 1 ]; then
+  run bench-propagation --count 20
+  run bench-proxy --count 20
+  run bench-resync --smoke
+  run bench-fleet --smoke --out "$out"
+else
+  run bench-propagation
+  run bench-proxy
+  run bench-resync
+  run bench-fleet --out "$out"
+fi
+
+echo
+echo "==================== summary ($(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)) ===================="
+cat "$summary"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "failed: ${failed[*]}" >&2
+  exit 1
+fi

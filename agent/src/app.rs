@@ -10,11 +10,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use argocd_agent_proto::sync::{EventHandler, Instrumented};
 use argocd_agent_proto::sync::{Outbox, OutboxConfig};
 use argocd_agent_proto::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
-use argocd_agent_proto::tls::{ClientTlsOptions, ReloadingClientConfig, TlsPolicy, ALPN_H2};
+use argocd_agent_proto::tls::{
+    expiry, CertificateExpiry, ClientTlsOptions, ReloadingClientConfig, TlsPolicy, ALPN_H2,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
@@ -45,6 +48,8 @@ pub struct ConfigProblem(pub String);
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let registry = MetricsRegistry::new(env!("CARGO_PKG_VERSION"));
     let metrics = AgentMetrics::register(&registry);
+    let certificate_expiry =
+        CertificateExpiry::register(&registry, "argocd_agent", expiry::DEFAULT_WARN_BEFORE);
     let health = HealthState::new();
     let (stop_ops, ops_stopped) = oneshot::channel::<()>();
     let ops = start_ops_servers(
@@ -70,8 +75,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let tls = load_tls(&config)?;
     let client = kube_client(&config.kube).await?;
     let tls_watcher = tls.spawn_watcher(TLS_RELOAD_INTERVAL);
+    let expiry_watcher = certificate_expiry.watch("client", &tls, expiry::CHECK_INTERVAL);
 
-    let outbox_config = OutboxConfig::default();
+    let outbox_config = OutboxConfig {
+        resends: metrics.event_resends.clone(),
+        ..OutboxConfig::default()
+    };
     let outbox_capacity = outbox_config.max_resources;
     let (outbox, opened) = Outbox::open(&config.queue_dir, outbox_config).map_err(|e| {
         ConfigProblem(format!(
@@ -116,7 +125,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             (
                 watchers,
                 resync,
-                tokio::spawn(connection.run(crate::live::LiveDispatch::wrap(sync, live), stop_rx)),
+                tokio::spawn(connection.run(
+                    timed(crate::live::LiveDispatch::wrap(sync, live), &metrics),
+                    stop_rx,
+                )),
             )
         }
         AgentMode::Autonomous => {
@@ -135,7 +147,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             (
                 watchers,
                 resync,
-                tokio::spawn(connection.run(crate::live::LiveDispatch::wrap(sync, live), stop_rx)),
+                tokio::spawn(connection.run(
+                    timed(crate::live::LiveDispatch::wrap(sync, live), &metrics),
+                    stop_rx,
+                )),
             )
         }
     };
@@ -170,6 +185,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
     sampler.abort();
     tls_watcher.abort();
+    expiry_watcher.abort();
     let _ = stop_ops.send(());
     ops.wait().await?;
     outcome
@@ -194,6 +210,14 @@ fn spawn_periodic_resync(
 }
 
 /// The client TLS config from the certificate files, reloaded when they change.
+/// `handler` with its processing time observed in `agent_event_processing_time`.
+fn timed<H: EventHandler>(handler: Arc<H>, metrics: &AgentMetrics) -> Arc<Instrumented<Arc<H>>> {
+    Arc::new(Instrumented::new(
+        handler,
+        metrics.event_processing_time.clone(),
+    ))
+}
+
 fn load_tls(config: &AgentConfig) -> Result<ReloadingClientConfig, ConfigProblem> {
     let options = ClientTlsOptions::new(&config.tls.ca)
         .with_client_cert(&config.tls.cert, &config.tls.key)

@@ -46,6 +46,16 @@ struct SentState {
     sent: HashMap<(SyncedKind, String), Vec<u8>>,
     /// Kinds whose first list since start still only records (no full resync asked).
     record_only: HashSet<SyncedKind>,
+    /// uid and resourceVersion of the newest object queued per (kind, name): a resync answer
+    /// built from a read older than what the watch already queued must not replace it.
+    newest: HashMap<(SyncedKind, String), (String, u64)>,
+}
+
+/// `metadata.resourceVersion` as a number (etcd revisions are; `None` when it is not).
+fn resource_version(obj: &Value) -> Option<u64> {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|v| v.parse().ok())
 }
 
 fn rejected(e: impl std::fmt::Display) -> HandleError {
@@ -107,10 +117,20 @@ impl AutonomousSync {
     fn report(&self, kind: SyncedKind, obj: &Value, checksum: Vec<u8>) -> Result<(), HandleError> {
         let ev = Event::for_object(EventType::SpecUpdate, kind.target(), AGENT_SOURCE, obj)
             .map_err(rejected)?;
+        let key = (kind, object_name(obj).to_string());
+        let (uid, version) = (object_uid(obj).to_string(), resource_version(obj));
+        let mut st = self.lock();
+        if let (Some((newest_uid, newest)), Some(v)) = (st.newest.get(&key), version) {
+            if *newest_uid == uid && v < *newest {
+                debug!(kind = %kind, name = %key.1, "not queuing an older read of the object");
+                return Ok(());
+            }
+        }
         self.push(ev)?;
-        self.lock()
-            .sent
-            .insert((kind, object_name(obj).to_string()), checksum);
+        if let Some(v) = version {
+            st.newest.insert(key.clone(), (uid, v));
+        }
+        st.sent.insert(key, checksum);
         Ok(())
     }
 
@@ -123,7 +143,9 @@ impl AutonomousSync {
         let ev = Event::for_object(EventType::Delete, kind.target(), AGENT_SOURCE, &stub)
             .map_err(rejected)?;
         self.push(ev)?;
-        self.lock().sent.remove(&(kind, name.to_string()));
+        let mut st = self.lock();
+        st.sent.remove(&(kind, name.to_string()));
+        st.newest.remove(&(kind, name.to_string()));
         Ok(())
     }
 
@@ -421,5 +443,40 @@ impl EventHandler for AutonomousSync {
                 target.as_str()
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use argocd_agent_proto::sync::OutboxConfig;
+
+    fn app(rev: &str, resource_version: &str) -> Value {
+        json!({
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Application",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": resource_version},
+            "spec": {"source": {"targetRevision": rev}},
+        })
+    }
+
+    #[tokio::test]
+    async fn an_older_read_never_replaces_a_newer_queued_object() {
+        let client = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:1".parse().expect("static uri"),
+        ))
+        .expect("client");
+        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
+        let sync = AutonomousSync::new(client, "ns".into(), None, outbox.clone(), false);
+        let (newer, older) = (app("r3", "12"), app("r2", "11"));
+        sync.report(SyncedKind::Application, &newer, owned_checksum(&newer))
+            .unwrap();
+        sync.report(SyncedKind::Application, &older, owned_checksum(&older))
+            .unwrap();
+        outbox.set_connected(true);
+        let queued = outbox.take_next(std::time::Instant::now()).expect("queued");
+        let data: Value = queued.data_as().expect("object");
+        assert_eq!(data["spec"]["source"]["targetRevision"], "r3");
+        assert!(outbox.take_next(std::time::Instant::now()).is_none());
     }
 }

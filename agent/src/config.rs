@@ -212,6 +212,11 @@ pub struct AgentArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub enable_resource_proxy: bool,
 
+    /// Where container logs are read from: a Kubernetes-shaped HTTP(S) endpoint serving
+    /// `GET /api/v1/namespaces/{ns}/pods/{pod}/log` [default: this cluster's apiserver].
+    #[arg(long, env = "ARGOCD_AGENT_LOG_ENDPOINT", value_name = "URL")]
+    pub log_endpoint: Option<String>,
+
     /// Keep each Application's hub namespace locally (the principal maps by destination; managed only).
     #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING", default_value_t = false,
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
@@ -284,6 +289,11 @@ pub struct AgentArgs {
     /// Only watch local objects matching this Kubernetes label selector.
     #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR", value_name = "SELECTOR")]
     pub label_selector: Option<String>,
+
+    /// OTLP/gRPC endpoint (HOST:PORT or http://HOST:PORT of a collector) to export traces to; the
+    /// agent continues the principal's traces carried in each event's `traceparent`.
+    #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS", value_name = "HOST:PORT")]
+    pub otlp_address: Option<String>,
 }
 
 impl AgentArgs {
@@ -349,6 +359,8 @@ pub struct AgentConfig {
     pub grpc_max_message_size: usize,
     /// Serve resource proxy requests.
     pub enable_resource_proxy: bool,
+    /// Container log source; `None` = the spoke apiserver's `pods/log`.
+    pub log_endpoint: Option<http::Uri>,
     /// Destination-based mapping (managed only).
     pub destination_based_mapping: bool,
     /// Create missing Application namespaces (managed only).
@@ -367,6 +379,8 @@ pub struct AgentConfig {
     pub log_format: LogFormat,
     /// Label selector for watched local objects.
     pub label_selector: Option<String>,
+    /// OTLP trace export endpoint.
+    pub otlp_address: Option<String>,
 }
 
 /// The queue directory may be created at start-up, but only inside an existing directory.
@@ -403,6 +417,26 @@ fn check_queue_dir(path: &Path) -> Result<(), ConfigError> {
     }
     // A relative path whose every component is missing lives in the working directory.
     Ok(())
+}
+
+/// `--log-endpoint`: an absolute `http://` or `https://` URL without query or fragment.
+fn parse_log_endpoint(url: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("{url:?} must start with http:// or https://")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!(
+            "{url:?} must not carry a query; the agent adds the log options"
+        ));
+    }
+    Ok(uri)
 }
 
 impl AgentArgs {
@@ -491,6 +525,10 @@ impl AgentArgs {
             "for resyncing only on (re)connect",
         )?;
 
+        let log_endpoint = non_empty(self.log_endpoint)
+            .map(|url| parse_log_endpoint(&url).map_err(|e| FLAGS.invalid("log-endpoint", e)))
+            .transpose()?;
+
         let kube = FLAGS.kube_client(self.kubeconfig, self.kubecontext)?;
         FLAGS.log_level(&self.log_level)?;
         let label_selector = FLAGS.label_selector(self.label_selector)?;
@@ -512,6 +550,7 @@ impl AgentArgs {
             reconnect_backoff_max: self.reconnect_backoff_max,
             grpc_max_message_size,
             enable_resource_proxy: self.enable_resource_proxy,
+            log_endpoint,
             destination_based_mapping: self.destination_based_mapping,
             create_namespace: self.create_namespace,
             source_uid_mismatch_policy: self.source_uid_mismatch_policy,
@@ -521,6 +560,7 @@ impl AgentArgs {
             log_level: self.log_level,
             log_format: self.log_format,
             label_selector,
+            otlp_address: non_empty(self.otlp_address),
         })
     }
 }
@@ -743,6 +783,29 @@ mod tests {
             ])
             .unwrap_err();
         assert_eq!(err.flag(), "metrics-address");
+    }
+
+    #[test]
+    fn log_endpoint_is_an_http_url() {
+        let files = Files::new();
+        assert_eq!(files.validate(&[]).unwrap().log_endpoint, None);
+        let config = files
+            .validate(&["--log-endpoint=http://127.0.0.1:8080"])
+            .unwrap();
+        assert_eq!(
+            config.log_endpoint.unwrap().to_string(),
+            "http://127.0.0.1:8080/"
+        );
+        for bad in ["ftp://logs", "logs:8080", "http://logs?x=1", "not a url"] {
+            let err = files
+                .validate(&[&format!("--log-endpoint={bad}")])
+                .unwrap_err();
+            assert_eq!(err.flag(), "log-endpoint", "{bad}");
+            assert!(
+                err.to_string().contains("ARGOCD_AGENT_LOG_ENDPOINT"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

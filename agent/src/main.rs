@@ -20,10 +20,17 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = init_logging(config.log_format, &config.log_level) {
-        eprintln!("error: {e}");
-        return ExitCode::FAILURE;
-    }
+    let otlp = config
+        .otlp_address
+        .as_deref()
+        .map(|address| (address, "argocd-agent"));
+    let _trace_export = match init_logging(config.log_format, &config.log_level, otlp) {
+        Ok(export) => export,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     match app::run(config).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<app::ConfigProblem>().is_some() => {

@@ -2,20 +2,31 @@
 //!
 //! Owns: [`ManagedSync`], which is both the [`EventHandler`] for what the principal sends
 //! (create / spec-update / set-operation / terminate-operation / delete of Applications, and
-//! create / spec-update / delete of AppProjects and repository Secrets, and
-//! `request-resource-resync`) and the watcher of the agent namespace that keeps
+//! create / spec-update / delete of AppProjects and repository Secrets, and the checksum resync:
+//! `request-resource-resync`, `response-synced-resource`) and the watcher of the agent namespace
+//! that keeps
 //! the spoke honest: it reverts local drift, recreates objects deleted without the hub asking,
 //! reports status changes as `status-update`, and confirms deletions the hub asked for with a
 //! `delete` event. Also owns the in-memory cache of the last hub copy per object (by kind and
 //! name) and the set of deletions the hub asked for. Every write is idempotent: events may be
 //! redelivered. Pure decisions live in [`crate::drift`], the spoke copy in [`crate::spoke_copy`].
+//!
+//! Resync (reference §2.5): after the process starts, once every kind was listed, the hub copy
+//! cache is seeded from the spoke copies found (so drift revert and recreation work for objects
+//! the hub does not resend) and the agent sends a `request-update{spec checksum}` per object plus
+//! `request-synced-resource-list{checksum of its keys}`; the principal answers only objects that
+//! differ, deletes what it no longer has and lists its keys when the key sets differ, and the
+//! agent then asks for each key it lacks. The same answer goes to the principal's
+//! `request-resource-resync` and the periodic resync. Nothing unchanged crosses the link in full.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use argocd_agent_proto::event::{spec_checksum, Event, EventType, AGENT_SOURCE};
-use argocd_agent_proto::payload::{ErrorData, RequestUpdate};
-use argocd_agent_proto::sync::resync::request_update_key;
+use argocd_agent_proto::event::{
+    set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
+};
+use argocd_agent_proto::payload::{ErrorData, RequestUpdate, SyncedResource};
+use argocd_agent_proto::sync::resync::{needs_object, request_update_key, RESYNC_REQUEST_KEY};
 use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
 use futures::StreamExt;
 use kube::api::{
@@ -89,6 +100,57 @@ struct SpokeState {
     expected_deletions: HashSet<ObjectKey>,
     /// Status/operation view last reported per Application name.
     reported: HashMap<String, Value>,
+    /// Source uid of every live spoke object the hub created, as the watchers last saw it.
+    live_sources: HashMap<ObjectKey, String>,
+    /// Kinds whose first list since start completed.
+    listed: HashSet<SyncedKind>,
+}
+
+const ALL_KINDS: [SyncedKind; 3] = [
+    SyncedKind::Application,
+    SyncedKind::AppProject,
+    SyncedKind::Repository,
+];
+
+/// The hub copy a live spoke copy was written from (what [`spoke_copy`] produced): seeds the cache
+/// after a restart, when the hub does not resend objects whose checksums match.
+fn hub_copy_of_live(kind: SyncedKind, live: &Value) -> Value {
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("name".into(), json!(object_name(live)));
+    if let Some(ns) = live.pointer("/metadata/namespace") {
+        metadata.insert("namespace".into(), ns.clone());
+    }
+    if let Some(Value::Object(labels)) = live.pointer("/metadata/labels") {
+        if !labels.is_empty() {
+            metadata.insert("labels".into(), Value::Object(labels.clone()));
+        }
+    }
+    let mut annotations = match live.pointer("/metadata/annotations") {
+        Some(Value::Object(a)) => a.clone(),
+        _ => serde_json::Map::new(),
+    };
+    annotations.remove(crate::spoke_copy::LAST_APPLIED_ANNOTATION);
+    metadata.insert("annotations".into(), Value::Object(annotations));
+    if let Some(Value::Array(finalizers)) = live.pointer("/metadata/finalizers") {
+        if !finalizers.is_empty() {
+            metadata.insert("finalizers".into(), Value::Array(finalizers.clone()));
+        }
+    }
+    let mut copy = json!({
+        "apiVersion": kind.api_version(),
+        "kind": kind.kind(),
+        "metadata": Value::Object(metadata),
+    });
+    let fields: &[&str] = match kind {
+        SyncedKind::Repository => &["type", "data"],
+        _ => &["spec"],
+    };
+    for field in fields {
+        if let Some(v) = live.get(*field).filter(|v| !v.is_null()) {
+            copy[*field] = v.clone();
+        }
+    }
+    copy
 }
 
 /// The spoke side of managed mode (see the module docs). Share it as `Arc<ManagedSync>`.
@@ -511,15 +573,13 @@ impl ManagedSync {
         self.push(ev)
     }
 
-    /// request-resource-resync (and the periodic resync): one request-update per local object
-    /// the hub created; the principal answers only where its copy differs.
+    /// request-resource-resync, the resync after start and the periodic one: one request-update
+    /// (spec checksum) per local object the hub created and the checksum of their keys; the
+    /// principal answers only where its copy differs and lists its keys if the sets differ.
     pub async fn answer_resync(&self) -> Result<(), HandleError> {
         let mut sent = 0usize;
-        for kind in [
-            SyncedKind::Application,
-            SyncedKind::AppProject,
-            SyncedKind::Repository,
-        ] {
+        let mut keys = Vec::new();
+        for kind in ALL_KINDS {
             let mut params = ListParams::default();
             if let Some(sel) = self.selector(kind) {
                 params = params.labels(&sel);
@@ -552,11 +612,110 @@ impl ManagedSync {
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
                 let key = request_update_key(kind.kind(), &req.name);
                 self.push(keyed_request(ev, key))?;
+                keys.push(ResourceKey::new(kind.kind(), &req.name, "", uid));
                 sent += 1;
             }
         }
-        info!(objects = sent, "answered the principal's resync request");
+        let ev = Event::request_synced_resource_list(AGENT_SOURCE, set_checksum(&keys))
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        self.push(keyed_request(ev, RESYNC_REQUEST_KEY))?;
+        info!(
+            objects = sent,
+            "sent the checksums of the spoke copies for a resync"
+        );
         Ok(())
+    }
+
+    /// response-synced-resource: the hub has this key; ask for it (empty checksum) unless a spoke
+    /// copy of that very hub object is here.
+    async fn answer_synced_resource(&self, key: SyncedResource) -> Result<(), HandleError> {
+        let kind = match key.kind.as_str() {
+            "Application" => SyncedKind::Application,
+            "AppProject" => SyncedKind::AppProject,
+            "Secret" => SyncedKind::Repository,
+            other => {
+                return Err(HandleError::Rejected(format!(
+                    "response-synced-resource for unsupported kind {other:?}"
+                )))
+            }
+        };
+        if key.name.is_empty() {
+            return Err(HandleError::Rejected(
+                "response-synced-resource without a name".into(),
+            ));
+        }
+        let object_key = ObjectKey::new(kind, &key.name);
+        let local = {
+            let st = self.lock();
+            st.listed
+                .contains(&kind)
+                .then(|| st.live_sources.get(&object_key).cloned())
+        };
+        let local = match local {
+            Some(known) => known,
+            // Not listed yet: ask the apiserver.
+            None => self
+                .api(kind)
+                .get_opt(&key.name)
+                .await
+                .map_err(|e| kube_failure(format!("reading spoke {kind} {}", key.name), e))?
+                .and_then(|o| source_uid(&to_json(&o)).map(str::to_string)),
+        };
+        if !needs_object(local.as_deref(), &key.uid) {
+            return Ok(());
+        }
+        debug!(kind = %kind, name = %key.name, "the hub has an object the spoke lacks; asking for it");
+        let req = RequestUpdate {
+            name: key.name.clone(),
+            namespace: self.settings.namespace.clone(),
+            uid: key.uid.clone(),
+            kind: kind.kind().to_string(),
+            checksum: Vec::new(),
+        };
+        let ev = Event::request_update(AGENT_SOURCE, &req)
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        self.push(keyed_request(
+            ev,
+            request_update_key(kind.kind(), &key.name),
+        ))
+    }
+
+    /// After the first list of a kind since start: seeds the hub copy cache from the spoke copies
+    /// found; once every kind is listed, starts the resync after start.
+    fn first_list_done(self: &Arc<Self>, kind: SyncedKind, known: &HashMap<String, Value>) {
+        let all_listed = {
+            let mut st = self.lock();
+            let mut seeded = 0usize;
+            for live in known.values().filter(|l| source_uid(l).is_some()) {
+                let key = ObjectKey::new(kind, object_name(live));
+                if !st.cache.contains_key(&key) && !is_terminating(live) {
+                    let copy = CachedCopy {
+                        desired: hub_copy_of_live(kind, live),
+                        applied: Some(managed_view(live)),
+                    };
+                    st.cache.insert(key, copy);
+                    seeded += 1;
+                }
+            }
+            debug!(kind = %kind, seeded, "hub copies seeded from the spoke after start");
+            st.listed.insert(kind);
+            st.listed.len() == ALL_KINDS.len()
+        };
+        if !all_listed {
+            return;
+        }
+        let sync = self.clone();
+        tokio::spawn(async move {
+            for attempt in 0..6u32 {
+                match sync.answer_resync().await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        warn!(error = %e, "the resync after start failed; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(500 << attempt)).await;
+                    }
+                }
+            }
+        });
     }
 
     // ---- spoke watch --------------------------------------------------------------------
@@ -627,6 +786,9 @@ impl ManagedSync {
                             self.on_gone(kind, &obj).await;
                         }
                     }
+                    if !self.lock().listed.contains(&kind) {
+                        self.first_list_done(kind, &known);
+                    }
                 }
                 watcher::Event::Delete(obj) => {
                     let obj = to_json(&obj);
@@ -642,7 +804,12 @@ impl ManagedSync {
         let name = object_name(live);
         let ns = &self.settings.namespace;
         let (revert, report) = {
-            let st = self.lock();
+            let mut st = self.lock();
+            let key = ObjectKey::new(kind, name);
+            match source_uid(live) {
+                Some(uid) => st.live_sources.insert(key, uid.to_string()),
+                None => st.live_sources.remove(&key),
+            };
             let cached = st.cache.get(&ObjectKey::new(kind, name));
             let revert = needs_revert(live, cached).then(|| cached.map(|c| c.desired.clone()));
             (
@@ -687,6 +854,7 @@ impl ManagedSync {
         let (expected, cached) = {
             let mut st = self.lock();
             st.reported.remove(name);
+            st.live_sources.remove(&key);
             (
                 st.expected_deletions.remove(&key),
                 st.cache.get(&key).cloned(),
@@ -716,6 +884,12 @@ impl EventHandler for ManagedSync {
     async fn handle(&self, event: Event) -> Result<(), HandleError> {
         match &event.event_type {
             EventType::RequestResourceResync => return self.answer_resync().await,
+            EventType::ResponseSyncedResource => {
+                let key = event
+                    .data_as()
+                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
+                return self.answer_synced_resource(key).await;
+            }
             EventType::Ping | EventType::Pong | EventType::Processed => return Ok(()),
             EventType::Error => {
                 warn!(subject = event.subject.as_deref().unwrap_or(""),
@@ -749,5 +923,65 @@ impl EventHandler for ManagedSync {
                 other.name()
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live_from(kind: SyncedKind, hub: &Value) -> (Value, Value) {
+        let desired = spoke_copy(kind, hub, "argocd").unwrap();
+        let mut live = desired.clone();
+        live["metadata"]["uid"] = json!("spoke-uid");
+        live["metadata"]["resourceVersion"] = json!("42");
+        live["metadata"]["annotations"][crate::spoke_copy::LAST_APPLIED_ANNOTATION] = json!("{}");
+        if kind == SyncedKind::Application {
+            live["status"] = json!({"health": {"status": "Healthy"}});
+            live["operation"] = json!({"sync": {}});
+        }
+        (desired, live)
+    }
+
+    #[test]
+    fn the_hub_copy_seeded_from_a_spoke_copy_is_the_one_it_was_written_from() {
+        let app = json!({
+            "metadata": {"name": "app", "namespace": "agent-a", "uid": "hub-1",
+                "labels": {"team": "a"}, "finalizers": ["resources-finalizer.argocd.argoproj.io"]},
+            "spec": {"project": "default", "destination": {"server": "https://x", "namespace": "ns"}}
+        });
+        let (desired, live) = live_from(SyncedKind::Application, &app);
+        assert_eq!(hub_copy_of_live(SyncedKind::Application, &live), desired);
+        assert!(matches_desired(&live, &desired));
+
+        let secret = json!({
+            "metadata": {"name": "repo", "namespace": "argocd", "uid": "hub-2",
+                "labels": {"argocd.argoproj.io/secret-type": "repository"}},
+            "type": "Opaque", "data": {"url": "aHR0cHM6Ly9leGFtcGxl"}
+        });
+        let (desired, live) = live_from(SyncedKind::Repository, &secret);
+        assert_eq!(hub_copy_of_live(SyncedKind::Repository, &live), desired);
+    }
+
+    #[test]
+    fn spoke_copy_checksum_matches_the_hub_payload_it_came_from() {
+        // The principal compares the checksum of the payload it would send with the one the
+        // agent computes from the live spoke copy: equal when nothing changed.
+        let app = json!({
+            "metadata": {"name": "app", "uid": "hub-1"},
+            "spec": {"project": "default", "destination": {"server": "https://x", "namespace": "ns"},
+                "source": {"repoURL": "https://git", "targetRevision": "v1"}}
+        });
+        let (_, live) = live_from(SyncedKind::Application, &app);
+        assert_eq!(
+            spec_checksum(&live, Some("Application")).unwrap(),
+            spec_checksum(&app, Some("Application")).unwrap()
+        );
+        let mut changed = app.clone();
+        changed["spec"]["source"]["targetRevision"] = json!("v2");
+        assert_ne!(
+            spec_checksum(&live, Some("Application")).unwrap(),
+            spec_checksum(&changed, Some("Application")).unwrap()
+        );
     }
 }

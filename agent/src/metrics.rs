@@ -7,9 +7,9 @@
 //! the outbound queue size `argocd_agent_outbox_resources`. Registered once into the process's
 //! [`MetricsRegistry`]; the connection loop updates them.
 
-use argocd_agent_proto::event::{attr, Event, EventType};
-use argocd_agent_proto::pb::cloudevents::cloud_event_attribute_value::Attr;
+use argocd_agent_proto::event::{stream_event_labels, Event};
 use argocd_agent_proto::pb::eventstreamapi::Event as WireEvent;
+use argocd_agent_proto::sync::processing_time_histogram;
 use argocd_agent_proto::telemetry::MetricsRegistry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -32,6 +32,10 @@ pub struct AgentMetrics {
     propagation_latency: Histogram,
     /// Distinct resources with events waiting for delivery or an ACK.
     pub outbox_resources: Gauge,
+    /// Time to handle one inbound event (`agent_event_processing_time`).
+    pub event_processing_time: Histogram,
+    /// Resends of un-ACKed events (the outbox counts into it).
+    pub event_resends: Counter,
 }
 
 impl Default for AgentMetrics {
@@ -45,6 +49,8 @@ impl Default for AgentMetrics {
             // 5 ms .. ~82 s
             propagation_latency: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
             outbox_resources: Gauge::default(),
+            event_processing_time: processing_time_histogram(),
+            event_resends: Counter::default(),
         }
     }
 }
@@ -95,6 +101,16 @@ impl AgentMetrics {
             "Resources with events queued for the principal or awaiting its ACK",
             m.outbox_resources.clone(),
         );
+        registry.register(
+            "agent_event_processing_time",
+            "Seconds taken to handle one event received from the principal",
+            m.event_processing_time.clone(),
+        );
+        registry.register(
+            "argocd_agent_event_resends",
+            "Events sent again because the principal had not ACKed them in time",
+            m.event_resends.clone(),
+        );
         m
     }
 
@@ -116,16 +132,7 @@ impl AgentMetrics {
 
     /// Counts an event sent on the stream.
     pub fn observe_sent(&self, wire: &WireEvent) {
-        let Some(ce) = &wire.event else { return };
-        let event_type = EventType::from_wire(&ce.r#type);
-        let target = ce
-            .attributes
-            .get(attr::DATASCHEMA)
-            .and_then(|v| match &v.attr {
-                Some(Attr::CeString(s)) => Some(s.as_str()),
-                _ => None,
-            })
-            .unwrap_or_default();
+        let (event_type, target) = stream_event_labels(wire);
         self.events_sent
             .get_or_create(&labels(event_type.name(), target))
             .inc();
@@ -135,7 +142,7 @@ impl AgentMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use argocd_agent_proto::event::Target;
+    use argocd_agent_proto::event::{EventType, Target};
 
     #[test]
     fn events_and_latency_are_exposed_under_upstream_names() {

@@ -1,6 +1,7 @@
-//! What the benchmark binaries share: the `--count` argument, percentiles of latency samples, and
-//! the common set-up (a hub and a spoke plane, a PKI with an agent certificate `bench`, and a
-//! principal on the hub).
+//! What the benchmark binaries share: the `--count` argument and other flags, percentiles of
+//! latency samples, process CPU/RSS readings from `/proc`, the open-file limit, and the common
+//! set-up (a hub and a spoke plane, a PKI with an agent certificate `bench`, and a principal on the
+//! hub).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,6 +23,92 @@ pub fn count_arg(default: usize) -> anyhow::Result<usize> {
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx.min(sorted.len() - 1)]
+}
+
+/// The value after `--<name>` (or in `--<name>=value`), if given.
+pub fn flag_value(name: &str) -> Option<String> {
+    let flag = format!("--{name}");
+    let prefixed = format!("{flag}=");
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == &flag {
+            args.get(i + 1).cloned()
+        } else {
+            a.strip_prefix(&prefixed).map(str::to_string)
+        }
+    })
+}
+
+/// Whether `--<name>` is on the command line.
+pub fn has_flag(name: &str) -> bool {
+    let flag = format!("--{name}");
+    std::env::args().any(|a| a == flag)
+}
+
+/// Resident set size of process `pid` in KiB (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// CPU time (user + system) process `pid` has used, from `/proc/<pid>/stat` (utime + stime).
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may contain spaces) start at state (field 3).
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow::anyhow!("unreadable /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(i)
+            .ok_or_else(|| anyhow::anyhow!("short /proc/{pid}/stat"))?
+            .parse::<f64>()?)
+    };
+    // utime is field 14, stime field 15 (1-based); `rest` starts at field 3.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
+/// Raises this process's open-file limit to its hard limit (children inherit it); returns the
+/// new soft limit.
+pub fn raise_fd_limit() -> anyhow::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
+    unsafe {
+        anyhow::ensure!(
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0,
+            "getrlimit: {}",
+            std::io::Error::last_os_error()
+        );
+        lim.rlim_cur = lim.rlim_max;
+        anyhow::ensure!(
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0,
+            "setrlimit: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// The 1-minute load average and the number of CPUs, for printing next to figures.
+pub fn machine_load() -> (f64, usize) {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    (load, cpus)
 }
 
 /// Hub and spoke planes with a principal on the hub, ready for an agent named `bench`.
@@ -76,6 +163,14 @@ impl BenchSetup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_process_has_cpu_time_and_rss() {
+        let pid = std::process::id();
+        assert!(rss_kib(pid).unwrap() > 0);
+        assert!(cpu_seconds(pid).unwrap() >= 0.0);
+        assert!(rss_kib(u32::MAX).is_err());
+    }
 
     #[test]
     fn percentile_takes_the_nearest_rank() {

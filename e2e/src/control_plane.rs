@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -34,7 +35,8 @@ pub struct ControlPlane {
     pub startup: Duration,
     dir: PathBuf,
     etcd: ManagedProcess,
-    apiserver: ManagedProcess,
+    /// Behind a lock so a plane shared by a test binary can be stopped and restarted through `&self`.
+    apiserver: Mutex<ManagedProcess>,
 }
 
 impl ControlPlane {
@@ -60,7 +62,7 @@ impl ControlPlane {
             startup: Duration::ZERO,
             dir,
             etcd: etcd.0,
-            apiserver,
+            apiserver: Mutex::new(apiserver),
         };
         plane.wait_ready_and_install()?;
         plane.startup = started.elapsed();
@@ -108,21 +110,44 @@ impl ControlPlane {
         Ok(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?)
     }
 
-    /// Stops the apiserver (etcd keeps the data), for fault injection.
-    pub fn stop_apiserver(&mut self) {
-        self.apiserver.stop();
+    /// Stops the apiserver gracefully (etcd keeps the data), for fault injection. Takes `&self` so
+    /// a shared plane can be used; the caller keeps other users away meanwhile. Blocking: from
+    /// async code use [`ControlPlane::stop_apiserver_async`].
+    pub fn stop_apiserver(&self) {
+        self.apiserver().stop();
+        eprintln!("[e2e] control plane {}: kube-apiserver stopped", self.name);
     }
 
-    /// Starts the apiserver again after [`stop_apiserver`](Self::stop_apiserver) and waits for `/readyz`.
-    pub fn start_apiserver(&mut self) -> anyhow::Result<()> {
-        self.apiserver.start_again()?;
-        self.wait_ready_and_install()
+    /// Starts the apiserver again after [`stop_apiserver`](Self::stop_apiserver) (same etcd, same
+    /// port, same serving certificate) and waits for `/readyz`. Blocking: from async code use
+    /// [`ControlPlane::start_apiserver_async`].
+    pub fn start_apiserver(&self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        self.apiserver().start_again()?;
+        self.wait_ready_and_install()?;
+        eprintln!(
+            "[e2e] control plane {}: kube-apiserver ready again in {:.1?}",
+            self.name,
+            started.elapsed()
+        );
+        Ok(())
+    }
+
+    /// [`ControlPlane::stop_apiserver`] on a blocking thread.
+    pub async fn stop_apiserver_async(&'static self) -> anyhow::Result<()> {
+        Ok(tokio::task::spawn_blocking(move || self.stop_apiserver()).await?)
+    }
+
+    /// [`ControlPlane::start_apiserver`] on a blocking thread.
+    pub async fn start_apiserver_async(&'static self) -> anyhow::Result<()> {
+        tokio::task::spawn_blocking(move || self.start_apiserver()).await?
     }
 
     /// Prints the tails of etcd's and the apiserver's logs.
     pub fn print_logs(&self, lines: usize) {
         print_log_tail(self.etcd.name(), self.etcd.log_path(), lines);
-        print_log_tail(self.apiserver.name(), self.apiserver.log_path(), lines);
+        let apiserver = self.apiserver();
+        print_log_tail(apiserver.name(), apiserver.log_path(), lines);
     }
 
     /// The plane's temporary directory.
@@ -130,11 +155,15 @@ impl ControlPlane {
         &self.dir
     }
 
-    fn wait_ready_and_install(&mut self) -> anyhow::Result<()> {
+    fn apiserver(&self) -> MutexGuard<'_, ManagedProcess> {
+        self.apiserver.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait_ready_and_install(&self) -> anyhow::Result<()> {
         // The serving certificate appears once the apiserver has generated it.
         let deadline = Instant::now() + Duration::from_secs(60);
         while !self.ca_file.is_file() {
-            if !self.apiserver.is_running() || Instant::now() > deadline {
+            if !self.apiserver().is_running() || Instant::now() > deadline {
                 self.print_logs(30);
                 anyhow::bail!(
                     "kube-apiserver for {} exited or produced no serving certificate",

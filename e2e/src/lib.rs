@@ -11,10 +11,12 @@ pub mod binaries;
 pub mod control_plane;
 pub mod crds;
 pub mod gateway;
+pub mod otlp_collector;
 pub mod ports;
 pub mod process;
 pub mod redis;
 pub mod shared;
+pub mod sim_agent;
 pub mod tcp_proxy;
 pub mod wait;
 

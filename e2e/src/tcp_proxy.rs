@@ -2,6 +2,7 @@
 //! (normal), cut (every connection closed, new ones closed at once), blackhole (connections stay
 //! open but every byte is dropped, no RST: a half-open link), and a per-chunk delay. Listens on
 //! 127.0.0.1 only. The upstream can be changed (a restarted principal on another port).
+//! [`TcpBalancer`] spreads connections over several upstreams, as a Service over replicas.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -153,5 +154,69 @@ async fn pump(
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
+    }
+}
+
+/// A TCP load balancer in front of several upstreams (replicas behind one Service): each new
+/// connection goes to the next upstream in turn that accepts it; connections to an upstream that
+/// dies end with it. Listens on 127.0.0.1 only; stops when dropped.
+pub struct TcpBalancer {
+    /// The port it listens on (127.0.0.1).
+    pub port: u16,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl TcpBalancer {
+    /// Starts balancing 127.0.0.1:<port> over `upstreams` (round robin, skipping refusals).
+    pub async fn start(upstreams: Vec<SocketAddr>) -> anyhow::Result<TcpBalancer> {
+        anyhow::ensure!(
+            !upstreams.is_empty(),
+            "a balancer needs at least one upstream"
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let accept = tokio::spawn(async move {
+            // Always forwarding: the pumps of the plain proxy with a mode that never changes.
+            let (mode, _) = watch::channel(LinkMode::Forward);
+            let no_delay = Arc::new(AtomicU64::new(0));
+            let mut next = 0usize;
+            while let Ok((client, _)) = listener.accept().await {
+                let order: Vec<SocketAddr> = (0..upstreams.len())
+                    .map(|i| upstreams[(next + i) % upstreams.len()])
+                    .collect();
+                next = next.wrapping_add(1);
+                let (mode, delay) = (mode.subscribe(), no_delay.clone());
+                tokio::spawn(async move {
+                    let mut server = None;
+                    for target in order {
+                        if let Ok(s) = TcpStream::connect(target).await {
+                            server = Some(s);
+                            break;
+                        }
+                    }
+                    let Some(server) = server else { return };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::select! {
+                        _ = pump(cr, sw, mode.clone(), delay.clone()) => {}
+                        _ = pump(sr, cw, mode, delay) => {}
+                    }
+                });
+            }
+        });
+        Ok(TcpBalancer { port, accept })
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for TcpBalancer {
+    fn drop(&mut self) {
+        self.accept.abort();
     }
 }

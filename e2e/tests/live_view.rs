@@ -9,12 +9,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::binaries::system_binary;
-use e2e::gateway::{agentctl, ensure_namespace, Agent, Pki, Principal};
+use e2e::gateway::{agent_identity, agentctl, ensure_namespace, Agent, Pki, Principal};
 use e2e::{shared_planes, wait_until, Redis, SharedPlanes, TestContext};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
@@ -23,7 +25,8 @@ use serde_json::{json, Value};
 /// Redis, and a kubeconfig per agent built from its Argo CD cluster secret.
 struct LiveFleet {
     ctx: TestContext,
-    _pki: Pki,
+    pki: Pki,
+    argocd_ns: String,
     principal: Principal,
     agents: Vec<Agent>,
     spoke_redis: Vec<Redis>,
@@ -31,49 +34,89 @@ struct LiveFleet {
     kubeconfigs: Vec<PathBuf>,
 }
 
+/// How a [`LiveFleet`] differs from the default one.
+#[derive(Default)]
+struct FleetOptions {
+    /// Extra flags of every agent.
+    agent_args: Vec<String>,
+    /// Agents (by index) that get no `argocd-agentctl agent create` cluster secret: the principal
+    /// runs with self-registration (shared client certificate in [`SHARED_CLIENT_SECRET`]) and
+    /// must create theirs.
+    self_registered: Vec<usize>,
+}
+
+/// The Secret holding the resource-proxy client certificate shared by self-registered clusters.
+const SHARED_CLIENT_SECRET: &str = "resource-proxy-shared-client";
+
 impl LiveFleet {
     async fn start(test: &str, planes: &'static SharedPlanes) -> anyhow::Result<LiveFleet> {
+        Self::start_with(test, planes, FleetOptions::default()).await
+    }
+
+    async fn start_with(
+        test: &str,
+        planes: &'static SharedPlanes,
+        options: FleetOptions,
+    ) -> anyhow::Result<LiveFleet> {
         let ctx = TestContext::new(test)?;
         let pki = Pki::create(&ctx.dir.join("pki"))?;
         let hub_redis = Redis::start(&format!("{test}-hub"))?;
         let argocd_ns = ctx.unique("argocd");
+        let mut principal_args = vec![format!("--redis-server-address={}", hub_redis.address())];
+        if !options.self_registered.is_empty() {
+            // The shared certificate's CN names no agent; only the bearer token does.
+            let shared = ctx.unique("shared-client");
+            pki.issue_agent(&shared)?;
+            let (cert, key) = agent_identity(&pki, &shared)?;
+            let hub = planes.hub.client().await?;
+            ensure_namespace(&hub, &argocd_ns).await?;
+            let secret: Secret = serde_json::from_value(json!({
+                "metadata": {"name": SHARED_CLIENT_SECRET, "namespace": argocd_ns},
+                "type": "kubernetes.io/tls",
+                "stringData": {"tls.crt": cert, "tls.key": key},
+            }))?;
+            Api::<Secret>::namespaced(hub, &argocd_ns)
+                .create(&PostParams::default(), &secret)
+                .await?;
+            principal_args.push("--enable-self-cluster-registration".into());
+            principal_args.push(format!(
+                "--self-registration-client-cert-secret={SHARED_CLIENT_SECRET}"
+            ));
+        }
+        let principal_args: Vec<&str> = principal_args.iter().map(String::as_str).collect();
         let principal = Principal::start(
             "p",
             &ctx.dir,
             &planes.hub,
             &pki,
             &argocd_ns,
-            &[&format!("--redis-server-address={}", hub_redis.address())],
+            &principal_args,
         )
         .await?;
         let mut agents = Vec::new();
         let mut spoke_redis = Vec::new();
-        let mut kubeconfigs = Vec::new();
         for (i, spoke) in planes.spokes.iter().enumerate() {
             let name = ctx.unique(&format!("agent{}", i + 1));
             pki.issue_agent(&name)?;
             let redis = Redis::start(&format!("{test}-spoke{}", i + 1))?;
-            agentctl(&[
-                "agent",
-                "create",
-                &name,
-                "--dir",
-                pki.dir.to_str().expect("utf-8 path"),
-                "--kubeconfig",
-                planes.hub.kubeconfig.to_str().expect("utf-8 path"),
-                "--resource-proxy-server",
-                &format!("127.0.0.1:{}", principal.resource_proxy_port),
-                "--argocd-namespace",
-                &argocd_ns,
-            ])?;
-            let kubeconfig = proxy_kubeconfig(
-                &planes.hub,
-                &argocd_ns,
-                &name,
-                principal.resource_proxy_port,
-                &ctx.dir,
-            )
-            .await?;
+            if !options.self_registered.contains(&i) {
+                agentctl(&[
+                    "agent",
+                    "create",
+                    &name,
+                    "--dir",
+                    pki.dir.to_str().expect("utf-8 path"),
+                    "--kubeconfig",
+                    planes.hub.kubeconfig.to_str().expect("utf-8 path"),
+                    "--resource-proxy-server",
+                    &format!("127.0.0.1:{}", principal.resource_proxy_port),
+                    "--argocd-namespace",
+                    &argocd_ns,
+                ])?;
+            }
+            let mut agent_args = vec![format!("--redis-address={}", redis.address())];
+            agent_args.extend(options.agent_args.iter().cloned());
+            let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
             let agent = Agent::start(
                 &name,
                 &ctx.dir,
@@ -81,19 +124,32 @@ impl LiveFleet {
                 &pki,
                 &principal.address(),
                 &ctx.unique("spoke-argocd"),
-                &[&format!("--redis-address={}", redis.address())],
+                &agent_args,
             )
             .await?;
             agents.push(agent);
             spoke_redis.push(redis);
-            kubeconfigs.push(kubeconfig);
         }
         for a in &agents {
             a.wait_connected().await?;
         }
+        let mut kubeconfigs = Vec::new();
+        for a in &agents {
+            kubeconfigs.push(
+                proxy_kubeconfig(
+                    &planes.hub,
+                    &argocd_ns,
+                    &a.name,
+                    principal.resource_proxy_port,
+                    &ctx.dir,
+                )
+                .await?,
+            );
+        }
         Ok(LiveFleet {
             ctx,
-            _pki: pki,
+            pki,
+            argocd_ns,
             principal,
             agents,
             spoke_redis,
@@ -134,8 +190,9 @@ impl LiveFleet {
     }
 }
 
-/// A kubeconfig for the resource proxy with the client certificate from agent `name`'s Argo CD
-/// cluster secret (as the hub's Argo CD would use it).
+/// A kubeconfig for the resource proxy with the credentials from agent `name`'s Argo CD cluster
+/// secret (as the hub's Argo CD would use them: client certificate, and the bearer token of a
+/// self-registered cluster); waits for the secret to exist.
 async fn proxy_kubeconfig(
     hub: &e2e::ControlPlane,
     argocd_ns: &str,
@@ -144,7 +201,13 @@ async fn proxy_kubeconfig(
     dir: &Path,
 ) -> anyhow::Result<PathBuf> {
     let secrets: Api<Secret> = Api::namespaced(hub.client().await?, argocd_ns);
-    let secret = secrets.get(&format!("cluster-{name}")).await?;
+    let secret_name = format!("cluster-{name}");
+    let secret = wait_until(
+        &format!("cluster secret {secret_name}"),
+        Duration::from_secs(60),
+        || secrets.get_opt(&secret_name),
+    )
+    .await?;
     let data = secret.data.unwrap_or_default();
     let config: Value = serde_json::from_slice(&data["config"].0)?;
     let server = String::from_utf8(data["server"].0.clone())?;
@@ -153,12 +216,16 @@ async fn proxy_kubeconfig(
         "cluster URL {server}"
     );
     let tls = &config["tlsClientConfig"];
+    let mut user = json!({"client-certificate-data": tls["certData"],
+        "client-key-data": tls["keyData"]});
+    if let Some(token) = config["bearerToken"].as_str() {
+        user["token"] = token.into();
+    }
     let kubeconfig = json!({
         "apiVersion": "v1", "kind": "Config", "current-context": "proxy",
         "clusters": [{"name": "proxy", "cluster": {"server": format!("https://127.0.0.1:{port}"),
             "certificate-authority-data": tls["caData"]}}],
-        "users": [{"name": "argocd", "user": {"client-certificate-data": tls["certData"],
-            "client-key-data": tls["keyData"]}}],
+        "users": [{"name": "argocd", "user": user}],
         "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "argocd"}}],
     });
     let path = dir.join(format!("proxy-{name}.kubeconfig"));
@@ -489,5 +556,641 @@ async fn redis_cli_reads_an_agents_cache_through_the_proxy_and_the_rest_from_the
     )
     .await;
     seen?;
+    Ok(())
+}
+
+/// Lines of history the log endpoint holds per container, one a minute up to now.
+const LOG_HISTORY: u32 = 100;
+
+/// What the test's log endpoint saw.
+#[derive(Default)]
+struct LogStats {
+    /// Every request's query string.
+    queries: std::sync::Mutex<Vec<String>>,
+    /// Follow streams open now.
+    follows_open: AtomicUsize,
+    /// Follow streams whose client went away.
+    follows_closed: AtomicUsize,
+}
+
+/// A Kubernetes-shaped container log endpoint for the agent's `--log-endpoint` (no kubelet exists
+/// on the test planes, so the spoke apiserver cannot serve `pods/log`). `GET
+/// /api/v1/namespaces/{ns}/pods/{pod}/log` serves [`LOG_HISTORY`] numbered lines per container
+/// (`web` by default, or `sidecar`), line `i` written `(100-i)` minutes and 30 s ago, and honours
+/// `container`, `tailLines`, `sinceSeconds`, `timestamps`, `limitBytes` and `follow` (then a
+/// `live` line every 200 ms until the client goes away, which it notices and counts).
+struct LogEndpoint {
+    url: String,
+    stats: Arc<LogStats>,
+}
+
+type LogBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>;
+
+impl LogEndpoint {
+    async fn start() -> anyhow::Result<LogEndpoint> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let stats = Arc::new(LogStats::default());
+        let served = stats.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let stats = served.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let stats = stats.clone();
+                        async move { Ok::<_, std::convert::Infallible>(serve_log(&stats, &req)) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                        .await;
+                });
+            }
+        });
+        Ok(LogEndpoint { url, stats })
+    }
+
+    fn requests(&self) -> usize {
+        self.stats.queries.lock().unwrap().len()
+    }
+}
+
+fn log_response(status: u16, content_type: &str, body: LogBody) -> http::Response<LogBody> {
+    http::Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, content_type)
+        .body(body)
+        .expect("valid response")
+}
+
+fn full_body(text: String) -> LogBody {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(bytes::Bytes::from(text)).boxed()
+}
+
+fn rfc3339(unix: i64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp(unix).expect("valid time");
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year(),
+        t.month() as u8,
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
+fn serve_log<B>(stats: &Arc<LogStats>, req: &http::Request<B>) -> http::Response<LogBody> {
+    let segs: Vec<&str> = req.uri().path().split('/').collect();
+    if !matches!(
+        segs.as_slice(),
+        ["", "api", "v1", "namespaces", _, "pods", _, "log"]
+    ) {
+        return log_response(404, "text/plain", full_body("not a pods/log path".into()));
+    }
+    let query = req.uri().query().unwrap_or_default().to_string();
+    stats.queries.lock().unwrap().push(query.clone());
+    let params: std::collections::HashMap<&str, &str> =
+        query.split('&').filter_map(|p| p.split_once('=')).collect();
+    let container = params
+        .get("container")
+        .copied()
+        .unwrap_or("web")
+        .to_string();
+    if container != "web" && container != "sidecar" {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "BadRequest", "code": 400,
+            "message": format!("container {container} is not valid for this pod")});
+        return log_response(400, "application/json", full_body(status.to_string()));
+    }
+    let number = |k: &str| params.get(k).and_then(|v| v.parse::<i64>().ok());
+    let stamps = params.get("timestamps") == Some(&"true");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs() as i64;
+    let line = move |text: String, at: i64| {
+        if stamps {
+            format!("{} {text}\n", rfc3339(at))
+        } else {
+            format!("{text}\n")
+        }
+    };
+    let mut history: Vec<String> = (1..=LOG_HISTORY)
+        .map(|i| (i, i64::from(LOG_HISTORY - i) * 60 + 30))
+        .filter(|(_, age)| number("sinceSeconds").is_none_or(|since| *age <= since))
+        .map(|(i, age)| line(format!("{container} line {i:03}"), now - age))
+        .collect();
+    if let Some(tail) = number("tailLines") {
+        let keep = usize::try_from(tail.max(0)).unwrap_or(0);
+        history.drain(..history.len().saturating_sub(keep));
+    }
+    let mut text = history.concat();
+    if let Some(limit) = number("limitBytes") {
+        text.truncate(usize::try_from(limit.max(0)).unwrap_or(0));
+    }
+    if params.get("follow") != Some(&"true") {
+        return log_response(200, "text/plain", full_body(text));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(4);
+    let stats = stats.clone();
+    tokio::spawn(async move {
+        stats.follows_open.fetch_add(1, Ordering::SeqCst);
+        let mut sent = tx.send(text.into()).await.is_ok();
+        let mut n = 0;
+        while sent {
+            n += 1;
+            let next = line(format!("{container} live {n}"), now);
+            tokio::select! {
+                () = tx.closed() => sent = false,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {
+                    sent = tx.send(next.into()).await.is_ok();
+                }
+            }
+        }
+        stats.follows_open.fetch_sub(1, Ordering::SeqCst);
+        stats.follows_closed.fetch_add(1, Ordering::SeqCst);
+    });
+    let frames = futures::stream::unfold(rx, |mut rx| async move {
+        let chunk = rx.recv().await?;
+        Some((
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk)),
+            rx,
+        ))
+    });
+    use http_body_util::BodyExt;
+    log_response(
+        200,
+        "text/plain",
+        http_body_util::StreamBody::new(frames).boxed(),
+    )
+}
+
+/// A Pod as a Deployment Argo CD manages would have made it (`tracked`: with its instance label);
+/// it stays Pending (no scheduler or kubelet).
+fn pod(name: &str, ns: &str, tracked: bool) -> anyhow::Result<Pod> {
+    let mut labels = json!({"app": "web"});
+    if tracked {
+        labels["app.kubernetes.io/instance"] = "guestbook".into();
+    }
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "labels": labels,
+            "annotations": {"kubectl.kubernetes.io/default-container": "web"}},
+        "spec": {"automountServiceAccountToken": false,
+            "containers": [{"name": "web", "image": "nginx"},
+            {"name": "sidecar", "image": "busybox"}]}
+    }))?)
+}
+
+/// Lines of a log output.
+fn lines(out: &str) -> Vec<&str> {
+    out.lines().collect()
+}
+
+/// A plain HTTP/1.1 GET through the resource proxy with the given client certificate and, if
+/// any, bearer token; returns (status, body).
+async fn proxy_get(
+    fleet: &LiveFleet,
+    identity: (&str, &str),
+    path: &str,
+    bearer: Option<&str>,
+) -> anyhow::Result<(u16, Value)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tls = e2e::gateway::client_tls(&fleet.pki, Some(identity), &[b"http/1.1"])?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    let tcp =
+        tokio::net::TcpStream::connect(("127.0.0.1", fleet.principal.resource_proxy_port)).await?;
+    let mut s = connector
+        .connect(rustls::pki_types::ServerName::try_from("localhost")?, tcp)
+        .await?;
+    let auth = bearer
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    // Read until the whole body (Content-Length) is in; the close may come without close_notify.
+    let (status, body) = loop {
+        let n = tokio::time::timeout(Duration::from_secs(60), s.read(&mut chunk))
+            .await?
+            .unwrap_or(0);
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(usize::MAX);
+            if body.len() >= length || n == 0 {
+                let status = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(0);
+                break (status, body.to_string());
+            }
+        }
+        anyhow::ensure!(n > 0, "the proxy closed the connection early: {text}");
+    };
+    Ok((
+        status,
+        serde_json::from_str(&body).unwrap_or(Value::String(body)),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_logs_tunnel_tail_since_container_and_follow_and_a_gone_client_closes_the_source(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let endpoint = LogEndpoint::start().await?;
+    let fleet = LiveFleet::start_with(
+        "live_logs",
+        planes,
+        FleetOptions {
+            agent_args: vec![format!("--log-endpoint={}", endpoint.url)],
+            ..FleetOptions::default()
+        },
+    )
+    .await?;
+    let ns = fleet.ctx.unique("guestbook");
+    let spoke1 = planes.spokes[0].client().await?;
+    ensure_namespace(&spoke1, &ns).await?;
+    // No controller-manager makes the namespace's default ServiceAccount; Pod admission needs it
+    // (and the Pods mount no token, which nothing would issue).
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
+    Api::<ServiceAccount>::namespaced(spoke1.clone(), &ns)
+        .create(&PostParams::default(), &sa)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(spoke1, &ns);
+    pods.create(&PostParams::default(), &pod("web-1", &ns, true)?)
+        .await?;
+    pods.create(&PostParams::default(), &pod("untracked-1", &ns, false)?)
+        .await?;
+
+    // --tail: exactly the last N lines of the container asked for, through principal and agent.
+    let (ok, out, err) =
+        fleet.kubectl(0, &["logs", "-n", &ns, "web-1", "-c", "web", "--tail=3"])?;
+    assert!(ok, "kubectl logs --tail: {err}");
+    assert_eq!(
+        lines(&out),
+        ["web line 098", "web line 099", "web line 100"]
+    );
+    let (ok, out, err) = fleet.kubectl(
+        0,
+        &["logs", "-n", &ns, "web-1", "-c", "sidecar", "--tail=2"],
+    )?;
+    assert!(ok, "kubectl logs -c sidecar: {err}");
+    assert_eq!(lines(&out), ["sidecar line 099", "sidecar line 100"]);
+    // Without -c kubectl picks the default container; the whole history arrives.
+    let (ok, out, err) = fleet.kubectl(0, &["logs", "-n", &ns, "web-1"])?;
+    assert!(ok, "kubectl logs: {err}");
+    assert_eq!(lines(&out).len(), LOG_HISTORY as usize);
+    // --since: lines of the last five minutes (written 4m30s ... 30s ago).
+    let (ok, out, err) =
+        fleet.kubectl(0, &["logs", "-n", &ns, "web-1", "-c", "web", "--since=5m"])?;
+    assert!(ok, "kubectl logs --since: {err}");
+    assert_eq!(
+        lines(&out),
+        [
+            "web line 096",
+            "web line 097",
+            "web line 098",
+            "web line 099",
+            "web line 100"
+        ]
+    );
+    let (ok, out, err) = fleet.kubectl(
+        0,
+        &[
+            "logs",
+            "-n",
+            &ns,
+            "web-1",
+            "-c",
+            "web",
+            "--tail=1",
+            "--timestamps",
+        ],
+    )?;
+    assert!(ok, "kubectl logs --timestamps: {err}");
+    assert!(
+        out.trim_end().ends_with("Z web line 100"),
+        "timestamped line: {out}"
+    );
+    {
+        let queries = endpoint.stats.queries.lock().unwrap();
+        assert!(
+            queries
+                .iter()
+                .any(|q| q.contains("sinceSeconds=300") && q.contains("container=web")),
+            "the agent passes the options on: {queries:?}"
+        );
+    }
+
+    // An untracked pod's logs are refused with a 403 Status, before the source is asked.
+    let before = endpoint.requests();
+    let (cert, key) = agent_identity(&fleet.pki, &fleet.agents[0].name)?;
+    let (status, body) = proxy_get(
+        &fleet,
+        (&cert, &key),
+        &format!("/api/v1/namespaces/{ns}/pods/untracked-1/log?container=web"),
+        None,
+    )
+    .await?;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["kind"], "Status");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not managed by Argo CD"),
+        "{body}"
+    );
+    let (ok, _, err) = fleet.kubectl(0, &["logs", "-n", &ns, "untracked-1", "-c", "web"])?;
+    assert!(!ok && err.contains("not managed by Argo CD"), "{err}");
+    // Agent 2's certificate reaches agent 2's cluster, where agent 1's pod does not exist.
+    let (ok, _, err) = fleet.kubectl(1, &["logs", "-n", &ns, "web-1", "-c", "web"])?;
+    assert!(
+        !ok && err.contains("not found"),
+        "agent 2 reading agent 1's pod: {err}"
+    );
+    let (cert2, key2) = agent_identity(&fleet.pki, &fleet.agents[1].name)?;
+    let (status, body) = proxy_get(
+        &fleet,
+        (&cert2, &key2),
+        &format!("/api/v1/namespaces/{ns}/pods/web-1/log?container=web"),
+        None,
+    )
+    .await?;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        endpoint.requests(),
+        before,
+        "no refused request reached the source"
+    );
+
+    // -f: lines keep arriving; when kubectl goes away the source's stream is closed.
+    let mut follow = tokio::process::Command::new(system_binary("kubectl", "kubernetes-client")?)
+        .arg(format!("--kubeconfig={}", fleet.kubeconfigs[0].display()))
+        .args(["logs", "-f", "-n", &ns, "web-1", "-c", "web", "--tail=1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let out = Arc::new(tokio::sync::Mutex::new(tokio::io::BufReader::new(
+        follow.stdout.take().expect("piped"),
+    )));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    wait_until(
+        "three live lines through kubectl logs -f",
+        Duration::from_secs(60),
+        || {
+            let (out, seen) = (out.clone(), seen.clone());
+            async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut out = out.lock().await;
+                let mut line = String::new();
+                if let Ok(Ok(n)) =
+                    tokio::time::timeout(Duration::from_millis(500), out.read_line(&mut line)).await
+                {
+                    anyhow::ensure!(n > 0, "kubectl logs -f ended");
+                    seen.lock().unwrap().push(line.trim_end().to_string());
+                }
+                let live = seen
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|l| l.contains(" live "))
+                    .count();
+                Ok::<_, anyhow::Error>((live >= 3).then_some(()))
+            }
+        },
+    )
+    .await?;
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(
+            seen[0], "web line 100",
+            "--tail=1 then the live lines: {seen:?}"
+        );
+        assert_eq!(&seen[1..4], ["web live 1", "web live 2", "web live 3"]);
+    }
+    assert_eq!(endpoint.stats.follows_open.load(Ordering::SeqCst), 1);
+    follow.kill().await?;
+    let killed = std::time::Instant::now();
+    let stats = endpoint.stats.clone();
+    wait_until(
+        "the log source sees its follow stream closed",
+        Duration::from_secs(10),
+        || {
+            let stats = stats.clone();
+            async move {
+                Ok::<_, anyhow::Error>(
+                    (stats.follows_closed.load(Ordering::SeqCst) == 1
+                        && stats.follows_open.load(Ordering::SeqCst) == 0)
+                        .then_some(()),
+                )
+            }
+        },
+    )
+    .await?;
+    println!(
+        "measurement: kubectl killed -> log source stream closed in {} ms",
+        killed.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// A JWT signed with the PEM private key `pem` (EC P-256 → ES256, RSA → RS512, as the principal).
+fn sign_jwt(pem: &str, claims: &Value) -> anyhow::Result<String> {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let (alg, key) = match EncodingKey::from_ec_pem(pem.as_bytes()) {
+        Ok(k) => (Algorithm::ES256, k),
+        Err(_) => (Algorithm::RS512, EncodingKey::from_rsa_pem(pem.as_bytes())?),
+    };
+    Ok(jsonwebtoken::encode(&Header::new(alg), claims, &key)?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_registered_cluster_is_reached_with_its_bearer_token_and_bad_tokens_get_401(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let fleet = LiveFleet::start_with(
+        "live_self_registration",
+        planes,
+        FleetOptions {
+            self_registered: vec![0],
+            ..FleetOptions::default()
+        },
+    )
+    .await?;
+    let (agent1, agent2) = (fleet.agents[0].name.clone(), fleet.agents[1].name.clone());
+    let secrets: Api<Secret> = Api::namespaced(planes.hub.client().await?, &fleet.argocd_ns);
+
+    // Agent 1 connected without a cluster secret: the principal made one.
+    let secret = secrets.get(&format!("cluster-{agent1}")).await?;
+    let labels = secret.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels["argocd.argoproj.io/secret-type"], "cluster");
+    assert_eq!(labels["argocd-agent.argoproj-labs.io/agent-name"], agent1);
+    assert_eq!(
+        labels["argocd-agent.argoproj-labs.io/self-registered-cluster"],
+        "true"
+    );
+    let data = secret.data.clone().unwrap_or_default();
+    assert_eq!(
+        String::from_utf8(data["server"].0.clone())?,
+        format!(
+            "https://127.0.0.1:{}?agentName={agent1}",
+            fleet.principal.resource_proxy_port
+        )
+    );
+    let config: Value = serde_json::from_slice(&data["config"].0)?;
+    let token = config["bearerToken"]
+        .as_str()
+        .expect("bearer token")
+        .to_string();
+    let (shared_cert, shared_key) = {
+        use base64::Engine;
+        let b64 = |v: &Value| -> anyhow::Result<String> {
+            Ok(String::from_utf8(
+                base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap_or_default())?,
+            )?)
+        };
+        let tls = &config["tlsClientConfig"];
+        (b64(&tls["certData"])?, b64(&tls["keyData"])?)
+    };
+    let shared = secrets
+        .get(SHARED_CLIENT_SECRET)
+        .await?
+        .data
+        .unwrap_or_default();
+    assert_eq!(
+        shared_cert.as_bytes(),
+        shared["tls.crt"].0,
+        "the shared certificate"
+    );
+
+    // Agent 2's secret (made by argocd-agentctl) is left as it was.
+    let principal_log = fleet.principal.process.log_path().to_path_buf();
+    let agent2_line = format!("agent={agent2}");
+    wait_until(
+        "self-registration looked at agent 2's existing secret",
+        Duration::from_secs(60),
+        || {
+            let (path, needle) = (principal_log.clone(), agent2_line.clone());
+            async move {
+                let text = std::fs::read_to_string(path)?;
+                Ok::<_, anyhow::Error>(
+                    text.lines()
+                        .any(|l| l.contains(&needle) && l.contains("leaves it alone"))
+                        .then_some(()),
+                )
+            }
+        },
+    )
+    .await?;
+    let secret2 = secrets.get(&format!("cluster-{agent2}")).await?;
+    assert!(!secret2
+        .metadata
+        .labels
+        .unwrap_or_default()
+        .contains_key("argocd-agent.argoproj-labs.io/self-registered-cluster"));
+    let config2: Value = serde_json::from_slice(&secret2.data.unwrap_or_default()["config"].0)?;
+    assert!(config2.get("bearerToken").is_none(), "{config2}");
+
+    // Real kubectl with the secret's token and shared certificate reads agent 1's Deployment.
+    let ns = fleet.ctx.unique("guestbook");
+    for (i, spoke) in planes.spokes.iter().enumerate() {
+        let client = spoke.client().await?;
+        ensure_namespace(&client, &ns).await?;
+        let deploys: Api<DynamicObject> = Api::namespaced_with(client, &ns, &deployment_resource());
+        deploys
+            .create(
+                &PostParams::default(),
+                &deployment("web", &ns, true, &format!("spoke{}", i + 1)),
+            )
+            .await?;
+        if i == 1 {
+            deploys
+                .create(
+                    &PostParams::default(),
+                    &deployment("only-on-2", &ns, true, "spoke2"),
+                )
+                .await?;
+        }
+    }
+    let (ok, yaml, err) = fleet.kubectl(0, &["get", "deploy", "-n", &ns, "web", "-o", "yaml"])?;
+    assert!(ok, "kubectl with the self-registered secret: {err}");
+    let obj: Value = serde_yaml::from_str(&yaml)?;
+    assert_eq!(obj["metadata"]["annotations"]["marker"], "spoke1");
+    // Agent 1's token cannot read what only agent 2's cluster has.
+    let (ok, _, err) = fleet.kubectl(0, &["get", "deploy", "-n", &ns, "only-on-2"])?;
+    assert!(!ok && err.contains("not found"), "{err}");
+
+    // The token, not the certificate, names the agent: a valid token for agent 2 reaches agent 2.
+    let jwt_key = std::fs::read_to_string(fleet.pki.dir.join("jwt.key"))?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as i64;
+    let claims = |sub: &str, aud: &str, exp: i64| {
+        json!({"sub": sub, "iss": "argocd-agent-server", "aud": aud, "exp": exp,
+            "iat": now - 60, "nbf": now - 60, "jti": uuid::Uuid::new_v4().to_string()})
+    };
+    const AUDIENCE: &str = "argocd-agent-server-resource-proxy";
+    let only_on_2 = format!("/apis/apps/v1/namespaces/{ns}/deployments/only-on-2");
+    let shared_identity = (shared_cert.as_str(), shared_key.as_str());
+    let for_agent2 = sign_jwt(&jwt_key, &claims(&agent2, AUDIENCE, now + 300))?;
+    let (status, body) = proxy_get(&fleet, shared_identity, &only_on_2, Some(&for_agent2)).await?;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = proxy_get(&fleet, shared_identity, &only_on_2, Some(&token)).await?;
+    assert_eq!(status, 404, "agent 1's token on agent 2's object: {body}");
+
+    // Forged (another key), expired and wrong-audience tokens: 401 with a Status body.
+    let other_key = rcgen::KeyPair::generate()?.serialize_pem();
+    let bad_tokens = [
+        (
+            "forged",
+            sign_jwt(&other_key, &claims(&agent1, AUDIENCE, now + 300))?,
+        ),
+        (
+            "expired",
+            sign_jwt(&jwt_key, &claims(&agent1, AUDIENCE, now - 3600))?,
+        ),
+        (
+            "wrong audience",
+            sign_jwt(
+                &jwt_key,
+                &claims(&agent1, "argocd-agent-server-access", now + 300),
+            )?,
+        ),
+    ];
+    for (what, bad) in &bad_tokens {
+        let (status, body) = proxy_get(&fleet, shared_identity, "/api", Some(bad)).await?;
+        assert_eq!(status, 401, "{what} token: {body}");
+        assert_eq!(body["kind"], "Status", "{what} token: {body}");
+        assert_eq!(body["code"], 401, "{what} token: {body}");
+    }
+
+    // No token in the principal's log.
+    let log = std::fs::read_to_string(fleet.principal.process.log_path())?;
+    assert!(
+        !log.contains(&token),
+        "the principal logged the bearer token"
+    );
+    for (what, bad) in &bad_tokens {
+        assert!(
+            !log.contains(bad.as_str()),
+            "the principal logged the {what} token"
+        );
+    }
+    assert!(!log.contains("PRIVATE KEY"), "the principal logged a key");
     Ok(())
 }

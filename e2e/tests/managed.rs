@@ -353,6 +353,18 @@ async fn appprojects_reach_the_agents_they_name() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The principal's `/metrics` body.
+async fn principal_samples(port: u16) -> anyhow::Result<String> {
+    Ok(e2e::gateway::http_get(port, "/metrics").await?.1)
+}
+
+/// The value of the sample `series` (name with labels) in a metrics body; 0 when absent.
+fn sample(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 #[tokio::test]
 async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     let planes = shared_planes().await;
@@ -393,6 +405,59 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     )
     .await?;
     wait_gone(&spoke1, "remove", "delete made while the agent was down").await?;
+
+    // Agent restart with nothing changed: the resync is checksums only, so the principal does not
+    // resend the N objects (before: one spec-update per object on every connect).
+    const UNCHANGED: usize = 20;
+    for i in 0..UNCHANGED {
+        hub1.create(
+            &PostParams::default(),
+            &application(&format!("same-{i}"), &ns, "v1"),
+        )
+        .await?;
+    }
+    for i in 0..UNCHANGED {
+        wait_for(
+            &spoke1,
+            &format!("same-{i}"),
+            "unchanged set synced",
+            |_| true,
+        )
+        .await?;
+    }
+    let port = fleet.principal.ops_port;
+    let spec_updates_sent = "principal_events_sent_total{event_type=\"spec-update\"}";
+    let lists_received =
+        "principal_events_received_total{event_type=\"request-synced-resource-list\"}";
+    let updates_received = "principal_events_received_total{event_type=\"request-update\"}";
+    let before = principal_samples(port).await?;
+    fleet.agents[0].process.kill();
+    fleet.agents[0].process.start_again()?;
+    fleet.agents[0].wait_connected().await?;
+    wait_until("the restarted agent's checksum resync", WAIT, || async {
+        let now = principal_samples(port).await?;
+        let grew = |k: &str| sample(&now, k) - sample(&before, k);
+        Ok::<_, anyhow::Error>(
+            (grew(lists_received) >= 1.0 && grew(updates_received) >= UNCHANGED as f64)
+                .then_some(()),
+        )
+    })
+    .await?;
+    // A later change still flows, and by then the resync answers were sent.
+    hub1.create(&PostParams::default(), &application("marker", &ns, "v1"))
+        .await?;
+    wait_for(&spoke1, "marker", "change after the resync", |_| true).await?;
+    let after = principal_samples(port).await?;
+    let creates_sent = "principal_events_sent_total{event_type=\"create\"}";
+    assert!(
+        sample(&after, creates_sent) > sample(&before, creates_sent),
+        "the principal counts the events it sends (the marker's create)"
+    );
+    let resent = sample(&after, spec_updates_sent) - sample(&before, spec_updates_sent);
+    assert!(
+        resent < UNCHANGED as f64,
+        "an agent restart with nothing changed made the principal send {resent} spec-updates for {UNCHANGED} unchanged Applications"
+    );
 
     // Principal down: the hub changes; agents reconnect to the new principal and converge.
     fleet.principal.process.kill();

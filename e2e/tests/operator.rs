@@ -2,15 +2,20 @@
 //! (`--enable-operator=true`) on a hub plane with the OCM and Argo CD CRDs and the GitOpsCluster CRD
 //! generated from the operator's type: ManagedClusters selected by a Placement get certificates,
 //! Argo CD cluster secrets and agent ManifestWorks; an agent started from a ManifestWork's payload
-//! connects and receives hub Applications; clusters leaving the decision are offboarded; a rotated
-//! CA gets every certificate reissued and the agent reconnects without a restart; deleting the
-//! GitOpsCluster leaves nothing behind; bad input is reported in the status.
+//! connects and receives hub Applications; `argocd-agentctl fleet status` shows it connected; an
+//! agent whose key never leaves its cluster gets its certificate through an add-on
+//! CertificateSigningRequest the operator signs (and refuses the CSRs it must not sign); clusters
+//! leaving the decision are offboarded; a rotated CA gets every certificate reissued and the
+//! principal and agent pick up their new files without a restart (same PIDs) and reconnect;
+//! deleting the GitOpsCluster leaves nothing behind; bad input is reported in the status.
 //!
 //! OCM's controllers do not run: the test plays the placement controller (writes the
 //! PlacementDecision) and the work agent (applies the ManifestWork payload on the spoke, starts
 //! `argocd-agent` as a process with the certificate and config from that payload, and reports the
-//! agent's readiness back as status feedback). The principal reads its TLS from files, so the test
-//! copies the operator's Secrets into them (the principal reloads changed files by itself).
+//! agent's readiness back as status feedback) and OCM's add-on registration agent (makes the agent
+//! key on the spoke side and submits a CSR as the cluster's add-on identity, by impersonation). The
+//! principal reads its TLS from files, so the test copies the operator's Secrets into them (the
+//! principal reloads changed files by itself).
 //! One test function: a second operator on the shared hub would reconcile the same GitOpsClusters.
 
 use std::path::Path;
@@ -21,15 +26,17 @@ use argocd_agent_operator::gitops::agent_work::{
     PARAM_NAMESPACE, PARAM_SERVER_ADDRESS, PARAM_SERVER_PORT,
 };
 use argocd_agent_operator::gitops::crd::GitOpsCluster;
+use argocd_agent_operator::gitops::csr::{ADDON_SIGNER, CSR_CLUSTER_LABEL};
 use argocd_agent_operator::pki::secrets::{
-    AGENT_CLIENT_TLS_SECRET, CA_CERT_KEY, TLS_CERT_KEY, TLS_KEY_KEY,
+    AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET, CA_CERT_KEY, TLS_CERT_KEY, TLS_KEY_KEY,
 };
-use argocd_agent_operator::pki::{days, CertificateAuthority};
+use argocd_agent_operator::pki::{days, inspect, CertificateAuthority};
 use argocd_agent_operator::pull::manifestwork::ManifestWork;
 use e2e::binaries::project_binary;
 use e2e::gateway::{application, application_resource, ensure_namespace, http_get, Pki, Principal};
 use e2e::ports::free_port;
 use e2e::{shared_planes, wait_until, ManagedProcess, ProcessSpec, TestContext};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -150,12 +157,14 @@ fn write_agent_files(dir: &Path, work: &ManifestWork) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts `argocd-agent` with the config carried by the payload's ConfigMap.
+/// Starts `argocd-agent` with the config carried by the payload's ConfigMap and the certificate
+/// files (tls.crt, tls.key, ca.crt) already in `dir`.
 fn start_agent(
     ctx: &TestContext,
     name: &str,
     spoke_kubeconfig: &Path,
     work: &ManifestWork,
+    dir: &Path,
 ) -> anyhow::Result<(ManagedProcess, u16)> {
     let params = work
         .spec
@@ -165,8 +174,6 @@ fn start_agent(
         .find(|m| m["kind"] == "ConfigMap" && m["metadata"]["name"] == AGENT_PARAMS_CONFIGMAP)
         .ok_or_else(|| anyhow::anyhow!("payload lacks the params ConfigMap"))?;
     let p = |k: &str| params["data"][k].as_str().unwrap_or_default().to_string();
-    let dir = ctx.dir.join(format!("agent-{name}"));
-    write_agent_files(&dir, work)?;
     let ops_port = free_port();
     let spec = ProcessSpec::new(
         format!("agent-{name}"),
@@ -200,6 +207,88 @@ fn start_agent(
 
 async fn connected(port: u16) -> bool {
     matches!(http_get(port, "/metrics").await, Ok((_, body)) if body.lines().any(|l| l.starts_with("argocd_agent_connection_status") && l.ends_with(" 1")))
+}
+
+/// The agent's `argocd_agent_connections_total` (streams established since it started).
+async fn connections(port: u16) -> Option<u64> {
+    let (_, body) = http_get(port, "/metrics").await.ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("argocd_agent_connections_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// Plays OCM's add-on registration agent: a key made here (the spoke side) and a CSR for it.
+/// `sans` are extra subject alternative names (the operator must refuse them).
+fn agent_key_and_csr(cn: &str, sans: &[&str]) -> anyhow::Result<(String, String)> {
+    let key = rcgen::KeyPair::generate()?;
+    let mut params =
+        rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    let csr = params.serialize_request(&key)?;
+    Ok((key.serialize_pem(), csr.pem()?))
+}
+
+/// Submits an add-on CSR to the hub as `user` (impersonated from the admin kubeconfig, in the
+/// add-on's group as OCM's registration agent would be).
+#[allow(clippy::too_many_arguments)]
+async fn submit_csr(
+    hub_config: &kube::Config,
+    name: &str,
+    cluster_label: &str,
+    user: &str,
+    signer: &str,
+    usages: &[&str],
+    csr_pem: &str,
+) -> anyhow::Result<()> {
+    let mut config = hub_config.clone();
+    config.auth_info.impersonate = Some(user.to_string());
+    config.auth_info.impersonate_groups = Some(vec![
+        ADDON_GROUP.to_string(),
+        "system:authenticated".to_string(),
+    ]);
+    let api: Api<CertificateSigningRequest> = Api::all(kube::Client::try_from(config)?);
+    let csr: CertificateSigningRequest = serde_json::from_value(json!({
+        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+        "metadata": {"name": name, "labels": {CSR_CLUSTER_LABEL: cluster_label,
+                     "open-cluster-management.io/addon-name": "argocd-agent-addon"}},
+        "spec": {"signerName": signer, "usages": usages,
+                 "request": k8s_openapi::ByteString(csr_pem.as_bytes().to_vec())}
+    }))?;
+    api.create(&PostParams::default(), &csr).await?;
+    Ok(())
+}
+
+/// The group OCM puts add-on registration agents in (bound to CSR creation for the test).
+const ADDON_GROUP: &str = "system:open-cluster-management:addon:argocd-agent-addon";
+
+/// The add-on user OCM's registration agent of `cluster` acts as.
+fn addon_user(cluster: &str) -> String {
+    format!("system:open-cluster-management:{cluster}:addon:argocd-agent-addon:agent:argocd-agent-addon-agent")
+}
+
+/// (type, reason, message) of a CSR's Approved/Denied/Failed condition, and its certificate.
+fn csr_outcome(
+    csr: &CertificateSigningRequest,
+) -> (Option<(String, String, String)>, Option<String>) {
+    let status = csr.status.as_ref();
+    let cond = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.first())
+        .map(|c| {
+            (
+                c.type_.clone(),
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        });
+    let cert = status
+        .and_then(|s| s.certificate.as_ref())
+        .map(|c| String::from_utf8_lossy(&c.0).into_owned());
+    (cond, cert)
 }
 
 /// Plays the work agent's status feedback: Applied, and the Deployment's ready replicas.
@@ -354,8 +443,15 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them() -> anyhow
     let spoke1 = planes.spokes[0].client().await?;
     apply_payload(&spoke1, &work1).await?;
     ensure_namespace(&spoke1, &spoke_ns).await?;
-    let (mut agent, agent_port) =
-        start_agent(&ctx, &clusters[0], &planes.spokes[0].kubeconfig, &work1)?;
+    let agent1_dir = ctx.dir.join(format!("agent-{}", clusters[0]));
+    write_agent_files(&agent1_dir, &work1)?;
+    let (mut agent, agent_port) = start_agent(
+        &ctx,
+        &clusters[0],
+        &planes.spokes[0].kubeconfig,
+        &work1,
+        &agent1_dir,
+    )?;
     wait_until("agent from the ManifestWork connected", WAIT, || async {
         Ok::<_, anyhow::Error>(connected(agent_port).await.then_some(()))
     })
@@ -405,21 +501,285 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them() -> anyhow
         status.metadata.generation
     );
 
-    // Fleet status from the CLI.
-    let out = e2e::gateway::agentctl(&[
-        "fleet",
-        "status",
-        "--kubeconfig",
-        planes.hub.kubeconfig.to_str().unwrap(),
-        "-n",
-        &ns,
-        "--metrics-url",
-        &format!("http://127.0.0.1:{}/metrics", principal.ops_port),
-    ])?;
+    // Fleet status from the CLI, joined with the principal's metrics.
+    let metrics_url = format!("http://127.0.0.1:{}/metrics", principal.ops_port);
+    let fleet = |output: &'static str| {
+        let (kubeconfig, ns, metrics_url) = (
+            planes.hub.kubeconfig.to_str().unwrap().to_string(),
+            ns.clone(),
+            metrics_url.clone(),
+        );
+        move || {
+            e2e::gateway::agentctl(&[
+                "fleet",
+                "status",
+                "--kubeconfig",
+                &kubeconfig,
+                "-n",
+                &ns,
+                "--principal-metrics",
+                &metrics_url,
+                "-o",
+                output,
+            ])
+        }
+    };
+    let table = fleet("text")()?;
     assert!(
-        out.contains(&clusters[0]) && out.contains(&clusters[1]),
-        "{out}"
+        table.contains(&clusters[0]) && table.contains(&clusters[1]),
+        "{table}"
     );
+    let json_fleet = fleet("json");
+    let row = wait_until("fleet status shows cluster 1 connected", WAIT, || async {
+        let rows: Value = serde_json::from_str(&json_fleet()?)?;
+        Ok::<_, anyhow::Error>(
+            rows.as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["name"] == clusters[0].as_str() && r["connected"] == true)
+                .cloned(),
+        )
+    })
+    .await?;
+    assert_eq!(row["mode"], "managed", "{row}");
+    assert_eq!(row["registered"], true, "{row}");
+    let expiry = row["certExpiry"].as_str().unwrap_or_default();
+    assert!(
+        expiry
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .is_ok_and(|t| t > k8s_openapi::jiff::Timestamp::now()),
+        "cert expiry in the future: {row}"
+    );
+    assert!(row["queueDepth"].is_u64(), "{row}");
+
+    // The CSR path: a GitOpsCluster without the key fallback; cluster 3's agent makes its key on
+    // its side and gets its certificate signed through an add-on CSR.
+    let c3 = ctx.unique("c3");
+    mc_api.create(&PostParams::default(), &serde_json::from_value(
+        json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": c3}, "spec": {"hubAcceptsClient": true}}),
+    )?).await?;
+    ensure_namespace(&hub, &c3).await?;
+    placements.create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement", "metadata": {"name": "addon", "namespace": ns}, "spec": {}}))?).await?;
+    decisions.create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision", "metadata": {"name": "addon-decision-1", "namespace": ns, "labels": {"cluster.open-cluster-management.io/placement": "addon"}}}))?).await?;
+    set_decision(&hub, &ns, "addon-decision-1", &[&c3]).await?;
+    gocs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "apps.open-cluster-management.io/v1alpha1", "kind": "GitOpsCluster",
+            "metadata": {"name": "addon", "namespace": ns},
+            "spec": {"placementRef": {"kind": "Placement", "name": "addon"},
+                     "argoCDAgentAddon": {"mode": "managed", "principalServerAddress": "127.0.0.1",
+                                          "principalServerPort": principal.grpc_port.to_string(),
+                                          "agentNamespace": spoke_ns}}
+        }))?,
+    )
+    .await?;
+    let work3 = wait_work(&hub, &c3, |_| true).await?;
+    assert!(
+        payload_secret_text(&work3, AGENT_CLIENT_TLS_SECRET, TLS_KEY_KEY).is_none()
+            && !serde_json::to_string(&work3.spec)?.contains("PRIVATE KEY"),
+        "no agent key in a CSR-mode ManifestWork"
+    );
+    let ca3 = payload_secret_text(&work3, AGENT_CA_SECRET, CA_CERT_KEY)
+        .ok_or_else(|| anyhow::anyhow!("payload lacks the CA"))?;
+
+    // The add-on identity may create CSRs (OCM's registration grants this).
+    let rbac_name = ctx.unique("addon-csr");
+    let roles: Api<DynamicObject> = Api::all_with(
+        hub.clone(),
+        &resource(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRole",
+            "clusterroles",
+        ),
+    );
+    roles.create(&PostParams::default(), &serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": rbac_name},
+        "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]}]
+    }))?).await?;
+    let bindings: Api<DynamicObject> = Api::all_with(
+        hub.clone(),
+        &resource(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+        ),
+    );
+    bindings.create(&PostParams::default(), &serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": rbac_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": rbac_name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": ADDON_GROUP}]
+    }))?).await?;
+
+    // Refusals first (each with its reason, nothing signed), and a CSR of another signer.
+    let hub_config = planes.hub.kube_config().await?;
+    let client_usages = ["digital signature", "key encipherment", "client auth"];
+    let (_, other_cn) = agent_key_and_csr(&clusters[0], &[])?;
+    let (_, own) = agent_key_and_csr(&c3, &[])?;
+    let (_, with_san) = agent_key_and_csr(&c3, &["evil.example.com"])?;
+    let refusals = [
+        (
+            "cn",
+            &c3,
+            addon_user(&c3),
+            ADDON_SIGNER,
+            &client_usages[..],
+            &other_cn,
+            "subject CN",
+        ),
+        (
+            "identity",
+            &c3,
+            addon_user(&clusters[0]),
+            ADDON_SIGNER,
+            &client_usages[..],
+            &own,
+            "requested by",
+        ),
+        (
+            "server-auth",
+            &c3,
+            addon_user(&c3),
+            ADDON_SIGNER,
+            &["digital signature", "server auth"][..],
+            &own,
+            "server auth",
+        ),
+        (
+            "san",
+            &c3,
+            addon_user(&c3),
+            ADDON_SIGNER,
+            &client_usages[..],
+            &with_san,
+            "subject alternative name",
+        ),
+    ];
+    for (suffix, label, user, signer, usages, pem, _) in &refusals {
+        submit_csr(
+            &hub_config,
+            &format!("{c3}-{suffix}"),
+            label,
+            user,
+            signer,
+            usages,
+            pem,
+        )
+        .await?;
+    }
+    let other_signer = format!("{c3}-other-signer");
+    submit_csr(
+        &hub_config,
+        &other_signer,
+        &c3,
+        &addon_user(&c3),
+        "example.com/other-signer",
+        &client_usages,
+        &own,
+    )
+    .await?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(hub.clone());
+    for (suffix, _, _, _, _, _, reason) in &refusals {
+        let name = format!("{c3}-{suffix}");
+        let csr = wait_until(&format!("CSR {name} denied"), WAIT, || async {
+            Ok::<_, kube::Error>(
+                csrs.get_opt(&name)
+                    .await?
+                    .filter(|c| csr_outcome(c).0.is_some()),
+            )
+        })
+        .await?;
+        let (cond, cert) = csr_outcome(&csr);
+        let (type_, _, message) = cond.unwrap();
+        assert_eq!(type_, "Denied", "{name}: {message}");
+        assert!(
+            message.contains(reason),
+            "{name}: {message:?} lacks {reason:?}"
+        );
+        assert!(cert.is_none(), "{name}: nothing signed");
+    }
+
+    // The good CSR: approved and signed; the agent starts with its own key and that certificate.
+    let (key3, csr3) = agent_key_and_csr(&c3, &[])?;
+    let good = format!("{c3}-agent");
+    submit_csr(
+        &hub_config,
+        &good,
+        &c3,
+        &addon_user(&c3),
+        ADDON_SIGNER,
+        &client_usages,
+        &csr3,
+    )
+    .await?;
+    let signed = wait_until("add-on CSR signed", WAIT, || async {
+        Ok::<_, kube::Error>(csrs.get_opt(&good).await?.and_then(|c| csr_outcome(&c).1))
+    })
+    .await?;
+    let (cond, _) = csr_outcome(&csrs.get(&good).await?);
+    assert_eq!(cond.unwrap().0, "Approved");
+    let info = inspect(&signed)?;
+    assert_eq!(info.subject_cn.as_deref(), Some(c3.as_str()));
+    assert!(info.sans.is_empty() && !info.is_ca, "{info:?}");
+    assert_eq!(
+        csr_outcome(&csrs.get(&other_signer).await?),
+        (None, None),
+        "a CSR of another signer is left alone"
+    );
+    let spoke2 = planes.spokes[1].client().await?;
+    apply_payload(&spoke2, &work3).await?;
+    ensure_namespace(&spoke2, &spoke_ns).await?;
+    let agent3_dir = ctx.dir.join(format!("agent-{c3}"));
+    std::fs::create_dir_all(&agent3_dir)?;
+    std::fs::write(agent3_dir.join("tls.crt"), &signed)?;
+    std::fs::write(agent3_dir.join("tls.key"), &key3)?;
+    std::fs::write(agent3_dir.join("ca.crt"), &ca3)?;
+    let (mut agent3, agent3_port) =
+        start_agent(&ctx, &c3, &planes.spokes[1].kubeconfig, &work3, &agent3_dir)?;
+    wait_until(
+        "agent with a CSR-signed certificate connected",
+        WAIT,
+        || async { Ok::<_, anyhow::Error>(connected(agent3_port).await.then_some(())) },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", agent3.log_tail(30)))?;
+    let hub_apps3: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &c3, &application_resource());
+    hub_apps3
+        .create(&PostParams::default(), &application("csr-app", &c3, "v1"))
+        .await?;
+    let spoke2_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke2.clone(), &spoke_ns, &application_resource());
+    wait_until("hub app on spoke 2 (CSR path)", WAIT, || async {
+        spoke2_apps.get_opt("csr-app").await
+    })
+    .await?;
+    agent3.stop();
+    gocs.delete("addon", &DeleteParams::default()).await?;
+    let works3: Api<ManifestWork> = Api::namespaced(hub.clone(), &c3);
+    wait_until("CSR-path cluster offboarded", WAIT, || async {
+        Ok::<_, kube::Error>(
+            works3
+                .get_opt(AGENT_WORK_NAME)
+                .await?
+                .is_none()
+                .then_some(()),
+        )
+    })
+    .await?;
+    for name in refusals
+        .iter()
+        .map(|r| format!("{c3}-{}", r.0))
+        .chain([other_signer, good])
+    {
+        csrs.delete(&name, &DeleteParams::default()).await?;
+    }
+    roles.delete(&rbac_name, &DeleteParams::default()).await?;
+    bindings
+        .delete(&rbac_name, &DeleteParams::default())
+        .await?;
 
     // Removing cluster 2 from the decision offboards it.
     set_decision(&hub, &ns, "all-decision-1", &[&clusters[0]]).await?;
@@ -487,17 +847,39 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them() -> anyhow
         })
     })
     .await?;
-    write_agent_files(&ctx.dir.join(format!("agent-{}", clusters[0])), &work1)?;
+    let pids = (principal.process.pid(), agent.pid());
+    let streams_before = connections(agent_port)
+        .await
+        .ok_or_else(|| anyhow::anyhow!("agent metrics lack argocd_agent_connections_total"))?;
+    write_agent_files(&agent1_dir, &work1)?;
     write_principal_files(&secrets, &pki, new_ca.cert_pem()).await?;
-    principal.process.restart()?;
-    principal.wait_ready().await?;
+    // No restart: the principal reloads its files, ends the streams authenticated under the old
+    // CA, and the agent reconnects with its reloaded certificate.
     wait_until(
         "agent reconnected with its reissued certificate",
         WAIT,
-        || async { Ok::<_, anyhow::Error>(connected(agent_port).await.then_some(())) },
+        || async {
+            Ok::<_, anyhow::Error>(
+                (connected(agent_port).await
+                    && connections(agent_port).await.unwrap_or(0) > streams_before)
+                    .then_some(()),
+            )
+        },
     )
     .await
-    .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.log_tail(30)))?;
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n{}\n{}",
+            agent.log_tail(30),
+            principal.process.log_tail(30)
+        )
+    })?;
+    assert_eq!(
+        (principal.process.pid(), agent.pid()),
+        pids,
+        "neither the principal nor the agent was restarted"
+    );
+    assert!(principal.process.is_running());
     hub_apps
         .create(
             &PostParams::default(),
@@ -510,6 +892,7 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them() -> anyhow
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.log_tail(30)))?;
     assert!(agent.is_running(), "the agent was not restarted");
+    assert_eq!(agent.pid(), pids.1);
 
     // Tampered CA: reported, not replaced.
     let mut tampered = secrets.get("argocd-agent-ca").await?;

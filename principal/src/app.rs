@@ -17,7 +17,7 @@ use argocd_agent_proto::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
 use argocd_agent_proto::tls::reload::ReloadingServerConfig;
-use argocd_agent_proto::tls::{ServerTlsOptions, TlsPolicy};
+use argocd_agent_proto::tls::{expiry, CertificateExpiry, ServerTlsOptions, TlsPolicy};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
@@ -79,6 +79,8 @@ async fn start_live_view(
     config: &PrincipalConfig,
     registry: &Arc<AgentRegistry>,
     live: &Arc<crate::live::LiveRequests>,
+    policy: &crate::listener::ConnectionPolicy,
+    tokens: &Arc<TokenIssuer>,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let mut watcher = None;
     if let Some(rp) = &config.resource_proxy {
@@ -95,8 +97,9 @@ async fn start_live_view(
         let proxy = Arc::new(crate::resource_proxy::ResourceProxy {
             registry: registry.clone(),
             live: live.clone(),
+            tokens: tokens.clone(),
         });
-        let addr = crate::resource_proxy::serve(rp.address, tls, proxy)
+        let addr = crate::resource_proxy::serve(rp.address, tls, proxy, policy.clone())
             .await
             .with_context(|| format!("cannot listen on --resource-proxy-address {}", rp.address))?;
         info!(%addr, "resource proxy listening");
@@ -107,7 +110,7 @@ async fn start_live_view(
             live: live.clone(),
             upstream: config.redis_server_address.to_string(),
         });
-        let addr = crate::redis_proxy::serve(addr, proxy)
+        let addr = crate::redis_proxy::serve(addr, proxy, policy.request_header_timeout)
             .await
             .with_context(|| format!("cannot listen on --redis-proxy-address {addr}"))?;
         info!(%addr, upstream = %config.redis_server_address, "redis proxy listening");
@@ -115,10 +118,53 @@ async fn start_live_view(
     Ok(watcher)
 }
 
+/// Ends every agent stream once the gRPC listener has reloaded a config that trusts another client
+/// CA (`--tls-ca` rotated), so agents reconnect at once and are verified against the new CA: a
+/// stream authenticated under a rotated-out CA does not outlive it. Renewals under the same CA keep
+/// the streams.
+fn end_streams_on_client_ca_rotation(
+    tls: ReloadingServerConfig,
+    ca_path: std::path::PathBuf,
+    registry: Arc<AgentRegistry>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut trusted = std::fs::read(&ca_path).ok();
+        let mut loaded = tls.current();
+        let mut tick = tokio::time::interval(TLS_RELOAD_INTERVAL);
+        loop {
+            tick.tick().await;
+            let now = tls.current();
+            if Arc::ptr_eq(&now, &loaded) {
+                continue;
+            }
+            loaded = now;
+            let ca = std::fs::read(&ca_path).ok();
+            if ca == trusted {
+                continue;
+            }
+            trusted = ca;
+            let sessions = registry.all();
+            info!(
+                agents = sessions.len(),
+                "client CA rotated; ending agent streams so agents reconnect under the new CA"
+            );
+            for session in sessions {
+                session.take_over(session.mode());
+            }
+        }
+    })
+}
+
 /// Runs the principal until SIGTERM/Ctrl-C; an error means a runtime failure (exit 1).
 pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     let registry_metrics = MetricsRegistry::new(env!("CARGO_PKG_VERSION"));
     let metrics = Arc::new(PrincipalMetrics::register(&registry_metrics));
+    let ha_metrics = crate::leadership::HaMetrics::register(&registry_metrics);
+    let certificate_expiry = CertificateExpiry::register(
+        &registry_metrics,
+        "argocd_principal",
+        expiry::DEFAULT_WARN_BEFORE,
+    );
     let health = HealthState::new();
     let (stop_ops, ops_stopped) = oneshot::channel::<()>();
     let ops = start_ops_servers(
@@ -131,9 +177,6 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         },
     )
     .await?;
-    if let Some(otlp) = &config.otlp_address {
-        warn!(otlp_address = %otlp, "not yet implemented: OTLP trace export; --otlp-address is ignored");
-    }
 
     let client = kube_client(&config.kube).await?;
     let issuer = Arc::new(token_issuer(&config)?);
@@ -147,29 +190,77 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     )
     .context("loading the gRPC listener's TLS files")?;
     let _tls_watcher = tls.spawn_watcher(TLS_RELOAD_INTERVAL);
+    let _tls_expiry = certificate_expiry.watch("grpc", &tls, expiry::CHECK_INTERVAL);
 
-    let registry = Arc::new(AgentRegistry::new(OutboxConfig::default()));
+    let registry = Arc::new(AgentRegistry::new(OutboxConfig {
+        resends: metrics.event_resends.clone(),
+        ..OutboxConfig::default()
+    }));
+    let _outbox_sampler = metrics.spawn_outbox_sampler(registry.clone());
+    let _trust_rotation = end_streams_on_client_ca_rotation(
+        tls.clone(),
+        config.tls.client_ca.clone(),
+        registry.clone(),
+    );
     let live = crate::live::LiveRequests::new();
-    let _live_view_tls_watcher = start_live_view(&config, &registry, &live).await?;
+    let blocklist = Arc::new(crate::blocklist::Blocklist::default());
+    let _blocklist_watch = blocklist.spawn_watch(client.clone(), &config.namespace);
+    let policy = crate::listener::ConnectionPolicy {
+        handshake_timeout: config.tls_handshake_timeout,
+        request_header_timeout: config.request_header_timeout,
+        blocklist,
+    };
+    if let Some(reg) = &config.self_registration {
+        let reg = crate::self_registration::SelfRegistration::new(
+            client.clone(),
+            config.namespace.clone(),
+            reg.clone(),
+            issuer.clone(),
+        );
+        live.on_agent_connected(reg.on_connect());
+    }
+    let _live_view_tls_watcher =
+        start_live_view(&config, &registry, &live, &policy, &issuer).await?;
     let (stop_operator, operator_stopped) = argocd_agent_operator::pull::Shutdown::new();
+    let leadership = crate::leadership::Leadership::start(
+        client.clone(),
+        config.ha.clone(),
+        ha_metrics,
+        operator_stopped.clone(),
+    );
     let operator = config.enable_operator.then(|| {
-        let opts = argocd_agent_operator::gitops::OperatorOptions::new(&config.namespace);
+        let mut opts = argocd_agent_operator::gitops::OperatorOptions::with_settings(
+            &config.namespace,
+            &config.operator,
+        );
+        if let Some(ha) = &config.ha {
+            // The operator's own Lease then names this replica and keeps the HA pace.
+            opts.identity = ha.identity.clone();
+            opts.lease_duration = ha.lease_duration;
+            opts.lease_retry = ha.renew_interval;
+        }
         let pull = argocd_agent_operator::pull::PullModelOptions {
             argocd_namespace: config.namespace.clone(),
             ..Default::default()
         };
         let pull_stopped = operator_stopped.clone().requested();
-        let pull_model = tokio::spawn(argocd_agent_operator::pull::run_pull_model(
-            client.clone(),
-            pull,
-            pull_stopped,
-        ));
-        let gitops = tokio::spawn(argocd_agent_operator::gitops::run_operator(
-            client.clone(),
-            opts,
-            operator_stopped,
-        ));
+        let (client, leadership) = (client.clone(), leadership.clone());
         async move {
+            // Only the active replica runs the operator and the pull model.
+            tokio::select! {
+                () = leadership.active() => {}
+                () = operator_stopped.clone().requested() => return,
+            }
+            let pull_model = tokio::spawn(argocd_agent_operator::pull::run_pull_model(
+                client.clone(),
+                pull,
+                pull_stopped,
+            ));
+            let gitops = tokio::spawn(argocd_agent_operator::gitops::run_operator(
+                client,
+                opts,
+                operator_stopped,
+            ));
             let (gitops, pull_model) = tokio::join!(gitops, pull_model);
             if let Ok(Err(e)) = pull_model {
                 tracing::error!(error = %e, "the OCM pull-model controllers failed");
@@ -198,7 +289,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             )
         })?;
     let grpc_addr = listener.local_addr()?;
-    let incoming = accept_loop(listener, tls, config.auth.clone(), metrics.clone());
+    let incoming = accept_loop(listener, tls, config.auth.clone(), metrics.clone(), policy);
 
     let max = config.grpc_max_message_size;
     let auth = AuthService {
@@ -228,11 +319,15 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
                 .max_encoding_message_size(max),
         )
         .add_service(VersionServer::new(VersionService))
-        .add_service(
+        .add_service(tonic::service::interceptor::InterceptedService::new(
             EventStreamServer::new(events)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-        )
+            {
+                let leadership = leadership.clone();
+                move |req| leadership.admit(req)
+            },
+        ))
         .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move {
             let _ = grpc_stopped.await;
         });
@@ -252,16 +347,21 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     );
     let ready = {
         let health = health.clone();
-        let hub = hub.clone();
+        let (hub, leadership) = (hub.clone(), leadership.clone());
         tokio::spawn(async move {
             hub.wait_synced().await;
-            health.set_ready(true, "serving");
-            info!("hub watches synced; ready");
+            info!("hub watches synced");
+            leadership.publish_readiness(&health).await;
         })
     };
 
-    let signal = shutdown_signal().await?;
-    info!(signal, "shutting down");
+    let lost_lease = tokio::select! {
+        signal = shutdown_signal() => {
+            info!(signal = signal?, "shutting down");
+            false
+        }
+        () = leadership.lost() => true,
+    };
     ready.abort();
     health.set_ready(false, "shutting down");
     let _ = stop_grpc.send(());
@@ -272,5 +372,9 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(10), grpc_task).await;
     let _ = stop_ops.send(());
     ops.wait().await?;
+    anyhow::ensure!(
+        !lost_lease,
+        "lost the HA Lease to another replica; exiting so this one restarts as a standby"
+    );
     Ok(())
 }

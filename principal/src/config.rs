@@ -74,6 +74,27 @@ pub struct PrincipalArgs {
     )]
     pub tls_min_version: TlsVersion,
 
+    /// Longest TLS handshake on the gRPC and resource proxy listeners; slower clients are dropped.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_TLS_HANDSHAKE_TIMEOUT",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub tls_handshake_timeout: Duration,
+
+    /// Longest silence after a handshake before the first request on the gRPC and resource proxy
+    /// listeners (and the longest a Redis proxy command may take to arrive); then the connection closes.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REQUEST_HEADER_TIMEOUT",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub request_header_timeout: Duration,
+
     /// Private key (PEM, RSA or EC) that signs agents' session tokens (JWT).
     #[arg(
         long,
@@ -180,6 +201,25 @@ pub struct PrincipalArgs {
     )]
     pub resource_proxy_tls_ca: Option<PathBuf>,
 
+    /// Create the Argo CD cluster secret `cluster-<agent>` of a connecting agent that has none,
+    /// with a bearer token naming the agent and the shared client certificate of
+    /// --self-registration-client-cert-secret; the cluster URL is the resource proxy's address
+    /// (`argocd-agent-resource-proxy:<port>` when it listens on all interfaces).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_SELF_CLUSTER_REGISTRATION", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub enable_self_cluster_registration: bool,
+
+    /// Secret in --namespace holding the resource-proxy client certificate shared by
+    /// self-registered clusters (`tls.crt`, `tls.key`, optional `ca.crt` [default: the resource
+    /// proxy's client CA]).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_SELF_REGISTRATION_CLIENT_CERT_SECRET",
+        value_name = "NAME"
+    )]
+    pub self_registration_client_cert_secret: Option<String>,
+
     /// Serve the Redis proxy that routes Argo CD's cache reads to agents.
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_REDIS_PROXY", default_value_t = true,
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
@@ -235,6 +275,10 @@ pub struct PrincipalArgs {
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub enable_operator: bool,
+
+    /// Settings of the embedded GitOpsCluster operator (`--operator-*`).
+    #[command(flatten)]
+    pub operator: argocd_agent_operator::gitops::OperatorFlags,
 
     /// Largest gRPC message sent or received, in bytes (units such as 16MiB or 200MB accepted).
     #[arg(
@@ -309,9 +353,14 @@ pub struct PrincipalArgs {
     #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR", value_name = "SELECTOR")]
     pub label_selector: Option<String>,
 
-    /// OTLP/gRPC endpoint to export traces to (not yet implemented; accepted and ignored).
+    /// OTLP/gRPC endpoint (HOST:PORT or http://HOST:PORT of a collector) to export traces to; the
+    /// trace context crosses to the agents in each event's `traceparent`.
     #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS", value_name = "HOST:PORT")]
     pub otlp_address: Option<String>,
+
+    /// High availability (`--ha-*`): see [`crate::leadership`].
+    #[command(flatten)]
+    pub ha: crate::leadership::HaArgs,
 }
 
 impl PrincipalArgs {
@@ -387,6 +436,10 @@ pub struct PrincipalConfig {
     pub tls: ServerTlsFiles,
     /// Lowest TLS version on every listener.
     pub tls_min_version: TlsVersion,
+    /// Longest TLS handshake.
+    pub tls_handshake_timeout: Duration,
+    /// Longest wait for a connection's first request (Redis proxy: for a command to complete).
+    pub request_header_timeout: Duration,
     /// JWT signing key.
     pub jwt_key: JwtKeySource,
     /// Where agent names come from in client certificates.
@@ -403,6 +456,8 @@ pub struct PrincipalConfig {
     pub allowed_agent_modes: Vec<AgentMode>,
     /// Resource proxy, if enabled.
     pub resource_proxy: Option<ResourceProxyConfig>,
+    /// Self-registration of agent clusters, if enabled.
+    pub self_registration: Option<crate::self_registration::SelfRegistrationConfig>,
     /// Redis proxy listen address, if enabled.
     pub redis_proxy_address: Option<SocketAddr>,
     /// The hub's Argo CD Redis.
@@ -415,6 +470,8 @@ pub struct PrincipalConfig {
     pub kube: KubeClientConfig,
     /// Run the embedded operator.
     pub enable_operator: bool,
+    /// The embedded operator's settings.
+    pub operator: argocd_agent_operator::gitops::OperatorSettings,
     /// gRPC message size limit in bytes.
     pub grpc_max_message_size: usize,
     /// Keepalive enforcement; `None` = not enforced.
@@ -433,6 +490,8 @@ pub struct PrincipalConfig {
     pub label_selector: Option<String>,
     /// OTLP endpoint (accepted, not yet used).
     pub otlp_address: Option<String>,
+    /// HA settings; `None` = a single replica.
+    pub ha: Option<crate::leadership::HaConfig>,
 }
 
 /// How a listener collision error tells the user to resolve it.
@@ -513,6 +572,49 @@ impl PrincipalArgs {
         } else {
             None
         };
+        let self_registration = match (
+            self.enable_self_cluster_registration,
+            non_empty(self.self_registration_client_cert_secret),
+            &resource_proxy,
+        ) {
+            (false, _, _) => None,
+            (true, _, None) => {
+                return Err(FLAGS.conflict(
+                    "enable-self-cluster-registration",
+                    "enable-resource-proxy",
+                    "self-registered clusters reach their agent through the resource proxy; enable it",
+                ))
+            }
+            (true, None, Some(_)) => {
+                return Err(FLAGS.invalid(
+                    "self-registration-client-cert-secret",
+                    "is required with --enable-self-cluster-registration: name the Secret holding the shared client certificate (tls.crt, tls.key)",
+                ))
+            }
+            (true, Some(secret), Some(proxy)) => {
+                let valid = !secret.is_empty()
+                    && secret.len() <= 253
+                    && secret.split('.').all(|label| {
+                        !label.is_empty()
+                            && !label.starts_with('-')
+                            && !label.ends_with('-')
+                            && label
+                                .bytes()
+                                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    });
+                if !valid {
+                    return Err(FLAGS.invalid(
+                        "self-registration-client-cert-secret",
+                        format!("{secret:?} is not a Secret name (lowercase letters, digits, '-' and '.')"),
+                    ));
+                }
+                Some(crate::self_registration::SelfRegistrationConfig {
+                    client_cert_secret: secret,
+                    fallback_ca: proxy.tls.client_ca.clone(),
+                    proxy_listen_address: proxy.address,
+                })
+            }
+        };
         let redis_proxy_address = self.enable_redis_proxy.then_some(self.redis_proxy_address);
 
         let mut listeners = vec![("listen-address", self.listen_address)];
@@ -563,13 +665,25 @@ impl PrincipalArgs {
             ));
         }
 
+        for (flag, value) in [
+            ("tls-handshake-timeout", self.tls_handshake_timeout),
+            ("request-header-timeout", self.request_header_timeout),
+        ] {
+            if value < Duration::from_millis(100) {
+                return Err(FLAGS.invalid(flag, "must be at least 100ms (default 10s)"));
+            }
+        }
+
         FLAGS.log_level(&self.log_level)?;
         let label_selector = FLAGS.label_selector(self.label_selector)?;
 
+        let ha = self.ha.validate(&self.namespace)?;
         Ok(PrincipalConfig {
             listen_address: self.listen_address,
             tls,
             tls_min_version: self.tls_min_version,
+            tls_handshake_timeout: self.tls_handshake_timeout,
+            request_header_timeout: self.request_header_timeout,
             jwt_key,
             auth: self.auth,
             namespace: self.namespace,
@@ -578,12 +692,17 @@ impl PrincipalArgs {
             destination_based_mapping: self.destination_based_mapping,
             allowed_agent_modes,
             resource_proxy,
+            self_registration,
             redis_proxy_address,
             redis_server_address: self.redis_server_address,
             metrics_address: self.metrics_address,
             health_address: self.health_address,
             kube,
             enable_operator: self.enable_operator,
+            operator: self
+                .operator
+                .validate()
+                .map_err(|(flag, problem)| FLAGS.invalid(flag, problem))?,
             grpc_max_message_size,
             keepalive_min_interval,
             resync_interval,
@@ -593,6 +712,7 @@ impl PrincipalArgs {
             log_format: self.log_format,
             label_selector,
             otlp_address: non_empty(self.otlp_address),
+            ha,
         })
     }
 }
@@ -637,6 +757,30 @@ mod tests {
         fn validate(&self, extra: &[&str]) -> Result<PrincipalConfig, ConfigError> {
             self.args(extra).expect("clap accepts").validate()
         }
+    }
+
+    #[test]
+    fn operator_flags_reach_the_config_and_bad_ones_name_flag_and_env() {
+        let files = Files::new();
+        let config = files
+            .validate(&[
+                "--operator-cert-lifetime=12d",
+                "--operator-principal-port=8443",
+            ])
+            .unwrap();
+        assert_eq!(config.operator.principal_port, Some(8443));
+        assert_eq!(
+            config.operator.certs.cert_validity,
+            Duration::from_secs(12 * 86400)
+        );
+        let err = files
+            .validate(&["--operator-renew-before=40d"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ARGOCD_PRINCIPAL_OPERATOR_CERT_LIFETIME"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -832,6 +976,41 @@ mod tests {
         let tls = config.resource_proxy.unwrap().tls;
         assert_eq!(tls.cert, PathBuf::from(files.path("rp.crt")));
         assert_eq!(tls.client_ca, PathBuf::from(files.path("ca.crt")));
+    }
+
+    #[test]
+    fn self_registration_needs_the_proxy_and_a_client_cert_secret() {
+        let files = Files::new();
+        assert_eq!(files.validate(&[]).unwrap().self_registration, None);
+        let err = files
+            .validate(&["--enable-self-cluster-registration"])
+            .unwrap_err();
+        assert_eq!(err.flag(), "self-registration-client-cert-secret");
+        let err = files
+            .validate(&[
+                "--enable-self-cluster-registration",
+                "--self-registration-client-cert-secret=rp-client",
+                "--enable-resource-proxy=false",
+            ])
+            .unwrap_err();
+        assert_eq!(err.flag(), "enable-self-cluster-registration");
+        let err = files
+            .validate(&[
+                "--enable-self-cluster-registration",
+                "--self-registration-client-cert-secret=Not_A_Name",
+            ])
+            .unwrap_err();
+        assert_eq!(err.flag(), "self-registration-client-cert-secret");
+        let config = files
+            .validate(&[
+                "--enable-self-cluster-registration=true",
+                "--self-registration-client-cert-secret=rp-client",
+            ])
+            .unwrap();
+        let reg = config.self_registration.unwrap();
+        assert_eq!(reg.client_cert_secret, "rp-client");
+        assert_eq!(reg.fallback_ca, PathBuf::from(files.path("ca.crt")));
+        assert_eq!(reg.proxy_listen_address, "0.0.0.0:9090".parse().unwrap());
     }
 
     #[test]

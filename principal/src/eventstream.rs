@@ -2,8 +2,8 @@
 //!
 //! Path of a stream: the connection's certificate identity and the access token must name the same
 //! agent ([`authorize_stream`]); the agent's session is taken over (an older stream of the same agent
-//! ends); its full state and a resync request (managed) or the checksum resync (autonomous, whose
-//! hub namespace must exist or be creatable) are queued; then the shared delivery engine runs the
+//! ends); the checksum resync the connection calls for ([`crate::hub::Hub::on_connect`]; an
+//! autonomous agent's hub namespace must exist or be creatable) is queued; then the shared delivery engine runs the
 //! stream until either side ends it. Undelivered events stay in the session's outbox.
 
 use std::pin::Pin;
@@ -13,7 +13,7 @@ use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStream;
 use argocd_agent_proto::pb::eventstreamapi::{
     Event as WireEvent, PingRequest, PongReply, PushSummary,
 };
-use argocd_agent_proto::sync::{run_stream, Lanes, StreamEnd};
+use argocd_agent_proto::sync::{run_stream, Instrumented, Lanes, StreamEnd};
 use argocd_agent_proto::telemetry::flags::AgentMode;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
@@ -79,6 +79,7 @@ impl EventStream for EventStreamService {
         tokio::spawn(async move {
             metrics.connections.inc();
             metrics.connected_agents.inc();
+            metrics.agent_connection(agent.as_str(), mode.as_str(), true);
             tracing::info!(
                 agent = agent.as_str(),
                 mode = mode.as_str(),
@@ -90,11 +91,14 @@ impl EventStream for EventStreamService {
             }
             live.agent_connected(agent.as_str());
             let (ctl_tx, mut ctl_rx) = mpsc::channel(1024);
-            let handler = Arc::new(AgentInbound {
-                session: session.clone(),
-                hub: hub.clone(),
-                live: live.clone(),
-            });
+            let handler = Arc::new(Instrumented::new(
+                AgentInbound {
+                    session: session.clone(),
+                    hub: hub.clone(),
+                    live: live.clone(),
+                },
+                metrics.event_processing_time.clone(),
+            ));
             let lanes = Lanes::start(handler, LANES, LANE_DEPTH, ctl_tx);
             let end = run_stream(
                 inbound,
@@ -103,13 +107,19 @@ impl EventStream for EventStreamService {
                 &mut ctl_rx,
                 &lanes,
                 session.superseded(generation),
-                |ev| PrincipalMetrics::count_event(&metrics.events_received, ev.event_type.name()),
+                |ev| {
+                    PrincipalMetrics::count_event(&metrics.events_received, ev.event_type.name());
+                    metrics.agent_event(agent.as_str());
+                },
             )
             .await;
             drop(ctl_rx);
             live.agent_disconnected(agent.as_str());
             lanes.drain().await;
             metrics.connected_agents.dec();
+            if session.is_live(generation) {
+                metrics.agent_connection(agent.as_str(), mode.as_str(), false);
+            }
             let pending = session.outbox.resources();
             match end {
                 StreamEnd::PeerClosed => {
@@ -127,7 +137,14 @@ impl EventStream for EventStreamService {
             }
         });
         let failure = futures::stream::once(end_rx).filter_map(|r| async move { r.ok().map(Err) });
+        let sent = self.metrics.clone();
         let out = ReceiverStream::new(out_rx)
+            .inspect(move |ev| {
+                if let Some(ce) = &ev.event {
+                    let t = argocd_agent_proto::event::EventType::from_wire(&ce.r#type);
+                    PrincipalMetrics::count_event(&sent.events_sent, t.name());
+                }
+            })
             .map(Ok::<_, Status>)
             .chain(failure);
         Ok(Response::new(Box::pin(out)))

@@ -4,8 +4,15 @@
 //! managed agent the AppProject in its `data.project` applies to, and is re-routed whenever that
 //! AppProject changes.
 //!
-//! Managed agents: on each (re)connect it queues the agent's full state followed by a resync
-//! request so deletions made while apart are found.
+//! Managed agents: checksum resync (reference §2.5), so a resync of N unchanged objects costs
+//! O(N) messages of O(1) size. On the first connection of an agent since this principal started
+//! (the principal restarted: undelivered events were lost) it queues the agent's AppProjects and
+//! repository Secrets in full (few and small, as upstream does), the set-operations the spoke has
+//! not started, and `request-resource-resync`; the agent answers with a `request-update{checksum}`
+//! per object and a `request-synced-resource-list{checksum of its keys}`
+//! ([`Hub::answer_managed_key_list`]). An agent that restarted sends the same on its own; a plain
+//! reconnect needs nothing beyond the outbox, which kept every undelivered event. Events of the
+//! hub's initial list are not routed to agents: the resync on connect covers them.
 //!
 //! Autonomous agents: it writes the mirrors of what the spoke owns ([`Hub::upsert_mirror`],
 //! [`Hub::delete_mirror`]), remembers each mirror as written and reverts hub edits and deletions of
@@ -22,10 +29,10 @@ use std::time::Duration;
 use argocd_agent_proto::event::{
     set_checksum, Event, EventType, ResourceKey, Target, SOURCE_UID_ANNOTATION,
 };
-use argocd_agent_proto::payload::RequestUpdate;
+use argocd_agent_proto::payload::{RequestUpdate, SyncedResource};
 use argocd_agent_proto::sync::resync::{
-    jittered, request_update_key, MIRROR_AGENT_ANNOTATION, MIRROR_CHECKSUM_ANNOTATION,
-    RESYNC_REQUEST_KEY,
+    jittered, keys_to_announce, request_update_key, synced_resource_key, MIRROR_AGENT_ANNOTATION,
+    MIRROR_CHECKSUM_ANNOTATION, RESYNC_REQUEST_KEY,
 };
 use argocd_agent_proto::sync::{keyed_request, HandleError};
 use argocd_agent_proto::telemetry::flags::AgentMode;
@@ -282,12 +289,31 @@ impl Hub {
         }
     }
 
-    /// What a newly connected agent needs once the hub view is complete: its full state
-    /// (managed) or the checksum resync (autonomous).
+    /// Whether the first list of `kind` completed (before that, changes are not routed: the
+    /// resync on connect covers them).
+    fn listed(&self, kind: Kind) -> bool {
+        let (apps, projects, repositories) = *self.synced.borrow();
+        match kind {
+            Kind::Application => apps,
+            Kind::AppProject => projects,
+            Kind::Repository => repositories,
+        }
+    }
+
+    /// What a newly connected agent needs once the hub view is complete. Managed: the
+    /// principal-restart resync on its first connection since this principal started, nothing on
+    /// a later one (the outbox kept what it missed; a restarted agent asks on its own).
+    /// Autonomous: the checksum resync.
     pub async fn on_connect(&self, session: &AgentSession) {
         self.wait_synced().await;
         match session.mode() {
-            AgentMode::Managed => self.queue_full_state(session),
+            AgentMode::Managed if session.begin_first_resync() => {
+                self.principal_restart_resync(session)
+            }
+            AgentMode::Managed => tracing::debug!(
+                agent = session.name.as_str(),
+                "managed agent reconnected; its outbox carries what it missed"
+            ),
             AgentMode::Autonomous => self.autonomous_resync(session),
         }
     }
@@ -428,6 +454,9 @@ impl Hub {
                     self.mirror_app_changed(&session, old.as_ref(), &v);
                     return;
                 }
+                if !self.listed(kind) {
+                    return;
+                }
                 let Some(session) = self.managed_session(&key.0) else {
                     return;
                 };
@@ -453,6 +482,9 @@ impl Hub {
                     .insert(name.clone(), v.clone());
                 if let Some(desired) = read(&self.project_mirrors).get(&name).cloned() {
                     self.mirror_project_changed(&desired, &v);
+                    return;
+                }
+                if !self.listed(kind) {
                     return;
                 }
                 for session in self
@@ -483,7 +515,9 @@ impl Hub {
             Kind::Repository => {
                 let name = name_of(&v).to_string();
                 let old = write(&self.repositories).insert(name, v.clone());
-                self.repository_changed(old.as_ref(), Some(&v));
+                if self.listed(kind) {
+                    self.repository_changed(old.as_ref(), Some(&v));
+                }
             }
         }
     }
@@ -612,17 +646,17 @@ impl Hub {
             .filter(|s| s.mode() == AgentMode::Managed)
     }
 
-    /// Queues everything `session`'s agent should have (projects first, then applications, then
-    /// their pending operations), followed by a resync request.
-    pub fn queue_full_state(&self, session: &AgentSession) {
+    /// The resync after this principal (re)started, for a managed agent: its AppProjects and
+    /// repository Secrets in full (few and small), the operations its spoke has not started yet
+    /// (the events that carried them may have been lost with the old process), then
+    /// `request-resource-resync`, which the agent answers with checksums.
+    pub fn principal_restart_resync(&self, session: &AgentSession) {
         let agent = session.name.as_str();
-        let projects: Vec<Value> = {
-            let p = self.projects.read().unwrap_or_else(|e| e.into_inner());
-            p.values()
-                .filter(|p| project_matches_agent(p, agent))
-                .map(|p| project_for_agent(p, agent))
-                .collect()
-        };
+        let projects: Vec<Value> = read(&self.projects)
+            .values()
+            .filter(|p| project_matches_agent(p, agent))
+            .map(|p| project_for_agent(p, agent))
+            .collect();
         for p in &projects {
             queue(session, EventType::SpecUpdate, Target::AppProject, p);
         }
@@ -635,28 +669,18 @@ impl Hub {
         for r in &repositories {
             queue(session, EventType::SpecUpdate, Target::Repository, r);
         }
-        let apps: Vec<Value> = {
-            let a = self.apps.read().unwrap_or_else(|e| e.into_inner());
-            a.iter()
-                .filter(|((ns, _), _)| ns == agent)
-                .map(|(_, v)| v.clone())
-                .collect()
-        };
-        for app in &apps {
+        let pending: Vec<Value> = read(&self.apps)
+            .iter()
+            .filter(|((ns, _), app)| ns == agent && !operation_already_started(app))
+            .map(|(_, app)| app.clone())
+            .collect();
+        for app in &pending {
             queue(
                 session,
-                EventType::SpecUpdate,
+                EventType::SetOperation,
                 Target::Application,
-                &application_payload(app, false),
+                &application_payload(app, true),
             );
-            if !operation_already_started(app) {
-                queue(
-                    session,
-                    EventType::SetOperation,
-                    Target::Application,
-                    &application_payload(app, true),
-                );
-            }
         }
         match Event::request_resource_resync(SOURCE) {
             Ok(ev) => push(session, keyed_request(ev, RESYNC_REQUEST_KEY)),
@@ -664,11 +688,78 @@ impl Hub {
         }
         tracing::info!(
             agent,
-            applications = apps.len(),
             projects = projects.len(),
             repositories = repositories.len(),
-            "queued the agent's full state"
+            pending_operations = pending.len(),
+            "first connection since the principal started: checksum resync requested"
         );
+    }
+
+    /// The keys of everything managed agent `agent` should have: its Applications, the
+    /// AppProjects and repository Secrets that apply to it (uid = the hub object's).
+    pub fn managed_keys(&self, agent: &str) -> Vec<ResourceKey> {
+        let uid = |v: &Value| {
+            v.pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let mut keys: Vec<ResourceKey> = read(&self.apps)
+            .iter()
+            .filter(|((ns, _), _)| ns == agent)
+            .map(|((_, name), app)| ResourceKey::new("Application", name, agent, uid(app)))
+            .collect();
+        keys.extend(
+            read(&self.projects)
+                .values()
+                .filter(|p| project_matches_agent(p, agent))
+                .map(|p| ResourceKey::new("AppProject", name_of(p), "", uid(p))),
+        );
+        let names: Vec<String> = read(&self.repositories).keys().cloned().collect();
+        keys.extend(
+            names
+                .iter()
+                .filter_map(|name| self.repository_for(agent, name))
+                .map(|s| ResourceKey::new("Secret", name_of(&s), "", uid(&s))),
+        );
+        keys
+    }
+
+    /// A managed agent's `request-synced-resource-list`: when its key set differs from the hub's,
+    /// one `response-synced-resource` per hub key, so it asks for what it lacks.
+    pub fn answer_managed_key_list(&self, session: &AgentSession, checksum: &[u8]) {
+        let agent = session.name.as_str();
+        let keys = self.managed_keys(agent);
+        // An object whose event is still on its way (not ACKed) reaches the agent anyway:
+        // announcing it too would make the agent ask for it a second time.
+        let announce: Vec<&ResourceKey> = keys_to_announce(&keys, checksum)
+            .iter()
+            .filter(|k| !session.outbox.holds(&format!("{}_{}", k.name, k.uid)))
+            .collect();
+        if announce.is_empty() {
+            tracing::debug!(
+                agent,
+                objects = keys.len(),
+                "the agent holds the hub's keys, or is about to receive the missing ones"
+            );
+            return;
+        }
+        tracing::info!(
+            agent,
+            objects = announce.len(),
+            "the agent's keys differ from the hub's; listing the hub's keys for it"
+        );
+        for key in announce {
+            let mut synced = SyncedResource::from(key);
+            synced.namespace.clear();
+            match Event::synced_resource(SOURCE, &synced) {
+                Ok(ev) => push(
+                    session,
+                    keyed_request(ev, synced_resource_key(&key.kind, &key.name)),
+                ),
+                Err(e) => tracing::error!(error = %e, "cannot build a response-synced-resource"),
+            }
+        }
     }
 }
 

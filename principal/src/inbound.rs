@@ -1,6 +1,9 @@
 //! Events from an agent, applied on the hub. Managed agents: Application status (written onto the
 //! hub object — Argo CD's Application has no status subresource), confirmation of deletions the
-//! hub asked for, and resync requests (for Applications, AppProjects and repository Secrets).
+//! hub asked for, and the checksum resync (for Applications, AppProjects and repository Secrets):
+//! `request-update{checksum}` answered only where the hub's copy differs (or is being deleted, or
+//! is gone), `request-synced-resource-list{checksum}` answered with the hub's keys only when the
+//! key sets differ.
 //! Autonomous agents: the spoke's Applications and AppProjects (`create`/`spec-update` = write the
 //! mirror, `delete` = remove it), and their resync answers (`response-synced-resource` for a key
 //! the hub may lack, `request-resource-resync`). An agent can only ever touch objects in its own
@@ -10,7 +13,8 @@
 use std::sync::Arc;
 
 use argocd_agent_proto::event::{spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION};
-use argocd_agent_proto::payload::{ErrorData, RequestUpdate};
+use argocd_agent_proto::payload::{ErrorData, RequestSyncedResourceList, RequestUpdate};
+use argocd_agent_proto::sync::resync::{answer_request_update, SourceObject, UpdateAnswer};
 use argocd_agent_proto::sync::{EventHandler, HandleError};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{json, Value};
@@ -211,14 +215,26 @@ impl AgentInbound {
         let hub_uid = hub_obj
             .as_ref()
             .and_then(|o| o.pointer("/metadata/uid"))
-            .and_then(Value::as_str);
-        match payload {
-            Some(payload) if hub_uid == Some(req.uid.as_str()) => {
-                let same =
-                    spec_checksum(&payload, Some(&req.kind)).is_ok_and(|c| c == req.checksum);
-                if !same {
-                    queue(&self.session, EventType::SpecUpdate, target, &payload);
-                }
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let checksum = payload
+            .as_ref()
+            .and_then(|p| spec_checksum(p, Some(&req.kind)).ok())
+            .unwrap_or_default();
+        let source = payload.as_ref().map(|p| SourceObject {
+            uid: hub_uid,
+            checksum: &checksum,
+            terminating: p
+                .pointer("/metadata/deletionTimestamp")
+                .is_some_and(|t| !t.is_null()),
+        });
+        match (
+            answer_request_update(source, &req.uid, &req.checksum),
+            payload,
+        ) {
+            (UpdateAnswer::UpToDate, _) => {}
+            (UpdateAnswer::SendObject, Some(payload)) => {
+                queue(&self.session, EventType::SpecUpdate, target, &payload)
             }
             _ => {
                 // The hub no longer has it (or has a different object by that name): the agent's copy goes.
@@ -307,6 +323,14 @@ impl EventHandler for AgentInbound {
             (EventType::StatusUpdate, Target::Application) => self.status_update(&ev).await,
             (EventType::Delete, Target::Application) => self.delete_confirmed(&ev).await,
             (EventType::RequestUpdate, _) => self.request_update(&ev),
+            (EventType::RequestSyncedResourceList, _) => {
+                let req: RequestSyncedResourceList = ev
+                    .data_as()
+                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
+                self.hub
+                    .answer_managed_key_list(&self.session, &req.checksum);
+                Ok(())
+            }
             (EventType::Error, Target::Application) => self.error_report(&ev).await,
             (EventType::Ping | EventType::Pong, _) => Ok(()),
             (EventType::Response | EventType::RedisResponse, _) => {

@@ -8,15 +8,18 @@
 
 pub mod app;
 pub mod auth;
+pub mod blocklist;
 pub mod config;
 pub mod eventstream;
 pub mod hub;
 pub mod inbound;
+pub mod leadership;
 pub mod listener;
 pub mod live;
 pub mod metrics;
 pub mod redis_proxy;
 pub mod resource_proxy;
 pub mod routing;
+pub mod self_registration;
 pub mod sessions;
 pub mod tokens;

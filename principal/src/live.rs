@@ -7,7 +7,8 @@
 //! `livechunk`/`liveend` extensions) is delivered in order and exactly once, even when the agent
 //! resends a part; a caller that went away gets its agent told to stop (container logs). When an
 //! agent's last stream ends, every caller still waiting on it is answered with
-//! [`LiveReply::AgentGone`] at once.
+//! [`LiveReply::AgentGone`] at once. Hooks registered with
+//! [`LiveRequests::on_agent_connected`] run when an agent's stream starts.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -73,10 +74,15 @@ struct State {
     streams: HashMap<String, usize>,
 }
 
+/// Runs with the agent's name each time one of its streams starts (after it authenticated),
+/// e.g. self-registration of its cluster Secret. Must not block.
+pub type ConnectHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// The tracker (see the module docs). Shared as `Arc<LiveRequests>`.
 #[derive(Default)]
 pub struct LiveRequests {
     state: Mutex<State>,
+    connect_hooks: Mutex<Vec<ConnectHook>>,
 }
 
 /// A registered caller: receives the answers for its key; unregisters itself when dropped.
@@ -141,9 +147,25 @@ impl LiveRequests {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A stream of `agent` started.
+    /// A stream of `agent` started; runs the connect hooks.
     pub fn agent_connected(&self, agent: &str) {
         *self.lock().streams.entry(agent.to_string()).or_default() += 1;
+        let hooks = self
+            .connect_hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for hook in hooks {
+            hook(agent);
+        }
+    }
+
+    /// Adds `hook` to what runs when an agent's stream starts.
+    pub fn on_agent_connected(&self, hook: ConnectHook) {
+        self.connect_hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(hook);
     }
 
     /// A stream of `agent` ended; when it was the last one, every caller waiting on the agent
@@ -394,6 +416,19 @@ mod tests {
         assert!(!t.is_connected("a"));
         assert_eq!(w.recv().await, Some(LiveReply::AgentGone));
         assert_eq!(t.waiting(), 0);
+    }
+
+    #[test]
+    fn connect_hooks_run_for_every_stream() {
+        let t = LiveRequests::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        t.on_agent_connected(Arc::new(move |agent: &str| {
+            record.lock().unwrap().push(agent.to_string())
+        }));
+        t.agent_connected("a");
+        t.agent_connected("b");
+        assert_eq!(*seen.lock().unwrap(), ["a", "b"]);
     }
 
     #[tokio::test]

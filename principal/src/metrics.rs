@@ -1,15 +1,25 @@
 //! The principal's Prometheus metrics, declared in one place and registered once; names follow
 //! upstream argocd-agent where they mean the same thing.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use argocd_agent_proto::sync::processing_time_histogram;
 use argocd_agent_proto::telemetry::MetricsRegistry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+
+use crate::sessions::AgentRegistry;
 
 type Labels = Vec<(String, String)>;
 
+/// How often `argocd_principal_outbox_resources` is refreshed from the agents' outboxes.
+const OUTBOX_SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
+
 /// Handles to every principal metric.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PrincipalMetrics {
     /// `argocd_principal_connected_agents`.
     pub connected_agents: Gauge,
@@ -25,6 +35,88 @@ pub struct PrincipalMetrics {
     pub event_errors: Family<Labels, Counter>,
     /// `argocd_principal_outbox_resources{agent_name}`: resources with undelivered events.
     pub outbox_resources: Family<Labels, Gauge>,
+    /// `argocd_principal_agent_connected{agent_name,agent_mode}`: 1 while the agent's stream is up.
+    pub agent_connected: Family<Labels, Gauge>,
+    /// `argocd_principal_agent_last_event_timestamp_seconds{agent_name}`: last event received.
+    pub agent_last_event: Family<Labels, Gauge>,
+    /// `principal_event_processing_time`: seconds to handle one event from an agent.
+    pub event_processing_time: Histogram,
+    /// `argocd_principal_event_resends_total`: events sent again for want of an ACK.
+    pub event_resends: Counter,
+    /// `argocd_principal_resource_proxy_requests_total{code}` and the latency histogram.
+    pub resource_proxy: ProxyMetrics,
+    /// `argocd_principal_redis_proxy_requests_total{code}` and the latency histogram.
+    pub redis_proxy: ProxyMetrics,
+}
+
+/// Requests, errors and latency of one proxy.
+#[derive(Debug, Clone)]
+pub struct ProxyMetrics {
+    requests: Family<Labels, Counter>,
+    errors: Family<Labels, Counter>,
+    seconds: Histogram,
+}
+
+impl Default for ProxyMetrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            errors: Family::default(),
+            // 1 ms .. ~33 s
+            seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+        }
+    }
+}
+
+impl ProxyMetrics {
+    fn register(&self, registry: &MetricsRegistry, proxy: &str) {
+        registry.register(
+            format!("argocd_principal_{proxy}_requests"),
+            format!("Requests answered by the {proxy} by outcome"),
+            self.requests.clone(),
+        );
+        registry.register(
+            format!("argocd_principal_{proxy}_errors"),
+            format!("Requests the {proxy} could not answer from the agent, by outcome"),
+            self.errors.clone(),
+        );
+        registry.register(
+            format!("argocd_principal_{proxy}_request_duration_seconds"),
+            format!("Seconds from request to answer in the {proxy}"),
+            self.seconds.clone(),
+        );
+    }
+
+    /// Records one answered request: `outcome` is an HTTP status code or an error reason;
+    /// `failed` marks answers that did not come from the agent (timeouts, agent away).
+    pub fn observe(&self, outcome: &str, failed: bool, elapsed: std::time::Duration) {
+        let labels = vec![("code".to_string(), outcome.to_string())];
+        self.requests.get_or_create(&labels).inc();
+        if failed {
+            self.errors.get_or_create(&labels).inc();
+        }
+        self.seconds.observe(elapsed.as_secs_f64());
+    }
+}
+
+impl Default for PrincipalMetrics {
+    fn default() -> Self {
+        Self {
+            connected_agents: Gauge::default(),
+            connections: Counter::default(),
+            auth_failures: Family::default(),
+            events_received: Family::default(),
+            events_sent: Family::default(),
+            event_errors: Family::default(),
+            outbox_resources: Family::default(),
+            agent_connected: Family::default(),
+            agent_last_event: Family::default(),
+            event_processing_time: processing_time_histogram(),
+            event_resends: Counter::default(),
+            resource_proxy: ProxyMetrics::default(),
+            redis_proxy: ProxyMetrics::default(),
+        }
+    }
 }
 
 impl PrincipalMetrics {
@@ -66,7 +158,53 @@ impl PrincipalMetrics {
             "Resources with undelivered events per agent",
             m.outbox_resources.clone(),
         );
+        registry.register(
+            "argocd_principal_agent_connected",
+            "Whether each known agent's event stream is up (1) or not (0)",
+            m.agent_connected.clone(),
+        );
+        registry.register(
+            "argocd_principal_agent_last_event_timestamp_seconds",
+            "Unix time of the last event received from each agent",
+            m.agent_last_event.clone(),
+        );
+        registry.register(
+            "principal_event_processing_time",
+            "Seconds taken to handle one event received from an agent",
+            m.event_processing_time.clone(),
+        );
+        registry.register(
+            "argocd_principal_event_resends",
+            "Events sent again because the agent had not ACKed them in time",
+            m.event_resends.clone(),
+        );
+        m.resource_proxy.register(registry, "resource_proxy");
+        m.redis_proxy.register(registry, "redis_proxy");
         m
+    }
+
+    /// Marks `agent`'s stream up or down.
+    pub fn agent_connection(&self, agent: &str, mode: &str, up: bool) {
+        self.agent_connected
+            .get_or_create(&vec![
+                ("agent_name".into(), agent.into()),
+                ("agent_mode".into(), mode.into()),
+            ])
+            .set(i64::from(up));
+    }
+
+    /// Records that an event from `agent` arrived now.
+    pub fn agent_event(&self, agent: &str) {
+        self.agent_last_event
+            .get_or_create(&vec![("agent_name".into(), agent.into())])
+            .set(chrono::Utc::now().timestamp());
+    }
+
+    /// Sets `agent`'s queue depth (resources with undelivered events).
+    pub fn agent_queue_depth(&self, agent: &str, resources: usize) {
+        self.outbox_resources
+            .get_or_create(&vec![("agent_name".into(), agent.into())])
+            .set(resources as i64);
     }
 
     /// Counts a refused connection or call.
@@ -74,6 +212,24 @@ impl PrincipalMetrics {
         self.auth_failures
             .get_or_create(&vec![("reason".into(), reason.into())])
             .inc();
+    }
+
+    /// Refreshes `argocd_principal_outbox_resources{agent_name}` from every session's outbox every
+    /// few seconds until the process ends (an agent that is away keeps its last queue size).
+    pub fn spawn_outbox_sampler(
+        self: &Arc<Self>,
+        registry: Arc<AgentRegistry>,
+    ) -> tokio::task::JoinHandle<()> {
+        let metrics = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(OUTBOX_SAMPLE_INTERVAL);
+            loop {
+                tick.tick().await;
+                for session in registry.all() {
+                    metrics.agent_queue_depth(session.name.as_str(), session.outbox.resources());
+                }
+            }
+        })
     }
 
     /// Counts an event by type in `family`.

@@ -1,8 +1,10 @@
 //! Per-agent sessions: the state the principal keeps for each agent across its connections — the
-//! agent's mode and its [`Outbox`] of undelivered events — and which stream is the live one (a new
-//! stream from the same agent supersedes the old one).
+//! agent's mode, its [`Outbox`] of undelivered events, and whether the resync after this
+//! principal's start was done (upstream's per-agent `resyncStatus`, lost on restart by design) —
+//! and which stream is the live one (a new stream from the same agent supersedes the old one).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use argocd_agent_proto::identity::AgentName;
@@ -21,6 +23,8 @@ pub struct AgentSession {
     pub outbox: Outbox,
     /// Generation of the live stream; bumping it ends older streams.
     generation: watch::Sender<u64>,
+    /// Set once the resync after this principal's start was queued for the agent.
+    resynced_since_start: AtomicBool,
 }
 
 impl AgentSession {
@@ -38,6 +42,17 @@ impl AgentSession {
             generation = *g;
         });
         generation
+    }
+
+    /// True exactly once per principal process: on the first call, meaning the agent has not
+    /// been resynced since this principal started (its undelivered events may have been lost).
+    pub fn begin_first_resync(&self) -> bool {
+        !self.resynced_since_start.swap(true, Ordering::SeqCst)
+    }
+
+    /// Whether the stream of `generation` is still the live one.
+    pub fn is_live(&self, generation: u64) -> bool {
+        *self.generation.borrow() == generation
     }
 
     /// Resolves when a newer stream has taken over from `generation`.
@@ -76,6 +91,7 @@ impl AgentRegistry {
                     mode: RwLock::new(mode),
                     outbox: Outbox::new(self.outbox.clone()),
                     generation: watch::channel(0).0,
+                    resynced_since_start: AtomicBool::new(false),
                 })
             })
             .clone()
@@ -123,5 +139,18 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[test]
+    fn the_resync_after_principal_start_happens_once_per_agent() {
+        let reg = AgentRegistry::new(OutboxConfig::default());
+        let a = reg.get_or_create(&AgentName::new("a1").unwrap(), AgentMode::Managed);
+        let b = reg.get_or_create(&AgentName::new("b1").unwrap(), AgentMode::Managed);
+        assert!(a.begin_first_resync());
+        assert!(
+            !a.begin_first_resync(),
+            "a reconnect needs no restart resync"
+        );
+        assert!(b.begin_first_resync(), "each agent gets its own");
     }
 }

@@ -18,6 +18,10 @@ pub const AUDIENCE_ACCESS: &str = "argocd-agent-server-access";
 /// Audience of refresh tokens.
 pub const AUDIENCE_REFRESH: &str = "argocd-agent-server-refresh";
 
+/// Audience of the bearer tokens in self-registered cluster secrets (the resource proxy's
+/// callers); their `sub` is the plain agent name, as upstream.
+pub const AUDIENCE_RESOURCE_PROXY: &str = "argocd-agent-server-resource-proxy";
+
 /// Errors of key loading and token checks; messages are safe to log (no token material).
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -128,9 +132,34 @@ impl TokenIssuer {
         audience: &str,
         lifetime: Duration,
     ) -> Result<String, TokenError> {
+        let sub = serde_json::to_string(subject).map_err(|e| TokenError::Invalid(e.to_string()))?;
+        self.issue_with_sub(sub, audience, lifetime)
+    }
+
+    /// Issues a resource-proxy bearer token for `agent` (`sub` = the agent name).
+    pub fn issue_resource_proxy(
+        &self,
+        agent: &str,
+        lifetime: Duration,
+    ) -> Result<String, TokenError> {
+        self.issue_with_sub(agent.to_string(), AUDIENCE_RESOURCE_PROXY, lifetime)
+    }
+
+    /// Validates a resource-proxy bearer token (signature, issuer, audience, expiry) and
+    /// returns the agent it names.
+    pub fn validate_resource_proxy(&self, token: &str) -> Result<String, TokenError> {
+        Ok(self.decode(token, AUDIENCE_RESOURCE_PROXY)?.sub)
+    }
+
+    fn issue_with_sub(
+        &self,
+        sub: String,
+        audience: &str,
+        lifetime: Duration,
+    ) -> Result<String, TokenError> {
         let now = chrono::Utc::now().timestamp();
         let claims = Claims {
-            sub: serde_json::to_string(subject).map_err(|e| TokenError::Invalid(e.to_string()))?,
+            sub,
             iss: ISSUER.into(),
             aud: audience.into(),
             exp: now + lifetime.as_secs() as i64,
@@ -144,15 +173,20 @@ impl TokenIssuer {
 
     /// Validates a token for `audience` (signature, issuer, audience, expiry) and returns its subject.
     pub fn validate(&self, token: &str, audience: &str) -> Result<Subject, TokenError> {
+        let claims = self.decode(token, audience)?;
+        serde_json::from_str(&claims.sub)
+            .map_err(|e| TokenError::Invalid(format!("subject is not {{clientID, mode}}: {e}")))
+    }
+
+    fn decode(&self, token: &str, audience: &str) -> Result<Claims, TokenError> {
         let mut v = Validation::new(self.algorithm);
         v.set_issuer(&[ISSUER]);
         v.set_audience(&[audience]);
         v.leeway = 5;
         v.validate_nbf = true;
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &v)
-            .map_err(|e| TokenError::Invalid(e.to_string()))?;
-        serde_json::from_str(&data.claims.sub)
-            .map_err(|e| TokenError::Invalid(format!("subject is not {{clientID, mode}}: {e}")))
+        jsonwebtoken::decode::<Claims>(token, &self.decoding, &v)
+            .map(|data| data.claims)
+            .map_err(|e| TokenError::Invalid(e.to_string()))
     }
 }
 
@@ -206,6 +240,19 @@ mod tests {
         let forged = jsonwebtoken::encode(&Header::new(i.algorithm), &old, &i.encoding).unwrap();
         assert!(i.validate(&t, AUDIENCE_ACCESS).is_ok());
         assert!(i.validate(&forged, AUDIENCE_ACCESS).is_err());
+    }
+
+    #[test]
+    fn resource_proxy_tokens_name_the_agent_and_are_not_access_tokens() {
+        let i = issuer();
+        let t = i
+            .issue_resource_proxy("agent-a", Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(i.validate_resource_proxy(&t).unwrap(), "agent-a");
+        assert!(i.validate(&t, AUDIENCE_ACCESS).is_err());
+        let access = i.issue_access(&subject()).unwrap();
+        assert!(i.validate_resource_proxy(&access).is_err());
+        assert!(issuer().validate_resource_proxy(&t).is_err(), "another key");
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub mod resync;
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use prost::Message as _;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -211,7 +211,8 @@ pub struct Event {
 /// zeros removed (none at all for whole seconds) and a `Z` suffix.
 pub fn format_rfc3339_nano(t: &DateTime<Utc>) -> String {
     let base = t.format("%Y-%m-%dT%H:%M:%S").to_string();
-    let nanos = t.timestamp_subsec_nanos();
+    // A leap second is second 60 plus 1e9 nanoseconds in chrono; `%S` already wrote the 60.
+    let nanos = t.timestamp_subsec_nanos() % 1_000_000_000;
     if nanos == 0 {
         return format!("{base}Z");
     }
@@ -240,9 +241,11 @@ fn is_json_content_type(ct: &str) -> bool {
     essence == "application/json" || essence == "text/json" || essence.ends_with("+json")
 }
 
+/// A protobuf timestamp as a time RFC 3339 can write (four-digit years, nanos below one
+/// second), so that it survives being sent on as the `sentat` string.
 fn timestamp_to_utc(t: &prost_types::Timestamp) -> Option<DateTime<Utc>> {
-    let nanos = u32::try_from(t.nanos).ok()?;
-    DateTime::<Utc>::from_timestamp(t.seconds, nanos)
+    let nanos = u32::try_from(t.nanos).ok().filter(|n| *n < 1_000_000_000)?;
+    DateTime::<Utc>::from_timestamp(t.seconds, nanos).filter(|d| (0..=9999).contains(&d.year()))
 }
 
 impl Event {
@@ -653,6 +656,8 @@ impl Event {
                 (attr::DATASCHEMA, Some(s)) => target = Target::from_wire(&s),
                 (attr::SUBJECT, Some(s)) => subject = Some(s),
                 (attr::DATACONTENTTYPE, Some(s)) => content_type = Some(s),
+                // Not a media type at all: refused below like any non-JSON content type.
+                (attr::DATACONTENTTYPE, None) => content_type = Some(format!("{value:?}")),
                 (attr::RESOURCE_ID, Some(s)) => resource_id = s,
                 (attr::EVENT_ID, Some(s)) => event_id = s,
                 (attr::PRINCIPAL_UID, Some(s)) => principal_uid = Some(s),
@@ -678,6 +683,8 @@ impl Event {
         }
         if event_id.is_empty() && !ce.id.is_empty() {
             event_id = ce.id;
+            // A non-text `eventid` would be overwritten by this id when the event is sent on.
+            extensions.remove(attr::EVENT_ID);
         }
 
         let data = match ce.data {
@@ -766,6 +773,23 @@ impl Event {
     }
 }
 
+/// Event type and `dataschema` (the resource type) of a wire event, read without decoding the
+/// payload: what send-path metrics label events with.
+pub fn stream_event_labels(wire: &pb::eventstreamapi::Event) -> (EventType, &str) {
+    let Some(ce) = &wire.event else {
+        return (EventType::from_wire(""), "");
+    };
+    let target = ce
+        .attributes
+        .get(attr::DATASCHEMA)
+        .and_then(|v| match &v.attr {
+            Some(cloud_event_attribute_value::Attr::CeString(s)) => Some(s.as_str()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    (EventType::from_wire(&ce.r#type), target)
+}
+
 impl TryFrom<CloudEvent> for Event {
     type Error = EventError;
     fn try_from(ce: CloudEvent) -> Result<Self, Self::Error> {
@@ -776,5 +800,70 @@ impl TryFrom<CloudEvent> for Event {
 impl From<Event> for CloudEvent {
     fn from(ev: Event) -> Self {
         ev.into_cloud_event()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex_bytes(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Decodes `wire`, and checks the event survives re-encoding unchanged.
+    fn round_trip(wire: &str) -> Result<Event, EventError> {
+        let ev = Event::decode(&hex_bytes(wire))?;
+        assert_eq!(Event::decode(&ev.encode_to_vec()).unwrap(), ev);
+        Ok(ev)
+    }
+
+    // The inputs below are cloudevent_decode fuzz crashes (re-encoding changed the event).
+
+    #[test]
+    fn a_non_text_content_type_is_refused_instead_of_lost_on_re_encoding() {
+        // `datacontenttype` as a boolean attribute, with JSON data.
+        let err =
+            round_trip("1a03312e302201782a150a0f64617461636f6e74656e747479706512020801320131")
+                .unwrap_err();
+        assert!(
+            matches!(err, EventError::UnsupportedContentType { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_sent_at_timestamp_beyond_rfc3339_years_is_kept_as_an_extension() {
+        // `sentat` as a protobuf Timestamp in the year 14645.
+        let ev = round_trip("1a03312e302201782a130a0673656e74617412093a070880c0ee8ed20b").unwrap();
+        assert_eq!(ev.sent_at, None);
+        assert!(matches!(
+            ev.extensions.get(attr::SENT_AT),
+            Some(ExtensionValue::Timestamp(_))
+        ));
+    }
+
+    #[test]
+    fn the_cloud_event_id_replaces_a_non_text_event_id() {
+        // CloudEvent `id` "x" with an `eventid` attribute of bytes (minimised from the crash).
+        let ev = round_trip("0a01781a03312e302201782a0e0a076576656e7469641203220179").unwrap();
+        assert_eq!(ev.event_id, "x");
+        assert!(ev.extensions.is_empty(), "{:?}", ev.extensions);
+    }
+
+    #[test]
+    fn a_leap_second_sent_at_is_written_back_as_second_60() {
+        // `sentat` "2016-12-31T23:59:60Z" came back as 23:59:60.1.
+        let ev = round_trip(
+            "1a03312e302201782a200a0673656e74617412161a14323031362d31322d33315432333a35393a36305a",
+        )
+        .unwrap();
+        assert_eq!(
+            format_rfc3339_nano(&ev.sent_at.unwrap()),
+            "2016-12-31T23:59:60Z"
+        );
     }
 }

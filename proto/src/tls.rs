@@ -7,6 +7,7 @@
 //! what is wrong with it. It does not decide who an authenticated peer is; that is
 //! [`crate::identity`]. Key material never appears in errors or logs.
 
+pub mod expiry;
 pub mod reload;
 
 use std::fmt;
@@ -23,7 +24,11 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-pub use reload::{ReloadOutcome, ReloadingClientConfig, ReloadingConfig, ReloadingServerConfig};
+pub use expiry::CertificateExpiry;
+pub use reload::{
+    ReloadOutcome, ReloadingClientConfig, ReloadingConfig, ReloadingServerConfig,
+    WeakReloadingConfig,
+};
 
 /// ALPN id for HTTP/2 (gRPC).
 pub const ALPN_H2: &[u8] = b"h2";

@@ -1,7 +1,9 @@
 //! Container logs tunnelled to the hub: where they come from ([`LogSource`]; the default is the
-//! spoke apiserver's `pods/<pod>/log`, which reaches the kubelet) and how they are streamed back
-//! as ordered answer parts until the source ends or the principal cancels (its client went away).
-//! Only pods Argo CD manages (tracked themselves or through their owners) are served.
+//! spoke apiserver's `pods/<pod>/log`, which reaches the kubelet; `--log-endpoint` names any other
+//! Kubernetes-shaped HTTP(S) endpoint serving that path) and how they are streamed back as ordered
+//! answer parts until the source ends or the principal cancels (its client went away), which
+//! closes the source's stream. Only pods Argo CD manages (tracked themselves or through their
+//! owners) are served.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,10 +43,42 @@ pub trait LogSource: Send + Sync + 'static {
     fn open<'a>(&'a self, req: &'a ContainerLogRequest) -> BoxFuture<'a, LogOpen>;
 }
 
-/// Logs from the spoke apiserver's `pods/<pod>/log` subresource.
+/// Logs from `GET /api/v1/namespaces/{ns}/pods/{pod}/log` of a Kubernetes-shaped endpoint: the
+/// spoke apiserver, or the `--log-endpoint`.
 pub struct ApiserverLogSource {
-    /// The spoke client.
+    /// The client of the endpoint.
     pub client: kube::Client,
+}
+
+impl ApiserverLogSource {
+    /// Logs from the HTTP(S) endpoint at `url` (no credentials; HTTPS verified against the
+    /// platform's roots).
+    pub fn endpoint(url: http::Uri) -> Result<Self, kube::Error> {
+        let mut config = kube::Config::new(url);
+        // A followed log stays open for as long as the hub reads it.
+        config.read_timeout = None;
+        Ok(ApiserverLogSource {
+            client: kube::Client::try_from(config)?,
+        })
+    }
+}
+
+/// A log source that refuses every request with the reason it cannot serve (a misconfigured
+/// `--log-endpoint`; better than silently reading logs from elsewhere).
+pub struct UnusableLogSource {
+    /// Why, shown to the hub's client.
+    pub reason: String,
+}
+
+impl LogSource for UnusableLogSource {
+    fn open<'a>(&'a self, _req: &'a ContainerLogRequest) -> BoxFuture<'a, LogOpen> {
+        Box::pin(async move {
+            LogOpen::Refused {
+                status: 502,
+                body: status_body(502, "InternalError", &self.reason),
+            }
+        })
+    }
 }
 
 /// The `pods/log` query of a request.
@@ -147,6 +181,35 @@ fn valid_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
 }
 
+/// The text of `pending` up to its last complete UTF-8 character (invalid bytes become U+FFFD);
+/// an incomplete character at the end stays in `pending` for the next chunk.
+fn take_complete_text(pending: &mut Vec<u8>) -> String {
+    // The last character starts at the last byte that is not a continuation byte (10xxxxxx).
+    let start = (pending.len().saturating_sub(4)..pending.len())
+        .rev()
+        .find(|&i| pending[i] & 0xC0 != 0x80);
+    let keep = match start {
+        Some(i) => {
+            let needed = match pending[i] {
+                b if b >= 0xF0 => 4,
+                b if b >= 0xE0 => 3,
+                b if b >= 0xC0 => 2,
+                _ => 1,
+            };
+            if pending.len() - i < needed {
+                pending.len() - i
+            } else {
+                0
+            }
+        }
+        None => 0,
+    };
+    let rest = pending.split_off(pending.len() - keep);
+    let text = String::from_utf8_lossy(pending).into_owned();
+    *pending = rest;
+    text
+}
+
 /// Streams the logs of `req` back to the principal until the source ends or `stop` fires.
 pub async fn stream(
     live: &Arc<LiveService>,
@@ -188,6 +251,8 @@ pub async fn stream(
     info!(request = uuid, pod = %req.pod_name, follow = req.follow, "streaming container logs to the hub");
     live.push_part(Target::ContainerLog, uuid, 0, false, 200, "");
     let mut seq = 1;
+    // Bytes of a character split across two chunks wait for the rest of it.
+    let mut pending = Vec::new();
     loop {
         while live.outbox().len() > BACKLOG_LIMIT {
             tokio::select! {
@@ -202,7 +267,11 @@ pub async fn stream(
             }
             chunk = logs.next() => match chunk {
                 Some(Ok(bytes)) => {
-                    let text = String::from_utf8_lossy(&bytes);
+                    pending.extend_from_slice(&bytes);
+                    let text = take_complete_text(&mut pending);
+                    if text.is_empty() {
+                        continue;
+                    }
                     for part in super::split_parts(&text, super::PART_BYTES) {
                         live.push_part(Target::ContainerLog, uuid, seq, false, 200, part);
                         seq += 1;
@@ -222,6 +291,17 @@ pub async fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_character_split_across_chunks_arrives_whole() {
+        let mut pending = "line é".as_bytes()[..6].to_vec();
+        assert_eq!(take_complete_text(&mut pending), "line ");
+        pending.extend_from_slice(&"é\n".as_bytes()[1..]);
+        assert_eq!(take_complete_text(&mut pending), "é\n");
+        assert!(pending.is_empty());
+        let mut invalid = vec![b'a', 0xff, b'b'];
+        assert_eq!(take_complete_text(&mut invalid), "a\u{fffd}b");
+    }
 
     #[test]
     fn log_options_become_the_pods_log_query() {

@@ -103,8 +103,8 @@ impl LiveService {
         })
     }
 
-    /// The live service of this agent's configuration (logs from the spoke apiserver), or `None`
-    /// when the live view is disabled.
+    /// The live service of this agent's configuration (logs from `--log-endpoint`, or else the
+    /// spoke apiserver), or `None` when the live view is disabled.
     pub fn start(
         config: &crate::config::AgentConfig,
         client: kube::Client,
@@ -114,9 +114,23 @@ impl LiveService {
             info!("live view disabled (--enable-resource-proxy=false): resource, redis and log requests are refused");
             return None;
         }
-        let logs = Arc::new(ApiserverLogSource {
-            client: client.clone(),
-        });
+        let logs: Arc<dyn LogSource> = match &config.log_endpoint {
+            Some(endpoint) => match ApiserverLogSource::endpoint(endpoint.clone()) {
+                Ok(source) => {
+                    info!(%endpoint, "container logs are read from --log-endpoint");
+                    Arc::new(source)
+                }
+                Err(e) => {
+                    tracing::error!(%endpoint, error = %e, "--log-endpoint is unusable; container log requests will be refused");
+                    Arc::new(logs::UnusableLogSource {
+                        reason: format!("the agent's --log-endpoint {endpoint} is unusable: {e}"),
+                    })
+                }
+            },
+            None => Arc::new(ApiserverLogSource {
+                client: client.clone(),
+            }),
+        };
         let settings = LiveSettings {
             namespace: config.namespace.clone(),
             redis_address: config.redis_address.to_string(),

@@ -7,6 +7,7 @@
 //! (blocklist, fleet, wrap, config) can be added beside them.
 
 pub mod agent;
+pub mod blocklist;
 pub mod fleet;
 pub mod jwt;
 pub mod kubeconfig;
@@ -61,6 +62,9 @@ pub enum Command {
     /// Fleet overview: agents, connection, mode, queue depth, certificate expiry.
     #[command(subcommand)]
     Fleet(fleet::FleetCommand),
+    /// Refuse agents' client certificates (the principal's TLS blocklist).
+    #[command(subcommand)]
+    Blocklist(blocklist::BlocklistCommand),
 }
 
 /// Where PKI material is read from and written to: a directory, or Secrets in a namespace.
@@ -220,6 +224,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Jwt(cmd) => jwt::run(cmd).await,
         Command::Agent(cmd) => agent::run(cmd).await,
         Command::Fleet(cmd) => fleet::run(cmd).await,
+        Command::Blocklist(cmd) => blocklist::run(cmd).await,
         Command::Wrap(_) => Err(CliError::Usage(
             "wrap runs without the async runtime: call wrap::run_wrap".into(),
         )),

@@ -189,6 +189,7 @@ pub async fn reconcile_all(
             .iter()
             .filter_map(|g| g.spec.argocd_agent_addon.principal_server_address.clone())
             .collect();
+        hosts.extend(opts.principal_address.iter().cloned());
         hosts.extend(discovered.iter().cloned());
         let principal = ensure_server_cert(
             &store,
@@ -293,10 +294,11 @@ pub async fn reconcile_all(
             .principal_server_address
             .clone()
             .filter(|a| !a.is_empty())
+            .or_else(|| opts.principal_address.clone())
             .or_else(|| discovered.first().cloned());
         let Some(principal_address) = principal_address else {
             fail(&mut status, format!(
-                "principal address unknown: set spec.argoCDAgentAddon.principalServerAddress or give service {}/{PRINCIPAL_SERVICE} a LoadBalancer ingress",
+                "principal address unknown: set spec.argoCDAgentAddon.principalServerAddress (or the principal's --operator-principal-address) or give service {}/{PRINCIPAL_SERVICE} a LoadBalancer ingress",
                 opts.namespace
             ));
             outcomes.insert(
@@ -314,7 +316,7 @@ pub async fn reconcile_all(
             .as_deref()
             .filter(|p| !p.is_empty())
         {
-            None => DEFAULT_PRINCIPAL_PORT,
+            None => opts.principal_port.unwrap_or(DEFAULT_PRINCIPAL_PORT),
             Some(p) => {
                 match p.parse::<u16>() {
                     Ok(port) if port > 0 => port,
@@ -429,7 +431,7 @@ pub async fn reconcile_all(
             cluster,
             owner: owner_key,
             mode: goc.mode(),
-            agent_namespace: goc.agent_namespace(),
+            agent_namespace: goc.agent_namespace_or(opts.agent_namespace.as_deref()),
             image: &image,
             principal_address: &principal_address,
             principal_port,

@@ -189,11 +189,17 @@ impl GitOpsCluster {
 
     /// The agent namespace on the managed clusters.
     pub fn agent_namespace(&self) -> &str {
+        self.agent_namespace_or(None)
+    }
+
+    /// The agent namespace on the managed clusters: the spec's, else `default`, else `argocd`.
+    pub fn agent_namespace_or<'a>(&'a self, default: Option<&'a str>) -> &'a str {
         self.spec
             .argocd_agent_addon
             .agent_namespace
             .as_deref()
             .filter(|m| !m.is_empty())
+            .or(default.filter(|d| !d.is_empty()))
             .unwrap_or(DEFAULT_AGENT_NAMESPACE)
     }
 

@@ -1,9 +1,13 @@
 //! Leader election with a coordination.k8s.io/v1 Lease, so that among several principal
-//! replicas exactly one runs the operator's reconcile passes.
+//! replicas exactly one does a singular job: the operator's reconcile passes ([`run_election`]
+//! from `gitops::run_operator`) and the principal's active role under `--ha-enabled`
+//! ([`run_election_reporting`] from the principal's `leadership` module).
 //!
 //! Owns the acquire/renew/take-over rule: a Lease held by someone else is taken only after its
 //! `renewTime + leaseDurationSeconds` has passed; every write carries the resourceVersion read,
-//! so two candidates cannot both win. Leadership is published on a `watch` channel.
+//! so two candidates cannot both win. A holder that cannot renew steps down one retry interval
+//! before its Lease can expire, so the old and the new holder never overlap. Leadership is
+//! published on a `watch` channel.
 
 use std::time::Duration;
 
@@ -75,13 +79,27 @@ fn desired(cfg: &LeaseConfig, previous: Option<&Lease>) -> Lease {
     }
 }
 
-/// One acquire-or-renew attempt; `Ok(true)` when this candidate holds the lease afterwards.
-pub async fn try_acquire(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
+/// What one election round found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// This candidate holds the Lease.
+    pub held: bool,
+    /// The holder the Lease names (this candidate when `held`; `None` when free or unread).
+    pub holder: Option<String>,
+}
+
+/// One acquire-or-renew attempt, saying who holds the Lease afterwards.
+pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<LeaseStatus, kube::Error> {
     let pp = PostParams::default();
+    let won = LeaseStatus {
+        held: true,
+        holder: Some(cfg.identity.clone()),
+    };
+    let lost_race = LeaseStatus::default();
     match api.get_opt(&cfg.name).await? {
         None => match api.create(&pp, &desired(cfg, None)).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Ok(_) => Ok(won),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(lost_race),
             Err(e) => Err(e),
         },
         Some(lease) if may_acquire(&lease, &cfg.identity, Utc::now()) => {
@@ -89,50 +107,99 @@ pub async fn try_acquire(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, ku
                 .replace(&cfg.name, &pp, &desired(cfg, Some(&lease)))
                 .await
             {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Ok(_) => Ok(won),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(lost_race),
                 Err(e) => Err(e),
             }
         }
-        Some(_) => Ok(false),
+        Some(lease) => Ok(LeaseStatus {
+            held: false,
+            holder: lease.spec.and_then(|s| s.holder_identity),
+        }),
     }
 }
 
+/// One acquire-or-renew attempt; `Ok(true)` when this candidate holds the lease afterwards.
+pub async fn try_acquire(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
+    Ok(acquire(api, cfg).await?.held)
+}
+
 /// Runs the election until `shutdown`, publishing leadership on `leader`. A leader that cannot
-/// renew within the lease duration steps down.
+/// renew steps down before its lease can expire.
 pub async fn run_election(
     client: kube::Client,
     cfg: LeaseConfig,
     leader: watch::Sender<bool>,
     shutdown: Shutdown,
 ) {
+    campaign(client, cfg, shutdown, |status| {
+        leader.send_if_modified(|held| std::mem::replace(held, status.held) != status.held);
+    })
+    .await
+}
+
+/// Like [`run_election`], publishing the holder too (for readiness reasons and metrics).
+pub async fn run_election_reporting(
+    client: kube::Client,
+    cfg: LeaseConfig,
+    status: watch::Sender<LeaseStatus>,
+    shutdown: Shutdown,
+) {
+    campaign(client, cfg, shutdown, |s| {
+        status.send_if_modified(|old| {
+            let changed = *old != s;
+            *old = s;
+            changed
+        });
+    })
+    .await
+}
+
+/// How long a holder keeps leadership without a successful renewal: one retry interval less
+/// than the lease, so it has stepped down before any other candidate may take over.
+fn renew_deadline(cfg: &LeaseConfig) -> std::time::Duration {
+    cfg.duration.saturating_sub(cfg.retry)
+}
+
+async fn campaign(
+    client: kube::Client,
+    cfg: LeaseConfig,
+    shutdown: Shutdown,
+    mut publish: impl FnMut(LeaseStatus),
+) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut last_renewed = tokio::time::Instant::now();
+    let mut leader = false;
     let stop = shutdown.requested();
     tokio::pin!(stop);
     loop {
-        let holds = match try_acquire(&api, &cfg).await {
-            Ok(h) => {
-                if h {
+        let status = match acquire(&api, &cfg).await {
+            Ok(s) => {
+                if s.held {
                     last_renewed = tokio::time::Instant::now();
                 }
-                h
+                s
             }
             Err(e) => {
                 tracing::warn!(lease = %cfg.name, error = %e, "leader election: lease not reachable");
-                *leader.borrow() && last_renewed.elapsed() < cfg.duration
+                let keep = leader && last_renewed.elapsed() < renew_deadline(&cfg);
+                LeaseStatus {
+                    held: keep,
+                    holder: keep.then(|| cfg.identity.clone()),
+                }
             }
         };
-        if holds != *leader.borrow() {
-            tracing::info!(lease = %cfg.name, identity = %cfg.identity, leader = holds, "leadership changed");
-            let _ = leader.send(holds);
+        if status.held != leader {
+            tracing::info!(lease = %cfg.name, identity = %cfg.identity, leader = status.held, "leadership changed");
+            leader = status.held;
         }
+        publish(status);
         tokio::select! {
             _ = &mut stop => break,
             _ = tokio::time::sleep(cfg.retry) => {}
         }
     }
-    if *leader.borrow() {
+    if leader {
         // Step down so another replica takes over at once instead of after the lease expires.
         if let Ok(Some(mut lease)) = api.get_opt(&cfg.name).await {
             if let Some(spec) = lease.spec.as_mut() {
@@ -142,7 +209,7 @@ pub async fn run_election(
                 }
             }
         }
-        let _ = leader.send(false);
+        publish(LeaseStatus::default());
     }
 }
 
@@ -174,5 +241,17 @@ mod tests {
         assert!(may_acquire(&lease(Some("me"), 0), "me", now));
         assert!(!may_acquire(&lease(Some("other"), 5), "me", now));
         assert!(may_acquire(&lease(Some("other"), 60), "me", now));
+    }
+
+    #[test]
+    fn a_holder_steps_down_a_retry_interval_before_its_lease_can_be_taken() {
+        let cfg = LeaseConfig {
+            name: "l".into(),
+            namespace: "ns".into(),
+            identity: "me".into(),
+            duration: std::time::Duration::from_secs(10),
+            retry: std::time::Duration::from_secs(2),
+        };
+        assert_eq!(renew_deadline(&cfg), std::time::Duration::from_secs(8));
     }
 }

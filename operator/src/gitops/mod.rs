@@ -14,6 +14,7 @@ pub mod certs;
 pub mod controller;
 pub mod crd;
 pub mod csr;
+pub mod flags;
 pub mod lease;
 pub mod placement;
 
@@ -36,6 +37,7 @@ use crate::registration::{RegistrationError, DEFAULT_RESOURCE_PROXY_ADDRESS};
 pub use certs::CertPolicy;
 pub use controller::reconcile_all;
 pub use crd::{GitOpsCluster, GitOpsClusterSpec, GitOpsClusterStatus};
+pub use flags::{OperatorFlags, OperatorSettings};
 
 /// Finalizer that holds a deleted GitOpsCluster until its clusters are offboarded.
 pub const FINALIZER: &str = "apps.open-cluster-management.io/argocd-agent-cleanup";
@@ -75,6 +77,12 @@ pub struct OperatorOptions {
     pub resource_proxy_address: String,
     /// Agent image when the GitOpsCluster names none.
     pub agent_image: String,
+    /// Principal host agents dial when the GitOpsCluster names none (overrides discovery).
+    pub principal_address: Option<String>,
+    /// Principal port agents dial when the GitOpsCluster names none.
+    pub principal_port: Option<u16>,
+    /// Agent namespace on the spokes when the GitOpsCluster names none (default `argocd`).
+    pub agent_namespace: Option<String>,
     /// Certificate lifetimes and renewal.
     pub certs: CertPolicy,
     /// Pass interval without events (certificate renewal, drift).
@@ -101,6 +109,9 @@ impl OperatorOptions {
                 "ghcr.io/argocd-agent-rs/argocd-agent:{}",
                 env!("CARGO_PKG_VERSION")
             ),
+            principal_address: None,
+            principal_port: None,
+            agent_namespace: None,
             certs: CertPolicy::default(),
             resync: Duration::from_secs(60),
             lease_name: LEASE_NAME.to_owned(),

@@ -19,14 +19,15 @@ use argocd_agent_proto::payload::{
     RedisCommandBody, RedisCommandBodyGet, RedisCommandBodyPing, RedisCommandBodySubscribe,
     RedisRequest, RedisResponse,
 };
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use redis_protocol::codec::Resp2;
+use redis_protocol::error::{RedisProtocolError, RedisProtocolErrorKind};
 use redis_protocol::resp2::types::BytesFrame as Frame;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::{Decoder, FramedRead, FramedWrite};
 
 use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
 use crate::sessions::AgentRegistry;
@@ -69,8 +70,9 @@ fn bulk(s: &str) -> Frame {
     Frame::BulkString(Bytes::copy_from_slice(s.as_bytes()))
 }
 
-/// The arguments of a command frame, or why it is not one.
-fn command_args(frame: &Frame) -> Result<Vec<Bytes>, &'static str> {
+/// The arguments of a command frame (name first), or why it is not one: a command is a
+/// non-empty array of bulk (or simple) strings. Every client frame goes through this first.
+pub fn command_args(frame: &Frame) -> Result<Vec<Bytes>, &'static str> {
     let Frame::Array(items) = frame else {
         return Err("Protocol error: a command must be an array of bulk strings");
     };
@@ -84,6 +86,75 @@ fn command_args(frame: &Frame) -> Result<Vec<Bytes>, &'static str> {
             _ => Err("Protocol error: a command must be an array of bulk strings"),
         })
         .collect()
+}
+
+/// The codec of client connections: RESP2 frames as [`Resp2`] reads them, except that a frame
+/// nesting one array in another is refused before it is parsed, as Redis refuses it. The parser
+/// recurses once per nesting level: a client sending a few thousand nested array headers
+/// (`*1\r\n*1\r\n…`, found by the `resp_parser` fuzz target) overflowed the stack and
+/// aborted the principal.
+#[derive(Debug, Default)]
+pub struct ClientCodec(Resp2);
+
+impl Decoder for ClientCodec {
+    type Item = Frame;
+    type Error = RedisProtocolError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, RedisProtocolError> {
+        if nests_arrays(buf) {
+            return Err(RedisProtocolError::new(
+                RedisProtocolErrorKind::DecodeError,
+                "a command must be a flat array of bulk strings (nested arrays are refused)",
+            ));
+        }
+        self.0.decode(buf)
+    }
+}
+
+/// Whether the first RESP2 frame in `buf` (complete or not) holds an array inside an array,
+/// read element by element without recursion; malformed input is left to the parser.
+fn nests_arrays(buf: &[u8]) -> bool {
+    let mut open_arrays: Vec<u64> = Vec::new(); // elements still expected, per open array
+    let mut pos = 0usize;
+    loop {
+        let Some(&kind) = buf.get(pos) else {
+            return false;
+        };
+        let line_start = pos + 1;
+        let Some(eol) = buf[line_start..].windows(2).position(|w| w == b"\r\n") else {
+            return false;
+        };
+        let len = std::str::from_utf8(&buf[line_start..line_start + eol])
+            .ok()
+            .and_then(|l| l.parse::<i64>().ok());
+        pos = line_start + eol + 2;
+        match (kind, len) {
+            (b'*', Some(n)) if n > 0 => {
+                if !open_arrays.is_empty() {
+                    return true;
+                }
+                open_arrays.push(n as u64);
+                continue;
+            }
+            (b'*', Some(_)) | (b'+' | b'-' | b':', _) => {}
+            (b'$', Some(n)) if n >= 0 => pos = pos.saturating_add(n as usize).saturating_add(2),
+            (b'$', Some(_)) => {}
+            _ => return false,
+        }
+        // One element is complete: it completes every array it was the last element of.
+        loop {
+            match open_arrays.last_mut() {
+                None => return false,
+                Some(1) => {
+                    open_arrays.pop();
+                }
+                Some(n) => {
+                    *n -= 1;
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// The hub-Redis side of one client connection.
@@ -368,10 +439,85 @@ impl ClientConnection {
     }
 }
 
-async fn serve_client(proxy: Arc<RedisProxy>, tcp: TcpStream, remote: SocketAddr) {
+/// Counts the bytes read from a client, so that a command trickling in can be told from an idle
+/// connection (slowloris).
+struct CountingReader<R> {
+    inner: R,
+    read: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for CountingReader<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = (buf.filled().len() - before) as u64;
+        self.read.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+}
+
+/// Slowloris guard of one client: the first command must arrive within `limit` of the
+/// connection opening, and a command, once its first bytes arrived, within `limit` of them.
+/// Idle time between commands is not limited (pooled clients keep connections open).
+struct CommandDeadline {
+    limit: Duration,
+    read: Arc<std::sync::atomic::AtomicU64>,
+    opened: tokio::time::Instant,
+    /// Bytes read when the last command was complete.
+    consumed: u64,
+    seen_command: bool,
+    partial_since: Option<tokio::time::Instant>,
+}
+
+impl CommandDeadline {
+    fn command_done(&mut self) {
+        self.consumed = self.read.load(std::sync::atomic::Ordering::Relaxed);
+        self.seen_command = true;
+        self.partial_since = None;
+    }
+
+    /// Why the connection must close now, if it must.
+    fn expired(&mut self) -> Option<String> {
+        let now = tokio::time::Instant::now();
+        if !self.seen_command && now - self.opened >= self.limit {
+            return Some(format!("no complete command within {:?}", self.limit));
+        }
+        if self.read.load(std::sync::atomic::Ordering::Relaxed) > self.consumed {
+            let since = *self.partial_since.get_or_insert(now);
+            if now - since >= self.limit {
+                return Some(format!("command not completed within {:?}", self.limit));
+            }
+        }
+        None
+    }
+}
+
+async fn serve_client(
+    proxy: Arc<RedisProxy>,
+    tcp: TcpStream,
+    remote: SocketAddr,
+    command_timeout: Duration,
+) {
     let _ = tcp.set_nodelay(true);
     let (r, w) = tcp.into_split();
-    let mut input = FramedRead::new(r, Resp2::default());
+    let read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut deadline = CommandDeadline {
+        limit: command_timeout,
+        read: read.clone(),
+        opened: tokio::time::Instant::now(),
+        consumed: 0,
+        seen_command: false,
+        partial_since: None,
+    };
+    let mut check = tokio::time::interval(
+        (command_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)),
+    );
+    let r = CountingReader { inner: r, read };
+    let mut input = FramedRead::new(r, ClientCodec::default());
     let mut output = FramedWrite::new(w, Resp2::default());
     let mut conn = ClientConnection {
         proxy,
@@ -393,13 +539,16 @@ async fn serve_client(proxy: Arc<RedisProxy>, tcp: TcpStream, remote: SocketAddr
                     let _ = output.send(error(format!("Protocol error: {e}"))).await;
                     break;
                 }
-                Some(Ok(frame)) => match conn.command(frame).await {
-                    Outcome::Reply(frames) => frames,
-                    Outcome::Close(last) => {
-                        let _ = output.send(last).await;
-                        break;
+                Some(Ok(frame)) => {
+                    deadline.command_done();
+                    match conn.command(frame).await {
+                        Outcome::Reply(frames) => frames,
+                        Outcome::Close(last) => {
+                            let _ = output.send(last).await;
+                            break;
+                        }
                     }
-                },
+                }
             },
             push = next_push(&mut conn.pushes) => match push {
                 Some(LiveReply::Redis(resp)) => match resp.body.push_from_subscribe {
@@ -422,6 +571,14 @@ async fn serve_client(proxy: Arc<RedisProxy>, tcp: TcpStream, remote: SocketAddr
                     break;
                 }
             },
+            _ = check.tick() => match deadline.expired() {
+                Some(reason) => {
+                    tracing::info!(%remote, "redis proxy: closing a slow client: {reason}");
+                    let _ = output.send(error(format!("{reason}; closing"))).await;
+                    break;
+                }
+                None => Vec::new(),
+            },
             _ = ping.tick(), if !conn.agents.is_empty() => {
                 conn.ping_agents().await;
                 Vec::new()
@@ -438,15 +595,20 @@ async fn serve_client(proxy: Arc<RedisProxy>, tcp: TcpStream, remote: SocketAddr
     }
 }
 
-/// Binds `addr` and serves the proxy; returns the bound address.
-pub async fn serve(addr: SocketAddr, proxy: Arc<RedisProxy>) -> std::io::Result<SocketAddr> {
+/// Binds `addr` and serves the proxy; a client must send each command within `command_timeout`
+/// of its start (and its first one within that of connecting). Returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    proxy: Arc<RedisProxy>,
+    command_timeout: Duration,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
             match listener.accept().await {
                 Ok((tcp, remote)) => {
-                    tokio::spawn(serve_client(proxy.clone(), tcp, remote));
+                    tokio::spawn(serve_client(proxy.clone(), tcp, remote, command_timeout));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "redis proxy: accepting a connection failed");
@@ -490,5 +652,52 @@ mod tests {
             command_args(&Frame::Array(vec![bulk("GET"), bulk("k")])).unwrap(),
             vec![Bytes::from_static(b"GET"), Bytes::from_static(b"k")]
         );
+    }
+
+    #[test]
+    fn deeply_nested_arrays_are_refused_without_overflowing_the_stack() {
+        // The resp_parser fuzz crash: 100,000 nested one-element arrays around a bulk string.
+        let mut crash = BytesMut::from("*1\r\n".repeat(100_000).as_str());
+        crash.extend_from_slice(b"$1\r\na\r\n");
+        let err = ClientCodec::default().decode(&mut crash).unwrap_err();
+        assert!(
+            err.to_string().contains("nested arrays are refused"),
+            "{err}"
+        );
+        let mut nested_after_args = BytesMut::from("*2\r\n$3\r\nGET\r\n*1\r\n$1\r\nk\r\n");
+        assert!(ClientCodec::default()
+            .decode(&mut nested_after_args)
+            .is_err());
+    }
+
+    #[test]
+    fn a_frame_starting_with_its_line_end_is_a_protocol_error() {
+        // resp_parser fuzz crash: the nesting check sliced the empty line before `\r\n`.
+        let mut crash = BytesMut::from(&b"\r\nPI\xff*1\r\n$4\r\nPING\r\n"[..]);
+        assert!(ClientCodec::default().decode(&mut crash).is_err());
+    }
+
+    #[test]
+    fn flat_commands_decode_whole_and_byte_by_byte() {
+        let wire: &[u8] =
+            b"*2\r\n$3\r\nGET\r\n$39\r\napp|managed-resources|agent-a_guestbook\r\n*1\r\n$4\r\nPING\r\n";
+        let expected = vec![
+            Frame::Array(vec![
+                bulk("GET"),
+                bulk("app|managed-resources|agent-a_guestbook"),
+            ]),
+            Frame::Array(vec![bulk("PING")]),
+        ];
+        for chunk in [wire.len(), 1] {
+            let mut codec = ClientCodec::default();
+            let (mut buf, mut frames) = (BytesMut::new(), Vec::new());
+            for piece in wire.chunks(chunk) {
+                buf.extend_from_slice(piece);
+                while let Some(f) = codec.decode(&mut buf).unwrap() {
+                    frames.push(f);
+                }
+            }
+            assert_eq!(frames, expected, "chunk {chunk}");
+        }
     }
 }

@@ -2,8 +2,8 @@
 //! "cluster" of each agent, answered by the agent over its event stream.
 //!
 //! Owns the listener (TLS, client certificate required, HTTP/1.1 and HTTP/2), who the caller is
-//! (the client certificate's common name names the agent; the `?agentName=` of the cluster URL is
-//! never trusted), turning an API request into a `resource`/`containerlog` request event in that
+//! (a bearer JWT's `sub` for self-registered clusters, else the client certificate's common name;
+//! the `?agentName=` of the cluster URL is never trusted), turning an API request into a `resource`/`containerlog` request event in that
 //! agent's outbox, and turning the agent's answer into the HTTP response: streamed part by part,
 //! 502 with a Kubernetes `Status` when the agent is not connected or goes away, 504 when it does
 //! not answer in time, 413 for a request body over the limit. Path parsing is in [`route`]; the
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_agent_proto::event::Event;
-use argocd_agent_proto::identity::{AgentIdentity, AgentName, IdentitySource};
+use argocd_agent_proto::identity::{AgentName, IdentitySource};
 use argocd_agent_proto::payload::ContainerLogRequest;
 use argocd_agent_proto::tls::reload::ReloadingServerConfig;
 use bytes::Bytes;
@@ -30,9 +30,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use tokio::net::TcpListener;
 
-use crate::listener::HANDSHAKE_TIMEOUT;
 use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
 use crate::sessions::AgentRegistry;
+use crate::tokens::TokenIssuer;
 use route::{parse_api_path, parse_query, resource_request, ApiRoute, PATCH_TYPE_PARAM};
 
 /// How long the proxy waits for the agent's first answer (upstream: 30 s).
@@ -51,6 +51,43 @@ pub struct ResourceProxy {
     pub registry: Arc<AgentRegistry>,
     /// Waiting requests and connected agents.
     pub live: Arc<LiveRequests>,
+    /// Validates the bearer tokens of self-registered clusters.
+    pub tokens: Arc<TokenIssuer>,
+}
+
+/// Who sent a request, from its headers and the connection's client certificate: the bearer JWT's
+/// `sub` (audience [`crate::tokens::AUDIENCE_RESOURCE_PROXY`], signature and expiry checked) when
+/// an `Authorization` header is present, else the certificate's common name. A failure is the
+/// message of the 401 to answer; it never echoes the token.
+pub fn identify_caller(
+    tokens: &TokenIssuer,
+    certificate: Result<AgentName, String>,
+    headers: &http::HeaderMap,
+) -> Result<AgentName, String> {
+    let refused = |message: String| {
+        tracing::info!(reason = %message, "resource proxy: request refused");
+        message
+    };
+    let Some(value) = headers.get(http::header::AUTHORIZATION) else {
+        return certificate.map_err(|reason| {
+            refused(format!(
+                "the client certificate does not name an agent: {reason}"
+            ))
+        });
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .filter(|token| !token.is_empty())
+        .ok_or_else(|| refused("the Authorization header must be `Bearer <token>`".into()))?;
+    let agent = tokens
+        .validate_resource_proxy(token)
+        .map_err(|e| refused(format!("the bearer token is refused: {e}")))?;
+    AgentName::new(agent)
+        .map_err(|e| refused(format!("the bearer token does not name an agent: {e}")))
 }
 
 /// A Kubernetes `Status` failure response.
@@ -117,20 +154,17 @@ fn remaining_parts(
 }
 
 impl ResourceProxy {
-    /// Handles one HTTP request from `caller` (the client certificate's agent identity).
+    /// Handles one HTTP request; `caller` is the client certificate's agent identity, which a
+    /// bearer token overrides (see [`identify_caller`]).
     pub async fn handle(
         &self,
         caller: Result<AgentName, String>,
         req: Request<Incoming>,
     ) -> Response<ProxyBody> {
-        let agent = match caller {
+        let agent = match identify_caller(&self.tokens, caller, req.headers()) {
             Ok(a) => a,
-            Err(reason) => {
-                return status_response(
-                    StatusCode::UNAUTHORIZED,
-                    "Unauthorized",
-                    format!("the client certificate does not name an agent: {reason}"),
-                )
+            Err(message) => {
+                return status_response(StatusCode::UNAUTHORIZED, "Unauthorized", message)
             }
         };
         let path = req.uri().path().to_string();
@@ -317,12 +351,13 @@ impl ResourceProxy {
     }
 }
 
-/// Binds `addr` and serves the proxy with `tls` (which must require client certificates);
-/// returns the bound address.
+/// Binds `addr` and serves the proxy with `tls` (which must require client certificates) under
+/// `policy` (handshake and header timeouts, blocklist); returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
     tls: ReloadingServerConfig,
     proxy: Arc<ResourceProxy>,
+    policy: crate::listener::ConnectionPolicy,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
@@ -336,37 +371,34 @@ pub async fn serve(
                     continue;
                 }
             };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = tls.acceptor();
+            let tls = tls.clone();
             let proxy = proxy.clone();
+            let policy = policy.clone();
             tokio::spawn(async move {
-                let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
-                    .await
-                {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::info!(%remote, error = %e, "resource proxy: TLS handshake failed");
+                let admitted = match crate::listener::admit(tcp, &tls, &policy).await {
+                    Ok(a) => a,
+                    Err((refusal, reason)) => {
+                        tracing::info!(%remote, reason = refusal.reason(), "resource proxy: connection dropped: {reason}");
                         return;
                     }
-                    Err(_) => return,
                 };
-                let caller = stream
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|c| c.first())
-                    .ok_or_else(|| "no client certificate presented".to_string())
-                    .and_then(|leaf| {
-                        AgentIdentity::from_cert_der(leaf.as_ref(), &IdentitySource::CommonName)
-                            .map(|id| id.name)
-                            .map_err(|e| e.to_string())
-                    });
+                let stream = admitted.stream;
+                let caller = crate::listener::agent_of_certificate(
+                    admitted.leaf.as_deref(),
+                    &IdentitySource::CommonName,
+                )
+                .map(|id| id.name);
                 let service = hyper::service::service_fn(move |req| {
                     let proxy = proxy.clone();
                     let caller = caller.clone();
                     async move { Ok::<_, Infallible>(proxy.handle(caller, req).await) }
                 });
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder
+                    .http1()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(policy.request_header_timeout);
                 if let Err(e) = builder
                     .serve_connection(TokioIo::new(stream), service)
                     .await
@@ -377,4 +409,60 @@ pub async fn serve(
         }
     });
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issuer() -> TokenIssuer {
+        TokenIssuer::generate(Duration::from_secs(60), Duration::from_secs(120)).unwrap()
+    }
+
+    fn bearer(token: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        h
+    }
+
+    fn cert(name: &str) -> Result<AgentName, String> {
+        Ok(AgentName::new(name).unwrap())
+    }
+
+    #[test]
+    fn a_bearer_token_names_the_agent_over_the_certificate() {
+        let tokens = issuer();
+        let t = tokens
+            .issue_resource_proxy("agent-a", Duration::from_secs(60))
+            .unwrap();
+        let who = identify_caller(&tokens, cert("shared-client"), &bearer(&t)).unwrap();
+        assert_eq!(who.as_str(), "agent-a");
+        let who = identify_caller(&tokens, cert("agent-b"), &http::HeaderMap::new()).unwrap();
+        assert_eq!(who.as_str(), "agent-b");
+    }
+
+    #[test]
+    fn bad_bearer_tokens_are_401_even_with_a_good_certificate() {
+        let tokens = issuer();
+        let foreign = issuer()
+            .issue_resource_proxy("agent-a", Duration::from_secs(60))
+            .unwrap();
+        let access = tokens
+            .issue_access(&crate::tokens::Subject {
+                client_id: "agent-a".into(),
+                mode: "managed".into(),
+            })
+            .unwrap();
+        for headers in [bearer(&foreign), bearer(&access), bearer(""), {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::AUTHORIZATION, "Basic YTpi".parse().unwrap());
+            h
+        }] {
+            let refused = identify_caller(&tokens, cert("agent-a"), &headers).unwrap_err();
+            assert!(!refused.contains("eyJ"), "no token echoed: {refused}");
+        }
+    }
 }

@@ -50,6 +50,10 @@ fn valid_segment(s: &str) -> bool {
 
 /// Parses `path` (without query); `None` for anything that is not a Kubernetes API path.
 pub fn parse_api_path(path: &str) -> Option<ApiRoute> {
+    // The first segment is skipped below as the empty one before the leading `/`.
+    if !path.starts_with('/') {
+        return None;
+    }
     let path = path.trim_end_matches('/');
     if path == "/version" {
         return Some(ApiRoute::Discovery(path.to_string()));
@@ -78,6 +82,10 @@ pub fn parse_api_path(path: &str) -> Option<ApiRoute> {
         _ => return None,
     };
     if group.is_empty() && version == "v1" && resource == "pods" && subresource == "log" {
+        // Pods are namespaced: `/api/v1/pods/<pod>/log` names no pod.
+        if namespace.is_empty() {
+            return None;
+        }
         return Some(ApiRoute::ContainerLog {
             namespace: namespace.to_string(),
             pod: name.to_string(),
@@ -248,6 +256,25 @@ mod tests {
         ] {
             assert_eq!(parse_api_path(p), None, "{p}");
         }
+    }
+
+    #[test]
+    fn relative_paths_are_refused() {
+        // proxy_path fuzz crash: "cont/api" was taken for the discovery path "cont/api".
+        for p in [
+            "cont/api",
+            "api",
+            "x/apis/apps/v1/namespaces/g/deployments/web",
+            "*",
+        ] {
+            assert_eq!(parse_api_path(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn logs_of_a_pod_without_namespace_are_refused() {
+        // proxy_path fuzz crash: this became a log request for pod "p" in namespace "".
+        assert_eq!(parse_api_path("/api/v1/pods/p/log"), None);
     }
 
     #[test]

@@ -33,10 +33,54 @@ pub trait EventHandler: Send + Sync + 'static {
     fn handle(&self, event: Event) -> impl Future<Output = Result<(), HandleError>> + Send;
 }
 
-/// The lanes of one live stream.
+impl<H: EventHandler> EventHandler for Arc<H> {
+    fn handle(&self, event: Event) -> impl Future<Output = Result<(), HandleError>> + Send {
+        (**self).handle(event)
+    }
+}
+
+/// A handler that records how long each event takes to handle (the `*_event_processing_time`
+/// histogram both ends export) and handles it inside an `event.handle` span that continues the
+/// sender's trace ([`crate::telemetry::traces`]); otherwise it behaves as the handler it wraps.
+pub struct Instrumented<H> {
+    inner: H,
+    seconds: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl<H: EventHandler> Instrumented<H> {
+    /// Wraps `inner`; every handled event is observed in `seconds`.
+    pub fn new(inner: H, seconds: prometheus_client::metrics::histogram::Histogram) -> Self {
+        Self { inner, seconds }
+    }
+}
+
+impl<H: EventHandler> EventHandler for Instrumented<H> {
+    async fn handle(&self, event: Event) -> Result<(), HandleError> {
+        use tracing::Instrument;
+        let span = crate::telemetry::traces::handling_span(&event);
+        let started = std::time::Instant::now();
+        let result = self.inner.handle(event).instrument(span).await;
+        self.seconds.observe(started.elapsed().as_secs_f64());
+        result
+    }
+}
+
+/// Buckets of an event processing-time histogram: 1 ms .. ~16 s.
+pub fn processing_time_histogram() -> prometheus_client::metrics::histogram::Histogram {
+    prometheus_client::metrics::histogram::Histogram::new(
+        prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15),
+    )
+}
+
+/// Starts one lane's worker in the given set and returns its sender.
+type LaneStarter = Box<dyn Fn(&mut JoinSet<()>) -> mpsc::Sender<Event> + Send + Sync>;
+
+/// The lanes of one live stream. A lane's worker (its channel and task) starts on the first event
+/// for it, so an idle stream costs no lane memory (this matters with thousands of idle agents).
 pub struct Lanes {
-    senders: Vec<mpsc::Sender<Event>>,
-    tasks: JoinSet<()>,
+    senders: Vec<std::sync::OnceLock<mpsc::Sender<Event>>>,
+    start_lane: LaneStarter,
+    tasks: std::sync::Mutex<JoinSet<()>>,
 }
 
 /// Key that decides the lane: events with the same key are processed in order.
@@ -58,13 +102,11 @@ impl Lanes {
         depth: usize,
         control: ControlSender,
     ) -> Lanes {
-        let mut tasks = JoinSet::new();
-        let senders = (0..lanes.max(1))
-            .map(|_| {
-                let (tx, mut rx) = mpsc::channel::<Event>(depth.max(1));
-                let handler = handler.clone();
-                let control = control.clone();
-                tasks.spawn(async move {
+        let start_lane: LaneStarter = Box::new(move |tasks: &mut JoinSet<()>| {
+            let (tx, mut rx) = mpsc::channel::<Event>(depth.max(1));
+            let handler = handler.clone();
+            let control = control.clone();
+            tasks.spawn(async move {
                     while let Some(ev) = rx.recv().await {
                         let reply = match handler.handle(ev.clone()).await {
                             Ok(()) => Some(ev.ack()),
@@ -87,24 +129,37 @@ impl Lanes {
                         }
                     }
                 });
-                tx
-            })
-            .collect();
-        Lanes { senders, tasks }
+            tx
+        });
+        Lanes {
+            senders: (0..lanes.max(1))
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            start_lane,
+            tasks: std::sync::Mutex::new(JoinSet::new()),
+        }
     }
 
     /// Hands `ev` to its lane, waiting for room (backpressure on the stream reader).
     pub async fn dispatch(&self, ev: Event) -> Result<(), Event> {
         let mut h = DefaultHasher::new();
         ordering_key(&ev).hash(&mut h);
-        let lane = (h.finish() % self.senders.len() as u64) as usize;
-        self.senders[lane].send(ev).await.map_err(|e| e.0)
+        let lane = &self.senders[(h.finish() % self.senders.len() as u64) as usize];
+        let sender = match lane.get() {
+            Some(tx) => tx,
+            None => {
+                let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+                lane.get_or_init(|| (self.start_lane)(&mut tasks))
+            }
+        };
+        sender.send(ev).await.map_err(|e| e.0)
     }
 
     /// Stops accepting events and waits for the lanes to finish what they hold.
     pub async fn drain(mut self) {
         self.senders.clear();
-        while self.tasks.join_next().await.is_some() {}
+        let mut tasks = std::mem::take(self.tasks.get_mut().unwrap_or_else(|e| e.into_inner()));
+        while tasks.join_next().await.is_some() {}
     }
 }
 

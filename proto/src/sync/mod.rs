@@ -16,7 +16,7 @@ pub mod lanes;
 pub mod outbox;
 pub mod pump;
 
-pub use lanes::{EventHandler, HandleError, Lanes};
+pub use lanes::{processing_time_histogram, EventHandler, HandleError, Instrumented, Lanes};
 pub mod resync;
 
 pub use outbox::{keyed_request, OpenReport, Outbox, OutboxConfig, OutboxError, DELIVERY_ID};

@@ -47,6 +47,11 @@ pub struct OutboxConfig {
     pub resend_max: Duration,
     /// Maximum number of distinct resources with queued or in-flight events.
     pub max_resources: usize,
+    /// Events sent but not yet ACKed at any one time (a window: a backlog of thousands is sent
+    /// at the pace the peer ACKs, instead of all at once and then resent while it is still busy).
+    pub max_in_flight: usize,
+    /// Counts every resend of an un-ACKed event (register it to export it; shared by clones).
+    pub resends: prometheus_client::metrics::counter::Counter,
 }
 
 impl Default for OutboxConfig {
@@ -55,6 +60,8 @@ impl Default for OutboxConfig {
             resend_initial: Duration::from_secs(2),
             resend_max: Duration::from_secs(60),
             max_resources: 100_000,
+            max_in_flight: 256,
+            resends: Default::default(),
         }
     }
 }
@@ -112,6 +119,7 @@ struct InFlight {
     event: Event,
     attempts: u32,
     next_send: Instant,
+    first_sent: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -126,6 +134,11 @@ struct State {
     /// Resources with pending events and nothing in flight, in the order they became ready.
     ready: VecDeque<String>,
     connected: bool,
+    /// Resources with an event in flight.
+    in_flight: usize,
+    /// Smoothed time from first send to ACK of events that were not resent (Karn's rule); the
+    /// first resend waits at least three times this long.
+    ack_time: Option<Duration>,
     journal: Option<Journal>,
     /// Last journal failure, logged once until writes work again.
     journal_failure: Option<String>,
@@ -307,6 +320,7 @@ impl Outbox {
             DELIVERY_ID.to_string(),
             ExtensionValue::String(uuid::Uuid::new_v4().to_string()),
         );
+        crate::telemetry::traces::emit_span_context(&mut event);
         let key = key_of(&event);
         let mut st = self.lock();
         if !st.resources.contains_key(&key) && st.resources.len() >= self.config.max_resources {
@@ -330,8 +344,13 @@ impl Outbox {
         if !st.connected {
             return None;
         }
-        let initial = self.config.resend_initial;
         let max = self.config.resend_max;
+        let initial = st
+            .ack_time
+            .map_or(self.config.resend_initial, |t| {
+                self.config.resend_initial.max(t.saturating_mul(3))
+            })
+            .min(max);
         if let Some(f) = st
             .resources
             .values_mut()
@@ -340,9 +359,11 @@ impl Outbox {
         {
             f.attempts += 1;
             f.next_send = now + backoff(initial, max, f.attempts);
+            self.config.resends.inc();
             return Some(f.event.clone());
         }
-        while let Some(key) = st.ready.pop_front() {
+        while st.in_flight < self.config.max_in_flight {
+            let key = st.ready.pop_front()?;
             let Some(q) = st.resources.get_mut(&key) else {
                 continue;
             };
@@ -356,7 +377,9 @@ impl Outbox {
                 event: event.clone(),
                 attempts: 1,
                 next_send: now + initial,
+                first_sent: now,
             });
+            st.in_flight += 1;
             return Some(event);
         }
         None
@@ -410,14 +433,23 @@ impl Outbox {
         if !matches {
             return false;
         }
-        let confirmed = q
-            .in_flight
-            .take()
-            .and_then(|f| delivery_id(&f.event).map(str::to_string));
+        let settled = q.in_flight.take();
+        let sample = settled
+            .as_ref()
+            .filter(|f| f.attempts == 1)
+            .map(|f| Instant::now().saturating_duration_since(f.first_sent));
+        let confirmed = settled.and_then(|f| delivery_id(&f.event).map(str::to_string));
         if q.pending.is_empty() {
             st.resources.remove(key);
         } else {
             st.ready.push_back(key.to_string());
+        }
+        st.in_flight = st.in_flight.saturating_sub(1);
+        if let Some(sample) = sample {
+            st.ack_time = Some(match st.ack_time {
+                Some(t) => (t * 4 + sample) / 5,
+                None => sample,
+            });
         }
         if let Some(delivery) = confirmed {
             st.journal_write(|j| j.confirmed(key, &delivery));
@@ -454,6 +486,11 @@ impl Outbox {
     /// Number of distinct resources with queued or in-flight events.
     pub fn resources(&self) -> usize {
         self.lock().resources.len()
+    }
+
+    /// Whether an event about `resource_id` is queued or in flight (not yet ACKed).
+    pub fn holds(&self, resource_id: &str) -> bool {
+        self.lock().resources.contains_key(resource_id)
     }
 
     /// Number of events queued or in flight.
@@ -561,6 +598,7 @@ mod tests {
             o.take_next(t0 + Duration::from_secs(6)).unwrap().event_id,
             "1"
         );
+        assert_eq!(o.config.resends.get(), 2, "both resends are counted");
         o.set_connected(false);
         assert!(
             o.take_next(t0 + Duration::from_secs(100)).is_none(),
@@ -569,6 +607,42 @@ mod tests {
         assert_eq!(o.len(), 1, "nothing is dropped while disconnected");
         o.set_connected(true);
         assert_eq!(o.take_next(Instant::now()).unwrap().event_id, "1");
+    }
+
+    #[test]
+    fn at_most_max_in_flight_events_wait_for_an_ack_and_the_resend_timer_follows_ack_times() {
+        let o = Outbox::new(OutboxConfig {
+            max_in_flight: 2,
+            ..OutboxConfig::default()
+        });
+        o.set_connected(true);
+        let now = Instant::now();
+        for (key, id) in [("a", "1"), ("b", "2"), ("c", "3")] {
+            o.push(ev(EventType::Create, key, id)).unwrap();
+        }
+        let first = o.take_next(now).unwrap();
+        let second = o.take_next(now).unwrap();
+        assert_eq!(second.event_id, "2");
+        assert!(o.take_next(now).is_none(), "the window of two is full");
+        assert!(o.ack(&first.ack()));
+        let third = o.take_next(now).unwrap();
+        assert_eq!(third.event_id, "3", "an ACK opens the window");
+        assert!(o.take_next(now + Duration::from_millis(1900)).is_none());
+        assert!(
+            o.take_next(now + Duration::from_secs(2)).is_some(),
+            "resent after 2 s"
+        );
+        assert!(o.ack(&second.ack()) && o.ack(&third.ack()));
+        // A slow peer: ACK times of 5 s push the first resend out to 15 s.
+        o.lock().ack_time = Some(Duration::from_secs(5));
+        o.push(ev(EventType::Create, "d", "4")).unwrap();
+        assert_eq!(o.take_next(now).unwrap().event_id, "4");
+        assert!(o.take_next(now + Duration::from_secs(14)).is_none());
+        assert_eq!(
+            o.take_next(now + Duration::from_secs(15)).unwrap().event_id,
+            "4"
+        );
+        assert_eq!(o.config.resends.get(), 2);
     }
 
     #[test]

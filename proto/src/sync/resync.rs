@@ -1,12 +1,15 @@
 //! Resync pieces shared by principal and agent beyond upstream's spec checksum: the checksum of
 //! what an autonomous agent owns of an object (so "nothing changed" costs one small message per
 //! object, status included), the annotation a hub mirror carries it in, and the stable outbox
-//! keys of resync messages (so repeated resyncs while the peer is away replace each other).
+//! keys of resync messages (so repeated resyncs while the peer is away replace each other), and
+//! the decisions of the checksum resync both modes share ([`answer_request_update`],
+//! [`keys_to_announce`], [`needs_object`]): when nothing changed, each object costs one small
+//! message and no full object crosses the link.
 
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::event::go_json;
+use crate::event::{go_json, set_checksum, ResourceKey};
 
 /// Annotation on a hub mirror: hex [`owned_checksum`] of the spoke object it mirrors.
 pub const MIRROR_CHECKSUM_ANNOTATION: &str = "argocd-agent.argoproj.io/source-checksum";
@@ -54,9 +57,131 @@ pub fn jittered(interval: std::time::Duration) -> std::time::Duration {
     interval.mul_f64(1.0 + 0.2 * fraction)
 }
 
+/// What the source of truth answers to a peer's `request-update`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateAnswer {
+    /// The peer's copy matches: send nothing.
+    UpToDate,
+    /// Send the object (`spec-update`); its payload also carries a pending deletion.
+    SendObject,
+    /// The source no longer has that object (or has another one by that name): `delete`.
+    Delete,
+}
+
+/// The source's side of one object, as [`answer_request_update`] compares it.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceObject<'a> {
+    /// `metadata.uid` on the source.
+    pub uid: &'a str,
+    /// Spec checksum of the payload the peer would receive.
+    pub checksum: &'a [u8],
+    /// Whether the source is deleting it (the peer must be told even if the spec is equal).
+    pub terminating: bool,
+}
+
+/// Answer to a `request-update{uid, checksum}` given the source's object of that name
+/// (`None` = it has none). An empty `uid` in the request matches any object (a peer that only
+/// knows the name).
+pub fn answer_request_update(
+    source: Option<SourceObject<'_>>,
+    uid: &str,
+    checksum: &[u8],
+) -> UpdateAnswer {
+    match source {
+        None => UpdateAnswer::Delete,
+        Some(s) if !uid.is_empty() && s.uid != uid => UpdateAnswer::Delete,
+        Some(s) if s.terminating || s.checksum != checksum => UpdateAnswer::SendObject,
+        Some(_) => UpdateAnswer::UpToDate,
+    }
+}
+
+/// The keys to announce (`response-synced-resource` each) after the peer sent the checksum of
+/// its key set: none when the sets agree, else all of ours (the peer asks for what it lacks).
+pub fn keys_to_announce<'a>(ours: &'a [ResourceKey], peer_checksum: &[u8]) -> &'a [ResourceKey] {
+    if set_checksum(ours) == peer_checksum {
+        &[]
+    } else {
+        ours
+    }
+}
+
+/// Whether a peer must ask for an announced key: it has no object of that kind and name
+/// (`local_source_uid` = `None`) or one made from another source object.
+pub fn needs_object(local_source_uid: Option<&str>, key_uid: &str) -> bool {
+    local_source_uid != Some(key_uid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn source<'a>(uid: &'a str, checksum: &'a [u8], terminating: bool) -> Option<SourceObject<'a>> {
+        Some(SourceObject {
+            uid,
+            checksum,
+            terminating,
+        })
+    }
+
+    #[test]
+    fn request_update_is_answered_only_where_the_copies_differ() {
+        use UpdateAnswer::*;
+        assert_eq!(
+            answer_request_update(source("u1", b"c", false), "u1", b"c"),
+            UpToDate
+        );
+        assert_eq!(
+            answer_request_update(source("u1", b"c", false), "u1", b"d"),
+            SendObject
+        );
+        assert_eq!(
+            answer_request_update(source("u1", b"c", false), "u1", b""),
+            SendObject
+        );
+        assert_eq!(
+            answer_request_update(source("u1", b"c", true), "u1", b"c"),
+            SendObject
+        );
+        assert_eq!(
+            answer_request_update(source("u2", b"c", false), "u1", b"c"),
+            Delete
+        );
+        assert_eq!(answer_request_update(None, "u1", b"c"), Delete);
+        assert_eq!(
+            answer_request_update(source("u2", b"c", false), "", b"c"),
+            UpToDate
+        );
+    }
+
+    #[test]
+    fn keys_are_announced_only_when_the_key_sets_differ() {
+        let a = ResourceKey::new("Application", "a", "hub-ns", "1");
+        let b = ResourceKey::new("AppProject", "b", "hub-ns", "2");
+        let ours = vec![a.clone(), b.clone()];
+        // Same set, other order and namespace (the spoke's): nothing to announce.
+        let theirs = [
+            ResourceKey::new("AppProject", "b", "argocd", "2"),
+            ResourceKey::new("Application", "a", "argocd", "1"),
+        ];
+        assert!(keys_to_announce(&ours, &set_checksum(&theirs)).is_empty());
+        // The peer lacks one, or has one from an older object: announce all of ours.
+        assert_eq!(keys_to_announce(&ours, &set_checksum([&a])).len(), 2);
+        let older = ResourceKey::new("AppProject", "b", "argocd", "old");
+        assert_eq!(
+            keys_to_announce(&ours, &set_checksum([&a, &older])).len(),
+            2
+        );
+        // Both empty agree (the empty set's checksum is empty).
+        assert!(keys_to_announce(&[], b"").is_empty());
+        assert_eq!(keys_to_announce(&ours, b"").len(), 2);
+    }
+
+    #[test]
+    fn an_announced_key_is_requested_when_missing_or_from_another_object() {
+        assert!(needs_object(None, "1"));
+        assert!(needs_object(Some("0"), "1"));
+        assert!(!needs_object(Some("1"), "1"));
+    }
 
     #[test]
     fn checksum_covers_owned_fields_only() {

@@ -19,6 +19,8 @@ struct Inner {
     live: AtomicBool,
     ready: AtomicBool,
     not_ready_reason: Mutex<String>,
+    /// High-availability role shown in the `X-HA-State` header (None: not replicated).
+    role: Mutex<Option<String>>,
 }
 
 impl Default for HealthState {
@@ -35,6 +37,7 @@ impl HealthState {
                 live: AtomicBool::new(true),
                 ready: AtomicBool::new(false),
                 not_ready_reason: Mutex::new("starting".to_string()),
+                role: Mutex::new(None),
             }),
         }
     }
@@ -65,6 +68,21 @@ impl HealthState {
         } else {
             Err(self.lock_reason().clone())
         }
+    }
+
+    /// Sets the high-availability role (e.g. `active`, `standby`) served in the `X-HA-State`
+    /// header of `/healthz` and `/readyz`.
+    pub fn set_role(&self, role: impl Into<String>) {
+        *self.inner.role.lock().unwrap_or_else(|p| p.into_inner()) = Some(role.into());
+    }
+
+    /// The high-availability role, if this process is one of several replicas.
+    pub fn role(&self) -> Option<String> {
+        self.inner
+            .role
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn lock_reason(&self) -> std::sync::MutexGuard<'_, String> {

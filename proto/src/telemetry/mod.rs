@@ -1,6 +1,6 @@
 //! Operational scaffolding shared by `argocd-principal` and `argocd-agent`.
 //!
-//! Owns: log set-up ([`init_logging`], [`LogFormat`]), the Prometheus registry both binaries register
+//! Owns: log set-up ([`init_logging`], [`LogFormat`]), trace export and trace context ([`traces`]), the Prometheus registry both binaries register
 //! their metrics into ([`MetricsRegistry`]), liveness/readiness state ([`HealthState`]), the HTTP
 //! server for `/metrics`, `/healthz` and `/readyz` ([`ops_router`], [`serve_ops`],
 //! [`start_ops_servers`]), process shutdown signals, the parsing of command-line values both
@@ -13,6 +13,7 @@ pub mod flags;
 mod health;
 mod metrics;
 mod ops_server;
+pub mod traces;
 
 use std::net::SocketAddr;
 
@@ -20,7 +21,7 @@ pub use health::HealthState;
 pub use metrics::{MetricsRegistry, BUILD_INFO_METRIC};
 pub use ops_server::{
     health_router, metrics_router, ops_router, serve_ops, shutdown_signal, start_ops_servers,
-    OpsServer, OpsServers, OPENMETRICS_CONTENT_TYPE,
+    OpsServer, OpsServers, HA_STATE_HEADER, OPENMETRICS_CONTENT_TYPE,
 };
 
 /// Failures of the operational scaffolding.
@@ -50,6 +51,9 @@ pub enum TelemetryError {
         /// The operating system's reason.
         source: std::io::Error,
     },
+    /// The OTLP trace exporter could not be set up.
+    #[error(transparent)]
+    TraceExport(#[from] traces::TraceExportError),
     /// Installing a handler for SIGTERM/Ctrl-C failed.
     #[error("cannot install shutdown signal handler: {0}")]
     Signal(std::io::Error),
@@ -108,20 +112,42 @@ pub fn parse_log_filter(
 }
 
 /// Installs the process-wide tracing subscriber writing to stderr in `format`, filtered by
-/// `level_filter` (see [`parse_log_filter`]).
-pub fn init_logging(format: LogFormat, level_filter: &str) -> Result<(), TelemetryError> {
+/// `level_filter` (see [`parse_log_filter`]); with `otlp = Some((address, service))` spans are also
+/// exported over OTLP/gRPC (keep the returned [`traces::TraceExport`] alive: dropping it flushes).
+/// Call it inside the Tokio runtime.
+pub fn init_logging(
+    format: LogFormat,
+    level_filter: &str,
+    otlp: Option<(&str, &'static str)>,
+) -> Result<Option<traces::TraceExport>, TelemetryError> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
     let filter = parse_log_filter(level_filter)?;
     // Colour codes only for a human at a terminal, never in collected container logs.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    let result = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
     };
-    result.map_err(|e| TelemetryError::LoggingAlreadyInitialised(e.to_string()))
+    let (export, otel) = match otlp {
+        Some((address, service)) => {
+            let (export, layer) = traces::TraceExport::start(address, service)?;
+            (Some(export), Some(layer))
+        }
+        None => (None, None),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init()
+        .map_err(|e| TelemetryError::LoggingAlreadyInitialised(e.to_string()))?;
+    Ok(export)
 }
 
 #[cfg(test)]

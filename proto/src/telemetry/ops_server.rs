@@ -48,18 +48,39 @@ async fn serve_metrics(State(registry): State<MetricsRegistry>) -> Response {
     }
 }
 
+/// Header carrying the high-availability role, as upstream's principal sends it.
+pub const HA_STATE_HEADER: &str = "X-HA-State";
+
+fn with_role(health: &HealthState, status: StatusCode, body: String) -> Response {
+    let mut response = (status, body).into_response();
+    if let Some(role) = health.role() {
+        if let Ok(value) = header::HeaderValue::from_str(&role) {
+            response.headers_mut().insert(HA_STATE_HEADER, value);
+        }
+    }
+    response
+}
+
 async fn serve_liveness(State(health): State<HealthState>) -> Response {
     if health.is_live() {
-        (StatusCode::OK, "ok\n").into_response()
+        with_role(&health, StatusCode::OK, "ok\n".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not live\n").into_response()
+        with_role(
+            &health,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not live\n".to_string(),
+        )
     }
 }
 
 async fn serve_readiness(State(health): State<HealthState>) -> Response {
     match health.readiness() {
-        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+        Ok(()) => with_role(&health, StatusCode::OK, "ok\n".to_string()),
+        Err(reason) => with_role(
+            &health,
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{reason}\n"),
+        ),
     }
 }
 
@@ -108,12 +129,53 @@ fn spawn_server(
             addr,
             source,
         })?;
-    let task = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-    });
+    let task = tokio::spawn(serve_connections(listener, router, shutdown));
     Ok(OpsServer { local_addr, task })
+}
+
+/// A client must send its request headers within this time, or the connection is closed (no
+/// slowloris on the ops port).
+pub const OPS_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Accepts connections until `shutdown`, each served by hyper with a header read timeout, then
+/// lets the requests in progress finish.
+async fn serve_connections(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "ops endpoint: accepting a connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        // HTTP/1 only (Prometheus and kubelet probes speak it): hyper's header read timeout
+        // then also covers a client that never sends its first byte.
+        let conn = graceful.watch(
+            hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(OPS_HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(tcp), service),
+        );
+        tokio::spawn(async move {
+            // Timeouts and resets end connections here; nothing to report.
+            let _ = conn.await;
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// The metrics and health servers of one process.
@@ -289,12 +351,52 @@ mod tests {
         let (status, body) = get(addr, "/readyz").await;
         assert_eq!(status, 503);
         assert!(body.contains("principal unreachable"), "{body}");
+        assert!(
+            !body.contains("x-ha-state"),
+            "no role header unless replicated: {body}"
+        );
+        health.set_role("standby");
+        let (_, body) = get(addr, "/healthz").await;
+        assert!(body.contains("x-ha-state: standby"), "{body}");
         health.set_live(false);
         assert_eq!(get(addr, "/healthz").await.0, 503);
         assert_eq!(get(addr, "/nope").await.0, 404);
 
         stop_tx.send(()).unwrap();
         server.task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_no_request_is_disconnected_after_the_header_timeout() {
+        let (_stop_tx, stop_rx) = oneshot::channel::<()>();
+        let server = serve_ops(
+            loopback(),
+            ops_router(MetricsRegistry::new("0.0.0-test"), HealthState::new()),
+            async move {
+                let _ = stop_rx.await;
+            },
+        )
+        .await
+        .unwrap();
+        let started = std::time::Instant::now();
+        let mut silent = TcpStream::connect(server.local_addr).await.unwrap();
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(
+            OPS_HEADER_READ_TIMEOUT + std::time::Duration::from_secs(5),
+            silent.read(&mut buf),
+        )
+        .await
+        .expect("the server closes a silent connection");
+        assert!(
+            matches!(read, Ok(0) | Err(_)),
+            "closed without an answer: {read:?}"
+        );
+        assert!(started.elapsed() >= OPS_HEADER_READ_TIMEOUT - std::time::Duration::from_secs(1));
+        assert_eq!(
+            get(server.local_addr, "/healthz").await.0,
+            200,
+            "others are still served"
+        );
     }
 
     #[tokio::test]

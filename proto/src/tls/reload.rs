@@ -171,6 +171,18 @@ impl<F: TlsFiles> Clone for ReloadingConfig<F> {
     }
 }
 
+/// A [`ReloadingConfig`] that does not keep it alive ([`ReloadingConfig::downgrade`]).
+pub struct WeakReloadingConfig<F: TlsFiles> {
+    inner: Weak<Inner<F>>,
+}
+
+impl<F: TlsFiles> WeakReloadingConfig<F> {
+    /// The config, if any clone of it is still alive.
+    pub fn upgrade(&self) -> Option<ReloadingConfig<F>> {
+        self.inner.upgrade().map(|inner| ReloadingConfig { inner })
+    }
+}
+
 /// Server config that reloads its certificate, key and client CA files.
 pub type ReloadingServerConfig = ReloadingConfig<ServerTlsOptions>;
 /// Client config that reloads its CA, certificate and key files.
@@ -206,6 +218,13 @@ impl<F: TlsFiles> ReloadingConfig<F> {
     /// Fingerprint (SHA-256, uppercase hex) of the leaf certificate currently presented.
     pub fn leaf_fingerprint(&self) -> Option<String> {
         self.inner.current.load().loaded.leaf_fingerprint.clone()
+    }
+
+    /// A handle for background tasks that does not keep this config alive.
+    pub fn downgrade(&self) -> WeakReloadingConfig<F> {
+        WeakReloadingConfig {
+            inner: Arc::downgrade(&self.inner),
+        }
     }
 
     /// The file description this config is built from.

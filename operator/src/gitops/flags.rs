@@ -1,0 +1,308 @@
+//! The operator's settings as `argocd-principal` flags (flattened into its command line, each
+//! mirrored by an `ARGOCD_PRINCIPAL_OPERATOR_*` env var): certificate lifetimes and renewal, the
+//! principal/resource-proxy addresses agents and Argo CD are given (overriding server discovery),
+//! the default agent image, the hub Argo CD namespace and the agents' namespace on the spokes.
+//!
+//! Owns [`OperatorFlags`], their validation into [`OperatorSettings`], and how the settings fill
+//! [`OperatorOptions`]. A GitOpsCluster's own spec fields still win over these defaults.
+
+use std::time::Duration;
+
+use argocd_agent_proto::telemetry::flags::{self, HostPort};
+use clap::Args;
+
+use super::certs::CertPolicy;
+use super::OperatorOptions;
+
+/// `--operator-*` flags of `argocd-principal`.
+#[derive(Debug, Clone, Args, PartialEq, Eq)]
+pub struct OperatorFlags {
+    /// Validity of the fleet CA the operator creates (upstream: 1 year).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_CA_LIFETIME",
+        default_value = "365d",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub operator_ca_lifetime: Duration,
+
+    /// Validity of the certificates the operator issues: principal, resource proxy, agent client
+    /// certificates and signed add-on CSRs (upstream: 30 days; never beyond the CA's end).
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_CERT_LIFETIME",
+        default_value = "30d",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub operator_cert_lifetime: Duration,
+
+    /// Reissue an operator-issued certificate when less than this is left of its validity.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_RENEW_BEFORE",
+        default_value = "10d",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub operator_renew_before: Duration,
+
+    /// Host or IP agents dial to reach this principal (also put into its certificate); overrides
+    /// discovery from the principal Service's LoadBalancer ingress. A GitOpsCluster's
+    /// spec.argoCDAgentAddon.principalServerAddress wins over it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_PRINCIPAL_ADDRESS",
+        value_name = "HOST"
+    )]
+    pub operator_principal_address: Option<String>,
+
+    /// Port agents dial (default 443, the principal Service's port). A GitOpsCluster's
+    /// spec.argoCDAgentAddon.principalServerPort wins over it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_PRINCIPAL_PORT",
+        value_name = "PORT",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub operator_principal_port: Option<u16>,
+
+    /// HOST:PORT the hub Argo CD reaches the resource proxy at: written into every cluster
+    /// secret's server URL and the resource proxy's certificate [default:
+    /// argocd-agent-resource-proxy:9090].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_RESOURCE_PROXY_ADDRESS",
+        value_name = "HOST:PORT"
+    )]
+    pub operator_resource_proxy_address: Option<HostPort>,
+
+    /// Agent container image for GitOpsClusters that name none [default: argocd-agent of this
+    /// principal's version].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_AGENT_IMAGE",
+        value_name = "IMAGE"
+    )]
+    pub operator_agent_image: Option<String>,
+
+    /// Namespace of the hub Argo CD, where cluster secrets are written [default: the principal's
+    /// --namespace]. A GitOpsCluster's spec.argoServer.argoNamespace wins over it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_ARGOCD_NAMESPACE",
+        value_name = "NS"
+    )]
+    pub operator_argocd_namespace: Option<String>,
+
+    /// Namespace of the agent on the managed clusters [default: argocd]. A GitOpsCluster's
+    /// spec.argoCDAgentAddon.agentNamespace wins over it.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_AGENT_NAMESPACE",
+        value_name = "NS"
+    )]
+    pub operator_agent_namespace: Option<String>,
+}
+
+/// Validated operator settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OperatorSettings {
+    /// Lifetimes and renewal.
+    pub certs: CertPolicy,
+    /// Advertised principal host.
+    pub principal_address: Option<String>,
+    /// Advertised principal port.
+    pub principal_port: Option<u16>,
+    /// Resource proxy `host:port` for the hub Argo CD.
+    pub resource_proxy_address: Option<String>,
+    /// Default agent image.
+    pub agent_image: Option<String>,
+    /// Hub Argo CD namespace.
+    pub argocd_namespace: Option<String>,
+    /// Agent namespace on the spokes.
+    pub agent_namespace: Option<String>,
+}
+
+fn non_blank(v: Option<String>) -> Option<String> {
+    v.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+impl OperatorFlags {
+    /// Checks the values; an error names the flag (without `--`) and says what is wrong.
+    pub fn validate(self) -> Result<OperatorSettings, (&'static str, String)> {
+        let fmt = flags::format_duration;
+        if self.operator_renew_before.is_zero() {
+            return Err((
+                "operator-renew-before",
+                "must be more than 0 (certificates would only be renewed once expired)".into(),
+            ));
+        }
+        if self.operator_cert_lifetime <= self.operator_renew_before {
+            return Err((
+                "operator-cert-lifetime",
+                format!(
+                    "{} is not longer than --operator-renew-before {}: every certificate would be reissued on every pass",
+                    fmt(self.operator_cert_lifetime),
+                    fmt(self.operator_renew_before)
+                ),
+            ));
+        }
+        if self.operator_ca_lifetime < self.operator_cert_lifetime {
+            return Err((
+                "operator-ca-lifetime",
+                format!(
+                    "{} is shorter than --operator-cert-lifetime {}: issued certificates cannot outlive their CA",
+                    fmt(self.operator_ca_lifetime),
+                    fmt(self.operator_cert_lifetime)
+                ),
+            ));
+        }
+        let principal_address = non_blank(self.operator_principal_address);
+        if let Some(a) = &principal_address {
+            if a.contains(['/', ' ']) || a.contains("://") {
+                return Err((
+                    "operator-principal-address",
+                    format!("{a:?} is not a host name or IP address (give the port with --operator-principal-port)"),
+                ));
+            }
+        }
+        for (flag, ns) in [
+            ("operator-argocd-namespace", &self.operator_argocd_namespace),
+            ("operator-agent-namespace", &self.operator_agent_namespace),
+        ] {
+            if let Some(ns) = ns.as_deref().filter(|n| !n.trim().is_empty()) {
+                flags::check_namespace_name(ns.trim()).map_err(|e| (flag, e.to_string()))?;
+            }
+        }
+        Ok(OperatorSettings {
+            certs: CertPolicy {
+                ca_validity: self.operator_ca_lifetime,
+                cert_validity: self.operator_cert_lifetime,
+                renew_before: self.operator_renew_before,
+            },
+            principal_address,
+            principal_port: self.operator_principal_port,
+            resource_proxy_address: self.operator_resource_proxy_address.map(|h| h.to_string()),
+            agent_image: non_blank(self.operator_agent_image),
+            argocd_namespace: non_blank(self.operator_argocd_namespace),
+            agent_namespace: non_blank(self.operator_agent_namespace),
+        })
+    }
+}
+
+impl OperatorOptions {
+    /// Options for a principal in `namespace` with the flags' settings.
+    pub fn with_settings(namespace: &str, s: &OperatorSettings) -> Self {
+        let mut o = OperatorOptions::new(namespace);
+        o.certs = s.certs;
+        o.principal_address = s.principal_address.clone();
+        o.principal_port = s.principal_port;
+        if let Some(a) = &s.resource_proxy_address {
+            o.resource_proxy_address = a.clone();
+        }
+        if let Some(i) = &s.agent_image {
+            o.agent_image = i.clone();
+        }
+        o.argocd_namespace = s.argocd_namespace.clone();
+        o.agent_namespace = s.agent_namespace.clone();
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        op: OperatorFlags,
+    }
+
+    fn parse(args: &[&str]) -> Result<OperatorSettings, (&'static str, String)> {
+        let mut argv = vec!["x"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv)
+            .expect("clap accepts")
+            .op
+            .validate()
+    }
+
+    #[test]
+    fn defaults_are_upstreams_lifetimes_and_no_overrides() {
+        let s = parse(&[]).unwrap();
+        assert_eq!(s.certs, CertPolicy::default());
+        assert_eq!(s.principal_address, None);
+        let o = OperatorOptions::with_settings("argocd", &s);
+        assert_eq!(o.resource_proxy_address, "argocd-agent-resource-proxy:9090");
+        assert_eq!(o.argocd_namespace(), "argocd");
+    }
+
+    #[test]
+    fn every_setting_reaches_the_options() {
+        let s = parse(&[
+            "--operator-ca-lifetime=730d",
+            "--operator-cert-lifetime=7d",
+            "--operator-renew-before=2d",
+            "--operator-principal-address=principal.example.com",
+            "--operator-principal-port=8443",
+            "--operator-resource-proxy-address=rp.example.com:9443",
+            "--operator-agent-image=registry/agent:1",
+            "--operator-argocd-namespace=gitops",
+            "--operator-agent-namespace=agents",
+        ])
+        .unwrap();
+        let o = OperatorOptions::with_settings("hub", &s);
+        assert_eq!(o.certs.cert_validity, Duration::from_secs(7 * 86400));
+        assert_eq!(o.certs.renew_before, Duration::from_secs(2 * 86400));
+        assert_eq!(o.certs.ca_validity, Duration::from_secs(730 * 86400));
+        assert_eq!(
+            o.principal_address.as_deref(),
+            Some("principal.example.com")
+        );
+        assert_eq!(o.principal_port, Some(8443));
+        assert_eq!(o.resource_proxy_address, "rp.example.com:9443");
+        assert_eq!(o.agent_image, "registry/agent:1");
+        assert_eq!(o.argocd_namespace(), "gitops");
+        assert_eq!(o.agent_namespace.as_deref(), Some("agents"));
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        for (args, flag) in [
+            (
+                &["--operator-cert-lifetime=5d", "--operator-renew-before=5d"][..],
+                "operator-cert-lifetime",
+            ),
+            (
+                &["--operator-ca-lifetime=10d", "--operator-cert-lifetime=30d"][..],
+                "operator-ca-lifetime",
+            ),
+            (&["--operator-renew-before=0s"][..], "operator-renew-before"),
+            (
+                &["--operator-principal-address=https://x"][..],
+                "operator-principal-address",
+            ),
+            (
+                &["--operator-agent-namespace=Not_A_Namespace"][..],
+                "operator-agent-namespace",
+            ),
+            (
+                &["--operator-argocd-namespace=-bad"][..],
+                "operator-argocd-namespace",
+            ),
+        ] {
+            let err = parse(args).unwrap_err();
+            assert_eq!(err.0, flag, "{args:?}: {err:?}");
+            assert!(!err.1.is_empty());
+        }
+        let mut argv = vec!["x", "--operator-principal-port=0"];
+        assert!(
+            Cli::try_parse_from(argv.drain(..)).is_err(),
+            "port 0 refused"
+        );
+    }
+}
