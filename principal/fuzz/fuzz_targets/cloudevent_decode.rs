@@ -42,12 +42,16 @@ fn exercise(ev: &Event) {
         let _ = spec_checksum(&obj, Some("Application"));
         let _ = ResourceKey::from_object(&obj, None).map(|k| k.checksum_entry());
     }
-    let _ = ev.data_as::<ResourceRequest>().map(|r| (r.is_valid(), r.is_list()));
+    let _ = ev
+        .data_as::<ResourceRequest>()
+        .map(|r| (r.is_valid(), r.is_list()));
     let _ = ev.data_as::<ResourceResponse>();
     let _ = ev.data_as::<RedisRequest>();
     let _ = ev.data_as::<RedisResponse>();
     let _ = ev.data_as::<RequestSyncedResourceList>();
-    let _ = ev.data_as::<SyncedResource>().map(|s| ResourceKey::from(&s));
+    let _ = ev
+        .data_as::<SyncedResource>()
+        .map(|s| ResourceKey::from(&s));
     let _ = ev.data_as::<RequestUpdate>();
     let _ = ev.data_as::<ClusterCacheInfo>();
     let _ = ev.data_as::<ContainerLogRequest>();

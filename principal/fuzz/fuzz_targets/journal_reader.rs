@@ -27,7 +27,10 @@ fuzz_target!(|data: &[u8]| {
     let replay = replay_bytes(&file);
     match &replay.damage {
         None => assert_eq!(replay.records.len(), frames, "records lost without damage"),
-        Some(_) => assert!(replay.records.len() < frames, "damage reported on intact records"),
+        Some(_) => assert!(
+            replay.records.len() < frames,
+            "damage reported on intact records"
+        ),
     }
     for record in &replay.records {
         if let Record::Queued(ev) = record {

@@ -48,13 +48,19 @@ fn check(path: &str, query: Option<&str>) {
             name,
             subresource,
         } => {
-            assert!(!version.is_empty() && !resource.is_empty(), "{path:?} → {route:?}");
+            assert!(
+                !version.is_empty() && !resource.is_empty(),
+                "{path:?} → {route:?}"
+            );
             for s in [group, version, resource, namespace, name, subresource] {
                 assert!(s.is_empty() || plain(s), "{path:?} → {route:?}");
             }
         }
         ApiRoute::ContainerLog { namespace, pod } => {
-            assert!(!namespace.is_empty() && !pod.is_empty(), "{path:?} → {route:?}");
+            assert!(
+                !namespace.is_empty() && !pod.is_empty(),
+                "{path:?} → {route:?}"
+            );
             assert!(plain(namespace) && plain(pod), "{path:?} → {route:?}");
             let log = ContainerLogRequest::from_params("uuid", namespace, pod, &params);
             let _ = serde_json::to_vec(&log).expect("a log request serialises");

@@ -42,7 +42,10 @@ fn classify(frame: &redis_protocol::resp2::types::BytesFrame) {
         for key in &args[1..] {
             if let Ok(key) = std::str::from_utf8(key) {
                 if let Some(agent) = agent_of_key(key) {
-                    assert!(!agent.is_empty() && !agent.contains('|'), "{key:?} → {agent:?}");
+                    assert!(
+                        !agent.is_empty() && !agent.contains('|'),
+                        "{key:?} → {agent:?}"
+                    );
                 }
             }
         }
