@@ -2,8 +2,10 @@
 # Benchmarks on real control planes with release builds; each figure is printed next to a baseline
 # measured in the same run, then a summary of every bench.
 #
-# Usage: hack/bench.sh [--smoke] [--out DIR]
+# Usage: hack/bench.sh [--smoke] [--debug] [--out DIR]
 #   --smoke    tiny sizes (what CI runs), e.g. a few agents instead of 10,000
+#   --debug    use the debug binaries (what hack/test.sh already built) instead of a release build:
+#              the figures then only show that every bench runs end to end, they are not comparable
 #   --out DIR  where bench-fleet writes bench-fleet.json and bench-fleet.png (default results/,
 #              which is not committed)
 # Runs bench-propagation, bench-proxy, bench-resync (when it exists) and bench-fleet in sequence.
@@ -13,12 +15,14 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/argocd-agent-rs/target}
 
 smoke=0
+profile=release
 out=results
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=1 ;;
+    --debug) profile=debug ;;
     --out) out=${2:?--out needs a directory}; shift ;;
-    *) echo "hack/bench.sh: unknown argument $1 (use --smoke, --out DIR)" >&2; exit 2 ;;
+    *) echo "hack/bench.sh: unknown argument $1 (use --smoke, --debug, --out DIR)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -29,10 +33,14 @@ if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
 fi
 echo "==> providing the control plane binaries" >&2
 bash hack/control-plane.sh >/dev/null
-echo "==> building release binaries" >&2
-cargo build --release --locked --workspace --bins
+echo "==> building $profile binaries" >&2
+if [ "$profile" = release ]; then
+  cargo build --release --locked --workspace --bins
+else
+  cargo build --locked --workspace --bins
+fi
 
-bin=$CARGO_TARGET_DIR/release
+bin=$CARGO_TARGET_DIR/$profile
 mkdir -p "$out"
 summary=$(mktemp)
 trap 'rm -f "$summary"' EXIT
@@ -61,14 +69,14 @@ if [ "$smoke" = 1 ]; then
   run bench-resync --smoke
   run bench-fleet --smoke --out "$out"
 else
-  run bench-propagation
+  run bench-propagation --count 200
   run bench-proxy
   run bench-resync
   run bench-fleet --out "$out"
 fi
 
 echo
-echo "==================== summary ($(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)) ===================="
+echo "==================== summary ($profile build, $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)) ===================="
 cat "$summary"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed: ${failed[*]}" >&2

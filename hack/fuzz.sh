@@ -8,6 +8,8 @@
 #                                              journal_reader; default all, one after another)
 # Env:   CARGO_TARGET_DIR  build cache (default: ~/.cache/argocd-agent-rs/target, outside the clone);
 #                          the corpus each run grows is kept beside it in fuzz-corpus/<target>/
+# Installs what it needs when missing (nightly via rustup, cargo-fuzz via cargo install, g++ via
+# apt-get) and fails with a message naming what could not be installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/argocd-agent-rs/target}
@@ -25,6 +27,11 @@ step "checking the nightly toolchain and cargo-fuzz"
 command -v rustup >/dev/null || fail "rustup not found: install Rust with rustup (https://rustup.rs) and retry"
 rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal \
   || fail "could not install the nightly toolchain"
+if ! command -v c++ >/dev/null 2>&1; then
+  # libfuzzer-sys compiles libFuzzer's C++ sources.
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; } 2>/dev/null \
+    || fail "libFuzzer needs a C++ compiler and g++ could not be installed: install g++ (or clang) and retry"
+fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
   # Its own temporary build directory, so it does not hold the project's build lock.
   env -u CARGO_TARGET_DIR cargo install cargo-fuzz --locked || fail "could not install cargo-fuzz"

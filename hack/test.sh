@@ -4,6 +4,7 @@
 #
 # Env: CARGO_TARGET_DIR   build cache (default: ~/.cache/argocd-agent-rs/target, outside the clone)
 #      TEST_FILTER        optional cargo test filter
+# Also runs the fuzz smoke (hack/fuzz.sh 60) and the bench smoke (hack/bench.sh --smoke --debug).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/argocd-agent-rs/target}
@@ -37,6 +38,12 @@ cargo build --workspace --bins --locked || fail "build failed"
 
 step "cargo test (unit tests and the end-to-end suite)"
 cargo test --workspace --locked ${TEST_FILTER:+"$TEST_FILTER"} || fail "tests failed"
+
+step "fuzz smoke: 60 s of each cargo-fuzz target (nightly and cargo-fuzz installed when missing)"
+bash hack/fuzz.sh 60 || fail "fuzzing found a crash or could not run (see hack/fuzz.sh's message above)"
+
+step "bench smoke: every bench command end to end at tiny sizes (debug build; figures printed, not asserted)"
+bash hack/bench.sh --smoke --debug --out "$CARGO_TARGET_DIR/../bench-smoke" || fail "a bench command failed"
 
 step "checking that no etcd / kube-apiserver / redis-server / project process outlived the tests"
 if leftovers=$(pgrep -af 'argocd-agent-e2e' | grep -v pgrep); then

@@ -428,7 +428,7 @@ impl Connection {
                     tick.tick().await;
                     // A full control lane means traffic is flowing: no ping needed.
                     if let Err(mpsc::error::TrySendError::Closed(_)) =
-                        control.try_send(Event::ping(AGENT_SOURCE))
+                        control.try_send(Box::new(Event::ping(AGENT_SOURCE)))
                     {
                         return;
                     }

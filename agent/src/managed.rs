@@ -18,6 +18,11 @@
 //! differ, deletes what it no longer has and lists its keys when the key sets differ, and the
 //! agent then asks for each key it lacks. The same answer goes to the principal's
 //! `request-resource-resync` and the periodic resync. Nothing unchanged crosses the link in full.
+//! Each `request-update` also carries the checksum of the copy's labels and annotations (so
+//! edits of them made while the agent was down make the principal resend the object, and the
+//! upsert reverts them) and, for Applications, of its status: the first list after start
+//! reports no status, and the principal asks (`request-update` to the agent) for those that
+//! differ from the hub's, so a restart with nothing changed sends no status at all.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,7 +31,10 @@ use argocd_agent_proto::event::{
     set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
 };
 use argocd_agent_proto::payload::{ErrorData, RequestUpdate, SyncedResource};
-use argocd_agent_proto::sync::resync::{needs_object, request_update_key, RESYNC_REQUEST_KEY};
+use argocd_agent_proto::sync::resync::{
+    metadata_checksum, needs_object, request_update_key, status_checksum, with_checksum,
+    METADATA_CHECKSUM, RESYNC_REQUEST_KEY, STATUS_CHECKSUM,
+};
 use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
 use futures::StreamExt;
 use kube::api::{
@@ -42,7 +50,7 @@ use crate::drift::{
 };
 use crate::spoke_copy::{
     is_terminating, managed_view, matches_desired, object_name, object_uid, replacement_body,
-    source_uid, spoke_copy, SyncedKind,
+    reported_view, source_uid, spoke_copy, SyncedKind,
 };
 
 /// Field manager of every write the agent makes.
@@ -334,24 +342,25 @@ impl ManagedSync {
         let api = self.api(kind);
         let ns = &self.settings.namespace;
         let name = object_name(desired);
+        // A bulk of new objects (e.g. after a long disconnect) costs one write each, not a read
+        // and a write: when the watch knows of no copy, try to create first.
+        let believed_absent = {
+            let st = self.lock();
+            st.listed.contains(&kind) && !st.live_sources.contains_key(&ObjectKey::new(kind, name))
+        };
+        if believed_absent && self.create_copy(kind, desired).await? {
+            return Ok(());
+        }
         let live = api
             .get_opt(name)
             .await
             .map_err(|e| kube_failure(format!("reading spoke {kind} {ns}/{name}"), e))?;
         let Some(live) = live else {
-            return match api.create(&write_params(), &from_json(desired)?).await {
-                Ok(created) => {
-                    self.record_applied(kind, desired, &to_json(&created));
-                    info!(kind = %kind, namespace = %ns, name, "created spoke copy of the hub's object");
-                    Ok(())
-                }
-                Err(kube::Error::Api(s)) if s.is_already_exists() => Err(HandleError::Retryable(
-                    format!("spoke {kind} {ns}/{name} appeared while creating it"),
-                )),
-                Err(e) => Err(kube_failure(
-                    format!("creating spoke {kind} {ns}/{name}"),
-                    e,
-                )),
+            return match self.create_copy(kind, desired).await? {
+                true => Ok(()),
+                false => Err(HandleError::Retryable(format!(
+                    "spoke {kind} {ns}/{name} appeared while creating it"
+                ))),
             };
         };
         let live = to_json(&live);
@@ -416,6 +425,27 @@ impl ManagedSync {
             ))),
             Err(e) => Err(kube_failure(
                 format!("updating spoke {kind} {ns}/{name}"),
+                e,
+            )),
+        }
+    }
+
+    /// Creates the spoke copy `desired`; false if an object of that name already exists.
+    async fn create_copy(&self, kind: SyncedKind, desired: &Value) -> Result<bool, HandleError> {
+        let (ns, name) = (&self.settings.namespace, object_name(desired));
+        match self
+            .api(kind)
+            .create(&write_params(), &from_json(desired)?)
+            .await
+        {
+            Ok(created) => {
+                self.record_applied(kind, desired, &to_json(&created));
+                info!(kind = %kind, namespace = %ns, name, "created spoke copy of the hub's object");
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
+            Err(e) => Err(kube_failure(
+                format!("creating spoke {kind} {ns}/{name}"),
                 e,
             )),
         }
@@ -608,8 +638,12 @@ impl ManagedSync {
                     kind: kind.kind().to_string(),
                     checksum,
                 };
-                let ev = Event::request_update(AGENT_SOURCE, &req)
+                let mut ev = Event::request_update(AGENT_SOURCE, &req)
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
+                ev = with_checksum(ev, METADATA_CHECKSUM, &metadata_checksum(&obj));
+                if kind == SyncedKind::Application {
+                    ev = with_checksum(ev, STATUS_CHECKSUM, &status_checksum(&obj));
+                }
                 let key = request_update_key(kind.kind(), &req.name);
                 self.push(keyed_request(ev, key))?;
                 keys.push(ResourceKey::new(kind.kind(), &req.name, "", uid));
@@ -812,30 +846,25 @@ impl ManagedSync {
             };
             let cached = st.cache.get(&ObjectKey::new(kind, name));
             let revert = needs_revert(live, cached).then(|| cached.map(|c| c.desired.clone()));
-            (
-                revert.flatten(),
-                status_report(kind, live, st.reported.get(name)),
-            )
+            let report = match status_report(kind, live, st.reported.get(name)) {
+                // The first list since start: the resync after it carries each status checksum
+                // and the principal asks for the statuses the hub lacks, so a restart with
+                // nothing changed sends no status.
+                StatusReport::Send(view)
+                    if !st.listed.contains(&kind) && !st.reported.contains_key(name) =>
+                {
+                    StatusReport::RecordOnly(view)
+                }
+                report => report,
+            };
+            (revert.flatten(), report)
         };
         match report {
             StatusReport::Unchanged => {}
             StatusReport::RecordOnly(view) => {
                 self.lock().reported.insert(name.to_string(), view);
             }
-            StatusReport::Send(view) => {
-                match Event::for_object(EventType::StatusUpdate, kind.target(), AGENT_SOURCE, live)
-                {
-                    Ok(ev) => {
-                        if self.push(ev).is_ok() {
-                            debug!(namespace = %ns, name, "queued status-update for the principal");
-                            self.lock().reported.insert(name.to_string(), view);
-                        }
-                    }
-                    Err(e) => {
-                        warn!(namespace = %ns, name, error = %e, "cannot build a status-update")
-                    }
-                }
-            }
+            StatusReport::Send(view) => self.send_status(live, view),
         }
         if let Some(desired) = revert {
             info!(kind = %kind, namespace = %ns, name, "reverting a local change to the hub's copy");
@@ -844,6 +873,52 @@ impl ManagedSync {
                 debug!(kind = %kind, namespace = %ns, name, error = %e, "drift revert did not apply");
             }
         }
+    }
+
+    /// Queues a `status-update` with live Application `live` and remembers `view` as reported.
+    fn send_status(&self, live: &Value, view: Value) {
+        let (ns, name) = (&self.settings.namespace, object_name(live));
+        match Event::for_object(
+            EventType::StatusUpdate,
+            SyncedKind::Application.target(),
+            AGENT_SOURCE,
+            live,
+        ) {
+            Ok(ev) => {
+                if self.push(ev).is_ok() {
+                    debug!(namespace = %ns, name, "queued status-update for the principal");
+                    self.lock().reported.insert(name.to_string(), view);
+                }
+            }
+            Err(e) => warn!(namespace = %ns, name, error = %e, "cannot build a status-update"),
+        }
+    }
+
+    /// The principal's `request-update` about an Application: its hub status differs from the
+    /// status checksum the resync sent; send the status of the spoke copy of that hub object.
+    async fn answer_status_request(&self, req: RequestUpdate) -> Result<(), HandleError> {
+        if req.kind != SyncedKind::Application.kind() {
+            return Err(HandleError::Rejected(format!(
+                "a managed agent answers request-update for Applications only, not {:?}",
+                req.kind
+            )));
+        }
+        let live = self
+            .apps
+            .get_opt(&req.name)
+            .await
+            .map_err(|e| kube_failure(format!("reading spoke Application {}", req.name), e))?
+            .map(|o| to_json(&o));
+        match live {
+            Some(live) if source_uid(&live) == Some(req.uid.as_str()) => {
+                let view = reported_view(&live);
+                self.send_status(&live, view);
+            }
+            _ => {
+                debug!(name = %req.name, "status asked for an Application the spoke does not hold (any more)")
+            }
+        }
+        Ok(())
     }
 
     /// A spoke object is gone: confirm an expected deletion, recreate an unexpected one.
@@ -884,6 +959,12 @@ impl EventHandler for ManagedSync {
     async fn handle(&self, event: Event) -> Result<(), HandleError> {
         match &event.event_type {
             EventType::RequestResourceResync => return self.answer_resync().await,
+            EventType::RequestUpdate => {
+                let req = event
+                    .data_as()
+                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
+                return self.answer_status_request(req).await;
+            }
             EventType::ResponseSyncedResource => {
                 let key = event
                     .data_as()

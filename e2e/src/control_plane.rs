@@ -155,6 +155,24 @@ impl ControlPlane {
         &self.dir
     }
 
+    /// The apiserver's audit log (JSON lines): every request made by a ServiceAccount
+    /// (group `system:serviceaccounts`) at level Metadata, with its verb, resource and response
+    /// code, so a test can name each request RBAC refused. Requests of other users are not logged.
+    pub fn audit_log(&self) -> std::path::PathBuf {
+        self.dir.join("audit.log")
+    }
+
+    /// Writes a kubeconfig for this plane that authenticates with bearer `token` (e.g. a
+    /// ServiceAccount token from the TokenRequest API) as user `user`.
+    pub fn write_token_kubeconfig(
+        &self,
+        path: &std::path::Path,
+        user: &str,
+        token: &str,
+    ) -> anyhow::Result<()> {
+        write_kubeconfig(path, &self.name, &self.url, &self.ca_file, user, token)
+    }
+
     fn apiserver(&self) -> MutexGuard<'_, ManagedProcess> {
         self.apiserver.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -177,6 +195,7 @@ impl ControlPlane {
             &self.name,
             &self.url,
             &self.ca_file,
+            "admin",
             &self.admin_token,
         )?;
         let kubeconfig = self.kubeconfig.clone();
@@ -270,6 +289,14 @@ fn start_apiserver(
     anyhow::ensure!(status.success(), "openssl genrsa failed");
     let tokens = dir.join("tokens.csv");
     std::fs::write(&tokens, format!("{token},admin,admin,system:masters\n"))?;
+    // Audit ServiceAccounts' requests only (tests run binaries under chart RBAC as one); the
+    // admin's and others' requests are not written.
+    let audit_policy = dir.join("audit-policy.yaml");
+    std::fs::write(
+        &audit_policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\n\
+         rules:\n  - level: Metadata\n    userGroups: [\"system:serviceaccounts\"]\n  - level: None\n",
+    )?;
     let spec = ProcessSpec::new(
         format!("kube-apiserver-{name}"),
         bin,
@@ -291,6 +318,10 @@ fn start_apiserver(
     .arg(&sa_key)
     .args(["--service-account-issuer", "https://kubernetes.default.svc"])
     .args(["--service-cluster-ip-range", "10.0.0.0/24"])
+    .arg("--audit-policy-file")
+    .arg(&audit_policy)
+    .arg("--audit-log-path")
+    .arg(dir.join("audit.log"))
     // No controller-manager: do not try to maintain the `kubernetes` Service endpoints.
     .args(["--endpoint-reconciler-type", "none"])
     .args(["--enable-priority-and-fairness=false", "-v", "1"]);
@@ -302,14 +333,15 @@ fn write_kubeconfig(
     name: &str,
     url: &str,
     ca: &std::path::Path,
+    user: &str,
     token: &str,
 ) -> anyhow::Result<()> {
     let kubeconfig = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": name, "cluster": {"server": url, "certificate-authority": ca}}],
-        "users": [{"name": "admin", "user": {"token": token}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": "admin"}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
         "current-context": name,
     });
     std::fs::write(path, serde_yaml::to_string(&kubeconfig)?)?;

@@ -141,7 +141,12 @@ pub async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
     .await?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
+    Ok(http_response(&buf))
+}
+
+/// (status, body) of a raw HTTP/1.1 response; status 0 when there is no status line.
+pub fn http_response(raw: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(raw);
     let status = text
         .split_whitespace()
         .nth(1)
@@ -151,7 +156,7 @@ pub async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    Ok((status, body))
+    (status, body)
 }
 
 /// A running `argocd-principal`.
@@ -182,6 +187,22 @@ impl Principal {
         extra: &[&str],
     ) -> anyhow::Result<Principal> {
         ensure_namespace(&hub.client().await?, namespace).await?;
+        let principal = Principal::spawn(name, dir, hub, pki, namespace, extra)?;
+        principal.wait_ready().await?;
+        Ok(principal)
+    }
+
+    /// Starts the principal process without waiting for readiness (an HA standby never is ready)
+    /// and without creating `namespace`; `extra` flags come last and win (e.g.
+    /// `--enable-operator=true`).
+    pub fn spawn(
+        name: &str,
+        dir: &Path,
+        hub: &ControlPlane,
+        pki: &Pki,
+        namespace: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Principal> {
         let grpc_port = free_port();
         let ops_port = free_port();
         let (resource_proxy_port, redis_proxy_port) = (free_port(), free_port());
@@ -215,16 +236,14 @@ impl Principal {
         .arg("--log-level=debug,kube_client=warn,hyper=info,h2=info,tower=info,rustls=info")
         .args(extra.iter().copied())
         .env("RUST_BACKTRACE", "1");
-        let principal = Principal {
+        Ok(Principal {
             process: ManagedProcess::spawn(spec)?,
             grpc_port,
             ops_port,
             namespace: namespace.to_string(),
             resource_proxy_port,
             redis_proxy_port,
-        };
-        principal.wait_ready().await?;
-        Ok(principal)
+        })
     }
 
     /// Waits for `/readyz` to answer 200.
@@ -343,22 +362,32 @@ pub async fn grpc_channel(
     addr: &str,
     tls: rustls::ClientConfig,
 ) -> anyhow::Result<tonic::transport::Channel> {
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let tls = std::sync::Arc::new(tls);
     let addr = addr.to_string();
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let connector = connector.clone();
+            let tls = tls.clone();
             let addr = addr.clone();
             async move {
-                let tcp = tokio::net::TcpStream::connect(&addr).await?;
-                let name =
-                    rustls::pki_types::ServerName::try_from("localhost").expect("static name");
-                let tls = connector.connect(name, tcp).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tls_connect(&addr, tls).await?,
+                ))
             }
         }))
         .await?;
     Ok(channel)
+}
+
+/// Connects to `addr` and completes a TLS handshake with `tls` for server name `localhost`.
+pub async fn tls_connect(
+    addr: &str,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("static name");
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
 }
 
 /// Issues a client certificate signed by the PKI's CA with an arbitrary common name and validity
@@ -369,15 +398,30 @@ pub fn forge_client_cert(
     not_before: time::OffsetDateTime,
     not_after: time::OffsetDateTime,
 ) -> anyhow::Result<(String, String)> {
+    forge_client_cert_shaped(pki, cn, |p| {
+        p.not_before = not_before;
+        p.not_after = not_after;
+    })
+}
+
+/// Issues a client certificate signed by the PKI's CA for common name `cn` (valid from a day ago
+/// to a day ahead, extended key usage clientAuth, no key usage) after `shape` changed it.
+pub fn forge_client_cert_shaped(
+    pki: &Pki,
+    cn: &str,
+    shape: impl FnOnce(&mut rcgen::CertificateParams),
+) -> anyhow::Result<(String, String)> {
     let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.dir.join("ca.key"))?)?;
     let issuer = rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(pki.ca())?, ca_key)?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, cn);
-    params.not_before = not_before;
-    params.not_after = not_after;
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::days(1);
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    shape(&mut params);
     let key = rcgen::KeyPair::generate()?;
     let cert = params.signed_by(&key, &issuer)?;
     Ok((cert.pem(), key.serialize_pem()))

@@ -69,3 +69,55 @@ impl Redis {
         s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
     }
 }
+
+/// `args` as one RESP command (an array of bulk strings).
+pub fn resp_command(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    out
+}
+
+/// Whether `buf` holds one whole RESP2 reply of a simple kind (status, error, integer, bulk
+/// string or null).
+fn whole_reply(buf: &[u8]) -> bool {
+    let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
+        return false;
+    };
+    match buf.first() {
+        Some(b'$') => match std::str::from_utf8(&buf[1..eol])
+            .ok()
+            .and_then(|l| l.parse::<i64>().ok())
+        {
+            Some(n) if n >= 0 => buf.len() >= eol + 2 + n as usize + 2,
+            _ => true,
+        },
+        _ => true,
+    }
+}
+
+/// Sends `args` as one command on `conn` (a client of a Redis server or of the principal's Redis
+/// proxy) and returns its reply as text, e.g. `+OK\r\n` or `$-1\r\n`; waits at most 10 s.
+pub async fn resp_exchange(
+    conn: &mut tokio::net::TcpStream,
+    args: &[&str],
+) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    conn.write_all(&resp_command(args)).await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !whole_reply(&buf) {
+            if conn.read_buf(&mut buf).await? == 0 {
+                anyhow::bail!(
+                    "connection closed after {:?}",
+                    String::from_utf8_lossy(&buf)
+                );
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("no whole reply to {args:?} within 10 s: {buf:?}"))??;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}

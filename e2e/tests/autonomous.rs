@@ -9,10 +9,9 @@
 
 use std::time::Duration;
 
-use e2e::gateway::{
-    application, application_resource, appproject_resource, text, Agent, Pki, Principal, SOURCE_UID,
-};
-use e2e::{shared_planes, wait_until, TestContext};
+use e2e::fleet::{Fleet, FleetAgent};
+use e2e::gateway::{application, application_resource, appproject_resource, text, SOURCE_UID};
+use e2e::{shared_planes, wait_until};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
@@ -41,47 +40,17 @@ async fn wait_for(
 async fn autonomous_spoke_objects_are_mirrored_protected_and_operable_from_the_hub(
 ) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let ctx = TestContext::new("autonomous_flow")?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let principal_ns = ctx.unique("argocd");
-    let principal = Principal::start(
-        "p",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &principal_ns,
+    let fleet = Fleet::start_with(
+        "autonomous_flow",
+        planes,
         &["--namespace-create-enable"],
+        &[FleetAgent::autonomous("ship"), FleetAgent::managed("shop")],
     )
     .await?;
-    let auto = ctx.unique("ship");
-    let managed = ctx.unique("shop");
-    pki.issue_agent(&auto)?;
-    pki.issue_agent(&managed)?;
+    let (principal, agent) = (&fleet.principal, &fleet.agents[0]);
+    let (auto, managed) = (agent.name.clone(), fleet.agents[1].name.clone());
+    let (principal_ns, spoke_ns) = (principal.namespace.clone(), agent.namespace.clone());
     let hub = planes.hub.client().await?;
-    e2e::gateway::ensure_namespace(&hub, &managed).await?;
-    let spoke_ns = ctx.unique("spoke-argocd");
-    let agent = Agent::start(
-        &auto,
-        &ctx.dir,
-        &planes.spokes[0],
-        &pki,
-        &principal.address(),
-        &spoke_ns,
-        &["--mode=autonomous"],
-    )
-    .await?;
-    let managed_agent = Agent::start(
-        &managed,
-        &ctx.dir,
-        &planes.spokes[1],
-        &pki,
-        &principal.address(),
-        &spoke_ns,
-        &[],
-    )
-    .await?;
-    agent.wait_connected().await?;
-    managed_agent.wait_connected().await?;
 
     let spoke = planes.spokes[0].client().await?;
     let spoke_apps: Api<DynamicObject> =
@@ -294,8 +263,6 @@ async fn autonomous_spoke_objects_are_mirrored_protected_and_operable_from_the_h
         )
     })
     .await?;
-    drop(agent);
-    drop(managed_agent);
-    drop(principal);
+    drop(fleet);
     Ok(())
 }

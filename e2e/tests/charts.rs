@@ -5,15 +5,24 @@
 //! without being stored. The charts' RBAC must equal the rules kept beside the code
 //! (`principal/rbac.yaml`, `agent/rbac.yaml`), bad values must be refused by `values.schema.json`
 //! with the offending key named, and the Dockerfiles must pass hadolint and the image checklist.
+//!
+//! The charts' RBAC is also exercised for real: the principal and the agent run under the
+//! ServiceAccounts and RBAC objects the charts render (a TokenRequest token in their kubeconfig),
+//! with the settings of the rendered Deployments, through a managed Application round trip; any
+//! request the apiserver's audit log shows refused (403) fails the test, naming verb and resource.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use e2e::binaries::workspace_root;
-use e2e::gateway::ensure_namespace;
-use e2e::{shared_planes, TestContext};
-use serde_json::Value;
+use e2e::gateway::{
+    application, application_resource, ensure_namespace, text, Agent, Pki, Principal,
+};
+use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
 
 const PRINCIPAL_CHART: &str = "charts/argocd-agent-principal";
 const AGENT_CHART: &str = "charts/argocd-agent-agent";
@@ -74,14 +83,11 @@ fn of_kind<'a>(objs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     objs.iter().filter(|o| o["kind"] == kind).collect()
 }
 
-/// `kubectl apply --dry-run=server` of `manifest` against the plane behind `kubeconfig`.
-fn server_dry_run(dir: &Path, kubeconfig: &Path, manifest: &str) -> Result<String, String> {
-    let file = dir.join(format!("rendered-{}.yaml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&file, manifest).expect("write manifest");
+/// `kubectl --kubeconfig <kubeconfig> <args>`; Ok(stdout) or Err(stdout + stderr).
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
     let out = Command::new("kubectl")
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args(["apply", "--dry-run=server", "-o", "name", "-f"])
-        .arg(&file)
+        .args(args)
         .output()
         .map_err(|e| format!("cannot run kubectl (apt-get install kubectl): {e}"))?;
     if out.status.success() {
@@ -93,6 +99,18 @@ fn server_dry_run(dir: &Path, kubeconfig: &Path, manifest: &str) -> Result<Strin
             String::from_utf8_lossy(&out.stderr)
         ))
     }
+}
+
+/// `kubectl apply [--dry-run=server]` of `manifest` against the plane behind `kubeconfig`.
+fn apply(dir: &Path, kubeconfig: &Path, manifest: &str, dry_run: bool) -> Result<String, String> {
+    let file = dir.join(format!("rendered-{}.yaml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&file, manifest).expect("write manifest");
+    let file = file.to_str().expect("utf-8 path");
+    let mut args = vec!["apply", "-o", "name", "-f", file];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    kubectl(kubeconfig, &args)
 }
 
 /// One granted (apiGroup, resource, verb, resourceName) — resourceName "" = any object.
@@ -175,7 +193,7 @@ async fn charts_pass_a_server_side_dry_run_on_a_real_control_plane() -> anyhow::
         let manifest = render(&ctx.dir, chart, &ns, values, Some(&planes.hub.kubeconfig))
             .unwrap_or_else(|e| panic!("{chart} ({case}) does not render:\n{e}"));
         let admitted =
-            server_dry_run(&ctx.dir, &planes.hub.kubeconfig, &manifest).unwrap_or_else(|e| {
+            apply(&ctx.dir, &planes.hub.kubeconfig, &manifest, true).unwrap_or_else(|e| {
                 panic!("{chart} ({case}) refused by the kube-apiserver:\n{e}\n{manifest}")
             });
         // Every rendered object was admitted (kubectl prints one line per object).
@@ -261,7 +279,16 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
 #[tokio::test]
 async fn rendered_pods_are_hardened_probed_and_highly_available() {
     let ctx = TestContext::new("charts-pods").unwrap();
-    let principal = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", "", None).unwrap());
+    let principal = objects(
+        &render(
+            &ctx.dir,
+            PRINCIPAL_CHART,
+            "argocd",
+            "podDisruptionBudget: {enabled: true}\n",
+            None,
+        )
+        .unwrap(),
+    );
     let agent = objects(&render(&ctx.dir, AGENT_CHART, "argocd", AGENT_VALUES, None).unwrap());
     for (objs, replicas) in [(&principal, 2), (&agent, 1)] {
         let deploy = of_kind(objs, "Deployment")[0];
@@ -273,6 +300,11 @@ async fn rendered_pods_are_hardened_probed_and_highly_available() {
             "RuntimeDefault"
         );
         let c = &pod["containers"][0];
+        // The binaries take an empty variable as a value ("" is no byte size, duration or
+        // address): unset settings are left out, never rendered empty.
+        for e in c["env"].as_array().unwrap() {
+            assert!(e["value"] != "", "empty environment variable {}", e["name"]);
+        }
         assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
         assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
         assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
@@ -334,6 +366,28 @@ async fn bad_values_are_refused_naming_the_key() {
             "tlsMinVersion",
         ),
         (PRINCIPAL_CHART, "replicas: 2\n", "replicas"),
+        // Two active principals would serve the same agents.
+        (
+            PRINCIPAL_CHART,
+            "ha: {enabled: false}\n",
+            "ha.enabled must be true",
+        ),
+        (
+            PRINCIPAL_CHART,
+            "replicaCount: 3\nha: {enabled: false}\n",
+            "ha.enabled must be true",
+        ),
+        (PRINCIPAL_CHART, "ha: {leaseName: Bad_Name}\n", "leaseName"),
+        (
+            PRINCIPAL_CHART,
+            "tracing: {otlpAddress: \"collector:4317/v1/traces\"}\n",
+            "otlpAddress",
+        ),
+        (
+            AGENT_CHART,
+            "agent: {serverAddress: \"hub:443\"}\ntracing: {otlpAddress: \"no port\"}\n",
+            "otlpAddress",
+        ),
         (AGENT_CHART, "", "agent.serverAddress is required"),
         (
             AGENT_CHART,
@@ -450,5 +504,477 @@ fn dockerfiles_follow_the_image_checklist() {
             ignore.lines().any(|l| l.trim() == entry),
             ".dockerignore must leave out {entry}"
         );
+    }
+}
+
+/// Kinds that make up a chart's identity: who the binary runs as and what it may do.
+const IDENTITY_KINDS: [&str; 5] = [
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+];
+
+/// The chart's ServiceAccount, applied with its RBAC objects to `plane`, and a kubeconfig that
+/// authenticates as it with a token from the TokenRequest API (`kubectl create token`).
+struct ChartIdentity {
+    /// Kubeconfig for the binary.
+    kubeconfig: PathBuf,
+    /// `system:serviceaccount:<namespace>:<name>`, as the audit log names it.
+    user: String,
+}
+
+fn apply_chart_identity(
+    dir: &Path,
+    plane: &ControlPlane,
+    namespace: &str,
+    objs: &[Value],
+) -> anyhow::Result<ChartIdentity> {
+    let identity: Vec<&Value> = objs
+        .iter()
+        .filter(|o| IDENTITY_KINDS.iter().any(|k| o["kind"] == *k))
+        .collect();
+    let sa = of_kind(objs, "ServiceAccount");
+    anyhow::ensure!(
+        sa.len() == 1,
+        "the chart renders {} ServiceAccounts",
+        sa.len()
+    );
+    let sa = sa[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let manifest = identity
+        .iter()
+        .map(serde_yaml::to_string)
+        .collect::<Result<Vec<_>, _>>()?
+        .join("---\n");
+    apply(dir, &plane.kubeconfig, &manifest, false).map_err(anyhow::Error::msg)?;
+    let token = kubectl(
+        &plane.kubeconfig,
+        &["create", "token", &sa, "-n", namespace, "--duration=2h"],
+    )
+    .map_err(anyhow::Error::msg)?;
+    let user = format!("system:serviceaccount:{namespace}:{sa}");
+    let kubeconfig = dir.join(format!("kubeconfig-{}-{sa}", plane.name));
+    plane.write_token_kubeconfig(&kubeconfig, &user, token.trim())?;
+    Ok(ChartIdentity { kubeconfig, user })
+}
+
+/// The settings of the rendered Deployment's container as command-line flags (`NAME_WITH_PREFIX`
+/// → `--name-with-prefix=value`; flags and environment variables are the same settings), less
+/// what only makes sense inside the pod: values read from the pod (`valueFrom`), paths of mounted
+/// files and listen addresses (`/...`, `0.0.0.0:...`: the test gives its own), and the log
+/// settings (the test keeps debug logs to explain a failure).
+fn chart_flags(objs: &[Value], env_prefix: &str) -> Vec<String> {
+    let deploy = of_kind(objs, "Deployment")[0];
+    let env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("container env");
+    env.iter()
+        .filter_map(|e| {
+            let name = e["name"].as_str()?.strip_prefix(env_prefix)?;
+            let value = e["value"].as_str()?;
+            let pod_local = value.starts_with('/') || value.starts_with("0.0.0.0:");
+            (!pod_local && !name.starts_with("LOG_"))
+                .then(|| format!("--{}={value}", name.to_ascii_lowercase().replace('_', "-")))
+        })
+        .collect()
+}
+
+/// The requests `user` made that the apiserver refused (403), from the plane's audit log, as
+/// `verb group/resource[/subresource] [name] in <namespace>`; and how many requests it made.
+fn refused_requests(plane: &ControlPlane, user: &str) -> (Vec<String>, usize) {
+    let log = std::fs::read_to_string(plane.audit_log()).unwrap_or_default();
+    let mut made = 0;
+    let mut refused = BTreeSet::new();
+    for event in log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    {
+        if event["user"]["username"] != user {
+            continue;
+        }
+        made += 1;
+        if event["responseStatus"]["code"] != 403 {
+            continue;
+        }
+        let r = &event["objectRef"];
+        let mut what = format!(
+            "{} {}/{}",
+            text(&event, "/verb"),
+            text(r, "/apiGroup"),
+            text(r, "/resource")
+        );
+        for (key, fmt) in [("/subresource", "/"), ("/name", " ")] {
+            if !text(r, key).is_empty() {
+                what.push_str(&format!("{fmt}{}", text(r, key)));
+            }
+        }
+        match text(r, "/namespace").as_str() {
+            "" => what.push_str(" cluster-wide"),
+            ns => what.push_str(&format!(" in namespace {ns}")),
+        }
+        refused.insert(what);
+    }
+    (refused.into_iter().collect(), made)
+}
+
+/// Fails naming every request `user` was refused on `plane`. Returns how many requests of
+/// `user` the audit log shows.
+fn assert_nothing_refused(plane: &ControlPlane, user: &str, chart: &str) -> usize {
+    let (refused, made) = refused_requests(plane, user);
+    assert!(
+        refused.is_empty(),
+        "{chart}'s RBAC lacks permissions {user} needed on {} (fix the chart's rbac.yaml and the \
+         list beside the code):\n  {}",
+        plane.name,
+        refused.join("\n  ")
+    );
+    made
+}
+
+/// Waits until `name` exists in `api` and satisfies `pred`.
+async fn wait_for(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> anyhow::Result<()> {
+    wait_until(what, Duration::from_secs(60), || async {
+        let obj = api.get_opt(name).await?;
+        Ok::<_, kube::Error>(
+            obj.map(|o| serde_json::to_value(o).expect("object serialises"))
+                .filter(|v| pred(v))
+                .map(|_| ()),
+        )
+    })
+    .await
+}
+
+/// Hub → spoke → hub: an Application created on the hub reaches the spoke, status written there
+/// comes back.
+async fn managed_round_trip(
+    hub: &ControlPlane,
+    spoke: &ControlPlane,
+    agent: &Agent,
+) -> anyhow::Result<()> {
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.client().await?, &agent.name, &application_resource());
+    let spoke_apps: Api<DynamicObject> = Api::namespaced_with(
+        spoke.client().await?,
+        &agent.namespace,
+        &application_resource(),
+    );
+    hub_apps
+        .create(
+            &PostParams::default(),
+            &application("guestbook", &agent.name, "v1"),
+        )
+        .await?;
+    wait_for(
+        &spoke_apps,
+        "guestbook",
+        "hub Application on the spoke",
+        |v| text(v, "/spec/source/targetRevision") == "v1",
+    )
+    .await?;
+    // Status as Argo CD's application-controller on the spoke would write it.
+    let status = json!({"status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}});
+    spoke_apps
+        .patch("guestbook", &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    wait_for(&hub_apps, "guestbook", "spoke status on the hub", |v| {
+        text(v, "/status/sync/status") == "Synced" && text(v, "/status/health/status") == "Healthy"
+    })
+    .await
+}
+
+#[tokio::test]
+async fn principal_and_agent_run_under_the_charts_rbac() -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let started = Instant::now();
+    let ctx = TestContext::new("charts-least-privilege")?;
+    let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+
+    // The principal: the chart's identity on the hub, its default settings (HA and the embedded
+    // operator and pull model on), only the hub credentials of its ServiceAccount.
+    let principal_ns = ctx.unique("argocd");
+    ensure_namespace(&hub.client().await?, &principal_ns).await?;
+    let principal_objs = objects(
+        &render(&ctx.dir, PRINCIPAL_CHART, &principal_ns, "", None).map_err(anyhow::Error::msg)?,
+    );
+    let principal_id = apply_chart_identity(&ctx.dir, hub, &principal_ns, &principal_objs)?;
+    let mut flags = chart_flags(&principal_objs, "ARGOCD_PRINCIPAL_");
+    assert!(
+        flags.contains(&"--ha-enabled=true".to_string()),
+        "{flags:?}"
+    );
+    assert!(
+        flags.contains(&"--enable-operator=true".to_string()),
+        "{flags:?}"
+    );
+    flags.push(format!(
+        "--kubeconfig={}",
+        principal_id.kubeconfig.display()
+    ));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let principal = Principal::start("p", &ctx.dir, hub, &pki, &principal_ns, &flags).await;
+    if principal.is_err() {
+        assert_nothing_refused(hub, &principal_id.user, PRINCIPAL_CHART);
+    }
+    let principal = principal?;
+
+    // The agent: the agent chart's identity on the spoke, the chart rendered for this principal.
+    let agent_name = ctx.unique("agent");
+    pki.issue_agent(&agent_name)?;
+    ensure_namespace(&hub.client().await?, &agent_name).await?;
+    let agent_ns = ctx.unique("spoke-argocd");
+    ensure_namespace(&spoke.client().await?, &agent_ns).await?;
+    let agent_values = format!(
+        "agent: {{serverAddress: \"{}\", tlsServerName: localhost}}\n",
+        principal.address()
+    );
+    let agent_objs = objects(
+        &render(&ctx.dir, AGENT_CHART, &agent_ns, &agent_values, None)
+            .map_err(anyhow::Error::msg)?,
+    );
+    let agent_id = apply_chart_identity(&ctx.dir, spoke, &agent_ns, &agent_objs)?;
+    let mut flags = chart_flags(&agent_objs, "ARGOCD_AGENT_");
+    flags.push(format!("--kubeconfig={}", agent_id.kubeconfig.display()));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let agent = Agent::start(
+        &agent_name,
+        &ctx.dir,
+        spoke,
+        &pki,
+        &principal.address(),
+        &agent_ns,
+        &flags,
+    )
+    .await?;
+
+    let flow = async {
+        agent.wait_connected().await?;
+        managed_round_trip(hub, spoke, &agent).await
+    }
+    .await;
+    // A refused request explains a failed flow better than its time-out, so it is checked first.
+    let made = [
+        assert_nothing_refused(hub, &principal_id.user, PRINCIPAL_CHART),
+        assert_nothing_refused(spoke, &agent_id.user, AGENT_CHART),
+    ];
+    if let Err(e) = flow {
+        panic!(
+            "managed round trip under the charts' RBAC failed: {e:#}\nprincipal:\n{}\nagent:\n{}",
+            principal.process.log_tail(40),
+            agent.process.log_tail(40)
+        );
+    }
+    // The audit log saw them (else "nothing refused" would prove nothing).
+    assert!(
+        made.iter().all(|&n| n > 0),
+        "requests of the principal and agent in the audit logs: {made:?}"
+    );
+    eprintln!(
+        "[charts] principal and agent under the charts' RBAC: round trip done in {:.1?} \
+         ({} hub and {} spoke requests audited, none refused)",
+        started.elapsed(),
+        made[0],
+        made[1]
+    );
+    Ok(())
+}
+
+/// The value of env var `name` in the rendered Deployment's container (None when not set).
+fn env_value<'a>(objs: &'a [Value], name: &str) -> Option<&'a Value> {
+    of_kind(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("container env")
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
+/// The Lease names the principal's Role lets it read and renew.
+fn lease_names(objs: &[Value]) -> BTreeSet<String> {
+    rendered_grants(objs, "Role")
+        .into_iter()
+        .filter(|(g, r, v, _)| g == "coordination.k8s.io" && r == "leases" && v == "update")
+        .map(|(_, _, _, n)| n)
+        .collect()
+}
+
+#[tokio::test]
+async fn ha_and_tracing_values_render_into_the_environment() {
+    let ctx = TestContext::new("charts-ha-env").unwrap();
+    let principal =
+        |values: &str| objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", values, None).unwrap());
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    let strategy = |objs: &[Value]| {
+        of_kind(objs, "Deployment")[0]["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"]
+            .clone()
+    };
+
+    // Two replicas (the default): one active, elected by the Lease; its name granted; no
+    // tracing unless asked; rollouts replace the pods at once (a standby is never Ready).
+    let two = principal("");
+    assert_eq!(of_kind(&two, "Deployment")[0]["spec"]["replicas"], 2);
+    for (name, value) in [
+        ("ARGOCD_PRINCIPAL_HA_ENABLED", "true"),
+        ("ARGOCD_PRINCIPAL_HA_LEASE_NAME", "argocd-agent-principal"),
+        ("ARGOCD_PRINCIPAL_HA_LEASE_DURATION", "10s"),
+        ("ARGOCD_PRINCIPAL_HA_RENEW_INTERVAL", "2s"),
+    ] {
+        assert_eq!(env_value(&two, name).unwrap()["value"], value, "{name}");
+    }
+    assert_eq!(
+        env_value(&two, "ARGOCD_PRINCIPAL_HA_IDENTITY").unwrap()["valueFrom"]["fieldRef"]
+            ["fieldPath"],
+        "metadata.name"
+    );
+    assert!(env_value(&two, "ARGOCD_PRINCIPAL_OTLP_ADDRESS").is_none());
+    assert_eq!(strategy(&two), "100%");
+    assert_eq!(
+        lease_names(&two),
+        names(&["argocd-agent-operator", "argocd-agent-principal"])
+    );
+    assert!(
+        of_kind(&two, "PodDisruptionBudget").is_empty(),
+        "PDB is opt-in"
+    );
+    // The operator tells Argo CD (and its resource proxy certificate) the chart's own Service.
+    let proxy_service = of_kind(&two, "Service")
+        .into_iter()
+        .find(|s| s["spec"]["ports"][0]["name"] == "resource-proxy")
+        .unwrap()["metadata"]["name"]
+        .clone();
+    assert_eq!(
+        env_value(&two, "ARGOCD_PRINCIPAL_OPERATOR_RESOURCE_PROXY_ADDRESS").unwrap()["value"],
+        format!("{}.argocd.svc:9090", proxy_service.as_str().unwrap())
+    );
+
+    // A custom Lease name is what the binary gets and what the Role grants.
+    let custom = principal("replicaCount: 3\nha: {leaseName: hub-principal, leaseDuration: 15s}\n");
+    assert_eq!(
+        env_value(&custom, "ARGOCD_PRINCIPAL_HA_LEASE_NAME").unwrap()["value"],
+        "hub-principal"
+    );
+    assert_eq!(
+        env_value(&custom, "ARGOCD_PRINCIPAL_HA_LEASE_DURATION").unwrap()["value"],
+        "15s"
+    );
+    assert_eq!(
+        lease_names(&custom),
+        names(&["argocd-agent-operator", "hub-principal"])
+    );
+
+    // One replica without HA: no HA settings, no HA Lease grant, ordinary rollouts; tracing on.
+    let one = principal(
+        "replicaCount: 1\nha: {enabled: false}\ntracing: {otlpAddress: \"otel-collector.monitoring:4317\"}\npodDisruptionBudget: {enabled: true}\n",
+    );
+    assert_eq!(of_kind(&one, "Deployment")[0]["spec"]["replicas"], 1);
+    assert_eq!(
+        env_value(&one, "ARGOCD_PRINCIPAL_HA_ENABLED").unwrap()["value"],
+        "false"
+    );
+    for name in ["LEASE_NAME", "LEASE_DURATION", "RENEW_INTERVAL", "IDENTITY"] {
+        assert!(env_value(&one, &format!("ARGOCD_PRINCIPAL_HA_{name}")).is_none());
+    }
+    assert_eq!(
+        env_value(&one, "ARGOCD_PRINCIPAL_OTLP_ADDRESS").unwrap()["value"],
+        "otel-collector.monitoring:4317"
+    );
+    assert_eq!(strategy(&one), 0);
+    assert_eq!(lease_names(&one), names(&["argocd-agent-operator"]));
+    assert!(
+        of_kind(&one, "PodDisruptionBudget").is_empty(),
+        "a PDB over one pod would block every drain"
+    );
+    // Neither HA nor the operator: no Lease grant at all.
+    let none = principal("replicaCount: 1\nha: {enabled: false}\noperator: {enabled: false}\n");
+    assert!(!rendered_grants(&none, "Role")
+        .iter()
+        .any(|(g, r, _, _)| g == "coordination.k8s.io" && r == "leases"));
+    // The PDB when asked for with several replicas.
+    let pdb = principal("podDisruptionBudget: {enabled: true}\n");
+    assert_eq!(
+        of_kind(&pdb, "PodDisruptionBudget")[0]["spec"]["minAvailable"],
+        1
+    );
+
+    // The agent's tracing.
+    let agent = objects(
+        &render(
+            &ctx.dir,
+            AGENT_CHART,
+            "argocd",
+            &format!("{AGENT_VALUES}tracing: {{otlpAddress: \"http://otel:4317\"}}\n"),
+            None,
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        env_value(&agent, "ARGOCD_AGENT_OTLP_ADDRESS").unwrap()["value"],
+        "http://otel:4317"
+    );
+    let plain = objects(&render(&ctx.dir, AGENT_CHART, "argocd", AGENT_VALUES, None).unwrap());
+    assert!(env_value(&plain, "ARGOCD_AGENT_OTLP_ADDRESS").is_none());
+}
+
+/// Every `ENV_NAME` in `env = "ENV_NAME"` attributes of the Rust sources under `dirs`.
+fn env_names_in_sources(dirs: &[&str]) -> BTreeSet<String> {
+    fn walk(dir: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                for rest in text.split("env = \"").skip(1) {
+                    out.extend(rest.split('"').next().map(String::from));
+                }
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    for d in dirs {
+        walk(&workspace_root().join(d), &mut out);
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_rendered_variable_is_one_the_binary_reads() {
+    let ctx = TestContext::new("charts-env-names").unwrap();
+    // Every optional setting set, so every variable the templates can emit is rendered.
+    let principal = "principal: {allowedNamespaces: [team-a], labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
+        operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd}\n\
+        tracing: {otlpAddress: \"collector:4317\"}\n";
+    let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b}\n\
+        tracing: {otlpAddress: \"collector:4317\"}\n";
+    for (chart, values, sources) in [
+        (
+            PRINCIPAL_CHART,
+            principal,
+            &["principal/src", "operator/src/gitops"][..],
+        ),
+        (AGENT_CHART, agent, &["agent/src"][..]),
+    ] {
+        let objs = objects(&render(&ctx.dir, chart, "argocd", values, None).unwrap());
+        let known = env_names_in_sources(sources);
+        let env = of_kind(&objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+            ["env"]
+            .as_array()
+            .unwrap()
+            .clone();
+        for e in env {
+            let name = e["name"].as_str().unwrap();
+            assert!(
+                known.contains(name),
+                "{chart} sets {name}, which the binary does not read"
+            );
+        }
     }
 }

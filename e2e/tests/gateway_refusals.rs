@@ -5,117 +5,16 @@
 use std::time::Duration;
 
 use argocd_agent_proto::event::{Event, EventType, Target};
-use argocd_agent_proto::pb::authapi::authentication_client::AuthenticationClient;
-use argocd_agent_proto::pb::authapi::{AuthRequest, AuthResponse};
 use argocd_agent_proto::pb::cloudevents::CloudEvent;
-use argocd_agent_proto::pb::eventstreamapi::event_stream_client::EventStreamClient;
 use argocd_agent_proto::pb::eventstreamapi::Event as WireEvent;
-use argocd_agent_proto::version::version_string;
-use e2e::gateway::{agent_identity, client_tls, forge_client_cert, grpc_channel, Pki, Principal};
-use e2e::{shared_planes, TestContext};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Code, Request, Status, Streaming};
-
-struct Setup {
-    _ctx: TestContext,
-    pki: Pki,
-    principal: Principal,
-}
-
-async fn setup(test: &str, extra: &[&str]) -> anyhow::Result<Setup> {
-    let planes = shared_planes().await;
-    let ctx = TestContext::new(test)?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let principal = Principal::start(
-        "p",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &ctx.unique("argocd"),
-        extra,
-    )
-    .await?;
-    Ok(Setup {
-        _ctx: ctx,
-        pki,
-        principal,
-    })
-}
-
-async fn authenticate(ch: tonic::transport::Channel, mode: &str) -> Result<AuthResponse, Status> {
-    let req = AuthRequest {
-        method: "mtls".into(),
-        credentials: Default::default(),
-        mode: mode.into(),
-        version: version_string(),
-        agent_namespace: "argocd".into(),
-    };
-    Ok(AuthenticationClient::new(ch)
-        .authenticate(req)
-        .await?
-        .into_inner())
-}
-
-/// Authenticates with `identity` and returns the outcome (any transport failure counts as refusal).
-async fn try_authenticate(
-    s: &Setup,
-    identity: Option<(&str, &str)>,
-    alpn: &[&[u8]],
-) -> Result<AuthResponse, String> {
-    let tls = client_tls(&s.pki, identity, alpn).map_err(|e| e.to_string())?;
-    let ch = grpc_channel(&s.principal.address(), tls)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    authenticate(ch, "managed")
-        .await
-        .map_err(|e| format!("{:?}: {}", e.code(), e.message()))
-}
-
-async fn subscribe(
-    s: &Setup,
-    identity: (&str, &str),
-    token: &str,
-) -> Result<(mpsc::Sender<WireEvent>, Streaming<WireEvent>), Status> {
-    let tls = client_tls(&s.pki, Some(identity), &[b"h2"]).expect("tls");
-    let ch = grpc_channel(&s.principal.address(), tls)
-        .await
-        .expect("channel");
-    let (tx, rx) = mpsc::channel(16);
-    let mut req = Request::new(ReceiverStream::new(rx));
-    req.metadata_mut()
-        .insert("authorization", token.parse().expect("ascii token"));
-    let inbound = EventStreamClient::new(ch)
-        .subscribe(req)
-        .await?
-        .into_inner();
-    Ok((tx, inbound))
-}
-
-/// Reads events until one satisfies `pred` (ACKs for our probes), failing after 20 s.
-async fn next_matching(
-    inbound: &mut Streaming<WireEvent>,
-    pred: impl Fn(&Event) -> bool,
-) -> anyhow::Result<Event> {
-    tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            let wire = inbound
-                .message()
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("stream ended"))?;
-            let ev = Event::try_from_stream_event(wire)?;
-            if pred(&ev) {
-                return Ok(ev);
-            }
-        }
-    })
-    .await?
-}
+use e2e::gateway::{agent_identity, client_tls, forge_client_cert, grpc_channel, tls_connect, Pki};
+use e2e::raw_agent::{authenticate, send_for_ack, try_authenticate, LonePrincipal};
+use tonic::Code;
 
 #[tokio::test]
 async fn client_without_certificate_is_refused() -> anyhow::Result<()> {
-    let s = setup("no_client_cert", &[]).await?;
-    let r = try_authenticate(&s, None, &[b"h2"]).await;
+    let s = LonePrincipal::start("no_client_cert", &[]).await?;
+    let r = try_authenticate(&s.pki, &s.principal.address(), None, &[b"h2"], "managed").await;
     assert!(
         r.is_err(),
         "a client without certificate was authenticated: {r:?}"
@@ -125,11 +24,11 @@ async fn client_without_certificate_is_refused() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn certificate_from_another_ca_is_refused() -> anyhow::Result<()> {
-    let s = setup("foreign_ca", &[]).await?;
-    let other = Pki::create(&s._ctx.dir.join("other-pki"))?;
+    let s = LonePrincipal::start("foreign_ca", &[]).await?;
+    let other = Pki::create(&s.ctx.dir.join("other-pki"))?;
     other.issue_agent("intruder")?;
     let (c, k) = agent_identity(&other, "intruder")?;
-    let r = try_authenticate(&s, Some((&c, &k)), &[b"h2"]).await;
+    let r = s.try_authenticate((&c, &k)).await;
     assert!(
         r.is_err(),
         "a certificate from a foreign CA was accepted: {r:?}"
@@ -139,7 +38,7 @@ async fn certificate_from_another_ca_is_refused() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn expired_certificate_is_refused() -> anyhow::Result<()> {
-    let s = setup("expired_cert", &[]).await?;
+    let s = LonePrincipal::start("expired_cert", &[]).await?;
     let now = time::OffsetDateTime::now_utc();
     let (c, k) = forge_client_cert(
         &s.pki,
@@ -147,7 +46,7 @@ async fn expired_certificate_is_refused() -> anyhow::Result<()> {
         now - time::Duration::days(10),
         now - time::Duration::days(1),
     )?;
-    let r = try_authenticate(&s, Some((&c, &k)), &[b"h2"]).await;
+    let r = s.try_authenticate((&c, &k)).await;
     assert!(r.is_err(), "an expired certificate was accepted: {r:?}");
     // The same name with a valid certificate works, so the refusal was about expiry.
     let (c, k) = forge_client_cert(
@@ -156,7 +55,7 @@ async fn expired_certificate_is_refused() -> anyhow::Result<()> {
         now - time::Duration::days(1),
         now + time::Duration::days(1),
     )?;
-    try_authenticate(&s, Some((&c, &k)), &[b"h2"])
+    s.try_authenticate((&c, &k))
         .await
         .map_err(anyhow::Error::msg)?;
     Ok(())
@@ -164,15 +63,11 @@ async fn expired_certificate_is_refused() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn http1_client_cannot_negotiate_a_connection() -> anyhow::Result<()> {
-    let s = setup("http1", &[]).await?;
+    let s = LonePrincipal::start("http1", &[]).await?;
     s.pki.issue_agent("h1")?;
     let (c, k) = agent_identity(&s.pki, "h1")?;
     let tls = client_tls(&s.pki, Some((&c, &k)), &[b"http/1.1"])?;
-    let tcp = tokio::net::TcpStream::connect(s.principal.address()).await?;
-    let name = rustls::pki_types::ServerName::try_from("localhost")?;
-    let handshake = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
-        .connect(name, tcp)
-        .await;
+    let handshake = tls_connect(&s.principal.address(), std::sync::Arc::new(tls)).await;
     let err = handshake.expect_err("an HTTP/1.1-only client completed the TLS handshake");
     assert!(
         err.to_string().to_lowercase().contains("protocol"),
@@ -183,7 +78,7 @@ async fn http1_client_cannot_negotiate_a_connection() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn certificate_naming_an_invalid_agent_is_refused_with_the_reason() -> anyhow::Result<()> {
-    let s = setup("invalid_name", &[]).await?;
+    let s = LonePrincipal::start("invalid_name", &[]).await?;
     let now = time::OffsetDateTime::now_utc();
     let (c, k) = forge_client_cert(
         &s.pki,
@@ -191,7 +86,8 @@ async fn certificate_naming_an_invalid_agent_is_refused_with_the_reason() -> any
         now - time::Duration::days(1),
         now + time::Duration::days(1),
     )?;
-    let err = try_authenticate(&s, Some((&c, &k)), &[b"h2"])
+    let err = s
+        .try_authenticate((&c, &k))
         .await
         .expect_err("invalid name accepted");
     assert!(
@@ -203,16 +99,18 @@ async fn certificate_naming_an_invalid_agent_is_refused_with_the_reason() -> any
 
 #[tokio::test]
 async fn token_of_one_agent_on_another_agents_certificate_is_refused() -> anyhow::Result<()> {
-    let s = setup("token_mismatch", &[]).await?;
+    let s = LonePrincipal::start("token_mismatch", &[]).await?;
     for n in ["agent-a", "agent-b"] {
         s.pki.issue_agent(n)?;
     }
     let (ca, ka) = agent_identity(&s.pki, "agent-a")?;
     let (cb, kb) = agent_identity(&s.pki, "agent-b")?;
-    let tokens = try_authenticate(&s, Some((&ca, &ka)), &[b"h2"])
+    let tokens = s
+        .try_authenticate((&ca, &ka))
         .await
         .map_err(anyhow::Error::msg)?;
-    let err = subscribe(&s, (&cb, &kb), &tokens.access_token)
+    let err = s
+        .subscribe((&cb, &kb), &tokens.access_token)
         .await
         .expect_err("stream opened with a foreign token");
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
@@ -222,18 +120,19 @@ async fn token_of_one_agent_on_another_agents_certificate_is_refused() -> anyhow
         err.message()
     );
     // A refresh token is not an access token.
-    let err = subscribe(&s, (&ca, &ka), &tokens.refresh_token)
+    let err = s
+        .subscribe((&ca, &ka), &tokens.refresh_token)
         .await
         .expect_err("refresh token accepted as access token");
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
     // And the right pairing works.
-    subscribe(&s, (&ca, &ka), &tokens.access_token).await?;
+    s.subscribe((&ca, &ka), &tokens.access_token).await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn autonomous_mode_is_refused_when_the_principal_allows_only_managed() -> anyhow::Result<()> {
-    let s = setup("autonomous_auth", &["--allowed-agent-modes=managed"]).await?;
+    let s = LonePrincipal::start("autonomous_auth", &["--allowed-agent-modes=managed"]).await?;
     s.pki.issue_agent("auto")?;
     let (c, k) = agent_identity(&s.pki, "auto")?;
     let ch = grpc_channel(
@@ -255,13 +154,14 @@ async fn autonomous_mode_is_refused_when_the_principal_allows_only_managed() -> 
 
 #[tokio::test]
 async fn stream_survives_malformed_and_unknown_events() -> anyhow::Result<()> {
-    let s = setup("bad_events", &[]).await?;
+    let s = LonePrincipal::start("bad_events", &[]).await?;
     s.pki.issue_agent("probe")?;
     let (c, k) = agent_identity(&s.pki, "probe")?;
-    let tokens = try_authenticate(&s, Some((&c, &k)), &[b"h2"])
+    let tokens = s
+        .try_authenticate((&c, &k))
         .await
         .map_err(anyhow::Error::msg)?;
-    let (tx, mut inbound) = subscribe(&s, (&c, &k), &tokens.access_token).await?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
 
     // Not a CloudEvent at all (no type, wrong spec version): dropped, nothing to ACK.
     let garbage = CloudEvent {
@@ -278,42 +178,33 @@ async fn stream_survives_malformed_and_unknown_events() -> anyhow::Result<()> {
         Target::Application,
         "probe",
     );
-    tx.send(unknown.to_stream_event()).await?;
-    let ack = next_matching(&mut inbound, |e| {
-        e.is_ack() && e.event_id == unknown.event_id
-    })
-    .await?;
+    let err = send_for_ack(&tx, &mut inbound, &unknown).await?;
     assert!(
-        ack.ack_error().is_some_and(|m| m.contains("not accepted")),
-        "{:?}",
-        ack.ack_error()
+        err.as_deref().is_some_and(|m| m.contains("not accepted")),
+        "{err:?}"
     );
     // Status for an Application the hub does not have: ACKed with an error naming it.
     let app = serde_json::json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
         "metadata": {"name": "ghost", "namespace": "argocd", "uid": "u-1", "resourceVersion": "1"}, "status": {}});
     let status = Event::for_object(EventType::StatusUpdate, Target::Application, "probe", &app)?;
-    tx.send(status.to_stream_event()).await?;
-    let ack = next_matching(&mut inbound, |e| {
-        e.is_ack() && e.event_id == status.event_id
-    })
-    .await?;
+    let err = send_for_ack(&tx, &mut inbound, &status).await?;
     assert!(
-        ack.ack_error().is_some_and(|m| m.contains("ghost")),
-        "{:?}",
-        ack.ack_error()
+        err.as_deref().is_some_and(|m| m.contains("ghost")),
+        "{err:?}"
     );
     Ok(())
 }
 
 #[tokio::test]
 async fn oversized_message_is_refused_and_the_agent_can_reconnect() -> anyhow::Result<()> {
-    let s = setup("oversized", &["--grpc-max-message-size=64KiB"]).await?;
+    let s = LonePrincipal::start("oversized", &["--grpc-max-message-size=64KiB"]).await?;
     s.pki.issue_agent("big")?;
     let (c, k) = agent_identity(&s.pki, "big")?;
-    let tokens = try_authenticate(&s, Some((&c, &k)), &[b"h2"])
+    let tokens = s
+        .try_authenticate((&c, &k))
         .await
         .map_err(anyhow::Error::msg)?;
-    let (tx, mut inbound) = subscribe(&s, (&c, &k), &tokens.access_token).await?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
     let mut big = Event::new(EventType::StatusUpdate, Target::Application, "big");
     big.data = Some(vec![b' '; 128 * 1024]);
     tx.send(big.to_stream_event()).await?;
@@ -332,6 +223,6 @@ async fn oversized_message_is_refused_and_the_agent_can_reconnect() -> anyhow::R
         "{status:?}"
     );
     // The principal is unharmed: a new stream opens.
-    subscribe(&s, (&c, &k), &tokens.access_token).await?;
+    s.subscribe((&c, &k), &tokens.access_token).await?;
     Ok(())
 }

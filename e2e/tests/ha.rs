@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 use e2e::gateway::{
     application, application_resource, ensure_namespace, http_get, text, Agent, Pki, Principal,
 };
-use e2e::ports::free_port;
 use e2e::tcp_proxy::TcpBalancer;
-use e2e::{binaries::project_binary, shared_planes, wait_until, ManagedProcess, ProcessSpec};
+use e2e::{shared_planes, wait_until};
 use e2e::{SharedPlanes, TestContext};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -42,49 +41,20 @@ fn spawn_replica(
     pki: &Pki,
     namespace: &str,
 ) -> anyhow::Result<Principal> {
-    let (grpc_port, ops_port) = (free_port(), free_port());
-    let (resource_proxy_port, redis_proxy_port) = (free_port(), free_port());
-    let spec = ProcessSpec::new(
-        format!("principal-{id}"),
-        project_binary("argocd-principal")?,
-        ctx.dir.join(format!("principal-{id}.log")),
+    Principal::spawn(
+        id,
+        &ctx.dir,
+        &planes.hub,
+        pki,
+        namespace,
+        &[
+            "--enable-operator=true",
+            "--ha-enabled",
+            &format!("--ha-identity={}", identity(ctx, id)),
+            &format!("--ha-lease-duration={LEASE_DURATION}"),
+            &format!("--ha-renew-interval={RENEW_INTERVAL}"),
+        ],
     )
-    .arg(format!("--listen-address=127.0.0.1:{grpc_port}"))
-    .arg(format!("--metrics-address=127.0.0.1:{ops_port}"))
-    .arg(format!("--health-address=127.0.0.1:{ops_port}"))
-    .arg(format!(
-        "--resource-proxy-address=127.0.0.1:{resource_proxy_port}"
-    ))
-    .arg(format!(
-        "--redis-proxy-address=127.0.0.1:{redis_proxy_port}"
-    ))
-    .arg(format!(
-        "--tls-cert={}",
-        pki.dir.join("principal.crt").display()
-    ))
-    .arg(format!(
-        "--tls-key={}",
-        pki.dir.join("principal.key").display()
-    ))
-    .arg(format!("--tls-ca={}", pki.ca().display()))
-    .arg(format!("--jwt-key={}", pki.dir.join("jwt.key").display()))
-    .arg(format!("--namespace={namespace}"))
-    .arg(format!("--kubeconfig={}", planes.hub.kubeconfig.display()))
-    .arg("--enable-operator=true")
-    .arg("--ha-enabled")
-    .arg(format!("--ha-identity={}", identity(ctx, id)))
-    .arg(format!("--ha-lease-duration={LEASE_DURATION}"))
-    .arg(format!("--ha-renew-interval={RENEW_INTERVAL}"))
-    .arg("--log-level=debug,kube_client=warn,hyper=info,h2=info,tower=info,rustls=info")
-    .env("RUST_BACKTRACE", "1");
-    Ok(Principal {
-        process: ManagedProcess::spawn(spec)?,
-        grpc_port,
-        ops_port,
-        namespace: namespace.to_string(),
-        resource_proxy_port,
-        redis_proxy_port,
-    })
 }
 
 fn identity(ctx: &TestContext, id: &str) -> String {

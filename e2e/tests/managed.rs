@@ -7,83 +7,13 @@
 
 use std::time::Duration;
 
-use e2e::gateway::{
-    application, application_resource, appproject_resource, ensure_namespace, text, Agent, Pki,
-    Principal, SOURCE_UID,
-};
-use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
+use e2e::fleet::Fleet;
+use e2e::gateway::{application, appproject_resource, text, Agent, Pki, Principal, SOURCE_UID};
+use e2e::{shared_planes, wait_until, TestContext};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// A principal and two managed agents (one per spoke) for one test.
-struct Fleet {
-    _ctx: TestContext,
-    _pki: Pki,
-    principal: Principal,
-    agents: Vec<Agent>,
-}
-
-impl Fleet {
-    async fn start(test: &str, planes: &'static SharedPlanes) -> anyhow::Result<Fleet> {
-        let ctx = TestContext::new(test)?;
-        let pki = Pki::create(&ctx.dir.join("pki"))?;
-        let principal =
-            Principal::start("p", &ctx.dir, &planes.hub, &pki, &ctx.unique("argocd"), &[]).await?;
-        let hub = planes.hub.client().await?;
-        let mut agents = Vec::new();
-        for (i, spoke) in planes.spokes.iter().enumerate() {
-            let name = ctx.unique(&format!("agent{}", i + 1));
-            pki.issue_agent(&name)?;
-            ensure_namespace(&hub, &name).await?;
-            let agent = Agent::start(
-                &name,
-                &ctx.dir,
-                spoke,
-                &pki,
-                &principal.address(),
-                &ctx.unique("spoke-argocd"),
-                &[],
-            )
-            .await?;
-            agents.push(agent);
-        }
-        for a in &agents {
-            a.wait_connected().await?;
-        }
-        Ok(Fleet {
-            _ctx: ctx,
-            _pki: pki,
-            principal,
-            agents,
-        })
-    }
-
-    async fn hub_apps(
-        &self,
-        planes: &SharedPlanes,
-        agent: usize,
-    ) -> anyhow::Result<Api<DynamicObject>> {
-        Ok(Api::namespaced_with(
-            planes.hub.client().await?,
-            &self.agents[agent].name,
-            &application_resource(),
-        ))
-    }
-
-    async fn spoke_apps(
-        &self,
-        planes: &SharedPlanes,
-        agent: usize,
-    ) -> anyhow::Result<Api<DynamicObject>> {
-        Ok(Api::namespaced_with(
-            planes.spokes[agent].client().await?,
-            &self.agents[agent].namespace,
-            &application_resource(),
-        ))
-    }
-}
 
 async fn get_json(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>, kube::Error> {
     Ok(api
@@ -573,6 +503,135 @@ async fn application_the_spoke_refuses_is_reported_on_the_hub_and_blocks_nothing
         text(v, "/spec/source/targetRevision") == "v2"
     })
     .await?;
+    drop(fleet);
+    Ok(())
+}
+
+/// `metadata.resourceVersion` of hub Application `name`.
+async fn resource_version(api: &Api<DynamicObject>, name: &str) -> anyhow::Result<String> {
+    let obj = get_json(api, name)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("{name} is missing"))?;
+    Ok(text(&obj, "/metadata/resourceVersion").to_string())
+}
+
+#[tokio::test]
+async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_on_the_hub(
+) -> anyhow::Result<()> {
+    // The test plays Argo CD's application-controller: it writes status on the spoke copies.
+    const APPS: usize = 8;
+    let planes = shared_planes().await;
+    let mut fleet = Fleet::start("managed_status_resync", planes).await?;
+    let hub1 = fleet.hub_apps(planes, 0).await?;
+    let spoke1 = fleet.spoke_apps(planes, 0).await?;
+    let ns = fleet.agents[0].name.clone();
+    let names: Vec<String> = (0..APPS).map(|i| format!("st-{i}")).collect();
+    for name in &names {
+        hub1.create(&PostParams::default(), &application(name, &ns, "v1"))
+            .await?;
+    }
+    let healthy =
+        json!({"status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}});
+    for name in &names {
+        wait_for(&spoke1, name, "app on the spoke", |_| true).await?;
+        spoke1
+            .patch(name, &PatchParams::default(), &Patch::Merge(&healthy))
+            .await?;
+    }
+    for name in &names {
+        wait_for(&hub1, name, "status on the hub", |v| {
+            text(v, "/status/health/status") == "Healthy"
+        })
+        .await?;
+    }
+
+    // Agent down; one status changes meanwhile, the others do not.
+    fleet.agents[0].process.kill();
+    let degraded = json!({"status": {"health": {"status": "Degraded"}}});
+    spoke1
+        .patch(&names[0], &PatchParams::default(), &Patch::Merge(&degraded))
+        .await?;
+    let mut versions = Vec::new();
+    for name in &names[1..] {
+        versions.push(resource_version(&hub1, name).await?);
+    }
+    let port = fleet.principal.ops_port;
+    let statuses = "principal_events_received_total{event_type=\"status-update\"}";
+    let updates = "principal_events_received_total{event_type=\"request-update\"}";
+    let before = principal_samples(port).await?;
+    fleet.agents[0].process.start_again()?;
+    fleet.agents[0].wait_connected().await?;
+    wait_for(
+        &hub1,
+        &names[0],
+        "status changed while the agent was down",
+        |v| text(v, "/status/health/status") == "Degraded",
+    )
+    .await?;
+    wait_until("the restarted agent's checksum resync", WAIT, || async {
+        let now = principal_samples(port).await?;
+        Ok::<_, anyhow::Error>(
+            (sample(&now, updates) - sample(&before, updates) >= APPS as f64).then_some(()),
+        )
+    })
+    .await?;
+    // A later change flows after everything the restart queued.
+    hub1.create(&PostParams::default(), &application("st-marker", &ns, "v1"))
+        .await?;
+    wait_for(&spoke1, "st-marker", "change after the resync", |_| true).await?;
+
+    let after = principal_samples(port).await?;
+    let sent = sample(&after, statuses) - sample(&before, statuses);
+    assert_eq!(
+        sent, 1.0,
+        "a restart where one of {APPS} statuses changed sent {sent} status-updates"
+    );
+    for (name, version) in names[1..].iter().zip(&versions) {
+        assert_eq!(
+            &resource_version(&hub1, name).await?,
+            version,
+            "hub Application {name} was written although nothing changed"
+        );
+    }
+    drop(fleet);
+    Ok(())
+}
+
+#[tokio::test]
+async fn labels_and_annotations_edited_while_the_agent_was_down_are_reverted() -> anyhow::Result<()>
+{
+    let planes = shared_planes().await;
+    let mut fleet = Fleet::start("managed_offline_drift", planes).await?;
+    let hub1 = fleet.hub_apps(planes, 0).await?;
+    let spoke1 = fleet.spoke_apps(planes, 0).await?;
+    let ns = fleet.agents[0].name.clone();
+    let mut app = application("meta", &ns, "v1");
+    app.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+    app.metadata.annotations = Some([("note".to_string(), "hub".to_string())].into());
+    hub1.create(&PostParams::default(), &app).await?;
+    wait_for(&spoke1, "meta", "app on the spoke", |_| true).await?;
+
+    fleet.agents[0].process.kill();
+    let edit = json!({"metadata": {
+        "labels": {"team": "b", "extra": "x"},
+        "annotations": {"note": "spoke", "local": "y"}}});
+    spoke1
+        .patch("meta", &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    fleet.agents[0].process.start_again()?;
+    fleet.agents[0].wait_connected().await?;
+    let reverted = wait_for(&spoke1, "meta", "offline metadata edit reverted", |v| {
+        text(v, "/metadata/labels/team") == "a"
+            && v.pointer("/metadata/labels/extra").is_none()
+            && text(v, "/metadata/annotations/note") == "hub"
+            && v.pointer("/metadata/annotations/local").is_none()
+    })
+    .await?;
+    assert_eq!(
+        text(&reverted, "/spec/source/targetRevision"),
+        "v1",
+        "the spec is kept"
+    );
     drop(fleet);
     Ok(())
 }

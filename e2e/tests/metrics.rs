@@ -1,14 +1,24 @@
 //! Observability end to end: a principal on the hub and a managed agent on a spoke, scraped over
 //! HTTP the way Prometheus would. Asserts the metric names both binaries publish (upstream
 //! argocd-agent's where they mean the same thing), that the counters move when an Application
-//! flows hub → spoke, and what `/healthz` and `/readyz` answer.
+//! flows hub → spoke, that each resource-proxy request and Redis-proxy command is counted by
+//! agent and outcome, that a rotated resource-proxy certificate is served to new handshakes and
+//! reported by the expiry gauge while open connections carry on, and what `/healthz` and
+//! `/readyz` answer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use e2e::gateway::{
-    application, application_resource, ensure_namespace, http_get, Agent, Pki, Principal,
+    agent_identity, application, application_resource, client_tls, ensure_namespace, http_get,
+    tls_connect, Agent, Pki, Principal,
 };
-use e2e::{shared_planes, wait_until, TestContext};
+use e2e::redis::resp_exchange;
+use e2e::{shared_planes, wait_until, Redis, TestContext};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 use kube::api::{Api, DynamicObject, PostParams};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -56,6 +66,39 @@ fn declared(body: &str, name: &str) -> bool {
         .any(|l| l.starts_with(&format!("# TYPE {name} ")))
 }
 
+/// An HTTP/1.1 connection to the resource proxy on `port` presenting `identity` (cert PEM, key
+/// PEM), and the DER of the leaf certificate the proxy presented in the handshake.
+async fn proxy_connection(
+    pki: &Pki,
+    port: u16,
+    identity: (&str, &str),
+) -> anyhow::Result<(SendRequest<Empty<Bytes>>, Vec<u8>)> {
+    let tls = client_tls(pki, Some(identity), &[b"http/1.1"])?;
+    let stream = tls_connect(&format!("127.0.0.1:{port}"), Arc::new(tls)).await?;
+    let leaf = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|c| c.to_vec())
+        .ok_or_else(|| anyhow::anyhow!("the resource proxy presented no certificate"))?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok((sender, leaf))
+}
+
+/// `GET path` on `conn`; returns the status once the whole body has arrived.
+async fn proxy_get(conn: &mut SendRequest<Empty<Bytes>>, path: &str) -> anyhow::Result<u16> {
+    conn.ready().await?;
+    let request = http::Request::get(path)
+        .header(http::header::HOST, "localhost")
+        .body(Empty::new())?;
+    let response = conn.send_request(request).await?;
+    let status = response.status().as_u16();
+    response.into_body().collect().await?;
+    Ok(status)
+}
+
 #[tokio::test]
 async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() -> anyhow::Result<()>
 {
@@ -69,6 +112,7 @@ async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() ->
     let hub = planes.hub.client().await?;
     ensure_namespace(&hub, &name).await?;
     let spoke = &planes.spokes[0];
+    let spoke_redis = Redis::start(&ctx.unique("spoke-redis"))?;
     let agent = Agent::start(
         &name,
         &ctx.dir,
@@ -76,7 +120,7 @@ async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() ->
         &pki,
         &principal.address(),
         &ctx.unique("spoke-argocd"),
-        &[],
+        &[&format!("--redis-address={}", spoke_redis.address())],
     )
     .await?;
     agent.wait_connected().await?;
@@ -188,6 +232,62 @@ async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() ->
         grpc_expiry > Some(now),
         "the principal reports its gRPC certificate's notAfter:\n{body}"
     );
+    assert_eq!(
+        sample(
+            &body,
+            "argocd_principal_certificate_expiry_timestamp_seconds{certificate=\"resource-proxy\"}"
+        ),
+        grpc_expiry,
+        "the resource proxy presents the gRPC certificate by default:\n{body}"
+    );
+
+    // Proxied requests: counted once each, by agent and outcome; the proxy's own answers (agent
+    // away, hub Redis unreachable) also as errors with their reason.
+    let away = ctx.unique("away");
+    pki.issue_agent(&away)?;
+    for (who, expected) in [(&name, 200), (&away, 502)] {
+        let (cert, key) = agent_identity(&pki, who)?;
+        let (mut conn, _) =
+            proxy_connection(&pki, principal.resource_proxy_port, (&cert, &key)).await?;
+        assert_eq!(proxy_get(&mut conn, "/api").await?, expected, "{who}");
+    }
+    let mut redis =
+        tokio::net::TcpStream::connect(("127.0.0.1", principal.redis_proxy_port)).await?;
+    let key = format!("app|managed-resources|{name}_guestbook");
+    assert_eq!(resp_exchange(&mut redis, &["GET", &key]).await?, "$-1\r\n");
+    // No hub Redis runs for this principal: the proxy answers PING with an error.
+    let ping = resp_exchange(&mut redis, &["PING"]).await?;
+    assert!(ping.starts_with("-ERR"), "{ping}");
+    let body = scrape(principal.ops_port).await?;
+    let rp = "argocd_principal_resource_proxy";
+    let redis_proxy = "argocd_principal_redis_proxy";
+    for (series, count) in [
+        (format!("{rp}_requests_total{{agent_name=\"{name}\",code=\"200\"}}"), 1.0),
+        (format!("{rp}_requests_total{{agent_name=\"{away}\",code=\"502\"}}"), 1.0),
+        (
+            format!("{rp}_errors_total{{agent_name=\"{away}\",code=\"502\",reason=\"ServiceUnavailable\"}}"),
+            1.0,
+        ),
+        (format!("{rp}_request_duration_seconds_count"), 2.0),
+        (format!("{redis_proxy}_requests_total{{agent_name=\"{name}\",command=\"GET\"}}"), 1.0),
+        (format!("{redis_proxy}_requests_total{{agent_name=\"\",command=\"PING\"}}"), 1.0),
+        (
+            format!("{redis_proxy}_errors_total{{agent_name=\"\",command=\"PING\",reason=\"upstream_unavailable\"}}"),
+            1.0,
+        ),
+        (format!("{redis_proxy}_request_duration_seconds_count"), 2.0),
+    ] {
+        assert_eq!(sample(&body, &format!("{series} ")), Some(count), "{series}:\n{body}");
+    }
+    for absent in [
+        format!("{rp}_errors_total{{agent_name=\"{name}\""),
+        format!("{redis_proxy}_errors_total{{agent_name=\"{name}\""),
+    ] {
+        assert!(
+            !body.contains(&absent),
+            "answered by the agent, not an error: {absent}\n{body}"
+        );
+    }
 
     // Liveness and readiness.
     for (who, port) in [("principal", principal.ops_port), ("agent", agent.ops_port)] {
@@ -271,4 +371,124 @@ async fn an_application_create_is_one_trace_across_principal_and_agent() -> anyh
     assert_eq!(handle.trace_id, emit.trace_id);
     drop(principal);
     Ok(())
+}
+
+/// A server certificate for `localhost`/`127.0.0.1` signed by the PKI's CA, valid until
+/// `not_after`; returns (cert PEM, key PEM).
+fn server_certificate(
+    pki: &Pki,
+    not_after: time::OffsetDateTime,
+) -> anyhow::Result<(String, String)> {
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.dir.join("ca.key"))?)?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(pki.ca())?, ca_key)?;
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()])?;
+    params
+        .subject_alt_names
+        .push(rcgen::SanType::IpAddress("127.0.0.1".parse()?));
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "argocd-agent-resource-proxy");
+    params.not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    params.not_after = not_after;
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let key = rcgen::KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Replaces `path` the way a Secret volume update does: a new file renamed over the old one.
+fn replace_file(path: &std::path::Path, content: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, content)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Hot reload and expiry of the resource proxy's own certificate (`--resource-proxy-tls-*`):
+/// after the files are rotated, new handshakes get the new certificate, the expiry gauge moves
+/// to its `notAfter`, and a connection opened before the rotation keeps being served.
+#[tokio::test]
+async fn a_rotated_resource_proxy_certificate_is_served_and_reported_without_dropping_connections(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("rp_cert")?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let now = time::OffsetDateTime::now_utc().replace_nanosecond(0)?;
+    let (first_expiry, second_expiry) = (
+        now + time::Duration::days(20),
+        now + time::Duration::days(90),
+    );
+    let (cert_path, key_path) = (ctx.dir.join("rp.crt"), ctx.dir.join("rp.key"));
+    let (cert, key) = server_certificate(&pki, first_expiry)?;
+    replace_file(&key_path, &key)?;
+    replace_file(&cert_path, &cert)?;
+    let principal = Principal::start(
+        "p",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ctx.unique("argocd"),
+        &[
+            &format!("--resource-proxy-tls-cert={}", cert_path.display()),
+            &format!("--resource-proxy-tls-key={}", key_path.display()),
+        ],
+    )
+    .await?;
+    let gauge =
+        "argocd_principal_certificate_expiry_timestamp_seconds{certificate=\"resource-proxy\"} ";
+    let ops = principal.ops_port;
+    let reported = |expected: time::OffsetDateTime| async move {
+        let body = scrape(ops).await?;
+        Ok::<_, anyhow::Error>(
+            (sample(&body, gauge) == Some(expected.unix_timestamp() as f64)).then_some(()),
+        )
+    };
+    wait_until("the first certificate's notAfter", WAIT, || {
+        reported(first_expiry)
+    })
+    .await?;
+
+    let client = ctx.unique("argocd-server");
+    pki.issue_agent(&client)?;
+    let (client_cert, client_key) = agent_identity(&pki, &client)?;
+    let identity = (client_cert.as_str(), client_key.as_str());
+    let port = principal.resource_proxy_port;
+    let (mut open, leaf) = proxy_connection(&pki, port, identity).await?;
+    let first_der = certificate_der(&cert)?;
+    assert_eq!(
+        leaf, first_der,
+        "the proxy presents --resource-proxy-tls-cert"
+    );
+    // No agent of that name is connected: the proxy itself answers 502.
+    assert_eq!(proxy_get(&mut open, "/version").await?, 502);
+
+    let (cert, key) = server_certificate(&pki, second_expiry)?;
+    replace_file(&key_path, &key)?;
+    replace_file(&cert_path, &cert)?;
+    let second_der = certificate_der(&cert)?;
+    wait_until("new handshakes get the rotated certificate", WAIT, || {
+        let (second_der, pki) = (second_der.clone(), &pki);
+        async move {
+            let (_, leaf) = proxy_connection(pki, port, identity).await?;
+            Ok::<_, anyhow::Error>((leaf == second_der).then_some(()))
+        }
+    })
+    .await?;
+    wait_until("the rotated certificate's notAfter", WAIT, || {
+        reported(second_expiry)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", principal.process.log_tail(20)))?;
+    assert_eq!(
+        proxy_get(&mut open, "/version").await?,
+        502,
+        "the connection opened before the rotation is still served"
+    );
+    Ok(())
+}
+
+/// The DER of the first certificate in `pem`.
+fn certificate_der(pem: &str) -> anyhow::Result<Vec<u8>> {
+    use rustls::pki_types::pem::PemObject;
+    Ok(rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())?.to_vec())
 }

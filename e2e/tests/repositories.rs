@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use base64::Engine;
-use e2e::gateway::{appproject_resource, ensure_namespace, Agent, Pki, Principal, SOURCE_UID};
-use e2e::{shared_planes, wait_until, TestContext};
+use e2e::fleet::Fleet;
+use e2e::gateway::{appproject_resource, SOURCE_UID};
+use e2e::{shared_planes, wait_until};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -64,31 +65,9 @@ fn project(name: &str, agent: &str) -> anyhow::Result<DynamicObject> {
 #[tokio::test]
 async fn repository_secrets_follow_their_project_to_managed_agents() -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let ctx = TestContext::new("repositories")?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let principal =
-        Principal::start("p", &ctx.dir, &planes.hub, &pki, &ctx.unique("argocd"), &[]).await?;
+    let fleet = Fleet::start("repositories", planes).await?;
+    let (principal, agents) = (&fleet.principal, &fleet.agents);
     let hub = planes.hub.client().await?;
-    let mut agents = Vec::new();
-    for (i, spoke) in planes.spokes.iter().enumerate() {
-        let name = ctx.unique(&format!("agent{}", i + 1));
-        pki.issue_agent(&name)?;
-        ensure_namespace(&hub, &name).await?;
-        let agent = Agent::start(
-            &name,
-            &ctx.dir,
-            spoke,
-            &pki,
-            &principal.address(),
-            &ctx.unique("spoke-argocd"),
-            &[],
-        )
-        .await?;
-        agents.push(agent);
-    }
-    for a in &agents {
-        a.wait_connected().await?;
-    }
     let hub_secrets: Api<Secret> = Api::namespaced(hub.clone(), &principal.namespace);
     let hub_projects: Api<DynamicObject> =
         Api::namespaced_with(hub.clone(), &principal.namespace, &appproject_resource());

@@ -17,139 +17,21 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use argocd_agent_proto::event::{Event, EventType, Target};
-use argocd_agent_proto::pb::authapi::authentication_client::AuthenticationClient;
-use argocd_agent_proto::pb::authapi::{AuthRequest, AuthResponse};
-use argocd_agent_proto::pb::eventstreamapi::event_stream_client::EventStreamClient;
+use argocd_agent_proto::event::{Event, EventType, Target, AGENT_SOURCE};
+use argocd_agent_proto::payload::ResourceResponse;
 use argocd_agent_proto::pb::eventstreamapi::Event as WireEvent;
-use argocd_agent_proto::version::version_string;
 use e2e::gateway::{
     agent_identity, agentctl, application, application_resource, appproject_resource, client_tls,
-    ensure_namespace, grpc_channel, http_get, Agent, Pki, Principal,
+    ensure_namespace, forge_client_cert_shaped, grpc_channel, http_get, http_response, tls_connect,
+    Agent, Pki, Principal,
 };
-use e2e::{shared_planes, wait_until, TestContext};
+use e2e::raw_agent::{authenticate, next_matching, send_for_ack, try_authenticate, LonePrincipal};
+use e2e::{shared_planes, wait_until};
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Code, Request, Status, Streaming};
-
-struct Setup {
-    ctx: TestContext,
-    pki: Pki,
-    principal: Principal,
-}
-
-async fn setup(test: &str, extra: &[&str]) -> anyhow::Result<Setup> {
-    let planes = shared_planes().await;
-    let ctx = TestContext::new(test)?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let principal = Principal::start(
-        "p",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &ctx.unique("argocd"),
-        extra,
-    )
-    .await?;
-    Ok(Setup {
-        ctx,
-        pki,
-        principal,
-    })
-}
-
-async fn authenticate(ch: tonic::transport::Channel, mode: &str) -> Result<AuthResponse, Status> {
-    let req = AuthRequest {
-        method: "mtls".into(),
-        credentials: Default::default(),
-        mode: mode.into(),
-        version: version_string(),
-        agent_namespace: "argocd".into(),
-    };
-    Ok(AuthenticationClient::new(ch)
-        .authenticate(req)
-        .await?
-        .into_inner())
-}
-
-/// Authenticates at `addr` with `identity` in `mode`; any failure (handshake included) is `Err`.
-async fn try_authenticate_at(
-    pki: &Pki,
-    addr: &str,
-    identity: (&str, &str),
-    mode: &str,
-) -> Result<AuthResponse, String> {
-    let tls = client_tls(pki, Some(identity), &[b"h2"]).map_err(|e| e.to_string())?;
-    let ch = grpc_channel(addr, tls)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    authenticate(ch, mode)
-        .await
-        .map_err(|e| format!("{:?}: {}", e.code(), e.message()))
-}
-
-async fn try_authenticate(s: &Setup, identity: (&str, &str)) -> Result<AuthResponse, String> {
-    try_authenticate_at(&s.pki, &s.principal.address(), identity, "managed").await
-}
-
-async fn subscribe(
-    s: &Setup,
-    identity: (&str, &str),
-    token: &str,
-) -> Result<(mpsc::Sender<WireEvent>, Streaming<WireEvent>), Status> {
-    let tls = client_tls(&s.pki, Some(identity), &[b"h2"]).expect("tls");
-    let ch = grpc_channel(&s.principal.address(), tls)
-        .await
-        .map_err(|e| Status::unavailable(e.to_string()))?;
-    let (tx, rx) = mpsc::channel(16);
-    let mut req = Request::new(ReceiverStream::new(rx));
-    req.metadata_mut().insert(
-        "authorization",
-        token
-            .parse()
-            .map_err(|_| Status::invalid_argument("token is not ASCII"))?,
-    );
-    let inbound = EventStreamClient::new(ch)
-        .subscribe(req)
-        .await?
-        .into_inner();
-    Ok((tx, inbound))
-}
-
-/// Reads events until one satisfies `pred`, failing after 30 s.
-async fn next_matching(
-    inbound: &mut Streaming<WireEvent>,
-    pred: impl Fn(&Event) -> bool,
-) -> anyhow::Result<Event> {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let wire = inbound
-                .message()
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("stream ended"))?;
-            let ev = Event::try_from_stream_event(wire)?;
-            if pred(&ev) {
-                return Ok(ev);
-            }
-        }
-    })
-    .await?
-}
-
-/// Sends `ev` and returns the error of its ACK (`None` = accepted).
-async fn send_for_ack(
-    tx: &mpsc::Sender<WireEvent>,
-    inbound: &mut Streaming<WireEvent>,
-    ev: &Event,
-) -> anyhow::Result<Option<String>> {
-    tx.send(ev.to_stream_event()).await?;
-    let id = ev.event_id.clone();
-    let ack = next_matching(inbound, move |e| e.is_ack() && e.event_id == id).await?;
-    Ok(ack.ack_error().map(str::to_string))
-}
+use tonic::{Code, Streaming};
 
 /// The stream still carries events: an unknown event type is ACKed (with an error).
 async fn stream_alive(
@@ -204,32 +86,39 @@ async fn namespace_exists(name: &str) -> anyhow::Result<bool> {
     Ok(api.get_opt(name).await?.is_some())
 }
 
-/// A client certificate signed by the PKI's CA, shaped by `shape` (validity, usages).
+/// Issues a certificate for agent `name`, starts it on the first spoke against the principal
+/// and waits until it is connected.
+async fn connected_agent(s: &LonePrincipal, name: &str) -> anyhow::Result<Agent> {
+    s.pki.issue_agent(name)?;
+    let agent = Agent::start(
+        name,
+        &s.ctx.dir,
+        &shared_planes().await.spokes[0],
+        &s.pki,
+        &s.principal.address(),
+        &s.ctx.unique("spoke-argocd"),
+        &[],
+    )
+    .await?;
+    agent.wait_connected().await?;
+    Ok(agent)
+}
+
+/// A client certificate for `cn` with the digitalSignature key usage, then shaped by `shape`.
 fn forge(
     pki: &Pki,
     cn: &str,
     shape: impl FnOnce(&mut rcgen::CertificateParams),
 ) -> anyhow::Result<(String, String)> {
-    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.dir.join("ca.key"))?)?;
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(pki.ca())?, ca_key)?;
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, cn);
-    let now = time::OffsetDateTime::now_utc();
-    params.not_before = now - time::Duration::days(1);
-    params.not_after = now + time::Duration::days(1);
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-    shape(&mut params);
-    let key = rcgen::KeyPair::generate()?;
-    let cert = params.signed_by(&key, &issuer)?;
-    Ok((cert.pem(), key.serialize_pem()))
+    forge_client_cert_shaped(pki, cn, |p| {
+        p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        shape(p);
+    })
 }
 
 #[tokio::test]
 async fn certificates_not_yet_valid_or_not_for_client_auth_are_refused() -> anyhow::Result<()> {
-    let s = setup("cert_usage", &[]).await?;
+    let s = LonePrincipal::start("cert_usage", &[]).await?;
     let before = hub_objects(&[&s.principal.namespace]).await?;
     let future = forge(&s.pki, &s.ctx.unique("future"), |p| {
         let now = time::OffsetDateTime::now_utc();
@@ -247,7 +136,7 @@ async fn certificates_not_yet_valid_or_not_for_client_auth_are_refused() -> anyh
         ("serverAuth only", &server_only),
         ("no digitalSignature", &no_signature),
     ] {
-        let r = try_authenticate(&s, (c, k)).await;
+        let r = s.try_authenticate((c, k)).await;
         assert!(r.is_err(), "{case}: certificate accepted: {r:?}");
         if case == "no digitalSignature" {
             let err = r.unwrap_err();
@@ -259,7 +148,7 @@ async fn certificates_not_yet_valid_or_not_for_client_auth_are_refused() -> anyh
     }
     // The same forging with proper usages and validity works: the refusals were about them.
     let good = forge(&s.pki, &s.ctx.unique("good"), |_| {})?;
-    try_authenticate(&s, (&good.0, &good.1))
+    s.try_authenticate((&good.0, &good.1))
         .await
         .map_err(anyhow::Error::msg)?;
     // Nothing happened on the hub.
@@ -296,7 +185,7 @@ fn tls12_only_client(pki: &Pki, identity: (&str, &str)) -> anyhow::Result<rustls
 
 #[tokio::test]
 async fn tls12_only_client_is_refused_unless_the_principal_allows_tls12() -> anyhow::Result<()> {
-    let s = setup("tls12", &[]).await?;
+    let s = LonePrincipal::start("tls12", &[]).await?;
     let name = s.ctx.unique("old-tls");
     s.pki.issue_agent(&name)?;
     let (c, k) = agent_identity(&s.pki, &name)?;
@@ -362,7 +251,7 @@ fn b64(bytes: &[u8]) -> String {
 
 #[tokio::test]
 async fn forged_expired_and_algorithm_confused_tokens_are_refused() -> anyhow::Result<()> {
-    let s = setup("jwt", &[]).await?;
+    let s = LonePrincipal::start("jwt", &[]).await?;
     let name = s.ctx.unique("tok");
     s.pki.issue_agent(&name)?;
     let (c, k) = agent_identity(&s.pki, &name)?;
@@ -390,7 +279,8 @@ async fn forged_expired_and_algorithm_confused_tokens_are_refused() -> anyhow::R
         ("alg none", &unsigned),
         ("HS256 keyed with the public key", &hs256),
     ] {
-        let err = subscribe(&s, (&c, &k), token)
+        let err = s
+            .subscribe((&c, &k), token)
             .await
             .err()
             .unwrap_or_else(|| panic!("{case}: a stream opened"));
@@ -406,7 +296,7 @@ async fn forged_expired_and_algorithm_confused_tokens_are_refused() -> anyhow::R
     );
     // The forging itself is sound: the real key with a live expiry opens a stream.
     let genuine = sign_like_the_principal(&real_key, &claims(&name, access, 300))?;
-    let (tx, mut inbound) = subscribe(&s, (&c, &k), &genuine).await?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &genuine).await?;
     stream_alive(&tx, &mut inbound, &name).await?;
     assert_eq!(hub_objects(&[&s.principal.namespace]).await?, before);
     Ok(())
@@ -423,24 +313,13 @@ fn blocklist(hub_kubeconfig: &str, ns: &str, args: &[&str]) -> anyhow::Result<St
 #[tokio::test]
 async fn blocklisted_agent_is_disconnected_within_seconds_and_refused_until_removed(
 ) -> anyhow::Result<()> {
-    let s = setup("blocklist", &[]).await?;
+    let s = LonePrincipal::start("blocklist", &[]).await?;
     let planes = shared_planes().await;
     let ns = s.principal.namespace.clone();
     let name = s.ctx.unique("listed");
-    s.pki.issue_agent(&name)?;
+    let agent = connected_agent(&s, &name).await?;
     let (cert_path, _) = s.pki.agent_files(&name);
     let cert_arg = cert_path.display().to_string();
-    let agent = Agent::start(
-        &name,
-        &s.ctx.dir,
-        &planes.spokes[0],
-        &s.pki,
-        &s.principal.address(),
-        &s.ctx.unique("spoke-argocd"),
-        &[],
-    )
-    .await?;
-    agent.wait_connected().await?;
     let before = hub_objects(&[&ns]).await?;
     let hub = planes.hub.kubeconfig.display().to_string();
 
@@ -501,7 +380,14 @@ async fn blocklisted_agent_is_disconnected_within_seconds_and_refused_until_remo
     old.process.stop();
     let restarted = Principal::start("p2", &s.ctx.dir, &planes.hub, &s.pki, &ns, &[]).await?;
     let (c, k) = agent_identity(&s.pki, &name)?;
-    let r = try_authenticate_at(&s.pki, &restarted.address(), (&c, &k), "managed").await;
+    let r = try_authenticate(
+        &s.pki,
+        &restarted.address(),
+        Some((&c, &k)),
+        &[b"h2"],
+        "managed",
+    )
+    .await;
     assert!(
         r.is_err(),
         "a blocklisted certificate was admitted after restart: {r:?}"
@@ -522,7 +408,7 @@ async fn blocklisted_agent_is_disconnected_within_seconds_and_refused_until_remo
         Duration::from_secs(30),
         || async move {
             Ok::<_, anyhow::Error>(
-                try_authenticate_at(pki, address, (c, k), "managed")
+                try_authenticate(pki, address, Some((c, k)), &[b"h2"], "managed")
                     .await
                     .ok(),
             )
@@ -548,7 +434,7 @@ async fn hub_application(ns: &str, name: &str) -> anyhow::Result<Value> {
 
 #[tokio::test]
 async fn crafted_events_cannot_touch_another_agents_objects() -> anyhow::Result<()> {
-    let s = setup("isolation", &[]).await?;
+    let s = LonePrincipal::start("isolation", &[]).await?;
     let (a, b) = (s.ctx.unique("agent-a"), s.ctx.unique("agent-b"));
     for n in [&a, &b] {
         s.pki.issue_agent(n)?;
@@ -566,10 +452,11 @@ async fn crafted_events_cannot_touch_another_agents_objects() -> anyhow::Result<
     let (ca, ka) = agent_identity(&s.pki, &a)?;
 
     // A, managed, speaking the raw protocol.
-    let tokens = try_authenticate(&s, (&ca, &ka))
+    let tokens = s
+        .try_authenticate((&ca, &ka))
         .await
         .map_err(anyhow::Error::msg)?;
-    let (tx, mut inbound) = subscribe(&s, (&ca, &ka), &tokens.access_token).await?;
+    let (tx, mut inbound) = s.subscribe((&ca, &ka), &tokens.access_token).await?;
     let mut spoofed = victim.clone();
     spoofed["spec"]["source"]["targetRevision"] = json!("evil");
     spoofed["status"] = json!({"sync": {"status": "Synced"}, "health": {"status": "Healthy"}});
@@ -616,10 +503,16 @@ async fn crafted_events_cannot_touch_another_agents_objects() -> anyhow::Result<
 
     // A, autonomous: its objects are mirrored into its own namespace, never anywhere else.
     ensure_namespace(&shared_planes().await.hub.client().await?, &a).await?;
-    let tokens = try_authenticate_at(&s.pki, &s.principal.address(), (&ca, &ka), "autonomous")
-        .await
-        .map_err(anyhow::Error::msg)?;
-    let (tx, mut inbound) = subscribe(&s, (&ca, &ka), &tokens.access_token).await?;
+    let tokens = try_authenticate(
+        &s.pki,
+        &s.principal.address(),
+        Some((&ca, &ka)),
+        &[b"h2"],
+        "autonomous",
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    let (tx, mut inbound) = s.subscribe((&ca, &ka), &tokens.access_token).await?;
     for (case, ty, obj) in [
         ("create in B's namespace", EventType::Create, &spoofed),
         (
@@ -680,11 +573,7 @@ async fn https_request(
     body: &[u8],
 ) -> anyhow::Result<(u16, String)> {
     let tls = client_tls(pki, Some(identity), &[b"http/1.1"])?;
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let name = rustls::pki_types::ServerName::try_from("localhost")?;
-    let mut s = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
-        .connect(name, tcp)
-        .await?;
+    let mut s = tls_connect(&format!("127.0.0.1:{port}"), std::sync::Arc::new(tls)).await?;
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -693,34 +582,24 @@ async fn https_request(
     s.write_all(body).await?;
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut buf)).await?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    Ok(http_response(&buf))
 }
 
 #[tokio::test]
 async fn deeply_nested_json_gets_a_clean_error_and_everything_keeps_working() -> anyhow::Result<()>
 {
-    let s = setup("nested", &[]).await?;
-    let planes = shared_planes().await;
+    let s = LonePrincipal::start("nested", &[]).await?;
     let before = hub_objects(&[&s.principal.namespace]).await?;
 
     // In an event's data: ACKed with an error, the stream carries on.
     let probe = s.ctx.unique("deep");
     s.pki.issue_agent(&probe)?;
     let (c, k) = agent_identity(&s.pki, &probe)?;
-    let tokens = try_authenticate(&s, (&c, &k))
+    let tokens = s
+        .try_authenticate((&c, &k))
         .await
         .map_err(anyhow::Error::msg)?;
-    let (tx, mut inbound) = subscribe(&s, (&c, &k), &tokens.access_token).await?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
     let mut deep = Event::new(EventType::StatusUpdate, Target::Application, &probe);
     deep.data = Some(nested_json(10_000));
     let err = send_for_ack(&tx, &mut inbound, &deep).await?;
@@ -732,18 +611,7 @@ async fn deeply_nested_json_gets_a_clean_error_and_everything_keeps_working() ->
     // In a resource-proxy request body, relayed to a real agent: an error status, and the same
     // connection path serves the next request.
     let name = s.ctx.unique("rp");
-    s.pki.issue_agent(&name)?;
-    let agent = Agent::start(
-        &name,
-        &s.ctx.dir,
-        &planes.spokes[0],
-        &s.pki,
-        &s.principal.address(),
-        &s.ctx.unique("spoke-argocd"),
-        &[],
-    )
-    .await?;
-    agent.wait_connected().await?;
+    let agent = connected_agent(&s, &name).await?;
     let (c, k) = agent_identity(&s.pki, &name)?;
     let port = s.principal.resource_proxy_port;
     let (status, body) = https_request(
@@ -777,8 +645,9 @@ async fn idle_connections(port: u16, n: usize) -> anyhow::Result<Vec<tokio::net:
     Ok(out)
 }
 
-/// Waits until the server closed `conn` (EOF or error); returns how long that took from `t0`.
-async fn closed_by_server(mut conn: tokio::net::TcpStream, t0: Instant) -> Option<Duration> {
+/// Waits until the server closed `conn` (EOF or error); returns how long that took from `t0`, or
+/// `None` if it was still open after 30 s.
+async fn closed_by_server(mut conn: impl AsyncRead + Unpin, t0: Instant) -> Option<Duration> {
     let mut buf = [0u8; 512];
     let r = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
@@ -795,7 +664,7 @@ async fn closed_by_server(mut conn: tokio::net::TcpStream, t0: Instant) -> Optio
 /// A connection that sends `payload` one byte every 500 ms until the server closes it.
 async fn trickle(port: u16, payload: &'static [u8], t0: Instant) -> anyhow::Result<Duration> {
     let conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let (mut r, mut w) = conn.into_split();
+    let (r, mut w) = conn.into_split();
     let writer = tokio::spawn(async move {
         for b in payload.iter().cycle() {
             if w.write_all(&[*b]).await.is_err() {
@@ -804,25 +673,15 @@ async fn trickle(port: u16, payload: &'static [u8], t0: Instant) -> anyhow::Resu
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     });
-    let mut buf = [0u8; 512];
-    let closed = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            match r.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => continue,
-            }
-        }
-    })
-    .await;
+    let closed = closed_by_server(r, t0).await;
     writer.abort();
-    closed.map_err(|_| anyhow::anyhow!("a trickling connection to {port} was never closed"))?;
-    Ok(t0.elapsed())
+    closed.ok_or_else(|| anyhow::anyhow!("a trickling connection to {port} was never closed"))
 }
 
 #[tokio::test]
 async fn slowloris_connections_are_closed_and_real_clients_still_served() -> anyhow::Result<()> {
     let timeout = Duration::from_secs(3);
-    let s = setup(
+    let s = LonePrincipal::start(
         "slowloris",
         &[
             "--tls-handshake-timeout=3s",
@@ -866,14 +725,35 @@ async fn slowloris_connections_are_closed_and_real_clients_still_served() -> any
 
     // Meanwhile real clients are served on every listener.
     let served = Instant::now();
-    let tokens = try_authenticate(&s, (&c, &k))
+    let tokens = s
+        .try_authenticate((&c, &k))
         .await
         .map_err(anyhow::Error::msg)?;
-    let (tx, mut inbound) = subscribe(&s, (&c, &k), &tokens.access_token).await?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
     stream_alive(&tx, &mut inbound, &name).await?;
-    let (status, _) =
-        https_request(&s.pki, p.resource_proxy_port, (&c, &k), "GET", "/api", b"").await?;
-    assert!(status >= 200, "resource proxy did not answer");
+    // The resource proxy relays a request to this raw agent, which answers it at once (left
+    // unanswered, the proxy would wait its fixed 30 s answer timeout).
+    let answer = async {
+        let request = next_matching(&mut inbound, |e| e.target == Target::Resource).await?;
+        let response = ResourceResponse {
+            uuid: request.event_id,
+            status: 200,
+            resource: r#"{"kind":"APIVersions"}"#.into(),
+        };
+        tx.send(Event::resource_response(AGENT_SOURCE, &response)?.to_stream_event())
+            .await?;
+        anyhow::Ok(())
+    };
+    let (proxied, answered) = tokio::join!(
+        https_request(&s.pki, p.resource_proxy_port, (&c, &k), "GET", "/api", b""),
+        answer
+    );
+    answered?;
+    let (status, body) = proxied?;
+    assert_eq!(
+        status, 200,
+        "resource proxy did not relay the answer: {body:.300}"
+    );
     let mut redis = tokio::net::TcpStream::connect(("127.0.0.1", p.redis_proxy_port)).await?;
     redis.write_all(b"*1\r\n$4\r\nPING\r\n").await?;
     let mut reply = [0u8; 256];
@@ -910,5 +790,64 @@ async fn slowloris_connections_are_closed_and_real_clients_still_served() -> any
     }
     // The real stream outlived all of that.
     stream_alive(&tx, &mut inbound, &name).await?;
+    Ok(())
+}
+
+/// A Redis proxy client declaring a request over `--redis-proxy-max-request-size` (default
+/// 16 MiB) — a bulk string of 1 GiB, an array of 100 million elements — gets a RESP error and its
+/// connection closed as soon as the header is read, without the proxy waiting for (or making room
+/// for) the declared bytes; nothing reaches the hub's Redis, and a client connected to the same
+/// principal keeps being served.
+#[tokio::test]
+async fn oversized_redis_requests_are_refused_from_their_header_and_other_clients_are_served(
+) -> anyhow::Result<()> {
+    use e2e::redis::{resp_command, resp_exchange};
+    let hub_redis = e2e::Redis::start("redis-max-request")?;
+    let s = LonePrincipal::start(
+        "redis_max_request",
+        &[&format!("--redis-server-address={}", hub_redis.address())],
+    )
+    .await?;
+    let port = s.principal.redis_proxy_port;
+    let mut normal = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    assert_eq!(
+        resp_exchange(&mut normal, &["SET", "before", "1"]).await?,
+        "+OK\r\n"
+    );
+
+    let mut huge_set = resp_command(&["SET", "huge"]);
+    huge_set[1] = b'3'; // three elements: the value's header follows, not its bytes
+    huge_set.extend_from_slice(b"$1073741824\r\n");
+    let attacks: [&[u8]; 2] = [&huge_set, b"*100000000\r\n"];
+    for attack in attacks {
+        let started = Instant::now();
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        conn.write_all(attack).await?;
+        let mut reply = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut reply)).await??;
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(
+            reply.starts_with("-ERR Protocol error") && reply.contains("limit of 16777216 bytes"),
+            "{:?}: {reply}",
+            String::from_utf8_lossy(attack)
+        );
+        // Refused from the header: not after the 10 s command deadline.
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    assert_eq!(
+        resp_exchange(&mut normal, &["GET", "before"]).await?,
+        "$1\r\n1\r\n"
+    );
+    assert_eq!(
+        resp_exchange(&mut normal, &["EXISTS", "huge"]).await?,
+        ":0\r\n"
+    );
+    let refused = metric(
+        &s.principal,
+        "argocd_principal_redis_proxy_errors_total{agent_name=\"\",command=\"INVALID\",reason=\"request_too_large\"}",
+    )
+    .await?;
+    assert_eq!(refused, 2.0);
     Ok(())
 }

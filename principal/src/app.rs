@@ -74,15 +74,17 @@ fn token_issuer(config: &PrincipalConfig) -> anyhow::Result<TokenIssuer> {
 }
 
 /// Starts the resource proxy and the Redis proxy when configured; returns the resource proxy's
-/// certificate watcher.
+/// certificate watchers (reload, and the expiry gauge `certificate="resource-proxy"`).
 async fn start_live_view(
     config: &PrincipalConfig,
     registry: &Arc<AgentRegistry>,
     live: &Arc<crate::live::LiveRequests>,
     policy: &crate::listener::ConnectionPolicy,
     tokens: &Arc<TokenIssuer>,
-) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
-    let mut watcher = None;
+    metrics: &PrincipalMetrics,
+    certificate_expiry: &CertificateExpiry,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut watchers = Vec::new();
     if let Some(rp) = &config.resource_proxy {
         let tls = ReloadingServerConfig::load(
             ServerTlsOptions::new(&rp.tls.cert, &rp.tls.key)
@@ -93,11 +95,14 @@ async fn start_live_view(
                 }),
         )
         .context("loading the resource proxy's TLS files")?;
-        watcher = Some(tls.spawn_watcher(TLS_RELOAD_INTERVAL));
+        watchers.push(tls.spawn_watcher(TLS_RELOAD_INTERVAL));
+        // Checked at the reload pace (a cheap load): the gauge follows a rotation within seconds.
+        watchers.push(certificate_expiry.watch("resource-proxy", &tls, TLS_RELOAD_INTERVAL));
         let proxy = Arc::new(crate::resource_proxy::ResourceProxy {
             registry: registry.clone(),
             live: live.clone(),
             tokens: tokens.clone(),
+            metrics: metrics.resource_proxy.clone(),
         });
         let addr = crate::resource_proxy::serve(rp.address, tls, proxy, policy.clone())
             .await
@@ -109,13 +114,15 @@ async fn start_live_view(
             registry: registry.clone(),
             live: live.clone(),
             upstream: config.redis_server_address.to_string(),
+            max_request_size: config.redis_proxy_max_request_size,
+            metrics: metrics.redis_proxy.clone(),
         });
         let addr = crate::redis_proxy::serve(addr, proxy, policy.request_header_timeout)
             .await
             .with_context(|| format!("cannot listen on --redis-proxy-address {addr}"))?;
         info!(%addr, upstream = %config.redis_server_address, "redis proxy listening");
     }
-    Ok(watcher)
+    Ok(watchers)
 }
 
 /// Ends every agent stream once the gRPC listener has reloaded a config that trusts another client
@@ -219,8 +226,16 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         );
         live.on_agent_connected(reg.on_connect());
     }
-    let _live_view_tls_watcher =
-        start_live_view(&config, &registry, &live, &policy, &issuer).await?;
+    let _live_view_tls_watchers = start_live_view(
+        &config,
+        &registry,
+        &live,
+        &policy,
+        &issuer,
+        &metrics,
+        &certificate_expiry,
+    )
+    .await?;
     let (stop_operator, operator_stopped) = argocd_agent_operator::pull::Shutdown::new();
     let leadership = crate::leadership::Leadership::start(
         client.clone(),
@@ -270,7 +285,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     });
     let operator = operator.map(tokio::spawn);
     let hub = Hub::with_options(
-        client,
+        crate::write_limit::limit_writes(client, crate::write_limit::HUB_WRITE_CONCURRENCY),
         config.namespace.clone(),
         registry.clone(),
         HubOptions {

@@ -244,6 +244,18 @@ pub struct PrincipalArgs {
     )]
     pub redis_server_address: HostPort,
 
+    /// Largest request a Redis proxy client may send, in bytes (units such as 16MiB accepted): a
+    /// command declaring more gets an error and its connection is closed, before the bytes are
+    /// read [range 1KiB..=512MiB].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_REQUEST_SIZE",
+        default_value = "16MiB",
+        value_name = "BYTES",
+        value_parser = flags::parse_byte_size
+    )]
+    pub redis_proxy_max_request_size: usize,
+
     /// Address `/metrics` is served on.
     #[arg(
         long,
@@ -462,6 +474,8 @@ pub struct PrincipalConfig {
     pub redis_proxy_address: Option<SocketAddr>,
     /// The hub's Argo CD Redis.
     pub redis_server_address: HostPort,
+    /// Largest Redis proxy client request in bytes.
+    pub redis_proxy_max_request_size: usize,
     /// Where `/metrics` is served.
     pub metrics_address: SocketAddr,
     /// Where `/healthz` and `/readyz` are served.
@@ -616,6 +630,15 @@ impl PrincipalArgs {
             }
         };
         let redis_proxy_address = self.enable_redis_proxy.then_some(self.redis_proxy_address);
+        if !(1 << 10..=512 << 20).contains(&self.redis_proxy_max_request_size) {
+            return Err(FLAGS.invalid(
+                "redis-proxy-max-request-size",
+                format!(
+                    "{} bytes is outside the usable range 1KiB..=512MiB (default 16MiB)",
+                    self.redis_proxy_max_request_size
+                ),
+            ));
+        }
 
         let mut listeners = vec![("listen-address", self.listen_address)];
         if let Some(proxy) = &resource_proxy {
@@ -695,14 +718,12 @@ impl PrincipalArgs {
             self_registration,
             redis_proxy_address,
             redis_server_address: self.redis_server_address,
+            redis_proxy_max_request_size: self.redis_proxy_max_request_size,
             metrics_address: self.metrics_address,
             health_address: self.health_address,
             kube,
             enable_operator: self.enable_operator,
-            operator: self
-                .operator
-                .validate()
-                .map_err(|(flag, problem)| FLAGS.invalid(flag, problem))?,
+            operator: self.operator.validate(&FLAGS)?,
             grpc_max_message_size,
             keepalive_min_interval,
             resync_interval,
@@ -817,6 +838,7 @@ mod tests {
         assert_eq!(config.health_address, "0.0.0.0:8003".parse().unwrap());
         assert!(config.enable_operator);
         assert_eq!(config.grpc_max_message_size, 16 << 20);
+        assert_eq!(config.redis_proxy_max_request_size, 16 << 20);
         assert_eq!(config.keepalive_min_interval, None);
         assert_eq!(config.resync_interval, Some(Duration::from_secs(300)));
         assert_eq!(config.access_token_lifetime, Duration::from_secs(300));
@@ -826,6 +848,26 @@ mod tests {
             config.jwt_key,
             JwtKeySource::File(files.path("jwt.key").into())
         );
+    }
+
+    #[test]
+    fn redis_proxy_max_request_size_takes_units_and_refuses_unusable_sizes() {
+        let files = Files::new();
+        let config = files
+            .validate(&["--redis-proxy-max-request-size=1MiB"])
+            .unwrap();
+        assert_eq!(config.redis_proxy_max_request_size, 1 << 20);
+        for bad in [
+            "--redis-proxy-max-request-size=100",
+            "--redis-proxy-max-request-size=1GiB",
+        ] {
+            let err = files.validate(&[bad]).unwrap_err().to_string();
+            assert!(
+                err.contains("ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_REQUEST_SIZE")
+                    && err.contains("1KiB"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

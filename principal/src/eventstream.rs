@@ -9,6 +9,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use argocd_agent_proto::event::stream_event_labels;
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStream;
 use argocd_agent_proto::pb::eventstreamapi::{
     Event as WireEvent, PingRequest, PongReply, PushSummary,
@@ -140,9 +141,10 @@ impl EventStream for EventStreamService {
         let sent = self.metrics.clone();
         let out = ReceiverStream::new(out_rx)
             .inspect(move |ev| {
-                if let Some(ce) = &ev.event {
-                    let t = argocd_agent_proto::event::EventType::from_wire(&ce.r#type);
-                    PrincipalMetrics::count_event(&sent.events_sent, t.name());
+                // An event without its CloudEvent envelope is not counted.
+                if ev.event.is_some() {
+                    let (event_type, _) = stream_event_labels(ev);
+                    PrincipalMetrics::count_event(&sent.events_sent, event_type.name());
                 }
             })
             .map(Ok::<_, Status>)

@@ -817,6 +817,16 @@ impl Hub {
         let name = name_of(desired);
         let api = self.mirror_api(kind, agent);
         let what = format!("mirror {kind:?} {name} of agent {agent}");
+        // A bulk of new mirrors (e.g. after a long disconnect) costs one write each, not a read
+        // and a write: when the hub view holds no object of that name, try to create first (an
+        // existing one, or any failure, falls through to the read below).
+        if !self.mirror_known(kind, agent, name) {
+            if let Ok(body) = serde_json::from_value(desired.clone()) {
+                if let Ok(true) = Self::create_mirror(&api, kind, agent, &body).await {
+                    return Ok(());
+                }
+            }
+        }
         let live = api.get_opt(name).await.map_err(|e| kube_error(&what, e))?;
         let body: DynamicObject = match live {
             None => serde_json::from_value(desired.clone())
@@ -857,20 +867,11 @@ impl Hub {
                 return Ok(());
             }
         };
-        match api
-            .create(
-                &PostParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                },
-                &body,
-            )
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(agent, kind = ?kind, name, "created hub mirror of a spoke object");
-                Ok(())
-            }
+        match Self::create_mirror(&api, kind, agent, &body).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(HandleError::Retryable(format!(
+                "{what} appeared while creating it"
+            ))),
             Err(kube::Error::Api(s)) if s.code == 404 && kind == MirrorKind::Application => {
                 Err(match self.ensure_agent_namespace(agent).await {
                     Ok(()) => HandleError::Retryable(format!(
@@ -880,6 +881,40 @@ impl Hub {
                 })
             }
             Err(e) => Err(kube_error(&what, e)),
+        }
+    }
+
+    /// Whether the hub view holds an object named like mirror `name` (or is not listed yet).
+    fn mirror_known(&self, kind: MirrorKind, agent: &str, name: &str) -> bool {
+        match kind {
+            MirrorKind::Application => {
+                !self.listed(Kind::Application) || self.application(agent, name).is_some()
+            }
+            MirrorKind::AppProject => {
+                !self.listed(Kind::AppProject) || read(&self.projects).contains_key(name)
+            }
+        }
+    }
+
+    /// Creates mirror `body`; `Ok(false)` when an object of that name already exists.
+    async fn create_mirror(
+        api: &Api<DynamicObject>,
+        kind: MirrorKind,
+        agent: &str,
+        body: &DynamicObject,
+    ) -> Result<bool, kube::Error> {
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match api.create(&params, body).await {
+            Ok(created) => {
+                let name = created.metadata.name.as_deref().unwrap_or_default();
+                tracing::info!(agent, kind = ?kind, name, "created hub mirror of a spoke object");
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => Ok(false),
+            Err(e) => Err(e),
         }
     }
 

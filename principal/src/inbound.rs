@@ -14,13 +14,18 @@ use std::sync::Arc;
 
 use argocd_agent_proto::event::{spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION};
 use argocd_agent_proto::payload::{ErrorData, RequestSyncedResourceList, RequestUpdate};
-use argocd_agent_proto::sync::resync::{answer_request_update, SourceObject, UpdateAnswer};
+use argocd_agent_proto::sync::resync::{
+    answer_request_update, answer_with_metadata, checksum_of, status_checksum, SourceObject,
+    UpdateAnswer, METADATA_CHECKSUM, STATUS_CHECKSUM,
+};
 use argocd_agent_proto::sync::{EventHandler, HandleError};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{json, Value};
 
 use crate::hub::{application_resource, queue, Hub, MirrorKind};
-use crate::routing::{application_payload, project_for_agent, repository_payload};
+use crate::routing::{
+    application_payload, operation_already_started, project_for_agent, repository_payload,
+};
 use crate::sessions::AgentSession;
 use argocd_agent_proto::payload::SyncedResource;
 use argocd_agent_proto::telemetry::flags::AgentMode;
@@ -228,10 +233,17 @@ impl AgentInbound {
                 .pointer("/metadata/deletionTimestamp")
                 .is_some_and(|t| !t.is_null()),
         });
-        match (
+        let answer = answer_with_metadata(
             answer_request_update(source, &req.uid, &req.checksum),
-            payload,
-        ) {
+            payload.as_ref(),
+            checksum_of(ev, METADATA_CHECKSUM).as_deref(),
+        );
+        if let (Some(hub_app), Some(spoke_status), Target::Application) =
+            (hub_obj.as_ref(), checksum_of(ev, STATUS_CHECKSUM), &target)
+        {
+            self.ask_status_if_differs(hub_app, &req, &spoke_status);
+        }
+        match (answer, payload) {
             (UpdateAnswer::UpToDate, _) => {}
             (UpdateAnswer::SendObject, Some(payload)) => {
                 queue(&self.session, EventType::SpecUpdate, target, &payload)
@@ -247,6 +259,28 @@ impl AgentInbound {
 }
 
 impl AgentInbound {
+    /// The agent sent the [`status_checksum`] of its copy of `hub_app` with a `request-update`
+    /// (resync after its restart, or periodic): asks it for the status when the hub holds another
+    /// one, or an operation the spoke already started (its status-update removes it), so that
+    /// an unchanged status costs no message and no hub write.
+    fn ask_status_if_differs(&self, hub_app: &Value, req: &RequestUpdate, spoke_status: &[u8]) {
+        let hub_uid = hub_app
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if req.uid != hub_uid {
+            return;
+        }
+        let hub_status = status_checksum(hub_app);
+        let leftover_operation = hub_app.get("operation").is_some_and(|o| !o.is_null())
+            && operation_already_started(hub_app);
+        if hub_status != spoke_status || leftover_operation {
+            tracing::debug!(agent = self.agent(), app = %req.name, "hub status differs from the spoke's; asking the agent for it");
+            self.hub
+                .request_object(&self.session, &req.kind, &req.name, hub_uid, hub_status);
+        }
+    }
+
     async fn handle_autonomous(&self, ev: Event) -> Result<(), HandleError> {
         let kind = match ev.target {
             Target::Application => Some(MirrorKind::Application),

@@ -117,12 +117,16 @@ impl HaArgs {
         if self.ha_lease_name.trim().is_empty() {
             return Err(FLAGS.invalid("ha-lease-name", "is empty; name the HA Lease"));
         }
-        let lease_namespace =
-            non_empty(self.ha_lease_namespace).unwrap_or_else(|| namespace.to_string());
-        FLAGS.namespace(&lease_namespace)?;
-        if self.ha_renew_interval.is_zero() {
-            return Err(FLAGS.invalid("ha-renew-interval", "must be positive (default 2s)"));
-        }
+        // Unset, the Lease lives in the principal's --namespace, validated with the other flags.
+        let lease_namespace = FLAGS
+            .optional_namespace("ha-lease-namespace", self.ha_lease_namespace)?
+            .unwrap_or_else(|| namespace.to_string());
+        FLAGS.min_duration(
+            "ha-renew-interval",
+            self.ha_renew_interval,
+            Duration::ZERO,
+            "default 2s",
+        )?;
         if self.ha_lease_duration < self.ha_renew_interval * 2 {
             return Err(FLAGS.conflict(
                 "ha-lease-duration",
@@ -425,8 +429,12 @@ mod tests {
             err.contains("--ha-lease-duration") && err.contains("--ha-renew-interval"),
             "{err}"
         );
-        assert!(parse(&["--ha-enabled", "--ha-renew-interval=0s"]).is_err());
-        assert!(parse(&["--ha-enabled", "--ha-lease-namespace=Not_A_Namespace"]).is_err());
+        let err = parse(&["--ha-enabled", "--ha-renew-interval=0s"]).unwrap_err();
+        assert_eq!(err.flag(), "ha-renew-interval");
+        let err = parse(&["--ha-enabled", "--ha-lease-namespace=Not_A_Namespace"]).unwrap_err();
+        assert_eq!(err.flag(), "ha-lease-namespace");
+        let cfg = parse(&["--ha-enabled", "--ha-lease-namespace=leases"]);
+        assert_eq!(cfg.unwrap().unwrap().lease_namespace, "leases");
     }
 
     #[tokio::test]

@@ -23,3 +23,4 @@ pub mod routing;
 pub mod self_registration;
 pub mod sessions;
 pub mod tokens;
+pub mod write_limit;

@@ -43,56 +43,75 @@ pub struct PrincipalMetrics {
     pub event_processing_time: Histogram,
     /// `argocd_principal_event_resends_total`: events sent again for want of an ACK.
     pub event_resends: Counter,
-    /// `argocd_principal_resource_proxy_requests_total{code}` and the latency histogram.
+    /// `argocd_principal_resource_proxy_{requests,errors}_total{agent_name,code}` and the latency
+    /// histogram.
     pub resource_proxy: ProxyMetrics,
-    /// `argocd_principal_redis_proxy_requests_total{code}` and the latency histogram.
+    /// `argocd_principal_redis_proxy_{requests,errors}_total{agent_name,command}` and the latency
+    /// histogram.
     pub redis_proxy: ProxyMetrics,
 }
 
-/// Requests, errors and latency of one proxy.
+/// Requests, errors and latency of one proxy: `requests_total{agent_name,<what>}`,
+/// `errors_total{agent_name,<what>,reason}` and an unlabelled `request_duration_seconds`
+/// histogram, where `<what>` is `code` (HTTP status, resource proxy) or `command` (Redis proxy).
+/// Upstream argocd-agent labels its counters with `agent_name` (and `reason` / `command`): ours
+/// carry those and one more, so upstream's queries keep working.
 #[derive(Debug, Clone)]
 pub struct ProxyMetrics {
+    what: &'static str,
     requests: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
     seconds: Histogram,
 }
 
-impl Default for ProxyMetrics {
-    fn default() -> Self {
+impl ProxyMetrics {
+    /// Metrics whose second label is named `what` (`code` or `command`).
+    pub fn new(what: &'static str) -> Self {
         Self {
+            what,
             requests: Family::default(),
             errors: Family::default(),
             // 1 ms .. ~33 s
             seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
         }
     }
-}
 
-impl ProxyMetrics {
     fn register(&self, registry: &MetricsRegistry, proxy: &str) {
         registry.register(
             format!("argocd_principal_{proxy}_requests"),
-            format!("Requests answered by the {proxy} by outcome"),
+            format!(
+                "Requests answered by the {proxy}, by agent and {}",
+                self.what
+            ),
             self.requests.clone(),
         );
         registry.register(
             format!("argocd_principal_{proxy}_errors"),
-            format!("Requests the {proxy} could not answer from the agent, by outcome"),
+            format!(
+                "Requests the {proxy} answered itself instead of the agent (refused, agent away, timeout), by agent, {} and reason",
+                self.what
+            ),
             self.errors.clone(),
         );
         registry.register(
             format!("argocd_principal_{proxy}_request_duration_seconds"),
-            format!("Seconds from request to answer in the {proxy}"),
+            format!("Seconds from a request to the start of its answer in the {proxy}"),
             self.seconds.clone(),
         );
     }
 
-    /// Records one answered request: `outcome` is an HTTP status code or an error reason;
-    /// `failed` marks answers that did not come from the agent (timeouts, agent away).
-    pub fn observe(&self, outcome: &str, failed: bool, elapsed: std::time::Duration) {
-        let labels = vec![("code".to_string(), outcome.to_string())];
+    /// Records one answered request: `agent` is who it was for (empty when unknown, e.g.
+    /// unauthenticated, or for the hub's own Redis), `what` its status code or command name (from
+    /// a bounded set: callers never pass client-chosen text), `failure` why the proxy answered it
+    /// itself, if it did.
+    pub fn observe(&self, agent: &str, what: &str, failure: Option<&str>, elapsed: Duration) {
+        let mut labels = vec![
+            ("agent_name".to_string(), agent.to_string()),
+            (self.what.to_string(), what.to_string()),
+        ];
         self.requests.get_or_create(&labels).inc();
-        if failed {
+        if let Some(reason) = failure {
+            labels.push(("reason".to_string(), reason.to_string()));
             self.errors.get_or_create(&labels).inc();
         }
         self.seconds.observe(elapsed.as_secs_f64());
@@ -113,8 +132,8 @@ impl Default for PrincipalMetrics {
             agent_last_event: Family::default(),
             event_processing_time: processing_time_histogram(),
             event_resends: Counter::default(),
-            resource_proxy: ProxyMetrics::default(),
-            redis_proxy: ProxyMetrics::default(),
+            resource_proxy: ProxyMetrics::new("code"),
+            redis_proxy: ProxyMetrics::new("command"),
         }
     }
 }
@@ -237,5 +256,33 @@ impl PrincipalMetrics {
         family
             .get_or_create(&vec![("event_type".into(), event_type.into())])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_requests_and_failures_are_counted_by_agent_and_outcome() {
+        let registry = MetricsRegistry::empty();
+        let metrics = PrincipalMetrics::register(&registry);
+        let rp = &metrics.resource_proxy;
+        rp.observe("agent-a", "200", None, Duration::from_millis(3));
+        rp.observe("agent-a", "504", Some("Timeout"), Duration::from_secs(30));
+        metrics
+            .redis_proxy
+            .observe("agent-a", "GET", None, Duration::from_millis(1));
+        let text = registry.encode().unwrap();
+        for line in [
+            "argocd_principal_resource_proxy_requests_total{agent_name=\"agent-a\",code=\"200\"} 1",
+            "argocd_principal_resource_proxy_requests_total{agent_name=\"agent-a\",code=\"504\"} 1",
+            "argocd_principal_resource_proxy_errors_total{agent_name=\"agent-a\",code=\"504\",reason=\"Timeout\"} 1",
+            "argocd_principal_resource_proxy_request_duration_seconds_count 2",
+            "argocd_principal_redis_proxy_requests_total{agent_name=\"agent-a\",command=\"GET\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        assert!(!text.contains("redis_proxy_errors_total{"), "{text}");
     }
 }

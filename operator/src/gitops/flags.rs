@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use argocd_agent_proto::telemetry::binary_config::{ConfigError, FlagEnv};
 use argocd_agent_proto::telemetry::flags::{self, HostPort};
 use clap::Args;
 
@@ -130,30 +131,35 @@ fn non_blank(v: Option<String>) -> Option<String> {
 }
 
 impl OperatorFlags {
-    /// Checks the values; an error names the flag (without `--`) and says what is wrong.
-    pub fn validate(self) -> Result<OperatorSettings, (&'static str, String)> {
+    /// Checks the values; an error names the flag and the env var of `env` (the principal's)
+    /// that mirrors it, and says what is wrong.
+    pub fn validate(self, env: &FlagEnv) -> Result<OperatorSettings, ConfigError> {
         let fmt = flags::format_duration;
-        if self.operator_renew_before.is_zero() {
-            return Err((
-                "operator-renew-before",
-                "must be more than 0 (certificates would only be renewed once expired)".into(),
-            ));
-        }
+        env.min_duration(
+            "operator-renew-before",
+            self.operator_renew_before,
+            Duration::ZERO,
+            "certificates would only be renewed once expired",
+        )?;
         if self.operator_cert_lifetime <= self.operator_renew_before {
-            return Err((
+            return Err(env.conflict(
                 "operator-cert-lifetime",
+                "operator-renew-before",
                 format!(
-                    "{} is not longer than --operator-renew-before {}: every certificate would be reissued on every pass",
+                    "a certificate lifetime of {} is not longer than the renewal margin of {}: \
+                     every certificate would be reissued on every pass",
                     fmt(self.operator_cert_lifetime),
                     fmt(self.operator_renew_before)
                 ),
             ));
         }
         if self.operator_ca_lifetime < self.operator_cert_lifetime {
-            return Err((
+            return Err(env.conflict(
                 "operator-ca-lifetime",
+                "operator-cert-lifetime",
                 format!(
-                    "{} is shorter than --operator-cert-lifetime {}: issued certificates cannot outlive their CA",
+                    "a CA lifetime of {} is shorter than the certificate lifetime of {}: issued \
+                     certificates cannot outlive their CA",
                     fmt(self.operator_ca_lifetime),
                     fmt(self.operator_cert_lifetime)
                 ),
@@ -162,18 +168,10 @@ impl OperatorFlags {
         let principal_address = non_blank(self.operator_principal_address);
         if let Some(a) = &principal_address {
             if a.contains(['/', ' ']) || a.contains("://") {
-                return Err((
+                return Err(env.invalid(
                     "operator-principal-address",
                     format!("{a:?} is not a host name or IP address (give the port with --operator-principal-port)"),
                 ));
-            }
-        }
-        for (flag, ns) in [
-            ("operator-argocd-namespace", &self.operator_argocd_namespace),
-            ("operator-agent-namespace", &self.operator_agent_namespace),
-        ] {
-            if let Some(ns) = ns.as_deref().filter(|n| !n.trim().is_empty()) {
-                flags::check_namespace_name(ns.trim()).map_err(|e| (flag, e.to_string()))?;
             }
         }
         Ok(OperatorSettings {
@@ -186,8 +184,10 @@ impl OperatorFlags {
             principal_port: self.operator_principal_port,
             resource_proxy_address: self.operator_resource_proxy_address.map(|h| h.to_string()),
             agent_image: non_blank(self.operator_agent_image),
-            argocd_namespace: non_blank(self.operator_argocd_namespace),
-            agent_namespace: non_blank(self.operator_agent_namespace),
+            argocd_namespace: env
+                .optional_namespace("operator-argocd-namespace", self.operator_argocd_namespace)?,
+            agent_namespace: env
+                .optional_namespace("operator-agent-namespace", self.operator_agent_namespace)?,
         })
     }
 }
@@ -222,13 +222,15 @@ mod tests {
         op: OperatorFlags,
     }
 
-    fn parse(args: &[&str]) -> Result<OperatorSettings, (&'static str, String)> {
+    const FLAGS: FlagEnv = FlagEnv::new("ARGOCD_PRINCIPAL_");
+
+    fn parse(args: &[&str]) -> Result<OperatorSettings, ConfigError> {
         let mut argv = vec!["x"];
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv)
             .expect("clap accepts")
             .op
-            .validate()
+            .validate(&FLAGS)
     }
 
     #[test]
@@ -296,8 +298,11 @@ mod tests {
             ),
         ] {
             let err = parse(args).unwrap_err();
-            assert_eq!(err.0, flag, "{args:?}: {err:?}");
-            assert!(!err.1.is_empty());
+            assert_eq!(err.flag(), flag, "{args:?}: {err:?}");
+            assert!(
+                err.to_string().contains(&FLAGS.env_var_for(flag)),
+                "{args:?}: {err}"
+            );
         }
         let mut argv = vec!["x", "--operator-principal-port=0"];
         assert!(

@@ -7,7 +7,10 @@
 //! Malformed RESP gets an error reply and the connection closes (as Redis does); an agent that
 //! goes away answers its waiting commands (and ends its subscriptions) with an error at once; an
 //! unreachable upstream answers each command with an error instead of hanging (upstream #1104).
-//! The RESP codec is the `redis-protocol` crate's.
+//! A client frame declaring more than the configured maximum request size (a bulk string, an
+//! array, or an unterminated line) is refused from its header, before the bytes arrive, and the
+//! connection closes. Each command is counted once in [`ProxyMetrics`].
+//! The RESP codec is the `redis-protocol` crate's, behind [`ClientCodec`]'s checks.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -30,6 +33,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::{Decoder, FramedRead, FramedWrite};
 
 use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
+use crate::metrics::ProxyMetrics;
 use crate::sessions::AgentRegistry;
 
 /// Key prefixes answered by agents.
@@ -40,6 +44,11 @@ pub const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a connection with agent subscriptions tells the agent it is still there.
 const SUBSCRIPTION_PING: Duration = Duration::from_secs(60);
+/// Default largest client frame (`--redis-proxy-max-request-size`): Argo CD's cache writes are
+/// far smaller, and Redis itself refuses bulk strings over 512 MB.
+pub const DEFAULT_MAX_REQUEST_SIZE: usize = 16 << 20;
+/// The fewest bytes a RESP element takes (`+\r\n`), to bound what an array header declares.
+const MIN_ELEMENT_SIZE: u64 = 3;
 
 /// The proxy's view of the principal.
 pub struct RedisProxy {
@@ -49,6 +58,41 @@ pub struct RedisProxy {
     pub live: Arc<LiveRequests>,
     /// The hub's Redis, `host:port`.
     pub upstream: String,
+    /// Largest client frame in bytes.
+    pub max_request_size: usize,
+    /// Commands, errors and latency.
+    pub metrics: ProxyMetrics,
+}
+
+/// The `command` label of a command name: the commands Argo CD and the proxy use, others as
+/// `OTHER`, so a client cannot grow the metric with names of its own.
+pub fn command_label(name: &str) -> &'static str {
+    const KNOWN: [&str; 20] = [
+        "GET",
+        "SET",
+        "SETEX",
+        "DEL",
+        "EXISTS",
+        "EXPIRE",
+        "MGET",
+        "MSET",
+        "SUBSCRIBE",
+        "UNSUBSCRIBE",
+        "PSUBSCRIBE",
+        "PUNSUBSCRIBE",
+        "PUBLISH",
+        "PING",
+        "AUTH",
+        "HELLO",
+        "SELECT",
+        "CLIENT",
+        "INFO",
+        "QUIT",
+    ];
+    KNOWN
+        .into_iter()
+        .find(|k| k.eq_ignore_ascii_case(name))
+        .unwrap_or("OTHER")
 }
 
 /// The agent whose application a live-view key is about: the `<namespace>_<app>` segment names
@@ -88,63 +132,133 @@ pub fn command_args(frame: &Frame) -> Result<Vec<Bytes>, &'static str> {
         .collect()
 }
 
-/// The codec of client connections: RESP2 frames as [`Resp2`] reads them, except that a frame
-/// nesting one array in another is refused before it is parsed, as Redis refuses it. The parser
-/// recurses once per nesting level: a client sending a few thousand nested array headers
-/// (`*1\r\n*1\r\n…`, found by the `resp_parser` fuzz target) overflowed the stack and
-/// aborted the principal.
-#[derive(Debug, Default)]
-pub struct ClientCodec(Resp2);
+/// The codec of client connections: RESP2 frames as [`Resp2`] reads them, after two checks on
+/// the headers of the frame, made without recursion and before it is parsed:
+/// - a frame nesting one array in another is refused, as Redis refuses it. The parser recurses
+///   once per nesting level: a client sending a few thousand nested array headers
+///   (`*1\r\n*1\r\n…`, found by the `resp_parser` fuzz target) overflowed the stack and
+///   aborted the principal;
+/// - a frame declaring more than `max_request_size` bytes (a bulk string's length, an array's
+///   element count, or a line that does not end) is refused as soon as its header is read, so
+///   the declared size is never buffered or allocated.
+#[derive(Debug)]
+pub struct ClientCodec {
+    resp: Resp2,
+    max_request_size: usize,
+    refused_oversized: bool,
+}
+
+impl Default for ClientCodec {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_REQUEST_SIZE)
+    }
+}
+
+impl ClientCodec {
+    /// A codec refusing frames over `max_request_size` bytes.
+    pub fn new(max_request_size: usize) -> Self {
+        Self {
+            resp: Resp2::default(),
+            max_request_size,
+            refused_oversized: false,
+        }
+    }
+
+    /// Whether the last error was a frame over the size limit.
+    pub fn refused_oversized(&self) -> bool {
+        self.refused_oversized
+    }
+}
 
 impl Decoder for ClientCodec {
     type Item = Frame;
     type Error = RedisProtocolError;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, RedisProtocolError> {
-        if nests_arrays(buf) {
-            return Err(RedisProtocolError::new(
+        match inspect_frame(buf, self.max_request_size) {
+            Some(FrameRefusal::NestedArray) => Err(RedisProtocolError::new(
                 RedisProtocolErrorKind::DecodeError,
                 "a command must be a flat array of bulk strings (nested arrays are refused)",
-            ));
+            )),
+            Some(FrameRefusal::TooLarge) => {
+                self.refused_oversized = true;
+                Err(RedisProtocolError::new(
+                    RedisProtocolErrorKind::DecodeError,
+                    format!(
+                        "the request declares more than the proxy's limit of {} bytes",
+                        self.max_request_size
+                    ),
+                ))
+            }
+            None => self.resp.decode(buf),
         }
-        self.0.decode(buf)
     }
 }
 
-/// Whether the first RESP2 frame in `buf` (complete or not) holds an array inside an array,
-/// read element by element without recursion; malformed input is left to the parser.
-fn nests_arrays(buf: &[u8]) -> bool {
+/// Why [`ClientCodec`] refuses a frame before parsing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FrameRefusal {
+    /// An array inside an array.
+    NestedArray,
+    /// More bytes declared (or already sent for one frame) than the limit.
+    TooLarge,
+}
+
+/// Checks the first RESP2 frame in `buf` (complete or not) header by header, without recursion:
+/// arrays nested in arrays, and the least size the headers read so far commit the frame to.
+/// Malformed input is left to the parser.
+fn inspect_frame(buf: &[u8], limit: usize) -> Option<FrameRefusal> {
+    let limit = limit as u64;
     let mut open_arrays: Vec<u64> = Vec::new(); // elements still expected, per open array
     let mut pos = 0usize;
     loop {
-        let Some(&kind) = buf.get(pos) else {
-            return false;
-        };
+        let kind = *buf.get(pos)?;
         let line_start = pos + 1;
         let Some(eol) = buf[line_start..].windows(2).position(|w| w == b"\r\n") else {
-            return false;
+            // Everything buffered belongs to this frame's unfinished line.
+            return (buf.len() as u64 > limit).then_some(FrameRefusal::TooLarge);
         };
         let len = std::str::from_utf8(&buf[line_start..line_start + eol])
             .ok()
             .and_then(|l| l.parse::<i64>().ok());
         pos = line_start + eol + 2;
+        // The least the frame can still take: one element per element expected by open arrays.
+        let pending: u64 = open_arrays.iter().sum::<u64>().saturating_sub(1);
+        let committed = |declared: u64| {
+            (pos as u64)
+                .saturating_add(declared)
+                .saturating_add(pending.saturating_mul(MIN_ELEMENT_SIZE))
+                > limit
+        };
         match (kind, len) {
             (b'*', Some(n)) if n > 0 => {
                 if !open_arrays.is_empty() {
-                    return true;
+                    return Some(FrameRefusal::NestedArray);
+                }
+                if committed((n as u64).saturating_mul(MIN_ELEMENT_SIZE)) {
+                    return Some(FrameRefusal::TooLarge);
                 }
                 open_arrays.push(n as u64);
                 continue;
             }
-            (b'*', Some(_)) | (b'+' | b'-' | b':', _) => {}
-            (b'$', Some(n)) if n >= 0 => pos = pos.saturating_add(n as usize).saturating_add(2),
-            (b'$', Some(_)) => {}
-            _ => return false,
+            (b'$', Some(n)) if n >= 0 => {
+                let body = (n as u64).saturating_add(2);
+                if committed(body) {
+                    return Some(FrameRefusal::TooLarge);
+                }
+                pos = pos.saturating_add(body as usize);
+            }
+            (b'*' | b'$', Some(_)) | (b'+' | b'-' | b':', _) => {
+                if committed(0) {
+                    return Some(FrameRefusal::TooLarge);
+                }
+            }
+            _ => return None,
         }
         // One element is complete: it completes every array it was the last element of.
         loop {
             match open_arrays.last_mut() {
-                None => return false,
+                None => return None,
                 Some(1) => {
                     open_arrays.pop();
                 }
@@ -212,7 +326,21 @@ struct ClientConnection {
     pushes: Option<LiveWaiter>,
     /// The client is in subscribed mode on the upstream.
     upstream_subscribed: bool,
+    /// The command being handled, for metrics.
+    trace: CommandTrace,
 }
+
+/// What the metrics say about one command: its `command` label, the agent that answered it (the
+/// first one, for a SUBSCRIBE to several), and why the proxy answered it itself, if it did.
+#[derive(Debug, Default)]
+struct CommandTrace {
+    command: &'static str,
+    agent: Option<String>,
+    failure: Option<&'static str>,
+}
+
+/// Why a command got an error from the proxy, and the message the client reads.
+type Failure = (&'static str, String);
 
 enum Outcome {
     Reply(Vec<Frame>),
@@ -227,19 +355,29 @@ impl ClientConnection {
         self.proxy.registry.get(agent).map(|_| agent.to_string())
     }
 
+    /// An error reply for the client, remembered (the first one) as the command's failure.
+    fn fail(&mut self, (reason, message): Failure) -> Frame {
+        self.trace.failure.get_or_insert(reason);
+        error(message)
+    }
+
     async fn ask_agent(
-        &self,
+        &mut self,
         agent: &str,
         body: RedisCommandBody,
-    ) -> Result<RedisResponse, String> {
+    ) -> Result<RedisResponse, Failure> {
+        self.trace.agent.get_or_insert_with(|| agent.to_string());
         let proxy = &self.proxy;
+        let not_connected = || {
+            (
+                "agent_not_connected",
+                format!("agent {agent} is not connected"),
+            )
+        };
         if !proxy.live.is_connected(agent) {
-            return Err(format!("agent {agent} is not connected"));
+            return Err(not_connected());
         }
-        let session = proxy
-            .registry
-            .get(agent)
-            .ok_or_else(|| format!("agent {agent} is not connected"))?;
+        let session = proxy.registry.get(agent).ok_or_else(not_connected)?;
         let uuid = uuid::Uuid::new_v4().to_string();
         let mut waiter = proxy.live.register(agent, &uuid, WaitKind::Redis, 4, None);
         let req = RedisRequest {
@@ -247,21 +385,34 @@ impl ClientConnection {
             connection_uuid: self.id.clone(),
             body,
         };
-        let ev = Event::redis_request("", &req).map_err(|e| e.to_string())?;
-        session
-            .outbox
-            .push(ev)
-            .map_err(|e| format!("cannot queue the request for agent {agent}: {e}"))?;
+        let ev = Event::redis_request("", &req).map_err(|e| ("internal", e.to_string()))?;
+        session.outbox.push(ev).map_err(|e| {
+            (
+                "queue_full",
+                format!("cannot queue the request for agent {agent}: {e}"),
+            )
+        })?;
         match tokio::time::timeout(AGENT_TIMEOUT, waiter.recv()).await {
-            Err(_) => Err(format!(
-                "agent {agent} did not answer within {AGENT_TIMEOUT:?}"
+            Err(_) => Err((
+                "agent_timeout",
+                format!("agent {agent} did not answer within {AGENT_TIMEOUT:?}"),
             )),
             Ok(Some(LiveReply::Redis(resp))) => Ok(resp),
-            Ok(_) => Err(format!("agent {agent} went away")),
+            Ok(_) => Err(("agent_gone", format!("agent {agent} went away"))),
         }
     }
 
     async fn upstream_call(
+        &mut self,
+        frame: Frame,
+        wait_reply: bool,
+    ) -> Result<Option<Frame>, Failure> {
+        self.upstream_exchange(frame, wait_reply)
+            .await
+            .map_err(|e| ("upstream_unavailable", e))
+    }
+
+    async fn upstream_exchange(
         &mut self,
         frame: Frame,
         wait_reply: bool,
@@ -298,11 +449,18 @@ impl ClientConnection {
     }
 
     async fn command(&mut self, frame: Frame) -> Outcome {
+        self.trace = CommandTrace {
+            command: "INVALID",
+            ..CommandTrace::default()
+        };
         let args = match command_args(&frame) {
             Ok(a) => a,
-            Err(msg) => return Outcome::Reply(vec![error(msg)]),
+            Err(msg) => {
+                return Outcome::Reply(vec![self.fail(("invalid_command", msg.to_string()))])
+            }
         };
         let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+        self.trace.command = command_label(&name);
         match name.as_str() {
             "GET" if args.len() == 2 => {
                 if let Some(agent) = self.agent_for(&args[1]) {
@@ -314,15 +472,16 @@ impl ClientConnection {
                     let reply = match self.ask_agent(&agent, body).await {
                         Ok(resp) => match resp.body.get {
                             Some(g) if !g.error.is_empty() => {
-                                error(format!("agent {agent}: {}", g.error))
+                                self.fail(("agent_error", format!("agent {agent}: {}", g.error)))
                             }
                             Some(g) if g.cache_hit => Frame::BulkString(Bytes::from(g.bytes)),
                             Some(_) => Frame::Null,
-                            None => {
-                                error(format!("agent {agent} answered GET with something else"))
-                            }
+                            None => self.fail((
+                                "agent_error",
+                                format!("agent {agent} answered GET with something else"),
+                            )),
                         },
-                        Err(e) => error(e),
+                        Err(e) => self.fail(e),
                     };
                     return Outcome::Reply(vec![reply]);
                 }
@@ -362,12 +521,15 @@ impl ClientConnection {
                                     Frame::Integer(self.subscription_count()),
                                 ]));
                             }
-                            Some(s) => replies.push(error(format!("agent {agent}: {}", s.error))),
-                            None => replies.push(error(format!(
-                                "agent {agent} answered SUBSCRIBE with something else"
+                            Some(s) => replies.push(
+                                self.fail(("agent_error", format!("agent {agent}: {}", s.error))),
+                            ),
+                            None => replies.push(self.fail((
+                                "agent_error",
+                                format!("agent {agent} answered SUBSCRIBE with something else"),
                             ))),
                         },
-                        Err(e) => replies.push(error(e)),
+                        Err(e) => replies.push(self.fail(e)),
                     }
                 }
                 if !upstream_channels.is_empty() {
@@ -376,7 +538,7 @@ impl ClientConnection {
                     // Upstream confirms (and later pushes) on its own; they are forwarded as they come.
                     self.upstream_subscribed = true;
                     if let Err(e) = self.upstream_call(Frame::Array(cmd), false).await {
-                        replies.push(error(e));
+                        replies.push(self.fail(e));
                     }
                 }
                 return Outcome::Reply(replies);
@@ -402,7 +564,7 @@ impl ClientConnection {
                 }
                 if self.upstream_subscribed {
                     if let Err(e) = self.upstream_call(frame, false).await {
-                        replies.push(error(e));
+                        replies.push(self.fail(e));
                     }
                 }
                 return Outcome::Reply(replies);
@@ -414,8 +576,19 @@ impl ClientConnection {
         match self.upstream_call(frame, wait).await {
             Ok(Some(reply)) => Outcome::Reply(vec![reply]),
             Ok(None) => Outcome::Reply(Vec::new()),
-            Err(e) => Outcome::Reply(vec![error(e)]),
+            Err(e) => Outcome::Reply(vec![self.fail(e)]),
         }
+    }
+
+    /// Counts the command of [`Self::trace`], started at `started`.
+    fn observe(&self, started: tokio::time::Instant) {
+        let t = &self.trace;
+        self.proxy.metrics.observe(
+            t.agent.as_deref().unwrap_or(""),
+            t.command,
+            t.failure,
+            started.elapsed(),
+        );
     }
 
     async fn ping_agents(&self) {
@@ -517,7 +690,7 @@ async fn serve_client(
         (command_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)),
     );
     let r = CountingReader { inner: r, read };
-    let mut input = FramedRead::new(r, ClientCodec::default());
+    let mut input = FramedRead::new(r, ClientCodec::new(proxy.max_request_size));
     let mut output = FramedWrite::new(w, Resp2::default());
     let mut conn = ClientConnection {
         proxy,
@@ -527,6 +700,7 @@ async fn serve_client(
         agents: BTreeSet::new(),
         pushes: None,
         upstream_subscribed: false,
+        trace: CommandTrace::default(),
     };
     let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
     ping.tick().await;
@@ -536,12 +710,26 @@ async fn serve_client(
                 None => break,
                 Some(Err(e)) => {
                     tracing::info!(%remote, error = %e, "redis proxy: malformed RESP from client; closing");
+                    let reason = if input.decoder().refused_oversized() {
+                        "request_too_large"
+                    } else {
+                        "protocol_error"
+                    };
+                    conn.trace = CommandTrace {
+                        command: "INVALID",
+                        agent: None,
+                        failure: Some(reason),
+                    };
+                    conn.observe(tokio::time::Instant::now());
                     let _ = output.send(error(format!("Protocol error: {e}"))).await;
                     break;
                 }
                 Some(Ok(frame)) => {
                     deadline.command_done();
-                    match conn.command(frame).await {
+                    let started = tokio::time::Instant::now();
+                    let outcome = conn.command(frame).await;
+                    conn.observe(started);
+                    match outcome {
                         Outcome::Reply(frames) => frames,
                         Outcome::Close(last) => {
                             let _ = output.send(last).await;
@@ -675,6 +863,79 @@ mod tests {
         // resp_parser fuzz crash: the nesting check sliced the empty line before `\r\n`.
         let mut crash = BytesMut::from(&b"\r\nPI\xff*1\r\n$4\r\nPING\r\n"[..]);
         assert!(ClientCodec::default().decode(&mut crash).is_err());
+    }
+
+    fn refused_as_too_large(codec: &mut ClientCodec, wire: &[u8]) -> bool {
+        let mut buf = BytesMut::from(wire);
+        match codec.decode(&mut buf) {
+            Err(e) => {
+                assert!(e.to_string().contains("limit of"), "{e}");
+                codec.refused_oversized()
+            }
+            Ok(_) => false,
+        }
+    }
+
+    #[test]
+    fn oversized_requests_are_refused_from_their_header() {
+        let mut codec = ClientCodec::default();
+        // Only the headers: the 1 GiB value is never sent, buffered or allocated.
+        assert!(refused_as_too_large(
+            &mut codec,
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1073741824\r\n"
+        ));
+        assert!(refused_as_too_large(
+            &mut ClientCodec::default(),
+            b"*100000000\r\n"
+        ));
+        assert!(refused_as_too_large(
+            &mut ClientCodec::default(),
+            b"$9223372036854775807\r\n"
+        ));
+        // A line that never ends, past the limit.
+        let mut endless = b"+".to_vec();
+        endless.extend(std::iter::repeat_n(b'a', 2048));
+        assert!(refused_as_too_large(&mut ClientCodec::new(1024), &endless));
+        // Bulk strings that each fit but together do not.
+        assert!(refused_as_too_large(
+            &mut ClientCodec::new(1024),
+            b"*3\r\n$3\r\nSET\r\n$600\r\n"
+                .iter()
+                .chain([b'k'; 600].iter())
+                .chain(b"\r\n$600\r\n")
+                .copied()
+                .collect::<Vec<u8>>()
+                .as_slice()
+        ));
+    }
+
+    #[test]
+    fn requests_up_to_the_limit_decode_and_the_limit_is_per_frame() {
+        let value = "v".repeat(1000);
+        let one = format!("*1\r\n$1000\r\n{value}\r\n");
+        let limit = one.len();
+        let mut codec = ClientCodec::new(limit);
+        // Two frames of exactly the limit, pipelined in one read.
+        let mut buf = BytesMut::from(format!("{one}{one}").as_str());
+        for _ in 0..2 {
+            assert_eq!(
+                codec.decode(&mut buf).unwrap(),
+                Some(Frame::Array(vec![bulk(&value)]))
+            );
+        }
+        let over = format!("*1\r\n$1001\r\n{value}v\r\n");
+        assert!(refused_as_too_large(&mut codec, over.as_bytes()));
+        let mut nested = BytesMut::from("*1\r\n*1\r\n$1\r\na\r\n");
+        let mut codec = ClientCodec::new(limit);
+        assert!(codec.decode(&mut nested).is_err());
+        assert!(!codec.refused_oversized(), "nesting is not a size refusal");
+    }
+
+    #[test]
+    fn command_labels_are_a_fixed_set() {
+        assert_eq!(command_label("get"), "GET");
+        assert_eq!(command_label("SUBSCRIBE"), "SUBSCRIBE");
+        assert_eq!(command_label("x-client-chosen"), "OTHER");
     }
 
     #[test]

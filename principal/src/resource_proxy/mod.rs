@@ -6,8 +6,9 @@
 //! the `?agentName=` of the cluster URL is never trusted), turning an API request into a `resource`/`containerlog` request event in that
 //! agent's outbox, and turning the agent's answer into the HTTP response: streamed part by part,
 //! 502 with a Kubernetes `Status` when the agent is not connected or goes away, 504 when it does
-//! not answer in time, 413 for a request body over the limit. Path parsing is in [`route`]; the
-//! request/answer matching in [`crate::live`].
+//! not answer in time, 413 for a request body over the limit. Each request is counted once in
+//! [`ProxyMetrics`] (agent, status code, and the reason when the proxy answered it itself). Path
+//! parsing is in [`route`]; the request/answer matching in [`crate::live`].
 
 pub mod route;
 
@@ -31,6 +32,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
+use crate::metrics::ProxyMetrics;
 use crate::sessions::AgentRegistry;
 use crate::tokens::TokenIssuer;
 use route::{parse_api_path, parse_query, resource_request, ApiRoute, PATCH_TYPE_PARAM};
@@ -53,7 +55,14 @@ pub struct ResourceProxy {
     pub live: Arc<LiveRequests>,
     /// Validates the bearer tokens of self-registered clusters.
     pub tokens: Arc<TokenIssuer>,
+    /// Requests, errors and latency.
+    pub metrics: ProxyMetrics,
 }
+
+/// Marks a response the proxy made itself instead of relaying the agent's answer: the Kubernetes
+/// `Status` reason, which is also the `reason` label of the errors counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyFailure(pub &'static str);
 
 /// Who sent a request, from its headers and the connection's client certificate: the bearer JWT's
 /// `sub` (audience [`crate::tokens::AUDIENCE_RESOURCE_PROXY`], signature and expiry checked) when
@@ -90,10 +99,10 @@ pub fn identify_caller(
         .map_err(|e| refused(format!("the bearer token does not name an agent: {e}")))
 }
 
-/// A Kubernetes `Status` failure response.
+/// A Kubernetes `Status` failure response, marked as the proxy's own ([`ProxyFailure`]).
 pub fn status_response(
     code: StatusCode,
-    reason: &str,
+    reason: &'static str,
     message: impl Into<String>,
 ) -> Response<ProxyBody> {
     let body = json!({
@@ -111,6 +120,7 @@ pub fn status_response(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
+    resp.extensions_mut().insert(ProxyFailure(reason));
     resp
 }
 
@@ -154,8 +164,28 @@ fn remaining_parts(
 }
 
 impl ResourceProxy {
-    /// Handles one HTTP request; `caller` is the client certificate's agent identity, which a
-    /// bearer token overrides (see [`identify_caller`]).
+    /// Handles one HTTP request and counts it in [`Self::metrics`]; `caller` is the client
+    /// certificate's agent identity, which a bearer token overrides (see [`identify_caller`]).
+    pub async fn serve_request(
+        &self,
+        caller: Result<AgentName, String>,
+        req: Request<Incoming>,
+    ) -> Response<ProxyBody> {
+        let started = std::time::Instant::now();
+        let resp = self.handle(caller, req).await;
+        self.metrics.observe(
+            resp.extensions()
+                .get::<AgentName>()
+                .map_or("", AgentName::as_str),
+            resp.status().as_str(),
+            resp.extensions().get::<ProxyFailure>().map(|f| f.0),
+            started.elapsed(),
+        );
+        resp
+    }
+
+    /// Answers one HTTP request; the response carries the caller's [`AgentName`] (once known) and,
+    /// when the proxy answered itself, a [`ProxyFailure`] in its extensions.
     pub async fn handle(
         &self,
         caller: Result<AgentName, String>,
@@ -167,6 +197,13 @@ impl ResourceProxy {
                 return status_response(StatusCode::UNAUTHORIZED, "Unauthorized", message)
             }
         };
+        let mut resp = self.forward(&agent, req).await;
+        resp.extensions_mut().insert(agent);
+        resp
+    }
+
+    /// Relays a request of `agent`'s to it and its answer back.
+    async fn forward(&self, agent: &AgentName, req: Request<Incoming>) -> Response<ProxyBody> {
         let path = req.uri().path().to_string();
         let params = parse_query(req.uri().query());
         let Some(route) = parse_api_path(&path) else {
@@ -296,7 +333,7 @@ impl ResourceProxy {
 
     async fn answer(
         &self,
-        agent: AgentName,
+        agent: &AgentName,
         mut waiter: LiveWaiter,
         content_type: &'static str,
         idle: Option<Duration>,
@@ -391,7 +428,7 @@ pub async fn serve(
                 let service = hyper::service::service_fn(move |req| {
                     let proxy = proxy.clone();
                     let caller = caller.clone();
-                    async move { Ok::<_, Infallible>(proxy.handle(caller, req).await) }
+                    async move { Ok::<_, Infallible>(proxy.serve_request(caller, req).await) }
                 });
                 let mut builder =
                     hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());

@@ -184,64 +184,56 @@ pub fn resource_request(
 mod tests {
     use super::*;
 
-    fn res(g: &str, v: &str, r: &str, ns: &str, n: &str, s: &str) -> Option<ApiRoute> {
+    /// The route of a resource path, written `group/version/resource/namespace/name/subresource`.
+    fn res(fields: &str) -> Option<ApiRoute> {
+        let f: Vec<String> = fields.split('/').map(str::to_string).collect();
+        let [group, version, resource, namespace, name, subresource] = f.as_slice() else {
+            panic!("six fields in {fields}");
+        };
         Some(ApiRoute::Resource {
-            group: g.into(),
-            version: v.into(),
-            resource: r.into(),
-            namespace: ns.into(),
-            name: n.into(),
-            subresource: s.into(),
+            group: group.clone(),
+            version: version.clone(),
+            resource: resource.clone(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            subresource: subresource.clone(),
         })
     }
 
     #[test]
     fn kubernetes_paths_are_understood() {
-        for p in [
+        let discovery = [
             "/api",
             "/apis",
             "/api/v1",
             "/apis/apps",
             "/apis/apps/v1",
             "/version",
-        ] {
-            assert_eq!(
-                parse_api_path(p),
-                Some(ApiRoute::Discovery(p.into())),
-                "{p}"
-            );
+        ];
+        let discovery = discovery.map(|p| (p, Some(ApiRoute::Discovery(p.into()))));
+        let resources = [
+            (
+                "/apis/apps/v1/namespaces/g/deployments/web",
+                "apps/v1/deployments/g/web/",
+            ),
+            (
+                "/apis/apps/v1/namespaces/g/deployments/web/scale",
+                "apps/v1/deployments/g/web/scale",
+            ),
+            ("/api/v1/namespaces/g/secrets", "/v1/secrets/g//"),
+            ("/api/v1/namespaces/g", "/v1/namespaces//g/"),
+            ("/api/v1/namespaces", "/v1/namespaces///"),
+            ("/api/v1/nodes/n1/status", "/v1/nodes//n1/status"),
+        ]
+        .map(|(p, route)| (p, res(route)));
+        let log = ApiRoute::ContainerLog {
+            namespace: "g".into(),
+            pod: "p".into(),
+        };
+        let logs = [("/api/v1/namespaces/g/pods/p/log", Some(log))];
+        for (path, expected) in discovery.into_iter().chain(resources).chain(logs) {
+            assert_eq!(parse_api_path(path), expected, "{path}");
         }
-        assert_eq!(
-            parse_api_path("/apis/apps/v1/namespaces/guestbook/deployments/web"),
-            res("apps", "v1", "deployments", "guestbook", "web", "")
-        );
-        assert_eq!(
-            parse_api_path("/apis/apps/v1/namespaces/g/deployments/web/scale"),
-            res("apps", "v1", "deployments", "g", "web", "scale")
-        );
-        assert_eq!(
-            parse_api_path("/api/v1/namespaces/g/secrets"),
-            res("", "v1", "secrets", "g", "", "")
-        );
-        assert_eq!(
-            parse_api_path("/api/v1/namespaces/g"),
-            res("", "v1", "namespaces", "", "g", "")
-        );
-        assert_eq!(
-            parse_api_path("/api/v1/namespaces"),
-            res("", "v1", "namespaces", "", "", "")
-        );
-        assert_eq!(
-            parse_api_path("/api/v1/nodes/n1/status"),
-            res("", "v1", "nodes", "", "n1", "status")
-        );
-        assert_eq!(
-            parse_api_path("/api/v1/namespaces/g/pods/p/log"),
-            Some(ApiRoute::ContainerLog {
-                namespace: "g".into(),
-                pod: "p".into()
-            })
-        );
     }
 
     #[test]

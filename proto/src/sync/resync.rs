@@ -5,11 +5,20 @@
 //! the decisions of the checksum resync both modes share ([`answer_request_update`],
 //! [`keys_to_announce`], [`needs_object`]): when nothing changed, each object costs one small
 //! message and no full object crosses the link.
+//!
+//! Beyond upstream, a managed agent's `request-update` carries two more checksums as event
+//! extensions ([`with_checksum`], [`checksum_of`]): [`METADATA_CHECKSUM`] (labels and
+//! annotations, which upstream's spec checksum ignores, so edits of them while the agent was down
+//! are found) and, for Applications, [`STATUS_CHECKSUM`] (so a restarted agent need not resend
+//! every status: the principal asks only for those that differ from the hub's). A peer that does
+//! not know them ignores them.
 
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::event::{go_json, set_checksum, ResourceKey};
+use crate::event::{
+    go_json, set_checksum, Event, ExtensionValue, ResourceKey, SOURCE_UID_ANNOTATION,
+};
 
 /// Annotation on a hub mirror: hex [`owned_checksum`] of the spoke object it mirrors.
 pub const MIRROR_CHECKSUM_ANNOTATION: &str = "argocd-agent.argoproj.io/source-checksum";
@@ -17,6 +26,57 @@ pub const MIRROR_CHECKSUM_ANNOTATION: &str = "argocd-agent.argoproj.io/source-ch
 pub const MIRROR_AGENT_ANNOTATION: &str = "argocd-agent.argoproj.io/agent";
 /// Annotation never part of the checksum (kubectl's bookkeeping).
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+/// Annotation asking Argo CD for a refresh: the spoke's controller removes it, so it is no drift.
+const REFRESH: &str = "argocd.argoproj.io/refresh";
+
+/// Event extension of a managed agent's `request-update`: hex [`metadata_checksum`] of its copy.
+pub const METADATA_CHECKSUM: &str = "metadatachecksum";
+/// Event extension of a managed agent's `request-update` for an Application: hex
+/// [`status_checksum`] of its copy. Sent by the principal on its own `request-update` to a managed
+/// agent (asking for that Application's status) as the hub's.
+pub const STATUS_CHECKSUM: &str = "statuschecksum";
+
+/// sha256 over the Go-JSON of an object's labels and annotations as hub and spoke copy share
+/// them: without kubectl's last-applied copy, the refresh request and the source-uid annotation
+/// (only the spoke copy has it). Absent maps equal empty ones.
+pub fn metadata_checksum(obj: &Value) -> Vec<u8> {
+    let map = |ptr: &str| match obj.pointer(ptr) {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    let mut annotations = map("/metadata/annotations");
+    for a in [LAST_APPLIED, REFRESH, SOURCE_UID_ANNOTATION] {
+        annotations.remove(a);
+    }
+    let meta = json!({
+        "labels": Value::Object(map("/metadata/labels")),
+        "annotations": Value::Object(annotations),
+    });
+    Sha256::digest(go_json::to_vec(&meta)).to_vec()
+}
+
+/// sha256 over the Go-JSON of an object's `status` (`null` when absent).
+pub fn status_checksum(obj: &Value) -> Vec<u8> {
+    Sha256::digest(go_json::to_vec(obj.get("status").unwrap_or(&Value::Null))).to_vec()
+}
+
+/// `event` with extension `name` = hex `checksum`.
+pub fn with_checksum(mut event: Event, name: &str, checksum: &[u8]) -> Event {
+    event.extensions.insert(
+        name.to_string(),
+        ExtensionValue::String(hex::encode(checksum)),
+    );
+    event
+}
+
+/// The checksum in extension `name` of `event`, if it carries a valid one.
+pub fn checksum_of(event: &Event, name: &str) -> Option<Vec<u8>> {
+    event
+        .extensions
+        .get(name)
+        .and_then(ExtensionValue::as_str)
+        .and_then(|h| hex::decode(h).ok())
+}
 
 /// sha256 over the Go-JSON of what the owner of an object decides: spec, status, operation,
 /// labels and annotations (without kubectl's last-applied copy).
@@ -105,6 +165,22 @@ pub fn keys_to_announce<'a>(ours: &'a [ResourceKey], peer_checksum: &[u8]) -> &'
     }
 }
 
+/// [`answer_request_update`] for a peer that also sent the [`metadata_checksum`] of its copy
+/// (`None`: it did not): an up-to-date spec with other labels or annotations than `payload`, the
+/// object the source would send, still needs the object.
+pub fn answer_with_metadata(
+    answer: UpdateAnswer,
+    payload: Option<&Value>,
+    peer_metadata: Option<&[u8]>,
+) -> UpdateAnswer {
+    match (answer, payload, peer_metadata) {
+        (UpdateAnswer::UpToDate, Some(p), Some(m)) if metadata_checksum(p) != m => {
+            UpdateAnswer::SendObject
+        }
+        _ => answer,
+    }
+}
+
 /// Whether a peer must ask for an announced key: it has no object of that kind and name
 /// (`local_source_uid` = `None`) or one made from another source object.
 pub fn needs_object(local_source_uid: Option<&str>, key_uid: &str) -> bool {
@@ -181,6 +257,46 @@ mod tests {
         assert!(needs_object(None, "1"));
         assert!(needs_object(Some("0"), "1"));
         assert!(!needs_object(Some("1"), "1"));
+    }
+
+    #[test]
+    fn metadata_checksum_ignores_what_only_one_side_has_and_answers_follow_it() {
+        let hub = json!({"metadata": {"name": "a", "uid": "1", "labels": {"team": "a"},
+            "annotations": {"note": "x", LAST_APPLIED: "{}", REFRESH: "normal"}}});
+        let spoke = json!({"metadata": {"name": "a", "uid": "2", "resourceVersion": "9",
+            "labels": {"team": "a"},
+            "annotations": {"note": "x", SOURCE_UID_ANNOTATION: "1"}}, "status": {"s": 1}});
+        let same = metadata_checksum(&spoke);
+        assert_eq!(metadata_checksum(&hub), same);
+        let mut edited = spoke.clone();
+        edited["metadata"]["labels"]["team"] = json!("b");
+        let other = metadata_checksum(&edited);
+        assert_ne!(other, same);
+        assert_eq!(
+            metadata_checksum(&json!({"metadata": {}})),
+            metadata_checksum(&json!({"metadata": {"labels": {}, "annotations": {}}}))
+        );
+        use UpdateAnswer::*;
+        let answer = |a, m: Option<&[u8]>| answer_with_metadata(a, Some(&hub), m);
+        assert_eq!(answer(UpToDate, Some(&same)), UpToDate);
+        assert_eq!(answer(UpToDate, Some(&other)), SendObject);
+        assert_eq!(answer(UpToDate, None), UpToDate, "an upstream peer");
+        assert_eq!(answer(Delete, Some(&other)), Delete);
+        assert_eq!(answer_with_metadata(Delete, None, Some(&other)), Delete);
+    }
+
+    #[test]
+    fn checksums_travel_as_hex_extensions() {
+        let ev = Event::new(
+            crate::event::EventType::RequestUpdate,
+            crate::event::Target::ResourceResync,
+            "t",
+        );
+        assert_eq!(checksum_of(&ev, STATUS_CHECKSUM), None);
+        let sum = status_checksum(&json!({"status": {"sync": {"status": "Synced"}}}));
+        assert_ne!(sum, status_checksum(&json!({})));
+        let ev = with_checksum(ev, STATUS_CHECKSUM, &sum);
+        assert_eq!(checksum_of(&ev, STATUS_CHECKSUM), Some(sum));
     }
 
     #[test]

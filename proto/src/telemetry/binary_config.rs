@@ -2,9 +2,10 @@
 //!
 //! Owns: [`ConfigError`], whose messages name the flag and the env var mirroring it; [`FlagEnv`],
 //! one binary's env-var prefix together with the checks that turn a parsed flag value into a
-//! validated one (readable files, namespaces, intervals, the gRPC message size range, listeners
-//! not sharing a port, kubeconfig, log filter, label selector); [`KubeClientConfig`]; and
-//! [`parse_env_and_args`]. Each binary's own flags, defaults and rules stay in its `config` module.
+//! validated one (readable files, namespaces, intervals, minimum durations, the gRPC message size
+//! range, listeners not sharing a port, kubeconfig, log filter, label selector);
+//! [`KubeClientConfig`]; and [`parse_env_and_args`]. Each binary's own flags, defaults and rules
+//! stay in its `config` module.
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use super::flags::{
     check_label_selector, check_namespace_name, check_namespace_pattern, check_readable_file,
-    ignore_empty_env, FlagValueError,
+    format_duration, ignore_empty_env, FlagValueError,
 };
 use super::parse_log_filter;
 
@@ -200,7 +201,32 @@ impl FlagEnv {
 
     /// `--namespace` is a Kubernetes namespace name.
     pub fn namespace(&self, namespace: &str) -> Result<(), ConfigError> {
-        check_namespace_name(namespace).map_err(|e| self.invalid_value("namespace", e))
+        self.namespace_of_flag("namespace", namespace)
+    }
+
+    /// `--<flag>` is a Kubernetes namespace name.
+    pub fn namespace_of_flag(
+        &self,
+        flag: &'static str,
+        namespace: &str,
+    ) -> Result<(), ConfigError> {
+        check_namespace_name(namespace).map_err(|e| self.invalid_value(flag, e))
+    }
+
+    /// An optional namespace flag: unset or blank gives `None`, anything else is trimmed and must
+    /// be a namespace name.
+    pub fn optional_namespace(
+        &self,
+        flag: &'static str,
+        namespace: Option<String>,
+    ) -> Result<Option<String>, ConfigError> {
+        let namespace = namespace
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty());
+        if let Some(n) = &namespace {
+            self.namespace_of_flag(flag, n)?;
+        }
+        Ok(namespace)
     }
 
     /// `--allowed-namespaces`: the non-blank entries, trimmed, each a name or a glob over one.
@@ -235,6 +261,27 @@ impl FlagEnv {
             ))
         } else {
             Ok(Some(value))
+        }
+    }
+
+    /// `--<flag>` is a duration of at least `min` (more than 0 when `min` is 0); `note` ends the
+    /// error in brackets, e.g. "default 10s".
+    pub fn min_duration(
+        &self,
+        flag: &'static str,
+        value: Duration,
+        min: Duration,
+        note: &str,
+    ) -> Result<Duration, ConfigError> {
+        if min.is_zero() && value.is_zero() {
+            Err(self.invalid(flag, format!("must be more than 0 ({note})")))
+        } else if value < min {
+            Err(self.invalid(
+                flag,
+                format!("must be at least {} ({note})", format_duration(min)),
+            ))
+        } else {
+            Ok(value)
         }
     }
 
@@ -390,6 +437,64 @@ mod tests {
                 .ends_with("is shorter than 1s; use 0 to resync only on connect, or at least 1s"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn minimum_durations_name_the_bound_and_the_note() {
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            FLAGS
+                .min_duration("ttl", second, second, "default 5m")
+                .unwrap(),
+            second
+        );
+        let err = FLAGS
+            .min_duration("ttl", Duration::from_millis(999), second, "default 5m")
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--ttl (env ARGOCD_TEST_TTL): must be at least 1s (default 5m)"
+        );
+        let err = FLAGS
+            .min_duration("renew", Duration::ZERO, Duration::ZERO, "default 2s")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("must be more than 0 (default 2s)"),
+            "{err}"
+        );
+        assert!(FLAGS
+            .min_duration("renew", Duration::from_nanos(1), Duration::ZERO, "")
+            .is_ok());
+    }
+
+    #[test]
+    fn optional_namespaces_are_trimmed_blank_is_unset_and_errors_name_the_flag() {
+        assert_eq!(
+            FLAGS
+                .optional_namespace("lease-namespace", Some(" argocd ".into()))
+                .unwrap(),
+            Some("argocd".to_string())
+        );
+        assert_eq!(
+            FLAGS
+                .optional_namespace("lease-namespace", Some("  ".into()))
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            FLAGS.optional_namespace("lease-namespace", None).unwrap(),
+            None
+        );
+        let err = FLAGS
+            .optional_namespace("lease-namespace", Some("Not_A_Namespace".into()))
+            .unwrap_err();
+        assert_eq!(err.flag(), "lease-namespace");
+        assert!(
+            err.to_string().contains("ARGOCD_TEST_LEASE_NAMESPACE"),
+            "{err}"
+        );
+        assert_eq!(FLAGS.namespace("-bad").unwrap_err().flag(), "namespace");
     }
 
     #[test]
