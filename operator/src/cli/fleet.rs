@@ -9,7 +9,6 @@
 //! rendering; reading is all it does.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use kube::api::{Api, ListParams};
@@ -29,21 +28,9 @@ pub enum FleetCommand {
 /// `fleet status` flags.
 #[derive(Args, Debug)]
 pub struct FleetStatusArgs {
-    /// Kubeconfig of the hub cluster.
-    #[arg(long, env = "ARGOCD_AGENTCTL_KUBECONFIG", value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context of the hub cluster.
-    #[arg(long, env = "ARGOCD_AGENTCTL_CONTEXT", value_name = "NAME")]
-    pub context: Option<String>,
-    /// Namespace of the hub Argo CD (where the cluster secrets are).
-    #[arg(
-        long,
-        short = 'n',
-        env = "ARGOCD_AGENTCTL_NAMESPACE",
-        default_value = "argocd",
-        value_name = "NS"
-    )]
-    pub namespace: String,
+    /// The hub cluster and the namespace of its Argo CD (where the cluster secrets are).
+    #[command(flatten)]
+    pub cluster: super::blocklist::ClusterArgs,
     /// The principal's metrics endpoint (plain HTTP), e.g. http://127.0.0.1:8000/metrics: adds
     /// connected, mode, last event and queue depth per agent. Without it those columns show "-".
     #[arg(
@@ -333,10 +320,17 @@ pub fn render_text(agents: &[FleetAgent]) -> String {
 pub async fn run(cmd: FleetCommand) -> Result<(), CliError> {
     match cmd {
         FleetCommand::Status(args) => {
-            let client =
-                kubeconfig::client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
-            let agents =
-                fleet_status(&client, &args.namespace, args.principal_metrics.as_deref()).await?;
+            let client = kubeconfig::client(
+                args.cluster.kubeconfig.as_deref(),
+                args.cluster.context.as_deref(),
+            )
+            .await?;
+            let agents = fleet_status(
+                &client,
+                &args.cluster.namespace,
+                args.principal_metrics.as_deref(),
+            )
+            .await?;
             match args.output {
                 OutputFormat::Text => print!("{}", render_text(&agents)),
                 OutputFormat::Json => println!(
