@@ -31,8 +31,8 @@ if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
   echo "==> installing fonts-dejavu-core (the font of bench-fleet's chart)" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core >/dev/null
 fi
-echo "==> providing the control plane binaries" >&2
-bash hack/control-plane.sh >/dev/null
+echo "==> providing the real peers" >&2
+bash hack/peers.sh
 echo "==> building $profile binaries" >&2
 if [ "$profile" = release ]; then
   cargo build --release --locked --workspace --bins

@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/argocd-agent-rs/target}
 say() { echo "==> $*" >&2; }
 command -v cargo >/dev/null || { echo "quickstart: cargo not found: install Rust with rustup first" >&2; exit 1; }
-say "providing the control plane binaries (first run builds kube-apiserver, ~3 minutes)"
-bash hack/control-plane.sh >/dev/null || { echo "quickstart: hack/control-plane.sh failed" >&2; exit 1; }
+say "providing the real peers (the first run builds Kubernetes, Argo CD and friends from Go modules)"
+bash hack/peers.sh || { echo "quickstart: hack/peers.sh failed" >&2; exit 1; }
 say "building argocd-principal, argocd-agent, argocd-agentctl and the quickstart driver"
 cargo build --locked --workspace --bins || { echo "quickstart: build failed" >&2; exit 1; }
 exec "$CARGO_TARGET_DIR/debug/quickstart" "$@"

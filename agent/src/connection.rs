@@ -23,11 +23,13 @@ use argocd_agent_proto::pb::authapi::authentication_client::AuthenticationClient
 use argocd_agent_proto::pb::authapi::{AuthRequest, RefreshTokenRequest};
 use argocd_agent_proto::pb::eventstreamapi::event_stream_client::EventStreamClient;
 use argocd_agent_proto::pb::eventstreamapi::Event as WireEvent;
+use argocd_agent_proto::pb::versionapi::version_client::VersionClient;
+use argocd_agent_proto::pb::versionapi::VersionRequest;
 use argocd_agent_proto::sync::{run_stream, EventHandler, Lanes, Outbox, StreamEnd};
 use argocd_agent_proto::telemetry::flags::{format_duration, AgentMode, HostPort};
 use argocd_agent_proto::telemetry::HealthState;
 use argocd_agent_proto::tls::{ReloadingClientConfig, ALPN_H2};
-use argocd_agent_proto::version::{check_compatible, version_string};
+use argocd_agent_proto::version::{auth_version_for, check_compatible};
 use futures::StreamExt;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -164,6 +166,19 @@ impl std::fmt::Display for Failure {
             write!(f, " ({fix})")?;
         }
         Ok(())
+    }
+}
+
+/// What the principal's unauthenticated `Version` RPC answers, if it answers in time.
+async fn principal_version(channel: &Channel) -> Option<String> {
+    let mut client = VersionClient::new(channel.clone());
+    match tokio::time::timeout(RPC_TIMEOUT, client.version(VersionRequest::default())).await {
+        Ok(Ok(resp)) => Some(resp.into_inner().version),
+        Ok(Err(status)) => {
+            debug!(error = %status, "the principal's Version call failed; sending our own version");
+            None
+        }
+        Err(_) => None,
     }
 }
 
@@ -587,11 +602,14 @@ impl Connection {
             }
         }
         self.tokens = None;
+        // Upstream principals accept only their own release string: ask which one this is first
+        // (the Version RPC needs no authentication). No answer: send ours.
+        let principal_version = principal_version(channel).await;
         let req = AuthRequest {
             method: AUTH_METHOD_MTLS.to_string(),
             credentials: Default::default(),
             mode: self.settings.mode.as_str().to_string(),
-            version: version_string(),
+            version: auth_version_for(principal_version.as_deref()),
             agent_namespace: self.settings.namespace.clone(),
         };
         let resp = match tokio::time::timeout(RPC_TIMEOUT, auth.authenticate(req)).await {

@@ -1,5 +1,6 @@
 //! Where the executables a test starts come from: the project's own binaries in the cargo target
-//! directory, the cached kube-apiserver built by `hack/control-plane.sh`, and Debian's etcd/redis.
+//! directory, the real peers (Kubernetes, etcd, Argo CD, upstream argocd-agent, OCM) built from the Go
+//! modules under `e2e/peers/` and cached by `hack/peers.sh`, and Debian's redis and git.
 
 use std::path::{Path, PathBuf};
 
@@ -28,22 +29,78 @@ pub fn project_binary(name: &str) -> anyhow::Result<PathBuf> {
     })
 }
 
-/// Path of the kube-apiserver: `$KUBE_APISERVER`, else the one cached by `hack/control-plane.sh`.
+/// The real programs built from one Go module under `e2e/peers/` by `hack/peers.sh`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl.
+    Kube,
+    /// Argo CD's multi-call binary (and its manifests).
+    ArgoCd,
+    /// Upstream argocd-agent and argocd-agentctl.
+    UpstreamAgent,
+    /// Open Cluster Management's controllers and agents.
+    Ocm,
+}
+
+impl Peer {
+    fn module(self) -> &'static str {
+        match self {
+            Peer::Kube => "kube",
+            Peer::ArgoCd => "argocd",
+            Peer::UpstreamAgent => "agent",
+            Peer::Ocm => "ocm",
+        }
+    }
+
+    /// The peer's cache directory, as `hack/peers.sh --dir` reports it (asked once per process).
+    pub fn dir(self) -> anyhow::Result<PathBuf> {
+        static DIRS: std::sync::Mutex<Vec<(Peer, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+        let mut dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, d)) = dirs.iter().find(|(p, _)| *p == self) {
+            return Ok(d.clone());
+        }
+        let script = workspace_root().join("hack/peers.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .args(["--dir", self.module()])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "the {} peers are not built yet: run `bash {} {}` once (hack/test.sh does this)",
+            self.module(),
+            script.display(),
+            self.module()
+        );
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        dirs.push((self, dir.clone()));
+        Ok(dir)
+    }
+
+    /// Path of one of the peer's programs (`kube-apiserver`, `etcd`, `argocd`, `argocd-agent`, ...).
+    pub fn binary(self, name: &str) -> anyhow::Result<PathBuf> {
+        let path = self.dir()?.join(name);
+        anyhow::ensure!(
+            path.is_file(),
+            "{} is not among the built {} peers ({})",
+            name,
+            self.module(),
+            path.display()
+        );
+        Ok(path)
+    }
+}
+
+/// Path of the kube-apiserver: `$KUBE_APISERVER`, else the one `hack/peers.sh` built.
 pub fn kube_apiserver() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("KUBE_APISERVER") {
         return Ok(PathBuf::from(p));
     }
-    let script = workspace_root().join("hack/control-plane.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .arg("--path")
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "kube-apiserver is not built yet: run `{}` once (hack/test.sh does this)",
-        script.display()
-    );
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    Peer::Kube.binary("kube-apiserver")
+}
+
+/// Path of kubectl built with the control plane (same minor version as the apiserver).
+pub fn kubectl() -> anyhow::Result<PathBuf> {
+    Peer::Kube.binary("kubectl")
 }
 
 /// Path of a program expected on PATH (etcd, redis-server, kubectl), with an install hint if missing.
@@ -52,5 +109,5 @@ pub fn system_binary(name: &str, debian_package: &str) -> anyhow::Result<PathBuf
     std::env::split_paths(&paths)
         .map(|dir| dir.join(name))
         .find(|p| p.is_file())
-        .ok_or_else(|| anyhow::anyhow!("{name} not found on PATH: apt-get install {debian_package} (hack/control-plane.sh does this)"))
+        .ok_or_else(|| anyhow::anyhow!("{name} not found on PATH: apt-get install {debian_package} (hack/test.sh installs it)"))
 }

@@ -1,7 +1,7 @@
-//! One real Kubernetes control plane: Debian's etcd plus a kube-apiserver built from Debian's
-//! source, on free loopback ports with a temporary data directory, an admin kubeconfig, and the Argo
-//! CD / OCM CRDs installed. No kubelet, scheduler or controller-manager run: objects are stored and
-//! watched, never executed (no pods, no garbage collector, no namespace finalisation).
+//! One real Kubernetes control plane: etcd 3.6 and kube-apiserver 1.36 (built from their Go modules by
+//! `hack/peers.sh`), on free loopback ports with a temporary data directory, an admin kubeconfig, and
+//! the Argo CD / OCM CRDs installed. No kubelet, scheduler or controller-manager run here: objects are
+//! stored and watched, never executed (no pods, no garbage collector, no namespace finalisation).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::binaries::{kube_apiserver, system_binary};
+use crate::binaries::{kube_apiserver, Peer};
 use crate::crds;
 use crate::ports::free_port;
 use crate::process::{print_log_tail, temp_dir, ManagedProcess, ProcessSpec};
@@ -18,6 +18,9 @@ use crate::wait::wait_until;
 
 /// Bearer token of the plane's `admin` user (group system:masters).
 const ADMIN_TOKEN_LEN: usize = 32;
+/// File names, in the plane's directory, of the client CA's certificate and key.
+const CLIENT_CA_CERT: &str = "client-ca.crt";
+const CLIENT_CA_KEY: &str = "client-ca.key";
 
 /// A running control plane.
 pub struct ControlPlane {
@@ -173,6 +176,12 @@ impl ControlPlane {
         write_kubeconfig(path, &self.name, &self.url, &self.ca_file, user, token)
     }
 
+    /// The client CA the apiserver trusts for client certificates (`--client-ca-file`): its
+    /// certificate and private key, e.g. for a CSR signer.
+    pub fn client_ca(&self) -> (PathBuf, PathBuf) {
+        (self.dir.join(CLIENT_CA_CERT), self.dir.join(CLIENT_CA_KEY))
+    }
+
     fn apiserver(&self) -> MutexGuard<'_, ManagedProcess> {
         self.apiserver.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -245,7 +254,7 @@ fn random_token() -> String {
 }
 
 fn start_etcd(name: &str, dir: &std::path::Path) -> anyhow::Result<(ManagedProcess, String)> {
-    let bin = system_binary("etcd", "etcd-server")?;
+    let bin = Peer::Kube.binary("etcd")?;
     let client_port = free_port();
     let peer_port = free_port();
     let client_url = format!("http://127.0.0.1:{client_port}");
@@ -287,6 +296,7 @@ fn start_apiserver(
         .status()
         .map_err(|e| anyhow::anyhow!("running openssl to create the service-account key: {e}"))?;
     anyhow::ensure!(status.success(), "openssl genrsa failed");
+    create_client_ca(name, dir)?;
     let tokens = dir.join("tokens.csv");
     std::fs::write(&tokens, format!("{token},admin,admin,system:masters\n"))?;
     // Audit ServiceAccounts' requests only (tests run binaries under chart RBAC as one); the
@@ -312,6 +322,8 @@ fn start_apiserver(
     ])
     .args(["--advertise-address", "127.0.0.1", "--token-auth-file"])
     .arg(&tokens)
+    .arg("--client-ca-file")
+    .arg(dir.join(CLIENT_CA_CERT))
     .args(["--authorization-mode", "RBAC", "--service-account-key-file"])
     .arg(&sa_key)
     .arg("--service-account-signing-key-file")
@@ -326,6 +338,24 @@ fn start_apiserver(
     .args(["--endpoint-reconciler-type", "none"])
     .args(["--enable-priority-and-fairness=false", "-v", "1"]);
     ManagedProcess::spawn(spec)
+}
+
+/// Creates the plane's client CA (an EC P-256 key and a self-signed certificate): the apiserver
+/// authenticates client certificates it signed, and a CSR signer (OCM's registration flow runs
+/// kube-controller-manager's `csrsigning` controller with it) issues them.
+fn create_client_ca(name: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    let status = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "365"])
+        .args(["-subj", &format!("/CN={name}-client-ca"), "-keyout"])
+        .arg(dir.join(CLIENT_CA_KEY))
+        .arg("-out")
+        .arg(dir.join(CLIENT_CA_CERT))
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| anyhow::anyhow!("running openssl to create the client CA: {e}"))?;
+    anyhow::ensure!(status.success(), "openssl req (client CA) failed");
+    Ok(())
 }
 
 fn write_kubeconfig(

@@ -1,4 +1,5 @@
-//! End-to-end harness: real Kubernetes control planes (etcd + kube-apiserver), Redis and the
+//! End-to-end harness: real Kubernetes control planes (etcd + kube-apiserver), Redis, a Git server,
+//! real Argo CD, upstream argocd-agent and OCM (built from their Go modules by `hack/peers.sh`) and the
 //! project's binaries as child processes, for tests that prove behaviour across processes.
 //!
 //! Owns process lifecycle (every child is killed and every temporary directory removed when the test
@@ -6,12 +7,15 @@
 //! Argo CD and OCM CRDs installed, and wait-for-condition helpers. It does not know the product's
 //! protocol: tests drive the binaries through their command lines and the Kubernetes API.
 
+pub mod argocd;
 pub mod bench;
 pub mod binaries;
 pub mod control_plane;
 pub mod crds;
 pub mod fleet;
 pub mod gateway;
+pub mod git_server;
+pub mod ocm;
 pub mod otlp_collector;
 pub mod ports;
 pub mod process;
@@ -20,6 +24,7 @@ pub mod redis;
 pub mod shared;
 pub mod sim_agent;
 pub mod tcp_proxy;
+pub mod upstream;
 pub mod wait;
 
 pub use control_plane::ControlPlane;

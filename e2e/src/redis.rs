@@ -1,5 +1,6 @@
-//! A real `redis-server` (Debian's) on a free loopback port, for the Redis proxy tests and for the
-//! agent's local Argo CD cache.
+//! A real `redis-server` (Debian's) on a free loopback port, for the Redis proxy tests and for
+//! Argo CD's cache — with a password where Argo CD's default install sets one (`requirepass`, the
+//! secret `argocd-redis`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -15,11 +16,23 @@ pub struct Redis {
     pub port: u16,
     /// The server process.
     pub process: ManagedProcess,
+    /// The password clients must send with AUTH, if any.
+    pub password: Option<String>,
 }
 
 impl Redis {
     /// Starts redis-server without persistence and waits until it answers PING.
     pub fn start(name: &str) -> anyhow::Result<Redis> {
+        Redis::start_with(name, None)
+    }
+
+    /// Starts redis-server requiring `password` (as Argo CD's default install does) and waits until
+    /// it answers PING after AUTH.
+    pub fn start_with_password(name: &str, password: &str) -> anyhow::Result<Redis> {
+        Redis::start_with(name, Some(password))
+    }
+
+    fn start_with(name: &str, password: Option<&str>) -> anyhow::Result<Redis> {
         let bin = system_binary("redis-server", "redis-server")?;
         let dir = temp_dir(&format!("redis-{name}"))?;
         let port = free_port();
@@ -37,8 +50,16 @@ impl Redis {
             "--dir".into(),
             dir.display().to_string(),
         ]);
+        let spec = match password {
+            Some(p) => spec.args(["--requirepass", p]),
+            None => spec,
+        };
         let process = ManagedProcess::spawn(spec)?;
-        let redis = Redis { port, process };
+        let redis = Redis {
+            port,
+            process,
+            password: password.map(str::to_string),
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !redis.ping() {
             anyhow::ensure!(
@@ -56,12 +77,21 @@ impl Redis {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// True if the server answers `PING` with `+PONG`.
+    /// True if the server answers `PING` with `+PONG` (after AUTH when it has a password).
     pub fn ping(&self) -> bool {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        if let Some(p) = &self.password {
+            let mut ok = [0u8; 5];
+            if s.write_all(&resp_command(&["AUTH", p])).is_err()
+                || s.read_exact(&mut ok).is_err()
+                || &ok != b"+OK\r\n"
+            {
+                return false;
+            }
+        }
         if s.write_all(b"PING\r\n").is_err() {
             return false;
         }

@@ -181,12 +181,7 @@ async fn two_planes_serve_applications_independently() -> anyhow::Result<()> {
 #[tokio::test]
 async fn kubectl_uses_the_generated_kubeconfig() -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let Ok(kubectl) = e2e::binaries::system_binary("kubectl", "kubectl") else {
-        eprintln!(
-            "SKIP kubectl_uses_the_generated_kubeconfig: kubectl is not installed on this machine"
-        );
-        return Ok(());
-    };
+    let kubectl = e2e::binaries::kubectl()?;
     let out = tokio::process::Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(&planes.spokes[1].kubeconfig)

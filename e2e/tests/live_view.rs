@@ -160,7 +160,7 @@ impl LiveFleet {
 
     /// Runs kubectl against the proxy as agent `i`'s cluster; returns (success, stdout, stderr).
     fn kubectl(&self, i: usize, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
-        let out = Command::new(system_binary("kubectl", "kubernetes-client")?)
+        let out = Command::new(e2e::binaries::kubectl()?)
             .arg(format!("--kubeconfig={}", self.kubeconfigs[i].display()))
             .arg(format!(
                 "--cache-dir={}",
@@ -938,7 +938,7 @@ async fn kubectl_logs_tunnel_tail_since_container_and_follow_and_a_gone_client_c
     );
 
     // -f: lines keep arriving; when kubectl goes away the source's stream is closed.
-    let mut follow = tokio::process::Command::new(system_binary("kubectl", "kubernetes-client")?)
+    let mut follow = tokio::process::Command::new(e2e::binaries::kubectl()?)
         .arg(format!("--kubeconfig={}", fleet.kubeconfigs[0].display()))
         .args(["logs", "-f", "-n", &ns, "web-1", "-c", "web", "--tail=1"])
         .stdout(std::process::Stdio::piped())

@@ -21,6 +21,7 @@ use argocd_agent_proto::tls::{expiry, CertificateExpiry, ServerTlsOptions, TlsPo
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::codec::CompressionEncoding::Gzip;
 use tracing::{info, warn};
 
 use crate::auth::{AuthPolicy, AuthService, VersionService};
@@ -284,6 +285,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         }
     });
     let operator = operator.map(tokio::spawn);
+    let client_for_identity = client.clone();
     let hub = Hub::with_options(
         crate::write_limit::limit_writes(client, crate::write_limit::HUB_WRITE_CONCURRENCY),
         config.namespace.clone(),
@@ -316,28 +318,44 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         },
         metrics: metrics.clone(),
     };
+    let identity = crate::identity::PrincipalIdentity::spawn(
+        client_for_identity,
+        config.namespace.clone(),
+        Duration::from_secs(5),
+    );
     let events = EventStreamService {
         issuer,
         registry,
         hub: hub.clone(),
         metrics,
         live,
+        identity,
     };
     let (stop_grpc, grpc_stopped) = oneshot::channel::<()>();
     let mut server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)));
     let grpc = server
+        // gzip both ways, as upstream agents started with --enable-compression use it on every call
+        // (answers are compressed only for clients that offer gzip).
         .add_service(
             AuthenticationServer::new(auth)
                 .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+                .max_encoding_message_size(max)
+                .accept_compressed(Gzip)
+                .send_compressed(Gzip),
         )
-        .add_service(VersionServer::new(VersionService))
+        .add_service(
+            VersionServer::new(VersionService)
+                .accept_compressed(Gzip)
+                .send_compressed(Gzip),
+        )
         .add_service(tonic::service::interceptor::InterceptedService::new(
             EventStreamServer::new(events)
                 .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+                .max_encoding_message_size(max)
+                .accept_compressed(Gzip)
+                .send_compressed(Gzip),
             {
                 let leadership = leadership.clone();
                 move |req| leadership.admit(req)

@@ -4,12 +4,13 @@
 //! agent ([`authorize_stream`]); the agent's session is taken over (an older stream of the same agent
 //! ends); the checksum resync the connection calls for ([`crate::hub::Hub::on_connect`]; an
 //! autonomous agent's hub namespace must exist or be creatable) is queued; then the shared delivery engine runs the
-//! stream until either side ends it. Undelivered events stay in the session's outbox.
+//! stream until either side ends it. Undelivered events stay in the session's outbox. Every event
+//! sent carries the principal's identity (`principaluid`, [`crate::identity`]) once it is known.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
-use argocd_agent_proto::event::stream_event_labels;
+use argocd_agent_proto::event::{stamp_principal_uid, stream_event_labels};
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStream;
 use argocd_agent_proto::pb::eventstreamapi::{
     Event as WireEvent, PingRequest, PongReply, PushSummary,
@@ -45,6 +46,8 @@ pub struct EventStreamService {
     pub metrics: Arc<PrincipalMetrics>,
     /// Live requests waiting on agents (told when an agent's stream starts and ends).
     pub live: Arc<crate::live::LiveRequests>,
+    /// The principal's identity, stamped on every event sent.
+    pub identity: crate::identity::PrincipalIdentity,
 }
 
 type EventResponseStream = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send>>;
@@ -139,7 +142,14 @@ impl EventStream for EventStreamService {
         });
         let failure = futures::stream::once(end_rx).filter_map(|r| async move { r.ok().map(Err) });
         let sent = self.metrics.clone();
+        let identity = self.identity.clone();
         let out = ReceiverStream::new(out_rx)
+            .map(move |mut ev| {
+                if let Some(uid) = identity.get() {
+                    stamp_principal_uid(&mut ev, uid);
+                }
+                ev
+            })
             .inspect(move |ev| {
                 // An event without its CloudEvent envelope is not counted.
                 if ev.event.is_some() {

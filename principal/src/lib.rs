@@ -12,6 +12,7 @@ pub mod blocklist;
 pub mod config;
 pub mod eventstream;
 pub mod hub;
+pub mod identity;
 pub mod inbound;
 pub mod leadership;
 pub mod listener;

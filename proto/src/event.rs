@@ -8,10 +8,13 @@
 //! and the resync checksums ([`resync`]).
 //!
 //! Wire layout (what upstream's Go sdk produces and expects): `spec_version` "1.0", `source`,
-//! `type`, and in `attributes` (all `ce_string`): `dataschema` (the target), `subject`,
+//! `type`, and in `attributes`: `dataschema` (the target) as `ce_uri` — cloudevents sdk-go's
+//! protobuf format encodes it so and decodes it from nothing else, so a `ce_string` target reads as
+//! empty on a Go peer, which then drops the event — and as `ce_string`: `subject`,
 //! `datacontenttype` ("application/json"), and the extensions `resourceid`, `eventid`,
-//! `sentat`, `principaluid`, `traceparent`, `tracestate`. The JSON payload travels in
-//! `binary_data`. We also set the CloudEvent `id` to the event id (upstream leaves it empty).
+//! `sentat`, `principaluid`, `traceparent`, `tracestate`. We read a target of any of the three
+//! string-like kinds. The JSON payload travels in `binary_data`. We also set the CloudEvent `id`
+//! to the event id (upstream leaves it empty).
 
 pub mod go_json;
 pub mod kind;
@@ -126,6 +129,12 @@ impl From<String> for ExtensionValue {
 fn ce_string(s: &str) -> pb::cloudevents::CloudEventAttributeValue {
     pb::cloudevents::CloudEventAttributeValue {
         attr: Some(cloud_event_attribute_value::Attr::CeString(s.to_string())),
+    }
+}
+
+fn ce_uri(s: &str) -> pb::cloudevents::CloudEventAttributeValue {
+    pb::cloudevents::CloudEventAttributeValue {
+        attr: Some(cloud_event_attribute_value::Attr::CeUri(s.to_string())),
     }
 }
 
@@ -587,7 +596,7 @@ impl Event {
             .collect();
         let target = self.target.as_str();
         if !target.is_empty() {
-            attributes.insert(attr::DATASCHEMA.into(), ce_string(target));
+            attributes.insert(attr::DATASCHEMA.into(), ce_uri(target));
         }
         if let Some(s) = &self.subject {
             attributes.insert(attr::SUBJECT.into(), ce_string(s));
@@ -783,11 +792,24 @@ pub fn stream_event_labels(wire: &pb::eventstreamapi::Event) -> (EventType, &str
         .attributes
         .get(attr::DATASCHEMA)
         .and_then(|v| match &v.attr {
-            Some(cloud_event_attribute_value::Attr::CeString(s)) => Some(s.as_str()),
+            Some(
+                cloud_event_attribute_value::Attr::CeString(s)
+                | cloud_event_attribute_value::Attr::CeUri(s)
+                | cloud_event_attribute_value::Attr::CeUriRef(s),
+            ) => Some(s.as_str()),
             _ => None,
         })
         .unwrap_or_default();
     (EventType::from_wire(&ce.r#type), target)
+}
+
+/// Sets the `principaluid` extension on a wire event without decoding it (the principal stamps every
+/// event it sends, whatever queued it).
+pub fn stamp_principal_uid(wire: &mut pb::eventstreamapi::Event, uid: &str) {
+    if let Some(ce) = wire.event.as_mut() {
+        ce.attributes
+            .insert(attr::PRINCIPAL_UID.to_string(), ce_string(uid));
+    }
 }
 
 impl TryFrom<CloudEvent> for Event {

@@ -140,6 +140,25 @@ pub fn parse_peer_version(peer: &str) -> Result<PeerVersion, VersionError> {
     Err(unparsable())
 }
 
+/// The `AuthRequest.version` to send to a principal whose `Version` RPC answered `principal`.
+///
+/// Upstream principals (v0.8 on) refuse any version that is not byte-equal to their own release
+/// (`FailedPrecondition "version mismatch"`), and their `Version` RPC answers that release behind an
+/// `argocd-agent-` prefix. So a Go principal is answered with its own release string, verbatim;
+/// ours (and anything unparsable, or no answer) get our own version string.
+pub fn auth_version_for(principal: Option<&str>) -> String {
+    match principal.map(|p| (p, parse_peer_version(p))) {
+        Some((p, Ok(v))) if v.kind == PeerKind::Go => {
+            let first = p.split_whitespace().next().unwrap_or_default();
+            first
+                .strip_prefix("argocd-agent-")
+                .unwrap_or(first)
+                .to_string()
+        }
+        _ => version_string(),
+    }
+}
+
 /// Decide whether we talk to a peer announcing `peer`. Same protocol major: yes.
 pub fn check_compatible(peer: &str) -> Result<(), VersionError> {
     let v = parse_peer_version(peer)?;
@@ -171,6 +190,19 @@ mod tests {
         check_compatible(&version_string()).expect("own version");
         check_compatible("argocd-agent-rs/9.3.1 protocol/1")
             .expect("other rs release, same protocol");
+    }
+
+    #[test]
+    fn a_go_principal_is_sent_its_own_release_verbatim() {
+        assert_eq!(auth_version_for(Some("argocd-agent-0.9.0")), "0.9.0");
+        assert_eq!(
+            auth_version_for(Some("argocd-agent-99.9.9-unreleased")),
+            "99.9.9-unreleased"
+        );
+        assert_eq!(auth_version_for(Some("v0.7.2")), "v0.7.2");
+        assert_eq!(auth_version_for(Some(&version_string())), version_string());
+        assert_eq!(auth_version_for(None), version_string());
+        assert_eq!(auth_version_for(Some("garbage!")), version_string());
     }
 
     #[test]

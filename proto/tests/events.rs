@@ -163,7 +163,15 @@ fn cloud_event_layout() {
         )) => s,
         other => panic!("{k}: {other:?}"),
     };
-    assert_eq!(s("dataschema"), "application");
+    // sdk-go reads dataschema only from ce_uri: a ce_string target is "" on a Go peer.
+    assert_eq!(
+        ce.attributes.get("dataschema").and_then(|v| v.attr.clone()),
+        Some(
+            argocd_agent_proto::pb::cloudevents::cloud_event_attribute_value::Attr::CeUri(
+                "application".into()
+            )
+        )
+    );
     assert_eq!(s("resourceid"), "app_uid");
     assert_eq!(s("eventid"), "app_uid_5");
     assert_eq!(s("subject"), "argocd/app");

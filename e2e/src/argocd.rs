@@ -1,0 +1,351 @@
+//! Real Argo CD (the multi-call binary `hack/peers.sh` builds from Argo CD's Go module) run as local
+//! processes the way Argo CD's own local development mode runs it (its Procfile:
+//! `ARGOCD_FAKE_IN_CLUSTER=true`, one process per component, `KUBECONFIG` naming the cluster that
+//! is "in-cluster"):
+//! - on a spoke, [`ArgoCd::start_spoke`]: application-controller + repo-server + a Redis protected
+//!   by a password, as Argo CD's default install configures it (secret `argocd-redis`, key `auth`);
+//! - on the hub, [`ArgoCd::start_server`]: argocd-server (API, CLI and UI) with its Redis address
+//!   and password chosen by the caller (the principal's Redis proxy in front of the hub Redis, as
+//!   upstream argocd-agent documents).
+//!
+//! Owns the objects Argo CD needs in its namespace before it starts (labelled `argocd-cm`,
+//! `argocd-rbac-cm`, `argocd-secret` with a bcrypt admin password, `argocd-redis`, the `default`
+//! AppProject open to every namespace) and the `argocd` CLI bound to one server and config file.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::json;
+
+use crate::binaries::Peer;
+use crate::control_plane::ControlPlane;
+use crate::gateway::{appproject_resource, ensure_namespace, http_get};
+use crate::ports::free_port;
+use crate::process::{temp_dir, ManagedProcess, ProcessSpec};
+use crate::redis::Redis;
+use crate::wait::wait_until;
+
+/// The admin password every test Argo CD is given.
+pub const ADMIN_PASSWORD: &str = "e2e-admin-password";
+/// How often Argo CD re-reads Git and compares (Argo CD's default is 3 minutes).
+const RECONCILIATION: &str = "15s";
+/// Field manager for what the harness writes in Argo CD's namespace.
+const MANAGER: &str = "e2e-argocd";
+
+/// Argo CD components running against one control plane.
+pub struct ArgoCd {
+    /// Argo CD's namespace on the plane.
+    pub namespace: String,
+    /// The Redis the components use (owned when started here).
+    pub redis: Option<Redis>,
+    /// repo-server's gRPC port (spoke).
+    pub repo_server_port: Option<u16>,
+    /// argocd-server's API/UI port (hub), plaintext on 127.0.0.1.
+    pub server_port: Option<u16>,
+    dir: PathBuf,
+    processes: Vec<ManagedProcess>,
+}
+
+/// Where a component finds Redis.
+#[derive(Clone, Debug)]
+pub struct RedisEndpoint {
+    /// `host:port`.
+    pub address: String,
+    /// AUTH password, if the server requires one.
+    pub password: Option<String>,
+}
+
+impl ArgoCd {
+    /// Starts a spoke's Argo CD: a password-protected Redis, repo-server and application-controller
+    /// managing the plane itself as the in-cluster destination, with Applications in `namespace`
+    /// (and, with `app_namespaces`, in the namespaces matching those patterns too).
+    pub async fn start_spoke(
+        name: &str,
+        dir: &Path,
+        plane: &ControlPlane,
+        namespace: &str,
+        app_namespaces: &[&str],
+    ) -> anyhow::Result<ArgoCd> {
+        let dir = dir.join(format!("argocd-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        let password = format!("redis-{}", uuid::Uuid::new_v4().simple());
+        let redis = Redis::start_with_password(&format!("argocd-{name}"), &password)?;
+        let endpoint = RedisEndpoint {
+            address: redis.address(),
+            password: Some(password),
+        };
+        prepare_namespace(plane, namespace, &endpoint).await?;
+        let repo_server_port = free_port();
+        let repo_server = component(&dir, "argocd-repo-server", name, plane, &endpoint)?
+            .args(["--address", "127.0.0.1", "--port"])
+            .arg(repo_server_port.to_string())
+            .args(["--metrics-address", "127.0.0.1", "--metrics-port"])
+            .arg(free_port().to_string());
+        let repo_server = ManagedProcess::spawn(repo_server)?;
+        let controller = component(
+            &dir,
+            "argocd-application-controller",
+            name,
+            plane,
+            &endpoint,
+        )?
+        .arg(format!("--kubeconfig={}", plane.kubeconfig.display()))
+        .arg(format!("--namespace={namespace}"))
+        .arg(format!("--repo-server=127.0.0.1:{repo_server_port}"))
+        .arg(format!("--metrics-port={}", free_port()))
+        .args(["--app-resync-jitter", "0"])
+        .args(["--self-heal-timeout-seconds", "2"]);
+        let controller = if app_namespaces.is_empty() {
+            controller
+        } else {
+            controller.arg(format!(
+                "--application-namespaces={}",
+                app_namespaces.join(",")
+            ))
+        };
+        let controller = ManagedProcess::spawn(controller)?;
+        Ok(ArgoCd {
+            namespace: namespace.to_string(),
+            redis: Some(redis),
+            repo_server_port: Some(repo_server_port),
+            server_port: None,
+            dir,
+            processes: vec![repo_server, controller],
+        })
+    }
+
+    /// Starts argocd-server on `plane` (API and CLI on a plaintext port) with Redis at `redis` and
+    /// Applications read from every namespace; waits for `/healthz`.
+    pub async fn start_server(
+        name: &str,
+        dir: &Path,
+        plane: &ControlPlane,
+        namespace: &str,
+        redis: RedisEndpoint,
+    ) -> anyhow::Result<ArgoCd> {
+        let dir = dir.join(format!("argocd-server-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        prepare_namespace(plane, namespace, &redis).await?;
+        let port = free_port();
+        // argocd-server insists on a repo-server address; the hub's is never dialled for the
+        // views these tests use (remote apps' manifests come from the spoke), so point it at a
+        // closed port rather than running one.
+        let spec = component(&dir, "argocd-server", name, plane, &redis)?
+            .arg(format!("--kubeconfig={}", plane.kubeconfig.display()))
+            .arg(format!("--namespace={namespace}"))
+            .args(["--insecure", "--address", "127.0.0.1", "--port"])
+            .arg(port.to_string())
+            .args(["--metrics-address", "127.0.0.1", "--metrics-port"])
+            .arg(free_port().to_string())
+            .arg(format!("--repo-server=127.0.0.1:{}", free_port()))
+            .arg("--application-namespaces=*");
+        let server = ManagedProcess::spawn(spec)?;
+        let argocd = ArgoCd {
+            namespace: namespace.to_string(),
+            redis: None,
+            repo_server_port: None,
+            server_port: Some(port),
+            dir,
+            processes: vec![server],
+        };
+        wait_until(
+            "argocd-server /healthz",
+            Duration::from_secs(60),
+            || async move {
+                Ok::<_, anyhow::Error>(
+                    matches!(http_get(port, "/healthz").await, Ok((200, _))).then_some(()),
+                )
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd.log_tails(30)))?;
+        Ok(argocd)
+    }
+
+    /// The Redis endpoint of a spoke started here.
+    pub fn redis_endpoint(&self) -> Option<RedisEndpoint> {
+        self.redis.as_ref().map(|r| RedisEndpoint {
+            address: r.address(),
+            password: r.password.clone(),
+        })
+    }
+
+    /// The tails of every component's log, for failure messages.
+    pub fn log_tails(&self, lines: usize) -> String {
+        self.processes
+            .iter()
+            .map(|p| format!("--- {} ---\n{}", p.name(), p.log_tail(lines)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Runs the `argocd` CLI against this server, logged in as admin (the first call logs in);
+    /// returns stdout, failing with stderr.
+    pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let port = self
+            .server_port
+            .ok_or_else(|| anyhow::anyhow!("the argocd CLI needs an argocd-server"))?;
+        let config = self.dir.join("cli-config");
+        if !config.exists() {
+            run_cli(
+                &config,
+                &[
+                    "login",
+                    &format!("127.0.0.1:{port}"),
+                    "--username",
+                    "admin",
+                    "--password",
+                    ADMIN_PASSWORD,
+                    "--plaintext",
+                ],
+            )?;
+        }
+        run_cli(&config, args)
+    }
+}
+
+fn run_cli(config: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(Peer::ArgoCd.binary("argocd")?)
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("ARGOCD_BINARY_NAME")
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "argocd {} failed: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One Argo CD process: the multi-call binary under the component's name, with the environment
+/// Argo CD's Procfile gives every component, and private data, socket and temp paths so several
+/// instances share a machine.
+fn component(
+    dir: &Path,
+    component: &str,
+    name: &str,
+    plane: &ControlPlane,
+    redis: &RedisEndpoint,
+) -> anyhow::Result<ProcessSpec> {
+    let own = dir.join(component);
+    for sub in ["tls", "ssh", "gpg/source", "gpg/keys", "tmp", "plugins"] {
+        std::fs::create_dir_all(own.join(sub))?;
+    }
+    let spec = ProcessSpec::new(
+        format!("{component}-{name}"),
+        Peer::ArgoCd.binary(component)?,
+        dir.join(format!("{component}.log")),
+    )
+    .arg(format!("--redis={}", redis.address))
+    .args(["--loglevel", "info", "--logformat", "text"])
+    .env("ARGOCD_FAKE_IN_CLUSTER", "true")
+    // The reconciliation period (a user's `timeout.reconciliation`), shortened for tests; it also
+    // bounds how long repo-server caches a resolved branch.
+    .env("ARGOCD_RECONCILIATION_TIMEOUT", RECONCILIATION)
+    .env("KUBECONFIG", &plane.kubeconfig)
+    .env("ARGOCD_TLS_DATA_PATH", own.join("tls"))
+    .env("ARGOCD_SSH_DATA_PATH", own.join("ssh"))
+    .env("ARGOCD_GPG_DATA_PATH", own.join("gpg/source"))
+    .env("ARGOCD_GNUPGHOME", own.join("gpg/keys"))
+    .env("ARGOCD_GPG_ENABLED", "false")
+    // A unix socket path must stay under 108 bytes: a short directory of its own.
+    .env("ARGOCD_ASK_PASS_SOCK", temp_dir("askpass")?.join("s.sock"))
+    .env("ARGOCD_PLUGINSOCKFILEPATH", own.join("plugins"))
+    .env("TMPDIR", own.join("tmp"));
+    Ok(match &redis.password {
+        Some(p) => spec.env("REDIS_PASSWORD", p),
+        None => spec,
+    })
+}
+
+/// The objects Argo CD reads at start-up, created or updated with server-side apply.
+async fn prepare_namespace(
+    plane: &ControlPlane,
+    namespace: &str,
+    redis: &RedisEndpoint,
+) -> anyhow::Result<()> {
+    let client = plane.client().await?;
+    ensure_namespace(&client, namespace).await?;
+    let ssa = PatchParams::apply(MANAGER).force();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    for (cm, data) in [
+        (
+            "argocd-cm",
+            json!({"timeout.reconciliation": RECONCILIATION}),
+        ),
+        ("argocd-rbac-cm", json!({})),
+    ] {
+        // Argo CD finds its ConfigMaps by this label: an unlabelled argocd-cm counts as missing.
+        let obj = json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": cm, "labels": {"app.kubernetes.io/part-of": "argocd"}},
+            "data": data,
+        });
+        cms.patch(cm, &ssa, &Patch::Apply(obj)).await?;
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let hash = bcrypt_password(ADMIN_PASSWORD)?;
+    let argocd_secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "argocd-secret", "labels": {"app.kubernetes.io/part-of": "argocd"}},
+        "stringData": {
+            "server.secretkey": uuid::Uuid::new_v4().simple().to_string(),
+            "admin.password": hash,
+            "admin.passwordMtime": "2020-01-01T00:00:00Z",
+        },
+    });
+    secrets
+        .patch("argocd-secret", &ssa, &Patch::Apply(argocd_secret))
+        .await?;
+    if let Some(p) = &redis.password {
+        let obj = json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "argocd-redis", "labels": {"app.kubernetes.io/part-of": "argocd"}},
+            "stringData": {"auth": p},
+        });
+        secrets
+            .patch("argocd-redis", &ssa, &Patch::Apply(obj))
+            .await?;
+    }
+    let projects: Api<DynamicObject> =
+        Api::namespaced_with(client, namespace, &appproject_resource());
+    let default_project = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": "default"},
+        "spec": {
+            "sourceRepos": ["*"],
+            "destinations": [{"server": "*", "namespace": "*", "name": "*"}],
+            "clusterResourceWhitelist": [{"group": "*", "kind": "*"}],
+            "sourceNamespaces": ["*"],
+        },
+    });
+    projects
+        .patch("default", &ssa, &Patch::Apply(default_project))
+        .await?;
+    Ok(())
+}
+
+/// A bcrypt hash of `password`, made by Argo CD's own CLI (`argocd account bcrypt`).
+fn bcrypt_password(password: &str) -> anyhow::Result<String> {
+    static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(h) = HASH.get() {
+        return Ok(h.clone());
+    }
+    let out = std::process::Command::new(Peer::ArgoCd.binary("argocd")?)
+        .args(["account", "bcrypt", "--password", password])
+        .env_remove("ARGOCD_BINARY_NAME")
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "argocd account bcrypt failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hash = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    Ok(HASH.get_or_init(|| hash).clone())
+}

@@ -1,0 +1,475 @@
+//! Real Open Cluster Management, each piece proven on its own: a spoke joins through OCM's own
+//! registration flow (CSR created by the klusterlet, approved by the hub registration controller,
+//! signed by kube-controller-manager's signer with the hub's client CA); the placement controller
+//! decides a Placement; the work agent applies a ManifestWork and reports its conditions and status
+//! feedback; and the hub taints a cluster whose klusterlet went away and clears the taint when it
+//! is back. Tests write only what a user writes (Placements, bindings, ManifestWorks, a pre-created
+//! ManagedCluster's spec); every status, decision, namespace and taint checked here is OCM's.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use e2e::gateway::ensure_namespace;
+use e2e::ocm::{
+    condition_is, managed_cluster_set_binding_resource, manifest_work_resource,
+    placement_decision_resource, placement_resource, shared_ocm_hub, wait_cluster_available,
+    wait_cluster_taint, Klusterlet, KlusterletOptions, OcmHub, AGENT_NAMESPACE,
+    CONDITION_AVAILABLE, GLOBAL_CLUSTER_SET, PLACEMENT_LABEL, UNREACHABLE_TAINT,
+};
+use e2e::process::print_log_tail;
+use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+
+/// A join takes a few seconds (CSR round trip, then the first health check); generous for a
+/// loaded 2-core machine running every test of this binary at once.
+const JOIN_WAIT: Duration = Duration::from_secs(90);
+/// Everything after the join reacts within a status-sync or lease period (1-2 s).
+const REACT_WAIT: Duration = Duration::from_secs(45);
+
+/// The shared planes and the OCM hub on them.
+async fn ocm() -> (&'static SharedPlanes, &'static OcmHub) {
+    (shared_planes().await, shared_ocm_hub().await)
+}
+
+/// Prints the OCM hub controllers' and the test's klusterlets' logs when dropped before
+/// [`passed`](FailureLogs::passed), i.e. when the test fails by panic or by `?`.
+struct FailureLogs {
+    hub: &'static OcmHub,
+    klusterlets: Vec<(String, PathBuf)>,
+    passed: bool,
+}
+
+impl FailureLogs {
+    fn new(hub: &'static OcmHub) -> Self {
+        Self {
+            hub,
+            klusterlets: Vec::new(),
+            passed: false,
+        }
+    }
+
+    fn watch(&mut self, klusterlet: &Klusterlet) {
+        self.klusterlets.push((
+            format!("klusterlet-{}", klusterlet.cluster_name),
+            klusterlet.log_path().to_path_buf(),
+        ));
+    }
+
+    fn passed(mut self) {
+        self.passed = true;
+    }
+}
+
+impl Drop for FailureLogs {
+    fn drop(&mut self) {
+        if !self.passed {
+            self.hub.print_logs(30);
+            for (name, log) in &self.klusterlets {
+                print_log_tail(name, log, 40);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn spoke_joins_through_the_real_registration_flow() -> anyhow::Result<()> {
+    let (planes, ocm_hub) = ocm().await;
+    let mut logs = FailureLogs::new(ocm_hub);
+    let ctx = TestContext::new("ocm-join")?;
+    let name = ctx.unique("join");
+    let spoke = &planes.spokes[0];
+    let hub = planes.hub.client().await?;
+    let started = Instant::now();
+    let klusterlet = Klusterlet::start(&name, spoke, &planes.hub, &ctx.dir).await?;
+    logs.watch(&klusterlet);
+    let cluster = wait_cluster_available(&hub, &name, JOIN_WAIT).await?;
+    eprintln!(
+        "[ocm] {name} joined and Available in {:.1?}",
+        started.elapsed()
+    );
+
+    // Created by the agent, accepted by the hub's auto-approval (not by this test).
+    assert_eq!(cluster.data["spec"]["hubAcceptsClient"], true);
+    let annotations = cluster.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        annotations.contains_key("open-cluster-management.io/automatically-accepted-on"),
+        "the hub did not record its automatic acceptance: {annotations:?}"
+    );
+    assert_eq!(
+        cluster.data["spec"]["managedClusterClientConfigs"][0]["url"],
+        spoke.url.as_str(),
+        "the agent reports the spoke's apiserver URL"
+    );
+
+    // The hub made the cluster's namespace.
+    let namespaces: Api<Namespace> = Api::all(hub.clone());
+    assert!(
+        namespaces.get_opt(&name).await?.is_some(),
+        "the hub did not create namespace {name}"
+    );
+
+    // The agent's CSR: approved by OCM, signed by kube-controller-manager's signer.
+    let csrs: Api<CertificateSigningRequest> = Api::all(hub.clone());
+    let listed = csrs
+        .list(
+            &ListParams::default()
+                .labels(&format!("open-cluster-management.io/cluster-name={name}")),
+        )
+        .await?;
+    let csr = listed
+        .items
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("no CSR of cluster {name} on the hub"))?;
+    assert_eq!(csr.spec.signer_name, "kubernetes.io/kube-apiserver-client");
+    assert_eq!(
+        csr.spec.username.as_deref(),
+        Some("admin"),
+        "bootstrap identity"
+    );
+    let status = csr.status.clone().unwrap_or_default();
+    assert!(
+        status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Approved" && c.status == "True"),
+        "CSR not approved"
+    );
+    assert!(
+        status.certificate.is_some_and(|c| !c.0.is_empty()),
+        "CSR not signed"
+    );
+
+    // The hub apiserver authenticates the issued certificate (signed by its client CA) as the
+    // cluster's agent.
+    let reviews: Api<SelfSubjectReview> = Api::all(klusterlet.hub_client(&planes.hub).await?);
+    let review = reviews
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await?;
+    let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+    assert_eq!(
+        user.username.as_deref(),
+        Some(format!("system:open-cluster-management:{name}:{name}-agent").as_str())
+    );
+    let groups = user.groups.unwrap_or_default();
+    assert!(
+        groups.contains(&format!("system:open-cluster-management:{name}")),
+        "{groups:?}"
+    );
+
+    // The agent keeps the hub kubeconfig it earned on the spoke.
+    let secrets: Api<Secret> = Api::namespaced(spoke.client().await?, AGENT_NAMESPACE);
+    let secret = secrets.get(&format!("hub-kubeconfig-{name}")).await?;
+    let data = secret.data.unwrap_or_default();
+    for key in ["kubeconfig", "tls.crt", "tls.key", "cluster-name"] {
+        assert!(data.contains_key(key), "hub kubeconfig secret lacks {key}");
+    }
+    logs.passed();
+    Ok(())
+}
+
+#[tokio::test]
+async fn placement_is_decided_by_the_real_placement_controller() -> anyhow::Result<()> {
+    let (planes, ocm_hub) = ocm().await;
+    let mut logs = FailureLogs::new(ocm_hub);
+    let ctx = TestContext::new("ocm-placement")?;
+    let name = ctx.unique("placed");
+    let hub = planes.hub.client().await?;
+    // Only this test's cluster carries the label the Placement requires, so clusters other tests
+    // join meanwhile stay out of the decision.
+    let options = KlusterletOptions {
+        labels: vec![("e2e.argocd-agent.io/test".into(), ctx.suffix.clone())],
+        ..Default::default()
+    };
+    let klusterlet =
+        Klusterlet::start_with(&name, &planes.spokes[1], &planes.hub, &ctx.dir, &options).await?;
+    logs.watch(&klusterlet);
+    wait_cluster_available(&hub, &name, JOIN_WAIT).await?;
+
+    let ns = ctx.unique("placement");
+    ensure_namespace(&hub, &ns).await?;
+    let bindings: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &ns, &managed_cluster_set_binding_resource());
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1beta2",
+                "kind": "ManagedClusterSetBinding",
+                "metadata": {"name": GLOBAL_CLUSTER_SET, "namespace": ns},
+                "spec": {"clusterSet": GLOBAL_CLUSTER_SET},
+            }))?,
+        )
+        .await?;
+    let placements: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &ns, &placement_resource());
+    placements
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                "kind": "Placement",
+                "metadata": {"name": "fleet", "namespace": ns},
+                "spec": {
+                    "clusterSets": [GLOBAL_CLUSTER_SET],
+                    "predicates": [{"requiredClusterSelector": {"labelSelector": {
+                        "matchLabels": {"e2e.argocd-agent.io/test": ctx.suffix},
+                    }}}],
+                },
+            }))?,
+        )
+        .await?;
+
+    let decisions: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &ns, &placement_decision_resource());
+    let decided = wait_until(
+        &format!("a PlacementDecision of {ns}/fleet selecting {name}"),
+        REACT_WAIT,
+        || async {
+            let list = decisions
+                .list(&ListParams::default().labels(&format!("{PLACEMENT_LABEL}=fleet")))
+                .await?;
+            let clusters: Vec<String> = list.items.iter().flat_map(decision_clusters).collect();
+            Ok::<_, kube::Error>((clusters == [name.clone()]).then_some(list.items))
+        },
+    )
+    .await?;
+    // The decision belongs to the Placement (written by the placement controller, not by us).
+    let owner = decided[0]
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        owner
+            .iter()
+            .any(|o| o.kind == "Placement" && o.name == "fleet"),
+        "PlacementDecision not owned by its Placement: {owner:?}"
+    );
+    let placement = wait_until("Placement fleet status", REACT_WAIT, || async {
+        let p = placements.get("fleet").await?;
+        let selected = p.data.pointer("/status/numberOfSelectedClusters").cloned();
+        Ok::<_, kube::Error>(
+            (selected == Some(json!(1)) && condition_is(&p, "PlacementSatisfied", "True"))
+                .then_some(p),
+        )
+    })
+    .await?;
+    assert_eq!(placement.data["status"]["numberOfSelectedClusters"], 1);
+    logs.passed();
+    Ok(())
+}
+
+/// The cluster names of a PlacementDecision's `status.decisions`.
+fn decision_clusters(decision: &DynamicObject) -> Vec<String> {
+    decision
+        .data
+        .pointer("/status/decisions")
+        .and_then(Value::as_array)
+        .map(|ds| {
+            ds.iter()
+                .filter_map(|d| d["clusterName"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A ManifestWork carrying one ConfigMap (`default/<cm>` with `greeting`) and a JSONPaths feedback
+/// rule reporting that greeting back.
+fn greeting_work(name: &str, namespace: &str, cm: &str, greeting: &str) -> Value {
+    json!({
+        "apiVersion": "work.open-cluster-management.io/v1",
+        "kind": "ManifestWork",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "workload": {"manifests": [{
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": cm, "namespace": "default"},
+                "data": {"greeting": greeting},
+            }]},
+            "manifestConfigs": [{
+                "resourceIdentifier": {
+                    "group": "", "resource": "configmaps", "namespace": "default", "name": cm,
+                },
+                "feedbackRules": [{
+                    "type": "JSONPaths",
+                    "jsonPaths": [{"name": "greeting", "path": ".data.greeting"}],
+                }],
+            }],
+        },
+    })
+}
+
+/// The `greeting` status feedback value of a ManifestWork's first manifest, if reported.
+fn feedback_greeting(work: &DynamicObject) -> Option<String> {
+    work.data
+        .pointer("/status/resourceStatus/manifests/0/statusFeedback/values")?
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == "greeting")
+        .filter(|v| v["fieldValue"]["type"] == "String")
+        .and_then(|v| v["fieldValue"]["string"].as_str().map(str::to_string))
+}
+
+/// Waits until the ManifestWork is Applied and Available (work and manifest) with feedback
+/// `greeting`, and the spoke's ConfigMap says it too.
+async fn wait_work_reports(
+    works: &Api<DynamicObject>,
+    spoke_cms: &Api<ConfigMap>,
+    name: &str,
+    cm: &str,
+    greeting: &str,
+) -> anyhow::Result<DynamicObject> {
+    let work = wait_until(
+        &format!("ManifestWork {name} Applied, Available, feedback greeting={greeting}"),
+        REACT_WAIT,
+        || async {
+            let w = works.get(name).await?;
+            let manifest_ok = w
+                .data
+                .pointer("/status/resourceStatus/manifests/0/conditions")
+                .and_then(Value::as_array)
+                .is_some_and(|cs| {
+                    ["Applied", "Available"]
+                        .iter()
+                        .all(|t| cs.iter().any(|c| c["type"] == *t && c["status"] == "True"))
+                });
+            let ok = condition_is(&w, "Applied", "True")
+                && condition_is(&w, "Available", "True")
+                && manifest_ok
+                && feedback_greeting(&w).as_deref() == Some(greeting);
+            Ok::<_, kube::Error>(ok.then_some(w))
+        },
+    )
+    .await?;
+    let on_spoke = spoke_cms.get(cm).await?;
+    assert_eq!(
+        on_spoke
+            .data
+            .unwrap_or_default()
+            .get("greeting")
+            .map(String::as_str),
+        Some(greeting),
+        "the spoke's ConfigMap"
+    );
+    Ok(work)
+}
+
+#[tokio::test]
+async fn manifest_work_is_applied_by_the_real_work_agent_with_status_feedback() -> anyhow::Result<()>
+{
+    let (planes, ocm_hub) = ocm().await;
+    let mut logs = FailureLogs::new(ocm_hub);
+    let ctx = TestContext::new("ocm-work")?;
+    let name = ctx.unique("work");
+    let spoke = &planes.spokes[0];
+    let hub = planes.hub.client().await?;
+    let klusterlet = Klusterlet::start(&name, spoke, &planes.hub, &ctx.dir).await?;
+    logs.watch(&klusterlet);
+    wait_cluster_available(&hub, &name, JOIN_WAIT).await?;
+
+    // ManifestWorks live in the cluster's hub namespace, which OCM created.
+    let works: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &name, &manifest_work_resource());
+    let spoke_cms: Api<ConfigMap> = Api::namespaced(spoke.client().await?, "default");
+    let cm = ctx.unique("greeting");
+    let started = Instant::now();
+    works
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(greeting_work("greeting", &name, &cm, "hello"))?,
+        )
+        .await?;
+    let work = wait_work_reports(&works, &spoke_cms, "greeting", &cm, "hello").await?;
+    eprintln!(
+        "[ocm] ManifestWork applied and reported in {:.1?}",
+        started.elapsed()
+    );
+    let finalizers = work.metadata.finalizers.clone().unwrap_or_default();
+    assert!(
+        finalizers
+            .contains(&"cluster.open-cluster-management.io/manifest-work-cleanup".to_string()),
+        "the work agent did not add its cleanup finalizer: {finalizers:?}"
+    );
+
+    // A changed manifest is re-applied and its feedback follows.
+    works
+        .patch(
+            "greeting",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"workload": greeting_work("greeting", &name, &cm, "bonjour")["spec"]["workload"]}})),
+        )
+        .await?;
+    wait_work_reports(&works, &spoke_cms, "greeting", &cm, "bonjour").await?;
+
+    // Deleting the work removes what it applied, then the agent releases the work.
+    works.delete("greeting", &DeleteParams::default()).await?;
+    wait_until(
+        "the work agent to delete the ConfigMap and release the ManifestWork",
+        REACT_WAIT,
+        || async {
+            let gone = spoke_cms.get_opt(&cm).await?.is_none()
+                && works.get_opt("greeting").await?.is_none();
+            Ok::<_, kube::Error>(gone.then_some(()))
+        },
+    )
+    .await?;
+    logs.passed();
+    Ok(())
+}
+
+#[tokio::test]
+async fn stopped_klusterlet_is_tainted_unreachable_and_restart_clears_it() -> anyhow::Result<()> {
+    let (planes, ocm_hub) = ocm().await;
+    let mut logs = FailureLogs::new(ocm_hub);
+    let ctx = TestContext::new("ocm-offline")?;
+    let name = ctx.unique("offline");
+    let hub = planes.hub.client().await?;
+    // A 1 s lease: the hub declares the cluster gone 5 lease periods after the last renewal.
+    let options = KlusterletOptions {
+        lease_duration_seconds: Some(1),
+        ..Default::default()
+    };
+    let mut klusterlet =
+        Klusterlet::start_with(&name, &planes.spokes[1], &planes.hub, &ctx.dir, &options).await?;
+    logs.watch(&klusterlet);
+    wait_cluster_available(&hub, &name, JOIN_WAIT).await?;
+
+    klusterlet.stop();
+    let stopped = Instant::now();
+    let cluster = wait_cluster_taint(&hub, &name, UNREACHABLE_TAINT, true, REACT_WAIT).await?;
+    eprintln!(
+        "[ocm] {name} tainted unreachable {:.1?} after its klusterlet stopped",
+        stopped.elapsed()
+    );
+    assert!(
+        condition_is(&cluster, CONDITION_AVAILABLE, "Unknown"),
+        "an unreachable cluster's availability is Unknown"
+    );
+
+    klusterlet.start_again()?;
+    let restarted = Instant::now();
+    wait_cluster_taint(&hub, &name, UNREACHABLE_TAINT, false, REACT_WAIT).await?;
+    wait_cluster_available(&hub, &name, REACT_WAIT).await?;
+    eprintln!(
+        "[ocm] {name} Available again {:.1?} after restart",
+        restarted.elapsed()
+    );
+
+    // The restarted agent reused its certificate: still exactly one CSR for the cluster.
+    let csrs: Api<CertificateSigningRequest> = Api::all(hub.clone());
+    let listed = csrs
+        .list(
+            &ListParams::default()
+                .labels(&format!("open-cluster-management.io/cluster-name={name}")),
+        )
+        .await?;
+    assert_eq!(listed.items.len(), 1, "a restart must not register anew");
+    logs.passed();
+    Ok(())
+}
