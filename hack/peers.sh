@@ -9,6 +9,7 @@
 #   agent   upstream argocd-agent (principal and agent) and argocd-agentctl
 #   ocm     Open Cluster Management's hub controllers and klusterlet agents
 #   helm    the helm CLI (the chart suite installs our charts with it)
+#   wire    cewire: our CloudEvents checked with cloudevents/sdk-go, the library upstream uses
 # and installs from Debian what the harness runs beside them: redis-server/redis-cli (Argo CD's cache,
 # password-protected as Argo CD configures it), git (repo-server clones from a local `git daemon`),
 # openssl.
@@ -120,6 +121,7 @@ finish_ocm() {
   chmod -R u+w "$1/crds"
 }
 finish_helm() { :; }
+finish_wire() { :; }
 
 # Version stamps the projects' own release builds set with -ldflags -X (a plain `go build` reports a
 # placeholder version, which peers compare: kubectl's skew check, Argo CD's server version).
@@ -141,6 +143,7 @@ ldflags_agent() {
 }
 ldflags_ocm() { :; }
 ldflags_helm() { :; }
+ldflags_wire() { :; }
 
 module_version() {
   (cd "$ROOT/$1" && go list -m -f '{{.Version}}' "$2")

@@ -4,9 +4,9 @@
 //! is "in-cluster"):
 //! - on a spoke, [`ArgoCd::start_spoke`]: application-controller + repo-server + a Redis protected
 //!   by a password, as Argo CD's default install configures it (secret `argocd-redis`, key `auth`);
-//! - on the hub, [`ArgoCd::start_server`]: argocd-server (API, CLI and UI) with its Redis address
-//!   and password chosen by the caller (the principal's Redis proxy in front of the hub Redis, as
-//!   upstream argocd-agent documents).
+//! - on the hub, [`ArgoCd::start_server`]: argocd-server (API, CLI and UI) and a repo-server (as
+//!   upstream argocd-agent's hub runs them), their Redis address and password chosen by the caller
+//!   (the principal's Redis proxy in front of the hub Redis, as upstream argocd-agent documents).
 //!
 //! Owns the objects Argo CD needs in its namespace before it starts (labelled `argocd-cm`,
 //! `argocd-rbac-cm`, `argocd-secret` with a bcrypt admin password, `argocd-redis`, the `default`
@@ -40,7 +40,7 @@ pub struct ArgoCd {
     pub namespace: String,
     /// The Redis the components use (owned when started here).
     pub redis: Option<Redis>,
-    /// repo-server's gRPC port (spoke).
+    /// repo-server's gRPC port.
     pub repo_server_port: Option<u16>,
     /// argocd-server's API/UI port (hub), plaintext on 127.0.0.1.
     pub server_port: Option<u16>,
@@ -78,12 +78,8 @@ impl ArgoCd {
         };
         prepare_namespace(plane, namespace, &endpoint).await?;
         let repo_server_port = free_port();
-        let repo_server = component(&dir, "argocd-repo-server", name, plane, &endpoint)?
-            .args(["--address", "127.0.0.1", "--port"])
-            .arg(repo_server_port.to_string())
-            .args(["--metrics-address", "127.0.0.1", "--metrics-port"])
-            .arg(free_port().to_string());
-        let repo_server = ManagedProcess::spawn(repo_server)?;
+        let repo_server =
+            ManagedProcess::spawn(repo_server(&dir, name, plane, &endpoint, repo_server_port)?)?;
         let controller = component(
             &dir,
             "argocd-application-controller",
@@ -116,7 +112,8 @@ impl ArgoCd {
         })
     }
 
-    /// Starts argocd-server on `plane` (API and CLI on a plaintext port) with Redis at `redis` and
+    /// Starts argocd-server on `plane` (API and CLI on a plaintext port) and the repo-server it
+    /// validates sources with (upstream argocd-agent's hub runs both), with Redis at `redis` and
     /// Applications read from every namespace; waits for `/healthz`.
     pub async fn start_server(
         name: &str,
@@ -128,10 +125,10 @@ impl ArgoCd {
         let dir = dir.join(format!("argocd-server-{name}"));
         std::fs::create_dir_all(&dir)?;
         prepare_namespace(plane, namespace, &redis).await?;
+        let repo_server_port = free_port();
+        let repo_server =
+            ManagedProcess::spawn(repo_server(&dir, name, plane, &redis, repo_server_port)?)?;
         let port = free_port();
-        // argocd-server insists on a repo-server address; the hub's is never dialled for the
-        // views these tests use (remote apps' manifests come from the spoke), so point it at a
-        // closed port rather than running one.
         let spec = component(&dir, "argocd-server", name, plane, &redis)?
             .arg(format!("--kubeconfig={}", plane.kubeconfig.display()))
             .arg(format!("--namespace={namespace}"))
@@ -139,16 +136,16 @@ impl ArgoCd {
             .arg(port.to_string())
             .args(["--metrics-address", "127.0.0.1", "--metrics-port"])
             .arg(free_port().to_string())
-            .arg(format!("--repo-server=127.0.0.1:{}", free_port()))
+            .arg(format!("--repo-server=127.0.0.1:{repo_server_port}"))
             .arg("--application-namespaces=*");
         let server = ManagedProcess::spawn(spec)?;
         let argocd = ArgoCd {
             namespace: namespace.to_string(),
             redis: None,
-            repo_server_port: None,
+            repo_server_port: Some(repo_server_port),
             server_port: Some(port),
             dir,
-            processes: vec![server],
+            processes: vec![repo_server, server],
         };
         wait_until(
             "argocd-server /healthz",
@@ -262,6 +259,21 @@ fn component(
         Some(p) => spec.env("REDIS_PASSWORD", p),
         None => spec,
     })
+}
+
+/// repo-server on `port` (TLS with a self-signed certificate, as by default; clients accept it).
+fn repo_server(
+    dir: &Path,
+    name: &str,
+    plane: &ControlPlane,
+    redis: &RedisEndpoint,
+    port: u16,
+) -> anyhow::Result<ProcessSpec> {
+    Ok(component(dir, "argocd-repo-server", name, plane, redis)?
+        .args(["--address", "127.0.0.1", "--port"])
+        .arg(port.to_string())
+        .args(["--metrics-address", "127.0.0.1", "--metrics-port"])
+        .arg(free_port().to_string()))
 }
 
 /// The objects Argo CD reads at start-up, created or updated with server-side apply.

@@ -1,6 +1,7 @@
 //! Where the executables a test starts come from: the project's own binaries in the cargo target
 //! directory, the real peers (Kubernetes, etcd, Argo CD, upstream argocd-agent, OCM) built from the Go
-//! modules under `e2e/peers/` and cached by `hack/peers.sh`, and Debian's redis and git.
+//! modules under `e2e/peers/` and cached by `hack/peers.sh` (helm among them), and Debian's redis and
+//! git.
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +41,10 @@ pub enum Peer {
     UpstreamAgent,
     /// Open Cluster Management's controllers and agents.
     Ocm,
+    /// The `helm` CLI.
+    Helm,
+    /// `cewire`: CloudEvents through cloudevents/sdk-go, the library upstream uses on the wire.
+    Wire,
 }
 
 impl Peer {
@@ -49,6 +54,8 @@ impl Peer {
             Peer::ArgoCd => "argocd",
             Peer::UpstreamAgent => "agent",
             Peer::Ocm => "ocm",
+            Peer::Wire => "wire",
+            Peer::Helm => "helm",
         }
     }
 

@@ -1,119 +1,156 @@
-//! `quickstart`: a local hub and spoke (real etcd + kube-apiserver each), a PKI made with
-//! `argocd-agentctl`, `argocd-principal` on the hub and a managed `argocd-agent` on the spoke, and a
-//! demo Application created on the hub that arrives on the spoke, with its status (written on the
-//! spoke, as Argo CD's application-controller would) visible on the hub.
+//! `quickstart`: a local hub and spoke (etcd + kube-apiserver each), a local Git server holding the
+//! demo manifests, real Argo CD on the spoke (application-controller + repo-server, Redis with a
+//! password) and argocd-server on the hub (its Redis behind our principal's Redis proxy), a PKI made
+//! with `argocd-agentctl`, `argocd-principal` on the hub and a managed `argocd-agent` on the spoke.
+//! A demo Application created on the hub with the `argocd` CLI arrives on the spoke, the spoke's Argo
+//! CD syncs it from Git, and `argocd app get` on the hub shows the spoke's real sync and health.
 //!
-//! Run through `hack/quickstart.sh`. With `--once` it stops after the demo (used by the tests);
-//! otherwise it keeps everything running until Ctrl-C and prints how to reach it.
+//! Run through `hack/quickstart.sh`. With `--once` it stops after the demo; otherwise it keeps
+//! everything running until Ctrl-C and prints how to reach the hub's Argo CD.
 
 use std::time::Duration;
 
-use e2e::gateway::{
-    application, application_resource, ensure_namespace, text, Agent, Pki, Principal,
-};
-use e2e::{wait_until, ControlPlane};
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use serde_json::json;
+use e2e::argocd::{ArgoCd, RedisEndpoint, ADMIN_PASSWORD};
+use e2e::gateway::{application_resource, ensure_namespace, text, Agent, Pki, Principal};
+use e2e::git_server::{demo_manifests, GitServer};
+use e2e::{wait_until, ControlPlane, Redis};
+use kube::api::{Api, DynamicObject};
 
 fn step(msg: &str) {
     eprintln!("==> {msg}");
 }
 
-fn kubectl_get_apps(plane: &ControlPlane) -> String {
-    match std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&plane.kubeconfig)
-        .args(["get", "applications.argoproj.io", "-A", "-o", "custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,REVISION:.spec.source.targetRevision,SYNC:.status.sync.status,HEALTH:.status.health.status"])
-        .output()
-    {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
-        Ok(out) => format!("kubectl failed: {}", String::from_utf8_lossy(&out.stderr)),
-        Err(e) => format!("(kubectl not available: {e})"),
-    }
-}
+const AGENT: &str = "spoke";
+const ARGOCD_NS: &str = "argocd";
+const DEMO_NS: &str = "demo";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let once = std::env::args().any(|a| a == "--once");
-    step("starting the hub and spoke control planes (etcd + kube-apiserver, CRDs installed)");
+    step("starting the hub and spoke control planes (etcd 3.6 + kube-apiserver 1.36, CRDs installed)");
     let planes =
         tokio::task::spawn_blocking(|| ControlPlane::start_many(&["hub", "spoke"])).await??;
     let (hub, spoke) = (&planes[0], &planes[1]);
     let dir = e2e::process::temp_dir("quickstart")?;
 
+    step("starting a local Git server (git daemon) with the demo manifests");
+    let git = GitServer::start("quickstart")?;
+    let revision = git.commit("demo", "demo", &demo_manifests("hello"), "demo app")?;
+
     step("creating a PKI with argocd-agentctl (CA, principal certificate, JWT key, agent certificate)");
     let pki = Pki::create(&dir.join("pki"))?;
-    let agent_name = "spoke";
-    pki.issue_agent(agent_name)?;
+    pki.issue_agent(AGENT)?;
 
-    step("starting argocd-principal on the hub");
-    let principal = Principal::start("quickstart", &dir, hub, &pki, "argocd", &[]).await?;
+    step("starting Argo CD on the spoke (application-controller, repo-server, Redis with a password)");
+    let spoke_argocd = ArgoCd::start_spoke("spoke", &dir, spoke, ARGOCD_NS, &[]).await?;
+    ensure_namespace(&spoke.client().await?, DEMO_NS).await?;
+
+    step("starting argocd-principal on the hub, in front of the hub's Redis (password-protected)");
+    let hub_redis_password = format!("hub-{}", uuid::Uuid::new_v4().simple());
+    let hub_redis = Redis::start_with_password("quickstart-hub", &hub_redis_password)?;
+    let principal = Principal::start(
+        "quickstart",
+        &dir,
+        hub,
+        &pki,
+        ARGOCD_NS,
+        &[&format!("--redis-server-address={}", hub_redis.address())],
+    )
+    .await?;
     let hub_client = hub.client().await?;
-    ensure_namespace(&hub_client, agent_name).await?;
+    ensure_namespace(&hub_client, AGENT).await?;
+
+    step("starting argocd-server on the hub (Redis through the principal's Redis proxy)");
+    let hub_argocd = ArgoCd::start_server(
+        "hub",
+        &dir,
+        hub,
+        ARGOCD_NS,
+        RedisEndpoint {
+            address: format!("127.0.0.1:{}", principal.redis_proxy_port),
+            password: Some(hub_redis_password.clone()),
+        },
+    )
+    .await?;
 
     step("starting argocd-agent (managed mode) on the spoke");
     let agent = Agent::start(
-        agent_name,
+        AGENT,
         &dir,
         spoke,
         &pki,
         &principal.address(),
-        "argocd",
+        ARGOCD_NS,
         &[],
     )
     .await?;
     agent.wait_connected().await?;
 
-    step("creating the demo Application 'guestbook' on the hub in namespace 'spoke'");
+    step("creating the demo Application on the hub with the argocd CLI (namespace 'spoke' = the agent)");
+    hub_argocd.cli(&[
+        "app",
+        "create",
+        &format!("{AGENT}/demo"),
+        "--repo",
+        &git.url("demo"),
+        "--path",
+        "demo",
+        "--revision",
+        "main",
+        "--dest-server",
+        "https://kubernetes.default.svc",
+        "--dest-namespace",
+        DEMO_NS,
+        "--sync-policy",
+        "automated",
+        "--sync-option",
+        "PrunePropagationPolicy=background",
+    ])?;
     let hub_apps: Api<DynamicObject> =
-        Api::namespaced_with(hub_client, agent_name, &application_resource());
-    hub_apps
-        .create(
-            &PostParams::default(),
-            &application("guestbook", agent_name, "HEAD"),
-        )
-        .await?;
-    let spoke_apps: Api<DynamicObject> =
-        Api::namespaced_with(spoke.client().await?, "argocd", &application_resource());
+        Api::namespaced_with(hub_client, AGENT, &application_resource());
     wait_until(
-        "guestbook on the spoke",
-        Duration::from_secs(30),
-        || async { Ok::<_, kube::Error>(spoke_apps.get_opt("guestbook").await?.map(|_| ())) },
+        "the spoke's Argo CD to sync the demo and its status to reach the hub",
+        Duration::from_secs(180),
+        || async {
+            let v = serde_json::to_value(hub_apps.get("demo").await?)?;
+            let synced = text(&v, "/status/sync/status") == "Synced"
+                && text(&v, "/status/health/status") == "Healthy"
+                && text(&v, "/status/sync/revision") == revision;
+            Ok::<_, anyhow::Error>(synced.then_some(()))
+        },
     )
-    .await?;
-    step("it arrived on the spoke; playing Argo CD there: marking it Synced/Healthy");
-    let status = json!({"status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}});
-    spoke_apps
-        .patch("guestbook", &PatchParams::default(), &Patch::Merge(&status))
-        .await?;
-    wait_until("status on the hub", Duration::from_secs(30), || async {
-        let app = hub_apps.get("guestbook").await?;
-        let v = serde_json::to_value(app).unwrap_or_default();
-        Ok::<_, kube::Error>((text(&v, "/status/health/status") == "Healthy").then_some(()))
-    })
-    .await?;
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n--- spoke Argo CD ---\n{}\n--- agent ---\n{}",
+            spoke_argocd.log_tails(20),
+            agent.process.log_tail(20)
+        )
+    })?;
 
+    println!("\n$ argocd app get {AGENT}/demo   # on the hub, showing the spoke's state");
     println!(
-        "\n$ kubectl --kubeconfig {} get app -A   # the hub",
-        hub.kubeconfig.display()
+        "{}",
+        hub_argocd.cli(&["app", "get", &format!("{AGENT}/demo")])?
     );
-    println!("{}", kubectl_get_apps(hub));
-    println!(
-        "$ kubectl --kubeconfig {} get app -A   # the spoke",
-        spoke.kubeconfig.display()
-    );
-    println!("{}", kubectl_get_apps(spoke));
     if once {
         step("demo complete (--once): stopping everything");
         return Ok(());
     }
-    println!("Everything keeps running. Try:");
+    let port = hub_argocd.server_port.unwrap_or_default();
+    println!("Everything keeps running. The hub's Argo CD:");
+    println!("  API and UI: http://127.0.0.1:{port}  (user admin, password {ADMIN_PASSWORD})");
     println!(
-        "  kubectl --kubeconfig {} -n spoke edit app guestbook     # change it on the hub",
-        hub.kubeconfig.display()
+        "  CLI: argocd login 127.0.0.1:{port} --plaintext --username admin --password {ADMIN_PASSWORD}"
+    );
+    println!("  (the argocd binary: `bash hack/peers.sh --dir argocd`)");
+    println!(
+        "Change the demo in Git and watch it reach the spoke: the repository is {}",
+        git.url("demo")
     );
     println!(
-        "  kubectl --kubeconfig {} -n argocd get app guestbook -o yaml  # see it on the spoke",
+        "kubectl: hub {} / spoke {}",
+        hub.kubeconfig.display(),
         spoke.kubeconfig.display()
     );
     println!("Logs: {}", dir.display());
