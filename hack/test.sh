@@ -38,6 +38,9 @@ cargo build --workspace --bins --locked || fail "build failed"
 step "cargo test (unit tests and the end-to-end suite)"
 cargo test --workspace --locked ${TEST_FILTER:+"$TEST_FILTER"} || fail "tests failed"
 
+step "quickstart: the README's first command end to end (real Argo CD syncs the demo; --once)"
+"$CARGO_TARGET_DIR/debug/quickstart" --once >/dev/null || fail "the quickstart did not complete"
+
 step "fuzz smoke: 60 s of each cargo-fuzz target (nightly and cargo-fuzz installed when missing)"
 bash hack/fuzz.sh 60 || fail "fuzzing found a crash or could not run (see hack/fuzz.sh's message above)"
 
