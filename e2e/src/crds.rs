@@ -44,16 +44,26 @@ pub fn load_crd(path: &std::path::Path) -> anyhow::Result<DynamicObject> {
     serde_yaml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-/// Creates every CRD from [`crd_dir`] (tolerating ones that exist) and waits for all to be Established.
+/// Creates every CRD of [`crd_files`] (tolerating ones that exist) and waits for all to be
+/// Established.
 pub async fn install_all(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    install_files(client, &crd_files()?).await
+}
+
+/// Creates the CRDs in `files` (tolerating ones that exist) and waits for all to be Established;
+/// returns their names.
+pub async fn install_files(
+    client: &kube::Client,
+    files: &[PathBuf],
+) -> anyhow::Result<Vec<String>> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let raw: Api<DynamicObject> = Api::all_with(
         client.clone(),
         &ApiResource::erase::<CustomResourceDefinition>(&()),
     );
     let mut names = Vec::new();
-    for file in crd_files()? {
-        let crd = load_crd(&file)?;
+    for file in files {
+        let crd = load_crd(file)?;
         let name = crd.metadata.name.clone().unwrap_or_default();
         match raw.create(&PostParams::default(), &crd).await {
             Ok(_) => {}

@@ -17,7 +17,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
@@ -151,39 +150,7 @@ pub async fn install_crds(client: &kube::Client, side: CrdSide) -> anyhow::Resul
         .map(|e| e.map(|e| e.path()))
         .collect::<Result<_, _>>()?;
     files.sort();
-    let raw: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource::erase::<CustomResourceDefinition>(&()),
-    );
-    let mut names = Vec::new();
-    for file in files {
-        let crd = crate::crds::load_crd(&file)?;
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        match raw.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => anyhow::bail!("creating CRD {name} from {}: {e}", file.display()),
-        }
-        names.push(name);
-    }
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for name in &names {
-        wait_until(
-            &format!("CRD {name} Established"),
-            Duration::from_secs(30),
-            || async {
-                let crd = api.get(name).await?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok::<_, kube::Error>(established.then_some(()))
-            },
-        )
-        .await?;
-    }
+    crate::crds::install_files(client, &files).await?;
     Ok(())
 }
 

@@ -3,6 +3,12 @@
 //! deterministic assignment of each cluster to exactly one GitOpsCluster when several select it
 //! (the oldest wins; the others report the conflict).
 //!
+//! Also keeps sites that go briefly offline selected: OCM taints an unreachable cluster and the
+//! placement controller then drops it from the decisions, which would offboard it (agent
+//! ManifestWork and cluster secret deleted). Like upstream argocd-pull-integration, the referenced
+//! Placement is given tolerations for the `unreachable` and `unavailable` taints
+//! ([`ensure_tolerations`]); a cluster removed from the placement on purpose is still offboarded.
+//!
 //! Owns the OCM resource descriptions it reads (Placement, PlacementDecision) and the pure
 //! functions over them; the controller does the listing.
 
@@ -97,6 +103,36 @@ pub fn placement_key(goc: &GitOpsCluster) -> Result<(String, String), PlacementE
     Ok((namespace, name))
 }
 
+/// Taints OCM sets on a cluster that stopped reporting (`unreachable`) or reports unavailable.
+pub const OFFLINE_TAINTS: [&str; 2] = [
+    "cluster.open-cluster-management.io/unreachable",
+    "cluster.open-cluster-management.io/unavailable",
+];
+
+/// The Placement's `spec.tolerations` with an `Exists` toleration (no `tolerationSeconds`) added
+/// for each of [`OFFLINE_TAINTS`] it lacks, or `None` when it has them all (same key and
+/// operator, as upstream compares).
+pub fn tolerations_with_offline(placement: &DynamicObject) -> Option<Vec<serde_json::Value>> {
+    let mut tolerations = placement
+        .data
+        .pointer("/spec/tolerations")
+        .and_then(|v| v.as_array())
+        .cloned()
+        .unwrap_or_default();
+    let mut changed = false;
+    for key in OFFLINE_TAINTS {
+        let present = tolerations.iter().any(|t| {
+            t.get("key").and_then(|k| k.as_str()) == Some(key)
+                && t.get("operator").and_then(|o| o.as_str()) == Some("Exists")
+        });
+        if !present {
+            tolerations.push(serde_json::json!({"key": key, "operator": "Exists"}));
+            changed = true;
+        }
+    }
+    changed.then_some(tolerations)
+}
+
 /// The cluster names in PlacementDecisions' `status.decisions[].clusterName`, sorted, deduplicated.
 pub fn decided_clusters<'a>(
     decisions: impl IntoIterator<Item = &'a DynamicObject>,
@@ -128,9 +164,12 @@ pub async fn resolve(
     };
     let placements: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &placement_resource());
-    if placements.get_opt(&name).await.map_err(api_err)?.is_none() {
+    let Some(placement) = placements.get_opt(&name).await.map_err(api_err)? else {
         return Err(PlacementError::NotFound { namespace, name });
-    }
+    };
+    ensure_tolerations(&placements, &placement)
+        .await
+        .map_err(api_err)?;
     let decisions: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &placement_decision_resource());
     let list = decisions
@@ -138,6 +177,31 @@ pub async fn resolve(
         .await
         .map_err(api_err)?;
     Ok(decided_clusters(&list.items))
+}
+
+/// Adds the [`OFFLINE_TAINTS`] tolerations to `placement` when it lacks them (a merge patch of
+/// `spec.tolerations` guarded by the resourceVersion read, so a concurrent edit is not lost).
+pub async fn ensure_tolerations(
+    placements: &Api<DynamicObject>,
+    placement: &DynamicObject,
+) -> Result<(), kube::Error> {
+    let Some(tolerations) = tolerations_with_offline(placement) else {
+        return Ok(());
+    };
+    let name = placement.metadata.name.as_deref().unwrap_or_default();
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": placement.metadata.resource_version},
+        "spec": {"tolerations": tolerations},
+    });
+    placements
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await?;
+    tracing::info!(placement = name, "added tolerations for the unreachable/unavailable taints, so offline sites stay onboarded");
+    Ok(())
 }
 
 /// Identity of a GitOpsCluster: `namespace/name`.
@@ -190,6 +254,38 @@ mod tests {
         assert_eq!(err.reason(), "InvalidPlacementRef");
         assert!(err.to_string().contains("PlacementRule"), "{err}");
         assert!(placement_key(&goc(json!({"kind": "Placement"}))).is_err());
+    }
+
+    fn placement(tolerations: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"tolerations": tolerations}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn offline_taints_are_tolerated_once_and_other_tolerations_kept() {
+        let own = json!({"key": "gpu", "operator": "Equal", "value": "no"});
+        let added = tolerations_with_offline(&placement(json!([own]))).expect("tolerations added");
+        assert_eq!(added.len(), 3);
+        assert_eq!(added[0], own);
+        for key in OFFLINE_TAINTS {
+            assert!(
+                added.contains(&json!({"key": key, "operator": "Exists"})),
+                "{key} not tolerated: {added:?}"
+            );
+        }
+        // Already tolerated (with or without tolerationSeconds): nothing to change.
+        let tolerated = json!([
+            {"key": OFFLINE_TAINTS[0], "operator": "Exists", "tolerationSeconds": 600},
+            {"key": OFFLINE_TAINTS[1], "operator": "Exists"},
+        ]);
+        assert_eq!(tolerations_with_offline(&placement(tolerated)), None);
+        // An Equal toleration of the same key is not the same toleration: upstream adds Exists.
+        let equal = json!([{"key": OFFLINE_TAINTS[0], "operator": "Equal", "value": ""}]);
+        assert_eq!(tolerations_with_offline(&placement(equal)).unwrap().len(), 3);
     }
 
     #[test]
