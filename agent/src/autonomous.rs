@@ -113,10 +113,27 @@ impl AutonomousSync {
         })
     }
 
-    /// Queues the full object as a `spec-update` and remembers its checksum.
-    fn report(&self, kind: SyncedKind, obj: &Value, checksum: Vec<u8>) -> Result<(), HandleError> {
-        let ev = Event::for_object(EventType::SpecUpdate, kind.target(), AGENT_SOURCE, obj)
-            .map_err(rejected)?;
+    /// Queues the full object as a `create` (`new`: the principal has not been told about it
+    /// by this process, or said it lacks it) or a `spec-update`, and remembers its checksum.
+    ///
+    /// Upstream's principal (v0.9.0, `principal/event.go`) only creates a mirror on `create`: a
+    /// `spec-update` for an Application it does not have is acknowledged and dropped ("should
+    /// exist before attempting to update"), so a new spoke object must be announced as `create`.
+    /// Ours treats both alike, and `create` for an existing mirror updates it (upstream too).
+    fn report(
+        &self,
+        kind: SyncedKind,
+        obj: &Value,
+        checksum: Vec<u8>,
+        new: bool,
+    ) -> Result<(), HandleError> {
+        let event_type = if new {
+            EventType::Create
+        } else {
+            EventType::SpecUpdate
+        };
+        let ev =
+            Event::for_object(event_type, kind.target(), AGENT_SOURCE, obj).map_err(rejected)?;
         let key = (kind, object_name(obj).to_string());
         let (uid, version) = (object_uid(obj).to_string(), resource_version(obj));
         let mut st = self.lock();
@@ -223,23 +240,25 @@ impl AutonomousSync {
     fn on_applied(&self, kind: SyncedKind, live: &Value) {
         let name = object_name(live);
         let checksum = owned_checksum(live);
-        let record_only = {
+        let (record_only, new) = {
             let mut st = self.lock();
-            if st.sent.get(&(kind, name.to_string())) == Some(&checksum) {
+            let sent = st.sent.get(&(kind, name.to_string()));
+            if sent == Some(&checksum) {
                 return;
             }
+            let new = sent.is_none();
             let record_only = st.record_only.contains(&kind);
             if record_only {
                 st.sent.insert((kind, name.to_string()), checksum.clone());
             }
-            record_only
+            (record_only, new)
         };
         if record_only {
             return;
         }
-        match self.report(kind, live, checksum) {
+        match self.report(kind, live, checksum, new) {
             Ok(()) => {
-                debug!(kind = %kind, namespace = %self.namespace, name, "queued spec-update for the principal")
+                debug!(kind = %kind, namespace = %self.namespace, name, "queued the object for the principal (create or spec-update)")
             }
             Err(e) => {
                 warn!(kind = %kind, namespace = %self.namespace, name, error = %e, "cannot report a change to the principal; the next resync will")
@@ -281,7 +300,9 @@ impl AutonomousSync {
                 let checksum = owned_checksum(&live);
                 if checksum != req.checksum {
                     debug!(kind = %kind, name = %req.name, "hub mirror differs; sending the spoke's object");
-                    self.report(kind, &live, checksum)?;
+                    // No uid in the request: the principal has no mirror of it (it asked after
+                    // our key list), so it is announced as new.
+                    self.report(kind, &live, checksum, req.uid.is_empty())?;
                 }
                 Ok(())
             }
@@ -469,14 +490,45 @@ mod tests {
         let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
         let sync = AutonomousSync::new(client, "ns".into(), None, outbox.clone(), false);
         let (newer, older) = (app("r3", "12"), app("r2", "11"));
-        sync.report(SyncedKind::Application, &newer, owned_checksum(&newer))
-            .unwrap();
-        sync.report(SyncedKind::Application, &older, owned_checksum(&older))
-            .unwrap();
+        sync.report(
+            SyncedKind::Application,
+            &newer,
+            owned_checksum(&newer),
+            false,
+        )
+        .unwrap();
+        sync.report(
+            SyncedKind::Application,
+            &older,
+            owned_checksum(&older),
+            false,
+        )
+        .unwrap();
         outbox.set_connected(true);
         let queued = outbox.take_next(std::time::Instant::now()).expect("queued");
         let data: Value = queued.data_as().expect("object");
         assert_eq!(data["spec"]["source"]["targetRevision"], "r3");
         assert!(outbox.take_next(std::time::Instant::now()).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_new_spoke_object_is_announced_as_create_and_later_changes_as_spec_update() {
+        let client = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:1".parse().expect("static uri"),
+        ))
+        .expect("client");
+        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
+        // Past the first list (full resync): every object seen is reported.
+        let sync = AutonomousSync::new(client, "ns".into(), None, outbox.clone(), true);
+        let (first, second) = (app("r1", "10"), app("r2", "11"));
+        sync.on_applied(SyncedKind::Application, &first);
+        sync.on_applied(SyncedKind::Application, &second);
+        outbox.set_connected(true);
+        let now = std::time::Instant::now;
+        let created = outbox.take_next(now()).expect("create queued");
+        assert_eq!(created.event_type, EventType::Create);
+        assert!(outbox.ack(&created.ack()));
+        let updated = outbox.take_next(now()).expect("spec-update queued");
+        assert_eq!(updated.event_type, EventType::SpecUpdate);
     }
 }

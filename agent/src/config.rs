@@ -18,6 +18,9 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, ValueEnum};
 
 pub use argocd_agent_proto::telemetry::binary_config::{ConfigError, KubeClientConfig};
+pub use argocd_agent_proto::telemetry::redis_credentials::{
+    redis_credentials, RedisCredentials, RedisPassword, UPSTREAM_REDIS_ENV,
+};
 
 /// Prefix of every env var mirroring an agent flag.
 pub const ENV_PREFIX: &str = "ARGOCD_AGENT_";
@@ -111,7 +114,9 @@ pub struct AgentArgs {
     )]
     pub namespace: String,
 
-    /// Further local namespaces whose Applications are synced, comma-separated; '*' and '?' globs allowed.
+    /// Further local namespaces Applications may live in, comma-separated; '*' and '?' globs
+    /// allowed. As upstream, only used with --destination-based-mapping, which is not implemented
+    /// yet: a non-empty value is refused at start-up.
     #[arg(
         long,
         env = "ARGOCD_AGENT_ALLOWED_NAMESPACES",
@@ -128,6 +133,42 @@ pub struct AgentArgs {
         value_name = "HOST:PORT"
     )]
     pub redis_address: HostPort,
+
+    /// Username for this cluster's Argo CD Redis (Redis 6 ACL user) [fallback env: REDIS_USERNAME].
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_USERNAME", value_name = "NAME")]
+    pub redis_username: Option<String>,
+
+    /// Password for this cluster's Argo CD Redis (Argo CD's secret `argocd-redis`, key `auth`);
+    /// prefer the env var or --redis-creds-dir-path to the command line [fallback env: REDIS_PASSWORD].
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_REDIS_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    pub redis_password: Option<RedisPassword>,
+
+    /// Directory with the Redis password in file `auth` and optionally the username in
+    /// `auth_username` (the mounted `argocd-redis` secret) [fallback env: REDIS_CREDS_DIR_PATH].
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_CREDS_DIR_PATH", value_name = "DIR")]
+    pub redis_creds_dir_path: Option<PathBuf>,
+
+    /// Connect to this cluster's Argo CD Redis with TLS.
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_ENABLED", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub redis_tls_enabled: bool,
+
+    /// CA bundle (PEM) the Redis server certificate must chain to (with --redis-tls-enabled, this
+    /// or --redis-tls-insecure is required).
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_CA_PATH", value_name = "PATH")]
+    pub redis_tls_ca_path: Option<PathBuf>,
+
+    /// INSECURE: accept any Redis server certificate (TLS without verification).
+    #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_INSECURE", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub redis_tls_insecure: bool,
 
     /// Directory holding the outbound event queue, so changes made while offline survive a restart.
     #[arg(
@@ -217,13 +258,15 @@ pub struct AgentArgs {
     #[arg(long, env = "ARGOCD_AGENT_LOG_ENDPOINT", value_name = "URL")]
     pub log_endpoint: Option<String>,
 
-    /// Keep each Application's hub namespace locally (the principal maps by destination; managed only).
+    /// Keep each Application's hub namespace locally (the principal maps by destination; managed
+    /// only). Not implemented yet: `true` is refused at start-up.
     #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING", default_value_t = false,
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub destination_based_mapping: bool,
 
-    /// Create an Application's namespace locally when it is missing (managed only).
+    /// Create an Application's namespace locally when it is missing (managed only; requires
+    /// --destination-based-mapping, as upstream, so it is refused at start-up for now).
     #[arg(long, env = "ARGOCD_AGENT_CREATE_NAMESPACE", default_value_t = false,
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
@@ -339,10 +382,15 @@ pub struct AgentConfig {
     pub tls_min_version: TlsVersion,
     /// Local Argo CD namespace.
     pub namespace: String,
-    /// Extra local Application namespace patterns.
+    /// Extra local Application namespace patterns (always empty until destination-based
+    /// mapping is implemented).
     pub allowed_namespaces: Vec<String>,
     /// Local Argo CD Redis.
     pub redis_address: HostPort,
+    /// AUTH credentials for the local Redis; `None` = it has no password.
+    pub redis_credentials: Option<RedisCredentials>,
+    /// TLS to the local Redis; `None` = plaintext.
+    pub redis_tls: Option<RedisTls>,
     /// Outbound queue directory (may not exist yet; its nearest existing ancestor is a directory).
     pub queue_dir: PathBuf,
     /// Where `/metrics` is served.
@@ -361,9 +409,9 @@ pub struct AgentConfig {
     pub enable_resource_proxy: bool,
     /// Container log source; `None` = the spoke apiserver's `pods/log`.
     pub log_endpoint: Option<http::Uri>,
-    /// Destination-based mapping (managed only).
+    /// Destination-based mapping (managed only; always false: refused until implemented).
     pub destination_based_mapping: bool,
-    /// Create missing Application namespaces (managed only).
+    /// Create missing Application namespaces (managed only; always false, as above).
     pub create_namespace: bool,
     /// Source UID mismatch handling.
     pub source_uid_mismatch_policy: SourceUidMismatchPolicy,
@@ -381,6 +429,53 @@ pub struct AgentConfig {
     pub label_selector: Option<String>,
     /// OTLP trace export endpoint.
     pub otlp_address: Option<String>,
+}
+
+/// How the agent verifies its Redis's TLS certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTls {
+    /// Against this CA bundle (PEM).
+    Ca(PathBuf),
+    /// Not at all (`--redis-tls-insecure`).
+    Insecure,
+}
+
+/// TLS to Redis from the three flags: one verification mode at most.
+fn redis_tls(
+    enabled: bool,
+    ca: Option<PathBuf>,
+    insecure: bool,
+) -> Result<Option<RedisTls>, ConfigError> {
+    let ca = non_empty(ca);
+    if !enabled {
+        if let Some(flag) = [
+            (ca.is_some(), "redis-tls-ca-path"),
+            (insecure, "redis-tls-insecure"),
+        ]
+        .into_iter()
+        .find_map(|(set, flag)| set.then_some(flag))
+        {
+            return Err(FLAGS.conflict(
+                flag,
+                "redis-tls-enabled",
+                "it only applies with TLS to Redis; add --redis-tls-enabled",
+            ));
+        }
+        return Ok(None);
+    }
+    match (ca, insecure) {
+        (Some(_), true) => Err(FLAGS.conflict(
+            "redis-tls-ca-path",
+            "redis-tls-insecure",
+            "verify against a CA or not at all, not both",
+        )),
+        (Some(ca), false) => Ok(Some(RedisTls::Ca(FLAGS.readable_file("redis-tls-ca-path", &ca)?))),
+        (None, true) => Ok(Some(RedisTls::Insecure)),
+        (None, false) => Err(FLAGS.invalid(
+            "redis-tls-enabled",
+            "needs --redis-tls-ca-path (the CA of the Redis certificate, e.g. from the secret `argocd-redis-tls`) or --redis-tls-insecure",
+        )),
+    }
 }
 
 /// The queue directory may be created at start-up, but only inside an existing directory.
@@ -440,8 +535,30 @@ fn parse_log_endpoint(url: &str) -> Result<http::Uri, String> {
 }
 
 impl AgentArgs {
-    /// Checks everything clap cannot (files, names, ranges, combinations) and builds the config.
+    /// Checks everything clap cannot (files, names, ranges, combinations) and builds the config;
+    /// Redis credentials missing from the flags are looked up in upstream's env vars
+    /// ([`UPSTREAM_REDIS_ENV`]).
     pub fn validate(self) -> Result<AgentConfig, ConfigError> {
+        self.validate_with_env(|name| std::env::var(name).ok())
+    }
+
+    /// [`Self::validate`] with `env` standing in for the process environment (for tests).
+    pub fn validate_with_env(
+        self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<AgentConfig, ConfigError> {
+        let redis_credentials = redis_credentials(
+            &FLAGS,
+            self.redis_username.clone(),
+            self.redis_password.clone(),
+            self.redis_creds_dir_path.clone(),
+            env,
+        )?;
+        let redis_tls = redis_tls(
+            self.redis_tls_enabled,
+            self.redis_tls_ca_path.clone(),
+            self.redis_tls_insecure,
+        )?;
         let tls = ClientTlsFiles {
             cert: FLAGS.readable_file("tls-client-cert", &self.tls_client_cert)?,
             key: FLAGS.readable_file("tls-client-key", &self.tls_client_key)?,
@@ -472,8 +589,33 @@ impl AgentArgs {
             }
         }
 
+        // Upstream refuses --create-namespace without destination-based mapping (in namespace
+        // mapping every Application lives in --namespace), and --allowed-namespaces only admits
+        // Applications outside --namespace under destination-based mapping.
+        if self.create_namespace && !self.destination_based_mapping {
+            return Err(FLAGS.conflict(
+                "create-namespace",
+                "destination-based-mapping",
+                "namespaces are only created for Applications that keep their hub namespace \
+                 (destination-based mapping); without it every Application lives in --namespace",
+            ));
+        }
+        if self.destination_based_mapping || self.create_namespace {
+            return Err(FLAGS.invalid(
+                "destination-based-mapping",
+                "is not implemented yet (and --create-namespace with it): Applications are kept in \
+                 --namespace; drop the flags",
+            ));
+        }
         FLAGS.namespace(&self.namespace)?;
         let allowed_namespaces = FLAGS.allowed_namespaces(self.allowed_namespaces)?;
+        if !allowed_namespaces.is_empty() {
+            return Err(FLAGS.invalid(
+                "allowed-namespaces",
+                "only admits Applications outside --namespace under destination-based mapping, \
+                 which is not implemented yet; drop it (every Application lives in --namespace)",
+            ));
+        }
 
         check_queue_dir(&self.queue_dir)?;
 
@@ -542,6 +684,8 @@ impl AgentArgs {
             namespace: self.namespace,
             allowed_namespaces,
             redis_address: self.redis_address,
+            redis_credentials,
+            redis_tls,
             queue_dir: self.queue_dir,
             metrics_address: self.metrics_address,
             health_address: self.health_address,
@@ -709,10 +853,40 @@ mod tests {
             .validate(&["--mode=autonomous", "--create-namespace=true"])
             .unwrap_err();
         assert_eq!(err.flag(), "create-namespace");
+    }
+
+    #[test]
+    fn destination_mapping_flags_are_refused_until_destination_mapping_is_implemented() {
+        let files = Files::new();
+        let err = files.validate(&["--create-namespace"]).unwrap_err();
+        assert_eq!(err.flag(), "create-namespace");
+        assert!(
+            err.to_string()
+                .contains("ARGOCD_AGENT_DESTINATION_BASED_MAPPING"),
+            "{err}"
+        );
+        for flags in [
+            &["--destination-based-mapping"][..],
+            &["--destination-based-mapping", "--create-namespace"][..],
+        ] {
+            let err = files.validate(flags).unwrap_err();
+            assert_eq!(err.flag(), "destination-based-mapping");
+            assert!(err.to_string().contains("not implemented yet"), "{err}");
+        }
+        let err = files
+            .validate(&["--allowed-namespaces=team-*"])
+            .unwrap_err();
+        assert_eq!(err.flag(), "allowed-namespaces");
+        assert!(err.to_string().contains("not implemented yet"), "{err}");
         let config = files
-            .validate(&["--destination-based-mapping", "--create-namespace"])
+            .validate(&[
+                "--destination-based-mapping=false",
+                "--create-namespace=false",
+                "--allowed-namespaces=",
+            ])
             .unwrap();
-        assert!(config.destination_based_mapping && config.create_namespace);
+        assert!(!config.destination_based_mapping && !config.create_namespace);
+        assert!(config.allowed_namespaces.is_empty());
     }
 
     #[test]
@@ -823,5 +997,169 @@ mod tests {
         );
         assert_eq!(config.adoption_policy, AdoptionPolicy::Never);
         assert!(files.args(&["--adoption-policy=sometimes"]).is_err());
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn creds(user: Option<&str>, password: &str) -> Option<RedisCredentials> {
+        Some(RedisCredentials {
+            username: user.map(str::to_string),
+            password: RedisPassword::new(password),
+        })
+    }
+
+    #[test]
+    fn redis_credentials_come_from_flags_then_upstream_env_vars() {
+        let files = Files::new();
+        let no_env = env_of(&[]);
+        let v = |extra: &[&str], env: &dyn Fn(&str) -> Option<String>| {
+            files
+                .args(extra)
+                .expect("clap accepts")
+                .validate_with_env(env)
+        };
+        assert_eq!(v(&[], &no_env).unwrap().redis_credentials, None);
+        assert_eq!(
+            v(&["--redis-password=s3cret"], &no_env)
+                .unwrap()
+                .redis_credentials,
+            creds(None, "s3cret")
+        );
+        assert_eq!(
+            v(&["--redis-username=argo", "--redis-password=pw"], &no_env)
+                .unwrap()
+                .redis_credentials,
+            creds(Some("argo"), "pw")
+        );
+        // Argo CD's and upstream argocd-agent's names, as the argocd-redis secret is usually mounted.
+        let upstream = env_of(&[("REDIS_PASSWORD", "from-env"), ("REDIS_USERNAME", "u")]);
+        assert_eq!(
+            v(&[], &upstream).unwrap().redis_credentials,
+            creds(Some("u"), "from-env")
+        );
+        // Our flag wins over upstream's env var; an empty env var counts as unset.
+        assert_eq!(
+            v(&["--redis-password=flag"], &upstream)
+                .unwrap()
+                .redis_credentials,
+            creds(Some("u"), "flag")
+        );
+        assert_eq!(
+            v(&[], &env_of(&[("REDIS_PASSWORD", "")]))
+                .unwrap()
+                .redis_credentials,
+            None
+        );
+        let err = v(&["--redis-username=argo"], &no_env).unwrap_err();
+        assert_eq!(err.flag(), "redis-username");
+    }
+
+    #[test]
+    fn redis_creds_dir_holds_auth_and_optional_username_and_excludes_the_password_flags() {
+        let files = Files::new();
+        let dir = files.dir.path().join("redis-creds");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("auth"), "from-file\n").unwrap();
+        let flag = format!("--redis-creds-dir-path={}", dir.display());
+        let no_env = env_of(&[]);
+        let v = |extra: &[&str], env: &dyn Fn(&str) -> Option<String>| {
+            files
+                .args(extra)
+                .expect("clap accepts")
+                .validate_with_env(env)
+        };
+        assert_eq!(
+            v(&[&flag], &no_env).unwrap().redis_credentials,
+            creds(None, "from-file")
+        );
+        std::fs::write(dir.join("auth_username"), " argo \n").unwrap();
+        assert_eq!(
+            v(&[&flag], &no_env).unwrap().redis_credentials,
+            creds(Some("argo"), "from-file")
+        );
+        // Upstream's REDIS_CREDS_DIR_PATH, and it wins over REDIS_PASSWORD as in Argo CD.
+        let env = env_of(&[
+            ("REDIS_CREDS_DIR_PATH", dir.to_str().unwrap()),
+            ("REDIS_PASSWORD", "ignored"),
+        ]);
+        assert_eq!(
+            v(&[], &env).unwrap().redis_credentials,
+            creds(Some("argo"), "from-file")
+        );
+        let err = v(&[&flag, "--redis-password=x"], &no_env).unwrap_err();
+        assert_eq!(err.flag(), "redis-creds-dir-path");
+        assert!(
+            err.to_string().contains("ARGOCD_AGENT_REDIS_PASSWORD"),
+            "{err}"
+        );
+        std::fs::remove_file(dir.join("auth")).unwrap();
+        let err = v(&[&flag], &no_env).unwrap_err();
+        assert_eq!(err.flag(), "redis-creds-dir-path");
+        assert!(err.to_string().contains("`auth`"), "{err}");
+    }
+
+    #[test]
+    fn redis_password_is_never_shown() {
+        let files = Files::new();
+        let config = files
+            .args(&["--redis-password=hunter2"])
+            .unwrap()
+            .validate_with_env(env_of(&[]))
+            .unwrap();
+        assert!(!format!("{config:?}").contains("hunter2"));
+        assert!(
+            !format!("{:?}", files.args(&["--redis-password=hunter2"]).unwrap())
+                .contains("hunter2")
+        );
+        let help = AgentArgs::command().render_long_help().to_string();
+        assert!(help.contains("ARGOCD_AGENT_REDIS_PASSWORD"), "{help}");
+    }
+
+    #[test]
+    fn redis_tls_takes_one_verification_mode() {
+        let files = Files::new();
+        assert_eq!(files.validate(&[]).unwrap().redis_tls, None);
+        assert_eq!(
+            files
+                .validate(&["--redis-tls-enabled", "--redis-tls-insecure"])
+                .unwrap()
+                .redis_tls,
+            Some(RedisTls::Insecure)
+        );
+        let ca = files.path("ca.crt");
+        assert_eq!(
+            files
+                .validate(&["--redis-tls-enabled", &format!("--redis-tls-ca-path={ca}")])
+                .unwrap()
+                .redis_tls,
+            Some(RedisTls::Ca(PathBuf::from(&ca)))
+        );
+        for (bad, flag) in [
+            (vec!["--redis-tls-enabled"], "redis-tls-enabled"),
+            (vec!["--redis-tls-insecure"], "redis-tls-insecure"),
+            (
+                vec![
+                    "--redis-tls-enabled",
+                    "--redis-tls-insecure",
+                    "--redis-tls-ca-path=/x",
+                ],
+                "redis-tls-ca-path",
+            ),
+            (
+                vec![
+                    "--redis-tls-enabled",
+                    "--redis-tls-ca-path=/nonexistent/ca.crt",
+                ],
+                "redis-tls-ca-path",
+            ),
+        ] {
+            assert_eq!(files.validate(&bad).unwrap_err().flag(), flag, "{bad:?}");
+        }
     }
 }

@@ -117,7 +117,10 @@ impl AgentMetrics {
     /// Counts an event received from the principal and, for non-ACKs, its propagation latency.
     pub fn observe_received(&self, ev: &Event) {
         self.events_received
-            .get_or_create(&labels(ev.event_type.name(), ev.target.as_str()))
+            .get_or_create(&labels(
+                ev.event_type.metric_label(),
+                ev.target.metric_label(),
+            ))
             .inc();
         if ev.is_ack() {
             return;
@@ -134,7 +137,10 @@ impl AgentMetrics {
     pub fn observe_sent(&self, wire: &WireEvent) {
         let (event_type, target) = stream_event_labels(wire);
         self.events_sent
-            .get_or_create(&labels(event_type.name(), target))
+            .get_or_create(&labels(
+                event_type.metric_label(),
+                argocd_agent_proto::event::Target::from_wire(target).metric_label(),
+            ))
             .inc();
     }
 }

@@ -10,7 +10,8 @@
 //!
 //! Owns the objects Argo CD needs in its namespace before it starts (labelled `argocd-cm`,
 //! `argocd-rbac-cm`, `argocd-secret` with a bcrypt admin password, `argocd-redis`, the `default`
-//! AppProject open to every namespace) and the `argocd` CLI bound to one server and config file.
+//! AppProject open to every namespace), the `argocd` CLI bound to one server and config file, and
+//! the server's REST API with an admin session token.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -200,6 +201,61 @@ impl ArgoCd {
             )?;
         }
         run_cli(&config, args)
+    }
+}
+
+impl ArgoCd {
+    /// An admin session token from `POST /api/v1/session` (what the UI and API clients use).
+    pub async fn session_token(&self) -> anyhow::Result<String> {
+        let body =
+            serde_json::to_string(&json!({"username": "admin", "password": ADMIN_PASSWORD}))?;
+        let (status, reply) = self
+            .api("POST", "/api/v1/session", None, Some(&body))
+            .await?;
+        anyhow::ensure!(status == 200, "POST /api/v1/session: {status} {reply}");
+        let reply: serde_json::Value = serde_json::from_str(&reply)?;
+        reply["token"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow::anyhow!("no token in the session reply: {reply}"))
+    }
+
+    /// `GET <path>` of argocd-server's REST API with `token`; returns (status, body).
+    pub async fn api_get(&self, path: &str, token: &str) -> anyhow::Result<(u16, String)> {
+        self.api("GET", path, Some(token), None).await
+    }
+
+    /// One HTTP/1.0 request (so the reply is never chunked) to the server's plaintext port.
+    async fn api(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> anyhow::Result<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let port = self
+            .server_port
+            .ok_or_else(|| anyhow::anyhow!("the REST API needs an argocd-server"))?;
+        let mut request = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n");
+        if let Some(t) = token {
+            request.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        if let Some(b) = body {
+            request.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+                b.len()
+            ));
+        } else {
+            request.push_str("\r\n");
+        }
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(request.as_bytes()).await?;
+        let mut raw = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut raw))
+            .await
+            .map_err(|_| anyhow::anyhow!("{method} {path}: no reply within 60s"))??;
+        Ok(crate::gateway::http_response(&raw))
     }
 }
 

@@ -23,6 +23,7 @@ pub mod ports;
 pub mod process;
 pub mod raw_agent;
 pub mod redis;
+pub mod scenario;
 pub mod shared;
 pub mod sim_agent;
 pub mod tcp_proxy;

@@ -10,7 +10,8 @@
 //! - The TLS certificate blocklist (`argocd-agentctl blocklist tls`): a listed agent is
 //!   disconnected within seconds and refused, also by a restarted principal, until removed.
 //! - Isolation: crafted create/spec-update/delete/status events naming another agent's namespace,
-//!   or a cluster-scoped object, change nothing outside the sender's own namespace.
+//!   or a cluster-scoped object, change nothing outside the sender's own namespace. (Mode pinning,
+//!   unbounded metric labels and logs, non-Kubernetes names and pre-auth memory: `hostile.rs`.)
 //! - Payloads: 10,000-level nested JSON in an event and in a resource-proxy request body.
 //! - Slowloris on the gRPC, resource proxy, Redis proxy and metrics/health ports.
 
@@ -501,17 +502,35 @@ async fn crafted_events_cannot_touch_another_agents_objects() -> anyhow::Result<
     stream_alive(&tx, &mut inbound, &a).await?;
     drop((tx, inbound));
 
-    // A, autonomous: its objects are mirrored into its own namespace, never anywhere else.
-    ensure_namespace(&shared_planes().await.hub.client().await?, &a).await?;
-    let tokens = try_authenticate(
-        &s.pki,
-        &s.principal.address(),
-        Some((&ca, &ka)),
-        &[b"h2"],
-        "autonomous",
+    // A, autonomous: its objects are mirrored into its own namespace, never anywhere else. A's
+    // mode is pinned to managed by its first login; an admin re-pins it (principal/src/mode_pin.rs).
+    let hub = shared_planes().await.hub.client().await?;
+    ensure_namespace(&hub, &a).await?;
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(hub, &s.principal.namespace)
+        .patch(
+            "argocd-agent-modes",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"data": {&a: "autonomous"}})),
+        )
+        .await?;
+    let tokens = wait_until(
+        "A is re-pinned autonomous",
+        Duration::from_secs(15),
+        || async {
+            Ok::<_, anyhow::Error>(
+                try_authenticate(
+                    &s.pki,
+                    &s.principal.address(),
+                    Some((&ca, &ka)),
+                    &[b"h2"],
+                    "autonomous",
+                )
+                .await
+                .ok(),
+            )
+        },
     )
-    .await
-    .map_err(anyhow::Error::msg)?;
+    .await?;
     let (tx, mut inbound) = s.subscribe((&ca, &ka), &tokens.access_token).await?;
     for (case, ty, obj) in [
         ("create in B's namespace", EventType::Create, &spoofed),

@@ -115,6 +115,7 @@ async fn start_live_view(
             registry: registry.clone(),
             live: live.clone(),
             upstream: config.redis_server_address.to_string(),
+            credentials: config.redis_credentials.clone(),
             max_request_size: config.redis_proxy_max_request_size,
             metrics: metrics.redis_proxy.clone(),
         });
@@ -293,6 +294,8 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         HubOptions {
             namespace_create: config.namespace_create_enable,
             resync_interval: config.resync_interval,
+            allowed_namespaces: config.allowed_namespaces.clone(),
+            label_selector: config.label_selector.clone(),
         },
     );
     tokio::spawn(hub.clone().run());
@@ -306,9 +309,17 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             )
         })?;
     let grpc_addr = listener.local_addr()?;
-    let incoming = accept_loop(listener, tls, config.auth.clone(), metrics.clone(), policy);
+    let incoming = accept_loop(
+        listener,
+        tls,
+        config.auth.clone(),
+        metrics.clone(),
+        policy,
+        config.keepalive_min_interval,
+    );
 
     let max = config.grpc_max_message_size;
+    let pins = crate::mode_pin::ModePins::spawn(client_for_identity.clone(), &config.namespace);
     let auth = AuthService {
         issuer: issuer.clone(),
         policy: AuthPolicy {
@@ -317,6 +328,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             implemented_modes: vec![AgentMode::Managed, AgentMode::Autonomous],
         },
         metrics: metrics.clone(),
+        pins: pins.clone(),
     };
     let identity = crate::identity::PrincipalIdentity::spawn(
         client_for_identity,
@@ -330,32 +342,44 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         metrics,
         live,
         identity,
+        pins,
     };
     let (stop_grpc, grpc_stopped) = oneshot::channel::<()>();
     let mut server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(crate::auth::MAX_STREAMS_PER_CONNECTION);
     let grpc = server
         // gzip both ways, as upstream agents started with --enable-compression use it on every call
         // (answers are compressed only for clients that offer gzip).
         .add_service(
             AuthenticationServer::new(auth)
-                .max_decoding_message_size(max)
+                .max_decoding_message_size(crate::auth::AUTH_MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(max)
                 .accept_compressed(Gzip)
                 .send_compressed(Gzip),
         )
         .add_service(
             VersionServer::new(VersionService)
+                .max_decoding_message_size(crate::auth::AUTH_MAX_MESSAGE_SIZE)
                 .accept_compressed(Gzip)
                 .send_compressed(Gzip),
         )
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            EventStreamServer::new(events)
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max)
-                .accept_compressed(Gzip)
-                .send_compressed(Gzip),
+            {
+                let events = Arc::new(events);
+                let server = |limit: usize| {
+                    EventStreamServer::from_arc(events.clone())
+                        .max_decoding_message_size(limit)
+                        .max_encoding_message_size(max)
+                        .accept_compressed(Gzip)
+                        .send_compressed(Gzip)
+                };
+                crate::eventstream::PingLimited {
+                    stream: server(max),
+                    ping: server(crate::auth::AUTH_MAX_MESSAGE_SIZE),
+                }
+            },
             {
                 let leadership = leadership.clone();
                 move |req| leadership.admit(req)

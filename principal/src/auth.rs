@@ -1,6 +1,6 @@
 //! The `authapi.Authentication` and `versionapi.Version` services, and the check every stream
 //! passes: the caller's client certificate names an agent, and the access token was issued to that
-//! same agent.
+//! same agent; an agent's mode is the one pinned for it ([`crate::mode_pin`]).
 
 use std::sync::Arc;
 
@@ -15,7 +15,19 @@ use tonic::{Request, Response, Status};
 
 use crate::listener::PeerIdentity;
 use crate::metrics::PrincipalMetrics;
+use crate::mode_pin::ModePins;
 use crate::tokens::{Subject, TokenIssuer, AUDIENCE_ACCESS, AUDIENCE_REFRESH};
+
+/// Largest Authenticate/RefreshToken/Version request accepted (their bodies are a few hundred
+/// bytes): these calls come before a token is checked, so they get a limit of their own instead
+/// of the event stream's `--grpc-max-message-size`, and a client cannot make the principal buffer
+/// megabytes per call.
+pub const AUTH_MAX_MESSAGE_SIZE: usize = 64 * 1024;
+
+/// HTTP/2 streams one gRPC connection may have open at once (an agent uses one Subscribe plus the
+/// odd Authenticate, RefreshToken or Ping), so one connection cannot hold hundreds of calls'
+/// buffers before any of them is authorised.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 16;
 
 /// Settings of the authentication service.
 pub struct AuthPolicy {
@@ -35,6 +47,8 @@ pub struct AuthService {
     pub policy: AuthPolicy,
     /// Metrics.
     pub metrics: Arc<PrincipalMetrics>,
+    /// Each agent's pinned mode.
+    pub pins: Arc<ModePins>,
 }
 
 /// The agent named by the verified client certificate of the connection carrying `req`.
@@ -149,6 +163,10 @@ impl Authentication for AuthService {
         let mode = parse_mode(&body.mode).inspect_err(|_| self.metrics.auth_failure("mode"))?;
         self.check_mode(mode)
             .inspect_err(|_| self.metrics.auth_failure("mode"))?;
+        self.pins
+            .admit(&agent, mode)
+            .await
+            .inspect_err(|_| self.metrics.auth_failure("mode_pinned"))?;
         let (access, refresh) = self
             .issuer
             .issue_pair(&self.subject_for(&agent, mode))
@@ -183,6 +201,10 @@ impl Authentication for AuthService {
         }
         let mode = parse_mode(&subject.mode)?;
         self.check_mode(mode)?;
+        self.pins
+            .verify(&agent, mode)
+            .await
+            .inspect_err(|_| self.metrics.auth_failure("mode_pinned"))?;
         let access = self
             .issuer
             .issue_access(&subject)

@@ -19,6 +19,9 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 pub use argocd_agent_proto::telemetry::binary_config::{ConfigError, KubeClientConfig};
+pub use argocd_agent_proto::telemetry::redis_credentials::{
+    redis_credentials, RedisCredentials, RedisPassword, UPSTREAM_REDIS_ENV,
+};
 
 /// Prefix of every env var mirroring a principal flag.
 pub const ENV_PREFIX: &str = "ARGOCD_PRINCIPAL_";
@@ -130,7 +133,9 @@ pub struct PrincipalArgs {
     )]
     pub namespace: String,
 
-    /// Further namespaces whose Applications are synced, comma-separated; '*' and '?' globs allowed.
+    /// Hub namespaces whose Applications are synced, comma-separated; '*' and '?' globs allowed.
+    /// An Application in any other namespace is not sent to (or kept on) its agent, nor is the
+    /// status of one accepted from it [default: every namespace].
     #[arg(
         long,
         env = "ARGOCD_PRINCIPAL_ALLOWED_NAMESPACES",
@@ -145,7 +150,8 @@ pub struct PrincipalArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub namespace_create_enable: bool,
 
-    /// Route Applications to agents by `spec.destination.name` instead of by namespace.
+    /// Route Applications to agents by `spec.destination.name` instead of by namespace (not
+    /// implemented yet: `true` is refused at start-up).
     #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING", default_value_t = false,
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
@@ -244,6 +250,31 @@ pub struct PrincipalArgs {
     )]
     pub redis_server_address: HostPort,
 
+    /// Username for the hub's Argo CD Redis (Redis 6 ACL user) [fallback env: REDIS_USERNAME].
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_USERNAME", value_name = "NAME")]
+    pub redis_username: Option<String>,
+
+    /// Password for the hub's Argo CD Redis (Argo CD's secret `argocd-redis`, key `auth`): the
+    /// proxy authenticates its upstream connections with it and requires Redis proxy clients to
+    /// authenticate as Redis would; prefer the env var or --redis-creds-dir-path to the command
+    /// line [fallback env: REDIS_PASSWORD].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    pub redis_password: Option<RedisPassword>,
+
+    /// Directory with the hub Redis password in file `auth` and optionally the username in
+    /// `auth_username` (the mounted `argocd-redis` secret) [fallback env: REDIS_CREDS_DIR_PATH].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_CREDS_DIR_PATH",
+        value_name = "DIR"
+    )]
+    pub redis_creds_dir_path: Option<PathBuf>,
+
     /// Largest request a Redis proxy client may send, in bytes (units such as 16MiB accepted): a
     /// command declaring more gets an error and its connection is closed, before the bytes are
     /// read [range 1KiB..=512MiB].
@@ -302,7 +333,9 @@ pub struct PrincipalArgs {
     )]
     pub grpc_max_message_size: usize,
 
-    /// Shortest interval between keepalive pings an agent may send (0 = not enforced).
+    /// Shortest interval between HTTP/2 PINGs an agent may send: an agent that pings sooner three
+    /// times running gets GOAWAY `too_many_pings` and is disconnected, like grpc-go's keepalive
+    /// enforcement policy; pings after the principal sent it data do not count (0 = not enforced).
     #[arg(
         long,
         env = "ARGOCD_PRINCIPAL_KEEPALIVE_MIN_INTERVAL",
@@ -361,7 +394,8 @@ pub struct PrincipalArgs {
     )]
     pub log_format: LogFormat,
 
-    /// Only watch hub objects matching this Kubernetes label selector.
+    /// Only hub Applications, AppProjects and repository Secrets matching this Kubernetes label
+    /// selector are watched and synced to agents; one that stops matching is deleted from them.
     #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR", value_name = "SELECTOR")]
     pub label_selector: Option<String>,
 
@@ -458,11 +492,11 @@ pub struct PrincipalConfig {
     pub auth: IdentitySource,
     /// Argo CD namespace on the hub.
     pub namespace: String,
-    /// Extra Application namespace patterns.
+    /// Hub namespaces whose Applications are synced (globs); empty = every namespace.
     pub allowed_namespaces: Vec<String>,
     /// Create autonomous agents' hub namespaces.
     pub namespace_create_enable: bool,
-    /// Route Applications by `spec.destination.name`.
+    /// Route Applications by `spec.destination.name` (always false: refused until implemented).
     pub destination_based_mapping: bool,
     /// Modes agents may connect with (no duplicates, never empty).
     pub allowed_agent_modes: Vec<AgentMode>,
@@ -474,6 +508,8 @@ pub struct PrincipalConfig {
     pub redis_proxy_address: Option<SocketAddr>,
     /// The hub's Argo CD Redis.
     pub redis_server_address: HostPort,
+    /// AUTH credentials of the hub's Redis; `None` = it has no password.
+    pub redis_credentials: Option<RedisCredentials>,
     /// Largest Redis proxy client request in bytes.
     pub redis_proxy_max_request_size: usize,
     /// Where `/metrics` is served.
@@ -514,6 +550,23 @@ const LISTENER_REMEDY: &str = "give one of them another port";
 impl PrincipalArgs {
     /// Checks everything clap cannot (files, names, ranges, combinations) and builds the config.
     pub fn validate(self) -> Result<PrincipalConfig, ConfigError> {
+        self.validate_with_env(|name| std::env::var(name).ok())
+    }
+
+    /// [`Self::validate`] with `env` standing in for the process environment (for tests); Redis
+    /// credentials missing from the flags are looked up in upstream's env vars
+    /// ([`UPSTREAM_REDIS_ENV`]).
+    pub fn validate_with_env(
+        self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<PrincipalConfig, ConfigError> {
+        let redis_credentials = redis_credentials(
+            &FLAGS,
+            self.redis_username.clone(),
+            self.redis_password.clone(),
+            self.redis_creds_dir_path.clone(),
+            env,
+        )?;
         let tls = ServerTlsFiles {
             cert: FLAGS.readable_file("tls-cert", &self.tls_cert)?,
             key: FLAGS.readable_file("tls-key", &self.tls_key)?,
@@ -541,6 +594,13 @@ impl PrincipalArgs {
 
         FLAGS.namespace(&self.namespace)?;
         let allowed_namespaces = FLAGS.allowed_namespaces(self.allowed_namespaces)?;
+        if self.destination_based_mapping {
+            return Err(FLAGS.invalid(
+                "destination-based-mapping",
+                "is not implemented yet: Applications are routed by namespace (hub namespace = \
+                 agent name); drop the flag or set it to false",
+            ));
+        }
 
         let mut allowed_agent_modes = Vec::new();
         for mode in self.allowed_agent_modes {
@@ -718,6 +778,7 @@ impl PrincipalArgs {
             self_registration,
             redis_proxy_address,
             redis_server_address: self.redis_server_address,
+            redis_credentials,
             redis_proxy_max_request_size: self.redis_proxy_max_request_size,
             metrics_address: self.metrics_address,
             health_address: self.health_address,
@@ -878,13 +939,29 @@ mod tests {
                 "--enable-operator=false",
                 "--enable-resource-proxy=false",
                 "--enable-redis-proxy=no",
-                "--destination-based-mapping",
+                "--destination-based-mapping=false",
             ])
             .unwrap();
         assert!(!config.enable_operator);
         assert!(config.resource_proxy.is_none());
         assert!(config.redis_proxy_address.is_none());
-        assert!(config.destination_based_mapping);
+        assert!(!config.destination_based_mapping);
+    }
+
+    #[test]
+    fn destination_based_mapping_is_refused_until_it_is_implemented() {
+        let files = Files::new();
+        for flag in [
+            "--destination-based-mapping",
+            "--destination-based-mapping=true",
+        ] {
+            let err = files.validate(&[flag]).unwrap_err().to_string();
+            assert!(
+                err.contains("ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING")
+                    && err.contains("not implemented yet"),
+                "{flag}: {err}"
+            );
+        }
     }
 
     #[test]
@@ -1072,5 +1149,74 @@ mod tests {
                 .flag(),
             "label-selector"
         );
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn creds(user: Option<&str>, password: &str) -> Option<RedisCredentials> {
+        Some(RedisCredentials {
+            username: user.map(str::to_string),
+            password: password.parse().unwrap(),
+        })
+    }
+
+    #[test]
+    fn hub_redis_credentials_come_from_flags_then_upstream_env_vars_then_a_creds_dir() {
+        let files = Files::new();
+        let v = |extra: &[&str], env: &[(&str, &str)]| {
+            files
+                .args(extra)
+                .expect("clap accepts")
+                .validate_with_env(env_of(env))
+        };
+        assert_eq!(v(&[], &[]).unwrap().redis_credentials, None);
+        assert_eq!(
+            v(&["--redis-password=pw"], &[]).unwrap().redis_credentials,
+            creds(None, "pw")
+        );
+        assert_eq!(
+            v(&[], &[("REDIS_PASSWORD", "env"), ("REDIS_USERNAME", "u")])
+                .unwrap()
+                .redis_credentials,
+            creds(Some("u"), "env")
+        );
+        assert_eq!(
+            v(&["--redis-password=flag"], &[("REDIS_PASSWORD", "env")])
+                .unwrap()
+                .redis_credentials,
+            creds(None, "flag")
+        );
+        let dir = files.dir.path().join("creds");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("auth"), "file-pw\n").unwrap();
+        let dir_flag = format!("--redis-creds-dir-path={}", dir.display());
+        assert_eq!(
+            v(&[&dir_flag], &[]).unwrap().redis_credentials,
+            creds(None, "file-pw")
+        );
+        assert_eq!(
+            v(&[], &[("REDIS_CREDS_DIR_PATH", dir.to_str().unwrap())])
+                .unwrap()
+                .redis_credentials,
+            creds(None, "file-pw")
+        );
+        let err = v(&[&dir_flag, "--redis-password=x"], &[]).unwrap_err();
+        assert_eq!(err.flag(), "redis-creds-dir-path");
+        assert!(
+            err.to_string().contains("ARGOCD_PRINCIPAL_REDIS_PASSWORD"),
+            "{err}"
+        );
+        assert_eq!(
+            v(&["--redis-username=u"], &[]).unwrap_err().flag(),
+            "redis-username"
+        );
+        let config = v(&["--redis-password=hunter2"], &[]).unwrap();
+        assert!(!format!("{config:?}").contains("hunter2"));
     }
 }

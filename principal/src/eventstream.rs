@@ -1,7 +1,7 @@
 //! The `eventstreamapi.EventStream` service: one bidirectional `Subscribe` stream per agent.
 //!
 //! Path of a stream: the connection's certificate identity and the access token must name the same
-//! agent ([`authorize_stream`]); the agent's session is taken over (an older stream of the same agent
+//! agent ([`authorize_stream`]), whose mode must still be the pinned one ([`crate::mode_pin`]); the agent's session is taken over (an older stream of the same agent
 //! ends); the checksum resync the connection calls for ([`crate::hub::Hub::on_connect`]; an
 //! autonomous agent's hub namespace must exist or be creatable) is queued; then the shared delivery engine runs the
 //! stream until either side ends it. Undelivered events stay in the session's outbox. Every event
@@ -48,6 +48,8 @@ pub struct EventStreamService {
     pub live: Arc<crate::live::LiveRequests>,
     /// The principal's identity, stamped on every event sent.
     pub identity: crate::identity::PrincipalIdentity,
+    /// Each agent's pinned mode (checked again: an admin may have re-pinned it).
+    pub pins: Arc<crate::mode_pin::ModePins>,
 }
 
 type EventResponseStream = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send>>;
@@ -61,6 +63,11 @@ impl EventStream for EventStreamService {
         req: Request<Streaming<WireEvent>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let (agent, mode) = authorize_stream(&req, &self.issuer, &self.metrics)?;
+        // A token issued before an admin re-pinned the agent does not open a stream.
+        self.pins
+            .verify(&agent, mode)
+            .await
+            .inspect_err(|_| self.metrics.auth_failure("mode_pinned"))?;
         if mode == AgentMode::Autonomous {
             if let Err(reason) = self.hub.ensure_agent_namespace(agent.as_str()).await {
                 tracing::error!(
@@ -112,7 +119,7 @@ impl EventStream for EventStreamService {
                 &lanes,
                 session.superseded(generation),
                 |ev| {
-                    PrincipalMetrics::count_event(&metrics.events_received, ev.event_type.name());
+                    PrincipalMetrics::count_event(&metrics.events_received, &ev.event_type);
                     metrics.agent_event(agent.as_str());
                 },
             )
@@ -154,7 +161,7 @@ impl EventStream for EventStreamService {
                 // An event without its CloudEvent envelope is not counted.
                 if ev.event.is_some() {
                     let (event_type, _) = stream_event_labels(ev);
-                    PrincipalMetrics::count_event(&sent.events_sent, event_type.name());
+                    PrincipalMetrics::count_event(&sent.events_sent, &event_type);
                 }
             })
             .map(Ok::<_, Status>)
@@ -174,5 +181,64 @@ impl EventStream for EventStreamService {
 
     async fn ping(&self, _req: Request<PingRequest>) -> Result<Response<PongReply>, Status> {
         Ok(Response::new(PongReply {}))
+    }
+}
+
+/// The event stream service with its unary `Ping` answered by a copy of it held to the small
+/// pre-authentication message limit ([`crate::auth::AUTH_MAX_MESSAGE_SIZE`]): Ping carries no
+/// token, so without this anyone with a certificate could make the principal buffer a message
+/// of the stream's size per call.
+#[derive(Clone)]
+pub struct PingLimited<S> {
+    /// Subscribe and Push, with the stream's limit.
+    pub stream: S,
+    /// Ping, with the small limit.
+    pub ping: S,
+}
+
+/// Path of the `Ping` method.
+const PING_PATH: &str = "/eventstreamapi.EventStream/Ping";
+
+impl<S, B> tonic::codegen::Service<http::Request<B>> for PingLimited<S>
+where
+    S: tonic::codegen::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        match self.stream.poll_ready(cx) {
+            std::task::Poll::Ready(Ok(())) => self.ping.poll_ready(cx),
+            other => other,
+        }
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() == PING_PATH {
+            self.ping.call(req)
+        } else {
+            self.stream.call(req)
+        }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for PingLimited<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStreamServer;
+    use tonic::server::NamedService;
+
+    #[test]
+    fn the_ping_path_is_the_generated_services_ping() {
+        let name = <EventStreamServer<EventStreamService> as NamedService>::NAME;
+        assert_eq!(PING_PATH, format!("/{name}/Ping"));
     }
 }

@@ -1,5 +1,6 @@
-//! Hub-side sync: watches Applications (all namespaces; namespace == agent), AppProjects and
-//! repository / repo-creds Secrets (principal namespace) on the hub, keeps the latest copy of each,
+//! Hub-side sync: watches Applications (every namespace `--allowed-namespaces` admits; namespace ==
+//! agent), AppProjects and repository / repo-creds Secrets (principal namespace), all narrowed by
+//! `--label-selector`, on the hub, keeps the latest copy of each,
 //! and turns changes into events in the right agent's outbox. A repository Secret goes to every
 //! managed agent the AppProject in its `data.project` applies to, and is re-routed whenever that
 //! AppProject changes.
@@ -45,10 +46,10 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::routing::{
-    application_change_events, application_payload, mirror_application, mirror_project,
-    mirror_view, mirrored_project_name, operation_already_started, project_for_agent,
-    project_matches_agent, repository_payload, repository_project, repository_routes_to,
-    REFRESH_ANNOTATION,
+    application_change_events, application_payload, combined_selector, mirror_application,
+    mirror_project, mirror_view, mirrored_project_name, namespace_allowed,
+    operation_already_started, project_for_agent, project_matches_agent, repository_payload,
+    repository_project, repository_routes_to, REFRESH_ANNOTATION,
 };
 use crate::sessions::{AgentRegistry, AgentSession};
 
@@ -91,6 +92,11 @@ pub struct HubOptions {
     pub namespace_create: bool,
     /// Periodic resync of connected agents (`--resync-interval`); `None` = only on connect.
     pub resync_interval: Option<Duration>,
+    /// Hub namespaces whose Applications are watched and served (`--allowed-namespaces`, globs);
+    /// empty = every namespace.
+    pub allowed_namespaces: Vec<String>,
+    /// Only Applications, AppProjects and repository Secrets matching it (`--label-selector`).
+    pub label_selector: Option<String>,
 }
 
 /// Field manager of the principal's hub writes.
@@ -348,9 +354,20 @@ impl Hub {
     }
 
     async fn watch_objects(self: Arc<Self>, api: Api<DynamicObject>, kind: Kind) {
-        let config = match kind {
-            Kind::Repository => watcher::Config::default().labels(REPOSITORY_SELECTOR),
-            _ => watcher::Config::default(),
+        let selector = match kind {
+            Kind::Repository => Some(REPOSITORY_SELECTOR),
+            _ => None,
+        };
+        let config = match combined_selector(selector, self.options.label_selector.as_deref()) {
+            Some(selector) => watcher::Config::default().labels(&selector),
+            None => watcher::Config::default(),
+        };
+        let out_of_scope = |obj: &DynamicObject| {
+            matches!(kind, Kind::Application)
+                && !namespace_allowed(
+                    &self.options.allowed_namespaces,
+                    obj.metadata.namespace.as_deref().unwrap_or_default(),
+                )
         };
         let mut stream = watcher(api, config).default_backoff().boxed();
         let mut relisted: Option<HashSet<String>> = None;
@@ -371,6 +388,10 @@ impl Hub {
                 }
             };
             match ev {
+                watcher::Event::InitApply(ref obj)
+                | watcher::Event::Apply(ref obj)
+                | watcher::Event::Delete(ref obj)
+                    if out_of_scope(obj) => {}
                 watcher::Event::Init => relisted = Some(HashSet::new()),
                 watcher::Event::InitApply(obj) => {
                     let v = to_value(obj);
@@ -790,6 +811,13 @@ impl Hub {
             return Err(HandleError::Rejected(
                 "the object has no metadata.name".into(),
             ));
+        }
+        if kind == MirrorKind::Application
+            && !namespace_allowed(&self.options.allowed_namespaces, agent)
+        {
+            return Err(HandleError::Rejected(format!(
+                "hub namespace {agent:?} is not in the principal's --allowed-namespaces"
+            )));
         }
         let desired = match kind {
             MirrorKind::Application => mirror_application(spoke, agent),

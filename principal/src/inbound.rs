@@ -8,11 +8,14 @@
 //! mirror, `delete` = remove it), and their resync answers (`response-synced-resource` for a key
 //! the hub may lack, `request-resource-resync`). An agent can only ever touch objects in its own
 //! hub namespace (and its own `<agent>-` AppProjects): the namespace is taken from the
-//! authenticated agent, never from the event.
+//! authenticated agent, never from the event. Every name an event carries is checked as a
+//! Kubernetes name before it is used (`argocd_agent_proto::event::names`).
 
 use std::sync::Arc;
 
-use argocd_agent_proto::event::{spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION};
+use argocd_agent_proto::event::{
+    names, spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION,
+};
 use argocd_agent_proto::payload::{ErrorData, RequestSyncedResourceList, RequestUpdate};
 use argocd_agent_proto::sync::resync::{
     answer_request_update, answer_with_metadata, checksum_of, status_checksum, SourceObject,
@@ -29,6 +32,7 @@ use crate::routing::{
 use crate::sessions::AgentSession;
 use argocd_agent_proto::payload::SyncedResource;
 use argocd_agent_proto::telemetry::flags::AgentMode;
+use argocd_agent_proto::telemetry::peer_input::Truncated;
 
 /// Condition type written on a hub Application when its agent could not apply it (upstream's name).
 pub const AGENT_ERROR: &str = "AgentError";
@@ -156,7 +160,7 @@ impl AgentInbound {
                 report.resource_name
             )));
         };
-        tracing::warn!(agent = self.agent(), app = %report.resource_name, message = %report.message, "agent could not apply an Application");
+        tracing::warn!(agent = self.agent(), app = %report.resource_name, message = %Truncated(&report.message), "agent could not apply an Application");
         let mut conditions: Vec<Value> = hub_app
             .pointer("/status/conditions")
             .and_then(Value::as_array)
@@ -335,7 +339,7 @@ impl AgentInbound {
                 Ok(())
             }
             (EventType::Error, _) => {
-                tracing::warn!(agent = self.agent(), data = %String::from_utf8_lossy(ev.data.as_deref().unwrap_or_default()), "autonomous agent reported an error");
+                tracing::warn!(agent = self.agent(), data = %Truncated(&String::from_utf8_lossy(ev.data.as_deref().unwrap_or_default())), "autonomous agent reported an error");
                 Ok(())
             }
             (EventType::Ping | EventType::Pong, _) => Ok(()),
@@ -350,6 +354,8 @@ impl AgentInbound {
 
 impl EventHandler for AgentInbound {
     async fn handle(&self, ev: Event) -> Result<(), HandleError> {
+        // Before any use: names reach apiserver URLs (`name?dryRun=All` must not).
+        names::check_event_names(&ev).map_err(HandleError::Rejected)?;
         if self.session.mode() == AgentMode::Autonomous {
             return self.handle_autonomous(ev).await;
         }

@@ -2,7 +2,8 @@
 //! streams Application/AppProject events to them and writes their status back on the hub.
 //!
 //! The connection path, composed in [`app::run`]: [`listener`] (TLS accept, certificate identity) →
-//! [`auth`] (Authenticate/RefreshToken, token ↔ certificate check) → [`eventstream`] (one stream
+//! [`auth`] (Authenticate/RefreshToken, token ↔ certificate check, the agent's pinned mode:
+//! [`mode_pin`]) → [`eventstream`] (one stream
 //! per agent over its [`sessions`] outbox) → [`hub`] / [`inbound`] (hub watches and writes), with
 //! the pure routing rules in [`routing`].
 
@@ -18,6 +19,7 @@ pub mod leadership;
 pub mod listener;
 pub mod live;
 pub mod metrics;
+pub mod mode_pin;
 pub mod redis_proxy;
 pub mod resource_proxy;
 pub mod routing;

@@ -10,12 +10,19 @@
 //! the handshake and a live connection is closed as soon as its certificate gets listed
 //! ([`GuardedStream`]); a client certificate whose key usage does not allow digital signatures
 //! names no agent. Failures are counted by reason; none affects other connections.
+//!
+//! And, on the gRPC listener only, `--keepalive-min-interval` ([`PingEnforcement`],
+//! [`KeepaliveEnforced`]): grpc-go's `keepalive.EnforcementPolicy{MinTime}`, which the h2 crate
+//! under tonic does not have (it answers every PING). The connection's HTTP/2 frames are scanned
+//! (headers only, nothing is buffered or copied); a client that pings more often than the minimum
+//! interval three times in a row gets `GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings")` and the
+//! connection closes, as with upstream's Go principal.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use argocd_agent_proto::identity::{cert_fingerprint, AgentIdentity, IdentitySource};
 use argocd_agent_proto::tls::reload::ReloadingServerConfig;
@@ -201,6 +208,344 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for GuardedStream<S> {
     }
 }
 
+/// HTTP/2 frame types and flags the keepalive enforcement looks at (RFC 9113 §6).
+const FRAME_DATA: u8 = 0x0;
+const FRAME_HEADERS: u8 = 0x1;
+const FRAME_PING: u8 = 0x6;
+const FRAME_GOAWAY: u8 = 0x7;
+const FLAG_ACK: u8 = 0x1;
+/// `ENHANCE_YOUR_CALM`, the GOAWAY code grpc-go sends to a client that pings too often.
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+/// The GOAWAY debug data grpc-go sends with it (grpc-go clients recognise it and back off).
+pub const TOO_MANY_PINGS: &[u8] = b"too_many_pings";
+/// Pings below the minimum interval tolerated before the GOAWAY (grpc-go's `maxPingStrikes`).
+const MAX_PING_STRIKES: u32 = 2;
+/// The client connection preface that precedes the client's first frame.
+const CLIENT_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// One HTTP/2 frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FrameHeader {
+    kind: u8,
+    flags: u8,
+    stream_id: u32,
+}
+
+/// Follows the frame boundaries of one direction of an HTTP/2 connection from the bytes passing
+/// through, yielding each frame header as it completes; payloads are skipped, not kept.
+#[derive(Debug)]
+struct FrameScanner {
+    /// Bytes still to skip: the rest of the preface, then of the current frame's payload.
+    skip: usize,
+    header: [u8; 9],
+    have: usize,
+}
+
+impl FrameScanner {
+    fn new(preface: usize) -> Self {
+        FrameScanner {
+            skip: preface,
+            header: [0; 9],
+            have: 0,
+        }
+    }
+
+    /// Whether the bytes seen so far end exactly at a frame boundary.
+    fn at_boundary(&self) -> bool {
+        self.skip == 0 && self.have == 0
+    }
+
+    /// How many more bytes belong to the frame under way (0 at a boundary).
+    fn rest_of_frame(&self) -> usize {
+        if self.have > 0 {
+            // Inside a header: its rest, then its payload.
+            let len = if self.have >= 3 {
+                u32::from_be_bytes([0, self.header[0], self.header[1], self.header[2]]) as usize
+            } else {
+                // The length is not known yet; only the header's own rest is.
+                0
+            };
+            9 - self.have + len
+        } else {
+            self.skip
+        }
+    }
+
+    fn feed(&mut self, mut bytes: &[u8], mut on_header: impl FnMut(FrameHeader)) {
+        while !bytes.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let n = (9 - self.have).min(bytes.len());
+            self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+            self.have += n;
+            bytes = &bytes[n..];
+            if self.have == 9 {
+                let h = &self.header;
+                self.skip = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+                self.have = 0;
+                on_header(FrameHeader {
+                    kind: h[3],
+                    flags: h[4],
+                    stream_id: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
+                });
+            }
+        }
+    }
+}
+
+/// `--keepalive-min-interval` on one connection, grpc-go's `EnforcementPolicy{MinTime}` rules:
+/// a PING from the client earlier than the minimum interval after its previous one is a strike;
+/// the third strike in a row ends the connection. A PING that follows DATA or HEADERS the server
+/// sent since the previous PING resets the strikes (the client saw traffic, so it is not probing an
+/// idle link). Pings without open streams are held to the same interval (grpc-go's
+/// `PermitWithoutStream: true`; its default also bounds them by two hours, not done here).
+#[derive(Debug)]
+pub struct PingEnforcement {
+    min_interval: Duration,
+    inbound: FrameScanner,
+    outbound: FrameScanner,
+    last_ping: Option<Instant>,
+    strikes: u32,
+    reset_strikes: bool,
+    last_stream_id: u32,
+    violated: bool,
+}
+
+impl PingEnforcement {
+    /// Enforcement of `min_interval` on a fresh server-side connection.
+    pub fn new(min_interval: Duration) -> Self {
+        PingEnforcement {
+            min_interval,
+            inbound: FrameScanner::new(CLIENT_PREFACE.len()),
+            outbound: FrameScanner::new(0),
+            last_ping: None,
+            strikes: 0,
+            reset_strikes: false,
+            last_stream_id: 0,
+            violated: false,
+        }
+    }
+
+    /// Bytes the client sent, read at `now`; true once the client has broken the policy.
+    pub fn client_sent(&mut self, bytes: &[u8], now: Instant) -> bool {
+        let mut pings = 0usize;
+        let mut last_stream_id = self.last_stream_id;
+        self.inbound.feed(bytes, |h| match h.kind {
+            FRAME_PING if h.flags & FLAG_ACK == 0 => pings += 1,
+            FRAME_HEADERS => last_stream_id = last_stream_id.max(h.stream_id),
+            _ => {}
+        });
+        self.last_stream_id = last_stream_id;
+        for _ in 0..pings {
+            self.ping(now);
+        }
+        self.violated
+    }
+
+    fn ping(&mut self, now: Instant) {
+        let last = self.last_ping.replace(now);
+        if std::mem::take(&mut self.reset_strikes) {
+            self.strikes = 0;
+            return;
+        }
+        if last.is_some_and(|last| now.duration_since(last) < self.min_interval) {
+            self.strikes += 1;
+        }
+        if self.strikes > MAX_PING_STRIKES {
+            self.violated = true;
+        }
+    }
+
+    /// Bytes the server wrote to the client.
+    pub fn server_sent(&mut self, bytes: &[u8]) {
+        let mut traffic = false;
+        self.outbound.feed(bytes, |h| {
+            traffic |= matches!(h.kind, FRAME_DATA | FRAME_HEADERS);
+        });
+        self.reset_strikes |= traffic;
+    }
+
+    /// The GOAWAY frame that ends a connection that broke the policy.
+    pub fn goaway_frame(&self) -> Vec<u8> {
+        let len = (8 + TOO_MANY_PINGS.len()) as u32;
+        let mut frame = len.to_be_bytes()[1..].to_vec();
+        frame.extend([FRAME_GOAWAY, 0, 0, 0, 0, 0]);
+        frame.extend(self.last_stream_id.to_be_bytes());
+        frame.extend(ENHANCE_YOUR_CALM.to_be_bytes());
+        frame.extend(TOO_MANY_PINGS);
+        frame
+    }
+}
+
+/// Where a connection that broke the ping policy is on its way out.
+#[derive(Debug)]
+enum Ending {
+    /// Still serving.
+    Open,
+    /// Writing the GOAWAY (bytes, how many are written).
+    GoAway(Vec<u8>, usize),
+    /// Flushing it out.
+    Flushing,
+    /// Closed: reads see the end, writes fail.
+    Closed,
+}
+
+/// A server-side HTTP/2 connection under [`PingEnforcement`] (or passed through untouched when
+/// there is no policy). The GOAWAY goes out at the next frame boundary of the server's own
+/// writes, so it never lands inside a frame h2 is writing.
+pub struct KeepaliveEnforced<S> {
+    stream: S,
+    policy: Option<PingEnforcement>,
+    ending: Ending,
+}
+
+impl<S> KeepaliveEnforced<S> {
+    /// `stream` under `min_interval` (`None` = no enforcement).
+    pub fn new(stream: S, min_interval: Option<Duration>) -> Self {
+        KeepaliveEnforced {
+            stream,
+            policy: min_interval.map(PingEnforcement::new),
+            ending: Ending::Open,
+        }
+    }
+
+    /// The wrapped stream.
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
+}
+
+fn too_many_pings() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "closed: the client pinged more often than --keepalive-min-interval allows (too_many_pings)",
+    )
+}
+
+impl<S: AsyncWrite + Unpin> KeepaliveEnforced<S> {
+    /// Drives the GOAWAY out once the server's writes are at a frame boundary; `Ready` when the
+    /// connection is closed.
+    fn poll_end(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        loop {
+            match &mut self.ending {
+                Ending::Open => {
+                    let Some(policy) = &self.policy else {
+                        return Poll::Pending;
+                    };
+                    if !policy.violated || !policy.outbound.at_boundary() {
+                        return Poll::Pending;
+                    }
+                    tracing::warn!(
+                        "an agent pinged more often than --keepalive-min-interval allows; \
+                         sending GOAWAY too_many_pings and closing the connection"
+                    );
+                    self.ending = Ending::GoAway(policy.goaway_frame(), 0);
+                }
+                Ending::GoAway(frame, written) => {
+                    while *written < frame.len() {
+                        match Pin::new(&mut self.stream).poll_write(cx, &frame[*written..]) {
+                            Poll::Ready(Ok(0)) => {
+                                self.ending = Ending::Closed;
+                                return Poll::Ready(Ok(()));
+                            }
+                            Poll::Ready(Ok(n)) => *written += n,
+                            Poll::Ready(Err(e)) => {
+                                self.ending = Ending::Closed;
+                                return Poll::Ready(Err(e));
+                            }
+                            Poll::Pending => return Poll::Pending,
+                        }
+                    }
+                    self.ending = Ending::Flushing;
+                }
+                Ending::Flushing => {
+                    let flushed = std::task::ready!(Pin::new(&mut self.stream).poll_flush(cx));
+                    let _ = Pin::new(&mut self.stream).poll_shutdown(cx);
+                    self.ending = Ending::Closed;
+                    return Poll::Ready(flushed);
+                }
+                Ending::Closed => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for KeepaliveEnforced<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.policy.is_none() {
+            return Pin::new(&mut this.stream).poll_read(cx, buf);
+        }
+        if this.poll_end(cx).is_ready() {
+            // Closed: the end of the stream, so the server lets the connection go.
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if let (Poll::Ready(Ok(())), Some(policy)) = (&read, this.policy.as_mut()) {
+            if policy.client_sent(&buf.filled()[before..], Instant::now()) {
+                // The GOAWAY may go at once if the server is between frames; otherwise the
+                // server's next write completes its frame and sends it.
+                if let Poll::Ready(Err(e)) = this.poll_end(cx) {
+                    tracing::debug!(error = %e, "sending GOAWAY too_many_pings failed");
+                }
+            }
+        }
+        read
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for KeepaliveEnforced<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let (violated, at_boundary, rest) = match &this.policy {
+            None => return Pin::new(&mut this.stream).poll_write(cx, buf),
+            Some(p) => (
+                p.violated,
+                p.outbound.at_boundary(),
+                p.outbound.rest_of_frame(),
+            ),
+        };
+        let mut limit = buf.len();
+        if violated {
+            if at_boundary {
+                std::task::ready!(this.poll_end(cx))?;
+                return Poll::Ready(Err(too_many_pings()));
+            }
+            // Finish the frame under way, no more, so the GOAWAY follows it directly.
+            limit = limit.min(rest.max(1));
+        }
+        let written = std::task::ready!(Pin::new(&mut this.stream).poll_write(cx, &buf[..limit]))?;
+        if let Some(policy) = this.policy.as_mut() {
+            policy.server_sent(&buf[..written]);
+        }
+        Poll::Ready(Ok(written))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if matches!(self.ending, Ending::Closed) {
+            return Poll::Ready(Err(too_many_pings()));
+        }
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
 /// A finished, admitted TLS connection of any principal listener.
 pub struct Admitted {
     /// The connection, guarded by the policy.
@@ -299,7 +644,7 @@ pub struct PeerIdentity {
 
 /// An accepted mutual-TLS connection.
 pub struct AgentConnection {
-    stream: GuardedStream<TlsStream<TcpStream>>,
+    stream: KeepaliveEnforced<GuardedStream<TlsStream<TcpStream>>>,
     peer: PeerIdentity,
 }
 
@@ -352,13 +697,15 @@ impl AsyncWrite for AgentConnection {
 }
 
 /// Accepts connections on `listener` forever, handing finished mutual-TLS connections that
-/// `policy` admits to the returned channel (the gRPC server's incoming stream).
+/// `policy` admits to the returned channel (the gRPC server's incoming stream), each under
+/// `--keepalive-min-interval` ([`KeepaliveEnforced`]).
 pub fn accept_loop(
     listener: TcpListener,
     tls: ReloadingServerConfig,
     source: IdentitySource,
     metrics: Arc<PrincipalMetrics>,
     policy: ConnectionPolicy,
+    keepalive_min_interval: Option<Duration>,
 ) -> mpsc::Receiver<Result<AgentConnection, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
@@ -390,7 +737,10 @@ pub fn accept_loop(
                         };
                         let _ = tx
                             .send(Ok(AgentConnection {
-                                stream: admitted.stream,
+                                stream: KeepaliveEnforced::new(
+                                    admitted.stream,
+                                    keepalive_min_interval,
+                                ),
                                 peer,
                             }))
                             .await;
@@ -475,5 +825,128 @@ mod tests {
             read.unwrap_err().kind(),
             std::io::ErrorKind::ConnectionAborted
         );
+    }
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend([kind, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend(payload);
+        f
+    }
+
+    fn ping() -> Vec<u8> {
+        frame(FRAME_PING, 0, 0, &[0; 8])
+    }
+
+    #[test]
+    fn the_third_early_ping_breaks_the_policy_and_spaced_pings_never_do() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut p = PingEnforcement::new(Duration::from_secs(1));
+        let mut opening = CLIENT_PREFACE.to_vec();
+        opening.extend(frame(0x4, 0, 0, &[]));
+        opening.extend(ping());
+        assert!(!p.client_sent(&opening, ms(0)), "the first ping is free");
+        assert!(!p.client_sent(&ping(), ms(10)), "strike 1");
+        // A PING ACK (answering the server's own ping) is no ping from the client.
+        assert!(!p.client_sent(&frame(FRAME_PING, FLAG_ACK, 0, &[0; 8]), ms(15)));
+        assert!(!p.client_sent(&ping(), ms(20)), "strike 2");
+        assert!(p.client_sent(&ping(), ms(30)), "strike 3 ends it");
+
+        let mut spaced = PingEnforcement::new(Duration::from_secs(1));
+        assert!(!spaced.client_sent(CLIENT_PREFACE, ms(0)));
+        for i in 0..10 {
+            assert!(!spaced.client_sent(&ping(), ms(1000 * i)));
+        }
+    }
+
+    #[test]
+    fn server_traffic_between_pings_resets_the_strikes_as_in_grpc_go() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut p = PingEnforcement::new(Duration::from_secs(1));
+        p.client_sent(CLIENT_PREFACE, ms(0));
+        for i in 0..20 {
+            // Split the frames byte by byte: the scanner must follow boundaries across reads.
+            p.server_sent(&frame(FRAME_DATA, 0, 1, b"event")[..4]);
+            p.server_sent(&frame(FRAME_DATA, 0, 1, b"event")[4..]);
+            for b in ping() {
+                assert!(!p.client_sent(&[b], ms(i)), "ping {i} after server data");
+            }
+        }
+    }
+
+    #[test]
+    fn the_goaway_names_the_last_stream_and_too_many_pings() {
+        let mut p = PingEnforcement::new(Duration::from_secs(1));
+        let mut bytes = CLIENT_PREFACE.to_vec();
+        bytes.extend(frame(FRAME_HEADERS, 0x4, 7, &[0x82]));
+        p.client_sent(&bytes, Instant::now());
+        let goaway = p.goaway_frame();
+        assert_eq!(goaway[3], FRAME_GOAWAY);
+        assert_eq!(&goaway[9..13], &7u32.to_be_bytes());
+        assert_eq!(&goaway[13..17], &ENHANCE_YOUR_CALM.to_be_bytes());
+        assert_eq!(&goaway[17..], TOO_MANY_PINGS);
+        assert_eq!(
+            goaway.len(),
+            9 + u32::from_be_bytes([0, goaway[0], goaway[1], goaway[2]]) as usize
+        );
+    }
+
+    #[tokio::test]
+    async fn a_ping_flood_gets_goaway_after_the_frame_under_way_and_the_connection_closes() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let mut conn = KeepaliveEnforced::new(server, Some(Duration::from_secs(60)));
+        // The server is half-way through a DATA frame when the flood arrives.
+        let data = frame(FRAME_DATA, 0, 1, b"0123456789");
+        assert_eq!(conn.write(&data[..12]).await.unwrap(), 12);
+        let mut flood = CLIENT_PREFACE.to_vec();
+        for _ in 0..4 {
+            flood.extend(ping());
+        }
+        client.write_all(&flood).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = conn.read(&mut buf).await.unwrap();
+        assert_eq!(n, flood.len(), "the frames still reach the server");
+        // The frame under way completes (and no more than it), then the GOAWAY follows.
+        let mut rest = data[12..].to_vec();
+        rest.extend(frame(FRAME_DATA, 0, 1, b"next"));
+        assert_eq!(
+            conn.write(&rest).await.unwrap(),
+            data.len() - 12,
+            "the rest of the frame, not the next one"
+        );
+        let err = conn
+            .write(&frame(FRAME_DATA, 0, 1, b"more"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionAborted);
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 0, "reads see the end");
+        drop(conn);
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert_eq!(&got[..data.len()], &data[..]);
+        let goaway = &got[data.len()..];
+        assert_eq!(goaway[3], FRAME_GOAWAY);
+        assert_eq!(&goaway[13..17], &ENHANCE_YOUR_CALM.to_be_bytes());
+        assert!(goaway.ends_with(TOO_MANY_PINGS));
+    }
+
+    #[tokio::test]
+    async fn without_a_minimum_interval_pings_pass_untouched() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let mut conn = KeepaliveEnforced::new(server, None);
+        let mut flood = CLIENT_PREFACE.to_vec();
+        for _ in 0..50 {
+            flood.extend(ping());
+        }
+        client.write_all(&flood).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut total = 0;
+        while total < flood.len() {
+            total += conn.read(&mut buf).await.unwrap();
+        }
+        assert_eq!(conn.write(b"x").await.unwrap(), 1);
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use argocd_agent_proto::event::EventType;
 use argocd_agent_proto::sync::processing_time_histogram;
 use argocd_agent_proto::telemetry::MetricsRegistry;
 use prometheus_client::metrics::counter::Counter;
@@ -251,10 +252,14 @@ impl PrincipalMetrics {
         })
     }
 
-    /// Counts an event by type in `family`.
-    pub fn count_event(family: &Family<Labels, Counter>, event_type: &str) {
+    /// Counts an event by type in `family`; unrecognised types (peer-chosen strings) share the
+    /// one label value `unknown`, so a peer cannot grow the series without bound.
+    pub fn count_event(family: &Family<Labels, Counter>, event_type: &EventType) {
         family
-            .get_or_create(&vec![("event_type".into(), event_type.into())])
+            .get_or_create(&vec![(
+                "event_type".into(),
+                event_type.metric_label().into(),
+            )])
             .inc();
     }
 }
@@ -284,5 +289,28 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
         assert!(!text.contains("redis_proxy_errors_total{"), "{text}");
+    }
+
+    #[test]
+    fn unknown_event_types_fold_into_one_series() {
+        let registry = MetricsRegistry::empty();
+        let metrics = PrincipalMetrics::register(&registry);
+        for i in 0..1000 {
+            let t = EventType::from_wire(&format!("io.example.hostile-{i}"));
+            PrincipalMetrics::count_event(&metrics.events_received, &t);
+        }
+        PrincipalMetrics::count_event(&metrics.events_received, &EventType::StatusUpdate);
+        let text = registry.encode().unwrap();
+        let series: Vec<_> = text
+            .lines()
+            .filter(|l| l.starts_with("principal_events_received_total{"))
+            .collect();
+        assert_eq!(
+            series,
+            [
+                "principal_events_received_total{event_type=\"unknown\"} 1000",
+                "principal_events_received_total{event_type=\"status-update\"} 1",
+            ]
+        );
     }
 }

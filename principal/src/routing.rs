@@ -2,7 +2,8 @@
 //! a hub Application produces, which agents an AppProject applies to, which AppProject a repository
 //! Secret belongs to ([`repository_project`]), and the copy of an object that an agent receives; for autonomous agents, the hub mirror of a spoke object
 //! ([`mirror_application`], [`mirror_project`]) and the view of a mirror that hub edits may not
-//! change ([`mirror_view`]).
+//! change ([`mirror_view`]); which hub namespaces are served ([`namespace_allowed`]) and the label
+//! selector of each hub watch ([`combined_selector`]).
 
 use argocd_agent_proto::event::EventType;
 use serde_json::Value;
@@ -81,6 +82,25 @@ fn strip_metadata(obj: &mut Value) {
         if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
             ann.remove(LAST_APPLIED);
         }
+    }
+}
+
+/// Whether the principal watches and serves Applications in hub namespace `namespace`
+/// (`--allowed-namespaces`: '*' and '?' globs, as upstream matches them; none = every namespace).
+pub fn namespace_allowed(patterns: &[String], namespace: &str) -> bool {
+    patterns.is_empty()
+        || patterns
+            .iter()
+            .any(|p| WildMatch::new(p).matches(namespace))
+}
+
+/// The label selector of a hub watch: the kind's own (`fixed`, e.g. repository Secrets only) and
+/// `--label-selector`, both required (Kubernetes ANDs comma-separated requirements).
+pub fn combined_selector(fixed: Option<&str>, user: Option<&str>) -> Option<String> {
+    match (fixed, user.filter(|u| !u.is_empty())) {
+        (Some(f), Some(u)) => Some(format!("{f},{u}")),
+        (Some(one), None) | (None, Some(one)) => Some(one.to_string()),
+        (None, None) => None,
     }
 }
 
@@ -342,6 +362,34 @@ pub fn mirror_view(obj: &Value) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn allowed_namespaces_are_globs_and_none_allows_every_namespace() {
+        assert!(namespace_allowed(&[], "agent-a"));
+        let patterns = vec!["team-*".to_string(), "agent-?".to_string()];
+        assert!(namespace_allowed(&patterns, "team-blue"));
+        assert!(namespace_allowed(&patterns, "agent-a"));
+        assert!(!namespace_allowed(&patterns, "agent-ab"));
+        assert!(!namespace_allowed(&patterns, "other"));
+    }
+
+    #[test]
+    fn the_label_selector_narrows_each_watch_and_keeps_its_own_selector() {
+        assert_eq!(combined_selector(None, None), None);
+        assert_eq!(combined_selector(None, Some("")), None);
+        assert_eq!(
+            combined_selector(None, Some("sync=yes")).as_deref(),
+            Some("sync=yes")
+        );
+        assert_eq!(
+            combined_selector(Some("type in (a,b)"), Some("sync=yes")).as_deref(),
+            Some("type in (a,b),sync=yes")
+        );
+        assert_eq!(
+            combined_selector(Some("type in (a,b)"), None).as_deref(),
+            Some("type in (a,b)")
+        );
+    }
 
     fn app(spec_rev: &str) -> Value {
         json!({"metadata": {"name": "a", "namespace": "agent1", "uid": "u1", "resourceVersion": "1"},

@@ -22,6 +22,11 @@ pub const AUDIENCE_REFRESH: &str = "argocd-agent-server-refresh";
 /// callers); their `sub` is the plain agent name, as upstream.
 pub const AUDIENCE_RESOURCE_PROXY: &str = "argocd-agent-server-resource-proxy";
 
+/// Seconds a token is accepted past its `exp` (and before its `nbf`). Zero: the principal both
+/// issues and validates its tokens, on one clock, so there is no skew to absorb (jsonwebtoken's
+/// default would accept a token up to 60 s after it expired).
+pub const CLOCK_SKEW_LEEWAY_SECS: u64 = 0;
+
 /// Errors of key loading and token checks; messages are safe to log (no token material).
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -182,8 +187,10 @@ impl TokenIssuer {
         let mut v = Validation::new(self.algorithm);
         v.set_issuer(&[ISSUER]);
         v.set_audience(&[audience]);
-        v.leeway = 5;
+        v.leeway = CLOCK_SKEW_LEEWAY_SECS;
+        v.validate_exp = true;
         v.validate_nbf = true;
+        v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         jsonwebtoken::decode::<Claims>(token, &self.decoding, &v)
             .map(|data| data.claims)
             .map_err(|e| TokenError::Invalid(e.to_string()))
@@ -223,23 +230,45 @@ mod tests {
         assert!(issuer().validate(&access, AUDIENCE_ACCESS).is_err());
     }
 
-    #[test]
-    fn expired_token_is_refused() {
-        let i = TokenIssuer::generate(Duration::from_secs(0), Duration::from_secs(0)).unwrap();
-        let t = i.issue_access(&subject()).unwrap();
-        // exp == now; with 5 s leeway it is still valid now, so forge an old one instead.
-        let old = Claims {
+    /// A token signed by `i` whose `exp` is `exp_offset` seconds from now.
+    fn token_expiring_in(i: &TokenIssuer, exp_offset: i64) -> String {
+        let now = chrono::Utc::now().timestamp();
+        let claims = Claims {
             sub: serde_json::to_string(&subject()).unwrap(),
             iss: ISSUER.into(),
             aud: AUDIENCE_ACCESS.into(),
-            exp: 1000,
-            iat: 900,
-            nbf: 900,
+            exp: now + exp_offset,
+            iat: now - 600,
+            nbf: now - 600,
             jti: "x".into(),
         };
-        let forged = jsonwebtoken::encode(&Header::new(i.algorithm), &old, &i.encoding).unwrap();
-        assert!(i.validate(&t, AUDIENCE_ACCESS).is_ok());
-        assert!(i.validate(&forged, AUDIENCE_ACCESS).is_err());
+        jsonwebtoken::encode(&Header::new(i.algorithm), &claims, &i.encoding).unwrap()
+    }
+
+    #[test]
+    fn expired_token_is_refused_without_leeway() {
+        let i = issuer();
+        assert!(i
+            .validate(&token_expiring_in(&i, 60), AUDIENCE_ACCESS)
+            .is_ok());
+        // jsonwebtoken's default 60 s leeway would accept both of these.
+        for expired_ago in [2, 30, 59, 3600] {
+            let err = i
+                .validate(&token_expiring_in(&i, -expired_ago), AUDIENCE_ACCESS)
+                .unwrap_err();
+            assert!(err.to_string().contains("Expired"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_token_without_expiry_is_refused() {
+        let i = issuer();
+        let claims = serde_json::json!({
+            "sub": serde_json::to_string(&subject()).unwrap(),
+            "iss": ISSUER, "aud": AUDIENCE_ACCESS,
+        });
+        let t = jsonwebtoken::encode(&Header::new(i.algorithm), &claims, &i.encoding).unwrap();
+        assert!(i.validate(&t, AUDIENCE_ACCESS).is_err());
     }
 
     #[test]

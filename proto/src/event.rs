@@ -5,7 +5,8 @@
 //! wrapper, the constructors both sides use (object events, ACKs, resource/redis/log/terminal
 //! requests and responses, resync messages, heartbeats, error reports), and — in submodules —
 //! the event type/target vocabulary ([`kind`]), a Go-compatible JSON serialiser ([`go_json`])
-//! and the resync checksums ([`resync`]).
+//! the resync checksums ([`resync`]) and the checks of the Kubernetes names events carry
+//! ([`names`]).
 //!
 //! Wire layout (what upstream's Go sdk produces and expects): `spec_version` "1.0", `source`,
 //! `type`, and in `attributes`: `dataschema` (the target) as `ce_uri` — cloudevents sdk-go's
@@ -18,6 +19,7 @@
 
 pub mod go_json;
 pub mod kind;
+pub mod names;
 pub mod resync;
 
 use std::collections::BTreeMap;

@@ -50,8 +50,8 @@ const APISERVER_TIMEOUT: Duration = Duration::from_secs(25);
 pub struct LiveSettings {
     /// The agent's Argo CD namespace (where `argocd-cm` lives).
     pub namespace: String,
-    /// The local Argo CD Redis, `host:port`.
-    pub redis_address: String,
+    /// The local Argo CD Redis: address, credentials, TLS.
+    pub redis: redis::RedisTarget,
 }
 
 /// Runs live requests (see the module docs). Share it as `Arc<LiveService>`.
@@ -133,7 +133,7 @@ impl LiveService {
         };
         let settings = LiveSettings {
             namespace: config.namespace.clone(),
-            redis_address: config.redis_address.to_string(),
+            redis: redis::RedisTarget::from_config(config),
         };
         Some(LiveService::new(client, outbox, settings, logs))
     }

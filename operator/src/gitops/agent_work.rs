@@ -4,8 +4,14 @@
 //! key), the parameters ConfigMap and the Deployment — with feedback rules that bring the
 //! Deployment's readiness back into the ManifestWork status.
 //!
-//! Owns the payload layout (names, mount paths, arguments) and reading things back out of a
-//! ManifestWork (embedded client certificate, agent readiness). Pure: no apiserver.
+//! Owns the payload layout (names, mount paths, arguments, ports, volumes) and reading things
+//! back out of a ManifestWork (embedded client certificate, agent readiness). Pure: no apiserver.
+//!
+//! The payload runs the agent as the agent chart does: the image's own entrypoint, a read-only
+//! root filesystem with writable `emptyDir`s for the offline queue and `/tmp`, the metrics and
+//! health ports with probes, and a Role granting exactly the rules of `agent/rbac.yaml` (the API
+//! calls the agent's code makes, also what the chart grants), read from that file at build time
+//! so the two cannot drift.
 
 use std::collections::BTreeMap;
 
@@ -17,8 +23,8 @@ use crate::pki::secrets::{
 };
 use crate::pki::IssuedCert;
 use crate::pull::manifestwork::{
-    FeedbackRule, JsonPath, ManifestConfigOption, ManifestWork, ManifestWorkSpec,
-    ManifestsTemplate, ResourceIdentifier, UpdateStrategy,
+    DeleteOption, FeedbackRule, JsonPath, ManifestConfigOption, ManifestWork, ManifestWorkSpec,
+    ManifestsTemplate, ResourceIdentifier, SelectivelyOrphan, UpdateStrategy,
 };
 
 /// Name of the agent ManifestWork in each cluster namespace.
@@ -48,6 +54,28 @@ pub const FEEDBACK_READY_REPLICAS: &str = "readyReplicas";
 
 const TLS_MOUNT: &str = "/app/config/tls";
 const CA_MOUNT: &str = "/app/config/ca";
+/// Where the agent keeps its offline queue (the agent's default `--queue-dir`, as in the chart).
+pub const QUEUE_MOUNT: &str = "/var/lib/argocd-agent/queue";
+const TMP_MOUNT: &str = "/tmp";
+/// Container port of the agent's `/metrics` (the agent's default, as in the chart).
+pub const METRICS_PORT: u16 = 8181;
+/// Container port of the agent's `/healthz` and `/readyz`.
+pub const HEALTH_PORT: u16 = 8001;
+
+/// The API calls the agent's code makes, as RBAC rules (see its header).
+const AGENT_RBAC: &str = include_str!("../../../agent/rbac.yaml");
+
+/// The rules of `agent/rbac.yaml`'s `namespace` list: what the agent's Role grants in its namespace.
+pub fn agent_role_rules() -> Vec<Value> {
+    #[derive(serde::Deserialize)]
+    struct Rules {
+        namespace: Vec<Value>,
+    }
+    // The file is part of the build and parsed by a unit test, so this cannot fail at run time.
+    serde_yaml::from_str::<Rules>(AGENT_RBAC)
+        .map(|r| r.namespace)
+        .expect("agent/rbac.yaml has a `namespace` list of rules")
+}
 
 /// Everything that decides the content of one cluster's agent ManifestWork.
 #[derive(Clone, Debug)]
@@ -99,6 +127,9 @@ pub fn agent_args(d: &AgentDeployment<'_>) -> Vec<String> {
         format!("--tls-client-cert={TLS_MOUNT}/{TLS_CERT_KEY}"),
         format!("--tls-client-key={TLS_MOUNT}/{TLS_KEY_KEY}"),
         format!("--tls-ca={CA_MOUNT}/{CA_CERT_KEY}"),
+        format!("--queue-dir={QUEUE_MOUNT}"),
+        format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
+        format!("--health-address=0.0.0.0:{HEALTH_PORT}"),
     ]
 }
 
@@ -112,12 +143,7 @@ pub fn agent_manifests(d: &AgentDeployment<'_>) -> Vec<Value> {
                "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels}}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels},
-        "rules": [
-            {"apiGroups": ["argoproj.io"], "resources": ["applications", "appprojects", "applicationsets"],
-             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-            {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
-        ]}),
+        "rules": agent_role_rules()}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AGENT_DEPLOYMENT},
@@ -143,26 +169,38 @@ pub fn agent_manifests(d: &AgentDeployment<'_>) -> Vec<Value> {
         "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels},
         "spec": {
             "replicas": 1,
+            // One agent per cluster: the old pod lets go before the new one starts.
+            "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"app.kubernetes.io/name": AGENT_DEPLOYMENT}},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
                     "serviceAccountName": AGENT_DEPLOYMENT,
+                    "automountServiceAccountToken": true,
                     "containers": [{
                         "name": "agent",
                         "image": d.image,
-                        "command": ["argocd-agent"],
                         "args": agent_args(d),
                         "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                                             "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}},
+                        "ports": [
+                            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+                            {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}
+                        ],
+                        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"}},
+                        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "health"}},
                         "volumeMounts": [
                             {"name": "client-tls", "mountPath": TLS_MOUNT, "readOnly": true},
-                            {"name": "ca", "mountPath": CA_MOUNT, "readOnly": true}
+                            {"name": "ca", "mountPath": CA_MOUNT, "readOnly": true},
+                            {"name": "queue", "mountPath": QUEUE_MOUNT},
+                            {"name": "tmp", "mountPath": TMP_MOUNT}
                         ]
                     }],
                     "volumes": [
                         {"name": "client-tls", "secret": {"secretName": AGENT_CLIENT_TLS_SECRET}},
-                        {"name": "ca", "secret": {"secretName": AGENT_CA_SECRET}}
+                        {"name": "ca", "secret": {"secretName": AGENT_CA_SECRET}},
+                        {"name": "queue", "emptyDir": {}},
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}
                     ]
                 }
             }
@@ -177,6 +215,22 @@ pub fn hub_labels(cluster: &str) -> BTreeMap<String, String> {
         (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_OPERATOR.to_owned()),
         (CLUSTER_NAME_LABEL.to_owned(), cluster.to_owned()),
     ])
+}
+
+/// Offboarding removes the agent, never its namespace: the namespace is created if missing but
+/// may hold what the agent does not own (by default `argocd`, where the spoke's Argo CD runs).
+pub fn agent_delete_option(agent_namespace: &str) -> DeleteOption {
+    DeleteOption {
+        propagation_policy: "SelectivelyOrphan".into(),
+        selectively_orphans: Some(SelectivelyOrphan {
+            orphaning_rules: vec![ResourceIdentifier {
+                group: String::new(),
+                resource: "namespaces".into(),
+                name: agent_namespace.to_owned(),
+                namespace: String::new(),
+            }],
+        }),
+    }
 }
 
 /// The agent ManifestWork for one cluster.
@@ -221,6 +275,7 @@ pub fn build_agent_manifest_work(d: &AgentDeployment<'_>) -> ManifestWork {
                     server_side_apply: None,
                 }),
             }],
+            delete_option: Some(agent_delete_option(d.agent_namespace)),
         },
         status: None,
     }
@@ -356,6 +411,125 @@ mod tests {
             work.spec.manifest_configs[0].resource_identifier.resource,
             "deployments"
         );
+    }
+
+    fn agent_container(work: &ManifestWork) -> (&Value, &Value) {
+        let dep = payload(work, "Deployment", AGENT_DEPLOYMENT).unwrap();
+        let pod = &dep["spec"]["template"]["spec"];
+        (&pod["containers"][0], pod)
+    }
+
+    fn args_of(container: &Value) -> Vec<&str> {
+        container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn read_only_root_has_a_writable_volume_at_the_queue_dir() {
+        let ca = CertificateAuthority::generate("argocd-agent-ca", days(10)).unwrap();
+        let work = build_agent_manifest_work(&deployment(ca.cert_pem(), None));
+        let (container, pod) = agent_container(&work);
+        assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+        let queue_dir = args_of(container)
+            .iter()
+            .find_map(|a| a.strip_prefix("--queue-dir="))
+            .expect("the queue dir is named")
+            .to_owned();
+        let mounts = container["volumeMounts"].as_array().unwrap();
+        let volumes = pod["volumes"].as_array().unwrap();
+        // Every mount has its volume; the queue's is writable and needs nothing from the cluster.
+        for m in mounts {
+            assert!(
+                volumes.iter().any(|v| v["name"] == m["name"]),
+                "mount {m} has no volume"
+            );
+        }
+        let queue = mounts
+            .iter()
+            .find(|m| m["mountPath"] == queue_dir.as_str())
+            .expect("a volume is mounted at the queue dir");
+        assert_ne!(queue["readOnly"], true);
+        let volume = volumes.iter().find(|v| v["name"] == queue["name"]).unwrap();
+        assert!(volume.get("emptyDir").is_some(), "{volume}");
+        assert!(
+            mounts.iter().any(|m| m["mountPath"] == "/tmp"),
+            "a writable /tmp"
+        );
+    }
+
+    #[test]
+    fn container_uses_the_image_entrypoint_and_exposes_its_ops_ports() {
+        let ca = CertificateAuthority::generate("argocd-agent-ca", days(10)).unwrap();
+        let work = build_agent_manifest_work(&deployment(ca.cert_pem(), None));
+        let (container, pod) = agent_container(&work);
+        assert!(
+            container.get("command").is_none(),
+            "the image's ENTRYPOINT runs"
+        );
+        assert_eq!(pod["serviceAccountName"], AGENT_DEPLOYMENT);
+        let args = args_of(container);
+        let ports = container["ports"].as_array().unwrap();
+        for (name, flag) in [
+            ("metrics", "--metrics-address"),
+            ("health", "--health-address"),
+        ] {
+            let port = ports.iter().find(|p| p["name"] == name).unwrap()["containerPort"]
+                .as_u64()
+                .unwrap();
+            assert!(
+                args.contains(&format!("{flag}=0.0.0.0:{port}").as_str()),
+                "{flag} listens on the {name} port {port}: {args:?}"
+            );
+        }
+        assert_eq!(container["readinessProbe"]["httpGet"]["port"], "health");
+    }
+
+    #[test]
+    fn role_grants_exactly_the_rules_of_agent_rbac_yaml() {
+        let ca = CertificateAuthority::generate("argocd-agent-ca", days(10)).unwrap();
+        let work = build_agent_manifest_work(&deployment(ca.cert_pem(), None));
+        let role = payload(&work, "Role", AGENT_DEPLOYMENT).unwrap();
+        let rules = agent_role_rules();
+        assert!(!rules.is_empty());
+        assert_eq!(role["rules"], Value::Array(rules.clone()));
+        // Managed mode writes the spoke copies of the hub's repository Secrets.
+        let secrets = rules
+            .iter()
+            .find(|r| {
+                r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("secrets"))
+            })
+            .expect("a rule for secrets");
+        for verb in ["get", "list", "watch", "create", "update", "delete"] {
+            assert!(
+                secrets["verbs"].as_array().unwrap().contains(&json!(verb)),
+                "secrets {verb}"
+            );
+        }
+        let binding = payload(&work, "RoleBinding", AGENT_DEPLOYMENT).unwrap();
+        assert_eq!(binding["subjects"][0]["name"], AGENT_DEPLOYMENT);
+        assert_eq!(binding["subjects"][0]["namespace"], "argocd");
+    }
+
+    #[test]
+    fn offboarding_orphans_the_agent_namespace_only() {
+        let ca = CertificateAuthority::generate("argocd-agent-ca", days(10)).unwrap();
+        let work = build_agent_manifest_work(&deployment(ca.cert_pem(), None));
+        let option = serde_json::to_value(work.spec.delete_option.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            option,
+            json!({"propagationPolicy": "SelectivelyOrphan", "selectivelyOrphans": {
+                "orphaningRules": [{"group": "", "resource": "namespaces", "name": "argocd"}]}})
+        );
+        // The orphaned namespace is the one the payload creates; nothing else is orphaned.
+        let ns = payload(&work, "Namespace", "argocd").expect("the payload creates it");
+        assert_eq!(ns["apiVersion"], "v1");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use argocd_agent_proto::identity::AgentName;
 use base64::Engine;
 use chrono::Utc;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
@@ -385,7 +385,7 @@ pub async fn reconcile_all(
                 &secrets,
                 &secret_name,
                 desired_secret,
-                existing_secret.and_then(|s| s.resource_version()),
+                existing_secret.map(|s| &s.metadata),
             )
             .await
             .map_err(kube_err(format!(
@@ -445,7 +445,7 @@ pub async fn reconcile_all(
                 &api,
                 super::agent_work::AGENT_WORK_NAME,
                 desired_work,
-                existing_work.and_then(|w| w.resource_version()),
+                existing_work.map(|w| &w.metadata),
             )
             .await
             .map_err(kube_err(format!(
@@ -812,18 +812,33 @@ fn secret_is_current(existing: Option<&Secret>, desired: &Secret) -> bool {
         )
 }
 
+/// What a replace must keep of the object it replaces: its resourceVersion (optimistic
+/// concurrency) and the finalizers others put on it (OCM's work agent holds the ManifestWork with
+/// `cluster.open-cluster-management.io/manifest-work-cleanup` until it removed what it applied;
+/// a PUT without it would let a deletion orphan the agent on the spoke).
+fn carry_over(existing: &ObjectMeta, desired: &mut ObjectMeta) {
+    desired.resource_version = existing.resource_version.clone();
+    let mut finalizers = desired.finalizers.take().unwrap_or_default();
+    for f in existing.finalizers.iter().flatten() {
+        if !finalizers.contains(f) {
+            finalizers.push(f.clone());
+        }
+    }
+    desired.finalizers = (!finalizers.is_empty()).then_some(finalizers);
+}
+
 async fn upsert<K>(
     api: &Api<K>,
     name: &str,
     mut obj: K,
-    resource_version: Option<String>,
+    existing: Option<&ObjectMeta>,
 ) -> Result<(), kube::Error>
 where
     K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    match resource_version {
-        Some(rv) => {
-            obj.meta_mut().resource_version = Some(rv);
+    match existing {
+        Some(existing) => {
+            carry_over(existing, obj.meta_mut());
             api.replace(name, &PostParams::default(), &obj).await?;
         }
         None => {
@@ -841,5 +856,42 @@ where
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replacing_keeps_the_finalizers_others_hold() {
+        let existing = ObjectMeta {
+            resource_version: Some("42".into()),
+            finalizers: Some(vec![
+                "cluster.open-cluster-management.io/manifest-work-cleanup".into(),
+            ]),
+            ..ObjectMeta::default()
+        };
+        let mut desired = ObjectMeta::default();
+        carry_over(&existing, &mut desired);
+        assert_eq!(desired.resource_version.as_deref(), Some("42"));
+        assert_eq!(desired.finalizers, existing.finalizers);
+
+        let mut own = ObjectMeta {
+            finalizers: Some(vec!["mine".into()]),
+            ..ObjectMeta::default()
+        };
+        carry_over(&existing, &mut own);
+        assert_eq!(
+            own.finalizers.unwrap(),
+            [
+                "mine",
+                "cluster.open-cluster-management.io/manifest-work-cleanup"
+            ]
+        );
+
+        let mut none = ObjectMeta::default();
+        carry_over(&ObjectMeta::default(), &mut none);
+        assert_eq!(none.finalizers, None, "no empty finalizer list is written");
     }
 }

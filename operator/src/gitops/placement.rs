@@ -200,7 +200,10 @@ pub async fn ensure_tolerations(
             &kube::api::Patch::Merge(&patch),
         )
         .await?;
-    tracing::info!(placement = name, "added tolerations for the unreachable/unavailable taints, so offline sites stay onboarded");
+    tracing::info!(
+        placement = name,
+        "added tolerations for the unreachable/unavailable taints, so offline sites stay onboarded"
+    );
     Ok(())
 }
 
@@ -285,7 +288,10 @@ mod tests {
         assert_eq!(tolerations_with_offline(&placement(tolerated)), None);
         // An Equal toleration of the same key is not the same toleration: upstream adds Exists.
         let equal = json!([{"key": OFFLINE_TAINTS[0], "operator": "Equal", "value": ""}]);
-        assert_eq!(tolerations_with_offline(&placement(equal)).unwrap().len(), 3);
+        assert_eq!(
+            tolerations_with_offline(&placement(equal)).unwrap().len(),
+            3
+        );
     }
 
     #[test]

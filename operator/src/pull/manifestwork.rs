@@ -58,6 +58,30 @@ pub struct ManifestWorkSpec {
     /// Per-resource apply and feedback configuration.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub manifest_configs: Vec<ManifestConfigOption>,
+    /// What the work agent deletes on the managed cluster when the work goes (unset: everything,
+    /// `Foreground`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_option: Option<DeleteOption>,
+}
+
+/// `spec.deleteOption`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteOption {
+    /// `Foreground`, `Orphan` or `SelectivelyOrphan`.
+    pub propagation_policy: String,
+    /// The resources left behind under `SelectivelyOrphan`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selectively_orphans: Option<SelectivelyOrphan>,
+}
+
+/// `deleteOption.selectivelyOrphans`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectivelyOrphan {
+    /// One rule per payload resource to orphan (same fields as a resource identifier).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub orphaning_rules: Vec<ResourceIdentifier>,
 }
 
 /// `spec.workload`.
@@ -440,6 +464,7 @@ pub fn build_manifest_work(
                 server_side_apply: Some(ServerSideApplyConfig { force: true }),
             }),
         }],
+        delete_option: None,
     };
     Ok(ManifestWork {
         metadata: ObjectMeta {
@@ -477,6 +502,7 @@ pub fn work_is_current(existing: &ManifestWork, desired: &ManifestWork) -> bool 
             .all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
     };
     existing.spec.workload == desired.spec.workload
+        && existing.spec.delete_option == desired.spec.delete_option
         && json_contains(
             &serde_json::to_value(&existing.spec.manifest_configs).unwrap_or_default(),
             &serde_json::to_value(&desired.spec.manifest_configs).unwrap_or_default(),

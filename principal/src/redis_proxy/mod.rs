@@ -10,6 +10,14 @@
 //! A client frame declaring more than the configured maximum request size (a bulk string, an
 //! array, or an unterminated line) is refused from its header, before the bytes arrive, and the
 //! connection closes. Each command is counted once in [`ProxyMetrics`].
+//!
+//! With hub Redis credentials configured (`--redis-password`, as Argo CD's default install
+//! protects its Redis), every upstream connection authenticates with them, and a client must
+//! authenticate first (`AUTH`, or `HELLO 2 AUTH`), as against Redis itself: the same credentials
+//! are accepted here, other ones are checked by the hub Redis. Until then every other command
+//! gets `NOAUTH`, so the proxy never opens the hub Redis or an agent's cache to a client without
+//! the password. `HELLO 3` gets `NOPROTO` (the proxy speaks RESP2), which makes Argo CD's client
+//! fall back to RESP2 and `AUTH`.
 //! The RESP codec is the `redis-protocol` crate's, behind [`ClientCodec`]'s checks.
 
 use std::collections::BTreeSet;
@@ -32,6 +40,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::codec::{Decoder, FramedRead, FramedWrite};
 
+use crate::config::RedisCredentials;
 use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
 use crate::metrics::ProxyMetrics;
 use crate::sessions::AgentRegistry;
@@ -58,6 +67,8 @@ pub struct RedisProxy {
     pub live: Arc<LiveRequests>,
     /// The hub's Redis, `host:port`.
     pub upstream: String,
+    /// What upstream connections authenticate with and clients must present; `None` = no AUTH.
+    pub credentials: Option<RedisCredentials>,
     /// Largest client frame in bytes.
     pub max_request_size: usize,
     /// Commands, errors and latency.
@@ -277,7 +288,10 @@ struct Upstream {
     replies: mpsc::Receiver<Frame>,
 }
 
-async fn connect_upstream(addr: &str) -> Result<Upstream, String> {
+async fn connect_upstream(
+    addr: &str,
+    credentials: Option<&RedisCredentials>,
+) -> Result<Upstream, String> {
     let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
         .await
         .map_err(|_| format!("upstream redis {addr} did not accept a connection within 5s"))?
@@ -293,10 +307,95 @@ async fn connect_upstream(addr: &str) -> Result<Upstream, String> {
             }
         }
     });
-    Ok(Upstream {
+    let mut upstream = Upstream {
         out: FramedWrite::new(w, Resp2::default()),
         replies,
-    })
+    };
+    if let Some(creds) = credentials {
+        upstream
+            .out
+            .send(auth_command(
+                creds.username.as_deref(),
+                creds.password.expose(),
+            ))
+            .await
+            .map_err(|e| format!("upstream redis {addr}: {e}"))?;
+        match tokio::time::timeout(UPSTREAM_TIMEOUT, upstream.replies.recv()).await {
+            Ok(Some(Frame::SimpleString(ok))) if ok.as_ref() == b"OK" => {}
+            // Redis's own message (WRONGPASS...) never repeats the password.
+            Ok(Some(Frame::Error(e))) => {
+                return Err(format!(
+                    "upstream redis {addr} refused the principal's credentials (--redis-password / --redis-creds-dir-path): {e}"
+                ))
+            }
+            Ok(Some(other)) => {
+                return Err(format!("upstream redis {addr} answered AUTH with {other:?}"))
+            }
+            Ok(None) => return Err(format!("upstream redis {addr} closed the connection")),
+            Err(_) => {
+                return Err(format!(
+                    "upstream redis {addr} did not answer AUTH within {UPSTREAM_TIMEOUT:?}"
+                ))
+            }
+        }
+    }
+    Ok(upstream)
+}
+
+/// `AUTH [username] password`: the username only when one is given, so Redis before 6 (single
+/// password) understands it too.
+fn auth_command(username: Option<&str>, password: &str) -> Frame {
+    let mut args = vec![bulk("AUTH")];
+    if let Some(user) = username {
+        args.push(bulk(user));
+    }
+    args.push(bulk(password));
+    Frame::Array(args)
+}
+
+/// Whether `username`/`password` (a client's `AUTH`) are `expected`; no username means Redis's
+/// `default` user. Compared without an early exit on the first differing byte.
+pub fn credentials_match(
+    expected: &RedisCredentials,
+    username: Option<&[u8]>,
+    password: &[u8],
+) -> bool {
+    fn same(a: &[u8], b: &[u8]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+    let expected_user = expected.username.as_deref().unwrap_or("default").as_bytes();
+    let user = username.unwrap_or(b"default");
+    same(expected_user, user) & same(expected.password.expose().as_bytes(), password)
+}
+
+/// What a client's `AUTH` (or `HELLO … AUTH`) carries: `(username, password)`.
+type ClientAuth = (Option<Bytes>, Bytes);
+
+/// The parts of `HELLO [protover [AUTH username password] [SETNAME name]]`: the protocol
+/// version asked for, the credentials, and the command without them (to forward upstream).
+fn parse_hello(args: &[Bytes]) -> Result<(Option<Bytes>, Option<ClientAuth>, Frame), &'static str> {
+    let protover = args.get(1).cloned();
+    let mut forward = vec![Frame::BulkString(args[0].clone())];
+    forward.extend(protover.clone().map(Frame::BulkString));
+    let mut auth = None;
+    let mut rest = args.iter().skip(2);
+    while let Some(opt) = rest.next() {
+        if opt.eq_ignore_ascii_case(b"AUTH") {
+            let (Some(user), Some(pass)) = (rest.next(), rest.next()) else {
+                return Err("Syntax error in HELLO option 'auth'");
+            };
+            auth = Some((Some(user.clone()), pass.clone()));
+        } else if opt.eq_ignore_ascii_case(b"SETNAME") {
+            let Some(name) = rest.next() else {
+                return Err("Syntax error in HELLO option 'setname'");
+            };
+            forward.push(Frame::BulkString(opt.clone()));
+            forward.push(Frame::BulkString(name.clone()));
+        } else {
+            return Err("Syntax error in HELLO option");
+        }
+    }
+    Ok((protover, auth, Frame::Array(forward)))
 }
 
 async fn next_push(w: &mut Option<LiveWaiter>) -> Option<LiveReply> {
@@ -328,6 +427,8 @@ struct ClientConnection {
     upstream_subscribed: bool,
     /// The command being handled, for metrics.
     trace: CommandTrace,
+    /// The client has authenticated (always, when the proxy has no credentials).
+    authenticated: bool,
 }
 
 /// What the metrics say about one command: its `command` label, the agent that answered it (the
@@ -418,7 +519,9 @@ impl ClientConnection {
         wait_reply: bool,
     ) -> Result<Option<Frame>, String> {
         if self.upstream.is_none() {
-            self.upstream = Some(connect_upstream(&self.proxy.upstream).await?);
+            self.upstream = Some(
+                connect_upstream(&self.proxy.upstream, self.proxy.credentials.as_ref()).await?,
+            );
         }
         let up = self.upstream.as_mut().expect("connected above");
         if let Err(e) = up.out.send(frame).await {
@@ -444,6 +547,107 @@ impl ClientConnection {
         }
     }
 
+    /// Authentication in front of every command (see the module docs): answers `AUTH` and
+    /// `HELLO` and refuses everything else until the client has authenticated; otherwise hands
+    /// the command (a `HELLO` without its credentials) back to be run.
+    async fn authentication(
+        &mut self,
+        name: &str,
+        args: &[Bytes],
+        frame: Frame,
+    ) -> Result<Frame, Outcome> {
+        let reply = |frame: Frame| Err(Outcome::Reply(vec![frame]));
+        let Some(expected) = self.proxy.credentials.clone() else {
+            // No password on the hub Redis: AUTH and HELLO go to it as they are.
+            if name == "HELLO" && args.get(1).is_some_and(|v| v.as_ref() != b"2") {
+                return reply(self.noproto());
+            }
+            return Ok(frame);
+        };
+        match name {
+            "AUTH" => {
+                let auth = match args {
+                    [_, password] => (None, password.clone()),
+                    [_, user, password] => (Some(user.clone()), password.clone()),
+                    _ => {
+                        return reply(self.fail((
+                            "invalid_command",
+                            "wrong number of arguments for 'auth' command".into(),
+                        )))
+                    }
+                };
+                let answer = self.authenticate(&expected, auth).await;
+                reply(answer)
+            }
+            "HELLO" => {
+                let (protover, auth, forward) = match parse_hello(args) {
+                    Ok(parts) => parts,
+                    Err(msg) => return reply(self.fail(("invalid_command", msg.into()))),
+                };
+                if protover.as_ref().is_some_and(|v| v.as_ref() != b"2") {
+                    return reply(self.noproto());
+                }
+                if let Some(auth) = auth {
+                    let answer = self.authenticate(&expected, auth).await;
+                    if !self.authenticated {
+                        return reply(answer);
+                    }
+                }
+                if !self.authenticated {
+                    return reply(self.noauth(
+                        "HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+                    ));
+                }
+                Ok(forward)
+            }
+            "QUIT" => Ok(frame),
+            _ if self.authenticated => Ok(frame),
+            _ => reply(self.noauth("Authentication required.")),
+        }
+    }
+
+    /// Checks a client's credentials: the proxy's own at once, any other ones by the hub Redis
+    /// (an ACL user of its own). Returns the reply to send.
+    async fn authenticate(&mut self, expected: &RedisCredentials, auth: ClientAuth) -> Frame {
+        let (user, password) = auth;
+        if credentials_match(expected, user.as_deref(), &password) {
+            self.authenticated = true;
+            return Frame::SimpleString(Bytes::from_static(b"OK"));
+        }
+        let user = user.map(|u| String::from_utf8_lossy(&u).into_owned());
+        let password = String::from_utf8_lossy(&password).into_owned();
+        match self
+            .upstream_call(auth_command(user.as_deref(), &password), true)
+            .await
+        {
+            Ok(Some(Frame::SimpleString(ok))) if ok.as_ref() == b"OK" => {
+                self.authenticated = true;
+                Frame::SimpleString(ok)
+            }
+            Ok(Some(refused @ Frame::Error(_))) => {
+                self.trace.failure.get_or_insert("unauthenticated");
+                refused
+            }
+            Ok(other) => self.fail((
+                "upstream_unavailable",
+                format!("upstream redis answered AUTH with {other:?}"),
+            )),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn noauth(&mut self, message: &str) -> Frame {
+        self.trace.failure.get_or_insert("unauthenticated");
+        Frame::Error(format!("NOAUTH {message}").into())
+    }
+
+    fn noproto(&mut self) -> Frame {
+        self.trace.failure.get_or_insert("unsupported_protocol");
+        Frame::Error(
+            "NOPROTO sorry, this protocol version is not supported (the proxy speaks RESP2)".into(),
+        )
+    }
+
     fn subscription_count(&self) -> i64 {
         self.agent_channels.len() as i64
     }
@@ -461,6 +665,10 @@ impl ClientConnection {
         };
         let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
         self.trace.command = command_label(&name);
+        let frame = match self.authentication(&name, &args, frame).await {
+            Ok(frame) => frame,
+            Err(outcome) => return outcome,
+        };
         match name.as_str() {
             "GET" if args.len() == 2 => {
                 if let Some(agent) = self.agent_for(&args[1]) {
@@ -692,6 +900,7 @@ async fn serve_client(
     let r = CountingReader { inner: r, read };
     let mut input = FramedRead::new(r, ClientCodec::new(proxy.max_request_size));
     let mut output = FramedWrite::new(w, Resp2::default());
+    let proxy_has_no_credentials = proxy.credentials.is_none();
     let mut conn = ClientConnection {
         proxy,
         id: uuid::Uuid::new_v4().to_string(),
@@ -701,6 +910,7 @@ async fn serve_client(
         pushes: None,
         upstream_subscribed: false,
         trace: CommandTrace::default(),
+        authenticated: proxy_has_no_credentials,
     };
     let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
     ping.tick().await;
@@ -960,5 +1170,70 @@ mod tests {
             }
             assert_eq!(frames, expected, "chunk {chunk}");
         }
+    }
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn client_credentials_match_the_configured_ones_with_default_as_the_implicit_user() {
+        let creds = RedisCredentials {
+            username: None,
+            password: "pw".parse().unwrap(),
+        };
+        assert!(credentials_match(&creds, None, b"pw"));
+        assert!(credentials_match(&creds, Some(b"default"), b"pw"));
+        assert!(!credentials_match(&creds, Some(b"argo"), b"pw"));
+        assert!(!credentials_match(&creds, None, b"pw2"));
+        assert!(!credentials_match(&creds, None, b""));
+        let acl = RedisCredentials {
+            username: Some("argo".into()),
+            password: "pw".parse().unwrap(),
+        };
+        assert!(credentials_match(&acl, Some(b"argo"), b"pw"));
+        assert!(!credentials_match(&acl, None, b"pw"));
+    }
+
+    #[test]
+    fn hello_is_split_into_protocol_credentials_and_what_goes_upstream() {
+        // What Argo CD's go-redis sends first on every connection.
+        let args = [
+            b("HELLO"),
+            b("3"),
+            b("AUTH"),
+            b("default"),
+            b("pw"),
+            b("SETNAME"),
+            b("argocd"),
+        ];
+        let (protover, auth, forward) = parse_hello(&args).unwrap();
+        assert_eq!(protover, Some(b("3")));
+        assert_eq!(auth, Some((Some(b("default")), b("pw"))));
+        assert_eq!(
+            forward,
+            Frame::Array(vec![
+                bulk("HELLO"),
+                bulk("3"),
+                bulk("SETNAME"),
+                bulk("argocd")
+            ])
+        );
+        let (protover, auth, _) = parse_hello(&[b("HELLO")]).unwrap();
+        assert_eq!((protover, auth), (None, None));
+        assert!(parse_hello(&[b("HELLO"), b("2"), b("AUTH"), b("u")]).is_err());
+        assert!(parse_hello(&[b("HELLO"), b("2"), b("BOGUS")]).is_err());
+    }
+
+    #[test]
+    fn auth_names_the_user_only_when_there_is_one() {
+        assert_eq!(
+            auth_command(None, "pw"),
+            Frame::Array(vec![bulk("AUTH"), bulk("pw")])
+        );
+        assert_eq!(
+            auth_command(Some("u"), "pw"),
+            Frame::Array(vec![bulk("AUTH"), bulk("u"), bulk("pw")])
+        );
     }
 }

@@ -1,7 +1,19 @@
 //! Event types (CloudEvent `type`) and targets (CloudEvent `dataschema`) with their exact
 //! upstream wire strings. Decoding never fails: unrecognised values become `Unknown`.
+//!
+//! Also owns the bounded label values metrics use ([`EventType::metric_label`],
+//! [`Target::metric_label`]): a peer chooses the wire strings, so anything unrecognised folds into
+//! [`UNKNOWN_LABEL`] instead of minting a new time series per value.
 
 use std::fmt;
+
+/// The metric label value of every unrecognised event type, HTTP method or target.
+pub const UNKNOWN_LABEL: &str = "unknown";
+
+/// HTTP methods the resource proxy forwards; other upper-case tokens are labelled unknown.
+const HTTP_METHODS: &[&str] = &[
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
+];
 
 /// Prefix of every argocd-agent event type on the wire.
 pub const TYPE_PREFIX: &str = "io.argoproj.argocd-agent.event.";
@@ -103,6 +115,16 @@ impl EventType {
                 .find(|(t, _)| t == named)
                 .map(|(_, n)| *n)
                 .unwrap_or_default(),
+        }
+    }
+
+    /// The value of a metric's `event_type` label: [`Self::name`] for named types and standard
+    /// HTTP methods, [`UNKNOWN_LABEL`] for anything else (a bounded set whatever peers send).
+    pub fn metric_label(&self) -> &str {
+        match self {
+            EventType::HttpMethod(m) if HTTP_METHODS.contains(&m.as_str()) => m,
+            EventType::HttpMethod(_) | EventType::Unknown(_) => UNKNOWN_LABEL,
+            named => named.name(),
         }
     }
 
@@ -222,6 +244,15 @@ impl Target {
         }
     }
 
+    /// The value of a metric's `target` label: [`Self::as_str`] for named targets,
+    /// [`UNKNOWN_LABEL`] for anything else.
+    pub fn metric_label(&self) -> &str {
+        match self {
+            Target::Unknown(_) => UNKNOWN_LABEL,
+            named => named.as_str(),
+        }
+    }
+
     /// Parse a `dataschema` string. Never fails.
     pub fn from_wire(s: &str) -> Target {
         TARGETS
@@ -235,5 +266,34 @@ impl Target {
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_labels_are_a_bounded_set_whatever_the_wire_says() {
+        let mut labels = std::collections::BTreeSet::new();
+        for i in 0..1000 {
+            for wire in [
+                format!("{TYPE_PREFIX}made-up-{i}"),
+                format!("io.example.{i}"),
+                "ZZZ".repeat(1 + i % 5),
+            ] {
+                labels.insert(EventType::from_wire(&wire).metric_label().to_string());
+            }
+            labels.insert(
+                Target::from_wire(&format!("t{i}"))
+                    .metric_label()
+                    .to_string(),
+            );
+        }
+        assert_eq!(labels.into_iter().collect::<Vec<_>>(), vec![UNKNOWN_LABEL]);
+        assert_eq!(EventType::SpecUpdate.metric_label(), "spec-update");
+        assert_eq!(EventType::from_wire("PATCH").metric_label(), "PATCH");
+        assert_eq!(Target::Application.metric_label(), "application");
+        assert_eq!(Target::from_wire("").metric_label(), UNKNOWN_LABEL);
     }
 }

@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::event::{Event, EventType};
 use crate::sync::pump::ControlSender;
+use crate::telemetry::peer_input::{Truncated, REFUSED_INPUT};
 
 /// Outcome of a handler that did not succeed.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -72,6 +73,23 @@ pub fn processing_time_histogram() -> prometheus_client::metrics::histogram::His
     )
 }
 
+/// Logs a rejected event: peer-chosen text truncated, at WARN only within [`REFUSED_INPUT`]'s
+/// budget (the rest at DEBUG, counted in the next WARN line).
+fn log_rejected(ev: &Event, msg: &str) {
+    let (event_type, target) = (
+        Truncated(ev.event_type.name()),
+        Truncated(ev.target.as_str()),
+    );
+    let subject = Truncated(ev.subject.as_deref().unwrap_or(""));
+    match REFUSED_INPUT.admit() {
+        Some(suppressed) => tracing::warn!(%event_type, %target, %subject, error = %Truncated(msg),
+            suppressed, "event rejected (suppressed: similar lines not logged at WARN since the last one)"),
+        None => {
+            tracing::debug!(%event_type, %target, %subject, error = %Truncated(msg), "event rejected")
+        }
+    }
+}
+
 /// Starts one lane's worker in the given set and returns its sender.
 type LaneStarter = Box<dyn Fn(&mut JoinSet<()>) -> mpsc::Sender<Box<Event>> + Send + Sync>;
 
@@ -115,12 +133,11 @@ impl Lanes {
                         let reply = match handled {
                             Ok(()) => Some(ev.ack()),
                             Err(HandleError::Rejected(msg)) => {
-                                tracing::warn!(event_type = %ev.event_type.name(), target = ev.target.as_str(),
-                                    subject = ev.subject.as_deref().unwrap_or(""), error = %msg, "event rejected");
+                                log_rejected(&ev, &msg);
                                 Some(ev.ack_with_error(msg))
                             }
                             Err(HandleError::Retryable(msg)) => {
-                                tracing::info!(event_type = %ev.event_type.name(), error = %msg,
+                                tracing::info!(event_type = %Truncated(ev.event_type.name()), error = %Truncated(&msg),
                                     "event processing failed transiently; waiting for the peer to resend");
                                 None
                             }

@@ -12,6 +12,7 @@ use crate::event::Event;
 use crate::pb::eventstreamapi::Event as WireEvent;
 use crate::sync::lanes::Lanes;
 use crate::sync::outbox::Outbox;
+use crate::telemetry::peer_input::{Truncated, REFUSED_INPUT};
 
 /// Sender side of the control lane. Events are boxed: a channel allocates a block of 32 slots up
 /// front, and every idle stream keeps one (32 pointers instead of 32 events).
@@ -70,7 +71,9 @@ where
                         on_event(&ev);
                         if ev.is_ack() {
                             if let Some(err) = ev.ack_error() {
-                                tracing::warn!(event_id = %ev.event_id, error = %err, "peer rejected an event");
+                                if let Some(suppressed) = REFUSED_INPUT.admit() {
+                                    tracing::warn!(event_id = %Truncated(&ev.event_id), error = %Truncated(err), suppressed, "peer rejected an event");
+                                }
                             }
                             outbox.ack(&ev);
                         } else if lanes.dispatch(ev).await.is_err() {
@@ -79,7 +82,14 @@ where
                     }
                     Err(e) => {
                         // Without a decodable envelope there is nothing to ACK; the stream survives.
-                        tracing::warn!(error = %e, "dropping malformed event from peer");
+                        match REFUSED_INPUT.admit() {
+                            Some(suppressed) => {
+                                tracing::warn!(error = %Truncated(&e.to_string()), suppressed, "dropping malformed event from peer")
+                            }
+                            None => {
+                                tracing::debug!(error = %Truncated(&e.to_string()), "dropping malformed event from peer")
+                            }
+                        }
                     }
                 },
             }

@@ -1,0 +1,78 @@
+//! Building blocks of the user stories run against real Argo CD: the demo Application a hub
+//! creates for an agent (its manifests from [`crate::git_server::demo_manifests`]), and waiting
+//! for Argo CD to report it Synced and Healthy. Tests compose these with the processes of
+//! [`crate::gateway`] and [`crate::argocd`]; nothing here writes what Argo CD or an agent would.
+
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject};
+use serde_json::{json, Value};
+
+use crate::wait::wait_until;
+
+/// Generous: a first sync clones, renders and applies (seconds), status then crosses the stream.
+pub const SYNC_WAIT: Duration = Duration::from_secs(120);
+
+/// An Application of the demo manifests at `repo_url` (path `demo`, branch `main`) synced
+/// automatically to `destination` (e.g. `{"name": <agent>, "namespace": …}` on the hub, which a
+/// managed agent rewrites to its in-cluster destination), pruning in the background (there is no
+/// garbage collector in the test clusters).
+pub fn demo_application(
+    name: &str,
+    namespace: &str,
+    repo_url: &str,
+    destination: Value,
+) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "project": "default",
+            "source": {"repoURL": repo_url, "path": "demo", "targetRevision": "main"},
+            "destination": destination,
+            "syncPolicy": {"automated": {"prune": true, "selfHeal": true},
+                           "syncOptions": ["PrunePropagationPolicy=background"]},
+        }
+    }))
+    .expect("valid Application")
+}
+
+/// `(sync status, health status, synced revision)` of an Application as JSON.
+pub fn sync_state(app: &Value) -> (String, String, String) {
+    let s = |p: &str| {
+        app.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (
+        s("/status/sync/status"),
+        s("/status/health/status"),
+        s("/status/sync/revision"),
+    )
+}
+
+/// Waits until Application `name` in `api` is Synced and Healthy at `revision`; the error carries
+/// `logs()`.
+pub async fn wait_synced(
+    api: &Api<DynamicObject>,
+    name: &str,
+    revision: &str,
+    what: &str,
+    logs: impl Fn() -> String,
+) -> anyhow::Result<Value> {
+    wait_until(what, SYNC_WAIT, || async {
+        let app = api
+            .get_opt(name)
+            .await?
+            .map(serde_json::to_value)
+            .transpose()?;
+        Ok::<_, anyhow::Error>(app.filter(|a| {
+            let (sync, health, rev) = sync_state(a);
+            sync == "Synced" && health == "Healthy" && rev == revision
+        }))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))
+}

@@ -1,0 +1,527 @@
+//! Hostile agents and clients against the real principal process: each attack is refused and the
+//! hub (and the principal's memory, metrics and logs) stay as they were.
+//!
+//! - Mode pinning: a managed agent that declares itself autonomous at login (to own, overwrite or
+//!   delete the hub's Applications in its namespace) is refused with PermissionDenied naming its
+//!   pinned mode and the admin command that changes it; the pin comes from the first login or
+//!   from the registration (cluster Secret label), and an admin's re-pin takes effect.
+//! - Unbounded input in metrics and logs: 1,000 distinct unknown event types fold into one
+//!   `unknown` series; rejected input is logged truncated and rate-limited.
+//! - Names that are not Kubernetes names (`app?dryRun=All`) are refused before any use.
+//! - A token that expired seconds ago is refused (no 60 s leeway).
+//! - Memory before authentication: stalled oversized Authenticate and Ping calls do not grow the
+//!   principal; a connection may open only a few streams.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use argocd_agent_proto::event::{Event, EventType, Target};
+use e2e::bench::rss_kib;
+use e2e::gateway::{
+    agent_identity, application, application_resource, client_tls, ensure_namespace, http_get,
+    tls_connect,
+};
+use e2e::raw_agent::{send_for_ack, try_authenticate, LonePrincipal};
+use e2e::{shared_planes, wait_until};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+use tonic::Code;
+
+/// Logs in as `mode`; `Err` is "<gRPC code>: <message>".
+async fn login(
+    s: &LonePrincipal,
+    identity: (&str, &str),
+    mode: &str,
+) -> Result<argocd_agent_proto::pb::authapi::AuthResponse, String> {
+    try_authenticate(
+        &s.pki,
+        &s.principal.address(),
+        Some(identity),
+        &[b"h2"],
+        mode,
+    )
+    .await
+}
+
+/// Applications in `ns` on the hub: name → resourceVersion.
+async fn hub_apps(ns: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    let client = shared_planes().await.hub.client().await?;
+    let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &application_resource());
+    Ok(api
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|o| {
+            (
+                o.metadata.name.unwrap_or_default(),
+                o.metadata.resource_version.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// An agent certificate for a fresh name; returns the name and its PEMs.
+fn new_agent(s: &LonePrincipal, prefix: &str) -> anyhow::Result<(String, (String, String))> {
+    let name = s.ctx.unique(prefix);
+    s.pki.issue_agent(&name)?;
+    let identity = agent_identity(&s.pki, &name)?;
+    Ok((name, identity))
+}
+
+#[tokio::test]
+async fn a_managed_agent_cannot_log_in_as_autonomous_to_take_over_hub_applications(
+) -> anyhow::Result<()> {
+    let s = LonePrincipal::start("mode_pin", &[]).await?;
+    let ns = s.principal.namespace.clone();
+    let client = shared_planes().await.hub.client().await?;
+    let (name, (c, k)) = new_agent(&s, "pinned")?;
+    // The hub owns an Application in the agent's namespace.
+    ensure_namespace(&client, &name).await?;
+    let apps: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &name, &application_resource());
+    apps.create(
+        &PostParams::default(),
+        &application("hub-owned", &name, "main"),
+    )
+    .await?;
+    let before = hub_apps(&name).await?;
+
+    // First login: managed. The pin is recorded on the hub.
+    let managed = login(&s, (&c, &k), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let cm = cms.get("argocd-agent-modes").await?;
+    assert_eq!(
+        cm.data.unwrap_or_default().get(&name).map(String::as_str),
+        Some("managed")
+    );
+
+    // The attack: the same agent declares itself autonomous.
+    let err = login(&s, (&c, &k), "autonomous").await.unwrap_err();
+    eprintln!("[hostile] autonomous login of a managed agent: {err}");
+    assert!(err.starts_with("PermissionDenied"), "{err}");
+    assert!(err.contains("pinned to mode \"managed\""), "{err}");
+    assert!(
+        err.contains(&format!(
+            "kubectl -n {ns} patch configmap argocd-agent-modes --type merge"
+        )),
+        "{err}"
+    );
+    // The legitimate mode still works, and its stream carries events.
+    login(&s, (&c, &k), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &managed.access_token).await?;
+    let probe = Event::new(
+        EventType::Unknown("io.example.probe".into()),
+        Target::Application,
+        &name,
+    );
+    assert!(send_for_ack(&tx, &mut inbound, &probe).await?.is_some());
+    drop((tx, inbound));
+    assert_eq!(hub_apps(&name).await?, before, "hub Applications changed");
+
+    // An admin re-pins the agent: autonomous is admitted, managed (and its old token) refused.
+    cms.patch(
+        "argocd-agent-modes",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {&name: "autonomous"}})),
+    )
+    .await?;
+    wait_until(
+        "the re-pin takes effect",
+        Duration::from_secs(15),
+        || async { Ok::<_, anyhow::Error>(login(&s, (&c, &k), "autonomous").await.ok()) },
+    )
+    .await?;
+    let err = login(&s, (&c, &k), "managed").await.unwrap_err();
+    assert!(err.contains("pinned to mode \"autonomous\""), "{err}");
+    let Err(stale) = s.subscribe((&c, &k), &managed.access_token).await else {
+        panic!("a managed token opened a stream after the re-pin");
+    };
+    assert_eq!(stale.code(), Code::PermissionDenied, "{stale:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_registration_label_pins_the_mode_before_any_login() -> anyhow::Result<()> {
+    let s = LonePrincipal::start("mode_pin_registration", &[]).await?;
+    let ns = s.principal.namespace.clone();
+    let client = shared_planes().await.hub.client().await?;
+    let (name, (c, k)) = new_agent(&s, "registered")?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("cluster-{name}"),
+            "labels": {
+                "argocd.argoproj.io/secret-type": "cluster",
+                "argocd-agent.argoproj-labs.io/agent-name": name,
+                "argocd-agent.argoproj-labs.io/agent-mode": "autonomous",
+            },
+        },
+        "stringData": {"name": name, "server": "https://example.invalid", "config": "{}"},
+    }))?;
+    Api::<Secret>::namespaced(client, &ns)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let err = wait_until(
+        "the registration pin is seen",
+        Duration::from_secs(15),
+        || async { Ok::<_, anyhow::Error>(login(&s, (&c, &k), "managed").await.err()) },
+    )
+    .await?;
+    eprintln!("[hostile] managed login of a registered autonomous agent: {err}");
+    assert!(err.starts_with("PermissionDenied"), "{err}");
+    assert!(
+        err.contains(&format!("label secret cluster-{name}")),
+        "{err}"
+    );
+    login(&s, (&c, &k), "autonomous")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_thousand_unknown_event_types_fold_into_one_series_and_a_few_log_lines(
+) -> anyhow::Result<()> {
+    let s = LonePrincipal::start("metric_folding", &[]).await?;
+    let (name, (c, k)) = new_agent(&s, "noisy")?;
+    let tokens = login(&s, (&c, &k), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
+    let probe = Event::new(
+        EventType::Unknown("warm-up".into()),
+        Target::Application,
+        &name,
+    );
+    send_for_ack(&tx, &mut inbound, &probe).await?;
+    let (_, before) = http_get(s.principal.ops_port, "/metrics").await?;
+
+    const EVENTS: usize = 1000;
+    let long = "x".repeat(10_000);
+    let sender = {
+        let (tx, name, long) = (tx.clone(), name.clone(), long.clone());
+        tokio::spawn(async move {
+            for i in 0..EVENTS {
+                let t = format!("io.example.hostile-{i}-{}", if i == 7 { &long } else { "" });
+                let ev = Event::new(
+                    EventType::Unknown(t),
+                    Target::Unknown(format!("t{i}")),
+                    &name,
+                );
+                tx.send(ev.to_stream_event()).await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let started = Instant::now();
+    let mut refused = 0;
+    while refused < EVENTS {
+        let wire = tokio::time::timeout(Duration::from_secs(30), inbound.message())
+            .await??
+            .ok_or_else(|| anyhow::anyhow!("stream ended"))?;
+        let ev = Event::try_from_stream_event(wire)?;
+        if ev.is_ack() && ev.ack_error().is_some() {
+            refused += 1;
+        }
+    }
+    sender.await??;
+    let elapsed = started.elapsed();
+
+    let (_, after) = http_get(s.principal.ops_port, "/metrics").await?;
+    let series: Vec<&str> = after
+        .lines()
+        .filter(|l| l.starts_with("principal_events_received_total{"))
+        .collect();
+    eprintln!(
+        "[hostile] /metrics {} → {} bytes after {EVENTS} unknown types; series: {series:?}",
+        before.len(),
+        after.len()
+    );
+    assert!(
+        !after.contains("hostile"),
+        "a peer-chosen type became a label"
+    );
+    let unknown: Vec<&&str> = series
+        .iter()
+        .filter(|l| l.contains("event_type=\"unknown\""))
+        .collect();
+    assert_eq!(unknown.len(), 1, "{series:?}");
+    let count: f64 = unknown[0].rsplit(' ').next().unwrap_or("0").parse()?;
+    assert!(count >= (EVENTS + 1) as f64, "{count}");
+    assert!(
+        after.len() < before.len() + 1024,
+        "/metrics grew from {} to {} bytes",
+        before.len(),
+        after.len()
+    );
+
+    // Logs: a few WARN lines for the burst, none carrying the 10 KB type in full.
+    let log = std::fs::read_to_string(s.ctx.dir.join("principal-p.log"))?;
+    let warns = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("event rejected"))
+        .count();
+    let budget = 20 * (elapsed.as_secs() as usize / 10 + 2);
+    eprintln!("[hostile] {warns} WARN lines for {EVENTS} rejected events in {elapsed:?}");
+    assert!(warns <= budget, "{warns} WARN lines (budget {budget})");
+    assert!(
+        !log.contains(&long[..1000]),
+        "a 10 KB peer string was logged whole"
+    );
+    Ok(())
+}
+
+/// An Application-shaped object named `name` in the spoke namespace `namespace`.
+fn spoke_app(name: &str, namespace: &str) -> Value {
+    json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {"name": name, "namespace": namespace, "uid": uuid::Uuid::new_v4().to_string(), "resourceVersion": "1"},
+        "spec": {"project": "default", "destination": {"server": "https://kubernetes.default.svc", "namespace": "default"},
+                 "source": {"repoURL": "https://example.invalid/repo.git", "path": "app", "targetRevision": "main"}},
+    })
+}
+
+#[tokio::test]
+async fn names_that_are_not_kubernetes_names_are_refused_before_any_use() -> anyhow::Result<()> {
+    let s = LonePrincipal::start("hostile_names", &[]).await?;
+    let client = shared_planes().await.hub.client().await?;
+
+    // Autonomous: its objects become hub mirrors, so a name would reach a hub apiserver URL.
+    let (auto, (c, k)) = new_agent(&s, "auto")?;
+    ensure_namespace(&client, &auto).await?;
+    let tokens = login(&s, (&c, &k), "autonomous")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
+    let before = hub_apps(&auto).await?;
+    for (case, ty, name, ns) in [
+        (
+            "query string",
+            EventType::Create,
+            "app?dryRun=All",
+            "argocd",
+        ),
+        (
+            "path traversal",
+            EventType::SpecUpdate,
+            "a/../../secrets",
+            "argocd",
+        ),
+        ("upper case", EventType::Create, "App", "argocd"),
+        (
+            "bad namespace",
+            EventType::Create,
+            "app",
+            "argocd?watch=true",
+        ),
+        ("encoded slash", EventType::Delete, "a%2Fb", "argocd"),
+    ] {
+        let ev = Event::for_object(ty, Target::Application, &auto, &spoke_app(name, ns))?;
+        let err = send_for_ack(&tx, &mut inbound, &ev).await?;
+        eprintln!("[hostile] autonomous {case}: {err:?}");
+        let err = err.unwrap_or_else(|| panic!("{case}: accepted"));
+        assert!(err.contains("DNS-1123"), "{case}: {err}");
+    }
+    // A valid name still works: the refusals were about the names.
+    let ok = Event::for_object(
+        EventType::Create,
+        Target::Application,
+        &auto,
+        &spoke_app("fine", "argocd"),
+    )?;
+    assert_eq!(send_for_ack(&tx, &mut inbound, &ok).await?, None);
+    let after = hub_apps(&auto).await?;
+    assert_eq!(
+        after.keys().filter(|k| !before.contains_key(*k)).count(),
+        1,
+        "exactly the valid mirror was created: {after:?}"
+    );
+    drop((tx, inbound));
+
+    // Managed: resync keys and error reports carry names too.
+    let (managed, (c, k)) = new_agent(&s, "man")?;
+    let tokens = login(&s, (&c, &k), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
+    let request_update = Event::new(EventType::RequestUpdate, Target::ResourceResync, &managed)
+        .with_json(&json!({"name": "app?dryRun=All", "namespace": "argocd", "uid": "u", "kind": "Application"}))?;
+    let error_report = Event::new(EventType::Error, Target::Application, &managed)
+        .with_json(&json!({"resourceName": "x?propagationPolicy=Orphan", "message": "m"}))?;
+    for (case, ev) in [
+        ("request-update", request_update),
+        ("error report", error_report),
+    ] {
+        let err = send_for_ack(&tx, &mut inbound, &ev).await?;
+        eprintln!("[hostile] managed {case}: {err:?}");
+        assert!(err.is_some_and(|e| e.contains("DNS-1123")), "{case}");
+    }
+    Ok(())
+}
+
+/// Signs `claims` with the principal's PEM private key `pem` (ES256 or RS512, as it does).
+fn sign_like_the_principal(pem: &str, claims: &Value) -> anyhow::Result<String> {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let pair = rcgen::KeyPair::from_pem(pem)?;
+    let (alg, key) = if pair.is_compatible(&rcgen::PKCS_ECDSA_P256_SHA256) {
+        (Algorithm::ES256, EncodingKey::from_ec_pem(pem.as_bytes())?)
+    } else {
+        (Algorithm::RS512, EncodingKey::from_rsa_pem(pem.as_bytes())?)
+    };
+    Ok(jsonwebtoken::encode(&Header::new(alg), claims, &key)?)
+}
+
+#[tokio::test]
+async fn a_token_that_expired_seconds_ago_is_refused() -> anyhow::Result<()> {
+    let s = LonePrincipal::start("token_leeway", &[]).await?;
+    let (name, (c, k)) = new_agent(&s, "late")?;
+    // Pin the agent first, as a real one would be.
+    login(&s, (&c, &k), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let key = std::fs::read_to_string(s.pki.dir.join("jwt.key"))?;
+    let token = |exp_offset: i64| {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        sign_like_the_principal(
+            &key,
+            &json!({
+                "sub": json!({"clientID": name, "mode": "managed"}).to_string(),
+                "iss": "argocd-agent-server", "aud": "argocd-agent-server-access",
+                "exp": now + exp_offset, "iat": now - 600, "nbf": now - 600,
+                "jti": uuid::Uuid::new_v4().to_string(),
+            }),
+        )
+    };
+    // Within jsonwebtoken's default 60 s leeway: refused all the same.
+    for ago in [5, 30] {
+        let err = s
+            .subscribe((&c, &k), &token(-ago)?)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("a token expired {ago} s ago opened a stream"));
+        assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+        assert!(err.message().contains("Expired"), "{err:?}");
+    }
+    s.subscribe((&c, &k), &token(60)?).await?;
+    Ok(())
+}
+
+/// One HTTP/2 connection to the principal presenting `identity`; returns the request sender and
+/// the server's current SETTINGS_MAX_CONCURRENT_STREAMS as the connection sees it.
+async fn h2_connection(
+    s: &LonePrincipal,
+    identity: (&str, &str),
+) -> anyhow::Result<(
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::sync::watch::Receiver<usize>,
+)> {
+    let tls = std::sync::Arc::new(client_tls(&s.pki, Some(identity), &[b"h2"])?);
+    let io = tls_connect(&s.principal.address(), tls).await?;
+    let (send, mut conn) = h2::client::handshake(io).await?;
+    let (max_tx, max_rx) = tokio::sync::watch::channel(0usize);
+    tokio::spawn(async move {
+        let _ = std::future::poll_fn(|cx| {
+            let r = std::pin::Pin::new(&mut conn).poll(cx);
+            max_tx.send_replace(conn.max_concurrent_send_streams());
+            r
+        })
+        .await;
+    });
+    Ok((send, max_rx))
+}
+
+#[tokio::test]
+async fn stalled_oversized_calls_before_authentication_do_not_grow_the_principal(
+) -> anyhow::Result<()> {
+    let s = LonePrincipal::start("preauth_memory", &[]).await?;
+    let (_, (c, k)) = new_agent(&s, "big")?;
+    let pid = s.principal.process.pid().expect("principal running");
+    let baseline = rss_kib(pid)?;
+
+    const CONNECTIONS: usize = 8;
+    const STREAMS: usize = 16;
+    const SENT: usize = 512 * 1024;
+    // Each call claims a message just under the stream limit (16 MiB), sends 512 KiB and stalls.
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&((16u32 << 20) - 1).to_be_bytes());
+    frame.resize(5 + SENT, b'z');
+    let frame = bytes::Bytes::from(frame);
+    let mut held = Vec::new();
+    let mut answers = Vec::new();
+    let mut max_streams = None;
+    for conn in 0..CONNECTIONS {
+        let (mut send, max_rx) = h2_connection(&s, (&c, &k)).await?;
+        for i in 0..STREAMS {
+            let path = if (conn + i) % 2 == 0 {
+                "/authapi.Authentication/Authenticate"
+            } else {
+                "/eventstreamapi.EventStream/Ping"
+            };
+            send = send.ready().await?;
+            let req = http::Request::post(format!("https://localhost{path}"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())?;
+            let (answer, mut body) = send.send_request(req, false)?;
+            let _ = body.send_data(frame.clone(), false);
+            held.push(body);
+            answers.push(answer);
+        }
+        max_streams = Some(max_rx);
+    }
+    // Every call is answered while its body is still open: refused at the length prefix.
+    let mut statuses = BTreeMap::new();
+    for answer in answers {
+        let resp = tokio::time::timeout(Duration::from_secs(20), answer).await??;
+        let mut status = resp
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        if status.is_none() {
+            let mut body = resp.into_body();
+            if let Ok(Ok(Some(trailers))) =
+                tokio::time::timeout(Duration::from_secs(5), body.trailers()).await
+            {
+                status = trailers
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+            }
+        }
+        *statuses.entry(status.unwrap_or_default()).or_insert(0) += 1;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let attacked = rss_kib(pid)?;
+    let attempted_kib = (CONNECTIONS * STREAMS * SENT / 1024) as u64;
+    eprintln!(
+        "[hostile] principal RSS {baseline} KiB → {attacked} KiB with {} stalled calls \
+         ({attempted_kib} KiB sent, {} MiB claimed); gRPC statuses {statuses:?}",
+        CONNECTIONS * STREAMS,
+        CONNECTIONS * STREAMS * 16
+    );
+    assert!(
+        statuses.keys().all(|s| s == "11" || s == "8"),
+        "calls not refused as too large: {statuses:?}"
+    );
+    assert!(
+        attacked < baseline + 24 * 1024,
+        "principal RSS grew {} KiB (of {attempted_kib} KiB sent)",
+        attacked.saturating_sub(baseline)
+    );
+    let max = *max_streams.expect("connections").borrow();
+    assert_eq!(max, 16, "SETTINGS_MAX_CONCURRENT_STREAMS");
+    drop(held);
+    // The principal still serves agents.
+    login(&s, (&c, &k), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
