@@ -22,11 +22,10 @@ use serde_json::json;
 
 use crate::binaries::Peer;
 use crate::control_plane::ControlPlane;
-use crate::gateway::{appproject_resource, ensure_namespace, http_get};
+use crate::gateway::{appproject_resource, ensure_namespace, wait_http_ok};
 use crate::ports::free_port;
 use crate::process::{temp_dir, ManagedProcess, ProcessSpec};
 use crate::redis::Redis;
-use crate::wait::wait_until;
 
 /// The admin password every test Argo CD is given.
 pub const ADMIN_PASSWORD: &str = "e2e-admin-password";
@@ -148,17 +147,9 @@ impl ArgoCd {
             dir,
             processes: vec![repo_server, server],
         };
-        wait_until(
-            "argocd-server /healthz",
-            Duration::from_secs(60),
-            || async move {
-                Ok::<_, anyhow::Error>(
-                    matches!(http_get(port, "/healthz").await, Ok((200, _))).then_some(()),
-                )
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd.log_tails(30)))?;
+        wait_http_ok(port, "/healthz", Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd.log_tails(30)))?;
         Ok(argocd)
     }
 

@@ -117,6 +117,17 @@ impl Pki {
         Ok(())
     }
 
+    /// Our principal's flags naming this PKI's files: its certificate and key, the agent CA and
+    /// the JWT signing key.
+    pub fn principal_args(&self) -> [String; 4] {
+        [
+            format!("--tls-cert={}", self.dir.join("principal.crt").display()),
+            format!("--tls-key={}", self.dir.join("principal.key").display()),
+            format!("--tls-ca={}", self.ca().display()),
+            format!("--jwt-key={}", self.dir.join("jwt.key").display()),
+        ]
+    }
+
     /// The CA certificate.
     pub fn ca(&self) -> PathBuf {
         self.dir.join("ca.crt")
@@ -129,6 +140,14 @@ impl Pki {
             self.dir.join(format!("agents/{name}.key")),
         )
     }
+}
+
+/// Waits until `http://127.0.0.1:<port><path>` answers 200 (a health or readiness endpoint).
+pub async fn wait_http_ok(port: u16, path: &str, timeout: Duration) -> anyhow::Result<()> {
+    wait_until(&format!("{path} on port {port}"), timeout, || async move {
+        Ok::<_, anyhow::Error>(matches!(http_get(port, path).await, Ok((200, _))).then_some(()))
+    })
+    .await
 }
 
 /// Scrapes `http://127.0.0.1:<port><path>` with a plain HTTP/1.1 GET; returns (status, body).
@@ -220,16 +239,7 @@ impl Principal {
         .arg(format!(
             "--redis-proxy-address=127.0.0.1:{redis_proxy_port}"
         ))
-        .arg(format!(
-            "--tls-cert={}",
-            pki.dir.join("principal.crt").display()
-        ))
-        .arg(format!(
-            "--tls-key={}",
-            pki.dir.join("principal.key").display()
-        ))
-        .arg(format!("--tls-ca={}", pki.ca().display()))
-        .arg(format!("--jwt-key={}", pki.dir.join("jwt.key").display()))
+        .args(pki.principal_args())
         .arg(format!("--namespace={namespace}"))
         .arg(format!("--kubeconfig={}", hub.kubeconfig.display()))
         .arg("--enable-operator=false")
@@ -248,18 +258,9 @@ impl Principal {
 
     /// Waits for `/readyz` to answer 200.
     pub async fn wait_ready(&self) -> anyhow::Result<()> {
-        let port = self.ops_port;
-        wait_until(
-            "principal /readyz",
-            Duration::from_secs(30),
-            || async move {
-                Ok::<_, anyhow::Error>(
-                    matches!(http_get(port, "/readyz").await, Ok((200, _))).then_some(()),
-                )
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}\n{}", self.process.log_tail(30)))
+        wait_http_ok(self.ops_port, "/readyz", Duration::from_secs(30))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", self.process.log_tail(30)))
     }
 
     /// `127.0.0.1:<grpc port>`.

@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use crate::binaries::Peer;
 use crate::control_plane::ControlPlane;
-use crate::gateway::{agentctl, ensure_namespace, http_get, Pki};
+use crate::gateway::{agentctl, ensure_namespace, wait_http_ok, Pki};
 use crate::ports::{free_low_port, free_port};
 use crate::process::{ManagedProcess, ProcessSpec};
-use crate::wait::wait_until;
 
 /// A running upstream `argocd-agent principal`.
 pub struct UpstreamPrincipal {
@@ -100,17 +99,9 @@ impl UpstreamPrincipal {
             health_port,
             namespace: namespace.to_string(),
         };
-        wait_until(
-            "upstream principal /healthz",
-            Duration::from_secs(60),
-            || async move {
-                Ok::<_, anyhow::Error>(
-                    matches!(http_get(health_port, "/healthz").await, Ok((200, _))).then_some(()),
-                )
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}\n{}", principal.process.log_tail(30)))?;
+        wait_http_ok(health_port, "/healthz", Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", principal.process.log_tail(30)))?;
         Ok(principal)
     }
 

@@ -298,16 +298,7 @@ async fn destination_mapping_flags_are_refused_at_start_up() -> anyhow::Result<(
     let (cert, key) = pki.agent_files("agent");
     let principal = |extra: &str| {
         std::process::Command::new(project_binary("argocd-principal").expect("built"))
-            .arg(format!(
-                "--tls-cert={}",
-                pki.dir.join("principal.crt").display()
-            ))
-            .arg(format!(
-                "--tls-key={}",
-                pki.dir.join("principal.key").display()
-            ))
-            .arg(format!("--tls-ca={}", pki.ca().display()))
-            .arg(format!("--jwt-key={}", pki.dir.join("jwt.key").display()))
+            .args(pki.principal_args())
             .arg("--namespace=argocd")
             .arg(extra)
             .env_clear()

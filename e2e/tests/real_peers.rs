@@ -1,86 +1,44 @@
 //! The real test ground, each peer proven on its own and then together with ours: real Argo CD
 //! (application-controller + repo-server with a password-protected Redis) syncing an app from a
-//! local Git server on a spoke; upstream argocd-agent's principal and agent talking to each other;
-//! and every managed pairing of {our, upstream} principal × {our, upstream} agent carrying a hub
-//! Application to a spoke where the real Argo CD syncs it, with its real status back on the hub.
-//! Nobody here writes what Argo CD or an agent would write.
+//! local Git server on a spoke; then the interop matrix, every scenario run in every pairing of
+//! {our, upstream} principal × {our, upstream} agent with the spoke's real Argo CD syncing from Git:
+//! managed (hub → spoke: create, update, drift revert, refresh, delete with cascade, AppProject and
+//! repository Secret, resync after an agent restart) and autonomous (spoke → hub mirror: create,
+//! update, delete, with the real status). Nobody here writes what Argo CD or an agent would write.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use e2e::argocd::ArgoCd;
 use e2e::gateway::{
     application_resource, appproject_resource, ensure_namespace, Agent, Pki, Principal,
 };
 use e2e::git_server::{demo_manifests, GitServer};
+use e2e::scenario::{self, wait_synced, SYNC_WAIT};
 use e2e::upstream::{UpstreamAgent, UpstreamPrincipal};
 use e2e::{shared_planes, wait_until, ControlPlane, ManagedProcess, TestContext};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject, PostParams};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::ResourceExt;
 use serde_json::{json, Value};
 
-/// Generous: a first sync clones, renders and applies (seconds), status then crosses the stream.
-const SYNC_WAIT: Duration = Duration::from_secs(120);
 const IN_CLUSTER: &str = "https://kubernetes.default.svc";
 
-/// An Application of the demo manifests at `repo_url` (path `demo`), synced automatically into
-/// `dest_namespace` of the cluster that runs it.
+/// The demo Application with an in-cluster destination namespace (the cluster that runs it).
 fn demo_application(
     name: &str,
     namespace: &str,
     repo_url: &str,
     dest_namespace: &str,
 ) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Application",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "project": "default",
-            "source": {"repoURL": repo_url, "path": "demo", "targetRevision": "main"},
-            "destination": {"server": IN_CLUSTER, "namespace": dest_namespace},
-            "syncPolicy": {"automated": {"prune": true, "selfHeal": true},
-                           "syncOptions": ["PrunePropagationPolicy=background"]},
-        }
-    }))
-    .expect("valid Application")
-}
-
-/// `(sync status, health status, synced revision)` of an Application as JSON.
-fn sync_state(app: &Value) -> (String, String, String) {
-    let s = |p: &str| {
-        app.pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    (
-        s("/status/sync/status"),
-        s("/status/health/status"),
-        s("/status/sync/revision"),
+    scenario::demo_application(
+        name,
+        namespace,
+        repo_url,
+        json!({"server": IN_CLUSTER, "namespace": dest_namespace}),
     )
-}
-
-/// Waits until the Application `name` in `api` is Synced and Healthy at `revision`.
-async fn wait_synced(
-    api: &Api<DynamicObject>,
-    name: &str,
-    revision: &str,
-    what: &str,
-    logs: impl Fn() -> String,
-) -> anyhow::Result<Value> {
-    wait_until(what, SYNC_WAIT, || async {
-        let app = api
-            .get_opt(name)
-            .await?
-            .map(serde_json::to_value)
-            .transpose()?;
-        Ok::<_, anyhow::Error>(app.filter(|a| {
-            let (sync, health, rev) = sync_state(a);
-            sync == "Synced" && health == "Healthy" && rev == revision
-        }))
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))
 }
 
 /// Waits until ConfigMap `demo-config` in `namespace` of `plane` says `greeting`.
@@ -156,11 +114,34 @@ async fn argocd_syncs_a_git_app_on_a_spoke() -> anyhow::Result<()> {
     Ok(())
 }
 
+// ---- the interop matrix ------------------------------------------------------------------------
+//
+// Every scenario below is written once as a function of (principal side, agent side, mode) and run
+// in every cell of {our, upstream} principal × {our, upstream} agent by `cells!`. A cell starts
+// its own principal, agent, Git server and (where the scenario syncs) the spoke's real Argo CD in
+// namespaces of its own on the shared planes.
+
 /// Which implementation plays a part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
     Ours,
     Upstream,
+}
+
+/// How the agent runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Managed,
+    Autonomous,
+}
+
+impl Mode {
+    fn flag(self) -> &'static str {
+        match self {
+            Mode::Managed => "managed",
+            Mode::Autonomous => "autonomous",
+        }
+    }
 }
 
 /// Keeps whichever principal runs alive for the test.
@@ -184,141 +165,727 @@ impl AnyPrincipal {
     }
 }
 
-/// The managed user story across one pairing: an Application created on the hub reaches the agent's
-/// spoke, the spoke's real Argo CD syncs it from Git, and its real status comes back to the hub.
-async fn managed_app_syncs_through(principal: Side, agent: Side) -> anyhow::Result<()> {
-    let planes = shared_planes().await;
-    let (hub, spoke) = (&planes.hub, &planes.spokes[1]);
-    let test = format!("managed_{principal:?}_principal_{agent:?}_agent").to_lowercase();
-    let ctx = TestContext::new(&test)?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let name = ctx.unique("agent");
-    pki.issue_agent(&name)?;
-    let git = GitServer::start(&ctx.unique("git"))?;
-    let revision = git.commit("apps", "demo", &demo_manifests("managed"), "demo")?;
+/// Keeps whichever agent runs alive for the test (its process can be killed and started again).
+enum AnyAgent {
+    Ours(Agent),
+    Upstream(UpstreamAgent),
+}
 
-    // Hub: the principal's namespace with the default project every agent gets, and the agent's
-    // namespace holding its Applications.
-    let hub_client = hub.client().await?;
-    let principal_ns = ctx.unique("hub-argocd");
-    ensure_namespace(&hub_client, &principal_ns).await?;
-    ensure_namespace(&hub_client, &name).await?;
-    let projects: Api<DynamicObject> =
-        Api::namespaced_with(hub_client.clone(), &principal_ns, &appproject_resource());
+impl AnyAgent {
+    fn process(&self) -> &ManagedProcess {
+        match self {
+            AnyAgent::Ours(a) => &a.process,
+            AnyAgent::Upstream(a) => &a.process,
+        }
+    }
+    fn process_mut(&mut self) -> &mut ManagedProcess {
+        match self {
+            AnyAgent::Ours(a) => &mut a.process,
+            AnyAgent::Upstream(a) => &mut a.process,
+        }
+    }
+}
+
+/// One cell of the matrix, running: hub namespaces (principal's, and the agent's = its name),
+/// the principal, the spoke's Argo CD (optional) and the agent, a Git server with the demo app.
+struct Cell {
+    ctx: TestContext,
+    mode: Mode,
+    /// The agent's name: its certificate CN and its hub namespace.
+    name: String,
+    principal_ns: String,
+    spoke_ns: String,
+    /// The spoke namespace the demo app deploys into.
+    dest: String,
+    spoke: &'static ControlPlane,
+    hub_client: kube::Client,
+    git: GitServer,
+    /// The commit of the demo app's first version (path `demo`, greeting `v1`).
+    first: String,
+    argocd: Option<ArgoCd>,
+    principal: AnyPrincipal,
+    agent: AnyAgent,
+    /// Applications in the agent's hub namespace.
+    hub_apps: Api<DynamicObject>,
+    /// Applications in the agent's Argo CD namespace on the spoke.
+    spoke_apps: Api<DynamicObject>,
+}
+
+impl Cell {
+    async fn start(
+        scenario: &str,
+        principal: Side,
+        agent: Side,
+        mode: Mode,
+        with_argocd: bool,
+    ) -> anyhow::Result<Cell> {
+        let planes = shared_planes().await;
+        // Managed cells on one spoke, autonomous ones on the other: spreads the Argo CD load.
+        let (hub, spoke) = match mode {
+            Mode::Managed => (&planes.hub, &planes.spokes[1]),
+            Mode::Autonomous => (&planes.hub, &planes.spokes[0]),
+        };
+        let test = format!("{scenario}_{principal:?}_principal_{agent:?}_agent").to_lowercase();
+        let ctx = TestContext::new(&test)?;
+        let pki = Pki::create(&ctx.dir.join("pki"))?;
+        let name = ctx.unique("agent");
+        pki.issue_agent(&name)?;
+        let git = GitServer::start(&ctx.unique("git"))?;
+        let first = git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
+
+        // Hub: the principal's namespace with the default project every agent gets, and the
+        // agent's namespace holding its Applications (or their mirrors).
+        let hub_client = hub.client().await?;
+        let principal_ns = ctx.unique("hub-argocd");
+        ensure_namespace(&hub_client, &principal_ns).await?;
+        ensure_namespace(&hub_client, &name).await?;
+        let projects: Api<DynamicObject> =
+            Api::namespaced_with(hub_client.clone(), &principal_ns, &appproject_resource());
+        projects
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+                    "metadata": {"name": "default", "namespace": principal_ns},
+                    "spec": {"sourceRepos": ["*"], "sourceNamespaces": ["*"],
+                             "destinations": [{"server": "*", "namespace": "*", "name": "*"}],
+                             "clusterResourceWhitelist": [{"group": "*", "kind": "*"}]},
+                }))?,
+            )
+            .await?;
+        if mode == Mode::Autonomous {
+            register_agent_cluster(&hub_client, &principal_ns, &name).await?;
+        }
+
+        let spoke_ns = ctx.unique("argocd");
+        let argocd = if with_argocd {
+            Some(ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?)
+        } else {
+            None
+        };
+        let dest = ctx.unique("demo");
+        ensure_namespace(&spoke.client().await?, &dest).await?;
+
+        let principal = match principal {
+            Side::Ours => AnyPrincipal::Ours(
+                Principal::start(&ctx.suffix, &ctx.dir, hub, &pki, &principal_ns, &[]).await?,
+            ),
+            Side::Upstream => AnyPrincipal::Upstream(
+                UpstreamPrincipal::start(
+                    &ctx.suffix,
+                    &ctx.dir,
+                    hub,
+                    &pki,
+                    &principal_ns,
+                    None,
+                    &[],
+                )
+                .await?,
+            ),
+        };
+        let redis = argocd.as_ref().and_then(ArgoCd::redis_endpoint);
+        let agent = match agent {
+            Side::Ours => AnyAgent::Ours(
+                Agent::start(
+                    &name,
+                    &ctx.dir,
+                    spoke,
+                    &pki,
+                    &principal.address(),
+                    &spoke_ns,
+                    &[&format!("--mode={}", mode.flag())],
+                )
+                .await?,
+            ),
+            Side::Upstream => AnyAgent::Upstream(
+                UpstreamAgent::start(
+                    &name,
+                    &ctx.dir,
+                    spoke,
+                    &pki,
+                    &principal.address(),
+                    mode.flag(),
+                    &spoke_ns,
+                    redis
+                        .as_ref()
+                        .map(|r| (r.address.as_str(), r.password.as_deref())),
+                    &[],
+                )
+                .await?,
+            ),
+        };
+        let hub_apps = Api::namespaced_with(hub_client.clone(), &name, &application_resource());
+        let spoke_apps =
+            Api::namespaced_with(spoke.client().await?, &spoke_ns, &application_resource());
+        Ok(Cell {
+            ctx,
+            mode,
+            name,
+            principal_ns,
+            spoke_ns,
+            dest,
+            spoke,
+            hub_client,
+            git,
+            first,
+            argocd,
+            principal,
+            agent,
+            hub_apps,
+            spoke_apps,
+        })
+    }
+
+    /// Log tails of every process of the cell, for failure messages.
+    fn logs(&self) -> String {
+        format!(
+            "--- principal ---\n{}\n--- agent ---\n{}\n{}",
+            self.principal.process().log_tail(30),
+            self.agent.process().log_tail(30),
+            self.argocd
+                .as_ref()
+                .map(|a| a.log_tails(10))
+                .unwrap_or_default()
+        )
+    }
+
+    /// The demo Application (path `demo` of the cell's Git repo into `dest`) in `namespace`.
+    fn demo_app(&self, namespace: &str, finalizer: bool) -> DynamicObject {
+        let mut app = demo_application("demo", namespace, &self.git.url("apps"), &self.dest);
+        if finalizer {
+            app.metadata.finalizers = Some(vec![BACKGROUND_CASCADE.to_string()]);
+        }
+        app
+    }
+
+    /// Commits the demo app's second version under path `demo2` (greeting `v2`); returns the commit.
+    fn commit_second_version(&self) -> anyhow::Result<String> {
+        self.git
+            .commit("apps", "demo2", &demo_manifests("v2"), "demo v2")
+    }
+
+    async fn wait_greeting(&self, greeting: &str) -> anyhow::Result<()> {
+        wait_greeting(self.spoke, &self.dest, greeting)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))
+    }
+
+    async fn wait_synced(
+        &self,
+        api: &Api<DynamicObject>,
+        revision: &str,
+        what: &str,
+    ) -> anyhow::Result<Value> {
+        wait_synced(api, "demo", revision, what, || self.logs()).await
+    }
+
+    /// Waits until the demo app in `api` has `value` at JSON `pointer`.
+    async fn wait_field(
+        &self,
+        api: &Api<DynamicObject>,
+        pointer: &str,
+        value: &str,
+        what: &str,
+    ) -> anyhow::Result<Value> {
+        wait_until(what, SYNC_WAIT, || async {
+            let app = api
+                .get_opt("demo")
+                .await?
+                .map(serde_json::to_value)
+                .transpose()?;
+            Ok::<_, anyhow::Error>(
+                app.filter(|a| a.pointer(pointer).and_then(Value::as_str) == Some(value)),
+            )
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))
+    }
+
+    /// Waits until the demo app is gone from `api`.
+    async fn wait_app_gone(&self, api: &Api<DynamicObject>, what: &str) -> anyhow::Result<()> {
+        wait_until(what, SYNC_WAIT, || async {
+            Ok::<_, kube::Error>(api.get_opt("demo").await?.is_none().then_some(()))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))
+    }
+
+    /// Merge-patches the demo app in `api`; returns the object as written.
+    async fn patch_app(&self, api: &Api<DynamicObject>, patch: Value) -> anyhow::Result<Value> {
+        Ok(serde_json::to_value(
+            api.patch("demo", &PatchParams::default(), &Patch::Merge(patch))
+                .await?,
+        )?)
+    }
+}
+
+/// The finalizer that makes Argo CD delete an Application's resources (background cascade)
+/// before the Application itself.
+const BACKGROUND_CASCADE: &str = "resources-finalizer.argocd.argoproj.io/background";
+const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
+
+/// The Argo CD cluster secret that maps autonomous agent `agent` to a destination on the hub
+/// (what `argocd-agentctl agent create` writes). Upstream's principal refuses an autonomous
+/// agent's Applications without one ("cluster mapping not found for agent"); ours does not need
+/// it but the user flow is the same for both.
+async fn register_agent_cluster(
+    hub: &kube::Client,
+    principal_ns: &str,
+    agent: &str,
+) -> anyhow::Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(hub.clone(), principal_ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": format!("cluster-{agent}"), "labels": {
+                    "argocd.argoproj.io/secret-type": "cluster",
+                    "argocd-agent.argoproj-labs.io/agent-name": agent}},
+                "stringData": {
+                    "name": agent,
+                    "server": format!("https://127.0.0.1:9090?agentName={agent}"),
+                    "config": "{\"tlsClientConfig\":{\"insecure\":true}}",
+                },
+            }))?,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Runs `$scenario(principal, agent, mode)` in the four cells, one test each, named
+/// `<test>_<principal>_principal_<agent>_agent`; attributes before a cell apply to its test.
+macro_rules! cells {
+    ($scenario:ident, $mode:expr, {$($(#[$attr:meta])* $test:ident: $p:ident, $a:ident;)*}) => {
+        $(
+            $(#[$attr])*
+            #[tokio::test]
+            async fn $test() -> anyhow::Result<()> {
+                $scenario(Side::$p, Side::$a, $mode).await
+            }
+        )*
+    };
+}
+
+// ---- managed: the hub owns the Application ------------------------------------------------------
+
+/// An Application created on the hub reaches the spoke, where the real Argo CD syncs it, and its
+/// real status comes back; a new path set on the hub reaches the spoke and is synced; an edit of
+/// the spoke's copy is reverted to the hub's spec; a hard refresh requested on the hub reaches
+/// the spoke's Application.
+async fn managed_app_lifecycle(principal: Side, agent: Side, mode: Mode) -> anyhow::Result<()> {
+    let cell = Cell::start("managed_lifecycle", principal, agent, mode, true).await?;
+    let (hub_apps, spoke_apps) = (&cell.hub_apps, &cell.spoke_apps);
+
+    // Create on the hub → spoke → synced by Argo CD → status on the hub.
+    hub_apps
+        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+        .await?;
+    cell.wait_greeting("v1").await?;
+    cell.wait_synced(
+        hub_apps,
+        &cell.first,
+        "the spoke's real Synced+Healthy status on the hub Application",
+    )
+    .await?;
+
+    // Update from the hub: a new path.
+    let second = cell.commit_second_version()?;
+    cell.patch_app(hub_apps, json!({"spec": {"source": {"path": "demo2"}}}))
+        .await?;
+    cell.wait_field(
+        spoke_apps,
+        "/spec/source/path",
+        "demo2",
+        "the hub's new path on the spoke Application",
+    )
+    .await?;
+    cell.wait_greeting("v2").await?;
+    cell.wait_synced(
+        hub_apps,
+        &second,
+        "the hub Application Synced at the new path",
+    )
+    .await?;
+
+    // Drift: an edit of the spoke's copy is reverted to the hub's spec.
+    let drifted = cell
+        .patch_app(spoke_apps, json!({"spec": {"source": {"path": "drifted"}}}))
+        .await?;
+    anyhow::ensure!(drifted.pointer("/spec/source/path") == Some(&json!("drifted")));
+    cell.wait_field(
+        spoke_apps,
+        "/spec/source/path",
+        "demo2",
+        "the spoke edit reverted to the hub's path",
+    )
+    .await?;
+
+    // Refresh requested on the hub reaches the spoke's Application (where Argo CD consumes it).
+    // Upstream's principal removes the hub's refresh annotation whenever a status-update without
+    // it arrives (UpdateStatus, internal/manager/application/application.go:559-607), so a
+    // status-update crossing the request can clear it before it is forwarded; like a user, the
+    // test asks again when the hub annotation vanished without reaching the spoke.
+    let seen = watch_for_annotation(spoke_apps.clone(), REFRESH_ANNOTATION).await?;
+    let requests = std::sync::atomic::AtomicUsize::new(0);
+    wait_until(
+        "the hub's refresh annotation on the spoke Application",
+        SYNC_WAIT,
+        || async {
+            if seen.observed() {
+                return Ok::<_, anyhow::Error>(Some(()));
+            }
+            let hub = hub_apps.get("demo").await?;
+            if !hub.annotations().contains_key(REFRESH_ANNOTATION) {
+                requests.fetch_add(1, Ordering::SeqCst);
+                cell.patch_app(
+                    hub_apps,
+                    json!({"metadata": {"annotations": {REFRESH_ANNOTATION: "hard"}}}),
+                )
+                .await?;
+            }
+            Ok(None)
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    eprintln!(
+        "[e2e] {}: refresh reached the spoke after {} request(s)",
+        cell.ctx.name,
+        requests.load(Ordering::SeqCst)
+    );
+    wait_until(
+        "the spoke's Argo CD to consume the refresh",
+        SYNC_WAIT,
+        || async {
+            Ok::<_, kube::Error>(
+                (!spoke_apps
+                    .get("demo")
+                    .await?
+                    .annotations()
+                    .contains_key(REFRESH_ANNOTATION))
+                .then_some(()),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+
+    Ok(())
+}
+
+cells!(managed_app_lifecycle, Mode::Managed, {
+    managed_app_lifecycle_ours_principal_ours_agent: Ours, Ours;
+    managed_app_lifecycle_ours_principal_upstream_agent: Ours, Upstream;
+    managed_app_lifecycle_upstream_principal_ours_agent: Upstream, Ours;
+    managed_app_lifecycle_upstream_principal_upstream_agent: Upstream, Upstream;
+});
+
+/// Deleting a hub Application that carries Argo CD's background-cascade finalizer deletes the
+/// spoke's copy, whose finalizer makes the spoke's Argo CD delete the deployed resources, and
+/// then the hub's Application.
+async fn managed_app_delete_cascades(
+    principal: Side,
+    agent: Side,
+    mode: Mode,
+) -> anyhow::Result<()> {
+    let cell = Cell::start("managed_delete", principal, agent, mode, true).await?;
+    let (hub_apps, spoke_apps) = (&cell.hub_apps, &cell.spoke_apps);
+    hub_apps
+        .create(&PostParams::default(), &cell.demo_app(&cell.name, true))
+        .await?;
+    cell.wait_greeting("v1").await?;
+    cell.wait_synced(hub_apps, &cell.first, "the hub Application Synced")
+        .await?;
+
+    // Delete on the hub: the spoke's Argo CD cascades, then both Applications go.
+    hub_apps.delete("demo", &Default::default()).await?;
+    cell.wait_app_gone(spoke_apps, "the spoke Application deleted")
+        .await?;
+    let cms: Api<ConfigMap> = Api::namespaced(cell.spoke.client().await?, &cell.dest);
+    wait_until(
+        "Argo CD's cascade to delete demo-config on the spoke",
+        SYNC_WAIT,
+        || async {
+            Ok::<_, kube::Error>(cms.get_opt("demo-config").await?.is_none().then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    cell.wait_app_gone(hub_apps, "the hub Application gone once the spoke's is")
+        .await?;
+    Ok(())
+}
+
+// Upstream's agent deletes the spoke copy with `propagationPolicy: Foreground`
+// (internal/manager/application/application.go:375): the `foregroundDeletion` finalizer is only
+// removed by kube-controller-manager's garbage collector, which these test planes do not run.
+cells!(managed_app_delete_cascades, Mode::Managed, {
+    managed_app_delete_cascades_ours_principal_ours_agent: Ours, Ours;
+    #[ignore = "upstream v0.9.0: the agent deletes with Foreground propagation; its foregroundDeletion finalizer needs a garbage collector (kube-controller-manager), which the test planes do not run"]
+    managed_app_delete_cascades_ours_principal_upstream_agent: Ours, Upstream;
+    managed_app_delete_cascades_upstream_principal_ours_agent: Upstream, Ours;
+    #[ignore = "upstream v0.9.0: the agent deletes with Foreground propagation; its foregroundDeletion finalizer needs a garbage collector (kube-controller-manager), which the test planes do not run"]
+    managed_app_delete_cascades_upstream_principal_upstream_agent: Upstream, Upstream;
+});
+
+/// An AppProject created on the hub for the agent reaches its spoke, and so does a repository
+/// Secret scoped to that project.
+async fn managed_project_and_repository(
+    principal: Side,
+    agent: Side,
+    mode: Mode,
+) -> anyhow::Result<()> {
+    let cell = Cell::start("managed_project_repo", principal, agent, mode, false).await?;
+    let project = cell.ctx.unique("proj");
+    let projects: Api<DynamicObject> = Api::namespaced_with(
+        cell.hub_client.clone(),
+        &cell.principal_ns,
+        &appproject_resource(),
+    );
     projects
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({
                 "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
-                "metadata": {"name": "default", "namespace": principal_ns},
-                "spec": {"sourceRepos": ["*"], "sourceNamespaces": ["*"],
-                         "destinations": [{"server": "*", "namespace": "*", "name": "*"}],
-                         "clusterResourceWhitelist": [{"group": "*", "kind": "*"}]},
+                "metadata": {"name": project, "namespace": cell.principal_ns},
+                "spec": {"sourceRepos": ["*"], "sourceNamespaces": [cell.name],
+                         "destinations": [{"name": cell.name, "namespace": "*"}]},
+            }))?,
+        )
+        .await?;
+    let repo = cell.ctx.unique("repo");
+    let secrets: Api<Secret> = Api::namespaced(cell.hub_client.clone(), &cell.principal_ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": repo, "labels": {
+                    "argocd.argoproj.io/secret-type": "repository"}},
+                "stringData": {"type": "git", "url": cell.git.url("apps"), "project": project},
             }))?,
         )
         .await?;
 
-    // Spoke: Argo CD in the agent's namespace.
-    let spoke_ns = ctx.unique("argocd");
-    let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
-    let dest = ctx.unique("demo");
-    ensure_namespace(&spoke.client().await?, &dest).await?;
-
-    let principal = match principal {
-        Side::Ours => AnyPrincipal::Ours(
-            Principal::start(&ctx.suffix, &ctx.dir, hub, &pki, &principal_ns, &[]).await?,
-        ),
-        Side::Upstream => AnyPrincipal::Upstream(
-            UpstreamPrincipal::start(&ctx.suffix, &ctx.dir, hub, &pki, &principal_ns, None, &[])
-                .await?,
-        ),
-    };
-    let redis = argocd.redis_endpoint().expect("spoke Argo CD has a Redis");
-    let agent_process = match agent {
-        Side::Ours => {
-            Agent::start(
-                &name,
-                &ctx.dir,
-                spoke,
-                &pki,
-                &principal.address(),
-                &spoke_ns,
-                &[],
-            )
-            .await?
-            .process
-        }
-        Side::Upstream => {
-            UpstreamAgent::start(
-                &name,
-                &ctx.dir,
-                spoke,
-                &pki,
-                &principal.address(),
-                "managed",
-                &spoke_ns,
-                Some((&redis.address, redis.password.as_deref())),
-                &[],
-            )
-            .await?
-            .process
-        }
-    };
-    let logs = || {
-        format!(
-            "--- principal ---\n{}\n--- agent ---\n{}\n{}",
-            principal.process().log_tail(25),
-            agent_process.log_tail(25),
-            argocd.log_tails(10)
-        )
-    };
-
-    let hub_apps: Api<DynamicObject> =
-        Api::namespaced_with(hub_client, &name, &application_resource());
-    hub_apps
-        .create(
-            &PostParams::default(),
-            &demo_application("demo", &name, &git.url("apps"), &dest),
-        )
-        .await?;
-    let spoke_apps: Api<DynamicObject> =
-        Api::namespaced_with(spoke.client().await?, &spoke_ns, &application_resource());
-    wait_until("the hub Application on the spoke", SYNC_WAIT, || async {
-        Ok::<_, kube::Error>(spoke_apps.get_opt("demo").await?.map(|_| ()))
+    let spoke = cell.spoke.client().await?;
+    let spoke_projects: Api<DynamicObject> =
+        Api::namespaced_with(spoke.clone(), &cell.spoke_ns, &appproject_resource());
+    wait_until("the hub AppProject on the spoke", SYNC_WAIT, || async {
+        spoke_projects.get_opt(&project).await
     })
     .await
-    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
-    wait_greeting(spoke, &dest, "managed")
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
-    wait_synced(
-        &hub_apps,
-        "demo",
-        &revision,
-        "the spoke's real Synced+Healthy status on the hub Application",
-        logs,
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    let spoke_secrets: Api<Secret> = Api::namespaced(spoke, &cell.spoke_ns);
+    let copy = wait_until(
+        "the hub repository Secret on the spoke",
+        SYNC_WAIT,
+        || async { spoke_secrets.get_opt(&repo).await },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    let label = copy
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("argocd.argoproj.io/secret-type"))
+        .cloned();
+    anyhow::ensure!(
+        label.as_deref() == Some("repository"),
+        "the spoke copy keeps the repository label: {label:?}"
+    );
+    let url = copy
+        .data
+        .as_ref()
+        .and_then(|d| d.get("url"))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    anyhow::ensure!(
+        url.as_deref() == Some(cell.git.url("apps").as_str()),
+        "the spoke copy has the hub's repository URL: {url:?}"
+    );
+    Ok(())
+}
+
+cells!(managed_project_and_repository, Mode::Managed, {
+    managed_project_and_repository_ours_principal_ours_agent: Ours, Ours;
+    managed_project_and_repository_ours_principal_upstream_agent: Ours, Upstream;
+    managed_project_and_repository_upstream_principal_ours_agent: Upstream, Ours;
+    managed_project_and_repository_upstream_principal_upstream_agent: Upstream, Upstream;
+});
+
+/// The agent is killed, the hub Application changes while it is down, and after it starts again
+/// the spoke converges to the hub's spec and the hub gets the new status.
+async fn managed_resync_after_agent_restart(
+    principal: Side,
+    agent: Side,
+    mode: Mode,
+) -> anyhow::Result<()> {
+    let mut cell = Cell::start("managed_restart", principal, agent, mode, true).await?;
+    cell.hub_apps
+        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+        .await?;
+    cell.wait_greeting("v1").await?;
+    cell.wait_synced(&cell.hub_apps, &cell.first, "the hub Application Synced")
+        .await?;
+
+    cell.agent.process_mut().kill();
+    let second = cell.commit_second_version()?;
+    cell.patch_app(
+        &cell.hub_apps,
+        json!({"spec": {"source": {"path": "demo2"}}}),
+    )
+    .await?;
+    cell.agent.process_mut().start_again()?;
+
+    cell.wait_field(
+        &cell.spoke_apps,
+        "/spec/source/path",
+        "demo2",
+        "the path set while the agent was down on the spoke",
+    )
+    .await?;
+    cell.wait_greeting("v2").await?;
+    cell.wait_synced(
+        &cell.hub_apps,
+        &second,
+        "the hub Application Synced at the path set while the agent was down",
     )
     .await?;
     Ok(())
 }
 
-#[tokio::test]
-async fn upstream_agent_and_upstream_principal_carry_a_managed_app() -> anyhow::Result<()> {
-    managed_app_syncs_through(Side::Upstream, Side::Upstream).await
+cells!(managed_resync_after_agent_restart, Mode::Managed, {
+    managed_resync_after_agent_restart_ours_principal_ours_agent: Ours, Ours;
+    managed_resync_after_agent_restart_ours_principal_upstream_agent: Ours, Upstream;
+    managed_resync_after_agent_restart_upstream_principal_ours_agent: Upstream, Ours;
+    managed_resync_after_agent_restart_upstream_principal_upstream_agent: Upstream, Upstream;
+});
+
+// ---- autonomous: the spoke owns the Application -------------------------------------------------
+
+/// An Application created on the spoke is synced by the spoke's real Argo CD and mirrored on the
+/// hub in the agent's namespace (same name, project `<agent>-<project>`, destination named after
+/// the agent) with its real status; a new path set on the spoke reaches the mirror with the new
+/// status; deleting the spoke's Application removes the mirror.
+async fn autonomous_app_lifecycle(principal: Side, agent: Side, mode: Mode) -> anyhow::Result<()> {
+    let cell = Cell::start("autonomous_lifecycle", principal, agent, mode, true).await?;
+    let (hub_apps, spoke_apps) = (&cell.hub_apps, &cell.spoke_apps);
+    assert_eq!(cell.mode, Mode::Autonomous);
+
+    spoke_apps
+        .create(
+            &PostParams::default(),
+            &cell.demo_app(&cell.spoke_ns, false),
+        )
+        .await?;
+    cell.wait_greeting("v1").await?;
+    let mirror = cell
+        .wait_synced(
+            hub_apps,
+            &cell.first,
+            "the spoke's real Synced+Healthy status on the hub mirror",
+        )
+        .await?;
+    let text = |p: &str| {
+        mirror
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let expected_project = format!("{}-default", cell.name);
+    anyhow::ensure!(
+        text("/spec/project") == expected_project,
+        "mirror project: {}",
+        text("/spec/project")
+    );
+    anyhow::ensure!(
+        text("/spec/destination/name") == cell.name,
+        "mirror destination: {}",
+        mirror["spec"]["destination"]
+    );
+    anyhow::ensure!(text("/spec/source/path") == "demo");
+
+    // Update on the spoke.
+    let second = cell.commit_second_version()?;
+    cell.patch_app(spoke_apps, json!({"spec": {"source": {"path": "demo2"}}}))
+        .await?;
+    cell.wait_greeting("v2").await?;
+    cell.wait_field(
+        hub_apps,
+        "/spec/source/path",
+        "demo2",
+        "the spoke's new path on the hub mirror",
+    )
+    .await?;
+    cell.wait_synced(hub_apps, &second, "the mirror Synced at the new path")
+        .await?;
+
+    // Delete on the spoke.
+    spoke_apps.delete("demo", &Default::default()).await?;
+    cell.wait_app_gone(spoke_apps, "the spoke Application deleted")
+        .await?;
+    cell.wait_app_gone(hub_apps, "the hub mirror removed")
+        .await?;
+    Ok(())
 }
 
-#[tokio::test]
-async fn upstream_agent_on_our_principal_carries_a_managed_app() -> anyhow::Result<()> {
-    managed_app_syncs_through(Side::Ours, Side::Upstream).await
+cells!(autonomous_app_lifecycle, Mode::Autonomous, {
+    autonomous_app_lifecycle_ours_principal_ours_agent: Ours, Ours;
+    autonomous_app_lifecycle_ours_principal_upstream_agent: Ours, Upstream;
+    autonomous_app_lifecycle_upstream_principal_ours_agent: Upstream, Ours;
+    autonomous_app_lifecycle_upstream_principal_upstream_agent: Upstream, Upstream;
+});
+
+// ---- observing a transient state ----------------------------------------------------------------
+
+/// Whether a watch saw an annotation on some version of the demo Application.
+struct AnnotationWatch {
+    seen: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
 }
 
-#[tokio::test]
-async fn our_agent_on_an_upstream_principal_carries_a_managed_app() -> anyhow::Result<()> {
-    managed_app_syncs_through(Side::Upstream, Side::Ours).await
+impl AnnotationWatch {
+    fn observed(&self) -> bool {
+        self.seen.load(Ordering::SeqCst)
+    }
 }
 
-#[tokio::test]
-async fn our_agent_on_our_principal_carries_a_managed_app_that_real_argocd_syncs(
-) -> anyhow::Result<()> {
-    managed_app_syncs_through(Side::Ours, Side::Ours).await
+impl Drop for AnnotationWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Watches the demo Application in `api` and records whether any version of it carries
+/// `annotation` (a refresh request lives only until Argo CD consumes it, so polling could miss
+/// it); returns once the watch is established.
+async fn watch_for_annotation(
+    api: Api<DynamicObject>,
+    annotation: &'static str,
+) -> anyhow::Result<AnnotationWatch> {
+    let seen = Arc::new(AtomicBool::new(false));
+    let listed = Arc::new(AtomicBool::new(false));
+    let task = tokio::spawn({
+        let (seen, listed) = (seen.clone(), listed.clone());
+        async move {
+            let config = watcher::Config::default().fields("metadata.name=demo");
+            let mut events = watcher(api, config).boxed();
+            while let Some(ev) = events.next().await {
+                match ev {
+                    Ok(watcher::Event::InitDone) => listed.store(true, Ordering::SeqCst),
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))
+                        if o.annotations().contains_key(annotation) =>
+                    {
+                        seen.store(true, Ordering::SeqCst)
+                    }
+                    _ => {}
+                }
+            }
+        }
+    });
+    wait_until("the spoke watch listed", SYNC_WAIT, || async {
+        Ok::<_, anyhow::Error>(listed.load(Ordering::SeqCst).then_some(()))
+    })
+    .await?;
+    Ok(AnnotationWatch { seen, task })
 }
