@@ -187,6 +187,8 @@ impl OcmHub {
             .arg("controller")
             .args(&common)
             .arg(format!("--listen=127.0.0.1:{}", free_port()))
+            // library-go writes its self-signed serving certificate under TMPDIR.
+            .env("TMPDIR", dir)
             .arg("--feature-gates=ManagedClusterAutoApproval=true")
             .arg(format!("--auto-approved-csr-users={BOOTSTRAP_USER}")),
         )?;
@@ -198,7 +200,8 @@ impl OcmHub {
             )
             .arg("controller")
             .args(&common)
-            .arg(format!("--listen=127.0.0.1:{}", free_port())),
+            .arg(format!("--listen=127.0.0.1:{}", free_port()))
+            .env("TMPDIR", dir),
         )?;
         let (ca_cert, ca_key) = hub.client_ca();
         let signer = ManagedProcess::spawn(
@@ -356,6 +359,7 @@ impl Klusterlet {
             dir.join("klusterlet.log"),
         )
         .arg("agent")
+        .env("TMPDIR", &dir)
         .arg(format!("--spoke-cluster-name={cluster_name}"))
         .arg(format!("--agent-id={cluster_name}-agent"))
         .arg(format!("--kubeconfig={}", spoke.kubeconfig.display()))
