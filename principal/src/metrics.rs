@@ -301,15 +301,17 @@ mod tests {
         }
         PrincipalMetrics::count_event(&metrics.events_received, &EventType::StatusUpdate);
         let text = registry.encode().unwrap();
-        let series: Vec<_> = text
+        // The encoder's series order is not fixed: compare as a sorted list.
+        let mut series: Vec<_> = text
             .lines()
             .filter(|l| l.starts_with("principal_events_received_total{"))
             .collect();
+        series.sort_unstable();
         assert_eq!(
             series,
             [
-                "principal_events_received_total{event_type=\"unknown\"} 1000",
                 "principal_events_received_total{event_type=\"status-update\"} 1",
+                "principal_events_received_total{event_type=\"unknown\"} 1000",
             ]
         );
     }
