@@ -473,19 +473,18 @@ impl ManagedSync {
         }
         let name = object_name(hub);
         let ns = &self.settings.namespace;
-        self.apps
-            .patch(
-                name,
-                &patch_params(),
-                &Patch::Merge(json!({ "operation": operation })),
-            )
+        let what = || format!("setting the operation of spoke Application {ns}/{name}");
+        let live = self
+            .apps
+            .get(name)
             .await
-            .map_err(|e| {
-                kube_failure(
-                    format!("setting the operation of spoke Application {ns}/{name}"),
-                    e,
-                )
-            })?;
+            .map_err(|e| kube_failure(what(), e))?;
+        let body = crate::spoke_copy::with_requested_operation(&to_json(&live), &operation);
+        // An update of what was read: a concurrent write is a conflict, retried.
+        self.apps
+            .replace(name, &write_params(), &from_json(&body)?)
+            .await
+            .map_err(|e| kube_failure(what(), e))?;
         info!(namespace = %ns, name, "started the operation the hub requested");
         Ok(())
     }

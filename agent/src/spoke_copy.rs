@@ -19,6 +19,9 @@ pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-co
 /// Annotation that asks Argo CD for a refresh; the spoke's application controller removes it once
 /// done, which must not count as drift (or the agent would re-add it and refresh forever).
 pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
+/// Annotation that asks Argo CD to hydrate (argocd-server sets it with every refresh); the spoke's
+/// controller may drop it, which is no drift either.
+pub const HYDRATE_ANNOTATION: &str = "argocd.argoproj.io/hydrate";
 /// Destination cluster name every spoke Application points at: the spoke's own cluster.
 pub const IN_CLUSTER: &str = "in-cluster";
 
@@ -271,6 +274,7 @@ pub fn managed_view(obj: &Value) -> Value {
     let mut annotations = map_or_empty("/metadata/annotations");
     annotations.remove(LAST_APPLIED_ANNOTATION);
     annotations.remove(REFRESH_ANNOTATION);
+    annotations.remove(HYDRATE_ANNOTATION);
     json!({
         "spec": obj.get("spec").cloned().unwrap_or(Value::Null),
         "data": Value::Object(map_or_empty("/data")),
@@ -296,6 +300,20 @@ pub fn matches_desired(live: &Value, desired: &Value) -> bool {
     managed_view(live) == managed_view(desired)
         && finalizers(live) == finalizers(desired)
         && (refresh(desired).is_none() || refresh(live) == refresh(desired))
+}
+
+/// Spoke Application `live` with `operation` requested, as argocd-server's `SetAppOperation`
+/// writes it: the operation replaced whole (a merge would mix the hub's request into a pending one
+/// of the spoke's own) and the last `status.operationState` cleared (Argo CD's controller merges
+/// the new state into the old one, so a leftover automated sync's fields would show up in the
+/// state of the hub's sync, and the hub could not tell that its operation ran).
+pub fn with_requested_operation(live: &Value, operation: &Value) -> Value {
+    let mut out = live.clone();
+    out["operation"] = operation.clone();
+    if let Some(status) = out.get_mut("status").and_then(Value::as_object_mut) {
+        status.remove("operationState");
+    }
+    out
 }
 
 /// What status reporting watches on a spoke Application: its `status` and `operation`.
@@ -489,6 +507,40 @@ mod tests {
         assert!(matches_desired(&live, &desired));
         live["spec"]["project"] = json!("other");
         assert!(!matches_desired(&live, &desired));
+    }
+
+    #[test]
+    fn the_hubs_operation_replaces_a_pending_one_and_clears_the_last_state() {
+        let live = json!({"metadata": {"name": "a", "resourceVersion": "7"},
+            "operation": {"initiatedBy": {"automated": true}, "retry": {"limit": 5},
+                          "sync": {"prune": true}},
+            "status": {"sync": {"status": "Synced"},
+                       "operationState": {"phase": "Succeeded",
+                                          "operation": {"initiatedBy": {"automated": true}}}}});
+        let hub_op = json!({"initiatedBy": {"username": "admin"}, "sync": {"revision": "abc"}});
+        let out = with_requested_operation(&live, &hub_op);
+        assert_eq!(out["operation"], hub_op);
+        assert!(out.pointer("/status/operationState").is_none());
+        assert_eq!(out["status"]["sync"], live["status"]["sync"]);
+        assert_eq!(
+            out["metadata"], live["metadata"],
+            "an update of what was read"
+        );
+        let fresh = with_requested_operation(&json!({"metadata": {"name": "a"}}), &hub_op);
+        assert_eq!(fresh["operation"], hub_op);
+    }
+
+    #[test]
+    fn a_dropped_hydrate_request_is_not_drift() {
+        let mut hub = hub_app();
+        hub["metadata"]["annotations"][HYDRATE_ANNOTATION] = json!("normal");
+        let desired = spoke_copy(SyncedKind::Application, &hub, "argocd").unwrap();
+        let mut live = desired.clone();
+        live["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove(HYDRATE_ANNOTATION);
+        assert_eq!(managed_view(&live), managed_view(&desired));
     }
 
     #[test]

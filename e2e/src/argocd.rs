@@ -173,6 +173,32 @@ impl ArgoCd {
     /// Runs the `argocd` CLI against this server, logged in as admin (the first call logs in);
     /// returns stdout, failing with stderr.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        run_cli(&self.cli_config()?, args)
+    }
+
+    /// Runs the `argocd` CLI like [`ArgoCd::cli`] but reports how it ended instead of failing on
+    /// a non-zero exit (`argocd app diff` exits 1 when it finds a difference), and kills it after
+    /// `timeout` (a CLI that waits on the hub, e.g. `app get --refresh`, would otherwise hang).
+    pub async fn cli_run(&self, args: &[&str], timeout: Duration) -> anyhow::Result<CliRun> {
+        let child = tokio::process::Command::new(Peer::ArgoCd.binary("argocd")?)
+            .arg("--config")
+            .arg(self.cli_config()?)
+            .args(args)
+            .env_remove("ARGOCD_BINARY_NAME")
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(timeout, child).await.map_err(|_| {
+            anyhow::anyhow!("argocd {} did not end within {timeout:?}", args.join(" "))
+        })??;
+        Ok(CliRun {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// The CLI's config file, logged in as admin (the first call logs in).
+    fn cli_config(&self) -> anyhow::Result<PathBuf> {
         let port = self
             .server_port
             .ok_or_else(|| anyhow::anyhow!("the argocd CLI needs an argocd-server"))?;
@@ -191,7 +217,32 @@ impl ArgoCd {
                 ],
             )?;
         }
-        run_cli(&config, args)
+        Ok(config)
+    }
+}
+
+/// How one `argocd` CLI run ended ([`ArgoCd::cli_run`]).
+#[derive(Debug)]
+pub struct CliRun {
+    /// Exit code (`None` when a signal ended it).
+    pub code: Option<i32>,
+    /// What it printed on stdout.
+    pub stdout: String,
+    /// What it printed on stderr.
+    pub stderr: String,
+}
+
+impl CliRun {
+    /// Stdout of a run that exited 0; else an error with both outputs.
+    pub fn success(self) -> anyhow::Result<String> {
+        anyhow::ensure!(
+            self.code == Some(0),
+            "argocd exited with {:?}: {}{}",
+            self.code,
+            self.stdout,
+            self.stderr
+        );
+        Ok(self.stdout)
     }
 }
 

@@ -11,6 +11,12 @@
 //! - A token that expired seconds ago is refused (no 60 s leeway).
 //! - Memory before authentication: stalled oversized Authenticate and Ping calls do not grow the
 //!   principal; a connection may open only a few streams.
+//! - Ownership, not names: autonomous agent `team` cannot overwrite or delete the hub mirror
+//!   `team-b-x` of agent `team-b`'s project `x` (its own project `b-x` maps to the same name), nor
+//!   an AppProject or Application made on the hub; each attempt is an error ACK and a count in
+//!   `argocd_principal_mirror_collisions_total{agent_name}`.
+//! - Stalled resource proxy request bodies: 50 requests that send part of a body and stall are
+//!   answered 408 and closed after `--request-body-timeout`, without growing the principal.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -19,8 +25,8 @@ use std::time::{Duration, Instant};
 use argocd_agent_proto::event::{Event, EventType, Target};
 use e2e::bench::rss_kib;
 use e2e::gateway::{
-    agent_identity, application, application_resource, client_tls, ensure_namespace, http_get,
-    tls_connect,
+    agent_identity, application, application_resource, appproject_resource, client_tls,
+    ensure_namespace, http_get, tls_connect,
 };
 use e2e::raw_agent::{send_for_ack, try_authenticate, LonePrincipal};
 use e2e::{shared_planes, wait_until};
@@ -523,5 +529,286 @@ async fn stalled_oversized_calls_before_authentication_do_not_grow_the_principal
     login(&s, (&c, &k), "managed")
         .await
         .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+/// An AppProject-shaped object named `name` as a spoke holds it.
+fn spoke_project(name: &str, description: &str) -> Value {
+    json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": name, "namespace": "argocd", "uid": uuid::Uuid::new_v4().to_string()},
+        "spec": {"description": description, "sourceRepos": ["*"]},
+    })
+}
+
+/// AppProjects in `ns` on the hub: name → (resourceVersion, description).
+async fn hub_projects(ns: &str) -> anyhow::Result<BTreeMap<String, (String, String)>> {
+    let client = shared_planes().await.hub.client().await?;
+    let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &appproject_resource());
+    Ok(api
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|o| {
+            let description = o.data["spec"]["description"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            (
+                o.metadata.name.unwrap_or_default(),
+                (o.metadata.resource_version.unwrap_or_default(), description),
+            )
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn an_agent_cannot_write_or_delete_hub_objects_it_does_not_own_by_choosing_names(
+) -> anyhow::Result<()> {
+    let s = LonePrincipal::start("mirror_ownership", &[]).await?;
+    let ns = s.principal.namespace.clone();
+    let client = shared_planes().await.hub.client().await?;
+    // Agent `team` and agent `team-b`: `team`'s project `b-x` and `team-b`'s project `x` are both
+    // `team-b-x` on the hub.
+    let team = s.ctx.unique("team");
+    let team_b = format!("{team}-b");
+    let mut streams = Vec::new();
+    for agent in [&team, &team_b] {
+        s.pki.issue_agent(agent)?;
+        let (c, k) = agent_identity(&s.pki, agent)?;
+        ensure_namespace(&client, agent).await?;
+        let tokens = login(&s, (&c, &k), "autonomous")
+            .await
+            .map_err(anyhow::Error::msg)?;
+        streams.push(s.subscribe((&c, &k), &tokens.access_token).await?);
+    }
+    let (b_tx, mut b_in) = streams.pop().expect("team-b");
+    let (tx, mut inbound) = streams.pop().expect("team");
+
+    // The victims: team-b's mirror, and an AppProject and an Application made on the hub.
+    let victim = spoke_project("x", "team-b's");
+    let ev = Event::for_object(EventType::Create, Target::AppProject, &team_b, &victim)?;
+    assert_eq!(send_for_ack(&b_tx, &mut b_in, &ev).await?, None);
+    let projects: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &appproject_resource());
+    let admin_project: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        "metadata": {"name": format!("{team}-admin"), "namespace": ns},
+        "spec": {"description": "the hub's", "sourceRepos": ["*"]},
+    }))?;
+    projects
+        .create(&PostParams::default(), &admin_project)
+        .await?;
+    let apps: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &team, &application_resource());
+    apps.create(
+        &PostParams::default(),
+        &application("hub-owned", &team, "main"),
+    )
+    .await?;
+    let projects_before = hub_projects(&ns).await?;
+    let apps_before = hub_apps(&team).await?;
+    assert_eq!(
+        projects_before
+            .get(&format!("{team_b}-x"))
+            .map(|p| p.1.as_str()),
+        Some("team-b's")
+    );
+
+    // The attacks, by agent `team`; the deletes carry no uid (no source-uid check to fail).
+    let no_uid = |mut v: Value| {
+        v["metadata"]
+            .as_object_mut()
+            .expect("metadata")
+            .remove("uid");
+        v
+    };
+    let attacks = [
+        (
+            "create b-x",
+            EventType::Create,
+            Target::AppProject,
+            spoke_project("b-x", "team's"),
+        ),
+        (
+            "spec-update b-x",
+            EventType::SpecUpdate,
+            Target::AppProject,
+            spoke_project("b-x", "team's"),
+        ),
+        (
+            "delete b-x",
+            EventType::Delete,
+            Target::AppProject,
+            no_uid(spoke_project("b-x", "")),
+        ),
+        (
+            "create admin",
+            EventType::Create,
+            Target::AppProject,
+            spoke_project("admin", "team's"),
+        ),
+        (
+            "delete admin",
+            EventType::Delete,
+            Target::AppProject,
+            no_uid(spoke_project("admin", "")),
+        ),
+        (
+            "spec-update hub-owned",
+            EventType::SpecUpdate,
+            Target::Application,
+            spoke_app("hub-owned", "argocd"),
+        ),
+        (
+            "delete hub-owned",
+            EventType::Delete,
+            Target::Application,
+            no_uid(spoke_app("hub-owned", "argocd")),
+        ),
+    ];
+    for (case, ty, target, obj) in &attacks {
+        let ev = Event::for_object(ty.clone(), target.clone(), &team, obj)?;
+        let err = send_for_ack(&tx, &mut inbound, &ev).await?;
+        eprintln!("[hostile] {case}: {err:?}");
+        let err = err.unwrap_or_else(|| panic!("{case}: accepted"));
+        assert!(err.contains("not this agent's mirror"), "{case}: {err}");
+        assert!(
+            !err.contains(&format!("agent {team_b}")) && !err.contains(&format!("\"{team_b}\"")),
+            "{case} names the owner: {err}"
+        );
+    }
+    // The agent's own names still work.
+    let own = spoke_project("own", "team's");
+    let ev = Event::for_object(EventType::Create, Target::AppProject, &team, &own)?;
+    assert_eq!(send_for_ack(&tx, &mut inbound, &ev).await?, None);
+    let ev = Event::for_object(EventType::Delete, Target::AppProject, &team, &no_uid(own))?;
+    assert_eq!(send_for_ack(&tx, &mut inbound, &ev).await?, None);
+
+    // Nothing of anyone else changed, now or after the principal's reverting of hub edits had
+    // its chance; the owner still updates its mirror.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let projects_after = hub_projects(&ns).await?;
+    assert_eq!(projects_after, projects_before, "hub AppProjects changed");
+    assert_eq!(
+        hub_apps(&team).await?,
+        apps_before,
+        "hub Applications changed"
+    );
+    let mut newer = victim.clone();
+    newer["spec"]["description"] = json!("team-b's v2");
+    let ev = Event::for_object(EventType::SpecUpdate, Target::AppProject, &team_b, &newer)?;
+    assert_eq!(send_for_ack(&b_tx, &mut b_in, &ev).await?, None);
+    assert_eq!(
+        hub_projects(&ns)
+            .await?
+            .get(&format!("{team_b}-x"))
+            .map(|p| p.1.clone()),
+        Some("team-b's v2".to_string())
+    );
+
+    let (_, metrics) = http_get(s.principal.ops_port, "/metrics").await?;
+    let series = format!("argocd_principal_mirror_collisions_total{{agent_name=\"{team}\"}} ");
+    let count = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .unwrap_or_else(|| panic!("no {series} in /metrics"));
+    eprintln!("[hostile] {series}{count}");
+    assert_eq!(count.parse::<f64>()?, attacks.len() as f64);
+    let victim_series =
+        format!("argocd_principal_mirror_collisions_total{{agent_name=\"{team_b}\"}}");
+    assert!(!metrics.contains(&victim_series), "{victim_series}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn stalled_resource_proxy_request_bodies_are_closed_after_the_body_timeout(
+) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let timeout = Duration::from_secs(3);
+    let s = LonePrincipal::start("stalled_bodies", &["--request-body-timeout=3s"]).await?;
+    let (name, (c, k)) = new_agent(&s, "stall")?;
+    // The proxy reads a body only for a connected agent's requests.
+    let tokens = login(&s, (&c, &k), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
+    let probe = Event::new(
+        EventType::Unknown("probe".into()),
+        Target::Application,
+        &name,
+    );
+    send_for_ack(&tx, &mut inbound, &probe).await?;
+    let pid = s.principal.process.pid().expect("principal running");
+    let baseline = rss_kib(pid)?;
+
+    const REQUESTS: usize = 50;
+    const SENT: usize = 256 * 1024;
+    // Each request declares a body just under the 4 MiB limit, sends 256 KiB and stalls.
+    let tls = std::sync::Arc::new(client_tls(&s.pki, Some((&c, &k)), &[b"http/1.1"])?);
+    let address = format!("127.0.0.1:{}", s.principal.resource_proxy_port);
+    let head = format!(
+        "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: localhost\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        (4 << 20) - 1
+    );
+    let t0 = Instant::now();
+    let mut conns = Vec::new();
+    for _ in 0..REQUESTS {
+        let mut conn = tls_connect(&address, tls.clone()).await?;
+        conn.write_all(head.as_bytes()).await?;
+        conn.write_all(&vec![b' '; SENT]).await?;
+        conn.flush().await?;
+        conns.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stalled = rss_kib(pid)?;
+    // Each is answered 408 and closed once the body timeout has passed.
+    let watchers: Vec<_> = conns
+        .into_iter()
+        .map(|mut conn| {
+            tokio::spawn(async move {
+                let mut answer = Vec::new();
+                let read =
+                    tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut answer))
+                        .await;
+                let status = String::from_utf8_lossy(&answer)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                (status, read.is_ok_and(|r| r.is_ok()), t0.elapsed())
+            })
+        })
+        .collect();
+    let mut closed = Vec::new();
+    for w in watchers {
+        closed.push(w.await?);
+    }
+    let slowest = closed.iter().map(|c| c.2).max().unwrap_or_default();
+    eprintln!(
+        "[hostile] principal RSS {baseline} KiB → {stalled} KiB with {REQUESTS} stalled bodies \
+         ({} KiB sent, {} MiB declared); slowest closed after {slowest:?}; first answer {:?}",
+        REQUESTS * SENT / 1024,
+        REQUESTS * 4,
+        closed[0].0
+    );
+    for (status, ended, took) in &closed {
+        assert!(status.starts_with("HTTP/1.1 408"), "{status}");
+        assert!(*ended, "connection left open");
+        assert!(
+            *took >= timeout && *took <= timeout + Duration::from_secs(5),
+            "{took:?}"
+        );
+    }
+    // The bodies it holds, and little more: not what was declared.
+    assert!(
+        stalled < baseline + 32 * 1024,
+        "principal RSS grew {} KiB",
+        stalled.saturating_sub(baseline)
+    );
+    // The agent's stream outlived it.
+    send_for_ack(&tx, &mut inbound, &probe).await?;
     Ok(())
 }

@@ -2,7 +2,10 @@
 //! Application that runs on a spoke it cannot reach (resource tree, live manifests, sync and
 //! health), through our principal's Redis proxy (argocd-server's Redis; the live-view keys are
 //! answered from the agent's spoke Redis) and resource proxy (the hub cluster secret of the agent
-//! points at it; the agent reads the spoke).
+//! points at it; the agent reads the spoke). And the user operates that Application from the hub
+//! with the real `argocd` CLI and REST API — refresh, diff, manual sync, terminate a running
+//! sync, a resource action, deleting one resource, managed resources and events, and cascade
+//! delete — and each takes effect on the spoke.
 //!
 //! Both Redis servers require a password, as Argo CD's default install configures them: the
 //! spoke's real application-controller writes its cache into a password-protected Redis that our
@@ -10,6 +13,11 @@
 //! its password from a creds directory (the mounted `argocd-redis` secret) while argocd-server
 //! authenticates to the proxy with `REDIS_PASSWORD`. Nobody here writes what Argo CD or an agent
 //! would write: the hub is looked at with the real `argocd` CLI and REST API only.
+//!
+//! The clusters run no kubelet and no kube-controller-manager: a Deployment never reports a
+//! rollout (it carries `argocd.argoproj.io/ignore-healthcheck` so the app stays Healthy), a Job
+//! never completes (which keeps a PreSync hook, and so a sync, running until terminated), and
+//! nothing garbage-collects (deletions use background propagation, which needs no collector).
 
 use std::time::{Duration, Instant};
 
@@ -17,134 +25,292 @@ use e2e::argocd::{ArgoCd, RedisEndpoint};
 use e2e::gateway::{agentctl, application_resource, ensure_namespace, Agent, Pki, Principal};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::redis::resp_exchange;
-use e2e::scenario::{demo_application, wait_synced};
+use e2e::scenario::{demo_application, sync_state, wait_synced, SYNC_WAIT};
 use e2e::{shared_planes, wait_until, Redis, TestContext};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, ServiceAccount};
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
 
 /// The greeting of the demo ConfigMap in Git, to recognise the spoke's live copy.
 const GREETING: &str = "live-from-the-spoke";
+/// The greeting of the next Git revision (synced manually from the hub).
+const CHANGED_GREETING: &str = "changed-in-git";
+/// How long one CLI call that waits on the spoke may take.
+const CLI_WAIT: Duration = Duration::from_secs(150);
+
+/// A Deployment that needs no kubelet to be fine: its health is left out of the app's.
+const DEPLOYMENT: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: demo-web
+  annotations:
+    argocd.argoproj.io/ignore-healthcheck: \"true\"
+spec:
+  replicas: 1
+  selector:
+    matchLabels:
+      app: demo-web
+  template:
+    metadata:
+      labels:
+        app: demo-web
+    spec:
+      containers:
+      - name: web
+        image: registry.invalid/demo-web:1
+";
+
+/// A PreSync hook that never completes here (no Job controller, no kubelet): a sync that stays
+/// Running until someone terminates it.
+const PRESYNC_JOB: &str = "apiVersion: batch/v1
+kind: Job
+metadata:
+  name: demo-presync
+  annotations:
+    argocd.argoproj.io/hook: PreSync
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: wait
+        image: registry.invalid/never-runs:1
+";
+
+/// The hub (our principal in front of a password Redis, real argocd-server) and the spoke (real
+/// Argo CD, our managed agent) of one test, wired as the module docs say.
+struct LiveView {
+    agent_name: String,
+    git: GitServer,
+    hub_password: String,
+    principal: Principal,
+    spoke_argocd: ArgoCd,
+    agent: Agent,
+    server: ArgoCd,
+    /// The Application's destination namespace on the spoke.
+    dest: String,
+    /// Applications in the agent's namespace on the hub.
+    hub_apps: Api<DynamicObject>,
+    /// The Application's name (distinct per test: Argo CD instances sharing a spoke cluster
+    /// claim each other's resources when their Applications have the same name).
+    app: String,
+    spoke_client: kube::Client,
+    _hub_redis: Redis,
+    _ctx: TestContext,
+}
+
+impl LiveView {
+    async fn start(test: &str, app: &str) -> anyhow::Result<LiveView> {
+        let planes = shared_planes().await;
+        let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
+        let ctx = TestContext::new(test)?;
+        let pki = Pki::create(&ctx.dir.join("pki"))?;
+        let agent_name = ctx.unique("agent");
+        pki.issue_agent(&agent_name)?;
+        let git = GitServer::start(&ctx.unique("git"))?;
+
+        // Hub: a password-protected Redis behind our principal, which reads the password from a
+        // creds directory laid out as the `argocd-redis` secret is mounted (file `auth`).
+        let hub_password = format!("hub-{}", uuid::Uuid::new_v4().simple());
+        let hub_redis = Redis::start_with_password(&ctx.unique("hub-redis"), &hub_password)?;
+        let creds_dir = ctx.dir.join("hub-redis-creds");
+        std::fs::create_dir_all(&creds_dir)?;
+        std::fs::write(creds_dir.join("auth"), &hub_password)?;
+        let principal_ns = ctx.unique("hub-argocd");
+        let hub_client = hub.client().await?;
+        ensure_namespace(&hub_client, &agent_name).await?;
+        let principal = Principal::start(
+            &ctx.suffix,
+            &ctx.dir,
+            hub,
+            &pki,
+            &principal_ns,
+            &[
+                &format!("--redis-server-address={}", hub_redis.address()),
+                &format!("--redis-creds-dir-path={}", creds_dir.display()),
+            ],
+        )
+        .await?;
+        // The agent's Argo CD cluster secret on the hub: its server is our resource proxy.
+        agentctl(&[
+            "agent",
+            "create",
+            &agent_name,
+            "--dir",
+            pki.dir.to_str().expect("utf-8 path"),
+            "--kubeconfig",
+            hub.kubeconfig.to_str().expect("utf-8 path"),
+            "--resource-proxy-server",
+            &format!("127.0.0.1:{}", principal.resource_proxy_port),
+            "--argocd-namespace",
+            &principal_ns,
+        ])?;
+
+        // Spoke: real Argo CD with its password-protected Redis, and our agent reading that Redis.
+        let spoke_ns = ctx.unique("argocd");
+        let spoke_argocd =
+            ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
+        let spoke_redis = spoke_argocd
+            .redis_endpoint()
+            .expect("a spoke Argo CD has a Redis");
+        let spoke_redis_password = spoke_redis.password.clone().expect("password-protected");
+        let dest = ctx.unique("demo");
+        let spoke_client = spoke.client().await?;
+        ensure_namespace(&spoke_client, &dest).await?;
+        let agent = Agent::start(
+            &agent_name,
+            &ctx.dir,
+            spoke,
+            &pki,
+            &principal.address(),
+            &spoke_ns,
+            &[
+                &format!("--redis-address={}", spoke_redis.address),
+                &format!("--redis-password={spoke_redis_password}"),
+            ],
+        )
+        .await?;
+        agent.wait_connected().await?;
+
+        // Hub: real argocd-server whose Redis is our Redis proxy, with the hub Redis password.
+        let server = ArgoCd::start_server(
+            &ctx.suffix,
+            &ctx.dir,
+            hub,
+            &principal_ns,
+            RedisEndpoint {
+                address: format!("127.0.0.1:{}", principal.redis_proxy_port),
+                password: Some(hub_password.clone()),
+            },
+        )
+        .await?;
+        let hub_apps = Api::namespaced_with(hub_client, &agent_name, &application_resource());
+        Ok(LiveView {
+            agent_name,
+            git,
+            hub_password,
+            principal,
+            spoke_argocd,
+            agent,
+            server,
+            dest,
+            hub_apps,
+            app: app.to_string(),
+            spoke_client,
+            _hub_redis: hub_redis,
+            _ctx: ctx,
+        })
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "--- principal ---\n{}\n--- agent ---\n{}\n--- spoke argocd ---\n{}\n--- hub argocd ---\n{}",
+            self.principal.process.log_tail(30),
+            self.agent.process.log_tail(30),
+            self.spoke_argocd.log_tails(15),
+            self.server.log_tails(30)
+        )
+    }
+
+    /// `<agent>/<app>`, the Application as the CLI names it.
+    fn app_ref(&self) -> String {
+        format!("{}/{}", self.agent_name, self.app)
+    }
+
+    /// The user's Application on the hub, destined for the agent's cluster, synced
+    /// automatically; waits until the hub shows it Synced and Healthy at `revision`.
+    async fn create_demo_app(&self, revision: &str) -> anyhow::Result<()> {
+        self.hub_apps
+            .create(
+                &PostParams::default(),
+                &demo_application(
+                    &self.app,
+                    &self.agent_name,
+                    &self.git.url("apps"),
+                    json!({"name": self.agent_name, "namespace": self.dest}),
+                ),
+            )
+            .await?;
+        wait_synced(
+            &self.hub_apps,
+            &self.app,
+            revision,
+            "the spoke's Synced+Healthy status on the hub Application",
+            || self.logs(),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The spoke's copy of the Application.
+    async fn spoke_app(&self) -> anyhow::Result<Option<Value>> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.spoke_client.clone(),
+            &self.spoke_argocd.namespace,
+            &application_resource(),
+        );
+        Ok(api
+            .get_opt(&self.app)
+            .await?
+            .map(serde_json::to_value)
+            .transpose()?)
+    }
+
+    async fn hub_app(&self) -> anyhow::Result<Option<Value>> {
+        Ok(self
+            .hub_apps
+            .get_opt(&self.app)
+            .await?
+            .map(serde_json::to_value)
+            .transpose()?)
+    }
+
+    /// Runs the CLI, waiting at most [`CLI_WAIT`]; fails with the CLI's output and the logs.
+    async fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.server
+            .cli_run(args, CLI_WAIT)
+            .await
+            .and_then(|run| run.success())
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))
+    }
+}
+
+/// The phase and message of an Application's last operation.
+fn operation_state(app: &Value) -> (String, String) {
+    let s = |p: &str| {
+        app.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (
+        s("/status/operationState/phase"),
+        s("/status/operationState/message"),
+    )
+}
 
 #[tokio::test]
 async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot_reach(
 ) -> anyhow::Result<()> {
-    let planes = shared_planes().await;
-    let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
-    let ctx = TestContext::new("real_live_view")?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let agent_name = ctx.unique("agent");
-    pki.issue_agent(&agent_name)?;
-    let git = GitServer::start(&ctx.unique("git"))?;
-    let revision = git.commit("apps", "demo", &demo_manifests(GREETING), "demo")?;
-
-    // Hub: a password-protected Redis behind our principal, which reads the password from a creds
-    // directory laid out as the `argocd-redis` secret is mounted (file `auth`).
-    let hub_password = format!("hub-{}", uuid::Uuid::new_v4().simple());
-    let hub_redis = Redis::start_with_password(&ctx.unique("hub-redis"), &hub_password)?;
-    let creds_dir = ctx.dir.join("hub-redis-creds");
-    std::fs::create_dir_all(&creds_dir)?;
-    std::fs::write(creds_dir.join("auth"), &hub_password)?;
-    let principal_ns = ctx.unique("hub-argocd");
-    let hub_client = hub.client().await?;
-    ensure_namespace(&hub_client, &agent_name).await?;
-    let principal = Principal::start(
-        &ctx.suffix,
-        &ctx.dir,
-        hub,
-        &pki,
-        &principal_ns,
-        &[
-            &format!("--redis-server-address={}", hub_redis.address()),
-            &format!("--redis-creds-dir-path={}", creds_dir.display()),
-        ],
-    )
-    .await?;
-    // The agent's Argo CD cluster secret on the hub: its server is our resource proxy.
-    agentctl(&[
-        "agent",
-        "create",
-        &agent_name,
-        "--dir",
-        pki.dir.to_str().expect("utf-8 path"),
-        "--kubeconfig",
-        hub.kubeconfig.to_str().expect("utf-8 path"),
-        "--resource-proxy-server",
-        &format!("127.0.0.1:{}", principal.resource_proxy_port),
-        "--argocd-namespace",
-        &principal_ns,
-    ])?;
-
-    // Spoke: real Argo CD with its password-protected Redis, and our agent reading that Redis.
-    let spoke_ns = ctx.unique("argocd");
-    let spoke_argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
-    let spoke_redis = spoke_argocd
-        .redis_endpoint()
-        .expect("a spoke Argo CD has a Redis");
-    let spoke_redis_password = spoke_redis.password.clone().expect("password-protected");
-    let dest = ctx.unique("demo");
-    ensure_namespace(&spoke.client().await?, &dest).await?;
-    let agent = Agent::start(
-        &agent_name,
-        &ctx.dir,
-        spoke,
-        &pki,
-        &principal.address(),
-        &spoke_ns,
-        &[
-            &format!("--redis-address={}", spoke_redis.address),
-            &format!("--redis-password={spoke_redis_password}"),
-        ],
-    )
-    .await?;
-    agent.wait_connected().await?;
-
-    // Hub: real argocd-server whose Redis is our Redis proxy, with the hub Redis password.
-    let server = ArgoCd::start_server(
-        &ctx.suffix,
-        &ctx.dir,
-        hub,
-        &principal_ns,
-        RedisEndpoint {
-            address: format!("127.0.0.1:{}", principal.redis_proxy_port),
-            password: Some(hub_password.clone()),
-        },
-    )
-    .await?;
-    let logs = || {
-        format!(
-            "--- principal ---\n{}\n--- agent ---\n{}\n--- spoke argocd ---\n{}\n--- hub argocd ---\n{}",
-            principal.process.log_tail(30),
-            agent.process.log_tail(30),
-            spoke_argocd.log_tails(15),
-            server.log_tails(30)
-        )
-    };
-
-    // The user's Application on the hub, destined for the agent's cluster.
-    let hub_apps: Api<DynamicObject> =
-        Api::namespaced_with(hub_client.clone(), &agent_name, &application_resource());
-    hub_apps
-        .create(
-            &PostParams::default(),
-            &demo_application(
-                "demo",
-                &agent_name,
-                &git.url("apps"),
-                json!({"name": agent_name, "namespace": dest}),
-            ),
-        )
-        .await?;
-    wait_synced(
-        &hub_apps,
-        "demo",
-        &revision,
-        "the spoke's Synced+Healthy status on the hub Application",
-        logs,
-    )
-    .await?;
+    let lv = LiveView::start("real_live_view", "demo").await?;
+    let LiveView {
+        agent_name,
+        dest,
+        server,
+        principal,
+        hub_password,
+        ..
+    } = &lv;
+    let logs = || lv.logs();
+    let revision = lv
+        .git
+        .commit("apps", "demo", &demo_manifests(GREETING), "demo")?;
+    lv.create_demo_app(&revision).await?;
     // The spoke's own view, to compare the hub's with.
-    let spoke_cm = Api::<ConfigMap>::namespaced(spoke.client().await?, &dest)
+    let spoke_cm = Api::<ConfigMap>::namespaced(lv.spoke_client.clone(), dest)
         .get("demo-config")
         .await?;
     let spoke_uid = spoke_cm
@@ -164,7 +330,7 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
     // `argocd app get`: sync, health and the spoke's resources.
     let app_ref = format!("{agent_name}/demo");
     let get = server.cli(&["app", "get", &app_ref])?;
-    for expected in ["Synced", "Healthy", "demo-config", "demo-secret", &dest] {
+    for expected in ["Synced", "Healthy", "demo-config", "demo-secret", dest] {
         assert!(
             get.contains(expected),
             "`argocd app get` lacks {expected:?}:\n{get}"
@@ -255,7 +421,7 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
     let reply = resp_exchange(&mut raw, &["PING"]).await?;
     assert!(reply.starts_with("-NOAUTH"), "{reply}");
     assert_eq!(
-        resp_exchange(&mut raw, &["AUTH", &hub_password]).await?,
+        resp_exchange(&mut raw, &["AUTH", hub_password]).await?,
         "+OK\r\n"
     );
     assert_eq!(resp_exchange(&mut raw, &["PING"]).await?, "+PONG\r\n");
@@ -275,5 +441,293 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
         times[times.len() - 1],
         times.len()
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_on_a_spoke(
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let lv = LiveView::start("real_live_ops", "ops").await?;
+    let (agent_name, dest, server) = (&lv.agent_name, &lv.dest, &lv.server);
+    let logs = || lv.logs();
+    let files = |greeting: &str, hook: bool| {
+        let mut files = demo_manifests(greeting);
+        files.push(("deployment.yaml", DEPLOYMENT.to_string()));
+        if hook {
+            files.push(("presync-job.yaml", PRESYNC_JOB.to_string()));
+        }
+        files
+    };
+    let rev1 = lv
+        .git
+        .commit("apps", "demo", &files(GREETING, false), "demo")?;
+    lv.create_demo_app(&rev1).await?;
+    let app_ref = lv.app_ref();
+    let spoke_cms = Api::<ConfigMap>::namespaced(lv.spoke_client.clone(), dest);
+    let spoke_uid = spoke_cms
+        .get("demo-config")
+        .await?
+        .metadata
+        .uid
+        .expect("a live object has a uid");
+    let token = server.session_token().await?;
+
+    // Managed resources, as the UI's diff view reads them: live and target state of each
+    // resource, computed by the spoke's controller and read through the Redis proxy.
+    let (status, body) = server
+        .api_get(
+            &format!("/api/v1/applications/ops/managed-resources?appNamespace={agent_name}"),
+            &token,
+        )
+        .await?;
+    assert_eq!(status, 200, "managed-resources: {body}\n{}", logs());
+    let managed: Value = serde_json::from_str(&body)?;
+    let items = managed["items"].as_array().cloned().unwrap_or_default();
+    let cm = items
+        .iter()
+        .find(|i| i["kind"] == "ConfigMap" && i["name"] == "demo-config")
+        .unwrap_or_else(|| panic!("no demo-config in {managed}"));
+    let live_state = cm["liveState"].as_str().unwrap_or_default();
+    assert!(
+        live_state.contains(&spoke_uid) && live_state.contains(GREETING),
+        "{cm}"
+    );
+    assert!(
+        items
+            .iter()
+            .any(|i| i["kind"] == "Deployment" && i["name"] == "demo-web"),
+        "{managed}"
+    );
+
+    // Sync policy manual from the hub, in force on the spoke before Git changes.
+    lv.cli(&["app", "set", &app_ref, "--sync-policy", "none"])
+        .await?;
+    wait_until(
+        "the spoke's copy of the Application to sync manually",
+        Duration::from_secs(60),
+        || async {
+            let app = lv.spoke_app().await?;
+            Ok::<_, anyhow::Error>(
+                app.filter(|a| a.pointer("/spec/syncPolicy/automated").is_none())
+                    .map(|_| ()),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+
+    // A change in Git; `argocd app get --refresh` returns once the hub's refresh request was
+    // carried out on the spoke (argocd-server waits for the refresh annotation to go away).
+    let rev2 = lv
+        .git
+        .commit("apps", "demo", &files(CHANGED_GREETING, false), "greeting")?;
+    let refresh_started = Instant::now();
+    let got = lv.cli(&["app", "get", &app_ref, "--refresh"]).await?;
+    println!(
+        "hub `argocd app get --refresh`: {:?}",
+        refresh_started.elapsed()
+    );
+    assert!(got.contains("demo-config"), "{got}");
+    wait_until(
+        "the hub to show the Git change OutOfSync",
+        SYNC_WAIT,
+        || async {
+            let app = lv.hub_app().await?.unwrap_or_default();
+            let (sync, _, rev) = sync_state(&app);
+            Ok::<_, anyhow::Error>((sync == "OutOfSync" && rev == rev2).then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    let greeting = |cm: ConfigMap| cm.data.unwrap_or_default().get("greeting").cloned();
+    assert_eq!(
+        greeting(spoke_cms.get("demo-config").await?).as_deref(),
+        Some(GREETING),
+        "a manual app is not synced by itself"
+    );
+
+    // `argocd app diff`: exit code 1 and the change (live on the spoke against Git).
+    let diff = server.cli_run(&["app", "diff", &app_ref], CLI_WAIT).await?;
+    assert_eq!(diff.code, Some(1), "{diff:?}\n{}", logs());
+    assert!(
+        diff.stdout.contains(GREETING) && diff.stdout.contains(CHANGED_GREETING),
+        "{diff:?}"
+    );
+
+    // `argocd app sync`: the new revision is synced on the spoke and the hub shows it.
+    lv.cli(&["app", "sync", &app_ref, "--timeout", "120"])
+        .await?;
+    wait_synced(
+        &lv.hub_apps,
+        "ops",
+        &rev2,
+        "the manual sync on the hub",
+        logs,
+    )
+    .await?;
+    assert_eq!(
+        greeting(spoke_cms.get("demo-config").await?).as_deref(),
+        Some(CHANGED_GREETING)
+    );
+    let spoke_app = lv.spoke_app().await?.unwrap_or_default();
+    assert_eq!(
+        spoke_app
+            .pointer("/status/operationState/syncResult/revision")
+            .and_then(Value::as_str),
+        Some(rev2.as_str()),
+        "{spoke_app}"
+    );
+
+    // Events: the Application's (argocd-server records the user's sync on the hub) and one
+    // resource's, listed on the spoke through the resource proxy. Nothing on these clusters
+    // emits events about a ConfigMap, so the test writes one as any controller would.
+    let (status, body) = server
+        .api_get(
+            &format!("/api/v1/applications/ops/events?appNamespace={agent_name}"),
+            &token,
+        )
+        .await?;
+    assert_eq!(status, 200, "app events: {body}\n{}", logs());
+    assert!(body.contains("initiated sync"), "{body}");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "demo-config.e2e", "namespace": dest},
+        "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "name": "demo-config",
+                           "namespace": dest, "uid": spoke_uid},
+        "reason": "GreetingRead", "message": "read on the spoke", "type": "Normal",
+        "source": {"component": "e2e"},
+    }))?;
+    Api::<Event>::namespaced(lv.spoke_client.clone(), dest)
+        .create(&PostParams::default(), &event)
+        .await?;
+    let (status, body) = server
+        .api_get(
+            &format!(
+                "/api/v1/applications/ops/events?appNamespace={agent_name}\
+                 &resourceNamespace={dest}&resourceName=demo-config&resourceUID={spoke_uid}"
+            ),
+            &token,
+        )
+        .await?;
+    assert_eq!(status, 200, "resource events: {body}\n{}", logs());
+    assert!(body.contains("GreetingRead"), "{body}");
+
+    // `argocd app terminate-op`: a sync held up by a PreSync hook that never completes, ended
+    // from the hub; the spoke's operation ends terminated and the hub shows it.
+    lv.git
+        .commit("apps", "demo", &files(CHANGED_GREETING, true), "hook")?;
+    lv.cli(&["app", "sync", &app_ref, "--async"]).await?;
+    let spoke_jobs = Api::<Job>::namespaced(lv.spoke_client.clone(), dest);
+    wait_until(
+        "the sync to run on the spoke, waiting for its hook",
+        SYNC_WAIT,
+        || async {
+            let hook = spoke_jobs.get_opt("demo-presync").await?;
+            let hub = lv.hub_app().await?.unwrap_or_default();
+            Ok::<_, anyhow::Error>(
+                (hook.is_some() && operation_state(&hub).0 == "Running").then_some(()),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    lv.cli(&["app", "terminate-op", &app_ref]).await?;
+    let terminated = |app: &Value| {
+        let (phase, message) = operation_state(app);
+        (phase == "Failed" || phase == "Error") && message.contains("terminated")
+    };
+    wait_until(
+        "the spoke's and the hub's operation to end terminated",
+        SYNC_WAIT,
+        || async {
+            let spoke = lv.spoke_app().await?.unwrap_or_default();
+            let hub = lv.hub_app().await?.unwrap_or_default();
+            Ok::<_, anyhow::Error>((terminated(&spoke) && terminated(&hub)).then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+
+    // A resource action: `restart` patches the spoke's Deployment through the resource proxy.
+    let deployments = Api::<Deployment>::namespaced(lv.spoke_client.clone(), dest);
+    lv.cli(&[
+        "app",
+        "actions",
+        "run",
+        &app_ref,
+        "restart",
+        "--kind",
+        "Deployment",
+        "--resource-name",
+        "demo-web",
+    ])
+    .await?;
+    let restarted = deployments
+        .get("demo-web")
+        .await?
+        .spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.annotations)
+        .unwrap_or_default();
+    assert!(
+        restarted.contains_key("kubectl.kubernetes.io/restartedAt"),
+        "{restarted:?}"
+    );
+
+    // `argocd app delete-resource`: one resource deleted on the spoke through the resource proxy
+    // (`--force` = background propagation; the default, foreground, waits for a garbage
+    // collector these clusters do not run).
+    lv.cli(&[
+        "app",
+        "delete-resource",
+        &app_ref,
+        "--kind",
+        "ServiceAccount",
+        "--resource-name",
+        "demo",
+        "--force",
+    ])
+    .await?;
+    let service_accounts = Api::<ServiceAccount>::namespaced(lv.spoke_client.clone(), dest);
+    wait_until(
+        "the ServiceAccount to be gone from the spoke",
+        Duration::from_secs(30),
+        || async {
+            Ok::<_, anyhow::Error>(
+                service_accounts
+                    .get_opt("demo")
+                    .await?
+                    .is_none()
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+
+    // `argocd app delete --cascade`: the spoke's resources and Application go, then the hub's.
+    lv.cli(&[
+        "app",
+        "delete",
+        &app_ref,
+        "--cascade",
+        "--propagation-policy",
+        "background",
+        "--yes",
+    ])
+    .await?;
+    wait_until(
+        "the app and its resources to be gone from spoke and hub",
+        SYNC_WAIT,
+        || async {
+            let gone = spoke_cms.get_opt("demo-config").await?.is_none()
+                && deployments.get_opt("demo-web").await?.is_none()
+                && lv.spoke_app().await?.is_none()
+                && lv.hub_app().await?.is_none();
+            Ok::<_, anyhow::Error>(gone.then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    println!("hub operations on a spoke's app: {:?}", started.elapsed());
     Ok(())
 }

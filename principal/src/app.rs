@@ -104,6 +104,7 @@ async fn start_live_view(
             live: live.clone(),
             tokens: tokens.clone(),
             metrics: metrics.resource_proxy.clone(),
+            body_timeout: config.request_body_timeout,
         });
         let addr = crate::resource_proxy::serve(rp.address, tls, proxy, policy.clone())
             .await
@@ -296,6 +297,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             resync_interval: config.resync_interval,
             allowed_namespaces: config.allowed_namespaces.clone(),
             label_selector: config.label_selector.clone(),
+            mirror_collisions: metrics.mirror_collisions.clone(),
         },
     );
     tokio::spawn(hub.clone().run());

@@ -98,6 +98,17 @@ pub struct PrincipalArgs {
     )]
     pub request_header_timeout: Duration,
 
+    /// Longest a resource proxy request body may take to arrive in full; a stalled one is answered
+    /// 408 and its connection closed.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REQUEST_BODY_TIMEOUT",
+        default_value = "30s",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub request_body_timeout: Duration,
+
     /// Private key (PEM, RSA or EC) that signs agents' session tokens (JWT).
     #[arg(
         long,
@@ -486,6 +497,8 @@ pub struct PrincipalConfig {
     pub tls_handshake_timeout: Duration,
     /// Longest wait for a connection's first request (Redis proxy: for a command to complete).
     pub request_header_timeout: Duration,
+    /// Longest a resource proxy request body may take to arrive.
+    pub request_body_timeout: Duration,
     /// JWT signing key.
     pub jwt_key: JwtKeySource,
     /// Where agent names come from in client certificates.
@@ -751,6 +764,7 @@ impl PrincipalArgs {
         for (flag, value) in [
             ("tls-handshake-timeout", self.tls_handshake_timeout),
             ("request-header-timeout", self.request_header_timeout),
+            ("request-body-timeout", self.request_body_timeout),
         ] {
             if value < Duration::from_millis(100) {
                 return Err(FLAGS.invalid(flag, "must be at least 100ms (default 10s)"));
@@ -767,6 +781,7 @@ impl PrincipalArgs {
             tls_min_version: self.tls_min_version,
             tls_handshake_timeout: self.tls_handshake_timeout,
             request_header_timeout: self.request_header_timeout,
+            request_body_timeout: self.request_body_timeout,
             jwt_key,
             auth: self.auth,
             namespace: self.namespace,

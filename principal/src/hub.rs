@@ -22,6 +22,13 @@
 //! one `request-update` (carrying the mirror's checksum) per mirror plus one
 //! `request-synced-resource-list`, so a resync where nothing changed costs O(1)-sized messages.
 //! Conflicts resolve to the owner: for an autonomous agent's objects, the spoke.
+//!
+//! Ownership, not names: every mirror carries the agent it belongs to
+//! ([`MIRROR_AGENT_ANNOTATION`], set by the principal, never taken from the spoke), and an agent
+//! only creates, replaces or deletes hub objects that carry its own name there. A name taken by
+//! another agent's mirror (agent `team` writing project `b-x` = `team-b-x`, the mirror of agent
+//! `team-b`'s project `x`) or by an object made on the hub (no mark) is refused
+//! ([`MirrorCollision`]) and counted in `argocd_principal_mirror_collisions_total{agent_name}`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -37,11 +44,14 @@ use argocd_agent_proto::sync::resync::{
 };
 use argocd_agent_proto::sync::{keyed_request, HandleError};
 use argocd_agent_proto::telemetry::flags::AgentMode;
+use argocd_agent_proto::telemetry::MetricsRegistry;
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -97,6 +107,71 @@ pub struct HubOptions {
     pub allowed_namespaces: Vec<String>,
     /// Only Applications, AppProjects and repository Secrets matching it (`--label-selector`).
     pub label_selector: Option<String>,
+    /// Where refused mirror writes are counted.
+    pub mirror_collisions: MirrorCollisions,
+}
+
+/// `argocd_principal_mirror_collisions_total{agent_name}`: mirror writes and deletions refused
+/// because the hub object of that name is not the agent's mirror. `agent_name` is an
+/// authenticated agent, so the series are as many as the agents.
+#[derive(Debug, Clone, Default)]
+pub struct MirrorCollisions(Family<Vec<(String, String)>, Counter>);
+
+impl MirrorCollisions {
+    /// Registers the counter in `registry`.
+    pub fn register(&self, registry: &MetricsRegistry) {
+        registry.register(
+            "argocd_principal_mirror_collisions",
+            "Mirror writes refused because the hub object of that name belongs to another agent or was made on the hub",
+            self.0.clone(),
+        );
+    }
+
+    fn record(&self, agent: &str) {
+        self.0
+            .get_or_create(&vec![("agent_name".into(), agent.into())])
+            .inc();
+    }
+}
+
+/// A hub object that a mirror write or deletion of `agent` would have touched, but that is not
+/// `agent`'s mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorCollision {
+    /// What the agent tried to write.
+    pub kind: MirrorKind,
+    /// The hub object's name.
+    pub name: String,
+    /// The agent the hub object belongs to; `None` = made on the hub (no owner mark).
+    pub owner: Option<String>,
+}
+
+impl std::fmt::Display for MirrorCollision {
+    // Told to the agent: says the name is taken, not by whom.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "hub {:?} {} exists and is not this agent's mirror; it is left unchanged (rename the object on the spoke)",
+            self.kind, self.name
+        )
+    }
+}
+
+/// Whether `agent` may replace or delete the hub object `live` that its mirror of that name
+/// would be: only when the principal marked `live` as `agent`'s mirror.
+pub fn check_mirror_owner(
+    kind: MirrorKind,
+    live: &Value,
+    agent: &str,
+) -> Result<(), MirrorCollision> {
+    match mirror_agent_of(live) {
+        Some(owner) if owner == agent => Ok(()),
+        owner => Err(MirrorCollision {
+            kind,
+            name: name_of(live).to_string(),
+            owner: owner.map(str::to_string),
+        }),
+    }
 }
 
 /// Field manager of the principal's hub writes.
@@ -824,15 +899,77 @@ impl Hub {
             MirrorKind::AppProject => mirror_project(spoke, agent, &self.principal_namespace),
         };
         let name = name_of(&desired).to_string();
+        // The remembered mirrors decide what hub edits are reverted to: another owner's name
+        // never enters them (the write below checks the apiserver's object; this the hub view and
+        // the writes in flight).
+        let cached = match kind {
+            MirrorKind::Application => self.application(agent, &name),
+            MirrorKind::AppProject => read(&self.projects).get(&name).cloned(),
+        };
+        if let Some(cached) = &cached {
+            self.refuse_foreign(kind, agent, cached)?;
+        }
+        let remembered = match kind {
+            MirrorKind::Application => remember_mirror(
+                &mut write(&self.app_mirrors),
+                (agent.to_string(), name.clone()),
+                kind,
+                &desired,
+                agent,
+            ),
+            MirrorKind::AppProject => remember_mirror(
+                &mut write(&self.project_mirrors),
+                name.clone(),
+                kind,
+                &desired,
+                agent,
+            ),
+        };
+        remembered.map_err(|c| self.refused(agent, c))?;
+        let written = self.write_mirror(kind, agent, &desired).await;
+        if let Err(HandleError::Rejected(_)) = &written {
+            // Not written (e.g. the name is another owner's): nothing to protect or restore.
+            self.forget_mirror(kind, agent, &name, Some(&desired));
+        }
+        written
+    }
+
+    /// Refuses (and counts) a write or deletion by `agent` of hub object `live` that is not its
+    /// mirror.
+    fn refuse_foreign(
+        &self,
+        kind: MirrorKind,
+        agent: &str,
+        live: &Value,
+    ) -> Result<(), HandleError> {
+        check_mirror_owner(kind, live, agent).map_err(|c| self.refused(agent, c))
+    }
+
+    fn refused(&self, agent: &str, c: MirrorCollision) -> HandleError {
+        self.options.mirror_collisions.record(agent);
+        tracing::debug!(agent, kind = ?c.kind, name = %c.name, owner = ?c.owner, "refused a mirror write: the hub object of that name is not this agent's mirror");
+        HandleError::Rejected(c.to_string())
+    }
+
+    /// Drops the remembered mirror `name` of `agent` (when it is `only_if`, if given): it is no
+    /// longer restored after hub edits or deletions.
+    fn forget_mirror(&self, kind: MirrorKind, agent: &str, name: &str, only_if: Option<&Value>) {
+        let ours = |v: &Value| mirror_agent_of(v) == Some(agent) && only_if.is_none_or(|o| o == v);
         match kind {
             MirrorKind::Application => {
-                write(&self.app_mirrors).insert((agent.to_string(), name.clone()), desired.clone());
+                let mut apps = write(&self.app_mirrors);
+                let key = (agent.to_string(), name.to_string());
+                if apps.get(&key).is_some_and(ours) {
+                    apps.remove(&key);
+                }
             }
             MirrorKind::AppProject => {
-                write(&self.project_mirrors).insert(name.clone(), desired.clone());
+                let mut projects = write(&self.project_mirrors);
+                if projects.get(name).is_some_and(ours) {
+                    projects.remove(name);
+                }
             }
         }
-        self.write_mirror(kind, agent, &desired).await
     }
 
     /// Creates or replaces a mirror with `desired`, keeping a hub-requested operation.
@@ -861,6 +998,7 @@ impl Hub {
                 .map_err(|e| HandleError::Rejected(format!("{what}: {e}")))?,
             Some(live) => {
                 let live = to_value(live);
+                self.refuse_foreign(kind, agent, &live)?;
                 if is_terminating(&live) {
                     return Err(HandleError::Retryable(format!(
                         "{what} is being deleted; retrying once gone"
@@ -947,7 +1085,8 @@ impl Hub {
     }
 
     /// Deletes the hub mirror of spoke object `name` (uid `uid`, empty = any) of agent `agent`:
-    /// the spoke deleted it. Not recreated afterwards.
+    /// the spoke deleted it. Not recreated afterwards. Only `agent`'s mirror is deleted: the
+    /// object is read from the apiserver, checked, and deleted with its uid as precondition.
     pub async fn delete_mirror(
         &self,
         kind: MirrorKind,
@@ -959,35 +1098,29 @@ impl Hub {
             MirrorKind::Application => name.to_string(),
             MirrorKind::AppProject => mirrored_project_name(agent, name),
         };
-        let live = match kind {
-            MirrorKind::Application => self.application(agent, name),
-            MirrorKind::AppProject => read(&self.projects).get(&mirror_name).cloned(),
-        };
-        if let Some(live) = &live {
-            let theirs = source_uid_of(live);
-            if !uid.is_empty() && theirs.is_some_and(|t| t != uid) {
-                tracing::debug!(
-                    agent,
-                    name,
-                    "delete for an older spoke object; the mirror is a newer one"
-                );
-                return Ok(());
-            }
-        }
-        match kind {
-            MirrorKind::Application => {
-                write(&self.app_mirrors).remove(&(agent.to_string(), mirror_name.clone()));
-            }
-            MirrorKind::AppProject => {
-                write(&self.project_mirrors).remove(&mirror_name);
-            }
-        }
         let api = self.mirror_api(kind, agent);
         let what = format!("deleting mirror {kind:?} {mirror_name} of agent {agent}");
-        if live
-            .as_ref()
-            .is_some_and(|l| l.pointer("/metadata/finalizers").is_some())
-        {
+        let Some(live) = api
+            .get_opt(&mirror_name)
+            .await
+            .map_err(|e| kube_error(&what, e))?
+            .map(to_value)
+        else {
+            self.forget_mirror(kind, agent, &mirror_name, None);
+            return Ok(());
+        };
+        self.refuse_foreign(kind, agent, &live)?;
+        let theirs = source_uid_of(&live);
+        if !uid.is_empty() && theirs.is_some_and(|t| t != uid) {
+            tracing::debug!(
+                agent,
+                name,
+                "delete for an older spoke object; the mirror is a newer one"
+            );
+            return Ok(());
+        }
+        self.forget_mirror(kind, agent, &mirror_name, None);
+        if live.pointer("/metadata/finalizers").is_some() {
             let patch = serde_json::json!({"metadata": {"finalizers": null}});
             match api
                 .patch(&mirror_name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -998,7 +1131,18 @@ impl Hub {
                 Err(e) => return Err(kube_error(&what, e)),
             }
         }
-        match api.delete(&mirror_name, &DeleteParams::background()).await {
+        // The object checked above, not one made under the same name since.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: live
+                    .pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(&mirror_name, &params).await {
             Ok(_) => {
                 tracing::info!(agent, kind = ?kind, name = %mirror_name, "deleted hub mirror: the spoke deleted the object");
                 Ok(())
@@ -1131,7 +1275,7 @@ impl Hub {
         }
     }
 
-    /// Whether a mirror of (kind, spoke name, spoke uid) exists on the hub.
+    /// Whether `agent`'s mirror of (kind, spoke name, spoke uid) exists on the hub.
     pub fn has_mirror(&self, kind: MirrorKind, agent: &str, name: &str, uid: &str) -> bool {
         let live = match kind {
             MirrorKind::Application => self.application(agent, name),
@@ -1139,7 +1283,7 @@ impl Hub {
                 .get(&mirrored_project_name(agent, name))
                 .cloned(),
         };
-        live.is_some_and(|l| source_uid_of(&l) == Some(uid))
+        live.is_some_and(|l| mirror_agent_of(&l) == Some(agent) && source_uid_of(&l) == Some(uid))
     }
 
     /// Asks the agent for one object (empty checksum: "send it").
@@ -1177,7 +1321,9 @@ impl Hub {
         };
         let apps: Vec<Value> = read(&self.apps)
             .iter()
-            .filter(|((ns, _), v)| ns == agent && source_uid_of(v).is_some())
+            .filter(|((ns, _), v)| {
+                ns == agent && mirror_agent_of(v) == Some(agent) && source_uid_of(v).is_some()
+            })
             .map(|(_, v)| v.clone())
             .collect();
         let prefix = format!("{agent}-");
@@ -1217,6 +1363,22 @@ impl Hub {
             "checksum resync with the autonomous agent started"
         );
     }
+}
+
+/// Remembers `desired` as `agent`'s mirror under `key`, unless another owner's mirror is
+/// remembered there (two agents whose `<agent>-<project>` names meet).
+fn remember_mirror<K: std::hash::Hash + Eq>(
+    map: &mut HashMap<K, Value>,
+    key: K,
+    kind: MirrorKind,
+    desired: &Value,
+    agent: &str,
+) -> Result<(), MirrorCollision> {
+    if let Some(remembered) = map.get(&key) {
+        check_mirror_owner(kind, remembered, agent)?;
+    }
+    map.insert(key, desired.clone());
+    Ok(())
 }
 
 /// Builds an object event and queues it for `session`.
@@ -1261,5 +1423,93 @@ impl Kind {
             Kind::Application => format!("{ns}/{name}"),
             Kind::AppProject | Kind::Repository => name,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn hub_object(name: &str, owner: Option<&str>) -> Value {
+        let mut v = json!({"metadata": {"name": name, "annotations": {"note": "x"}}});
+        if let Some(owner) = owner {
+            v["metadata"]["annotations"][MIRROR_AGENT_ANNOTATION] = json!(owner);
+        }
+        v
+    }
+
+    #[test]
+    fn only_the_agent_marked_on_a_hub_object_may_replace_or_delete_it() {
+        let own = hub_object("team-x", Some("team"));
+        assert_eq!(
+            check_mirror_owner(MirrorKind::AppProject, &own, "team"),
+            Ok(())
+        );
+        // Agent `team`'s project `b-x` and agent `team-b`'s project `x` share one hub name.
+        let other = hub_object("team-b-x", Some("team-b"));
+        let refused = check_mirror_owner(MirrorKind::AppProject, &other, "team").unwrap_err();
+        assert_eq!(refused.owner.as_deref(), Some("team-b"));
+        assert_eq!(refused.name, "team-b-x");
+        // The agent is told the name is taken, not by whom.
+        assert!(!refused.to_string().contains("team-b\""), "{refused}");
+        assert!(refused.to_string().contains("not this agent's mirror"));
+        // Made on the hub (no owner mark): nobody's mirror.
+        let admin = hub_object("team-admin", None);
+        let refused = check_mirror_owner(MirrorKind::AppProject, &admin, "team").unwrap_err();
+        assert_eq!(refused.owner, None);
+        let app = hub_object("hub-owned", None);
+        assert!(check_mirror_owner(MirrorKind::Application, &app, "team").is_err());
+    }
+
+    #[test]
+    fn a_remembered_mirror_is_never_replaced_by_another_agents_version() {
+        let mut remembered: HashMap<String, Value> = HashMap::new();
+        let theirs = hub_object("team-b-x", Some("team-b"));
+        remember_mirror(
+            &mut remembered,
+            "team-b-x".into(),
+            MirrorKind::AppProject,
+            &theirs,
+            "team-b",
+        )
+        .unwrap();
+        let mine = hub_object("team-b-x", Some("team"));
+        assert!(remember_mirror(
+            &mut remembered,
+            "team-b-x".into(),
+            MirrorKind::AppProject,
+            &mine,
+            "team"
+        )
+        .is_err());
+        assert_eq!(remembered["team-b-x"], theirs);
+        // The owner's next version replaces its own.
+        let mut newer = theirs.clone();
+        newer["spec"] = json!({"description": "v2"});
+        remember_mirror(
+            &mut remembered,
+            "team-b-x".into(),
+            MirrorKind::AppProject,
+            &newer,
+            "team-b",
+        )
+        .unwrap();
+        assert_eq!(remembered["team-b-x"], newer);
+    }
+
+    #[test]
+    fn collisions_are_counted_by_agent() {
+        let registry = MetricsRegistry::empty();
+        let collisions = MirrorCollisions::default();
+        collisions.register(&registry);
+        collisions.record("team");
+        collisions.record("team");
+        let text = registry.encode().unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l == "argocd_principal_mirror_collisions_total{agent_name=\"team\"} 2"),
+            "{text}"
+        );
     }
 }

@@ -8,7 +8,9 @@
 //! mirror, `delete` = remove it), and their resync answers (`response-synced-resource` for a key
 //! the hub may lack, `request-resource-resync`). An agent can only ever touch objects in its own
 //! hub namespace (and its own `<agent>-` AppProjects): the namespace is taken from the
-//! authenticated agent, never from the event. Every name an event carries is checked as a
+//! authenticated agent, never from the event; and within those names only the objects the
+//! principal marked as its mirrors ([`crate::hub::check_mirror_owner`]), whatever uid the event
+//! carries. Every name an event carries is checked as a
 //! Kubernetes name before it is used (`argocd_agent_proto::event::names`).
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use serde_json::{json, Value};
 use crate::hub::{application_resource, queue, Hub, MirrorKind};
 use crate::routing::{
     application_payload, operation_already_started, project_for_agent, repository_payload,
+    requests_carried_out,
 };
 use crate::sessions::AgentSession;
 use argocd_agent_proto::payload::SyncedResource;
@@ -108,15 +111,25 @@ impl AgentInbound {
         if hub_op.is_some() && spoke_op.is_none() && ran == hub_op {
             ops.push(json!({"op": "remove", "path": "/operation"}));
         }
-        if hub_app.get("status") == Some(&status) && ops.len() == 1 {
-            return Ok(());
+        if hub_app.get("status") != Some(&status) || ops.len() > 1 {
+            let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))
+                .map_err(|e| HandleError::Rejected(e.to_string()))?;
+            self.apps()
+                .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await
+                .map_err(kube_error)?;
         }
-        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))
-            .map_err(|e| HandleError::Rejected(e.to_string()))?;
-        self.apps()
-            .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await
-            .map_err(kube_error)?;
+        let done = requests_carried_out(&hub_app, &spoke);
+        if !done.is_empty() {
+            // A merge patch: removing an annotation that is already gone is no error.
+            let annotations: serde_json::Map<String, Value> =
+                done.iter().map(|k| (k.to_string(), Value::Null)).collect();
+            let patch = json!({"metadata": {"annotations": annotations}});
+            self.apps()
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(kube_error)?;
+        }
         Ok(())
     }
 

@@ -50,6 +50,8 @@ pub struct PrincipalMetrics {
     /// `argocd_principal_redis_proxy_{requests,errors}_total{agent_name,command}` and the latency
     /// histogram.
     pub redis_proxy: ProxyMetrics,
+    /// `argocd_principal_mirror_collisions_total{agent_name}` (updated by the hub).
+    pub mirror_collisions: crate::hub::MirrorCollisions,
 }
 
 /// Requests, errors and latency of one proxy: `requests_total{agent_name,<what>}`,
@@ -135,6 +137,7 @@ impl Default for PrincipalMetrics {
             event_resends: Counter::default(),
             resource_proxy: ProxyMetrics::new("code"),
             redis_proxy: ProxyMetrics::new("command"),
+            mirror_collisions: Default::default(),
         }
     }
 }
@@ -200,6 +203,7 @@ impl PrincipalMetrics {
         );
         m.resource_proxy.register(registry, "resource_proxy");
         m.redis_proxy.register(registry, "redis_proxy");
+        m.mirror_collisions.register(registry);
         m
     }
 

@@ -62,6 +62,22 @@ pub fn operation_already_started(app: &Value) -> bool {
     }
 }
 
+/// Annotation asking Argo CD to hydrate (argocd-server sets it with every refresh request).
+pub const HYDRATE_ANNOTATION: &str = "argocd.argoproj.io/hydrate";
+
+/// The requests on hub Application `hub_app` (refresh, hydrate) that a managed agent's
+/// status-update `spoke` shows carried out: the hub copy asks and the spoke copy no longer does
+/// (Argo CD's controller removes the refresh annotation in the same write as the refreshed
+/// status). The hub's requests are then removed too, as upstream does for the refresh, which is
+/// what `argocd app get --refresh` waits for.
+pub fn requests_carried_out(hub_app: &Value, spoke: &Value) -> Vec<&'static str> {
+    let requested = |o: &Value, key: &str| field(o, &["metadata", "annotations", key]).is_some();
+    [REFRESH_ANNOTATION, HYDRATE_ANNOTATION]
+        .into_iter()
+        .filter(|key| requested(hub_app, key) && !requested(spoke, key))
+        .collect()
+}
+
 /// The payload of an Application event: the object without `status` and, except for operation
 /// events, without `operation`.
 pub fn application_payload(app: &Value, with_operation: bool) -> Value {
@@ -394,6 +410,29 @@ mod tests {
     fn app(spec_rev: &str) -> Value {
         json!({"metadata": {"name": "a", "namespace": "agent1", "uid": "u1", "resourceVersion": "1"},
                "spec": {"source": {"targetRevision": spec_rev}}})
+    }
+
+    #[test]
+    fn hub_requests_are_carried_out_once_the_spoke_copy_no_longer_asks_for_them() {
+        let mut hub = app("v1");
+        let spoke = app("v1");
+        assert!(
+            requests_carried_out(&hub, &spoke).is_empty(),
+            "nothing was requested"
+        );
+        hub["metadata"]["annotations"] =
+            json!({REFRESH_ANNOTATION: "normal", HYDRATE_ANNOTATION: "normal"});
+        assert_eq!(
+            requests_carried_out(&hub, &spoke),
+            [REFRESH_ANNOTATION, HYDRATE_ANNOTATION]
+        );
+        let mut pending = spoke.clone();
+        pending["metadata"]["annotations"] = json!({REFRESH_ANNOTATION: "normal"});
+        assert_eq!(
+            requests_carried_out(&hub, &pending),
+            [HYDRATE_ANNOTATION],
+            "the spoke's controller has not refreshed yet"
+        );
     }
 
     #[test]

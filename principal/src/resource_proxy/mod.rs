@@ -6,7 +6,9 @@
 //! the `?agentName=` of the cluster URL is never trusted), turning an API request into a `resource`/`containerlog` request event in that
 //! agent's outbox, and turning the agent's answer into the HTTP response: streamed part by part,
 //! 502 with a Kubernetes `Status` when the agent is not connected or goes away, 504 when it does
-//! not answer in time, 413 for a request body over the limit. Each request is counted once in
+//! not answer in time, 413 for a request body over the limit (refused from its declared length
+//! when it has one), 408 closing the connection for a body that has not arrived in full within
+//! `--request-body-timeout` (a stalled client holds nothing past it). Each request is counted once in
 //! [`ProxyMetrics`] (agent, status code, and the reason when the proxy answered it itself). Path
 //! parsing is in [`route`]; the request/answer matching in [`crate::live`].
 
@@ -57,6 +59,8 @@ pub struct ResourceProxy {
     pub tokens: Arc<TokenIssuer>,
     /// Requests, errors and latency.
     pub metrics: ProxyMetrics,
+    /// Longest a request body may take to arrive (`--request-body-timeout`).
+    pub body_timeout: Duration,
 }
 
 /// Marks a response the proxy made itself instead of relaying the agent's answer: the Kubernetes
@@ -255,18 +259,9 @@ impl ResourceProxy {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let body = match Limited::new(req.into_body(), MAX_REQUEST_BODY)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes().to_vec(),
-            Err(e) => {
-                return status_response(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "RequestEntityTooLarge",
-                    format!("request body refused (limit {MAX_REQUEST_BODY} bytes): {e}"),
-                )
-            }
+        let body = match read_body(req.into_body(), self.body_timeout).await {
+            Ok(body) => body,
+            Err(refused) => return refused,
         };
         let uuid = uuid::Uuid::new_v4().to_string();
         let (event, waiter, content, idle) = match &route {
@@ -388,6 +383,47 @@ impl ResourceProxy {
     }
 }
 
+/// Reads a request body of at most [`MAX_REQUEST_BODY`] bytes that arrives within `timeout`;
+/// otherwise the answer to send instead (413, or 408 closing the connection: a client that stalls
+/// mid-body holds no buffer or task beyond the timeout).
+async fn read_body<B>(body: B, timeout: Duration) -> Result<Vec<u8>, Response<ProxyBody>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let declared = body.size_hint().lower();
+    if declared > MAX_REQUEST_BODY as u64 {
+        return Err(status_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            format!("request body of {declared} bytes refused (limit {MAX_REQUEST_BODY} bytes)"),
+        ));
+    }
+    match tokio::time::timeout(timeout, Limited::new(body, MAX_REQUEST_BODY).collect()).await {
+        Ok(Ok(b)) => Ok(b.to_bytes().to_vec()),
+        Ok(Err(e)) => Err(status_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            format!("request body refused (limit {MAX_REQUEST_BODY} bytes): {e}"),
+        )),
+        Err(_) => {
+            let mut resp = status_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "Timeout",
+                format!(
+                    "request body not received within {} (--request-body-timeout)",
+                    argocd_agent_proto::telemetry::flags::format_duration(timeout)
+                ),
+            );
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            Err(resp)
+        }
+    }
+}
+
 /// Binds `addr` and serves the proxy with `tls` (which must require client certificates) under
 /// `policy` (handshake and header timeouts, blocklist); returns the bound address.
 pub async fn serve(
@@ -467,6 +503,39 @@ mod tests {
 
     fn cert(name: &str) -> Result<AgentName, String> {
         Ok(AgentName::new(name).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_stalled_request_body_is_answered_408_after_the_timeout_and_closes_the_connection() {
+        let first =
+            futures::stream::iter([Ok::<_, std::io::Error>(Frame::data(Bytes::from(vec![
+                b'x';
+                1024
+            ])))]);
+        let stalled = StreamBody::new(first.chain(futures::stream::pending()));
+        let started = std::time::Instant::now();
+        let refused = read_body(stalled, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(refused.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(refused.headers()[http::header::CONNECTION], "close");
+        assert_eq!(
+            refused.extensions().get::<ProxyFailure>().map(|f| f.0),
+            Some("Timeout")
+        );
+    }
+
+    #[tokio::test]
+    async fn request_bodies_over_the_limit_are_refused_from_their_declared_length() {
+        let big = Full::new(Bytes::from(vec![0u8; MAX_REQUEST_BODY + 1]));
+        let refused = read_body(big, Duration::from_secs(30)).await.unwrap_err();
+        assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let small = Full::new(Bytes::from_static(b"{}"));
+        assert_eq!(
+            read_body(small, Duration::from_secs(30)).await.unwrap(),
+            b"{}"
+        );
     }
 
     #[test]
