@@ -154,6 +154,53 @@ pub async fn install_crds(client: &kube::Client, side: CrdSide) -> anyhow::Resul
     Ok(())
 }
 
+/// Creates Placement `name` in `namespace` (created if needed) over the `global` cluster set, bound
+/// into that namespace (no registration webhook runs here to bind it), selecting the clusters
+/// labelled `label`=`value`.
+pub async fn create_label_placement(
+    hub: &kube::Client,
+    namespace: &str,
+    name: &str,
+    (label, value): (&str, &str),
+) -> anyhow::Result<()> {
+    ensure_namespace(hub, namespace).await?;
+    let bindings: Api<DynamicObject> = Api::namespaced_with(
+        hub.clone(),
+        namespace,
+        &managed_cluster_set_binding_resource(),
+    );
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1beta2",
+                "kind": "ManagedClusterSetBinding",
+                "metadata": {"name": GLOBAL_CLUSTER_SET, "namespace": namespace},
+                "spec": {"clusterSet": GLOBAL_CLUSTER_SET},
+            }))?,
+        )
+        .await?;
+    let placements: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), namespace, &placement_resource());
+    placements
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                "kind": "Placement",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "clusterSets": [GLOBAL_CLUSTER_SET],
+                    "predicates": [{"requiredClusterSelector": {"labelSelector": {
+                        "matchLabels": {label: value},
+                    }}}],
+                },
+            }))?,
+        )
+        .await?;
+    Ok(())
+}
+
 /// The OCM hub controllers running against one control plane.
 pub struct OcmHub {
     registration: ManagedProcess,

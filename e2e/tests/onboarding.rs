@@ -28,14 +28,14 @@ use argocd_agent_operator::pki::secrets::{
     AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET, PRINCIPAL_TLS_SECRET, TLS_CERT_KEY, TLS_KEY_KEY,
 };
 use e2e::gateway::{
-    application, application_resource, appproject_resource, client_tls, ensure_namespace, http_get,
-    Pki, Principal, SOURCE_UID,
+    application, application_resource, appproject_resource, client_tls, http_get, Pki, Principal,
+    SOURCE_UID,
 };
 use e2e::ocm::{
-    condition, condition_is, managed_cluster_resource, managed_cluster_set_binding_resource,
+    condition, condition_is, create_label_placement, managed_cluster_resource,
     manifest_work_resource, placement_decision_resource, placement_resource, shared_ocm_hub,
     wait_cluster_available, wait_cluster_taint, Klusterlet, KlusterletOptions, OcmHub,
-    CONDITION_AVAILABLE, GLOBAL_CLUSTER_SET, PLACEMENT_LABEL, UNAVAILABLE_TAINT, UNREACHABLE_TAINT,
+    CONDITION_AVAILABLE, PLACEMENT_LABEL, UNAVAILABLE_TAINT, UNREACHABLE_TAINT,
 };
 use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::process::{print_log_tail, temp_dir};
@@ -229,38 +229,7 @@ impl Site {
     /// the final report: no OCM add-on registration agent runs here to sign an add-on CSR).
     async fn create_hub_objects(&self, hub: &kube::Client, grpc_port: u16) -> anyhow::Result<()> {
         let ns = &self.gitops_ns;
-        ensure_namespace(hub, ns).await?;
-        let bindings: Api<DynamicObject> =
-            Api::namespaced_with(hub.clone(), ns, &managed_cluster_set_binding_resource());
-        bindings
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "apiVersion": "cluster.open-cluster-management.io/v1beta2",
-                    "kind": "ManagedClusterSetBinding",
-                    "metadata": {"name": GLOBAL_CLUSTER_SET, "namespace": ns},
-                    "spec": {"clusterSet": GLOBAL_CLUSTER_SET},
-                }))?,
-            )
-            .await?;
-        let placements: Api<DynamicObject> =
-            Api::namespaced_with(hub.clone(), ns, &placement_resource());
-        placements
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "apiVersion": "cluster.open-cluster-management.io/v1beta1",
-                    "kind": "Placement",
-                    "metadata": {"name": "sites", "namespace": ns},
-                    "spec": {
-                        "clusterSets": [GLOBAL_CLUSTER_SET],
-                        "predicates": [{"requiredClusterSelector": {"labelSelector": {
-                            "matchLabels": {TEST_LABEL: self.label},
-                        }}}],
-                    },
-                }))?,
-            )
-            .await?;
+        create_label_placement(hub, ns, "sites", (TEST_LABEL, &self.label)).await?;
         let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), ns);
         gocs.create(
             &PostParams::default(),

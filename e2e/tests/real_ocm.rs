@@ -9,12 +9,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use e2e::gateway::ensure_namespace;
 use e2e::ocm::{
-    condition_is, managed_cluster_set_binding_resource, manifest_work_resource,
-    placement_decision_resource, placement_resource, shared_ocm_hub, wait_cluster_available,
-    wait_cluster_taint, Klusterlet, KlusterletOptions, OcmHub, AGENT_NAMESPACE,
-    CONDITION_AVAILABLE, GLOBAL_CLUSTER_SET, PLACEMENT_LABEL, UNREACHABLE_TAINT,
+    condition_is, create_label_placement, manifest_work_resource, placement_decision_resource,
+    placement_resource, shared_ocm_hub, wait_cluster_available, wait_cluster_taint, Klusterlet,
+    KlusterletOptions, OcmHub, AGENT_NAMESPACE, CONDITION_AVAILABLE, PLACEMENT_LABEL,
+    UNREACHABLE_TAINT,
 };
 use e2e::process::print_log_tail;
 use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
@@ -191,38 +190,15 @@ async fn placement_is_decided_by_the_real_placement_controller() -> anyhow::Resu
     wait_cluster_available(&hub, &name, JOIN_WAIT).await?;
 
     let ns = ctx.unique("placement");
-    ensure_namespace(&hub, &ns).await?;
-    let bindings: Api<DynamicObject> =
-        Api::namespaced_with(hub.clone(), &ns, &managed_cluster_set_binding_resource());
-    bindings
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "cluster.open-cluster-management.io/v1beta2",
-                "kind": "ManagedClusterSetBinding",
-                "metadata": {"name": GLOBAL_CLUSTER_SET, "namespace": ns},
-                "spec": {"clusterSet": GLOBAL_CLUSTER_SET},
-            }))?,
-        )
-        .await?;
+    create_label_placement(
+        &hub,
+        &ns,
+        "fleet",
+        ("e2e.argocd-agent.io/test", &ctx.suffix),
+    )
+    .await?;
     let placements: Api<DynamicObject> =
         Api::namespaced_with(hub.clone(), &ns, &placement_resource());
-    placements
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "cluster.open-cluster-management.io/v1beta1",
-                "kind": "Placement",
-                "metadata": {"name": "fleet", "namespace": ns},
-                "spec": {
-                    "clusterSets": [GLOBAL_CLUSTER_SET],
-                    "predicates": [{"requiredClusterSelector": {"labelSelector": {
-                        "matchLabels": {"e2e.argocd-agent.io/test": ctx.suffix},
-                    }}}],
-                },
-            }))?,
-        )
-        .await?;
 
     let decisions: Api<DynamicObject> =
         Api::namespaced_with(hub.clone(), &ns, &placement_decision_resource());
