@@ -69,6 +69,23 @@ async fn hub_apps(ns: &str) -> anyhow::Result<BTreeMap<String, String>> {
         .collect())
 }
 
+/// A new managed agent of `s`, logged in, with its event stream open: (name, sender, inbound).
+async fn connected_managed_agent(
+    s: &LonePrincipal,
+    prefix: &str,
+) -> anyhow::Result<(
+    String,
+    tokio::sync::mpsc::Sender<argocd_agent_proto::pb::eventstreamapi::Event>,
+    tonic::Streaming<argocd_agent_proto::pb::eventstreamapi::Event>,
+)> {
+    let (name, (c, k)) = new_agent(s, prefix)?;
+    let tokens = login(s, (&c, &k), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let (tx, inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
+    Ok((name, tx, inbound))
+}
+
 /// An agent certificate for a fresh name; returns the name and its PEMs.
 fn new_agent(s: &LonePrincipal, prefix: &str) -> anyhow::Result<(String, (String, String))> {
     let name = s.ctx.unique(prefix);
@@ -195,11 +212,7 @@ async fn a_registration_label_pins_the_mode_before_any_login() -> anyhow::Result
 async fn a_thousand_unknown_event_types_fold_into_one_series_and_a_few_log_lines(
 ) -> anyhow::Result<()> {
     let s = LonePrincipal::start("metric_folding", &[]).await?;
-    let (name, (c, k)) = new_agent(&s, "noisy")?;
-    let tokens = login(&s, (&c, &k), "managed")
-        .await
-        .map_err(anyhow::Error::msg)?;
-    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
+    let (name, tx, mut inbound) = connected_managed_agent(&s, "noisy").await?;
     let probe = Event::new(
         EventType::Unknown("warm-up".into()),
         Target::Application,
@@ -352,11 +365,7 @@ async fn names_that_are_not_kubernetes_names_are_refused_before_any_use() -> any
     drop((tx, inbound));
 
     // Managed: resync keys and error reports carry names too.
-    let (managed, (c, k)) = new_agent(&s, "man")?;
-    let tokens = login(&s, (&c, &k), "managed")
-        .await
-        .map_err(anyhow::Error::msg)?;
-    let (tx, mut inbound) = s.subscribe((&c, &k), &tokens.access_token).await?;
+    let (managed, tx, mut inbound) = connected_managed_agent(&s, "man").await?;
     let request_update = Event::new(EventType::RequestUpdate, Target::ResourceResync, &managed)
         .with_json(&json!({"name": "app?dryRun=All", "namespace": "argocd", "uid": "u", "kind": "Application"}))?;
     let error_report = Event::new(EventType::Error, Target::Application, &managed)
