@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use argocd_agent_proto::sync::{EventHandler, Instrumented};
 use argocd_agent_proto::sync::{Outbox, OutboxConfig};
-use argocd_agent_proto::telemetry::{
+use argocd_agent_runtime::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
-use argocd_agent_proto::tls::{
+use argocd_agent_runtime::tls::{
     expiry, CertificateExpiry, ClientTlsOptions, ReloadingClientConfig, TlsPolicy, ALPN_H2,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -27,8 +27,8 @@ use crate::config::{AgentConfig, KubeClientConfig};
 use crate::connection::{Connection, ConnectionSettings};
 use crate::managed::{ManagedSettings, ManagedSync};
 use crate::metrics::AgentMetrics;
+use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::sync::resync::jittered;
-use argocd_agent_proto::telemetry::flags::AgentMode;
 
 /// How often the TLS files are checked for rotation.
 const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(30);

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use argocd_agent_agent::app;
 use argocd_agent_agent::config::AgentArgs;
-use argocd_agent_proto::telemetry::init_logging;
+use argocd_agent_runtime::telemetry::init_logging;
 
 #[tokio::main]
 async fn main() -> ExitCode {

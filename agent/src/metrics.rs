@@ -10,7 +10,7 @@
 use argocd_agent_proto::event::{stream_event_labels, Event};
 use argocd_agent_proto::pb::eventstreamapi::Event as WireEvent;
 use argocd_agent_proto::sync::processing_time_histogram;
-use argocd_agent_proto::telemetry::MetricsRegistry;
+use argocd_agent_runtime::telemetry::MetricsRegistry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

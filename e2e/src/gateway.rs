@@ -434,7 +434,7 @@ pub fn client_tls(
     identity: Option<(&str, &str)>,
     alpn: &[&[u8]],
 ) -> anyhow::Result<rustls::ClientConfig> {
-    use argocd_agent_proto::tls::{client_config_from_pem, PemInput, TlsPolicy};
+    use argocd_agent_runtime::tls::{client_config_from_pem, PemInput, TlsPolicy};
     let ca = std::fs::read(pki.ca())?;
     let alpn: Vec<Vec<u8>> = alpn.iter().map(|a| a.to_vec()).collect();
     let loaded = client_config_from_pem(

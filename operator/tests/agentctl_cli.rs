@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use argocd_agent_operator::pki::{inspect, CertificateAuthority};
 use argocd_agent_proto::identity::{AgentIdentity, IdentitySource};
-use argocd_agent_proto::tls::{ClientTlsOptions, ServerTlsOptions, ALPN_H2};
+use argocd_agent_runtime::tls::{ClientTlsOptions, ServerTlsOptions, ALPN_H2};
 use rustls_pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::pb::authapi::authentication_server::AuthenticationServer;
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStreamServer;
 use argocd_agent_proto::pb::versionapi::version_server::VersionServer;
 use argocd_agent_proto::sync::OutboxConfig;
-use argocd_agent_proto::telemetry::flags::AgentMode;
-use argocd_agent_proto::telemetry::{
+use argocd_agent_runtime::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
-use argocd_agent_proto::tls::reload::ReloadingServerConfig;
-use argocd_agent_proto::tls::{expiry, CertificateExpiry, ServerTlsOptions, TlsPolicy};
+use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
+use argocd_agent_runtime::tls::{expiry, CertificateExpiry, ServerTlsOptions, TlsPolicy};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use argocd_agent_proto::identity::AgentName;
+use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::pb::authapi::authentication_server::Authentication;
 use argocd_agent_proto::pb::authapi::{AuthRequest, AuthResponse, RefreshTokenRequest};
 use argocd_agent_proto::pb::versionapi::version_server::Version;
 use argocd_agent_proto::pb::versionapi::{VersionRequest, VersionResponse};
-use argocd_agent_proto::telemetry::flags::AgentMode;
 use argocd_agent_proto::version::{check_compatible, version_string};
 use tonic::{Request, Response, Status};
 
@@ -100,13 +100,7 @@ pub fn authorize_stream<T>(
 }
 
 fn parse_mode(mode: &str) -> Result<AgentMode, Status> {
-    match mode {
-        "managed" => Ok(AgentMode::Managed),
-        "autonomous" => Ok(AgentMode::Autonomous),
-        other => Err(Status::invalid_argument(format!(
-            "unknown agent mode {other:?}: use managed or autonomous"
-        ))),
-    }
+    mode.parse().map_err(Status::invalid_argument)
 }
 
 impl AuthService {

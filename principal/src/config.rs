@@ -11,15 +11,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use argocd_agent_proto::identity::IdentitySource;
-use argocd_agent_proto::telemetry::binary_config::{self, non_empty, FlagEnv};
-use argocd_agent_proto::telemetry::flags::{self, AgentMode, HostPort};
-use argocd_agent_proto::telemetry::LogFormat;
-use argocd_agent_proto::tls::TlsVersion;
+use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
+use argocd_agent_runtime::flags::{self, AgentMode, HostPort};
+use argocd_agent_runtime::telemetry::LogFormat;
+use argocd_agent_runtime::tls::TlsVersion;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
-pub use argocd_agent_proto::telemetry::binary_config::{ConfigError, KubeClientConfig};
-pub use argocd_agent_proto::telemetry::redis_credentials::{
+pub use argocd_agent_runtime::binary_config::{ConfigError, KubeClientConfig};
+pub use argocd_agent_runtime::redis_credentials::{
     redis_credentials, RedisCredentials, RedisPassword, UPSTREAM_REDIS_ENV,
 };
 

@@ -11,12 +11,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use argocd_agent_proto::event::{stamp_principal_uid, stream_event_labels};
+use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStream;
 use argocd_agent_proto::pb::eventstreamapi::{
     Event as WireEvent, PingRequest, PongReply, PushSummary,
 };
 use argocd_agent_proto::sync::{run_stream, Instrumented, Lanes, StreamEnd};
-use argocd_agent_proto::telemetry::flags::AgentMode;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;

@@ -37,14 +37,14 @@ use std::time::Duration;
 use argocd_agent_proto::event::{
     set_checksum, Event, EventType, ResourceKey, Target, SOURCE_UID_ANNOTATION,
 };
+use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::payload::{RequestUpdate, SyncedResource};
 use argocd_agent_proto::sync::resync::{
     jittered, keys_to_announce, request_update_key, synced_resource_key, MIRROR_AGENT_ANNOTATION,
     MIRROR_CHECKSUM_ANNOTATION, RESYNC_REQUEST_KEY,
 };
 use argocd_agent_proto::sync::{keyed_request, HandleError};
-use argocd_agent_proto::telemetry::flags::AgentMode;
-use argocd_agent_proto::telemetry::MetricsRegistry;
+use argocd_agent_runtime::telemetry::MetricsRegistry;
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::{ApiResource, GroupVersionKind};

@@ -33,9 +33,9 @@ use crate::routing::{
     requests_carried_out,
 };
 use crate::sessions::AgentSession;
+use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::payload::SyncedResource;
-use argocd_agent_proto::telemetry::flags::AgentMode;
-use argocd_agent_proto::telemetry::peer_input::Truncated;
+use argocd_agent_proto::peer_input::Truncated;
 
 /// Condition type written on a hub Application when its agent could not apply it (upstream's name).
 pub const AGENT_ERROR: &str = "AgentError";

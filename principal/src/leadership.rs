@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use argocd_agent_operator::gitops::lease::{self, LeaseConfig, LeaseStatus};
 use argocd_agent_operator::pull::Shutdown;
-use argocd_agent_proto::telemetry::binary_config::{non_empty, ConfigError, FlagEnv};
-use argocd_agent_proto::telemetry::flags;
-use argocd_agent_proto::telemetry::{HealthState, MetricsRegistry};
+use argocd_agent_runtime::binary_config::{non_empty, ConfigError, FlagEnv};
+use argocd_agent_runtime::flags;
+use argocd_agent_runtime::telemetry::{HealthState, MetricsRegistry};
 use clap::builder::BoolishValueParser;
 use clap::ArgAction;
 use futures::FutureExt;

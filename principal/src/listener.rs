@@ -25,7 +25,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use argocd_agent_proto::identity::{cert_fingerprint, AgentIdentity, IdentitySource};
-use argocd_agent_proto::tls::reload::ReloadingServerConfig;
+use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;

@@ -329,8 +329,8 @@ mod tests {
     use super::*;
     use crate::sessions::AgentRegistry;
     use argocd_agent_proto::identity::AgentName;
+    use argocd_agent_proto::mode::AgentMode;
     use argocd_agent_proto::sync::OutboxConfig;
-    use argocd_agent_proto::telemetry::flags::AgentMode;
 
     fn session(name: &str) -> Arc<AgentSession> {
         AgentRegistry::new(OutboxConfig::default())

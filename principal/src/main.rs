@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use argocd_agent_principal::app;
 use argocd_agent_principal::config::PrincipalArgs;
-use argocd_agent_proto::telemetry::init_logging;
+use argocd_agent_runtime::telemetry::init_logging;
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use argocd_agent_proto::event::EventType;
 use argocd_agent_proto::sync::processing_time_histogram;
-use argocd_agent_proto::telemetry::MetricsRegistry;
+use argocd_agent_runtime::telemetry::MetricsRegistry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use argocd_agent_operator::registration::AGENT_NAME_LABEL;
 use argocd_agent_proto::identity::AgentName;
-use argocd_agent_proto::telemetry::flags::AgentMode;
+use argocd_agent_proto::mode::AgentMode;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

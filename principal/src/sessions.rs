@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use argocd_agent_proto::identity::AgentName;
+use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::sync::{Outbox, OutboxConfig};
-use argocd_agent_proto::telemetry::flags::AgentMode;
 use tokio::sync::watch;
 
 /// One agent's session.

@@ -1,6 +1,6 @@
 //! The `argocd-principal` command-line contract: help, exit codes, env vars, ops endpoints.
 
-#[path = "../../proto/tests/support/cli.rs"]
+#[path = "../../runtime/tests/support/cli.rs"]
 mod cli_support;
 
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 //! because the name doubles as the hub namespace), extracting the name from a certificate's
 //! subject CN or from a SPIFFE-style URI SAN, and the certificate fingerprint format used by the
 //! TLS blocklist (SHA-256 over the DER, uppercase hex). It does not decide whether a certificate
-//! is trusted: chain and validity checks happen in the TLS handshake (see [`crate::tls`]).
+//! is trusted: chain and validity checks happen in the TLS handshake (see the process runtime's `tls` module).
 
 use std::fmt;
 use std::str::FromStr;

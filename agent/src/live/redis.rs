@@ -179,7 +179,7 @@ fn tls_config(
     ),
     String,
 > {
-    let provider = argocd_agent_proto::tls::crypto_provider();
+    let provider = argocd_agent_runtime::tls::crypto_provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
@@ -187,8 +187,8 @@ fn tls_config(
         RedisTls::Ca(path) => {
             let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
             let origin = path.display().to_string();
-            let roots = argocd_agent_proto::tls::parse_ca_bundle(
-                argocd_agent_proto::tls::PemInput::new(&origin, &pem),
+            let roots = argocd_agent_runtime::tls::parse_ca_bundle(
+                argocd_agent_runtime::tls::PemInput::new(&origin, &pem),
             )
             .map_err(|e| e.to_string())?;
             builder.with_root_certificates(roots).with_no_client_auth()

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use argocd_agent_proto::telemetry::binary_config::{ConfigError, FlagEnv};
-use argocd_agent_proto::telemetry::flags::{self, HostPort};
+use argocd_agent_runtime::binary_config::{ConfigError, FlagEnv};
+use argocd_agent_runtime::flags::{self, HostPort};
 use clap::Args;
 
 use super::certs::CertPolicy;

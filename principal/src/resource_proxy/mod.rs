@@ -22,7 +22,7 @@ use std::time::Duration;
 use argocd_agent_proto::event::Event;
 use argocd_agent_proto::identity::{AgentName, IdentitySource};
 use argocd_agent_proto::payload::ContainerLogRequest;
-use argocd_agent_proto::tls::reload::ReloadingServerConfig;
+use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{Method, Request, Response, StatusCode};
@@ -412,7 +412,7 @@ where
                 "Timeout",
                 format!(
                     "request body not received within {} (--request-body-timeout)",
-                    argocd_agent_proto::telemetry::flags::format_duration(timeout)
+                    argocd_agent_runtime::flags::format_duration(timeout)
                 ),
             );
             resp.headers_mut().insert(

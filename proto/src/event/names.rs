@@ -36,7 +36,7 @@ fn check(what: &str, value: &str, namespace: bool) -> Result<(), String> {
     if ok {
         return Ok(());
     }
-    let shown = crate::telemetry::peer_input::truncated(value);
+    let shown = crate::peer_input::truncated(value);
     Err(if namespace {
         format!("{what} {shown:?} is not a valid Kubernetes namespace (DNS-1123 label)")
     } else {

@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::event::{Event, EventType};
+use crate::peer_input::{Truncated, REFUSED_INPUT};
 use crate::sync::pump::ControlSender;
-use crate::telemetry::peer_input::{Truncated, REFUSED_INPUT};
 
 /// Outcome of a handler that did not succeed.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -42,7 +42,7 @@ impl<H: EventHandler> EventHandler for Arc<H> {
 
 /// A handler that records how long each event takes to handle (the `*_event_processing_time`
 /// histogram both ends export) and handles it inside an `event.handle` span that continues the
-/// sender's trace ([`crate::telemetry::traces`]); otherwise it behaves as the handler it wraps.
+/// sender's trace ([`crate::trace_context`]); otherwise it behaves as the handler it wraps.
 pub struct Instrumented<H> {
     inner: H,
     seconds: prometheus_client::metrics::histogram::Histogram,
@@ -58,7 +58,7 @@ impl<H: EventHandler> Instrumented<H> {
 impl<H: EventHandler> EventHandler for Instrumented<H> {
     async fn handle(&self, event: Event) -> Result<(), HandleError> {
         use tracing::Instrument;
-        let span = crate::telemetry::traces::handling_span(&event);
+        let span = crate::trace_context::handling_span(&event);
         let started = std::time::Instant::now();
         let result = self.inner.handle(event).instrument(span).await;
         self.seconds.observe(started.elapsed().as_secs_f64());

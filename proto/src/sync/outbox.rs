@@ -320,7 +320,7 @@ impl Outbox {
             DELIVERY_ID.to_string(),
             ExtensionValue::String(uuid::Uuid::new_v4().to_string()),
         );
-        crate::telemetry::traces::emit_span_context(&mut event);
+        crate::trace_context::emit_span_context(&mut event);
         let key = key_of(&event);
         let mut st = self.lock();
         if !st.resources.contains_key(&key) && st.resources.len() >= self.config.max_resources {

@@ -10,9 +10,9 @@ use tokio::sync::mpsc;
 
 use crate::event::Event;
 use crate::pb::eventstreamapi::Event as WireEvent;
+use crate::peer_input::{Truncated, REFUSED_INPUT};
 use crate::sync::lanes::Lanes;
 use crate::sync::outbox::Outbox;
-use crate::telemetry::peer_input::{Truncated, REFUSED_INPUT};
 
 /// Sender side of the control lane. Events are boxed: a channel allocates a block of 32 slots up
 /// front, and every idle stream keeps one (32 pointers instead of 32 events).

@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
-use crate::identity::{cert_fingerprint, AgentIdentity, IdentitySource};
+use argocd_agent_proto::identity::{cert_fingerprint, AgentIdentity, IdentitySource};
 
 struct TestCa {
     issuer: Issuer<'static, KeyPair>,

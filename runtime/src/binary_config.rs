@@ -12,11 +12,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::flags::{
+use crate::flags::{
     check_label_selector, check_namespace_name, check_namespace_pattern, check_readable_file,
     format_duration, ignore_empty_env, FlagValueError,
 };
-use super::parse_log_filter;
+use crate::telemetry::parse_log_filter;
 
 /// Default `--grpc-max-message-size` of both binaries: 16 MiB (upstream: 200 MB). Both sides use
 /// the same value so neither sends a message the other refuses.

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use super::binary_config::{non_empty, ConfigError, FlagEnv};
+use crate::binary_config::{non_empty, ConfigError, FlagEnv};
 
 /// Upstream's env vars for Redis credentials (Argo CD's and upstream argocd-agent's names), read
 /// when neither the flag nor its own env var is given: username, password, creds dir.

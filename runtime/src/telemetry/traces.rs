@@ -1,28 +1,15 @@
-//! OpenTelemetry traces: export over OTLP/gRPC and trace context carried by events.
+//! OpenTelemetry trace export over OTLP/gRPC.
 //!
-//! Owns: the exporter behind `--otlp-address` ([`TraceExport`]: an OTLP/gRPC span exporter with a
-//! batch processor, `service.name` set to the binary), and the W3C trace context that crosses the
-//! principal ↔ agent stream in the CloudEvent `traceparent` / `tracestate` extensions:
-//! [`emit_span_context`] stamps an outgoing event with the context of an `event.emit` span (a
-//! child of whatever span produced the event), and [`handling_span`] opens the receiving side's
-//! `event.handle` span as a child of that context, so one trace shows a change leaving one process
-//! and being applied in the other. With no exporter configured both are no-ops and cost nothing.
+//! Owns the exporter behind `--otlp-address` ([`TraceExport`]: an OTLP/gRPC span exporter with a
+//! batch processor, `service.name` set to the binary). While one is installed, the trace context
+//! carried by events ([`argocd_agent_proto::trace_context`]) makes spans; without it that costs
+//! nothing.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use argocd_agent_proto::trace_context;
+use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
-
-use crate::event::Event;
-
-/// Set once an exporter is installed; spans for events are only made then.
-static EXPORTING: AtomicBool = AtomicBool::new(false);
 
 /// Why trace export could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +78,7 @@ impl TraceExport {
             .with_resource(Resource::builder().with_service_name(service).build())
             .build();
         let tracer = provider.tracer(service);
-        EXPORTING.store(true, Ordering::SeqCst);
+        trace_context::set_exporting(true);
         Ok((
             TraceExport { provider },
             tracing_opentelemetry::layer().with_tracer(tracer),
@@ -101,59 +88,11 @@ impl TraceExport {
 
 impl Drop for TraceExport {
     fn drop(&mut self) {
-        EXPORTING.store(false, Ordering::SeqCst);
+        trace_context::set_exporting(false);
         if let Err(e) = self.provider.shutdown() {
             eprintln!("flushing traces on exit failed: {e}");
         }
     }
-}
-
-/// Whether an exporter is installed.
-pub fn exporting() -> bool {
-    EXPORTING.load(Ordering::Relaxed)
-}
-
-/// Stamps `event` (unless it already carries one) with the trace context of a new `event.emit`
-/// span, a child of the current span if there is one.
-pub fn emit_span_context(event: &mut Event) {
-    if !exporting() || event.traceparent.is_some() {
-        return;
-    }
-    let span = tracing::info_span!(
-        "event.emit",
-        event_type = event.event_type.name(),
-        resource = %event.resource_id,
-    );
-    let cx = span.context();
-    if !cx.span().span_context().is_valid() {
-        return;
-    }
-    let mut carrier = HashMap::new();
-    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
-    event.traceparent = carrier.remove("traceparent");
-    event.tracestate = carrier.remove("tracestate").filter(|s| !s.is_empty());
-}
-
-/// The `event.handle` span for processing `event`, a child of the context the event carries.
-pub fn handling_span(event: &Event) -> tracing::Span {
-    if !exporting() {
-        return tracing::Span::none();
-    }
-    let span = tracing::info_span!(
-        "event.handle",
-        event_type = event.event_type.name(),
-        resource = %event.resource_id,
-    );
-    if let Some(traceparent) = &event.traceparent {
-        let mut carrier = HashMap::from([("traceparent".to_string(), traceparent.clone())]);
-        if let Some(state) = &event.tracestate {
-            carrier.insert("tracestate".to_string(), state.clone());
-        }
-        let parent = TraceContextPropagator::new().extract(&carrier);
-        // A malformed traceparent leaves the span a root: tracing still works, the link is lost.
-        let _ = span.set_parent(parent);
-    }
-    span
 }
 
 #[cfg(test)]
@@ -176,17 +115,5 @@ mod tests {
         assert!(err.contains("not supported"), "{err}");
         let err = otlp_endpoint("collector").unwrap_err().to_string();
         assert!(err.contains("HOST:PORT"), "{err}");
-    }
-
-    #[test]
-    fn without_an_exporter_events_carry_no_context_and_spans_are_disabled() {
-        let mut ev = Event::new(
-            crate::event::EventType::Create,
-            crate::event::Target::Application,
-            "test",
-        );
-        emit_span_context(&mut ev);
-        assert!(ev.traceparent.is_none());
-        assert!(handling_span(&ev).is_none());
     }
 }

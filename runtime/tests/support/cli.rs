@@ -1,11 +1,11 @@
 //! Process-level support for the command-line contract tests of both binaries
 //! (`principal/tests/cli.rs`, `agent/tests/cli.rs`), which include this file with
-//! `#[path = "../../proto/tests/support/cli.rs"] mod cli_support;`.
+//! `#[path = "../../runtime/tests/support/cli.rs"] mod cli_support;`.
 //!
 //! Owns: starting a binary with a clean environment, waiting for it to exit or to become live,
 //! stopping it with SIGTERM, plain HTTP GETs to its ops endpoints, and the certificate and
-//! kubeconfig fixtures the binaries need to start. It sits under `proto/tests/support/` (a
-//! directory cargo does not build as a test of its own) because `proto::telemetry` owns the ops
+//! kubeconfig fixtures the binaries need to start. It sits under `runtime/tests/support/` (a
+//! directory cargo does not build as a test of its own) because the runtime crate owns the ops
 //! endpoints and flag handling these tests exercise; it needs nothing but std and `rcgen`, which
 //! both crates already have for their tests.
 

@@ -5,7 +5,7 @@
 //! unless told otherwise, like upstream's principal default), mandatory client-certificate
 //! verification for mTLS, and hot reload of those files ([`reload`]). Errors name the file and
 //! what is wrong with it. It does not decide who an authenticated peer is; that is
-//! [`crate::identity`]. Key material never appears in errors or logs.
+//! [`argocd_agent_proto::identity`]. Key material never appears in errors or logs.
 
 pub mod expiry;
 pub mod reload;
@@ -277,7 +277,7 @@ fn certified_key(
     let chain = parse_certificates(cert)?;
     let key_der = parse_private_key(key)?;
     let not_after = earliest_not_after(&chain);
-    let fingerprint = crate::identity::cert_fingerprint(&chain[0]);
+    let fingerprint = argocd_agent_proto::identity::cert_fingerprint(&chain[0]);
     if let Some(t) = not_after {
         if t < Utc::now() {
             tracing::warn!(file = cert.origin, not_after = %t, "TLS certificate has expired");

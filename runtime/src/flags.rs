@@ -1,9 +1,9 @@
 //! Parsing and checking of command-line/env values that both binaries accept.
 //!
-//! Owns: [`AgentMode`], durations (`30s`, `5m`, `1h`, `0`), byte sizes (`16MiB`), `host:port` addresses
+//! Owns: durations (`30s`, `5m`, `1h`, `0`), byte sizes (`16MiB`), `host:port` addresses
 //! ([`HostPort`]), namespace names and allow-list patterns, host names, label selectors, and the
 //! "is this file there and readable" check. Each function says what is wrong with a value;
-//! [`super::binary_config`] adds which flag and env var it came from.
+//! [`crate::binary_config`] adds which flag and env var it came from.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -11,6 +11,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
+
+pub use argocd_agent_proto::mode::AgentMode;
 
 use crate::tls::TlsVersion;
 
@@ -86,31 +88,6 @@ pub enum FlagValueError {
         /// What is wrong.
         reason: String,
     },
-}
-
-/// How an agent operates (`--mode` on the agent, `--allowed-agent-modes` on the principal).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
-pub enum AgentMode {
-    /// The hub is the source of truth for spec; the agent reports status.
-    Managed,
-    /// The agent is the source of truth; the hub mirrors it.
-    Autonomous,
-}
-
-impl AgentMode {
-    /// The name used on the command line and in the auth request.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AgentMode::Managed => "managed",
-            AgentMode::Autonomous => "autonomous",
-        }
-    }
-}
-
-impl fmt::Display for AgentMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 /// Drops the env fallback of every argument of `cmd` whose env var `lookup` finds set but empty,

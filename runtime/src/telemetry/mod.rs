@@ -1,20 +1,15 @@
-//! Operational scaffolding shared by `argocd-principal` and `argocd-agent`.
+//! Operational telemetry shared by the binaries.
 //!
-//! Owns: log set-up ([`init_logging`], [`LogFormat`]), trace export and trace context ([`traces`]), the Prometheus registry both binaries register
-//! their metrics into ([`MetricsRegistry`]), liveness/readiness state ([`HealthState`]), the HTTP
-//! server for `/metrics`, `/healthz` and `/readyz` ([`ops_router`], [`serve_ops`],
-//! [`start_ops_servers`]), process shutdown signals, the parsing of command-line values both
-//! binaries accept ([`flags`]), bounded logging of peer-chosen text ([`peer_input`]), Redis credentials ([`redis_credentials`]), and the validation machinery of their configurations
-//! ([`binary_config`]). It does not own any metric of a particular subsystem: those are
-//! declared next to the code that updates them and registered here.
+//! Owns: log set-up ([`init_logging`], [`LogFormat`]), trace export ([`traces`]), the Prometheus
+//! registry the binaries register their metrics into ([`MetricsRegistry`]), liveness/readiness
+//! state ([`HealthState`]), the HTTP server for `/metrics`, `/healthz` and `/readyz`
+//! ([`ops_router`], [`serve_ops`], [`start_ops_servers`]) and process shutdown signals. It does
+//! not own any metric of a particular subsystem: those are declared next to the code that updates
+//! them and registered here.
 
-pub mod binary_config;
-pub mod flags;
 mod health;
 mod metrics;
 mod ops_server;
-pub mod peer_input;
-pub mod redis_credentials;
 pub mod traces;
 
 use std::net::SocketAddr;
