@@ -18,7 +18,6 @@ use argocd_agent_runtime::telemetry::{
 use argocd_agent_runtime::tls::{
     expiry, CertificateExpiry, ClientTlsOptions, ReloadingClientConfig, TlsPolicy, ALPN_H2,
 };
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
 
@@ -233,34 +232,21 @@ fn load_tls(config: &AgentConfig) -> Result<ReloadingClientConfig, ConfigProblem
     })
 }
 
-/// The spoke's Kubernetes client: `--kubeconfig`/`--kubecontext` if given, else in-cluster
-/// config, then `$KUBECONFIG`, then `~/.kube/config`.
+/// The spoke's Kubernetes client (`--kubeconfig` / `--kubecontext`, see
+/// [`argocd_agent_kube::client`]); a configuration that cannot be loaded is a usage problem.
 async fn kube_client(k: &KubeClientConfig) -> anyhow::Result<kube::Client> {
-    let options = KubeConfigOptions {
-        context: k.context.clone(),
-        ..KubeConfigOptions::default()
-    };
-    let loaded = match &k.kubeconfig {
-        Some(path) => match Kubeconfig::read_from(path) {
-            Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+    argocd_agent_kube::client::client(
+        k.kubeconfig.as_deref(),
+        k.context.as_deref(),
+        argocd_agent_kube::client::ClientFlags {
+            kubeconfig: "--kubeconfig (env ARGOCD_AGENT_KUBECONFIG)",
+            context: "--kubecontext (env ARGOCD_AGENT_KUBECONTEXT)",
         },
-        None if k.context.is_some() => kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(|e| e.to_string()),
-        None => kube::Config::infer().await.map_err(|e| e.to_string()),
-    };
-    let config = loaded.map_err(|e| {
-        ConfigProblem(format!(
-            "--kubeconfig/--kubecontext (env ARGOCD_AGENT_KUBECONFIG, ARGOCD_AGENT_KUBECONTEXT): \
-             cannot load the Kubernetes client configuration: {e}"
-        ))
-    })?;
-    kube::Client::try_from(config).map_err(|e| {
+    )
+    .await
+    .map_err(|e| {
         anyhow::Error::new(ConfigProblem(format!(
-            "--kubeconfig (env ARGOCD_AGENT_KUBECONFIG): cannot build a Kubernetes client: {e}"
+            "cannot load the Kubernetes client configuration: {e}"
         )))
     })
 }

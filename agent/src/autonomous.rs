@@ -27,7 +27,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
-use crate::managed::{is_not_found, kube_failure, patch_params, to_json};
+use argocd_agent_kube::errors::{handle_error, is_not_found};
+
+use crate::managed::{patch_params, to_json};
 use crate::spoke_copy::{object_name, object_uid, SyncedKind, REFRESH_ANNOTATION};
 
 /// The spoke side of autonomous mode (see the module docs). Share it as `Arc<AutonomousSync>`.
@@ -280,7 +282,7 @@ impl AutonomousSync {
             .get_opt(name)
             .await
             .map(|o| o.as_ref().map(to_json))
-            .map_err(|e| kube_failure(format!("reading spoke {kind} {}/{name}", self.namespace), e))
+            .map_err(|e| handle_error(format!("reading spoke {kind} {}/{name}", self.namespace), e))
     }
 
     /// request-update: the hub mirror's checksum against the live object; answers with the
@@ -323,7 +325,7 @@ impl AutonomousSync {
         let mut keys = Vec::new();
         for kind in [SyncedKind::Application, SyncedKind::AppProject] {
             let list = self.api(kind)?.list(&params).await.map_err(|e| {
-                kube_failure(format!("listing spoke {kind}s in {}", self.namespace), e)
+                handle_error(format!("listing spoke {kind}s in {}", self.namespace), e)
             })?;
             keys.extend(list.items.iter().map(|o| {
                 let o = to_json(o);
@@ -369,7 +371,7 @@ impl AutonomousSync {
                 Ok(())
             }
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(kube_failure(format!("setting the operation of {name}"), e)),
+            Err(e) => Err(handle_error(format!("setting the operation of {name}"), e)),
         }
     }
 
@@ -386,7 +388,7 @@ impl AutonomousSync {
                 Ok(())
             }
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(kube_failure(
+            Err(e) => Err(handle_error(
                 format!("terminating the operation of {name}"),
                 e,
             )),
@@ -414,7 +416,7 @@ impl AutonomousSync {
                 Ok(())
             }
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(kube_failure(format!("requesting a refresh of {name}"), e)),
+            Err(e) => Err(handle_error(format!("requesting a refresh of {name}"), e)),
         }
     }
 

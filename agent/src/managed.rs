@@ -27,6 +27,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use argocd_agent_kube::errors::{handle_error, is_not_found};
 use argocd_agent_proto::event::{
     set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
 };
@@ -169,20 +170,6 @@ pub struct ManagedSync {
     repositories: Api<DynamicObject>,
     outbox: Arc<Outbox>,
     state: Mutex<SpokeState>,
-}
-
-/// A kube error as a handler result: invalid input can never succeed, everything else may.
-pub(crate) fn kube_failure(what: String, e: kube::Error) -> HandleError {
-    match &e {
-        kube::Error::Api(s) if s.code == 400 || s.is_invalid() => {
-            HandleError::Rejected(format!("{what}: {e}"))
-        }
-        _ => HandleError::Retryable(format!("{what}: {e}")),
-    }
-}
-
-pub(crate) fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.is_not_found())
 }
 
 pub(crate) fn to_json(obj: &DynamicObject) -> Value {
@@ -354,7 +341,7 @@ impl ManagedSync {
         let live = api
             .get_opt(name)
             .await
-            .map_err(|e| kube_failure(format!("reading spoke {kind} {ns}/{name}"), e))?;
+            .map_err(|e| handle_error(format!("reading spoke {kind} {ns}/{name}"), e))?;
         let Some(live) = live else {
             return match self.create_copy(kind, desired).await? {
                 true => Ok(()),
@@ -397,7 +384,7 @@ impl ManagedSync {
                         Err(e) if is_not_found(&e) => Err(HandleError::Retryable(format!(
                             "spoke {kind} {ns}/{name} vanished while replacing it"
                         ))),
-                        Err(e) => Err(kube_failure(
+                        Err(e) => Err(handle_error(
                             format!("deleting stale spoke {kind} {ns}/{name}"),
                             e,
                         )),
@@ -423,7 +410,7 @@ impl ManagedSync {
             Err(kube::Error::Api(s)) if s.is_conflict() => Err(HandleError::Retryable(format!(
                 "spoke {kind} {ns}/{name} changed while updating it"
             ))),
-            Err(e) => Err(kube_failure(
+            Err(e) => Err(handle_error(
                 format!("updating spoke {kind} {ns}/{name}"),
                 e,
             )),
@@ -444,7 +431,7 @@ impl ManagedSync {
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
-            Err(e) => Err(kube_failure(
+            Err(e) => Err(handle_error(
                 format!("creating spoke {kind} {ns}/{name}"),
                 e,
             )),
@@ -478,13 +465,13 @@ impl ManagedSync {
             .apps
             .get(name)
             .await
-            .map_err(|e| kube_failure(what(), e))?;
+            .map_err(|e| handle_error(what(), e))?;
         let body = crate::spoke_copy::with_requested_operation(&to_json(&live), &operation);
         // An update of what was read: a concurrent write is a conflict, retried.
         self.apps
             .replace(name, &write_params(), &from_json(&body)?)
             .await
-            .map_err(|e| kube_failure(what(), e))?;
+            .map_err(|e| handle_error(what(), e))?;
         info!(namespace = %ns, name, "started the operation the hub requested");
         Ok(())
     }
@@ -504,7 +491,7 @@ impl ManagedSync {
                 Ok(())
             }
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(kube_failure(
+            Err(e) => Err(handle_error(
                 format!("terminating the operation of spoke Application {ns}/{name}"),
                 e,
             )),
@@ -526,7 +513,7 @@ impl ManagedSync {
         let live = api
             .get_opt(name)
             .await
-            .map_err(|e| kube_failure(format!("reading spoke {kind} {ns}/{name}"), e))?
+            .map_err(|e| handle_error(format!("reading spoke {kind} {ns}/{name}"), e))?
             .map(|o| to_json(&o));
         let ours = live
             .as_ref()
@@ -584,7 +571,7 @@ impl ManagedSync {
                 // Gone in the meantime; the watcher confirms it (or already did).
                 Ok(())
             }
-            Err(e) => Err(kube_failure(
+            Err(e) => Err(handle_error(
                 format!("deleting spoke {kind} {ns}/{name}"),
                 e,
             )),
@@ -614,7 +601,7 @@ impl ManagedSync {
                 params = params.labels(&sel);
             }
             let list = self.api(kind).list(&params).await.map_err(|e| {
-                kube_failure(
+                handle_error(
                     format!("listing spoke {kind}s in {}", self.settings.namespace),
                     e,
                 )
@@ -691,7 +678,7 @@ impl ManagedSync {
                 .api(kind)
                 .get_opt(&key.name)
                 .await
-                .map_err(|e| kube_failure(format!("reading spoke {kind} {}", key.name), e))?
+                .map_err(|e| handle_error(format!("reading spoke {kind} {}", key.name), e))?
                 .and_then(|o| source_uid(&to_json(&o)).map(str::to_string)),
         };
         if !needs_object(local.as_deref(), &key.uid) {
@@ -906,7 +893,7 @@ impl ManagedSync {
             .apps
             .get_opt(&req.name)
             .await
-            .map_err(|e| kube_failure(format!("reading spoke Application {}", req.name), e))?
+            .map_err(|e| handle_error(format!("reading spoke Application {}", req.name), e))?
             .map(|o| to_json(&o));
         match live {
             Some(live) if source_uid(&live) == Some(req.uid.as_str()) => {

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
 use crate::binaries::project_binary;
@@ -14,22 +13,9 @@ use crate::control_plane::ControlPlane;
 use crate::ports::free_port;
 use crate::process::{ManagedProcess, ProcessSpec};
 use crate::wait::wait_until;
-
-/// `argoproj.io/v1alpha1` Application.
-pub fn application_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
-        "applications",
-    )
-}
-
-/// `argoproj.io/v1alpha1` AppProject.
-pub fn appproject_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
-        "appprojects",
-    )
-}
+pub use argocd_agent_kube::resources::{
+    application as application_resource, appproject as appproject_resource,
+};
 
 /// Annotation that links a spoke copy to its hub object.
 pub const SOURCE_UID: &str = "argocd.argoproj.io/source-uid";

@@ -10,14 +10,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::json;
 
+use e2e::gateway::application_resource;
 use e2e::{shared_planes, wait_until, TestContext};
-
-fn application_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
-        "applications",
-    )
-}
 
 fn application(name: &str, ns: &str, repo: &str) -> DynamicObject {
     serde_json::from_value(json!({

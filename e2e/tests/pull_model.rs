@@ -11,6 +11,7 @@
 
 use std::time::{Duration, Instant};
 
+use argocd_agent_kube::CancellationToken;
 use argocd_agent_operator::pull::application::{
     APP_NAMESPACE_ANNOTATION, CLUSTER_ANNOTATION, PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
     SPEC_ERROR_CONDITION, WORK_ERROR_CONDITION,
@@ -79,7 +80,7 @@ async fn planes() -> anyhow::Result<&'static SharedPlanes> {
                         retry_after: Duration::from_secs(1),
                         ..Default::default()
                     };
-                    if let Err(e) = run_pull_model(client, opts, std::future::pending()).await {
+                    if let Err(e) = run_pull_model(client, opts, CancellationToken::new()).await {
                         eprintln!("[e2e] pull-model controllers stopped: {e}");
                     }
                 });
@@ -939,15 +940,13 @@ async fn controllers_stop_cleanly_on_shutdown() -> anyhow::Result<()> {
         ..Default::default()
     };
     let start = |opts: PullModelOptions| {
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run_pull_model(hub.clone(), opts, async move {
-            let _ = rx.await;
-        }));
-        (tx, task)
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run_pull_model(hub.clone(), opts, stop.clone()));
+        (stop, task)
     };
 
     let (stop, task) = start(opts.clone());
-    stop.send(()).expect("controllers still running");
+    stop.cancel();
     let result = tokio::time::timeout(WAIT, task).await??;
     assert!(result.is_ok(), "{result:?}");
 
@@ -963,7 +962,7 @@ async fn controllers_stop_cleanly_on_shutdown() -> anyhow::Result<()> {
     )
     .await?;
     let t0 = Instant::now();
-    stop.send(()).expect("controllers still running");
+    stop.cancel();
     let result = tokio::time::timeout(WAIT, task).await??;
     assert!(result.is_ok(), "{result:?}");
     eprintln!(

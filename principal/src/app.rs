@@ -18,7 +18,6 @@ use argocd_agent_runtime::telemetry::{
 };
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
 use argocd_agent_runtime::tls::{expiry, CertificateExpiry, ServerTlsOptions, TlsPolicy};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::CompressionEncoding::Gzip;
@@ -36,23 +35,17 @@ use crate::tokens::TokenIssuer;
 /// How often certificate files are checked for rotation.
 const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
 
-/// A Kubernetes client from an explicit kubeconfig/context, or the in-cluster/default config.
+/// The hub's Kubernetes client (`--kubeconfig` / `--kubecontext`, see [`argocd_agent_kube::client`]).
 pub async fn kube_client(cfg: &KubeClientConfig) -> anyhow::Result<kube::Client> {
-    let options = KubeConfigOptions {
-        context: cfg.context.clone(),
-        ..Default::default()
-    };
-    let config = match &cfg.kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &options).await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig given and no in-cluster configuration found")?,
-    };
-    Ok(kube::Client::try_from(config)?)
+    Ok(argocd_agent_kube::client::client(
+        cfg.kubeconfig.as_deref(),
+        cfg.context.as_deref(),
+        argocd_agent_kube::client::ClientFlags {
+            kubeconfig: "--kubeconfig (env ARGOCD_PRINCIPAL_KUBECONFIG)",
+            context: "--kubecontext (env ARGOCD_PRINCIPAL_KUBECONTEXT)",
+        },
+    )
+    .await?)
 }
 
 fn token_issuer(config: &PrincipalConfig) -> anyhow::Result<TokenIssuer> {
@@ -239,7 +232,8 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         &certificate_expiry,
     )
     .await?;
-    let (stop_operator, operator_stopped) = argocd_agent_operator::pull::Shutdown::new();
+    let stop_operator = argocd_agent_kube::CancellationToken::new();
+    let operator_stopped = stop_operator.clone();
     let leadership = crate::leadership::Leadership::start(
         client.clone(),
         config.ha.clone(),
@@ -261,13 +255,13 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             argocd_namespace: config.namespace.clone(),
             ..Default::default()
         };
-        let pull_stopped = operator_stopped.clone().requested();
+        let pull_stopped = operator_stopped.clone();
         let (client, leadership) = (client.clone(), leadership.clone());
         async move {
             // Only the active replica runs the operator and the pull model.
             tokio::select! {
                 () = leadership.active() => {}
-                () = operator_stopped.clone().requested() => return,
+                () = operator_stopped.cancelled() => return,
             }
             let pull_model = tokio::spawn(argocd_agent_operator::pull::run_pull_model(
                 client.clone(),
@@ -424,7 +418,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     ready.abort();
     health.set_ready(false, "shutting down");
     let _ = stop_grpc.send(());
-    let _ = stop_operator.send(true);
+    stop_operator.cancel();
     if let Some(operator) = operator {
         let _ = tokio::time::timeout(Duration::from_secs(5), operator).await;
     }

@@ -34,6 +34,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use argocd_agent_kube::errors::handle_error;
 use argocd_agent_proto::event::{
     set_checksum, Event, EventType, ResourceKey, Target, SOURCE_UID_ANNOTATION,
 };
@@ -47,7 +48,7 @@ use argocd_agent_proto::sync::{keyed_request, HandleError};
 use argocd_agent_runtime::telemetry::MetricsRegistry;
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::core::ApiResource;
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use prometheus_client::metrics::counter::Counter;
@@ -62,22 +63,9 @@ use crate::routing::{
     repository_project, repository_routes_to, REFRESH_ANNOTATION,
 };
 use crate::sessions::{AgentRegistry, AgentSession};
-
-/// `argoproj.io/v1alpha1` Application.
-pub fn application_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
-        "applications",
-    )
-}
-
-/// `argoproj.io/v1alpha1` AppProject.
-pub fn appproject_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
-        "appprojects",
-    )
-}
+pub use argocd_agent_kube::resources::{
+    application as application_resource, appproject as appproject_resource,
+};
 
 /// The hub Secrets synced to managed agents: Argo CD repositories and repository credentials.
 pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
@@ -203,18 +191,6 @@ fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
-}
-
-fn kube_error(what: &str, e: kube::Error) -> HandleError {
-    match &e {
-        kube::Error::Api(s) if s.code == 409 || s.code == 429 || s.code >= 500 || s.code == 404 => {
-            HandleError::Retryable(format!("{what}: {e}"))
-        }
-        kube::Error::Api(s) => {
-            HandleError::Rejected(format!("{what}: hub apiserver refused: {}", s.message))
-        }
-        _ => HandleError::Retryable(format!("{what}: {e}")),
-    }
 }
 
 fn name_of(v: &Value) -> &str {
@@ -992,7 +968,10 @@ impl Hub {
                 }
             }
         }
-        let live = api.get_opt(name).await.map_err(|e| kube_error(&what, e))?;
+        let live = api
+            .get_opt(name)
+            .await
+            .map_err(|e| handle_error(&what, e))?;
         let body: DynamicObject = match live {
             None => serde_json::from_value(desired.clone())
                 .map_err(|e| HandleError::Rejected(format!("{what}: {e}")))?,
@@ -1028,7 +1007,7 @@ impl Hub {
                     &replaced,
                 )
                 .await
-                .map_err(|e| kube_error(&what, e))?;
+                .map_err(|e| handle_error(&what, e))?;
                 tracing::debug!(agent, kind = ?kind, name, "updated hub mirror from the spoke");
                 return Ok(());
             }
@@ -1046,7 +1025,7 @@ impl Hub {
                     Err(msg) => HandleError::Rejected(msg),
                 })
             }
-            Err(e) => Err(kube_error(&what, e)),
+            Err(e) => Err(handle_error(&what, e)),
         }
     }
 
@@ -1103,7 +1082,7 @@ impl Hub {
         let Some(live) = api
             .get_opt(&mirror_name)
             .await
-            .map_err(|e| kube_error(&what, e))?
+            .map_err(|e| handle_error(&what, e))?
             .map(to_value)
         else {
             self.forget_mirror(kind, agent, &mirror_name, None);
@@ -1128,7 +1107,7 @@ impl Hub {
             {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-                Err(e) => return Err(kube_error(&what, e)),
+                Err(e) => return Err(handle_error(&what, e)),
             }
         }
         // The object checked above, not one made under the same name since.
@@ -1148,7 +1127,7 @@ impl Hub {
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(kube_error(&what, e)),
+            Err(e) => Err(handle_error(&what, e)),
         }
     }
 

@@ -27,6 +27,8 @@ use argocd_agent_proto::sync::{EventHandler, HandleError};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{json, Value};
 
+use argocd_agent_kube::errors::handle_error;
+
 use crate::hub::{application_resource, queue, Hub, MirrorKind};
 use crate::routing::{
     application_payload, operation_already_started, project_for_agent, repository_payload,
@@ -48,18 +50,6 @@ pub struct AgentInbound {
     pub hub: Arc<Hub>,
     /// Callers waiting for the agent's live answers (resource/redis proxies, logs).
     pub live: Arc<crate::live::LiveRequests>,
-}
-
-fn kube_error(e: kube::Error) -> HandleError {
-    match &e {
-        kube::Error::Api(s) if s.code == 409 || s.code == 429 || s.code >= 500 => {
-            HandleError::Retryable(e.to_string())
-        }
-        kube::Error::Api(s) => {
-            HandleError::Rejected(format!("hub apiserver refused the write: {}", s.message))
-        }
-        _ => HandleError::Retryable(e.to_string()),
-    }
 }
 
 fn name_of(obj: &Value) -> Result<&str, HandleError> {
@@ -117,7 +107,7 @@ impl AgentInbound {
             self.apps()
                 .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
                 .await
-                .map_err(kube_error)?;
+                .map_err(|e| handle_error("writing the hub Application", e))?;
         }
         let done = requests_carried_out(&hub_app, &spoke);
         if !done.is_empty() {
@@ -128,7 +118,7 @@ impl AgentInbound {
             self.apps()
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .map_err(kube_error)?;
+                .map_err(|e| handle_error("writing the hub Application", e))?;
         }
         Ok(())
     }
@@ -157,7 +147,10 @@ impl AgentInbound {
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(kube_error(e)),
+            Err(e) => Err(handle_error(
+                "releasing the hub Application's finalizers",
+                e,
+            )),
         }
     }
 
@@ -203,7 +196,7 @@ impl AgentInbound {
                 &Patch::<()>::Json(patch),
             )
             .await
-            .map_err(kube_error)?;
+            .map_err(|e| handle_error("writing the hub Application", e))?;
         Ok(())
     }
 

@@ -2,8 +2,8 @@
 //! of them active.
 //!
 //! Owns the HA flags ([`HaArgs`] → [`HaConfig`]), the replica's role ([`Leadership`]: active or
-//! standby, decided by a coordination.k8s.io/v1 Lease through the operator's election code,
-//! `argocd_agent_operator::gitops::lease`), what the role gates, and the HA metrics
+//! standby, decided by a coordination.k8s.io/v1 Lease through the shared election code,
+//! `argocd_agent_kube::lease`), what the role gates, and the HA metrics
 //! ([`HaMetrics`]).
 //!
 //! Active/standby, not active/active: every hub writer of the principal (status and operation
@@ -19,14 +19,13 @@
 
 use std::time::Duration;
 
-use argocd_agent_operator::gitops::lease::{self, LeaseConfig, LeaseStatus};
-use argocd_agent_operator::pull::Shutdown;
+use argocd_agent_kube::lease::{self, LeaseConfig, LeaseStatus};
+use argocd_agent_kube::CancellationToken;
 use argocd_agent_runtime::binary_config::{non_empty, ConfigError, FlagEnv};
 use argocd_agent_runtime::flags;
 use argocd_agent_runtime::telemetry::{HealthState, MetricsRegistry};
 use clap::builder::BoolishValueParser;
 use clap::ArgAction;
-use futures::FutureExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -241,7 +240,7 @@ impl Leadership {
         client: kube::Client,
         config: Option<HaConfig>,
         metrics: HaMetrics,
-        shutdown: Shutdown,
+        shutdown: CancellationToken,
     ) -> Leadership {
         let Some(config) = config else {
             return Leadership::single();
@@ -277,11 +276,7 @@ impl Leadership {
                 let next = match (&current, observed.held) {
                     (HaState::Lost, _) => break,
                     // Stepping down on shutdown is not a loss.
-                    (HaState::Active, false)
-                        if stopping.clone().requested().now_or_never().is_some() =>
-                    {
-                        break
-                    }
+                    (HaState::Active, false) if stopping.is_cancelled() => break,
                     (HaState::Active, false) => HaState::Lost,
                     (_, true) => HaState::Active,
                     (_, false) => {

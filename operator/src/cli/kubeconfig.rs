@@ -1,12 +1,9 @@
-//! Building a Kubernetes client from `--kubeconfig`/`--context` flags.
+//! `argocd-agentctl`'s Kubernetes clients from `--kubeconfig`/`--context` flags.
 //!
-//! Owns: the lookup order (explicit file, else `$KUBECONFIG`/`~/.kube/config` with the given
-//! context, else in-cluster) and turning unreadable or invalid kubeconfigs into usage errors
-//! that name the flag and file.
+//! Owns turning the shared client builder's failures ([`argocd_agent_kube::client`], which owns
+//! the lookup order) into the CLI's usage errors (exit 2) and runtime errors.
 
 use std::path::Path;
-
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use super::CliError;
 
@@ -25,34 +22,14 @@ pub async fn client_for(
     kubeconfig: Option<&Path>,
     context: Option<&str>,
 ) -> Result<kube::Client, CliError> {
-    let options = KubeConfigOptions {
-        context: context.map(str::to_owned),
-        ..KubeConfigOptions::default()
+    let flags = argocd_agent_kube::client::ClientFlags {
+        kubeconfig: kubeconfig_flag,
+        context: context_flag,
     };
-    let config = match (kubeconfig, context) {
-        (Some(path), _) => {
-            let file = Kubeconfig::read_from(path).map_err(|e| {
-                CliError::usage(format!("{kubeconfig_flag} {}: {e}", path.display()))
-            })?;
-            kube::Config::from_custom_kubeconfig(file, &options)
-                .await
-                .map_err(|e| {
-                    CliError::usage(format!(
-                        "{kubeconfig_flag} {} {context_flag} {}: {e}",
-                        path.display(),
-                        context.unwrap_or("(current)")
-                    ))
-                })?
-        }
-        (None, Some(ctx)) => kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(|e| CliError::usage(format!("{context_flag} {ctx}: {e}")))?,
-        (None, None) => kube::Config::infer().await.map_err(|e| {
-            CliError::usage(format!(
-                "no Kubernetes configuration found ({e}); pass {kubeconfig_flag} or set KUBECONFIG"
-            ))
-        })?,
-    };
-    kube::Client::try_from(config)
-        .map_err(|e| CliError::runtime(format!("creating Kubernetes client: {e}")))
+    argocd_agent_kube::client::client(kubeconfig, context, flags)
+        .await
+        .map_err(|e| match e {
+            argocd_agent_kube::client::ClientError::Config(msg) => CliError::usage(msg),
+            argocd_agent_kube::client::ClientError::Build(msg) => CliError::runtime(msg),
+        })
 }

@@ -15,7 +15,6 @@ pub mod controller;
 pub mod crd;
 pub mod csr;
 pub mod flags;
-pub mod lease;
 pub mod placement;
 
 use std::time::Duration;
@@ -31,8 +30,8 @@ use tokio::sync::watch;
 use crate::pki::PkiError;
 use crate::pull::manifestwork::ManifestWork;
 use crate::pull::queue::DirtyQueue;
-use crate::pull::Shutdown;
 use crate::registration::{RegistrationError, DEFAULT_RESOURCE_PROXY_ADDRESS};
+use argocd_agent_kube::CancellationToken;
 
 pub use certs::CertPolicy;
 pub use controller::reconcile_all;
@@ -150,11 +149,15 @@ where
 
 /// Runs the operator against the hub until `shutdown` completes: elects a leader among replicas
 /// and, while leader, reconciles on every relevant change and every `resync`.
-pub async fn run_operator(client: kube::Client, opts: OperatorOptions, shutdown: Shutdown) {
+pub async fn run_operator(
+    client: kube::Client,
+    opts: OperatorOptions,
+    shutdown: CancellationToken,
+) {
     let (leader_tx, mut leader) = watch::channel(false);
-    let election = tokio::spawn(lease::run_election(
+    let election = tokio::spawn(argocd_agent_kube::lease::run_election(
         client.clone(),
-        lease::LeaseConfig {
+        argocd_agent_kube::lease::LeaseConfig {
             name: opts.lease_name.clone(),
             namespace: opts.namespace.clone(),
             identity: opts.identity.clone(),
@@ -199,11 +202,9 @@ pub async fn run_operator(client: kube::Client, opts: OperatorOptions, shutdown:
     ]);
     tracing::info!(namespace = %opts.namespace, identity = %opts.identity, "GitOpsCluster operator started");
     let mut queue: DirtyQueue<()> = DirtyQueue::default();
-    let stop = shutdown.requested();
-    tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = &mut stop => break,
+            () = shutdown.cancelled() => break,
             Some(()) = events.next() => queue.mark((), DEBOUNCE),
             changed = leader.changed() => {
                 if changed.is_err() { break; }

@@ -8,6 +8,9 @@
 
 use std::fmt;
 
+pub use argocd_agent_kube::resources::{
+    application as application_resource, applicationset as applicationset_resource,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -42,22 +45,6 @@ pub const SPEC_ERROR_CONDITION: &str = "PullModelSpecError";
 /// Condition type for a ManifestWork that the spoke did not apply or whose feedback is malformed.
 /// Owned by the status controller.
 pub const WORK_ERROR_CONDITION: &str = "ManifestWorkError";
-
-/// Argo CD's Application.
-pub fn application_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
-        "applications",
-    )
-}
-
-/// Argo CD's ApplicationSet.
-pub fn applicationset_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "ApplicationSet"),
-        "applicationsets",
-    )
-}
 
 /// OCM's cluster-scoped ManagedCluster.
 pub fn managed_cluster_resource() -> ApiResource {

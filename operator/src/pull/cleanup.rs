@@ -9,6 +9,7 @@
 //! namespace than its Application, and a hub may run without a garbage collector). A deletion
 //! decided from the caches is confirmed against a fresh read of the Application first.
 
+use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -22,7 +23,7 @@ use serde_json::json;
 use super::application::{application_resource, pull_intent, PULL_LABEL, RESOURCES_FINALIZERS};
 use super::manifestwork::{hub_application_of, manifest_work_name_of, ManifestWork};
 use super::queue::DirtyQueue;
-use super::{PullModelError, PullModelOptions, Shutdown, PROPAGATION_MANAGER};
+use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
 
 /// Coalesces a burst of events for one key.
 const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(20);
@@ -224,7 +225,7 @@ impl Cleanup {
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
     let app_resource = application_resource();
     let app_writer = reflector::store::Writer::<DynamicObject>::new(app_resource.clone());
@@ -258,11 +259,9 @@ pub async fn run(
     };
     let mut queue = DirtyQueue::<Key>::default();
     let (mut apps_ready, mut works_ready) = (false, false);
-    let stop = shutdown.requested();
-    tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = &mut stop => break,
+            () = shutdown.cancelled() => break,
             event = app_events.next() => match event {
                 Some(Ok(Event::Apply(app) | Event::InitApply(app) | Event::Delete(app))) => cleanup.mark_app(&mut queue, &app),
                 Some(Ok(Event::InitDone)) => {

@@ -8,6 +8,7 @@
 //! so generators can select on them. A cluster already registered by argocd-agent (a cluster
 //! Secret labelled with its agent name) gets no second Secret: Argo CD would list it twice.
 
+use argocd_agent_kube::CancellationToken;
 use std::collections::BTreeMap;
 
 use futures::StreamExt;
@@ -22,7 +23,7 @@ use kube::ResourceExt;
 
 use super::application::managed_cluster_resource;
 use super::queue::DirtyQueue;
-use super::{PullModelError, PullModelOptions, Shutdown, CLUSTER_SECRET_MANAGER};
+use super::{PullModelError, PullModelOptions, CLUSTER_SECRET_MANAGER};
 
 /// Label Argo CD uses to find cluster Secrets.
 pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
@@ -176,7 +177,7 @@ fn secret_cluster(secret: &Secret) -> Option<String> {
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
     let cluster_resource = managed_cluster_resource();
     let cluster_writer = reflector::store::Writer::<DynamicObject>::new(cluster_resource.clone());
@@ -211,11 +212,9 @@ pub async fn run(
     };
     let mut queue = DirtyQueue::<String>::default();
     let (mut clusters_ready, mut secrets_ready) = (false, false);
-    let stop = shutdown.requested();
-    tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = &mut stop => break,
+            () = shutdown.cancelled() => break,
             event = cluster_events.next() => match event {
                 Some(Ok(Event::Apply(c) | Event::InitApply(c) | Event::Delete(c))) => queue.mark(c.name_any(), DEBOUNCE),
                 Some(Ok(Event::InitDone)) => {

@@ -26,10 +26,9 @@ pub mod queue;
 pub mod report;
 pub mod status;
 
-use std::future::Future;
+use argocd_agent_kube::CancellationToken;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 /// Field manager of the Application → ManifestWork controller (and of the Application
@@ -85,27 +84,6 @@ pub enum PullModelError {
     },
 }
 
-/// A cloneable shutdown signal shared by the controllers.
-#[derive(Clone, Debug)]
-pub struct Shutdown(watch::Receiver<bool>);
-
-impl Shutdown {
-    /// A signal, and the sender that fires it (sending `true` or dropping the sender).
-    pub fn new() -> (watch::Sender<bool>, Shutdown) {
-        let (tx, rx) = watch::channel(false);
-        (tx, Shutdown(rx))
-    }
-
-    /// Completes once shutdown was requested (or the sender is gone).
-    pub async fn requested(mut self) {
-        while !*self.0.borrow() {
-            if self.0.changed().await.is_err() {
-                return;
-            }
-        }
-    }
-}
-
 /// Runs every enabled pull-model controller against the hub until `shutdown` completes.
 ///
 /// The principal embeds this; it returns `Ok(())` after a clean shutdown and an error if a
@@ -113,14 +91,10 @@ impl Shutdown {
 pub async fn run_pull_model(
     client: kube::Client,
     opts: PullModelOptions,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
-    let (tx, signal) = Shutdown::new();
-    let trigger = tx.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = trigger.send(true);
-    });
+    // Stopping one controller (after another failed) does not stop the caller's process.
+    let signal = shutdown.child_token();
     let mut tasks = JoinSet::new();
     tasks.spawn(propagation::run(
         client.clone(),
@@ -145,7 +119,7 @@ pub async fn run_pull_model(
         let result = joined.map_err(PullModelError::from).and_then(|r| r);
         if let Err(e) = result {
             tracing::error!(error = %e, "pull-model controller failed; stopping the others");
-            let _ = tx.send(true);
+            signal.cancel();
             if outcome.is_ok() {
                 outcome = Err(e);
             }

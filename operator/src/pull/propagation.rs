@@ -11,6 +11,7 @@
 //! as it appears). Reconciling an Application whose ManifestWork is already current makes no API
 //! call, so the status controller's writes to the Application cost nothing here.
 
+use argocd_agent_kube::CancellationToken;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -28,7 +29,7 @@ use super::manifestwork::{
     build_manifest_work, hub_application_of, work_is_current, BuildError, ManifestWork,
 };
 use super::queue::DirtyQueue;
-use super::{PullModelError, PullModelOptions, Shutdown, PROPAGATION_MANAGER};
+use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
 
 /// Coalesces a burst of events for one Application.
 const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(10);
@@ -209,7 +210,7 @@ impl Propagation {
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
     let app_resource = application_resource();
     let cluster_resource = managed_cluster_resource();
@@ -257,11 +258,9 @@ pub async fn run(
     };
     let mut queue = DirtyQueue::<AppKey>::default();
     let mut ready = [false; 3];
-    let stop = shutdown.requested();
-    tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = &mut stop => break,
+            () = shutdown.cancelled() => break,
             event = app_events.next() => match event {
                 Some(Ok(Event::Apply(a) | Event::InitApply(a))) => {
                     queue.mark((a.namespace().unwrap_or_default(), a.name_any()), DEBOUNCE);

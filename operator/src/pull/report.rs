@@ -10,6 +10,7 @@
 //! of changes is coalesced, and a report is written only when its content changes. Reports of
 //! deleted ApplicationSets (or ones without pulled Applications) are deleted explicitly.
 
+use argocd_agent_kube::CancellationToken;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use futures::StreamExt;
@@ -28,7 +29,7 @@ use super::application::{
     pull_intent, AppSetKey,
 };
 use super::queue::DirtyQueue;
-use super::{PullModelError, PullModelOptions, Shutdown, REPORT_MANAGER};
+use super::{PullModelError, PullModelOptions, REPORT_MANAGER};
 
 /// Label on a report naming its ApplicationSet as `<namespace>.<name>` (at most 63 characters).
 pub const REPORT_APPSET_LABEL: &str = "apps.open-cluster-management.io/hosting-applicationset";
@@ -443,7 +444,7 @@ impl Reports {
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
     let app_resource = application_resource();
     let appset_resource = applicationset_resource();
@@ -490,11 +491,9 @@ pub async fn run(
     };
     let mut queue = DirtyQueue::<AppSetKey>::default();
     let mut ready = [false; 4];
-    let stop = shutdown.requested();
-    tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = &mut stop => break,
+            () = shutdown.cancelled() => break,
             event = app_events.next() => match event {
                 Some(Ok(Event::Apply(app) | Event::InitApply(app))) => state.track_app(&mut queue, &app, false),
                 Some(Ok(Event::Delete(app))) => state.track_app(&mut queue, &app, true),

@@ -6,6 +6,7 @@
 //! `status.sync.status`, `status.operationState`), and the `ManifestWorkError` condition that
 //! says why a cluster did not apply the work. It never touches the spec or the ManifestWork.
 
+use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
@@ -24,7 +25,7 @@ use super::manifestwork::{
     FEEDBACK_OPERATION_MESSAGE, FEEDBACK_OPERATION_PHASE, FEEDBACK_OPERATION_STARTED_AT,
     FEEDBACK_SYNC,
 };
-use super::{PullModelError, PullModelOptions, Shutdown, STATUS_MANAGER};
+use super::{PullModelError, PullModelOptions, STATUS_MANAGER};
 
 /// How long in-flight reconciliations may take after shutdown was requested.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -291,7 +292,7 @@ fn error_policy(_work: Arc<ManifestWork>, error: &StatusError, ctx: Arc<Context>
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
     let works: Api<ManifestWork> = Api::all(client.clone());
     let config = watcher::Config::default().labels(&format!("{PULL_LABEL}=true"));
@@ -301,7 +302,7 @@ pub async fn run(
     let store = controller.store();
     let running = controller
         .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown.clone().requested())
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
@@ -312,7 +313,7 @@ pub async fn run(
     // is cut; before the first list nothing is in flight, so stop at once. Otherwise in-flight
     // reconciliations get a grace period.
     let deadline = async {
-        shutdown.requested().await;
+        shutdown.cancelled().await;
         if store.wait_until_ready().now_or_never().is_some() {
             tokio::time::sleep(SHUTDOWN_GRACE).await;
             tracing::warn!(

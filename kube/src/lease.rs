@@ -1,6 +1,6 @@
-//! Leader election with a coordination.k8s.io/v1 Lease, so that among several principal
-//! replicas exactly one does a singular job: the operator's reconcile passes ([`run_election`]
-//! from `gitops::run_operator`) and the principal's active role under `--ha-enabled`
+//! Leader election with a coordination.k8s.io/v1 Lease, so that among several replicas exactly
+//! one does a singular job: the operator's reconcile passes ([`run_election`] from the
+//! operator's `gitops::run_operator`) and the principal's active role under `--ha-enabled`
 //! ([`run_election_reporting`] from the principal's `leadership` module).
 //!
 //! Owns the acquire/renew/take-over rule: a Lease held by someone else is taken only after its
@@ -16,8 +16,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
-
-use crate::pull::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// Lease timings.
 #[derive(Clone, Debug)]
@@ -130,7 +129,7 @@ pub async fn run_election(
     client: kube::Client,
     cfg: LeaseConfig,
     leader: watch::Sender<bool>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) {
     campaign(client, cfg, shutdown, |status| {
         leader.send_if_modified(|held| std::mem::replace(held, status.held) != status.held);
@@ -143,7 +142,7 @@ pub async fn run_election_reporting(
     client: kube::Client,
     cfg: LeaseConfig,
     status: watch::Sender<LeaseStatus>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) {
     campaign(client, cfg, shutdown, |s| {
         status.send_if_modified(|old| {
@@ -164,14 +163,12 @@ fn renew_deadline(cfg: &LeaseConfig) -> std::time::Duration {
 async fn campaign(
     client: kube::Client,
     cfg: LeaseConfig,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
     mut publish: impl FnMut(LeaseStatus),
 ) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut last_renewed = tokio::time::Instant::now();
     let mut leader = false;
-    let stop = shutdown.requested();
-    tokio::pin!(stop);
     loop {
         let status = match acquire(&api, &cfg).await {
             Ok(s) => {
@@ -195,7 +192,7 @@ async fn campaign(
         }
         publish(status);
         tokio::select! {
-            _ = &mut stop => break,
+            () = shutdown.cancelled() => break,
             _ = tokio::time::sleep(cfg.retry) => {}
         }
     }
