@@ -167,8 +167,10 @@ where
         self.consume(events).await
     }
 
-    /// Applies a watch's events to the store and calls the handlers (the seam unit tests use).
-    async fn consume(
+    /// Applies a watch's events to the store and calls the handlers: what [`Informer::run`] does
+    /// with the apiserver's watch, and the seam through which tests drive an informer (and the
+    /// components it feeds) without an apiserver.
+    pub async fn consume(
         mut self,
         events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
     ) {

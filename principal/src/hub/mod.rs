@@ -1,0 +1,569 @@
+//! Hub-side sync: the principal's view of the hub and what it does when hub objects change.
+//!
+//! `Hub` wires its parts together and is what the rest of the principal calls:
+//! - [`view`]: the informers of hub Applications (every namespace `--allowed-namespaces` admits;
+//!   namespace == agent), AppProjects and repository / repo-creds Secrets (principal namespace),
+//!   all narrowed by `--label-selector` — the one store per kind in the principal;
+//! - [`managed`]: routing of hub changes into managed agents' outboxes and their checksum resync
+//!   (reference §2.5, so a resync of N unchanged objects costs O(N) messages of O(1) size);
+//! - [`mirrors`]: autonomous agents' hub mirrors, their protection and their checksum resync;
+//! - [`namespaces`]: the hub namespaces of autonomous agents.
+//!
+//! Each informer event goes to the part that owns it: a change of an Application in an autonomous
+//! agent's namespace, or of a remembered AppProject mirror, to [`mirrors`]; everything else to
+//! [`managed`]. On connect ([`Hub::on_connect`]) a managed agent gets the principal-restart resync
+//! on its first connection since this principal started (a plain reconnect needs nothing beyond
+//! the outbox, which kept every undelivered event), an autonomous agent the checksum resync; every
+//! `--resync-interval` (jittered) each connected agent gets one again.
+
+mod managed;
+mod mirrors;
+mod namespaces;
+mod view;
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use argocd_agent_kube::informer::Handler;
+use argocd_agent_proto::event::{Event, EventType, ResourceKey, Target};
+use argocd_agent_proto::mode::AgentMode;
+use argocd_agent_proto::sync::keyed_request;
+use argocd_agent_proto::sync::resync::{jittered, RESYNC_REQUEST_KEY};
+use argocd_agent_proto::sync::HandleError;
+use futures::future::BoxFuture;
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+pub use argocd_agent_kube::resources::{
+    application as application_resource, appproject as appproject_resource,
+};
+pub use managed::ManagedRouter;
+pub use mirrors::{check_mirror_owner, MirrorCollision, MirrorCollisions, MirrorKind, Mirrors};
+pub use view::{HubView, Kind, REPOSITORY_SELECTOR};
+
+use crate::sessions::{AgentRegistry, AgentSession};
+use mirrors::MirrorOptions;
+use namespaces::Namespaces;
+use view::{to_value, HubInformers};
+
+/// Event source name the principal puts on its events.
+pub const SOURCE: &str = "argocd-principal";
+
+/// Hub-side behaviour the flags choose.
+#[derive(Debug, Clone, Default)]
+pub struct HubOptions {
+    /// Create the hub namespace of an autonomous agent when missing (`--namespace-create-enable`).
+    pub namespace_create: bool,
+    /// Periodic resync of connected agents (`--resync-interval`); `None` = only on connect.
+    pub resync_interval: Option<Duration>,
+    /// Hub namespaces whose Applications are watched and served (`--allowed-namespaces`, globs);
+    /// empty = every namespace.
+    pub allowed_namespaces: Vec<String>,
+    /// Only Applications, AppProjects and repository Secrets matching it (`--label-selector`).
+    pub label_selector: Option<String>,
+    /// Where refused mirror writes are counted.
+    pub mirror_collisions: MirrorCollisions,
+}
+
+/// The hub's view of synced objects and the routing of their changes to agents.
+pub struct Hub {
+    /// Hub Kubernetes client.
+    pub client: kube::Client,
+    /// Namespace of the principal (AppProjects live here).
+    pub principal_namespace: String,
+    /// Sessions.
+    pub registry: Arc<AgentRegistry>,
+    view: HubView,
+    managed: ManagedRouter,
+    mirrors: Arc<Mirrors>,
+    namespaces: Namespaces,
+    resync_interval: Option<Duration>,
+    /// Taken by [`Hub::run`].
+    informers: Mutex<Option<HubInformers>>,
+}
+
+pub(crate) fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn name_of(v: &Value) -> &str {
+    v.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+pub(crate) fn uid_of(v: &Value) -> String {
+    v.pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn namespace_of(v: &Value) -> &str {
+    v.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+impl Hub {
+    /// A hub view that is empty until [`Hub::run`] fills it.
+    pub fn new(
+        client: kube::Client,
+        principal_namespace: String,
+        registry: Arc<AgentRegistry>,
+    ) -> Arc<Hub> {
+        Hub::with_options(client, principal_namespace, registry, HubOptions::default())
+    }
+
+    /// A hub view with the behaviour `options` choose.
+    pub fn with_options(
+        client: kube::Client,
+        principal_namespace: String,
+        registry: Arc<AgentRegistry>,
+        options: HubOptions,
+    ) -> Arc<Hub> {
+        let informers = HubInformers::new(
+            &client,
+            &principal_namespace,
+            options.allowed_namespaces.clone(),
+            options.label_selector.as_deref(),
+        );
+        Hub::from_informers(client, principal_namespace, registry, options, informers)
+    }
+
+    fn from_informers(
+        client: kube::Client,
+        principal_namespace: String,
+        registry: Arc<AgentRegistry>,
+        options: HubOptions,
+        informers: HubInformers,
+    ) -> Arc<Hub> {
+        let view = informers.view();
+        let namespaces = Namespaces::new(client.clone(), options.namespace_create);
+        let mirrors = Mirrors::new(
+            client.clone(),
+            principal_namespace.clone(),
+            view.clone(),
+            namespaces.clone(),
+            MirrorOptions {
+                allowed_namespaces: options.allowed_namespaces,
+                collisions: options.mirror_collisions,
+            },
+        );
+        Arc::new(Hub {
+            managed: ManagedRouter::new(view.clone(), registry.clone()),
+            client,
+            principal_namespace,
+            registry,
+            view,
+            mirrors,
+            namespaces,
+            resync_interval: options.resync_interval,
+            informers: Mutex::new(Some(informers)),
+        })
+    }
+
+    /// Waits until every watch has listed everything once.
+    pub async fn wait_synced(&self) {
+        self.view.wait_listed().await;
+    }
+
+    /// The hub Application `name` in agent namespace `agent`.
+    pub fn application(&self, agent: &str, name: &str) -> Option<Value> {
+        self.view.application(agent, name)
+    }
+
+    /// The hub AppProject `name`, if it applies to `agent`.
+    pub fn project_for(&self, agent: &str, name: &str) -> Option<Value> {
+        self.view
+            .project(name)
+            .filter(|p| crate::routing::project_matches_agent(p, agent))
+    }
+
+    /// The hub repository Secret `name`, if the AppProject it names applies to `agent`.
+    pub fn repository_for(&self, agent: &str, name: &str) -> Option<Value> {
+        self.view.repository_for(agent, name)
+    }
+
+    /// The informers, with this hub's handlers attached; `None` once taken.
+    fn take_informers(self: &Arc<Self>) -> Option<HubInformers> {
+        let informers = self
+            .informers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        let handler = |kind| {
+            Arc::new(HubEvents {
+                hub: self.clone(),
+                kind,
+            })
+        };
+        Some(informers.with_handlers(
+            handler(Kind::Application),
+            handler(Kind::AppProject),
+            handler(Kind::Repository),
+        ))
+    }
+
+    /// Runs the watches (and the periodic resync) until the process ends. Call once.
+    pub async fn run(self: Arc<Self>) {
+        let Some(informers) = self.take_informers() else {
+            tracing::error!("Hub::run called twice; the hub watches are already running");
+            return;
+        };
+        let periodic = self.clone().periodic_resync();
+        tokio::join!(
+            informers.apps.run(None),
+            informers.projects.run(None),
+            informers.repositories.run(None),
+            periodic
+        );
+    }
+
+    /// Every `--resync-interval` (jittered): a resync of every connected agent.
+    async fn periodic_resync(self: Arc<Self>) {
+        let Some(interval) = self.resync_interval else {
+            return;
+        };
+        loop {
+            tokio::time::sleep(jittered(interval)).await;
+            for session in self.registry.all() {
+                if !session.outbox.is_connected() {
+                    continue;
+                }
+                tracing::debug!(agent = session.name.as_str(), "periodic resync");
+                match session.mode() {
+                    AgentMode::Autonomous => self.mirrors.autonomous_resync(&session),
+                    AgentMode::Managed => match Event::request_resource_resync(SOURCE) {
+                        Ok(ev) => push(&session, keyed_request(ev, RESYNC_REQUEST_KEY)),
+                        Err(e) => tracing::error!(error = %e, "cannot build a resync request"),
+                    },
+                }
+            }
+        }
+    }
+
+    /// What a newly connected agent needs once the hub view is complete. Managed: the
+    /// principal-restart resync on its first connection since this principal started, nothing on
+    /// a later one (the outbox kept what it missed; a restarted agent asks on its own).
+    /// Autonomous: the checksum resync.
+    pub async fn on_connect(&self, session: &AgentSession) {
+        self.wait_synced().await;
+        match session.mode() {
+            AgentMode::Managed if session.begin_first_resync() => {
+                self.managed.principal_restart_resync(session)
+            }
+            AgentMode::Managed => tracing::debug!(
+                agent = session.name.as_str(),
+                "managed agent reconnected; its outbox carries what it missed"
+            ),
+            AgentMode::Autonomous => self.mirrors.autonomous_resync(session),
+        }
+    }
+
+    /// Makes sure hub namespace `agent` exists for an autonomous agent's mirrors: creates it
+    /// with `--namespace-create-enable`, else says what is missing.
+    pub async fn ensure_agent_namespace(&self, agent: &str) -> Result<(), String> {
+        self.namespaces.ensure(agent).await
+    }
+
+    /// See [`ManagedRouter::principal_restart_resync`].
+    pub fn principal_restart_resync(&self, session: &AgentSession) {
+        self.managed.principal_restart_resync(session)
+    }
+
+    /// See [`ManagedRouter::managed_keys`].
+    pub fn managed_keys(&self, agent: &str) -> Vec<ResourceKey> {
+        self.managed.managed_keys(agent)
+    }
+
+    /// See [`ManagedRouter::answer_managed_key_list`].
+    pub fn answer_managed_key_list(&self, session: &AgentSession, checksum: &[u8]) {
+        self.managed.answer_managed_key_list(session, checksum)
+    }
+
+    /// See [`Mirrors::upsert_mirror`].
+    pub async fn upsert_mirror(
+        &self,
+        kind: MirrorKind,
+        agent: &str,
+        spoke: &Value,
+    ) -> Result<(), HandleError> {
+        self.mirrors.upsert_mirror(kind, agent, spoke).await
+    }
+
+    /// See [`Mirrors::delete_mirror`].
+    pub async fn delete_mirror(
+        &self,
+        kind: MirrorKind,
+        agent: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<(), HandleError> {
+        self.mirrors.delete_mirror(kind, agent, name, uid).await
+    }
+
+    /// See [`Mirrors::has_mirror`].
+    pub fn has_mirror(&self, kind: MirrorKind, agent: &str, name: &str, uid: &str) -> bool {
+        self.mirrors.has_mirror(kind, agent, name, uid)
+    }
+
+    /// See [`Mirrors::request_object`].
+    pub fn request_object(
+        &self,
+        session: &AgentSession,
+        kind: &str,
+        name: &str,
+        uid: &str,
+        checksum: Vec<u8>,
+    ) {
+        self.mirrors
+            .request_object(session, kind, name, uid, checksum)
+    }
+
+    /// See [`Mirrors::autonomous_resync`].
+    pub fn autonomous_resync(&self, session: &AgentSession) {
+        self.mirrors.autonomous_resync(session)
+    }
+
+    fn autonomous_session(&self, namespace: &str) -> Option<Arc<AgentSession>> {
+        self.registry
+            .get(namespace)
+            .filter(|s| s.mode() == AgentMode::Autonomous)
+    }
+
+    /// A hub object of `kind` appeared or changed: to the part that owns it.
+    fn applied(&self, kind: Kind, old: Option<&Value>, new: &Value) {
+        match kind {
+            Kind::Application => match self.autonomous_session(namespace_of(new)) {
+                Some(session) => self.mirrors.application_changed(&session, old, new),
+                None => self.managed.application_applied(old, new),
+            },
+            Kind::AppProject => {
+                if !self.mirrors.project_changed(new) {
+                    self.managed.project_applied(old, new);
+                }
+            }
+            Kind::Repository => self.managed.repository_changed(old, Some(new)),
+        }
+    }
+
+    /// A hub object of `kind` was deleted: to the part that owns it.
+    fn deleted(&self, kind: Kind, last: &Value) {
+        match kind {
+            Kind::Application => {
+                let namespace = namespace_of(last);
+                if self.autonomous_session(namespace).is_some() {
+                    self.mirrors.application_deleted(namespace, last);
+                } else {
+                    self.managed.application_deleted(last);
+                }
+            }
+            Kind::AppProject => {
+                if !self.mirrors.project_deleted(last) {
+                    self.managed.project_deleted(last);
+                }
+            }
+            Kind::Repository => self.managed.repository_changed(Some(last), None),
+        }
+    }
+}
+
+/// The informer handler of one hub kind: hands its changes to the [`Hub`].
+struct HubEvents {
+    hub: Arc<Hub>,
+    kind: Kind,
+}
+
+impl Handler<DynamicObject> for HubEvents {
+    fn applied(
+        &self,
+        old: Option<Arc<DynamicObject>>,
+        new: Arc<DynamicObject>,
+    ) -> BoxFuture<'_, ()> {
+        let old = old.map(|o| to_value(&o));
+        self.hub.applied(self.kind, old.as_ref(), &to_value(&new));
+        Box::pin(async {})
+    }
+
+    fn deleted(&self, last: Arc<DynamicObject>) -> BoxFuture<'_, ()> {
+        self.hub.deleted(self.kind, &to_value(&last));
+        Box::pin(async {})
+    }
+}
+
+/// Builds an object event and queues it for `session`.
+pub fn queue(session: &AgentSession, t: EventType, target: Target, obj: &Value) {
+    match Event::for_object(t.clone(), target.clone(), SOURCE, obj) {
+        Ok(ev) => push(session, ev),
+        Err(e) => {
+            tracing::error!(agent = session.name.as_str(), event_type = t.name(), error = %e, "cannot build event")
+        }
+    }
+}
+
+pub(crate) fn push(session: &AgentSession, ev: Event) {
+    if let Err(e) = session.outbox.push(ev) {
+        tracing::error!(agent = session.name.as_str(), error = %e, "event not queued");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use argocd_agent_proto::identity::AgentName;
+    use argocd_agent_proto::sync::OutboxConfig;
+    use kube::runtime::watcher::Event as Watch;
+    use serde_json::json;
+
+    use super::view::testing::{drive, list, object, offline_client, Feed};
+    use super::*;
+
+    /// Every event queued for `session` so far, as "type target name", in delivery order.
+    fn drained(session: &AgentSession) -> Vec<String> {
+        session.outbox.set_connected(true);
+        let mut out = Vec::new();
+        while let Some(ev) = session.outbox.take_next(Instant::now()) {
+            let name = ev
+                .data_as::<Value>()
+                .ok()
+                .and_then(|v| {
+                    v.pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            out.push(format!("{} {:?} {name}", ev.event_type.name(), ev.target));
+            session.outbox.ack(&ev.ack());
+        }
+        out
+    }
+
+    fn app(ns: &str, name: &str, revision: &str) -> Value {
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+               "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}")},
+               "spec": {"project": "default", "source": {"repoURL": "https://git", "targetRevision": revision},
+                        "destination": {"server": "https://kubernetes.default.svc", "namespace": "default"}}})
+    }
+
+    fn project(name: &str, agents: &[&str]) -> Value {
+        let destinations: Vec<Value> = agents
+            .iter()
+            .map(|a| json!({"name": a, "namespace": "*"}))
+            .collect();
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+               "metadata": {"name": name, "namespace": "argocd", "uid": format!("uid-{name}")},
+               "spec": {"destinations": destinations}})
+    }
+
+    fn apply(feed: &Feed, v: Value) {
+        feed.unbounded_send(Ok(Watch::Apply(object(v)))).unwrap();
+    }
+
+    fn delete(feed: &Feed, v: Value) {
+        feed.unbounded_send(Ok(Watch::Delete(object(v)))).unwrap();
+    }
+
+    struct Fixture {
+        hub: Arc<Hub>,
+        feeds: (Feed, Feed, Feed),
+        managed: Arc<AgentSession>,
+        autonomous: Arc<AgentSession>,
+    }
+
+    async fn fixture(apps: Vec<Value>, projects: Vec<Value>) -> Fixture {
+        let registry = Arc::new(AgentRegistry::new(OutboxConfig::default()));
+        let managed =
+            registry.get_or_create(&AgentName::new("team-a").unwrap(), AgentMode::Managed);
+        let autonomous =
+            registry.get_or_create(&AgentName::new("auto").unwrap(), AgentMode::Autonomous);
+        let hub = Hub::new(offline_client(), "argocd".into(), registry);
+        let feeds = drive(hub.take_informers().unwrap());
+        list(&feeds.0, apps);
+        list(&feeds.1, projects);
+        list(&feeds.2, vec![]);
+        tokio::time::timeout(std::time::Duration::from_secs(5), hub.wait_synced())
+            .await
+            .unwrap();
+        Fixture {
+            hub,
+            feeds,
+            managed,
+            autonomous,
+        }
+    }
+
+    /// The next `n` events for `session` (the informers run on their own tasks).
+    async fn received(session: &AgentSession, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let mut got = Vec::new();
+        while got.len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "got {got:?}, expected {n} events"
+            );
+            got.extend(drained(session));
+            tokio::task::yield_now().await;
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn the_first_list_routes_nothing_later_changes_reach_the_managed_agent_they_belong_to() {
+        let f = fixture(
+            vec![
+                app("team-a", "guestbook", "v1"),
+                app("auto", "mirror", "v1"),
+            ],
+            vec![project("p", &["team-a"])],
+        )
+        .await;
+        assert!(
+            drained(&f.managed).is_empty(),
+            "the resync on connect covers the first list"
+        );
+        assert!(f.hub.application("team-a", "guestbook").is_some());
+
+        apply(&f.feeds.0, app("team-a", "guestbook", "v2"));
+        apply(&f.feeds.0, app("team-b", "unrelated", "v1"));
+        apply(&f.feeds.1, project("q", &["team-*"]));
+        apply(&f.feeds.1, project("other", &["team-b"]));
+        assert_eq!(
+            received(&f.managed, 2).await,
+            vec!["spec-update Application guestbook", "create AppProject q"]
+        );
+        delete(&f.feeds.0, app("team-a", "guestbook", "v2"));
+        assert_eq!(
+            received(&f.managed, 1).await,
+            vec!["delete Application guestbook"]
+        );
+        // An autonomous agent's namespace is the mirrors' business, never routed as managed.
+        apply(&f.feeds.0, app("auto", "mirror", "v2"));
+        tokio::task::yield_now().await;
+        assert!(drained(&f.autonomous).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_project_that_stops_applying_is_deleted_on_the_agent_and_keys_follow_the_hub() {
+        let f = fixture(
+            vec![app("team-a", "guestbook", "v1")],
+            vec![project("p", &["team-a"])],
+        )
+        .await;
+        let keys: Vec<String> = f
+            .hub
+            .managed_keys("team-a")
+            .iter()
+            .map(|k| format!("{} {}", k.kind, k.name))
+            .collect();
+        assert_eq!(keys, vec!["Application guestbook", "AppProject p"]);
+        apply(&f.feeds.1, project("p", &["team-b"]));
+        assert_eq!(received(&f.managed, 1).await, vec!["delete AppProject p"]);
+        assert_eq!(f.hub.managed_keys("team-a").len(), 1);
+    }
+}

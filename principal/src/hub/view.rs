@@ -1,0 +1,330 @@
+//! The hub view: the one store per watched hub kind, and the lookups every hub part makes in it.
+//!
+//! Owns the informers' read sides for hub Applications (every namespace `--allowed-namespaces`
+//! admits), AppProjects and repository / repo-creds Secrets (principal namespace), all narrowed by
+//! `--label-selector`, and answers "what does the hub hold" as JSON objects: an agent's
+//! Application, an AppProject, a repository Secret and the AppProject it names. It holds no copy
+//! of its own: the informer stores are the only cache of these kinds in the principal.
+
+use std::sync::Arc;
+
+use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
+use argocd_agent_kube::resources;
+use kube::api::{Api, DynamicObject};
+use kube::core::ApiResource;
+use kube::runtime::watcher;
+use serde_json::Value;
+
+use crate::routing::{
+    combined_selector, namespace_allowed, repository_project, repository_routes_to,
+};
+
+/// The hub Secrets synced to managed agents: Argo CD repositories and repository credentials.
+pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
+
+/// The hub kinds the principal watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Applications, in agent namespaces.
+    Application,
+    /// AppProjects, in the principal namespace.
+    AppProject,
+    /// Repository and repo-creds Secrets, in the principal namespace.
+    Repository,
+}
+
+impl Kind {
+    /// The kind's name, as in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Application => "Application",
+            Kind::AppProject => "AppProject",
+            Kind::Repository => "Secret",
+        }
+    }
+}
+
+/// The three informers of the hub view, before handlers are attached.
+pub struct HubInformers {
+    principal_namespace: String,
+    /// Applications.
+    pub apps: Informer<DynamicObject>,
+    /// AppProjects.
+    pub projects: Informer<DynamicObject>,
+    /// Repository Secrets.
+    pub repositories: Informer<DynamicObject>,
+}
+
+impl HubInformers {
+    /// The informers for `client`: Applications in every namespace `allowed_namespaces` admits,
+    /// AppProjects and repository Secrets in `principal_namespace`, narrowed by `label_selector`.
+    pub fn new(
+        client: &kube::Client,
+        principal_namespace: &str,
+        allowed_namespaces: Vec<String>,
+        label_selector: Option<&str>,
+    ) -> HubInformers {
+        let config = |fixed: Option<&str>| match combined_selector(fixed, label_selector) {
+            Some(selector) => watcher::Config::default().labels(&selector),
+            None => watcher::Config::default(),
+        };
+        let secret = ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
+        let apps = Informer::new_with(
+            "hub Applications",
+            Api::all_with(client.clone(), &resources::application()),
+            config(None),
+            resources::application(),
+        )
+        .scope(move |app: &DynamicObject| {
+            namespace_allowed(
+                &allowed_namespaces,
+                app.metadata.namespace.as_deref().unwrap_or_default(),
+            )
+        });
+        let projects = Informer::new_with(
+            "hub AppProjects",
+            Api::namespaced_with(
+                client.clone(),
+                principal_namespace,
+                &resources::appproject(),
+            ),
+            config(None),
+            resources::appproject(),
+        );
+        let repositories = Informer::new_with(
+            "hub repository Secrets",
+            Api::namespaced_with(client.clone(), principal_namespace, &secret),
+            config(Some(REPOSITORY_SELECTOR)),
+            secret,
+        );
+        HubInformers {
+            principal_namespace: principal_namespace.to_string(),
+            apps,
+            projects,
+            repositories,
+        }
+    }
+
+    /// The informers with one handler each (applications, projects, repositories).
+    pub fn with_handlers(
+        mut self,
+        apps: Arc<dyn Handler<DynamicObject>>,
+        projects: Arc<dyn Handler<DynamicObject>>,
+        repositories: Arc<dyn Handler<DynamicObject>>,
+    ) -> HubInformers {
+        self.apps = self.apps.handler(apps);
+        self.projects = self.projects.handler(projects);
+        self.repositories = self.repositories.handler(repositories);
+        self
+    }
+
+    /// The view over these informers' stores.
+    pub fn view(&self) -> HubView {
+        HubView {
+            principal_namespace: self.principal_namespace.clone(),
+            apps: self.apps.reader(),
+            projects: self.projects.reader(),
+            repositories: self.repositories.reader(),
+        }
+    }
+}
+
+/// Read access to the hub objects the principal watches.
+#[derive(Clone)]
+pub struct HubView {
+    /// Where AppProjects and repository Secrets live.
+    principal_namespace: String,
+    apps: InformerReader<DynamicObject>,
+    projects: InformerReader<DynamicObject>,
+    repositories: InformerReader<DynamicObject>,
+}
+
+/// A stored object as JSON.
+pub fn to_value(obj: &DynamicObject) -> Value {
+    serde_json::to_value(obj).unwrap_or(Value::Null)
+}
+
+impl HubView {
+    fn reader(&self, kind: Kind) -> &InformerReader<DynamicObject> {
+        match kind {
+            Kind::Application => &self.apps,
+            Kind::AppProject => &self.projects,
+            Kind::Repository => &self.repositories,
+        }
+    }
+
+    /// Whether the first list of `kind` completed (before that, changes are not routed: the
+    /// resync on connect covers them).
+    pub fn is_listed(&self, kind: Kind) -> bool {
+        self.reader(kind).is_listed()
+    }
+
+    /// Waits until every kind has been listed once.
+    pub async fn wait_listed(&self) {
+        self.apps.wait_listed().await;
+        self.projects.wait_listed().await;
+        self.repositories.wait_listed().await;
+    }
+
+    /// The hub Application `name` in agent namespace `agent`.
+    pub fn application(&self, agent: &str, name: &str) -> Option<Value> {
+        self.apps.get(Some(agent), name).map(|a| to_value(&a))
+    }
+
+    /// Every hub Application in namespace `agent`.
+    pub fn applications_of(&self, agent: &str) -> Vec<Value> {
+        self.apps
+            .state()
+            .iter()
+            .filter(|a| a.metadata.namespace.as_deref() == Some(agent))
+            .map(|a| to_value(a))
+            .collect()
+    }
+
+    /// The hub AppProject `name`.
+    pub fn project(&self, name: &str) -> Option<Value> {
+        self.projects
+            .get(Some(&self.principal_namespace), name)
+            .map(|p| to_value(&p))
+    }
+
+    /// Every hub AppProject.
+    pub fn projects(&self) -> Vec<Value> {
+        self.projects.state().iter().map(|p| to_value(p)).collect()
+    }
+
+    /// Every hub repository Secret.
+    pub fn repositories(&self) -> Vec<Value> {
+        self.repositories
+            .state()
+            .iter()
+            .map(|s| to_value(s))
+            .collect()
+    }
+
+    /// The hub AppProject a repository Secret names, if it exists.
+    pub fn project_of(&self, secret: &Value) -> Option<Value> {
+        repository_project(secret).and_then(|p| self.project(&p))
+    }
+
+    /// The hub repository Secret `name`, if the AppProject it names applies to `agent`.
+    pub fn repository_for(&self, agent: &str, name: &str) -> Option<Value> {
+        let secret = self
+            .repositories
+            .get(Some(&self.principal_namespace), name)
+            .map(|s| to_value(&s))?;
+        let project = self.project_of(&secret);
+        repository_routes_to(&secret, project.as_ref(), agent).then_some(secret)
+    }
+
+    /// Every repository Secret that applies to `agent`.
+    pub fn repositories_for(&self, agent: &str) -> Vec<Value> {
+        self.repositories()
+            .into_iter()
+            .filter(|s| {
+                let project = self.project_of(s);
+                repository_routes_to(s, project.as_ref(), agent)
+            })
+            .collect()
+    }
+}
+
+/// Hub views fed by hand, for the unit tests of the parts that read it.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+    use futures::channel::mpsc;
+    use kube::runtime::watcher::Event;
+
+    /// A client that is never reached.
+    pub fn offline_client() -> kube::Client {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    /// Sends watch events into one informer.
+    pub type Feed = mpsc::UnboundedSender<Result<Event<DynamicObject>, watcher::Error>>;
+
+    /// Starts `informers` on hand-fed event streams; returns the feeds (apps, projects,
+    /// repositories).
+    pub fn drive(informers: HubInformers) -> (Feed, Feed, Feed) {
+        let feed = |informer: Informer<DynamicObject>| {
+            let (tx, rx) = mpsc::unbounded();
+            tokio::spawn(informer.consume(rx));
+            tx
+        };
+        (
+            feed(informers.apps),
+            feed(informers.projects),
+            feed(informers.repositories),
+        )
+    }
+
+    /// Lists `objects` as a complete first list.
+    pub fn list(feed: &Feed, objects: Vec<Value>) {
+        feed.unbounded_send(Ok(Event::Init)).unwrap();
+        for obj in objects {
+            feed.unbounded_send(Ok(Event::InitApply(object(obj))))
+                .unwrap();
+        }
+        feed.unbounded_send(Ok(Event::InitDone)).unwrap();
+    }
+
+    /// `v` as a watched object.
+    pub fn object(v: Value) -> DynamicObject {
+        serde_json::from_value(v).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn the_view_serves_what_the_informers_stored_within_the_allowed_namespaces() {
+        let informers = HubInformers::new(&offline_client(), "argocd", vec!["team-*".into()], None);
+        let view = informers.view();
+        let (apps, projects, repositories) = drive(informers);
+        list(
+            &apps,
+            vec![
+                json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                       "metadata": {"name": "guestbook", "namespace": "team-a"}}),
+                json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                       "metadata": {"name": "other", "namespace": "elsewhere"}}),
+            ],
+        );
+        list(
+            &projects,
+            vec![
+                json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+                        "metadata": {"name": "p", "namespace": "argocd"},
+                        "spec": {"destinations": [{"name": "team-a"}]}}),
+            ],
+        );
+        list(
+            &repositories,
+            vec![json!({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": "repo", "namespace": "argocd",
+                                     "labels": {"argocd.argoproj.io/secret-type": "repository"}},
+                        "data": {"project": "cA=="}})],
+        );
+        tokio::time::timeout(std::time::Duration::from_secs(5), view.wait_listed())
+            .await
+            .unwrap();
+        assert!(view.application("team-a", "guestbook").is_some());
+        assert!(
+            view.application("elsewhere", "other").is_none(),
+            "outside --allowed-namespaces"
+        );
+        assert_eq!(view.applications_of("team-a").len(), 1);
+        assert!(view.project("p").is_some());
+        let secret = view
+            .repository_for("team-a", "repo")
+            .expect("routes to team-a");
+        assert_eq!(view.project_of(&secret).unwrap()["metadata"]["name"], "p");
+        assert!(view.repository_for("team-b", "repo").is_none());
+    }
+}
