@@ -118,6 +118,8 @@ async fn start_live_view(
             upstream: config.redis_server_address.to_string(),
             credentials: config.redis_credentials.clone(),
             max_request_size: config.redis_proxy_max_request_size,
+            max_connections_per_ip: config.redis_proxy_max_connections_per_ip,
+            max_subscriptions_per_connection: config.redis_proxy_max_subscriptions_per_connection,
             metrics: metrics.redis_proxy.clone(),
         });
         let addr = crate::redis_proxy::serve(addr, proxy, policy.request_header_timeout)
@@ -318,6 +320,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         metrics.clone(),
         policy,
         config.keepalive_min_interval,
+        crate::listener::ConnectionLimit::new(config.max_connections_per_agent),
     );
 
     let max = config.grpc_max_message_size;
