@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use argocd_agent_proto::pb::authapi::authentication_server::AuthenticationServer;
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStreamServer;
+use argocd_agent_proto::pb::logstreamapi::log_stream_service_server::LogStreamServiceServer;
 use argocd_agent_proto::pb::versionapi::version_server::VersionServer;
 use argocd_agent_proto::sync::OutboxConfig;
 use argocd_agent_proto::telemetry::flags::AgentMode;
@@ -340,6 +341,11 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         config.namespace.clone(),
         Duration::from_secs(5),
     );
+    let log_stream = crate::log_stream::LogStreamRelay {
+        issuer: issuer.clone(),
+        metrics: metrics.clone(),
+        live: live.clone(),
+    };
     let events = EventStreamService {
         issuer,
         registry,
@@ -385,6 +391,17 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
                     ping: server(crate::auth::AUTH_MAX_MESSAGE_SIZE),
                 }
             },
+            {
+                let leadership = leadership.clone();
+                move |req| leadership.admit(req)
+            },
+        ))
+        // Container logs pushed by upstream agents (ours answer on the event stream).
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            LogStreamServiceServer::new(log_stream)
+                .max_decoding_message_size(max)
+                .accept_compressed(Gzip)
+                .send_compressed(Gzip),
             {
                 let leadership = leadership.clone();
                 move |req| leadership.admit(req)
