@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use e2e::argocd::ArgoCd;
 use e2e::gateway::{
-    application_resource, appproject_resource, ensure_namespace, Agent, Pki, Principal,
+    application_resource, appproject_resource, ensure_namespace, text, Agent, Pki, Principal,
 };
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::kubelet::FakeKubelet;
@@ -175,6 +175,55 @@ enum AnyAgent {
 }
 
 impl AnyAgent {
+    /// Starts agent `name` of `side` on `spoke` in `mode` against `principal` (`host:port`),
+    /// keeping its Applications in `spoke_ns` beside `argocd` (whose Redis an upstream agent needs).
+    #[allow(clippy::too_many_arguments)]
+    async fn start(
+        side: Side,
+        name: &str,
+        ctx: &TestContext,
+        spoke: &ControlPlane,
+        pki: &Pki,
+        principal: &str,
+        mode: Mode,
+        spoke_ns: &str,
+        argocd: Option<&ArgoCd>,
+    ) -> anyhow::Result<AnyAgent> {
+        Ok(match side {
+            Side::Ours => AnyAgent::Ours(
+                Agent::start(
+                    name,
+                    &ctx.dir,
+                    spoke,
+                    pki,
+                    principal,
+                    spoke_ns,
+                    &[&format!("--mode={}", mode.flag())],
+                )
+                .await?,
+            ),
+            Side::Upstream => {
+                let redis = argocd.and_then(ArgoCd::redis_endpoint);
+                AnyAgent::Upstream(
+                    UpstreamAgent::start(
+                        name,
+                        &ctx.dir,
+                        spoke,
+                        pki,
+                        principal,
+                        mode.flag(),
+                        spoke_ns,
+                        redis
+                            .as_ref()
+                            .map(|r| (r.address.as_str(), r.password.as_deref())),
+                        &[],
+                    )
+                    .await?,
+                )
+            }
+        })
+    }
+
     fn process(&self) -> &ManagedProcess {
         match self {
             AnyAgent::Ours(a) => &a.process,
@@ -287,37 +336,18 @@ impl Cell {
                 .await?,
             ),
         };
-        let redis = argocd.as_ref().and_then(ArgoCd::redis_endpoint);
-        let agent = match agent {
-            Side::Ours => AnyAgent::Ours(
-                Agent::start(
-                    &name,
-                    &ctx.dir,
-                    spoke,
-                    &pki,
-                    &principal.address(),
-                    &spoke_ns,
-                    &[&format!("--mode={}", mode.flag())],
-                )
-                .await?,
-            ),
-            Side::Upstream => AnyAgent::Upstream(
-                UpstreamAgent::start(
-                    &name,
-                    &ctx.dir,
-                    spoke,
-                    &pki,
-                    &principal.address(),
-                    mode.flag(),
-                    &spoke_ns,
-                    redis
-                        .as_ref()
-                        .map(|r| (r.address.as_str(), r.password.as_deref())),
-                    &[],
-                )
-                .await?,
-            ),
-        };
+        let agent = AnyAgent::start(
+            agent,
+            &name,
+            &ctx,
+            spoke,
+            &pki,
+            &principal.address(),
+            mode,
+            &spoke_ns,
+            argocd.as_ref(),
+        )
+        .await?;
         let hub_apps = Api::namespaced_with(hub_client.clone(), &name, &application_resource());
         let spoke_apps =
             Api::namespaced_with(spoke.client().await?, &spoke_ns, &application_resource());
@@ -1048,6 +1078,199 @@ async fn pod_logs_through_our_principal_ours_agent() -> anyhow::Result<()> {
 #[tokio::test]
 async fn pod_logs_through_our_principal_upstream_agent() -> anyhow::Result<()> {
     pod_logs_through_our_principal(Side::Upstream).await
+}
+
+// ---- a mixed fleet: Go and Rust agents on one principal of ours ----------------------------------
+
+/// A second agent joining a cell's principal from another spoke, with its own spoke Argo CD.
+struct Member {
+    name: String,
+    /// The spoke namespace its demo app deploys into.
+    dest: String,
+    spoke: &'static ControlPlane,
+    argocd: ArgoCd,
+    agent: AnyAgent,
+    hub_apps: Api<DynamicObject>,
+    spoke_apps: Api<DynamicObject>,
+}
+
+impl Cell {
+    /// Starts a `side` agent on `spoke` (with its own Argo CD) against this cell's principal, in
+    /// the cell's mode.
+    async fn join(&self, side: Side, spoke: &'static ControlPlane) -> anyhow::Result<Member> {
+        let name = self.ctx.unique("agent-b");
+        self.pki.issue_agent(&name)?;
+        ensure_namespace(&self.hub_client, &name).await?;
+        let spoke_ns = self.ctx.unique("argocd-b");
+        let argocd = ArgoCd::start_spoke(
+            &format!("{}-b", self.ctx.suffix),
+            &self.ctx.dir,
+            spoke,
+            &spoke_ns,
+            &[],
+        )
+        .await?;
+        let dest = self.ctx.unique("demo-b");
+        ensure_namespace(&spoke.client().await?, &dest).await?;
+        let agent = AnyAgent::start(
+            side,
+            &name,
+            &self.ctx,
+            spoke,
+            &self.pki,
+            &self.principal.address(),
+            self.mode,
+            &spoke_ns,
+            Some(&argocd),
+        )
+        .await?;
+        Ok(Member {
+            hub_apps: Api::namespaced_with(self.hub_client.clone(), &name, &application_resource()),
+            spoke_apps: Api::namespaced_with(
+                spoke.client().await?,
+                &spoke_ns,
+                &application_resource(),
+            ),
+            name,
+            dest,
+            spoke,
+            argocd,
+            agent,
+        })
+    }
+}
+
+/// Namespaces of the resources an Application's status lists.
+fn status_resource_namespaces(app: &Value) -> Vec<String> {
+    app.pointer("/status/resources")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["namespace"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// One principal of ours serving an upstream Go agent and one of ours at once, as a fleet
+/// migrating one cluster at a time would: an Application of the same name in each agent's hub
+/// namespace is synced on that agent's spoke only and each hub Application gets its own spoke's
+/// status; a change and a delete of ours leave the Go agent's Application alone.
+#[tokio::test]
+async fn mixed_fleet_go_and_rust_agents_on_our_principal() -> anyhow::Result<()> {
+    let go = Cell::start(
+        "mixed_fleet",
+        Side::Ours,
+        Side::Upstream,
+        Mode::Managed,
+        true,
+    )
+    .await?;
+    let rust = go
+        .join(Side::Ours, &shared_planes().await.spokes[0])
+        .await?;
+    let logs = || {
+        format!(
+            "{}\n--- our agent ---\n{}\n{}",
+            go.logs(),
+            rust.agent.process().log_tail(30),
+            rust.argocd.log_tails(10)
+        )
+    };
+    let rust_repo = go.git.url("rust-apps");
+    let rust_first = go
+        .git
+        .commit("rust-apps", "demo", &demo_manifests("rust v1"), "rust v1")?;
+    go.hub_apps
+        .create(&PostParams::default(), &go.demo_app(&go.name, false))
+        .await?;
+    rust.hub_apps
+        .create(
+            &PostParams::default(),
+            &demo_application("demo", &rust.name, &rust_repo, &rust.dest),
+        )
+        .await?;
+
+    go.wait_greeting("v1").await?;
+    wait_greeting(rust.spoke, &rust.dest, "rust v1")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    let go_app = go
+        .wait_synced(&go.hub_apps, &go.first, "the Go agent's Application Synced")
+        .await?;
+    let rust_app = wait_synced(
+        &rust.hub_apps,
+        "demo",
+        &rust_first,
+        "our agent's Application Synced",
+        logs,
+    )
+    .await?;
+    for (app, dest, who) in [(&go_app, &go.dest, "Go"), (&rust_app, &rust.dest, "our")] {
+        let namespaces = status_resource_namespaces(app);
+        anyhow::ensure!(
+            !namespaces.is_empty() && namespaces.iter().all(|n| n == dest),
+            "the {who} agent's hub status lists its own spoke's resources only: {namespaces:?}"
+        );
+    }
+    for (apps, repo, who) in [
+        (&go.spoke_apps, go.git.url("apps"), "Go"),
+        (&rust.spoke_apps, rust_repo.clone(), "our"),
+    ] {
+        let on_spoke: Vec<(String, String)> = apps
+            .list(&Default::default())
+            .await?
+            .into_iter()
+            .map(|a| {
+                let v = serde_json::to_value(&a).unwrap_or_default();
+                (a.name_any(), text(&v, "/spec/source/repoURL"))
+            })
+            .collect();
+        anyhow::ensure!(
+            on_spoke == [("demo".to_string(), repo.clone())],
+            "the {who} agent's spoke holds its own Application only: {on_spoke:?}"
+        );
+    }
+
+    // A new path for our agent's Application reaches its spoke only.
+    let rust_second = go
+        .git
+        .commit("rust-apps", "demo2", &demo_manifests("rust v2"), "rust v2")?;
+    go.patch_app(
+        &rust.hub_apps,
+        json!({"spec": {"source": {"path": "demo2"}}}),
+    )
+    .await?;
+    wait_greeting(rust.spoke, &rust.dest, "rust v2")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    wait_synced(
+        &rust.hub_apps,
+        "demo",
+        &rust_second,
+        "our agent's Application Synced at the new path",
+        logs,
+    )
+    .await?;
+    let go_spoke_app = serde_json::to_value(go.spoke_apps.get("demo").await?)?;
+    anyhow::ensure!(
+        text(&go_spoke_app, "/spec/source/path") == "demo",
+        "the Go agent's spoke Application keeps its path"
+    );
+    let (sync, health, revision) =
+        scenario::sync_state(&serde_json::to_value(go.hub_apps.get("demo").await?)?);
+    anyhow::ensure!(
+        (sync.as_str(), health.as_str(), revision.as_str())
+            == ("Synced", "Healthy", go.first.as_str()),
+        "the Go agent's hub status is unchanged: {sync} {health} {revision}\n{}",
+        logs()
+    );
+
+    // Deleting our agent's Application leaves the Go agent's in place.
+    rust.hub_apps.delete("demo", &Default::default()).await?;
+    go.wait_app_gone(&rust.spoke_apps, "our agent's spoke Application deleted")
+        .await?;
+    anyhow::ensure!(go.hub_apps.get_opt("demo").await?.is_some());
+    anyhow::ensure!(go.spoke_apps.get_opt("demo").await?.is_some());
+    Ok(())
 }
 
 // ---- observing a transient state ----------------------------------------------------------------
