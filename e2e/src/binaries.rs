@@ -110,6 +110,25 @@ pub fn kubectl() -> anyhow::Result<PathBuf> {
     Peer::Kube.binary("kubectl")
 }
 
+/// Runs kubectl with `kubeconfig` and its discovery cache in `cache_dir`; returns (success, stdout,
+/// stderr).
+pub fn run_kubectl(
+    kubeconfig: &Path,
+    cache_dir: &Path,
+    args: &[&str],
+) -> anyhow::Result<(bool, String, String)> {
+    let out = std::process::Command::new(kubectl()?)
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--cache-dir={}", cache_dir.display()))
+        .args(args)
+        .output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
 /// Path of a program expected on PATH (etcd, redis-server, kubectl), with an install hint if missing.
 pub fn system_binary(name: &str, debian_package: &str) -> anyhow::Result<PathBuf> {
     let paths = std::env::var_os("PATH").unwrap_or_default();

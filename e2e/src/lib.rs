@@ -16,6 +16,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod git_server;
 pub mod helm;
+pub mod kubelet;
 pub mod ocm;
 pub mod otlp_collector;
 pub mod pod_runner;

@@ -17,6 +17,12 @@
 //!   `argocd_principal_mirror_collisions_total{agent_name}`.
 //! - Stalled resource proxy request bodies: 50 requests that send part of a body and stall are
 //!   answered 408 and closed after `--request-body-timeout`, without growing the principal.
+//! - Connections per agent: past `--max-connections-per-agent` the next connection gets GOAWAY
+//!   (ResourceExhausted) and a count; other agents are unaffected.
+//! - Redis proxy: 2,000 short-lived SUBSCRIBE clients through a real agent leave no subscriber on
+//!   the spoke's (password-protected) Redis once they are gone; the client over
+//!   `--redis-proxy-max-connections-per-ip` and the channel over
+//!   `--redis-proxy-max-subscriptions-per-connection` get Redis errors; principal RSS stays bounded.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -26,10 +32,12 @@ use argocd_agent_proto::event::{Event, EventType, Target};
 use e2e::bench::rss_kib;
 use e2e::gateway::{
     agent_identity, application, application_resource, appproject_resource, client_tls,
-    ensure_namespace, http_get, tls_connect,
+    ensure_namespace, http_get, tls_connect, Agent,
 };
 use e2e::raw_agent::{send_for_ack, try_authenticate, LonePrincipal};
-use e2e::{shared_planes, wait_until};
+use e2e::redis::{resp_command, resp_exchange};
+use e2e::{shared_planes, wait_until, Redis};
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
@@ -541,6 +549,50 @@ async fn stalled_oversized_calls_before_authentication_do_not_grow_the_principal
     Ok(())
 }
 
+#[tokio::test]
+async fn an_agent_holding_its_cap_of_connections_gets_goaway_for_the_next_one() -> anyhow::Result<()>
+{
+    let s = LonePrincipal::start("conn_cap", &["--max-connections-per-agent=2"]).await?;
+    let (_, (c, k)) = new_agent(&s, "conns")?;
+    let held = [
+        h2_connection(&s, (&c, &k)).await?,
+        h2_connection(&s, (&c, &k)).await?,
+    ];
+    // The server's SETTINGS arrived on both: they are admitted, not just accepted.
+    for (_, max) in &held {
+        let mut max = max.clone();
+        tokio::time::timeout(Duration::from_secs(10), max.wait_for(|m| *m == 16)).await??;
+    }
+    let refused = login(&s, (&c, &k), "managed").await;
+    let (_, metrics) = http_get(s.principal.ops_port, "/metrics").await?;
+    eprintln!("[hostile] third connection of one agent: {refused:?}");
+    assert!(refused.is_err(), "a third connection was served");
+    assert!(
+        metrics.contains(r#"argocd_principal_auth_failures_total{reason="too_many_connections"}"#),
+        "refusal not counted"
+    );
+    assert!(
+        s.principal
+            .process
+            .log_tail(50)
+            .contains("--max-connections-per-agent=2"),
+        "the log names the flag"
+    );
+    // Another agent is not affected, and a closed connection frees its place.
+    let (_, other) = new_agent(&s, "other")?;
+    login(&s, (&other.0, &other.1), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    drop(held);
+    wait_until(
+        "a login once a connection closed",
+        Duration::from_secs(10),
+        || async { Ok::<_, String>(login(&s, (&c, &k), "managed").await.ok()) },
+    )
+    .await?;
+    Ok(())
+}
+
 /// An AppProject-shaped object named `name` as a spoke holds it.
 fn spoke_project(name: &str, description: &str) -> Value {
     json!({
@@ -819,5 +871,172 @@ async fn stalled_resource_proxy_request_bodies_are_closed_after_the_body_timeout
     );
     // The agent's stream outlived it.
     send_for_ack(&tx, &mut inbound, &probe).await?;
+    Ok(())
+}
+
+/// Reads from `conn` until what arrived contains `needle` (within 10 s); returns it all.
+async fn read_until(conn: &mut tokio::net::TcpStream, needle: &str) -> anyhow::Result<String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !String::from_utf8_lossy(&buf).contains(needle) {
+            if conn.read_buf(&mut buf).await? == 0 {
+                break;
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "no {needle:?} within 10 s: {:?}",
+            String::from_utf8_lossy(&buf)
+        )
+    })??;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// Clients connected to `redis` besides the one asking, as its `CLIENT LIST` counts them.
+async fn redis_clients(redis: &Redis) -> anyhow::Result<usize> {
+    let password = redis.password.as_deref().unwrap_or_default();
+    let mut probe = redis_connection(&redis.address(), password).await?;
+    let list = resp_exchange(&mut probe, &["CLIENT", "LIST"]).await?;
+    Ok(list.lines().filter(|l| l.contains("id=")).count() - 1)
+}
+
+/// A connection to `address` authenticated with `password`.
+async fn redis_connection(address: &str, password: &str) -> anyhow::Result<tokio::net::TcpStream> {
+    let mut conn = tokio::net::TcpStream::connect(address).await?;
+    let ok = resp_exchange(&mut conn, &["AUTH", password]).await?;
+    anyhow::ensure!(ok == "+OK\r\n", "AUTH answered {ok:?}");
+    Ok(conn)
+}
+
+#[tokio::test]
+async fn short_lived_redis_subscriptions_end_on_the_spoke_when_the_client_goes_and_clients_are_capped(
+) -> anyhow::Result<()> {
+    const PER_IP: usize = 100;
+    const WAVES: usize = 20;
+    let planes = shared_planes().await;
+    let hub_password = format!("hub-{}", uuid::Uuid::new_v4().simple());
+    let spoke_password = format!("spoke-{}", uuid::Uuid::new_v4().simple());
+    let hub_redis = Redis::start_with_password(&format!("subs-{hub_password}"), &hub_password)?;
+    let spoke_redis =
+        Redis::start_with_password(&format!("subs-{spoke_password}"), &spoke_password)?;
+    let s = LonePrincipal::start(
+        "redis_subscriptions",
+        &[
+            &format!("--redis-server-address={}", hub_redis.address()),
+            &format!("--redis-password={hub_password}"),
+            &format!("--redis-proxy-max-connections-per-ip={PER_IP}"),
+            "--redis-proxy-max-subscriptions-per-connection=2",
+        ],
+    )
+    .await?;
+    let (ctx, pki, principal) = (&s.ctx, &s.pki, &s.principal);
+    let name = ctx.unique("subs");
+    pki.issue_agent(&name)?;
+    let agent = Agent::start(
+        &name,
+        &ctx.dir,
+        &planes.spokes[0],
+        pki,
+        &principal.address(),
+        &ctx.unique("spoke-argocd"),
+        &[
+            &format!("--redis-address={}", spoke_redis.address()),
+            &format!("--redis-password={spoke_password}"),
+        ],
+    )
+    .await?;
+    agent.wait_connected().await?;
+    let proxy = format!("127.0.0.1:{}", principal.redis_proxy_port);
+    let pid = principal.process.pid().expect("principal running");
+    let baseline_clients = redis_clients(&spoke_redis).await?;
+    let baseline_rss = rss_kib(pid)?;
+
+    // 10x the issue's 200: waves of PER_IP clients that each SUBSCRIBE to a key of the agent
+    // and go away once the agent confirmed.
+    let mut peak_rss = baseline_rss;
+    let mut peak_clients = baseline_clients;
+    let started = Instant::now();
+    for wave in 0..WAVES {
+        let mut open = Vec::new();
+        for i in 0..PER_IP {
+            // The principal frees the slots of the last wave as it sees each connection end.
+            let mut conn = wait_until("a free slot on the proxy", Duration::from_secs(10), || {
+                redis_connection(&proxy, &hub_password).map(|c| c.map(Some))
+            })
+            .await?;
+            let channel = format!("app|resources-tree|{name}_app{wave}x{i}|1.8.3");
+            let reply = resp_exchange(&mut conn, &["SUBSCRIBE", &channel]).await?;
+            anyhow::ensure!(reply.starts_with("*3"), "SUBSCRIBE answered {reply:?}");
+            open.push(conn);
+        }
+        if wave == 0 {
+            // Every slot of this IP is taken: the next client is told so, in Redis's words.
+            let mut over = tokio::net::TcpStream::connect(&proxy).await?;
+            let refused = read_until(&mut over, "\r\n").await?;
+            eprintln!("[hostile] client over the per-IP cap: {refused:?}");
+            assert!(
+                refused.starts_with("-ERR max number of clients reached")
+                    && refused.contains("--redis-proxy-max-connections-per-ip"),
+                "{refused}"
+            );
+            peak_clients = redis_clients(&spoke_redis).await?;
+        }
+        peak_rss = peak_rss.max(rss_kib(pid)?);
+        drop(open);
+    }
+    let took = started.elapsed();
+    let spoke_clients = wait_until(
+        "the spoke Redis back to its clients before the attack",
+        Duration::from_secs(30),
+        || async {
+            match redis_clients(&spoke_redis).await? {
+                n if n <= baseline_clients => Ok(Some(n)),
+                n => Err(anyhow::anyhow!("{n} clients")),
+            }
+        },
+    )
+    .await;
+    let after_rss = rss_kib(pid)?;
+    eprintln!(
+        "[hostile] {} short-lived SUBSCRIBE clients in {took:?} ({PER_IP} at once): spoke Redis \
+         clients {baseline_clients} → {peak_clients} with a wave open → back to {:?}; principal RSS \
+         {baseline_rss} KiB → peak {peak_rss} KiB → {after_rss} KiB after",
+        WAVES * PER_IP,
+        spoke_clients.as_ref().ok()
+    );
+    assert!(
+        peak_clients > baseline_clients,
+        "the agent subscribed on its Redis ({peak_clients} clients)"
+    );
+    spoke_clients.map_err(|e| anyhow::anyhow!("{e}\n{}", agent.process.log_tail(20)))?;
+    assert!(
+        peak_rss < baseline_rss + 32 * 1024,
+        "principal RSS grew {} KiB",
+        peak_rss - baseline_rss
+    );
+
+    // One connection holds at most two channels on agents; the third is refused, not dropped.
+    let mut conn = redis_connection(&proxy, &hub_password).await?;
+    use tokio::io::AsyncWriteExt;
+    let channels: Vec<String> = (0..3)
+        .map(|i| format!("app|resources-tree|{name}_capped{i}|1.8.3"))
+        .collect();
+    let mut cmd = vec!["SUBSCRIBE"];
+    cmd.extend(channels.iter().map(String::as_str));
+    conn.write_all(&resp_command(&cmd)).await?;
+    let replies = read_until(&mut conn, "open a new connection)\r\n").await?;
+    assert_eq!(replies.matches("subscribe").count(), 2, "{replies}");
+    assert!(
+        replies.contains("max number of subscriptions reached")
+            && replies.contains("--redis-proxy-max-subscriptions-per-connection"),
+        "{replies}"
+    );
+    // The connection still serves.
+    let pong = resp_exchange(&mut conn, &["PING"]).await?;
+    assert!(pong.to_ascii_uppercase().contains("PONG"), "{pong}");
     Ok(())
 }

@@ -9,12 +9,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::binaries::system_binary;
 use e2e::gateway::{agent_identity, agentctl, ensure_namespace, Agent, Pki, Principal};
+use e2e::kubelet::LogBody;
 use e2e::{shared_planes, wait_until, Redis, SharedPlanes, TestContext};
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, PostParams};
@@ -160,19 +161,8 @@ impl LiveFleet {
 
     /// Runs kubectl against the proxy as agent `i`'s cluster; returns (success, stdout, stderr).
     fn kubectl(&self, i: usize, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
-        let out = Command::new(e2e::binaries::kubectl()?)
-            .arg(format!("--kubeconfig={}", self.kubeconfigs[i].display()))
-            .arg(format!(
-                "--cache-dir={}",
-                self.ctx.dir.join(format!("kube-cache-{i}")).display()
-            ))
-            .args(args)
-            .output()?;
-        Ok((
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        ))
+        let cache = self.ctx.dir.join(format!("kube-cache-{i}"));
+        e2e::binaries::run_kubectl(&self.kubeconfigs[i], &cache, args)
     }
 
     /// Runs redis-cli against the Redis proxy; returns stdout.
@@ -562,16 +552,8 @@ async fn redis_cli_reads_an_agents_cache_through_the_proxy_and_the_rest_from_the
 /// Lines of history the log endpoint holds per container, one a minute up to now.
 const LOG_HISTORY: u32 = 100;
 
-/// What the test's log endpoint saw.
-#[derive(Default)]
-struct LogStats {
-    /// Every request's query string.
-    queries: std::sync::Mutex<Vec<String>>,
-    /// Follow streams open now.
-    follows_open: AtomicUsize,
-    /// Follow streams whose client went away.
-    follows_closed: AtomicUsize,
-}
+/// What the test's log endpoint saw (the same as a fake kubelet's).
+type LogStats = e2e::kubelet::KubeletStats;
 
 /// A Kubernetes-shaped container log endpoint for the agent's `--log-endpoint` (no kubelet exists
 /// on the test planes, so the spoke apiserver cannot serve `pods/log`). `GET
@@ -583,8 +565,6 @@ struct LogEndpoint {
     url: String,
     stats: Arc<LogStats>,
 }
-
-type LogBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>;
 
 impl LogEndpoint {
     async fn start() -> anyhow::Result<LogEndpoint> {
@@ -692,37 +672,11 @@ fn serve_log<B>(stats: &Arc<LogStats>, req: &http::Request<B>) -> http::Response
     if params.get("follow") != Some(&"true") {
         return log_response(200, "text/plain", full_body(text));
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(4);
-    let stats = stats.clone();
-    tokio::spawn(async move {
-        stats.follows_open.fetch_add(1, Ordering::SeqCst);
-        let mut sent = tx.send(text.into()).await.is_ok();
-        let mut n = 0;
-        while sent {
-            n += 1;
-            let next = line(format!("{container} live {n}"), now);
-            tokio::select! {
-                () = tx.closed() => sent = false,
-                () = tokio::time::sleep(Duration::from_millis(200)) => {
-                    sent = tx.send(next.into()).await.is_ok();
-                }
-            }
-        }
-        stats.follows_open.fetch_sub(1, Ordering::SeqCst);
-        stats.follows_closed.fetch_add(1, Ordering::SeqCst);
-    });
-    let frames = futures::stream::unfold(rx, |mut rx| async move {
-        let chunk = rx.recv().await?;
-        Some((
-            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk)),
-            rx,
-        ))
-    });
-    use http_body_util::BodyExt;
+    let next = move |n: u32| line(format!("{container} live {n}"), now);
     log_response(
         200,
         "text/plain",
-        http_body_util::StreamBody::new(frames).boxed(),
+        e2e::kubelet::follow_body(text, next, stats.clone()),
     )
 }
 

@@ -6,19 +6,22 @@
 //! repository Secret, resync after an agent restart) and autonomous (spoke → hub mirror: create,
 //! update, delete, with the real status). Nobody here writes what Argo CD or an agent would write.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use e2e::argocd::ArgoCd;
 use e2e::gateway::{
-    application_resource, appproject_resource, ensure_namespace, Agent, Pki, Principal,
+    application_resource, appproject_resource, ensure_namespace, text, Agent, Pki, Principal,
 };
 use e2e::git_server::{demo_manifests, GitServer};
+use e2e::kubelet::FakeKubelet;
 use e2e::scenario::{self, wait_synced, SYNC_WAIT};
 use e2e::upstream::{UpstreamAgent, UpstreamPrincipal};
 use e2e::{shared_planes, wait_until, ControlPlane, ManagedProcess, TestContext};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
@@ -172,6 +175,55 @@ enum AnyAgent {
 }
 
 impl AnyAgent {
+    /// Starts agent `name` of `side` on `spoke` in `mode` against `principal` (`host:port`),
+    /// keeping its Applications in `spoke_ns` beside `argocd` (whose Redis an upstream agent needs).
+    #[allow(clippy::too_many_arguments)]
+    async fn start(
+        side: Side,
+        name: &str,
+        ctx: &TestContext,
+        spoke: &ControlPlane,
+        pki: &Pki,
+        principal: &str,
+        mode: Mode,
+        spoke_ns: &str,
+        argocd: Option<&ArgoCd>,
+    ) -> anyhow::Result<AnyAgent> {
+        Ok(match side {
+            Side::Ours => AnyAgent::Ours(
+                Agent::start(
+                    name,
+                    &ctx.dir,
+                    spoke,
+                    pki,
+                    principal,
+                    spoke_ns,
+                    &[&format!("--mode={}", mode.flag())],
+                )
+                .await?,
+            ),
+            Side::Upstream => {
+                let redis = argocd.and_then(ArgoCd::redis_endpoint);
+                AnyAgent::Upstream(
+                    UpstreamAgent::start(
+                        name,
+                        &ctx.dir,
+                        spoke,
+                        pki,
+                        principal,
+                        mode.flag(),
+                        spoke_ns,
+                        redis
+                            .as_ref()
+                            .map(|r| (r.address.as_str(), r.password.as_deref())),
+                        &[],
+                    )
+                    .await?,
+                )
+            }
+        })
+    }
+
     fn process(&self) -> &ManagedProcess {
         match self {
             AnyAgent::Ours(a) => &a.process,
@@ -190,6 +242,7 @@ impl AnyAgent {
 /// the principal, the spoke's Argo CD (optional) and the agent, a Git server with the demo app.
 struct Cell {
     ctx: TestContext,
+    pki: Pki,
     mode: Mode,
     /// The agent's name: its certificate CN and its hub namespace.
     name: String,
@@ -283,42 +336,24 @@ impl Cell {
                 .await?,
             ),
         };
-        let redis = argocd.as_ref().and_then(ArgoCd::redis_endpoint);
-        let agent = match agent {
-            Side::Ours => AnyAgent::Ours(
-                Agent::start(
-                    &name,
-                    &ctx.dir,
-                    spoke,
-                    &pki,
-                    &principal.address(),
-                    &spoke_ns,
-                    &[&format!("--mode={}", mode.flag())],
-                )
-                .await?,
-            ),
-            Side::Upstream => AnyAgent::Upstream(
-                UpstreamAgent::start(
-                    &name,
-                    &ctx.dir,
-                    spoke,
-                    &pki,
-                    &principal.address(),
-                    mode.flag(),
-                    &spoke_ns,
-                    redis
-                        .as_ref()
-                        .map(|r| (r.address.as_str(), r.password.as_deref())),
-                    &[],
-                )
-                .await?,
-            ),
-        };
+        let agent = AnyAgent::start(
+            agent,
+            &name,
+            &ctx,
+            spoke,
+            &pki,
+            &principal.address(),
+            mode,
+            &spoke_ns,
+            argocd.as_ref(),
+        )
+        .await?;
         let hub_apps = Api::namespaced_with(hub_client.clone(), &name, &application_resource());
         let spoke_apps =
             Api::namespaced_with(spoke.client().await?, &spoke_ns, &application_resource());
         Ok(Cell {
             ctx,
+            pki,
             mode,
             name,
             principal_ns,
@@ -835,6 +870,408 @@ cells!(autonomous_app_lifecycle, Mode::Autonomous, {
     autonomous_app_lifecycle_upstream_principal_ours_agent: Upstream, Ours;
     autonomous_app_lifecycle_upstream_principal_upstream_agent: Upstream, Upstream;
 });
+
+// ---- live view through our principal: pod logs -------------------------------------------------
+//
+// The spoke's real apiserver serves `pods/log` from a fake kubelet (`e2e::kubelet`), so each agent
+// reads logs the way it does in production: ours over its event stream, upstream's Go agent over
+// `LogStreamService.StreamLogs`, which it opens to our principal per request.
+
+/// A pod of the demo app (tracked by Argo CD's label and annotation, as both agents require) on
+/// node `node`, with containers `web` and `sidecar`.
+fn tracked_pod(namespace: &str, node: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": "web-1", "namespace": namespace,
+            "labels": {"app.kubernetes.io/instance": "demo"},
+            "annotations": {"argocd.argoproj.io/tracking-id":
+                format!("demo:/Pod:{namespace}/web-1")}},
+        "spec": {"nodeName": node, "automountServiceAccountToken": false,
+            "containers": [{"name": "web", "image": "nginx"},
+                           {"name": "sidecar", "image": "busybox"}]},
+    }))?)
+}
+
+impl Cell {
+    /// A kubeconfig for our principal's resource proxy at `port` as the cluster of this cell's
+    /// agent: the agent's client certificate names it, as the hub's cluster Secret does.
+    fn proxy_kubeconfig(&self, port: u16) -> anyhow::Result<PathBuf> {
+        let (cert, key) = self.pki.agent_files(&self.name);
+        let kubeconfig = json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "proxy",
+            "clusters": [{"name": "proxy", "cluster": {"server": format!("https://127.0.0.1:{port}"),
+                "certificate-authority": self.pki.ca()}}],
+            "users": [{"name": "argocd", "user": {"client-certificate": cert, "client-key": key}}],
+            "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "argocd"}}],
+        });
+        let path = self.ctx.dir.join(format!("proxy-{}.kubeconfig", self.name));
+        std::fs::write(&path, serde_yaml::to_string(&kubeconfig)?)?;
+        Ok(path)
+    }
+
+    /// Runs kubectl with `kubeconfig`; returns (success, stdout, stderr).
+    fn kubectl(&self, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+        e2e::binaries::run_kubectl(kubeconfig, &self.ctx.dir.join("kube-cache"), args)
+    }
+
+    /// Starts a fake kubelet for the cell's spoke and a tracked pod `web-1` on it in `dest`, with
+    /// the `argocd-cm` both agents read their tracking settings from; once the pod can be read
+    /// through our principal's resource proxy (the agent is connected), returns the kubelet and
+    /// the proxy's kubeconfig.
+    async fn pod_on_fake_kubelet(&self) -> anyhow::Result<(FakeKubelet, PathBuf)> {
+        let AnyPrincipal::Ours(principal) = &self.principal else {
+            anyhow::bail!("the live view is tested through our principal");
+        };
+        let kubelet = FakeKubelet::start(self.spoke, &self.ctx.unique("node")).await?;
+        let spoke = self.spoke.client().await?;
+        Api::<ConfigMap>::namespaced(spoke.clone(), &self.spoke_ns)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "argocd-cm",
+                        "labels": {"app.kubernetes.io/part-of": "argocd"}},
+                }))?,
+            )
+            .await?;
+        // No controller-manager creates the namespace's default ServiceAccount.
+        Api::<ServiceAccount>::namespaced(spoke.clone(), &self.dest)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "default"}}))?,
+            )
+            .await?;
+        Api::<Pod>::namespaced(spoke, &self.dest)
+            .create(
+                &PostParams::default(),
+                &tracked_pod(&self.dest, &kubelet.node)?,
+            )
+            .await?;
+        let kubeconfig = self.proxy_kubeconfig(principal.resource_proxy_port)?;
+        let last_error = std::sync::Mutex::new(String::new());
+        wait_until(
+            "the pod read through the resource proxy",
+            Duration::from_secs(60),
+            || async {
+                let (ok, _, err) =
+                    self.kubectl(&kubeconfig, &["get", "pod", "-n", &self.dest, "web-1"])?;
+                *last_error.lock().unwrap() = err;
+                Ok::<_, anyhow::Error>(ok.then_some(()))
+            },
+        )
+        .await
+        .map_err(|e| {
+            let kubectl = last_error.lock().unwrap();
+            anyhow::anyhow!("{e}\nkubectl: {kubectl}\n{}", self.logs())
+        })?;
+        Ok((kubelet, kubeconfig))
+    }
+}
+
+/// `kubectl logs` through our principal reads the real apiserver's `pods/log` of a pod on the
+/// agent's cluster: the tail of a container, another container, with and without timestamps (an
+/// upstream agent always asks the kubelet for them; the principal removes them unless asked), an
+/// error for a container the pod lacks, and `-f` with live lines, after which the kubelet sees
+/// its stream closed once kubectl is gone.
+async fn pod_logs_through_our_principal(agent: Side) -> anyhow::Result<()> {
+    let cell = Cell::start("pod_logs", Side::Ours, agent, Mode::Managed, false).await?;
+    let (kubelet, kubeconfig) = cell.pod_on_fake_kubelet().await?;
+    let ns = cell.dest.as_str();
+    let kubectl = |args: &[&str]| cell.kubectl(&kubeconfig, args);
+    let fail = |what: &str, err: &str| anyhow::anyhow!("{what}: {err}\n{}", cell.logs());
+
+    let (ok, out, err) = kubectl(&["logs", "-n", ns, "web-1", "-c", "web", "--tail=3"])?;
+    anyhow::ensure!(ok, fail("kubectl logs --tail=3", &err));
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["web line 018", "web line 019", "web line 020"]
+    );
+    assert!(
+        kubelet
+            .last_query()
+            .is_some_and(|q| q.contains("tailLines=3")),
+        "the kubelet was asked for the tail: {:?}",
+        kubelet.last_query()
+    );
+    let (ok, out, err) = kubectl(&["logs", "-n", ns, "web-1", "-c", "sidecar", "--tail=1"])?;
+    anyhow::ensure!(ok, fail("kubectl logs -c sidecar", &err));
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["sidecar line 020"]);
+
+    let (ok, out, err) = kubectl(&[
+        "logs",
+        "-n",
+        ns,
+        "web-1",
+        "-c",
+        "web",
+        "--tail=2",
+        "--timestamps",
+    ])?;
+    anyhow::ensure!(ok, fail("kubectl logs --timestamps", &err));
+    let stamped: Vec<(&str, &str)> = out.lines().filter_map(|l| l.split_once(' ')).collect();
+    assert_eq!(
+        stamped.iter().map(|(_, text)| *text).collect::<Vec<_>>(),
+        ["web line 019", "web line 020"],
+        "{out}"
+    );
+    for (stamp, _) in &stamped {
+        assert!(
+            stamp.len() >= 20 && stamp.as_bytes()[10] == b'T' && stamp.ends_with('Z'),
+            "an RFC 3339 timestamp: {stamp}"
+        );
+    }
+
+    let (ok, _, err) = kubectl(&["logs", "-n", ns, "web-1", "-c", "nope"])?;
+    anyhow::ensure!(
+        !ok && err.contains("nope"),
+        fail("a missing container is an error", &err)
+    );
+
+    // -f: live lines arrive; when kubectl goes away, the kubelet's stream is closed.
+    let out_path = cell.ctx.dir.join("follow.out");
+    let mut follow = tokio::process::Command::new(e2e::binaries::kubectl()?)
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["logs", "-f", "-n", ns, "web-1", "-c", "web", "--tail=1"])
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    wait_until(
+        "three live lines through kubectl logs -f",
+        Duration::from_secs(60),
+        || async {
+            let text = std::fs::read_to_string(&out_path)?;
+            Ok::<_, anyhow::Error>(text.contains("web live 3\n").then_some(text))
+        },
+    )
+    .await
+    .map_err(|e| fail("kubectl logs -f", &e.to_string()))
+    .map(|text| {
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[..4],
+            ["web line 020", "web live 1", "web live 2", "web live 3"]
+        );
+    })?;
+    assert_eq!(kubelet.stats.follows_open.load(Ordering::SeqCst), 1);
+    follow.kill().await?;
+    let stats = kubelet.stats.clone();
+    wait_until(
+        "the kubelet sees its follow stream closed",
+        Duration::from_secs(30),
+        || async {
+            Ok::<_, anyhow::Error>(
+                (stats.follows_closed.load(Ordering::SeqCst) == 1
+                    && stats.follows_open.load(Ordering::SeqCst) == 0)
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+    .map_err(|e| fail("the follow stream is closed", &e.to_string()))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn pod_logs_through_our_principal_ours_agent() -> anyhow::Result<()> {
+    pod_logs_through_our_principal(Side::Ours).await
+}
+
+#[tokio::test]
+async fn pod_logs_through_our_principal_upstream_agent() -> anyhow::Result<()> {
+    pod_logs_through_our_principal(Side::Upstream).await
+}
+
+// ---- a mixed fleet: Go and Rust agents on one principal of ours ----------------------------------
+
+/// A second agent joining a cell's principal from another spoke, with its own spoke Argo CD.
+struct Member {
+    name: String,
+    /// The spoke namespace its demo app deploys into.
+    dest: String,
+    spoke: &'static ControlPlane,
+    argocd: ArgoCd,
+    agent: AnyAgent,
+    hub_apps: Api<DynamicObject>,
+    spoke_apps: Api<DynamicObject>,
+}
+
+impl Cell {
+    /// Starts a `side` agent on `spoke` (with its own Argo CD) against this cell's principal, in
+    /// the cell's mode.
+    async fn join(&self, side: Side, spoke: &'static ControlPlane) -> anyhow::Result<Member> {
+        let name = self.ctx.unique("agent-b");
+        self.pki.issue_agent(&name)?;
+        ensure_namespace(&self.hub_client, &name).await?;
+        let spoke_ns = self.ctx.unique("argocd-b");
+        let argocd = ArgoCd::start_spoke(
+            &format!("{}-b", self.ctx.suffix),
+            &self.ctx.dir,
+            spoke,
+            &spoke_ns,
+            &[],
+        )
+        .await?;
+        let dest = self.ctx.unique("demo-b");
+        ensure_namespace(&spoke.client().await?, &dest).await?;
+        let agent = AnyAgent::start(
+            side,
+            &name,
+            &self.ctx,
+            spoke,
+            &self.pki,
+            &self.principal.address(),
+            self.mode,
+            &spoke_ns,
+            Some(&argocd),
+        )
+        .await?;
+        Ok(Member {
+            hub_apps: Api::namespaced_with(self.hub_client.clone(), &name, &application_resource()),
+            spoke_apps: Api::namespaced_with(
+                spoke.client().await?,
+                &spoke_ns,
+                &application_resource(),
+            ),
+            name,
+            dest,
+            spoke,
+            argocd,
+            agent,
+        })
+    }
+}
+
+/// Namespaces of the resources an Application's status lists.
+fn status_resource_namespaces(app: &Value) -> Vec<String> {
+    app.pointer("/status/resources")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["namespace"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// One principal of ours serving an upstream Go agent and one of ours at once, as a fleet
+/// migrating one cluster at a time would: an Application of the same name in each agent's hub
+/// namespace is synced on that agent's spoke only and each hub Application gets its own spoke's
+/// status; a change and a delete of ours leave the Go agent's Application alone.
+#[tokio::test]
+async fn mixed_fleet_go_and_rust_agents_on_our_principal() -> anyhow::Result<()> {
+    let go = Cell::start(
+        "mixed_fleet",
+        Side::Ours,
+        Side::Upstream,
+        Mode::Managed,
+        true,
+    )
+    .await?;
+    let rust = go
+        .join(Side::Ours, &shared_planes().await.spokes[0])
+        .await?;
+    let logs = || {
+        format!(
+            "{}\n--- our agent ---\n{}\n{}",
+            go.logs(),
+            rust.agent.process().log_tail(30),
+            rust.argocd.log_tails(10)
+        )
+    };
+    let rust_repo = go.git.url("rust-apps");
+    let rust_first = go
+        .git
+        .commit("rust-apps", "demo", &demo_manifests("rust v1"), "rust v1")?;
+    go.hub_apps
+        .create(&PostParams::default(), &go.demo_app(&go.name, false))
+        .await?;
+    rust.hub_apps
+        .create(
+            &PostParams::default(),
+            &demo_application("demo", &rust.name, &rust_repo, &rust.dest),
+        )
+        .await?;
+
+    go.wait_greeting("v1").await?;
+    wait_greeting(rust.spoke, &rust.dest, "rust v1")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    let go_app = go
+        .wait_synced(&go.hub_apps, &go.first, "the Go agent's Application Synced")
+        .await?;
+    let rust_app = wait_synced(
+        &rust.hub_apps,
+        "demo",
+        &rust_first,
+        "our agent's Application Synced",
+        logs,
+    )
+    .await?;
+    for (app, dest, who) in [(&go_app, &go.dest, "Go"), (&rust_app, &rust.dest, "our")] {
+        let namespaces = status_resource_namespaces(app);
+        anyhow::ensure!(
+            !namespaces.is_empty() && namespaces.iter().all(|n| n == dest),
+            "the {who} agent's hub status lists its own spoke's resources only: {namespaces:?}"
+        );
+    }
+    for (apps, repo, who) in [
+        (&go.spoke_apps, go.git.url("apps"), "Go"),
+        (&rust.spoke_apps, rust_repo.clone(), "our"),
+    ] {
+        let on_spoke: Vec<(String, String)> = apps
+            .list(&Default::default())
+            .await?
+            .into_iter()
+            .map(|a| {
+                let v = serde_json::to_value(&a).unwrap_or_default();
+                (a.name_any(), text(&v, "/spec/source/repoURL"))
+            })
+            .collect();
+        anyhow::ensure!(
+            on_spoke == [("demo".to_string(), repo.clone())],
+            "the {who} agent's spoke holds its own Application only: {on_spoke:?}"
+        );
+    }
+
+    // A new path for our agent's Application reaches its spoke only.
+    let rust_second = go
+        .git
+        .commit("rust-apps", "demo2", &demo_manifests("rust v2"), "rust v2")?;
+    go.patch_app(
+        &rust.hub_apps,
+        json!({"spec": {"source": {"path": "demo2"}}}),
+    )
+    .await?;
+    wait_greeting(rust.spoke, &rust.dest, "rust v2")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    wait_synced(
+        &rust.hub_apps,
+        "demo",
+        &rust_second,
+        "our agent's Application Synced at the new path",
+        logs,
+    )
+    .await?;
+    let go_spoke_app = serde_json::to_value(go.spoke_apps.get("demo").await?)?;
+    anyhow::ensure!(
+        text(&go_spoke_app, "/spec/source/path") == "demo",
+        "the Go agent's spoke Application keeps its path"
+    );
+    let (sync, health, revision) =
+        scenario::sync_state(&serde_json::to_value(go.hub_apps.get("demo").await?)?);
+    anyhow::ensure!(
+        (sync.as_str(), health.as_str(), revision.as_str())
+            == ("Synced", "Healthy", go.first.as_str()),
+        "the Go agent's hub status is unchanged: {sync} {health} {revision}\n{}",
+        logs()
+    );
+
+    // Deleting our agent's Application leaves the Go agent's in place.
+    rust.hub_apps.delete("demo", &Default::default()).await?;
+    go.wait_app_gone(&rust.spoke_apps, "our agent's spoke Application deleted")
+        .await?;
+    anyhow::ensure!(go.hub_apps.get_opt("demo").await?.is_some());
+    anyhow::ensure!(go.spoke_apps.get_opt("demo").await?.is_some());
+    Ok(())
+}
 
 // ---- observing a transient state ----------------------------------------------------------------
 

@@ -11,6 +11,7 @@ use anyhow::Context;
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::pb::authapi::authentication_server::AuthenticationServer;
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStreamServer;
+use argocd_agent_proto::pb::logstreamapi::log_stream_service_server::LogStreamServiceServer;
 use argocd_agent_proto::pb::versionapi::version_server::VersionServer;
 use argocd_agent_proto::sync::OutboxConfig;
 use argocd_agent_runtime::telemetry::{
@@ -111,6 +112,8 @@ async fn start_live_view(
             upstream: config.redis_server_address.to_string(),
             credentials: config.redis_credentials.clone(),
             max_request_size: config.redis_proxy_max_request_size,
+            max_connections_per_ip: config.redis_proxy_max_connections_per_ip,
+            max_subscriptions_per_connection: config.redis_proxy_max_subscriptions_per_connection,
             metrics: metrics.redis_proxy.clone(),
         });
         let addr = crate::redis_proxy::serve(addr, proxy, policy.request_header_timeout)
@@ -312,6 +315,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         metrics.clone(),
         policy,
         config.keepalive_min_interval,
+        crate::listener::ConnectionLimit::new(config.max_connections_per_agent),
     );
 
     let max = config.grpc_max_message_size;
@@ -331,6 +335,11 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         config.namespace.clone(),
         Duration::from_secs(5),
     );
+    let log_stream = crate::log_stream::LogStreamRelay {
+        issuer: issuer.clone(),
+        metrics: metrics.clone(),
+        live: live.clone(),
+    };
     let events = EventStreamService {
         issuer,
         registry,
@@ -376,6 +385,17 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
                     ping: server(crate::auth::AUTH_MAX_MESSAGE_SIZE),
                 }
             },
+            {
+                let leadership = leadership.clone();
+                move |req| leadership.admit(req)
+            },
+        ))
+        // Container logs pushed by upstream agents (ours answer on the event stream).
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            LogStreamServiceServer::new(log_stream)
+                .max_decoding_message_size(max)
+                .accept_compressed(Gzip)
+                .send_compressed(Gzip),
             {
                 let leadership = leadership.clone();
                 move |req| leadership.admit(req)

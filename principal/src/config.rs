@@ -298,6 +298,27 @@ pub struct PrincipalArgs {
     )]
     pub redis_proxy_max_request_size: usize,
 
+    /// Connections one client IP may hold open to the Redis proxy; the next one is answered
+    /// `-ERR max number of clients reached` and closed [at least 1].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_CONNECTIONS_PER_IP",
+        default_value_t = crate::redis_proxy::DEFAULT_MAX_CONNECTIONS_PER_IP,
+        value_name = "N"
+    )]
+    pub redis_proxy_max_connections_per_ip: usize,
+
+    /// Channels one Redis proxy connection may hold subscribed on agents; a SUBSCRIBE past it
+    /// gets an error per channel over. Agents keep a channel until the connection ends, so
+    /// UNSUBSCRIBE frees no slot [at least 1].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_SUBSCRIPTIONS_PER_CONNECTION",
+        default_value_t = crate::redis_proxy::DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION,
+        value_name = "N"
+    )]
+    pub redis_proxy_max_subscriptions_per_connection: usize,
+
     /// Address `/metrics` is served on.
     #[arg(
         long,
@@ -343,6 +364,16 @@ pub struct PrincipalArgs {
         value_parser = flags::parse_byte_size
     )]
     pub grpc_max_message_size: usize,
+
+    /// gRPC connections one agent (one client certificate identity) may hold open at once; the
+    /// next one gets HTTP/2 GOAWAY `ENHANCE_YOUR_CALM` naming this flag and is closed [at least 1].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_MAX_CONNECTIONS_PER_AGENT",
+        default_value_t = crate::listener::DEFAULT_MAX_CONNECTIONS_PER_AGENT,
+        value_name = "N"
+    )]
+    pub max_connections_per_agent: usize,
 
     /// Shortest interval between HTTP/2 PINGs an agent may send: an agent that pings sooner three
     /// times running gets GOAWAY `too_many_pings` and is disconnected, like grpc-go's keepalive
@@ -525,6 +556,12 @@ pub struct PrincipalConfig {
     pub redis_credentials: Option<RedisCredentials>,
     /// Largest Redis proxy client request in bytes.
     pub redis_proxy_max_request_size: usize,
+    /// Redis proxy connections one client IP may hold.
+    pub redis_proxy_max_connections_per_ip: usize,
+    /// Channels one Redis proxy connection may hold subscribed on agents.
+    pub redis_proxy_max_subscriptions_per_connection: usize,
+    /// gRPC connections one agent identity may hold.
+    pub max_connections_per_agent: usize,
     /// Where `/metrics` is served.
     pub metrics_address: SocketAddr,
     /// Where `/healthz` and `/readyz` are served.
@@ -712,6 +749,21 @@ impl PrincipalArgs {
                 ),
             ));
         }
+        for (flag, value) in [
+            (
+                "redis-proxy-max-connections-per-ip",
+                self.redis_proxy_max_connections_per_ip,
+            ),
+            (
+                "redis-proxy-max-subscriptions-per-connection",
+                self.redis_proxy_max_subscriptions_per_connection,
+            ),
+            ("max-connections-per-agent", self.max_connections_per_agent),
+        ] {
+            if value == 0 {
+                return Err(FLAGS.invalid(flag, "must be at least 1 (0 would refuse every client)"));
+            }
+        }
 
         let mut listeners = vec![("listen-address", self.listen_address)];
         if let Some(proxy) = &resource_proxy {
@@ -795,6 +847,10 @@ impl PrincipalArgs {
             redis_server_address: self.redis_server_address,
             redis_credentials,
             redis_proxy_max_request_size: self.redis_proxy_max_request_size,
+            redis_proxy_max_connections_per_ip: self.redis_proxy_max_connections_per_ip,
+            redis_proxy_max_subscriptions_per_connection: self
+                .redis_proxy_max_subscriptions_per_connection,
+            max_connections_per_agent: self.max_connections_per_agent,
             metrics_address: self.metrics_address,
             health_address: self.health_address,
             kube,
@@ -915,6 +971,9 @@ mod tests {
         assert!(config.enable_operator);
         assert_eq!(config.grpc_max_message_size, 16 << 20);
         assert_eq!(config.redis_proxy_max_request_size, 16 << 20);
+        assert_eq!(config.redis_proxy_max_connections_per_ip, 512);
+        assert_eq!(config.redis_proxy_max_subscriptions_per_connection, 64);
+        assert_eq!(config.max_connections_per_agent, 16);
         assert_eq!(config.keepalive_min_interval, None);
         assert_eq!(config.resync_interval, Some(Duration::from_secs(300)));
         assert_eq!(config.access_token_lifetime, Duration::from_secs(300));
@@ -942,6 +1001,46 @@ mod tests {
                 err.contains("ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_REQUEST_SIZE")
                     && err.contains("1KiB"),
                 "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn connection_and_subscription_caps_are_at_least_one() {
+        let files = Files::new();
+        let config = files
+            .validate(&[
+                "--redis-proxy-max-connections-per-ip=3",
+                "--redis-proxy-max-subscriptions-per-connection=2",
+                "--max-connections-per-agent=1",
+            ])
+            .unwrap();
+        assert_eq!(
+            (
+                config.redis_proxy_max_connections_per_ip,
+                config.redis_proxy_max_subscriptions_per_connection,
+                config.max_connections_per_agent
+            ),
+            (3, 2, 1)
+        );
+        for (flag, env) in [
+            (
+                "--redis-proxy-max-connections-per-ip=0",
+                "ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_CONNECTIONS_PER_IP",
+            ),
+            (
+                "--redis-proxy-max-subscriptions-per-connection=0",
+                "ARGOCD_PRINCIPAL_REDIS_PROXY_MAX_SUBSCRIPTIONS_PER_CONNECTION",
+            ),
+            (
+                "--max-connections-per-agent=0",
+                "ARGOCD_PRINCIPAL_MAX_CONNECTIONS_PER_AGENT",
+            ),
+        ] {
+            let err = files.validate(&[flag]).unwrap_err().to_string();
+            assert!(
+                err.contains(env) && err.contains("at least 1"),
+                "{flag}: {err}"
             );
         }
     }

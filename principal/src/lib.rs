@@ -18,6 +18,7 @@ pub mod inbound;
 pub mod leadership;
 pub mod listener;
 pub mod live;
+pub mod log_stream;
 pub mod metrics;
 pub mod mode_pin;
 pub mod redis_proxy;

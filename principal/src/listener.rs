@@ -11,6 +11,10 @@
 //! ([`GuardedStream`]); a client certificate whose key usage does not allow digital signatures
 //! names no agent. Failures are counted by reason; none affects other connections.
 //!
+//! [`ConnectionLimit`] caps the connections one key holds open at once: on the gRPC listener an
+//! agent identity (`--max-connections-per-agent`; the connection over it gets GOAWAY
+//! `ENHANCE_YOUR_CALM` naming the flag), on the Redis proxy a client IP.
+//!
 //! And, on the gRPC listener only, `--keepalive-min-interval` ([`PingEnforcement`],
 //! [`KeepaliveEnforced`]): grpc-go's `keepalive.EnforcementPolicy{MinTime}`, which the h2 crate
 //! under tonic does not have (it answers every PING). The connection's HTTP/2 frames are scanned
@@ -18,9 +22,11 @@
 //! interval three times in a row gets `GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings")` and the
 //! connection closes, as with upstream's Go principal.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::hash::Hash;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -36,6 +42,66 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::blocklist::Blocklist;
 use crate::metrics::PrincipalMetrics;
+
+/// Default `--max-connections-per-agent`: an agent holds one connection, two while it replaces a
+/// broken one; a few more cover connections the principal has not yet seen die.
+pub const DEFAULT_MAX_CONNECTIONS_PER_AGENT: usize = 16;
+
+/// Connections open per key (agent identity, client IP), at most `max` each; a
+/// [`ConnectionSlot`] counts one in and, dropped with its connection, out.
+#[derive(Debug)]
+pub struct ConnectionLimit<K: Eq + Hash> {
+    max: usize,
+    open: Mutex<HashMap<K, usize>>,
+}
+
+/// One admitted connection of `key`; frees its place when dropped.
+#[derive(Debug)]
+pub struct ConnectionSlot<K: Eq + Hash> {
+    key: K,
+    limit: Arc<ConnectionLimit<K>>,
+}
+
+impl<K: Eq + Hash + Clone> ConnectionLimit<K> {
+    /// At most `max` connections per key.
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(ConnectionLimit {
+            max,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A slot for one more connection of `key`, or `Err(open)` when it already holds the maximum.
+    pub fn admit(self: &Arc<Self>, key: K) -> Result<ConnectionSlot<K>, usize> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(key.clone()).or_default();
+        if *count >= self.max {
+            return Err(*count);
+        }
+        *count += 1;
+        Ok(ConnectionSlot {
+            key,
+            limit: self.clone(),
+        })
+    }
+
+    /// The cap.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+impl<K: Eq + Hash> Drop for ConnectionSlot<K> {
+    fn drop(&mut self) {
+        let mut open = self.limit.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
 
 /// Default `--tls-handshake-timeout`: how long a client may take to complete the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -211,6 +277,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for GuardedStream<S> {
 /// HTTP/2 frame types and flags the keepalive enforcement looks at (RFC 9113 §6).
 const FRAME_DATA: u8 = 0x0;
 const FRAME_HEADERS: u8 = 0x1;
+const FRAME_SETTINGS: u8 = 0x4;
 const FRAME_PING: u8 = 0x6;
 const FRAME_GOAWAY: u8 = 0x7;
 const FLAG_ACK: u8 = 0x1;
@@ -371,14 +438,43 @@ impl PingEnforcement {
 
     /// The GOAWAY frame that ends a connection that broke the policy.
     pub fn goaway_frame(&self) -> Vec<u8> {
-        let len = (8 + TOO_MANY_PINGS.len()) as u32;
-        let mut frame = len.to_be_bytes()[1..].to_vec();
-        frame.extend([FRAME_GOAWAY, 0, 0, 0, 0, 0]);
-        frame.extend(self.last_stream_id.to_be_bytes());
-        frame.extend(ENHANCE_YOUR_CALM.to_be_bytes());
-        frame.extend(TOO_MANY_PINGS);
-        frame
+        calm_down_frame(self.last_stream_id, TOO_MANY_PINGS)
     }
+}
+
+/// A GOAWAY `ENHANCE_YOUR_CALM` frame after stream `last_stream_id`, with `debug` data.
+fn calm_down_frame(last_stream_id: u32, debug: &[u8]) -> Vec<u8> {
+    let len = (8 + debug.len()) as u32;
+    let mut frame = len.to_be_bytes()[1..].to_vec();
+    frame.extend([FRAME_GOAWAY, 0, 0, 0, 0, 0]);
+    frame.extend(last_stream_id.to_be_bytes());
+    frame.extend(ENHANCE_YOUR_CALM.to_be_bytes());
+    frame.extend(debug);
+    frame
+}
+
+/// Ends a connection over `--max-connections-per-agent` the HTTP/2 way: the server preface (an
+/// empty SETTINGS frame) and a GOAWAY `ENHANCE_YOUR_CALM` whose debug data says why, then the
+/// client's input is drained until it closes (at most a second and 64 KiB), so the goodbye is
+/// not lost to a reset.
+async fn refuse_over_cap<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, reason: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut goodbye = vec![0, 0, 0, FRAME_SETTINGS, 0, 0, 0, 0, 0];
+    goodbye.extend(calm_down_frame(0, reason.as_bytes()));
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(&goodbye).await?;
+        stream.flush().await?;
+        let mut sink = [0u8; 4096];
+        let mut drained = 0;
+        while drained < 64 << 10 {
+            match stream.read(&mut sink).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        stream.shutdown().await
+    })
+    .await;
 }
 
 /// Where a connection that broke the ping policy is on its way out.
@@ -646,6 +742,8 @@ pub struct PeerIdentity {
 pub struct AgentConnection {
     stream: KeepaliveEnforced<GuardedStream<TlsStream<TcpStream>>>,
     peer: PeerIdentity,
+    /// Its place under `--max-connections-per-agent`, freed when the server drops it.
+    _slot: ConnectionSlot<String>,
 }
 
 impl Connected for AgentConnection {
@@ -698,7 +796,8 @@ impl AsyncWrite for AgentConnection {
 
 /// Accepts connections on `listener` forever, handing finished mutual-TLS connections that
 /// `policy` admits to the returned channel (the gRPC server's incoming stream), each under
-/// `--keepalive-min-interval` ([`KeepaliveEnforced`]).
+/// `--keepalive-min-interval` ([`KeepaliveEnforced`]) and within `per_agent`, keyed by the agent
+/// the certificate names (or, when it names none, by the certificate).
 pub fn accept_loop(
     listener: TcpListener,
     tls: ReloadingServerConfig,
@@ -706,6 +805,7 @@ pub fn accept_loop(
     metrics: Arc<PrincipalMetrics>,
     policy: ConnectionPolicy,
     keepalive_min_interval: Option<Duration>,
+    per_agent: Arc<ConnectionLimit<String>>,
 ) -> mpsc::Receiver<Result<AgentConnection, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
@@ -723,6 +823,7 @@ pub fn accept_loop(
             let source = source.clone();
             let metrics = metrics.clone();
             let policy = policy.clone();
+            let per_agent = per_agent.clone();
             tokio::spawn(async move {
                 match admit(tcp, &tls, &policy).await {
                     Ok(admitted) => {
@@ -731,6 +832,24 @@ pub fn accept_loop(
                             metrics.auth_failure("certificate_identity");
                             tracing::warn!(%remote, %reason, "client certificate does not name a valid agent");
                         }
+                        let key = match (&identity, &admitted.leaf) {
+                            (Ok(id), _) => id.name.as_str().to_string(),
+                            (Err(_), Some(der)) => format!("certificate {}", cert_fingerprint(der)),
+                            (Err(_), None) => "no certificate".to_string(),
+                        };
+                        let slot = match per_agent.admit(key.clone()) {
+                            Ok(slot) => slot,
+                            Err(open) => {
+                                metrics.auth_failure("too_many_connections");
+                                let reason = format!(
+                                    "too many connections: {key} already holds {open} (--max-connections-per-agent={})",
+                                    per_agent.max()
+                                );
+                                tracing::warn!(%remote, %reason, "connection refused");
+                                refuse_over_cap(admitted.stream, &reason).await;
+                                return;
+                            }
+                        };
                         let peer = PeerIdentity {
                             identity,
                             remote: Some(remote),
@@ -742,6 +861,7 @@ pub fn accept_loop(
                                     keepalive_min_interval,
                                 ),
                                 peer,
+                                _slot: slot,
                             }))
                             .await;
                     }
@@ -771,6 +891,24 @@ mod tests {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.key_usages = usages;
         params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_key_holds_at_most_its_cap_of_connections_and_closing_one_frees_a_slot() {
+        let limit = ConnectionLimit::new(2);
+        let first = limit.admit("a").unwrap();
+        let second = limit.admit("a").unwrap();
+        assert_eq!(limit.admit("a").err(), Some(2));
+        let _other = limit.admit("b").expect("the cap is per key");
+        drop(first);
+        let third = limit
+            .admit("a")
+            .expect("a closed connection frees its slot");
+        drop((second, third));
+        assert!(
+            !limit.open.lock().unwrap().contains_key("a"),
+            "a key with no connections is forgotten"
+        );
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! waiting for the answer, which agents currently have a live stream, and the rules for answers:
 //! only the agent a request was sent to may answer it; a response split into parts (our
 //! `livechunk`/`liveend` extensions) is delivered in order and exactly once, even when the agent
-//! resends a part; a caller that went away gets its agent told to stop (container logs). When an
+//! resends a part; a caller that went away gets its agent told to stop (container logs: by a
+//! cancel event, or, for logs an upstream agent pushes over `StreamLogs`
+//! ([`LiveRequests::attach_log_stream`], relayed by [`crate::log_stream`]), by that call ending). When an
 //! agent's last stream ends, every caller still waiting on it is answered with
 //! [`LiveReply::AgentGone`] at once. Hooks registered with
 //! [`LiveRequests::on_agent_connected`] run when an agent's stream starts.
@@ -56,22 +58,41 @@ pub enum LiveReply {
 pub enum WaitKind {
     /// A resource-proxy request.
     Resource,
-    /// A container-log stream; the agent is told to stop when the caller goes away.
-    ContainerLog,
+    /// A container-log stream; the agent is told to stop when the caller goes away. `timestamps`:
+    /// the caller asked for each line's timestamp (upstream agents always send them).
+    ContainerLog {
+        /// The caller asked for timestamps.
+        timestamps: bool,
+    },
     /// A redis request or a redis connection's subscription pushes.
     Redis,
 }
 
 struct Waiter {
     agent: String,
+    kind: WaitKind,
     tx: mpsc::Sender<LiveReply>,
     next_seq: u64,
+    /// Fed by a `LogStreamService.StreamLogs` call (upstream's agents): the agent learns that the
+    /// caller left from that call ending, not from a cancel event.
+    log_stream_attached: bool,
 }
 
 #[derive(Default)]
 struct State {
     waiters: HashMap<String, Waiter>,
     streams: HashMap<String, usize>,
+}
+
+/// Why [`LiveRequests::attach_log_stream`] refused a log stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AttachRefused {
+    /// Nobody waits on this request (the caller left, or it never existed).
+    #[error("unknown request id")]
+    Unknown,
+    /// The request is not a container-log request sent to this agent.
+    #[error("this request was not sent to you")]
+    NotYours,
 }
 
 /// Runs with the agent's name each time one of its streams starts (after it authenticated),
@@ -107,8 +128,9 @@ impl LiveWaiter {
 
 impl Drop for LiveWaiter {
     fn drop(&mut self) {
-        let was_waiting = self.tracker.lock().waiters.remove(&self.key).is_some();
-        if let (true, Some(session)) = (was_waiting, &self.cancel_on_drop) {
+        let removed = self.tracker.lock().waiters.remove(&self.key);
+        let cancel_by_event = removed.is_some_and(|w| !w.log_stream_attached);
+        if let (true, Some(session)) = (cancel_by_event, &self.cancel_on_drop) {
             push_log_cancel(session, &self.key);
         }
     }
@@ -227,16 +249,39 @@ impl LiveRequests {
             key.to_string(),
             Waiter {
                 agent: agent.to_string(),
+                kind,
                 tx,
                 next_seq: 0,
+                log_stream_attached: false,
             },
         );
         LiveWaiter {
             key: key.to_string(),
             rx,
             tracker: self.clone(),
-            cancel_on_drop: session.filter(|_| kind == WaitKind::ContainerLog),
+            cancel_on_drop: session.filter(|_| matches!(kind, WaitKind::ContainerLog { .. })),
         }
+    }
+
+    /// Attaches a `StreamLogs` call of `agent` to the container-log caller waiting on `key`:
+    /// returns where to send the parts and whether the caller asked for timestamps. Refused when
+    /// nobody waits on `key` (any more), or `key` is not a log request sent to `agent`.
+    pub fn attach_log_stream(
+        &self,
+        agent: &str,
+        key: &str,
+    ) -> Result<(mpsc::Sender<LiveReply>, bool), AttachRefused> {
+        let mut st = self.lock();
+        let w = st.waiters.get_mut(key).ok_or(AttachRefused::Unknown)?;
+        let WaitKind::ContainerLog { timestamps } = w.kind else {
+            return Err(AttachRefused::NotYours);
+        };
+        if w.agent != agent {
+            tracing::warn!(agent, request = %key, expected = %w.agent, "refusing a log stream from an agent that was not asked");
+            return Err(AttachRefused::NotYours);
+        }
+        w.log_stream_attached = true;
+        Ok((w.tx.clone(), timestamps))
     }
 
     /// Handles an answer event from `session`'s agent (`response` for resources and container
@@ -431,12 +476,45 @@ mod tests {
         assert_eq!(*seen.lock().unwrap(), ["a", "b"]);
     }
 
+    #[test]
+    fn a_log_stream_attaches_only_to_a_log_request_sent_to_its_agent() {
+        let t = LiveRequests::new();
+        let a = session("a");
+        a.outbox.set_connected(true);
+        let log = WaitKind::ContainerLog { timestamps: true };
+        let w = t.register("a", "log1", log, 8, Some(a.clone()));
+        let _res = t.register("a", "res1", WaitKind::Resource, 8, None);
+        assert_eq!(
+            t.attach_log_stream("a", "nope").err(),
+            Some(AttachRefused::Unknown)
+        );
+        assert_eq!(
+            t.attach_log_stream("b", "log1").err(),
+            Some(AttachRefused::NotYours)
+        );
+        assert_eq!(
+            t.attach_log_stream("a", "res1").err(),
+            Some(AttachRefused::NotYours)
+        );
+        let (_tx, timestamps) = t.attach_log_stream("a", "log1").unwrap();
+        assert!(timestamps);
+        // The agent's StreamLogs call, not a cancel event, tells it that the reader left.
+        drop(w);
+        assert!(a.outbox.is_empty());
+    }
+
     #[tokio::test]
     async fn a_log_reader_that_leaves_makes_the_agent_stop() {
         let t = LiveRequests::new();
         let a = session("a");
         a.outbox.set_connected(true);
-        let w = t.register("a", "log1", WaitKind::ContainerLog, 8, Some(a.clone()));
+        let w = t.register(
+            "a",
+            "log1",
+            WaitKind::ContainerLog { timestamps: false },
+            8,
+            Some(a.clone()),
+        );
         drop(w);
         let cancel = a.outbox.take_next(std::time::Instant::now()).unwrap();
         assert_eq!(

@@ -131,6 +131,16 @@ pub struct RedisCommandBody {
     pub subscribe: Option<RedisCommandBodySubscribe>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ping: Option<RedisCommandBodyPing>,
+    /// Our extension: the hub client's connection `connectionUuid` ended; the agent closes its
+    /// subscriptions for it at once. Sent only to agents whose subscribe answer set
+    /// [`RedisResponseBodySubscribeResponse::supports_close_connection`] (upstream agents end
+    /// them when the pings stop, after 10 minutes).
+    #[serde(
+        rename = "closeConnection",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub close_connection: Option<RedisCommandBodyCloseConnection>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +158,10 @@ pub struct RedisCommandBodySubscribe {
 /// Serialises as `{}` like Go's empty struct.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RedisCommandBodyPing {}
+
+/// Serialises as `{}`; see [`RedisCommandBody::close_connection`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedisCommandBodyCloseConnection {}
 
 /// The agent's answer to a [`RedisRequest`], or a push from a subscription.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +211,14 @@ pub struct RedisResponseBodyGet {
 pub struct RedisResponseBodySubscribeResponse {
     #[serde(default)]
     pub error: String,
+    /// Our extension (Go principals ignore it): the agent understands
+    /// [`RedisCommandBody::close_connection`]; omitted when false, as upstream agents send it.
+    #[serde(
+        rename = "supportsCloseConnection",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub supports_close_connection: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

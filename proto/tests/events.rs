@@ -703,7 +703,10 @@ fn payload_json_names_match_go_tags() {
                 cache_hit: true,
                 error: String::new(),
             }),
-            subscribe_response: Some(RedisResponseBodySubscribeResponse { error: "e".into() }),
+            subscribe_response: Some(RedisResponseBodySubscribeResponse {
+                error: "e".into(),
+                ..Default::default()
+            }),
             push_from_subscribe: Some(RedisResponseBodyPushFromSubscribe {
                 channel_name: "x".into(),
             }),
@@ -714,6 +717,29 @@ fn payload_json_names_match_go_tags() {
         serde_json::to_string(&resp).unwrap(),
         r#"{"uuid":"u","connectionUuid":"c","body":{"get":{"bytes":"aGk=","cacheHit":true,"error":""},"subscribeResponse":{"error":"e"},"pushFromSubscribe":{"channelName":"x"},"pong":{}}}"#
     );
+    // Our close-connection extension: a field Go peers ignore, both ways.
+    let close = RedisRequest {
+        uuid: "u".into(),
+        connection_uuid: "c".into(),
+        body: RedisCommandBody {
+            close_connection: Some(RedisCommandBodyCloseConnection {}),
+            ..Default::default()
+        },
+    };
+    assert_eq!(
+        serde_json::to_string(&close).unwrap(),
+        r#"{"uuid":"u","connectionUuid":"c","body":{"closeConnection":{}}}"#
+    );
+    let ours = RedisResponseBodySubscribeResponse {
+        error: String::new(),
+        supports_close_connection: true,
+    };
+    assert_eq!(
+        serde_json::to_string(&ours).unwrap(),
+        r#"{"error":"","supportsCloseConnection":true}"#
+    );
+    let go: RedisResponseBodySubscribeResponse = serde_json::from_str(r#"{"error":""}"#).unwrap();
+    assert!(!go.supports_close_connection, "upstream agents never close");
     // Go nil []byte decodes; Go omitted fields default.
     let get: RedisResponseBodyGet =
         serde_json::from_str(r#"{"bytes":null,"cacheHit":false}"#).unwrap();

@@ -253,8 +253,9 @@ impl LiveService {
                     .data_as()
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
                 tokio::spawn(async move {
-                    let resp = me.redis.handle(&me, &req).await;
-                    me.redis_answer(&resp);
+                    if let Some(resp) = me.redis.handle(&me, &req).await {
+                        me.redis_answer(&resp);
+                    }
                 });
             }
             Target::ContainerLog => {

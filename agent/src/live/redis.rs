@@ -5,8 +5,10 @@
 //! components do against its password-protected Redis; the password is never logged), the key mapping (the hub names an application `<agent>_<app>`; the local Argo CD, running
 //! the app in its own namespace, names it `<app>`), `GET` (one short connection per request),
 //! and `SUBSCRIBE`: one local subscriber connection per hub redis connection, whose messages go
-//! back as `pushFromSubscribe`; it ends when the hub connection stops pinging for
-//! [`IDLE_LIMIT`] (upstream: 10 minutes). The RESP codec is `redis-protocol`'s.
+//! back as `pushFromSubscribe`. It ends as soon as the principal says the hub client's connection
+//! ended (`closeConnection`, our extension, which our subscribe answers announce with
+//! `supportsCloseConnection`), and otherwise (an upstream principal) when the hub connection stops
+//! pinging for [`IDLE_LIMIT`] (upstream: 10 minutes). The RESP codec is `redis-protocol`'s.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -295,9 +297,12 @@ async fn get(target: &RedisTarget, key: &str) -> RedisResponseBodyGet {
 
 type SubscribeCommand = (String, String, oneshot::Sender<Result<(), String>>);
 
+/// The handle of one [`run_subscriber`] task; dropping it (its `stop` sender) ends the task and
+/// closes its local connection.
 struct Subscriber {
     commands: mpsc::Sender<SubscribeCommand>,
     last_ping: Arc<Mutex<Instant>>,
+    _stop: oneshot::Sender<()>,
 }
 
 /// Local subscriber connections by hub connection UUID.
@@ -315,12 +320,14 @@ fn frame_text(f: &Frame) -> Option<String> {
     }
 }
 
-/// Runs one local subscriber connection until the hub connection goes idle.
+/// Runs one local subscriber connection until the hub connection closes (`stop` resolves) or
+/// goes idle.
 async fn run_subscriber(
     live: Arc<LiveService>,
     connection: String,
     mut commands: mpsc::Receiver<SubscribeCommand>,
     last_ping: Arc<Mutex<Instant>>,
+    mut stop: oneshot::Receiver<()>,
 ) {
     let target = live.settings.redis.clone();
     let mut conn: Option<Connection> = None;
@@ -336,6 +343,10 @@ async fn run_subscriber(
             }
         };
         tokio::select! {
+            _ = &mut stop => {
+                debug!(connection = %connection, "hub redis connection closed; closing its subscriptions");
+                break;
+            }
             cmd = commands.recv() => {
                 let Some((local, hub, done)) = cmd else { break };
                 if conn.is_none() {
@@ -392,16 +403,31 @@ async fn run_subscriber(
             }
         }
     }
-    live.redis
+    // Only this task's entry: after a `closeConnection` it is gone already.
+    let mut map = live
+        .redis
         .by_connection
         .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&connection);
+        .unwrap_or_else(|e| e.into_inner());
+    if map
+        .get(&connection)
+        .is_some_and(|s| Arc::ptr_eq(&s.last_ping, &last_ping))
+    {
+        map.remove(&connection);
+    }
 }
 
 impl Subscriptions {
-    /// Answers one redis request.
-    pub async fn handle(&self, live: &Arc<LiveService>, req: &RedisRequest) -> RedisResponse {
+    /// Answers one redis request; `closeConnection` gets no answer (nobody waits for one).
+    pub async fn handle(
+        &self,
+        live: &Arc<LiveService>,
+        req: &RedisRequest,
+    ) -> Option<RedisResponse> {
+        if req.body.close_connection.is_some() {
+            self.close(&req.connection_uuid);
+            return None;
+        }
         let mut resp = RedisResponse {
             uuid: req.uuid.clone(),
             connection_uuid: req.connection_uuid.clone(),
@@ -418,7 +444,10 @@ impl Subscriptions {
                 Ok(()) => String::new(),
                 Err(e) => e,
             };
-            resp.body.subscribe_response = Some(RedisResponseBodySubscribeResponse { error });
+            resp.body.subscribe_response = Some(RedisResponseBodySubscribeResponse {
+                error,
+                supports_close_connection: true,
+            });
         } else {
             if let Some(sub) = self
                 .by_connection
@@ -430,7 +459,23 @@ impl Subscriptions {
             }
             resp.body.pong = Some(RedisResponseBodyPong {});
         }
-        resp
+        Some(resp)
+    }
+
+    /// Ends the subscriptions of hub connection `connection`: its subscriber task stops and
+    /// closes the local connection.
+    fn close(&self, connection: &str) {
+        let removed = self
+            .by_connection
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(connection);
+        if removed.is_some() {
+            debug!(
+                connection,
+                "hub redis connection closed; ending its local subscriptions"
+            );
+        }
     }
 
     async fn subscribe(
@@ -443,16 +488,19 @@ impl Subscriptions {
             let mut map = self.by_connection.lock().unwrap_or_else(|e| e.into_inner());
             let sub = map.entry(connection.to_string()).or_insert_with(|| {
                 let (tx, rx) = mpsc::channel(16);
+                let (stop_tx, stop_rx) = oneshot::channel();
                 let last_ping = Arc::new(Mutex::new(Instant::now()));
                 tokio::spawn(run_subscriber(
                     live.clone(),
                     connection.to_string(),
                     rx,
                     last_ping.clone(),
+                    stop_rx,
                 ));
                 Subscriber {
                     commands: tx,
                     last_ping,
+                    _stop: stop_tx,
                 }
             });
             *sub.last_ping.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();

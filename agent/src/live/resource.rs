@@ -323,6 +323,17 @@ impl Tracker<'_> {
     }
 }
 
+/// The path of a discovery request (no resource, no name): the one our principal names, else the
+/// one upstream principals encode by group and version alone (`/api/{v}`, `/apis/{g}/{v}`, and
+/// `/api` when both are empty).
+fn discovery_path(req: &ResourceRequest, named: Option<String>) -> String {
+    named.unwrap_or_else(|| match (req.group.as_str(), req.version.as_str()) {
+        ("", "") => "/api".into(),
+        ("", v) => format!("/api/{v}"),
+        (g, v) => format!("/apis/{g}/{v}"),
+    })
+}
+
 /// Runs `req` against the spoke apiserver; returns the HTTP status and body to send back.
 pub async fn execute(
     client: &kube::Client,
@@ -331,10 +342,8 @@ pub async fn execute(
 ) -> (u16, Vec<u8>) {
     let method = req.method.to_ascii_uppercase();
     let mut params = req.params.clone();
-    if req.is_list() && req.group.is_empty() && req.version.is_empty() {
-        let path = params
-            .remove(DISCOVERY_PATH_PARAM)
-            .unwrap_or_else(|| "/api".into());
+    if req.is_list() {
+        let path = discovery_path(req, params.remove(DISCOVERY_PATH_PARAM));
         if method != "GET" || !valid_discovery_path(&path) {
             return (
                 400,
@@ -543,6 +552,24 @@ mod tests {
         assert!(carries_tracking(&label, "custom/instance"));
         assert!(!carries_tracking(&label, DEFAULT_INSTANCE_LABEL));
         assert!(!carries_tracking(&none, DEFAULT_INSTANCE_LABEL));
+    }
+
+    #[test]
+    fn discovery_paths_come_from_the_parameter_or_upstreams_group_and_version() {
+        let req = |g: &str, v: &str| ResourceRequest {
+            group: g.into(),
+            version: v.into(),
+            ..ResourceRequest::default()
+        };
+        assert_eq!(discovery_path(&req("", ""), None), "/api");
+        assert_eq!(discovery_path(&req("", "v1"), None), "/api/v1");
+        assert_eq!(discovery_path(&req("apps", "v1"), None), "/apis/apps/v1");
+        let named = Some("/apis".to_string());
+        assert_eq!(discovery_path(&req("apps", "v1"), named), "/apis");
+        assert!(!valid_discovery_path(&discovery_path(
+            &req("apps", ""),
+            None
+        )));
     }
 
     #[test]

@@ -11,6 +11,16 @@
 //! array, or an unterminated line) is refused from its header, before the bytes arrive, and the
 //! connection closes. Each command is counted once in [`ProxyMetrics`].
 //!
+//! Bounded per client: one IP may hold `--redis-proxy-max-connections-per-ip` connections (the
+//! next one is answered `-ERR max number of clients reached …` and closed, as Redis answers at its
+//! `maxclients`), and one connection may hold `--redis-proxy-max-subscriptions-per-connection`
+//! channels on agents (a `SUBSCRIBE` past it gets an error for each channel over). The agent keeps
+//! a channel subscribed until the connection ends (there is no per-channel unsubscribe on the
+//! wire), so `UNSUBSCRIBE` does not free a slot. When a connection ends, each agent that answered
+//! its subscriptions with `supportsCloseConnection` (ours) is sent `closeConnection` and closes its
+//! subscriber connection to the spoke Redis at once; an upstream agent closes it when the
+//! connection's pings stop (its 10-minute idle rule).
+//!
 //! With hub Redis credentials configured (`--redis-password`, as Argo CD's default install
 //! protects its Redis), every upstream connection authenticates with them, and a client must
 //! authenticate first (`AUTH`, or `HELLO 2 AUTH`), as against Redis itself: the same credentials
@@ -21,14 +31,14 @@
 //! The RESP codec is the `redis-protocol` crate's, behind [`ClientCodec`]'s checks.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_agent_proto::event::Event;
 use argocd_agent_proto::payload::{
-    RedisCommandBody, RedisCommandBodyGet, RedisCommandBodyPing, RedisCommandBodySubscribe,
-    RedisRequest, RedisResponse,
+    RedisCommandBody, RedisCommandBodyCloseConnection, RedisCommandBodyGet, RedisCommandBodyPing,
+    RedisCommandBodySubscribe, RedisRequest, RedisResponse,
 };
 use bytes::{Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
@@ -41,6 +51,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::{Decoder, FramedRead, FramedWrite};
 
 use crate::config::RedisCredentials;
+use crate::listener::{ConnectionLimit, ConnectionSlot};
 use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
 use crate::metrics::ProxyMetrics;
 use crate::sessions::AgentRegistry;
@@ -58,6 +69,13 @@ const SUBSCRIPTION_PING: Duration = Duration::from_secs(60);
 pub const DEFAULT_MAX_REQUEST_SIZE: usize = 16 << 20;
 /// The fewest bytes a RESP element takes (`+\r\n`), to bound what an array header declares.
 const MIN_ELEMENT_SIZE: u64 = 3;
+/// Default `--redis-proxy-max-connections-per-ip`: Argo CD's server pools its connections
+/// (go-redis: 10 per CPU) and opens one more per live-view watch; each connection holds a hub
+/// Redis connection and, with subscriptions, one on the agent's Redis.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 512;
+/// Default `--redis-proxy-max-subscriptions-per-connection`: Argo CD subscribes one channel per
+/// connection.
+pub const DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 64;
 
 /// The proxy's view of the principal.
 pub struct RedisProxy {
@@ -71,6 +89,10 @@ pub struct RedisProxy {
     pub credentials: Option<RedisCredentials>,
     /// Largest client frame in bytes.
     pub max_request_size: usize,
+    /// Connections one client IP may hold open.
+    pub max_connections_per_ip: usize,
+    /// Channels one connection may hold subscribed on agents.
+    pub max_subscriptions_per_connection: usize,
     /// Commands, errors and latency.
     pub metrics: ProxyMetrics,
 }
@@ -419,8 +441,13 @@ struct ClientConnection {
     upstream: Option<Upstream>,
     /// Channels subscribed through agents.
     agent_channels: BTreeSet<String>,
+    /// Channels the agents hold subscribed for this connection (until it ends, whatever the
+    /// client unsubscribed): what the subscription cap counts.
+    held_channels: BTreeSet<String>,
     /// Agents with subscriptions on this connection.
     agents: BTreeSet<String>,
+    /// Agents that announced `supportsCloseConnection`: told when this connection ends.
+    closing_agents: BTreeSet<String>,
     /// Subscription pushes from agents.
     pushes: Option<LiveWaiter>,
     /// The client is in subscribed mode on the upstream.
@@ -703,6 +730,17 @@ impl ClientConnection {
                         continue;
                     };
                     let channel = String::from_utf8_lossy(ch).into_owned();
+                    let max = self.proxy.max_subscriptions_per_connection;
+                    if !self.held_channels.contains(&channel) && self.held_channels.len() >= max {
+                        self.trace.agent.get_or_insert_with(|| agent.clone());
+                        replies.push(self.fail((
+                            "too_many_subscriptions",
+                            format!(
+                                "max number of subscriptions reached: this connection holds {max} channels on agents (--redis-proxy-max-subscriptions-per-connection; UNSUBSCRIBE does not free them, open a new connection)"
+                            ),
+                        )));
+                        continue;
+                    }
                     if self.pushes.is_none() {
                         self.pushes = Some(self.proxy.live.register(
                             &agent,
@@ -722,6 +760,10 @@ impl ClientConnection {
                         Ok(resp) => match resp.body.subscribe_response {
                             Some(s) if s.error.is_empty() => {
                                 self.agent_channels.insert(channel.clone());
+                                self.held_channels.insert(channel.clone());
+                                if s.supports_close_connection {
+                                    self.closing_agents.insert(agent.clone());
+                                }
                                 self.agents.insert(agent);
                                 replies.push(Frame::Array(vec![
                                     bulk("subscribe"),
@@ -805,17 +847,40 @@ impl ClientConnection {
                 ping: Some(RedisCommandBodyPing {}),
                 ..Default::default()
             };
-            let Some(session) = self.proxy.registry.get(agent) else {
-                continue;
-            };
-            let req = RedisRequest {
-                uuid: uuid::Uuid::new_v4().to_string(),
-                connection_uuid: self.id.clone(),
-                body,
-            };
-            if let Ok(ev) = Event::redis_request("", &req) {
-                let _ = session.outbox.push(ev);
+            self.notify_agent(agent, body);
+        }
+    }
+
+    /// Queues `body` about this connection for `agent`, answered by nobody.
+    fn notify_agent(&self, agent: &str, body: RedisCommandBody) {
+        let Some(session) = self.proxy.registry.get(agent) else {
+            return;
+        };
+        let req = RedisRequest {
+            uuid: uuid::Uuid::new_v4().to_string(),
+            connection_uuid: self.id.clone(),
+            body,
+        };
+        match Event::redis_request("", &req) {
+            Ok(ev) => {
+                if let Err(e) = session.outbox.push(ev) {
+                    tracing::debug!(agent, connection = %self.id, error = %e, "redis proxy: cannot queue a notice for the agent");
+                }
             }
+            Err(e) => tracing::warn!(error = %e, "redis proxy: cannot build a redis request"),
+        }
+    }
+}
+
+/// However the connection ends, the agents that can close its subscriptions are told to.
+impl Drop for ClientConnection {
+    fn drop(&mut self) {
+        for agent in &self.closing_agents {
+            let body = RedisCommandBody {
+                close_connection: Some(RedisCommandBodyCloseConnection {}),
+                ..Default::default()
+            };
+            self.notify_agent(agent, body);
         }
     }
 }
@@ -882,6 +947,7 @@ async fn serve_client(
     tcp: TcpStream,
     remote: SocketAddr,
     command_timeout: Duration,
+    _slot: ConnectionSlot<IpAddr>,
 ) {
     let _ = tcp.set_nodelay(true);
     let (r, w) = tcp.into_split();
@@ -906,7 +972,9 @@ async fn serve_client(
         id: uuid::Uuid::new_v4().to_string(),
         upstream: None,
         agent_channels: BTreeSet::new(),
+        held_channels: BTreeSet::new(),
         agents: BTreeSet::new(),
+        closing_agents: BTreeSet::new(),
         pushes: None,
         upstream_subscribed: false,
         trace: CommandTrace::default(),
@@ -993,6 +1061,42 @@ async fn serve_client(
     }
 }
 
+/// Answers a client over the per-IP cap with an error, as Redis answers at `maxclients`, and
+/// closes the connection without reading from it.
+async fn refuse_client(
+    proxy: Arc<RedisProxy>,
+    mut tcp: TcpStream,
+    remote: SocketAddr,
+    open: usize,
+) {
+    use tokio::io::AsyncWriteExt;
+    tracing::info!(%remote, open, "redis proxy: refusing a connection over --redis-proxy-max-connections-per-ip");
+    proxy
+        .metrics
+        .observe("", "INVALID", Some("too_many_connections"), Duration::ZERO);
+    let reply = format!(
+        "-ERR max number of clients reached: {open} connections from {} are open (--redis-proxy-max-connections-per-ip)\r\n",
+        remote.ip()
+    );
+    // What the client already sent is read and dropped until it closes (at most a second and
+    // 64 KiB): closing with unread input would reset the connection before it reads the error.
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        use tokio::io::AsyncReadExt;
+        tcp.write_all(reply.as_bytes()).await?;
+        tcp.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut drained = 0;
+        while drained < 64 << 10 {
+            match tcp.read(&mut sink).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        std::io::Result::Ok(())
+    })
+    .await;
+}
+
 /// Binds `addr` and serves the proxy; a client must send each command within `command_timeout`
 /// of its start (and its first one within that of connecting). Returns the bound address.
 pub async fn serve(
@@ -1002,12 +1106,24 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let per_ip = ConnectionLimit::new(proxy.max_connections_per_ip);
     tokio::spawn(async move {
         loop {
             match listener.accept().await {
-                Ok((tcp, remote)) => {
-                    tokio::spawn(serve_client(proxy.clone(), tcp, remote, command_timeout));
-                }
+                Ok((tcp, remote)) => match per_ip.admit(remote.ip()) {
+                    Ok(slot) => {
+                        tokio::spawn(serve_client(
+                            proxy.clone(),
+                            tcp,
+                            remote,
+                            command_timeout,
+                            slot,
+                        ));
+                    }
+                    Err(open) => {
+                        tokio::spawn(refuse_client(proxy.clone(), tcp, remote, open));
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "redis proxy: accepting a connection failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;

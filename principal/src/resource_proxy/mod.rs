@@ -103,13 +103,9 @@ pub fn identify_caller(
         .map_err(|e| refused(format!("the bearer token does not name an agent: {e}")))
 }
 
-/// A Kubernetes `Status` failure response, marked as the proxy's own ([`ProxyFailure`]).
-pub fn status_response(
-    code: StatusCode,
-    reason: &'static str,
-    message: impl Into<String>,
-) -> Response<ProxyBody> {
-    let body = json!({
+/// The JSON of a Kubernetes `Status` failure with `code`, `reason` and `message`.
+pub fn status_body(code: StatusCode, reason: &str, message: impl Into<String>) -> Vec<u8> {
+    json!({
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
@@ -117,8 +113,18 @@ pub fn status_response(
         "message": message.into(),
         "reason": reason,
         "code": code.as_u16(),
-    });
-    let mut resp = Response::new(full(body.to_string().into_bytes()));
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// A Kubernetes `Status` failure response, marked as the proxy's own ([`ProxyFailure`]).
+pub fn status_response(
+    code: StatusCode,
+    reason: &'static str,
+    message: impl Into<String>,
+) -> Response<ProxyBody> {
+    let mut resp = Response::new(full(status_body(code, reason, message)));
     *resp.status_mut() = code;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -271,7 +277,9 @@ impl ResourceProxy {
                 let waiter = self.live.register(
                     agent.as_str(),
                     &uuid,
-                    WaitKind::ContainerLog,
+                    WaitKind::ContainerLog {
+                        timestamps: log.timestamps,
+                    },
                     PART_BUFFER,
                     Some(session.clone()),
                 );

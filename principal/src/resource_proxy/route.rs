@@ -157,6 +157,14 @@ pub fn resource_request(
     };
     match route {
         ApiRoute::Discovery(path) => {
+            // Upstream's agents know a discovery request by its group and version alone
+            // (`/api/v1`, `/apis/apps/v1`); ours by the path, which covers every discovery path.
+            let segs: Vec<&str> = path.split('/').skip(1).collect();
+            match segs.as_slice() {
+                ["api", v] => req.version = v.to_string(),
+                ["apis", g, v] => (req.group, req.version) = (g.to_string(), v.to_string()),
+                _ => {}
+            }
             params.insert(DISCOVERY_PATH_PARAM.to_string(), path.clone());
         }
         ApiRoute::Resource {
@@ -198,6 +206,23 @@ mod tests {
             name: name.clone(),
             subresource: subresource.clone(),
         })
+    }
+
+    #[test]
+    fn discovery_requests_carry_upstreams_group_and_version_and_our_path() {
+        for (path, group, version) in [
+            ("/api", "", ""),
+            ("/apis", "", ""),
+            ("/api/v1", "", "v1"),
+            ("/apis/apps", "", ""),
+            ("/apis/apps/v1", "apps", "v1"),
+        ] {
+            let route = ApiRoute::Discovery(path.into());
+            let req = resource_request("u", "GET", &route, BTreeMap::new(), Vec::new());
+            assert_eq!((req.group.as_str(), req.version.as_str()), (group, version));
+            assert!(req.resource.is_empty() && req.name.is_empty(), "{path}");
+            assert_eq!(req.params[DISCOVERY_PATH_PARAM], path);
+        }
     }
 
     #[test]
