@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, check_host_name, AgentMode, HostPort};
+use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs};
 use argocd_agent_runtime::telemetry::LogFormat;
 use argocd_agent_runtime::tls::TlsVersion;
 use clap::builder::BoolishValueParser;
@@ -63,6 +64,7 @@ pub enum AdoptionPolicy {
 /// twice takes its last value.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "argocd-agent", version, about, long_about = None, args_override_self = true)]
+#[command(mut_args = FLAGS.mirror_env())]
 pub struct AgentArgs {
     /// The principal's gRPC endpoint.
     #[arg(long, env = "ARGOCD_AGENT_SERVER_ADDRESS", value_name = "HOST:PORT")]
@@ -134,24 +136,9 @@ pub struct AgentArgs {
     )]
     pub redis_address: HostPort,
 
-    /// Username for this cluster's Argo CD Redis (Redis 6 ACL user) [fallback env: REDIS_USERNAME].
-    #[arg(long, env = "ARGOCD_AGENT_REDIS_USERNAME", value_name = "NAME")]
-    pub redis_username: Option<String>,
-
-    /// Password for this cluster's Argo CD Redis (Argo CD's secret `argocd-redis`, key `auth`);
-    /// prefer the env var or --redis-creds-dir-path to the command line [fallback env: REDIS_PASSWORD].
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_REDIS_PASSWORD",
-        hide_env_values = true,
-        value_name = "PASSWORD"
-    )]
-    pub redis_password: Option<RedisPassword>,
-
-    /// Directory with the Redis password in file `auth` and optionally the username in
-    /// `auth_username` (the mounted `argocd-redis` secret) [fallback env: REDIS_CREDS_DIR_PATH].
-    #[arg(long, env = "ARGOCD_AGENT_REDIS_CREDS_DIR_PATH", value_name = "DIR")]
-    pub redis_creds_dir_path: Option<PathBuf>,
+    /// Credentials of the local Argo CD Redis.
+    #[command(flatten)]
+    pub redis: RedisCredentialArgs,
 
     /// Connect to this cluster's Argo CD Redis with TLS.
     #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_ENABLED", default_value_t = false,
@@ -302,41 +289,13 @@ pub struct AgentArgs {
     )]
     pub resync_interval: Duration,
 
-    /// Kubeconfig of this cluster [default: in-cluster config, then $KUBECONFIG, then ~/.kube/config].
-    #[arg(long, env = "ARGOCD_AGENT_KUBECONFIG", value_name = "PATH")]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// Context to use from the kubeconfig [default: its current context].
-    #[arg(long, env = "ARGOCD_AGENT_KUBECONTEXT", value_name = "NAME")]
-    pub kubecontext: Option<String>,
-
-    /// Log filter: a level (trace, debug, info, warn, error) or directives like `argocd_agent_agent=debug,info`.
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_LOG_LEVEL",
-        default_value = "info",
-        value_name = "FILTER"
-    )]
-    pub log_level: String,
-
-    /// Log line format.
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_LOG_FORMAT",
-        default_value_t = LogFormat::Text,
-        value_enum,
-        value_name = "FORMAT"
-    )]
-    pub log_format: LogFormat,
-
     /// Only watch local objects matching this Kubernetes label selector.
     #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR", value_name = "SELECTOR")]
     pub label_selector: Option<String>,
 
-    /// OTLP/gRPC endpoint (HOST:PORT or http://HOST:PORT of a collector) to export traces to; the
-    /// agent continues the principal's traces carried in each event's `traceparent`.
-    #[arg(long, env = "ARGOCD_AGENT_OTLP_ADDRESS", value_name = "HOST:PORT")]
-    pub otlp_address: Option<String>,
+    /// Cluster, logging and trace flags shared with the other binaries.
+    #[command(flatten)]
+    pub process: ProcessArgs,
 }
 
 impl AgentArgs {
@@ -547,13 +506,7 @@ impl AgentArgs {
         self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<AgentConfig, ConfigError> {
-        let redis_credentials = redis_credentials(
-            &FLAGS,
-            self.redis_username.clone(),
-            self.redis_password.clone(),
-            self.redis_creds_dir_path.clone(),
-            env,
-        )?;
+        let redis_credentials = self.redis.resolve(&FLAGS, env)?;
         let redis_tls = redis_tls(
             self.redis_tls_enabled,
             self.redis_tls_ca_path.clone(),
@@ -671,8 +624,7 @@ impl AgentArgs {
             .map(|url| parse_log_endpoint(&url).map_err(|e| FLAGS.invalid("log-endpoint", e)))
             .transpose()?;
 
-        let kube = FLAGS.kube_client(self.kubeconfig, self.kubecontext)?;
-        FLAGS.log_level(&self.log_level)?;
+        let process = self.process.check(&FLAGS)?;
         let label_selector = FLAGS.label_selector(self.label_selector)?;
 
         Ok(AgentConfig {
@@ -700,11 +652,11 @@ impl AgentArgs {
             source_uid_mismatch_policy: self.source_uid_mismatch_policy,
             adoption_policy: self.adoption_policy,
             resync_interval,
-            kube,
-            log_level: self.log_level,
-            log_format: self.log_format,
+            kube: process.kube,
+            log_level: process.log_level,
+            log_format: process.log_format,
             label_selector,
-            otlp_address: non_empty(self.otlp_address),
+            otlp_address: process.otlp_address,
         })
     }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use argocd_agent_proto::identity::IdentitySource;
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, AgentMode, HostPort};
+use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs};
 use argocd_agent_runtime::telemetry::LogFormat;
 use argocd_agent_runtime::tls::TlsVersion;
 use clap::builder::BoolishValueParser;
@@ -45,6 +46,7 @@ pub fn env_var_for(flag: &str) -> String {
 /// twice takes its last value.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "argocd-principal", version, about, long_about = None, args_override_self = true)]
+#[command(mut_args = FLAGS.mirror_env())]
 pub struct PrincipalArgs {
     /// Address the agent-facing gRPC (mTLS) server listens on.
     #[arg(
@@ -261,30 +263,9 @@ pub struct PrincipalArgs {
     )]
     pub redis_server_address: HostPort,
 
-    /// Username for the hub's Argo CD Redis (Redis 6 ACL user) [fallback env: REDIS_USERNAME].
-    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_USERNAME", value_name = "NAME")]
-    pub redis_username: Option<String>,
-
-    /// Password for the hub's Argo CD Redis (Argo CD's secret `argocd-redis`, key `auth`): the
-    /// proxy authenticates its upstream connections with it and requires Redis proxy clients to
-    /// authenticate as Redis would; prefer the env var or --redis-creds-dir-path to the command
-    /// line [fallback env: REDIS_PASSWORD].
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_REDIS_PASSWORD",
-        hide_env_values = true,
-        value_name = "PASSWORD"
-    )]
-    pub redis_password: Option<RedisPassword>,
-
-    /// Directory with the hub Redis password in file `auth` and optionally the username in
-    /// `auth_username` (the mounted `argocd-redis` secret) [fallback env: REDIS_CREDS_DIR_PATH].
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_REDIS_CREDS_DIR_PATH",
-        value_name = "DIR"
-    )]
-    pub redis_creds_dir_path: Option<PathBuf>,
+    /// Credentials of the local Argo CD Redis.
+    #[command(flatten)]
+    pub redis: RedisCredentialArgs,
 
     /// Largest request a Redis proxy client may send, in bytes (units such as 16MiB accepted): a
     /// command declaring more gets an error and its connection is closed, before the bytes are
@@ -336,14 +317,6 @@ pub struct PrincipalArgs {
         value_name = "IP:PORT"
     )]
     pub health_address: SocketAddr,
-
-    /// Kubeconfig of the hub cluster [default: in-cluster config, then $KUBECONFIG, then ~/.kube/config].
-    #[arg(long, env = "ARGOCD_PRINCIPAL_KUBECONFIG", value_name = "PATH")]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// Context to use from the kubeconfig [default: its current context].
-    #[arg(long, env = "ARGOCD_PRINCIPAL_KUBECONTEXT", value_name = "NAME")]
-    pub kubecontext: Option<String>,
 
     /// Run the embedded GitOpsCluster operator.
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_OPERATOR", default_value_t = true,
@@ -417,34 +390,14 @@ pub struct PrincipalArgs {
     )]
     pub refresh_token_lifetime: Duration,
 
-    /// Log filter: a level (trace, debug, info, warn, error) or directives like `argocd_agent_principal=debug,info`.
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_LOG_LEVEL",
-        default_value = "info",
-        value_name = "FILTER"
-    )]
-    pub log_level: String,
-
-    /// Log line format.
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_LOG_FORMAT",
-        default_value_t = LogFormat::Text,
-        value_enum,
-        value_name = "FORMAT"
-    )]
-    pub log_format: LogFormat,
-
     /// Only hub Applications, AppProjects and repository Secrets matching this Kubernetes label
     /// selector are watched and synced to agents; one that stops matching is deleted from them.
     #[arg(long, env = "ARGOCD_PRINCIPAL_LABEL_SELECTOR", value_name = "SELECTOR")]
     pub label_selector: Option<String>,
 
-    /// OTLP/gRPC endpoint (HOST:PORT or http://HOST:PORT of a collector) to export traces to; the
-    /// trace context crosses to the agents in each event's `traceparent`.
-    #[arg(long, env = "ARGOCD_PRINCIPAL_OTLP_ADDRESS", value_name = "HOST:PORT")]
-    pub otlp_address: Option<String>,
+    /// Cluster, logging and trace flags shared with the other binaries.
+    #[command(flatten)]
+    pub process: ProcessArgs,
 
     /// High availability (`--ha-*`): see [`crate::leadership`].
     #[command(flatten)]
@@ -610,13 +563,7 @@ impl PrincipalArgs {
         self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<PrincipalConfig, ConfigError> {
-        let redis_credentials = redis_credentials(
-            &FLAGS,
-            self.redis_username.clone(),
-            self.redis_password.clone(),
-            self.redis_creds_dir_path.clone(),
-            env,
-        )?;
+        let redis_credentials = self.redis.resolve(&FLAGS, env)?;
         let tls = ServerTlsFiles {
             cert: FLAGS.readable_file("tls-cert", &self.tls_cert)?,
             key: FLAGS.readable_file("tls-key", &self.tls_key)?,
@@ -788,7 +735,7 @@ impl PrincipalArgs {
             )?;
         }
 
-        let kube = FLAGS.kube_client(self.kubeconfig, self.kubecontext)?;
+        let process = self.process.check(&FLAGS)?;
         let grpc_max_message_size = FLAGS.grpc_max_message_size(self.grpc_max_message_size)?;
 
         let keepalive_min_interval =
@@ -823,7 +770,6 @@ impl PrincipalArgs {
             }
         }
 
-        FLAGS.log_level(&self.log_level)?;
         let label_selector = FLAGS.label_selector(self.label_selector)?;
 
         let ha = self.ha.validate(&self.namespace)?;
@@ -853,7 +799,7 @@ impl PrincipalArgs {
             max_connections_per_agent: self.max_connections_per_agent,
             metrics_address: self.metrics_address,
             health_address: self.health_address,
-            kube,
+            kube: process.kube,
             enable_operator: self.enable_operator,
             operator: self.operator.validate(&FLAGS)?,
             grpc_max_message_size,
@@ -861,10 +807,10 @@ impl PrincipalArgs {
             resync_interval,
             access_token_lifetime: self.access_token_lifetime,
             refresh_token_lifetime: self.refresh_token_lifetime,
-            log_level: self.log_level,
-            log_format: self.log_format,
+            log_level: process.log_level,
+            log_format: process.log_format,
             label_selector,
-            otlp_address: non_empty(self.otlp_address),
+            otlp_address: process.otlp_address,
             ha,
         })
     }

@@ -123,6 +123,19 @@ impl FlagEnv {
         )
     }
 
+    /// For `Command::mut_args`: gives every long flag without an env var the one
+    /// [`FlagEnv::env_var_for`] names, so flags declared once for several binaries
+    /// ([`crate::process_args`]) are mirrored by each binary's own env vars.
+    pub fn mirror_env(self) -> impl FnMut(clap::Arg) -> clap::Arg {
+        move |arg| match arg.get_long() {
+            Some(long) if arg.get_env().is_none() && !matches!(long, "help" | "version") => {
+                let env = self.env_var_for(long);
+                arg.env(env)
+            }
+            _ => arg,
+        }
+    }
+
     /// The long flags of `cmd` (but `--help` and `--version`) not mirrored by the env var
     /// [`FlagEnv::env_var_for`] names, each saying what it has instead; empty when all are.
     pub fn flags_without_their_env_var(&self, cmd: &clap::Command) -> Vec<String> {

@@ -1,0 +1,143 @@
+//! Flags every long-running binary takes with the same meaning, declared once.
+//!
+//! Owns [`ProcessArgs`] (which cluster: `--kubeconfig` / `--kubecontext`; how to log:
+//! `--log-level` / `--log-format`; where to export traces: `--otlp-address`) and
+//! [`RedisCredentialArgs`] (`--redis-username` / `--redis-password` / `--redis-creds-dir-path` for
+//! the Argo CD Redis next to the process), each with its checks. A binary flattens them into its
+//! own flags and mirrors them by its own env vars with [`FlagEnv::mirror_env`] (e.g.
+//! `ARGOCD_AGENT_KUBECONFIG`, `ARGOCD_PRINCIPAL_KUBECONFIG`).
+
+use std::path::PathBuf;
+
+use crate::binary_config::{non_empty, ConfigError, FlagEnv, KubeClientConfig};
+use crate::redis_credentials::{redis_credentials, RedisCredentials, RedisPassword};
+use crate::telemetry::LogFormat;
+
+/// Cluster, logging and trace flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ProcessArgs {
+    /// Kubeconfig of the cluster this process works on [default: in-cluster config, then
+    /// $KUBECONFIG, then ~/.kube/config].
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Context to use from the kubeconfig [default: its current context].
+    #[arg(long, value_name = "NAME")]
+    pub kubecontext: Option<String>,
+
+    /// Log filter: a level (trace, debug, info, warn, error) or per-module directives such as
+    /// `argocd_agent_principal=debug,info`.
+    #[arg(long, default_value = "info", value_name = "FILTER")]
+    pub log_level: String,
+
+    /// Log line format.
+    #[arg(long, default_value_t = LogFormat::Text, value_enum, value_name = "FORMAT")]
+    pub log_format: LogFormat,
+
+    /// OTLP/gRPC endpoint (HOST:PORT or http://HOST:PORT of a collector) to export traces to; the
+    /// trace context crosses between principal and agents in each event's `traceparent`.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub otlp_address: Option<String>,
+}
+
+/// [`ProcessArgs`], checked.
+#[derive(Debug, Clone)]
+pub struct ProcessSettings {
+    /// Which cluster.
+    pub kube: KubeClientConfig,
+    /// Log filter (checked).
+    pub log_level: String,
+    /// Log line format.
+    pub log_format: LogFormat,
+    /// Trace export endpoint, if any.
+    pub otlp_address: Option<String>,
+}
+
+impl ProcessArgs {
+    /// Checks the values: a readable kubeconfig, a log filter the logger understands.
+    pub fn check(self, flags: &FlagEnv) -> Result<ProcessSettings, ConfigError> {
+        let kube = flags.kube_client(self.kubeconfig, self.kubecontext)?;
+        flags.log_level(&self.log_level)?;
+        Ok(ProcessSettings {
+            kube,
+            log_level: self.log_level,
+            log_format: self.log_format,
+            otlp_address: non_empty(self.otlp_address),
+        })
+    }
+}
+
+/// Credentials of the Argo CD Redis next to this process (Argo CD's secret `argocd-redis`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RedisCredentialArgs {
+    /// Username for the local Argo CD Redis (Redis 6 ACL user) [fallback env: REDIS_USERNAME].
+    #[arg(long, value_name = "NAME")]
+    pub redis_username: Option<String>,
+
+    /// Password for the local Argo CD Redis (Argo CD's secret `argocd-redis`, key `auth`); on the
+    /// principal, Redis proxy clients must authenticate with it as Redis would. Prefer the env var
+    /// or --redis-creds-dir-path to the command line [fallback env: REDIS_PASSWORD].
+    #[arg(long, hide_env_values = true, value_name = "PASSWORD")]
+    pub redis_password: Option<RedisPassword>,
+
+    /// Directory with the Redis password in file `auth` and optionally the username in
+    /// `auth_username` (the mounted `argocd-redis` secret) [fallback env: REDIS_CREDS_DIR_PATH].
+    #[arg(long, value_name = "DIR")]
+    pub redis_creds_dir_path: Option<PathBuf>,
+}
+
+impl RedisCredentialArgs {
+    /// The credentials the flags, else upstream's `REDIS_*` env vars (looked up with `env`),
+    /// give; `None` for a Redis without a password.
+    pub fn resolve(
+        &self,
+        flags: &FlagEnv,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<RedisCredentials>, ConfigError> {
+        redis_credentials(
+            flags,
+            self.redis_username.clone(),
+            self.redis_password.clone(),
+            self.redis_creds_dir_path.clone(),
+            env,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    const FLAGS: FlagEnv = FlagEnv::new("ARGOCD_TEST_");
+
+    #[derive(Parser, Debug)]
+    #[command(mut_args = FLAGS.mirror_env())]
+    struct Args {
+        #[command(flatten)]
+        process: ProcessArgs,
+        #[command(flatten)]
+        redis: RedisCredentialArgs,
+    }
+
+    #[test]
+    fn shared_flags_are_mirrored_by_each_binarys_own_env_vars() {
+        let cmd = Args::command();
+        assert!(FLAGS.flags_without_their_env_var(&cmd).is_empty());
+        let kubeconfig = cmd
+            .get_arguments()
+            .find(|a| a.get_long() == Some("kubeconfig"))
+            .unwrap();
+        assert_eq!(kubeconfig.get_env().unwrap(), "ARGOCD_TEST_KUBECONFIG");
+        let help = Args::command().render_long_help().to_string();
+        assert!(help.contains("ARGOCD_TEST_REDIS_PASSWORD"), "{help}");
+    }
+
+    #[test]
+    fn a_log_filter_the_logger_refuses_names_the_flag_and_env_var() {
+        let args = Args::try_parse_from(["x", "--log-level=nonsense=="]).unwrap();
+        let err = args.process.check(&FLAGS).unwrap_err().to_string();
+        assert!(err.contains("ARGOCD_TEST_LOG_LEVEL"), "{err}");
+    }
+}
