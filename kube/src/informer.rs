@@ -11,8 +11,9 @@
 //!
 //! The store is never stale behind the callbacks: an object is in the store (or gone from it)
 //! before its callback runs, also during a relist. Handlers run one at a time, in watch order, on
-//! the informer's task; a slow handler slows only its own kind. [`Informer::wait_listed`] waits
-//! for the first complete list.
+//! the informer's task; a slow handler slows only its own kind. [`InformerReader::wait_listed`]
+//! waits for the first complete list. [`Informer::consume`] takes the events from any stream, so
+//! a component's handlers can be unit-tested without an apiserver.
 
 use std::collections::HashSet;
 use std::fmt::Debug;
@@ -167,8 +168,9 @@ where
         self.consume(events).await
     }
 
-    /// Applies a watch's events to the store and calls the handlers (the seam unit tests use).
-    async fn consume(
+    /// Applies a watch's events to the store and calls the handlers: what [`Informer::run`] does
+    /// with the live watch, and the seam unit tests feed directly.
+    pub async fn consume(
         mut self,
         events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
     ) {
