@@ -1,9 +1,10 @@
 //! Autonomous mode on the spoke: the spoke is the source of truth for Applications and
 //! AppProjects (spec and status); the principal keeps mirrors of them on the hub.
 //!
-//! Owns: [`AutonomousSync`], the watcher of the agent namespace that reports every change of an
-//! Application or AppProject as a `spec-update` (spec and status together) and every deletion as
-//! a `delete`, and the [`EventHandler`] for what the principal sends an autonomous agent: resync
+//! Owns: [`AutonomousSync`], the observer of the agent namespace's informers
+//! ([`crate::spoke_watch`]) that reports every new Application or AppProject as a `create`, every
+//! change of one as a `spec-update` (spec and status together) and every deletion as a `delete`,
+//! and the [`EventHandler`] for what the principal sends an autonomous agent: resync
 //! questions (`request-update` with the mirror's checksum, `request-synced-resource-list` with
 //! the checksum of the hub's key set) and the operations users request on a hub mirror
 //! (`set-operation`, `terminate-operation`, `spec-update` carrying the refresh annotation), which
@@ -21,9 +22,7 @@ use argocd_agent_proto::event::{set_checksum, Event, EventType, ResourceKey, AGE
 use argocd_agent_proto::payload::{RequestSyncedResourceList, RequestUpdate, SyncedResource};
 use argocd_agent_proto::sync::resync::{owned_checksum, synced_resource_key, RESYNC_REQUEST_KEY};
 use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
-use futures::StreamExt;
 use kube::api::{Api, DynamicObject, ListParams, Patch};
-use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
@@ -31,6 +30,7 @@ use argocd_agent_kube::errors::{handle_error, is_not_found};
 
 use crate::managed::{patch_params, to_json};
 use crate::spoke_copy::{object_name, object_uid, SyncedKind, REFRESH_ANNOTATION};
+use crate::spoke_watch::{SpokeInformers, SpokeObserver};
 
 /// The spoke side of autonomous mode (see the module docs). Share it as `Arc<AutonomousSync>`.
 pub struct AutonomousSync {
@@ -38,6 +38,8 @@ pub struct AutonomousSync {
     label_selector: Option<String>,
     apps: Api<DynamicObject>,
     projects: Api<DynamicObject>,
+    /// What the spoke holds, per kind, as the watch last saw it.
+    spoke: SpokeInformers,
     outbox: Arc<Outbox>,
     state: Mutex<SentState>,
 }
@@ -81,9 +83,16 @@ impl AutonomousSync {
         if !full_resync {
             state.record_only = HashSet::from([SyncedKind::Application, SyncedKind::AppProject]);
         }
+        let spoke = SpokeInformers::new(
+            &client,
+            &namespace,
+            [SyncedKind::Application, SyncedKind::AppProject]
+                .map(|kind| (kind, label_selector.clone())),
+        );
         Arc::new(AutonomousSync {
             apps: api(SyncedKind::Application),
             projects: api(SyncedKind::AppProject),
+            spoke,
             namespace,
             label_selector,
             outbox,
@@ -172,71 +181,7 @@ impl AutonomousSync {
 
     /// Watches Applications and AppProjects in the agent namespace until the future is dropped.
     pub async fn run_watchers(self: Arc<Self>) {
-        futures::join!(
-            self.clone().watch(SyncedKind::Application),
-            self.clone().watch(SyncedKind::AppProject)
-        );
-    }
-
-    async fn watch(self: Arc<Self>, kind: SyncedKind) {
-        let mut config = watcher::Config::default();
-        if let Some(sel) = &self.label_selector {
-            config = config.labels(sel);
-        }
-        let Ok(api) = self.api(kind) else { return };
-        let mut events = watcher(api.clone(), config).default_backoff().boxed();
-        let mut known: HashMap<String, String> = HashMap::new();
-        let mut relisted: Option<HashSet<String>> = None;
-        let mut failing: Option<String> = None;
-        while let Some(item) = events.next().await {
-            let event = match item {
-                Ok(ev) => ev,
-                Err(e) => {
-                    let msg = e.to_string();
-                    if failing.as_deref() != Some(msg.as_str()) {
-                        warn!(kind = %kind, namespace = %self.namespace, error = %msg, "watching spoke objects failed; retrying");
-                        failing = Some(msg);
-                    }
-                    continue;
-                }
-            };
-            if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_))
-                && failing.take().is_some()
-            {
-                info!(kind = %kind, namespace = %self.namespace, "watching spoke objects again");
-            }
-            match event {
-                watcher::Event::Init => relisted = Some(HashSet::new()),
-                watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
-                    let obj = to_json(&obj);
-                    let name = object_name(&obj).to_string();
-                    if let Some(seen) = relisted.as_mut() {
-                        seen.insert(name.clone());
-                    }
-                    known.insert(name, object_uid(&obj).to_string());
-                    self.on_applied(kind, &obj);
-                }
-                watcher::Event::InitDone => {
-                    let seen = relisted.take().unwrap_or_default();
-                    let vanished: Vec<(String, String)> = known
-                        .iter()
-                        .filter(|(n, _)| !seen.contains(*n))
-                        .map(|(n, u)| (n.clone(), u.clone()))
-                        .collect();
-                    for (name, uid) in vanished {
-                        known.remove(&name);
-                        self.on_gone(kind, &name, &uid);
-                    }
-                    self.lock().record_only.remove(&kind);
-                }
-                watcher::Event::Delete(obj) => {
-                    let obj = to_json(&obj);
-                    let name = object_name(&obj).to_string();
-                    known.remove(&name);
-                    self.on_gone(kind, &name, object_uid(&obj));
-                }
-            }
-        }
+        self.spoke.run(&self).await
     }
 
     fn on_applied(&self, kind: SyncedKind, live: &Value) {
@@ -431,6 +376,21 @@ impl AutonomousSync {
     }
 }
 
+impl SpokeObserver for AutonomousSync {
+    async fn applied(self: &Arc<Self>, kind: SyncedKind, live: Value) {
+        self.on_applied(kind, &live)
+    }
+
+    async fn gone(self: &Arc<Self>, kind: SyncedKind, last: Value) {
+        self.on_gone(kind, object_name(&last), object_uid(&last))
+    }
+
+    /// The first list since start is over: from now on every change is reported.
+    async fn listed(self: &Arc<Self>, kind: SyncedKind) {
+        self.lock().record_only.remove(&kind);
+    }
+}
+
 impl EventHandler for AutonomousSync {
     async fn handle(&self, event: Event) -> Result<(), HandleError> {
         match (&event.event_type, &event.target) {
@@ -472,6 +432,7 @@ impl EventHandler for AutonomousSync {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spoke_watch::seam::{drain, object, unreachable_client, watch_history};
     use argocd_agent_proto::sync::OutboxConfig;
 
     fn app(rev: &str, resource_version: &str) -> Value {
@@ -483,12 +444,37 @@ mod tests {
         })
     }
 
+    fn named(name: &str, rev: &str) -> DynamicObject {
+        let mut obj = app(rev, "1");
+        obj["metadata"]["name"] = json!(name);
+        obj["metadata"]["uid"] = json!(format!("u-{name}"));
+        object(obj)
+    }
+
+    #[tokio::test]
+    async fn after_the_first_list_adds_changes_deletions_and_relist_vanishings_are_reported() {
+        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
+        let sync = AutonomousSync::new(
+            unreachable_client(),
+            "ns".into(),
+            None,
+            outbox.clone(),
+            false,
+        );
+        // The first list only records (the principal's resync on connect finds what changed).
+        let history = watch_history(|name, version| named(name, &format!("r{version}")));
+        sync.spoke
+            .feed(&sync, SyncedKind::Application, history)
+            .await;
+        assert_eq!(
+            drain(&outbox),
+            ["spec-update a", "create c", "delete b", "delete d"]
+        );
+    }
+
     #[tokio::test]
     async fn an_older_read_never_replaces_a_newer_queued_object() {
-        let client = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:1".parse().expect("static uri"),
-        ))
-        .expect("client");
+        let client = unreachable_client();
         let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
         let sync = AutonomousSync::new(client, "ns".into(), None, outbox.clone(), false);
         let (newer, older) = (app("r3", "12"), app("r2", "11"));
@@ -515,10 +501,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_spoke_object_is_announced_as_create_and_later_changes_as_spec_update() {
-        let client = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:1".parse().expect("static uri"),
-        ))
-        .expect("client");
+        let client = unreachable_client();
         let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
         // Past the first list (full resync): every object seen is reported.
         let sync = AutonomousSync::new(client, "ns".into(), None, outbox.clone(), true);

@@ -10,3 +10,4 @@ pub mod live;
 pub mod managed;
 pub mod metrics;
 pub mod spoke_copy;
+pub mod spoke_watch;

@@ -3,12 +3,12 @@
 //! Owns: [`ManagedSync`], which is both the [`EventHandler`] for what the principal sends
 //! (create / spec-update / set-operation / terminate-operation / delete of Applications, and
 //! create / spec-update / delete of AppProjects and repository Secrets, and the checksum resync:
-//! `request-resource-resync`, `response-synced-resource`) and the watcher of the agent namespace
-//! that keeps
-//! the spoke honest: it reverts local drift, recreates objects deleted without the hub asking,
-//! reports status changes as `status-update`, and confirms deletions the hub asked for with a
-//! `delete` event. Also owns the in-memory cache of the last hub copy per object (by kind and
-//! name) and the set of deletions the hub asked for. Every write is idempotent: events may be
+//! `request-resource-resync`, `response-synced-resource`) and the observer of the agent
+//! namespace's informers ([`crate::spoke_watch`], whose stores say what the spoke holds) that
+//! keeps the spoke honest: it reverts local drift, recreates objects deleted without the hub
+//! asking, reports status changes as `status-update`, and confirms deletions the hub asked for
+//! with a `delete` event. Also owns the in-memory cache of the last hub copy per object (by kind
+//! and name) and the set of deletions the hub asked for. Every write is idempotent: events may be
 //! redelivered. Pure decisions live in [`crate::drift`], the spoke copy in [`crate::spoke_copy`].
 //!
 //! Resync (reference §2.5): after the process starts, once every kind was listed, the hub copy
@@ -37,11 +37,9 @@ use argocd_agent_proto::sync::resync::{
     METADATA_CHECKSUM, RESYNC_REQUEST_KEY, STATUS_CHECKSUM,
 };
 use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
-use futures::StreamExt;
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
 };
-use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
@@ -53,6 +51,7 @@ use crate::spoke_copy::{
     is_terminating, managed_view, matches_desired, object_name, object_uid, replacement_body,
     reported_view, source_uid, spoke_copy, SyncedKind,
 };
+use crate::spoke_watch::{SpokeInformers, SpokeObserver};
 
 /// Field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "argocd-agent";
@@ -83,6 +82,19 @@ impl ManagedSettings {
             label_selector: config.label_selector.clone(),
         }
     }
+
+    /// The label selector for listing and watching `kind`: `--label-selector`, and for Secrets
+    /// only repository and repo-creds ones.
+    fn selector(&self, kind: SyncedKind) -> Option<String> {
+        let own = self.label_selector.clone();
+        if kind != SyncedKind::Repository {
+            return own;
+        }
+        Some(match own {
+            Some(sel) if !sel.is_empty() => format!("{REPOSITORY_SELECTOR},{sel}"),
+            _ => REPOSITORY_SELECTOR.to_string(),
+        })
+    }
 }
 
 /// Identity of a spoke object within the agent namespace.
@@ -109,8 +121,6 @@ struct SpokeState {
     expected_deletions: HashSet<ObjectKey>,
     /// Status/operation view last reported per Application name.
     reported: HashMap<String, Value>,
-    /// Source uid of every live spoke object the hub created, as the watchers last saw it.
-    live_sources: HashMap<ObjectKey, String>,
     /// Kinds whose first list since start completed.
     listed: HashSet<SyncedKind>,
 }
@@ -168,6 +178,8 @@ pub struct ManagedSync {
     apps: Api<DynamicObject>,
     projects: Api<DynamicObject>,
     repositories: Api<DynamicObject>,
+    /// What the spoke holds, per kind, as the watch last saw it.
+    spoke: SpokeInformers,
     outbox: Arc<Outbox>,
     state: Mutex<SpokeState>,
 }
@@ -214,15 +226,21 @@ impl ManagedSync {
             &SyncedKind::AppProject.api_resource(),
         );
         let repositories = Api::namespaced_with(
-            client,
+            client.clone(),
             &settings.namespace,
             &SyncedKind::Repository.api_resource(),
+        );
+        let spoke = SpokeInformers::new(
+            &client,
+            &settings.namespace,
+            ALL_KINDS.map(|kind| (kind, settings.selector(kind))),
         );
         Arc::new(ManagedSync {
             settings,
             apps,
             projects,
             repositories,
+            spoke,
             outbox,
             state: Mutex::new(SpokeState::default()),
         })
@@ -247,19 +265,6 @@ impl ManagedSync {
             SyncedKind::AppProject => &self.projects,
             SyncedKind::Repository => &self.repositories,
         }
-    }
-
-    /// The label selector for listing and watching `kind`: `--label-selector`, and for Secrets
-    /// only repository and repo-creds ones.
-    fn selector(&self, kind: SyncedKind) -> Option<String> {
-        let own = self.settings.label_selector.clone();
-        if kind != SyncedKind::Repository {
-            return own;
-        }
-        Some(match own {
-            Some(sel) if !sel.is_empty() => format!("{REPOSITORY_SELECTOR},{sel}"),
-            _ => REPOSITORY_SELECTOR.to_string(),
-        })
     }
 
     fn push(&self, event: Event) -> Result<(), HandleError> {
@@ -331,10 +336,8 @@ impl ManagedSync {
         let name = object_name(desired);
         // A bulk of new objects (e.g. after a long disconnect) costs one write each, not a read
         // and a write: when the watch knows of no copy, try to create first.
-        let believed_absent = {
-            let st = self.lock();
-            st.listed.contains(&kind) && !st.live_sources.contains_key(&ObjectKey::new(kind, name))
-        };
+        let believed_absent =
+            self.lock().listed.contains(&kind) && self.spoke.source_uid(kind, name).is_none();
         if believed_absent && self.create_copy(kind, desired).await? {
             return Ok(());
         }
@@ -597,7 +600,7 @@ impl ManagedSync {
         let mut keys = Vec::new();
         for kind in ALL_KINDS {
             let mut params = ListParams::default();
-            if let Some(sel) = self.selector(kind) {
+            if let Some(sel) = self.settings.selector(kind) {
                 params = params.labels(&sel);
             }
             let list = self.api(kind).list(&params).await.map_err(|e| {
@@ -664,13 +667,8 @@ impl ManagedSync {
                 "response-synced-resource without a name".into(),
             ));
         }
-        let object_key = ObjectKey::new(kind, &key.name);
-        let local = {
-            let st = self.lock();
-            st.listed
-                .contains(&kind)
-                .then(|| st.live_sources.get(&object_key).cloned())
-        };
+        let listed = self.lock().listed.contains(&kind);
+        let local = listed.then(|| self.spoke.source_uid(kind, &key.name));
         let local = match local {
             Some(known) => known,
             // Not listed yet: ask the apiserver.
@@ -702,11 +700,12 @@ impl ManagedSync {
 
     /// After the first list of a kind since start: seeds the hub copy cache from the spoke copies
     /// found; once every kind is listed, starts the resync after start.
-    fn first_list_done(self: &Arc<Self>, kind: SyncedKind, known: &HashMap<String, Value>) {
+    fn first_list_done(self: &Arc<Self>, kind: SyncedKind) {
+        let listed: Vec<Value> = self.spoke.state(kind).iter().map(|o| to_json(o)).collect();
         let all_listed = {
             let mut st = self.lock();
             let mut seeded = 0usize;
-            for live in known.values().filter(|l| source_uid(l).is_some()) {
+            for live in listed.iter().filter(|l| source_uid(l).is_some()) {
                 let key = ObjectKey::new(kind, object_name(live));
                 if !st.cache.contains_key(&key) && !is_terminating(live) {
                     let copy = CachedCopy {
@@ -743,80 +742,7 @@ impl ManagedSync {
     /// Watches Applications, AppProjects and Secrets in the agent namespace until the future is
     /// dropped.
     pub async fn run_watchers(self: Arc<Self>) {
-        futures::join!(
-            self.clone().watch(SyncedKind::Application),
-            self.clone().watch(SyncedKind::AppProject),
-            self.clone().watch(SyncedKind::Repository)
-        );
-    }
-
-    async fn watch(self: Arc<Self>, kind: SyncedKind) {
-        let mut config = watcher::Config::default();
-        if let Some(sel) = self.selector(kind) {
-            config = config.labels(&sel);
-        }
-        let mut events = watcher(self.api(kind).clone(), config)
-            .default_backoff()
-            .boxed();
-        // Last seen object per name, to notice deletions that happened while the watch was down
-        // (a relist does not replay them).
-        let mut known: HashMap<String, Value> = HashMap::new();
-        let mut relisted: Option<HashSet<String>> = None;
-        let mut last_error: Option<String> = None;
-        while let Some(item) = events.next().await {
-            let event = match item {
-                Ok(ev) => ev,
-                Err(e) => {
-                    let msg = e.to_string();
-                    if last_error.as_deref() != Some(msg.as_str()) {
-                        warn!(kind = %kind, namespace = %self.settings.namespace, error = %msg, "watching spoke objects failed; retrying");
-                        last_error = Some(msg);
-                    } else {
-                        debug!(kind = %kind, error = %msg, "watching spoke objects still failing");
-                    }
-                    continue;
-                }
-            };
-            // `Init` comes before the list is attempted; only a completed list proves recovery.
-            if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_))
-                && last_error.take().is_some()
-            {
-                info!(kind = %kind, namespace = %self.settings.namespace, "watching spoke objects again");
-            }
-            match event {
-                watcher::Event::Init => relisted = Some(HashSet::new()),
-                watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
-                    let obj = to_json(&obj);
-                    let name = object_name(&obj).to_string();
-                    if let Some(seen) = relisted.as_mut() {
-                        seen.insert(name.clone());
-                    }
-                    self.on_applied(kind, &obj).await;
-                    known.insert(name, obj);
-                }
-                watcher::Event::InitDone => {
-                    let seen = relisted.take().unwrap_or_default();
-                    let vanished: Vec<String> = known
-                        .keys()
-                        .filter(|n| !seen.contains(*n))
-                        .cloned()
-                        .collect();
-                    for name in vanished {
-                        if let Some(obj) = known.remove(&name) {
-                            self.on_gone(kind, &obj).await;
-                        }
-                    }
-                    if !self.lock().listed.contains(&kind) {
-                        self.first_list_done(kind, &known);
-                    }
-                }
-                watcher::Event::Delete(obj) => {
-                    let obj = to_json(&obj);
-                    known.remove(object_name(&obj));
-                    self.on_gone(kind, &obj).await;
-                }
-            }
-        }
+        self.spoke.run(&self).await
     }
 
     /// A spoke object was added or changed: report its status, revert drift.
@@ -824,12 +750,7 @@ impl ManagedSync {
         let name = object_name(live);
         let ns = &self.settings.namespace;
         let (revert, report) = {
-            let mut st = self.lock();
-            let key = ObjectKey::new(kind, name);
-            match source_uid(live) {
-                Some(uid) => st.live_sources.insert(key, uid.to_string()),
-                None => st.live_sources.remove(&key),
-            };
+            let st = self.lock();
             let cached = st.cache.get(&ObjectKey::new(kind, name));
             let revert = needs_revert(live, cached).then(|| cached.map(|c| c.desired.clone()));
             let report = match status_report(kind, live, st.reported.get(name)) {
@@ -915,7 +836,6 @@ impl ManagedSync {
         let (expected, cached) = {
             let mut st = self.lock();
             st.reported.remove(name);
-            st.live_sources.remove(&key);
             (
                 st.expected_deletions.remove(&key),
                 st.cache.get(&key).cloned(),
@@ -937,6 +857,22 @@ impl ManagedSync {
                     warn!(kind = %kind, namespace = %ns, name, error = %e, "cannot recreate a locally deleted object; the principal's next resync will");
                 }
             }
+        }
+    }
+}
+
+impl SpokeObserver for ManagedSync {
+    async fn applied(self: &Arc<Self>, kind: SyncedKind, live: Value) {
+        self.on_applied(kind, &live).await
+    }
+
+    async fn gone(self: &Arc<Self>, kind: SyncedKind, last: Value) {
+        self.on_gone(kind, &last).await
+    }
+
+    async fn listed(self: &Arc<Self>, kind: SyncedKind) {
+        if !self.lock().listed.contains(&kind) {
+            self.first_list_done(kind);
         }
     }
 }
@@ -996,6 +932,59 @@ impl EventHandler for ManagedSync {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spoke_watch::seam::{drain, object, unreachable_client, watch_history};
+    use argocd_agent_proto::event::SOURCE_UID_ANNOTATION;
+    use argocd_agent_proto::sync::OutboxConfig;
+
+    /// A spoke copy of hub Application `hub-{name}` as the watch delivers it.
+    fn spoke_app(name: &str, health: &str) -> DynamicObject {
+        object(json!({
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Application",
+            "metadata": {"name": name, "namespace": "argocd", "uid": format!("spoke-{name}"),
+                "resourceVersion": "1",
+                "annotations": {SOURCE_UID_ANNOTATION: format!("hub-{name}")}},
+            "spec": {"project": "default"},
+            "status": {"health": {"status": health}},
+        }))
+    }
+
+    #[tokio::test]
+    async fn watched_status_changes_and_hub_asked_deletions_reach_the_principal() {
+        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
+        let settings = ManagedSettings {
+            namespace: "argocd".into(),
+            adoption_policy: AdoptionPolicy::Always,
+            source_uid_mismatch_policy: SourceUidMismatchPolicy::Recreate,
+            label_selector: None,
+        };
+        let sync = ManagedSync::new(unreachable_client(), settings, outbox.clone());
+        {
+            let mut st = sync.lock();
+            for name in ["b", "d"] {
+                let key = ObjectKey::new(SyncedKind::Application, name);
+                st.expected_deletions.insert(key);
+            }
+        }
+        // The first list reports no status (the resync after it carries status checksums).
+        let history =
+            watch_history(|name, version| spoke_app(name, ["", "Healthy", "Degraded"][version]));
+        sync.spoke
+            .feed(&sync, SyncedKind::Application, history)
+            .await;
+        assert_eq!(
+            drain(&outbox),
+            ["status-update a", "status-update c", "delete b", "delete d"]
+        );
+        // The store, not a map of the agent's own, answers what the spoke holds.
+        let held = |name| sync.spoke.source_uid(SyncedKind::Application, name);
+        assert_eq!(held("a").as_deref(), Some("hub-a"));
+        assert_eq!(held("d"), None);
+        assert!(
+            sync.cached_copy(SyncedKind::Application, "a").is_some(),
+            "seeded by the first list"
+        );
+    }
 
     fn live_from(kind: SyncedKind, hub: &Value) -> (Value, Value) {
         let desired = spoke_copy(kind, hub, "argocd").unwrap();

@@ -11,8 +11,9 @@
 //!
 //! The store is never stale behind the callbacks: an object is in the store (or gone from it)
 //! before its callback runs, also during a relist. Handlers run one at a time, in watch order, on
-//! the informer's task; a slow handler slows only its own kind. [`Informer::wait_listed`] waits
-//! for the first complete list.
+//! the informer's task; a slow handler slows only its own kind. [`InformerReader::wait_listed`]
+//! waits for the first complete list. [`Informer::consume`] takes the events from any stream, so
+//! a component's handlers can be unit-tested without an apiserver.
 
 use std::collections::HashSet;
 use std::fmt::Debug;
