@@ -205,21 +205,31 @@ impl AgentInbound {
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
         // The hub's object of that name (as the agent would receive it), if it still applies.
-        let (target, hub_obj, payload) = match req.kind.as_str() {
+        let uid = |o: &Value| {
+            o.pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let hub_app = match req.kind.as_str() {
+            "Application" => self.hub.application(self.agent(), &req.name),
+            _ => None,
+        };
+        let (target, hub_uid, payload) = match req.kind.as_str() {
             "Application" => {
-                let obj = self.hub.application(self.agent(), &req.name);
-                let payload = obj.as_ref().map(|o| application_payload(o, false));
-                (Target::Application, obj, payload)
+                let payload = hub_app.as_ref().map(|o| application_payload(o, false));
+                (Target::Application, hub_app.as_ref().map(uid), payload)
             }
             "AppProject" => {
                 let obj = self.hub.project_for(self.agent(), &req.name);
                 let payload = obj.as_ref().map(|o| project_for_agent(o, self.agent()));
-                (Target::AppProject, obj, payload)
+                let hub_uid = obj.and_then(|o| o.metadata.uid.clone());
+                (Target::AppProject, hub_uid, payload)
             }
             "Secret" => {
                 let obj = self.hub.repository_for(self.agent(), &req.name);
                 let payload = obj.as_ref().map(repository_payload);
-                (Target::Repository, obj, payload)
+                (Target::Repository, obj.as_ref().map(uid), payload)
             }
             other => {
                 return Err(HandleError::Rejected(format!(
@@ -227,11 +237,7 @@ impl AgentInbound {
                 )))
             }
         };
-        let hub_uid = hub_obj
-            .as_ref()
-            .and_then(|o| o.pointer("/metadata/uid"))
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let hub_uid = hub_uid.as_deref().unwrap_or_default();
         let checksum = payload
             .as_ref()
             .and_then(|p| spec_checksum(p, Some(&req.kind)).ok())
@@ -248,8 +254,8 @@ impl AgentInbound {
             payload.as_ref(),
             checksum_of(ev, METADATA_CHECKSUM).as_deref(),
         );
-        if let (Some(hub_app), Some(spoke_status), Target::Application) =
-            (hub_obj.as_ref(), checksum_of(ev, STATUS_CHECKSUM), &target)
+        if let (Some(hub_app), Some(spoke_status)) =
+            (hub_app.as_ref(), checksum_of(ev, STATUS_CHECKSUM))
         {
             self.ask_status_if_differs(hub_app, &req, &spoke_status);
         }

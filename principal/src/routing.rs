@@ -5,6 +5,7 @@
 //! change ([`mirror_view`]); which hub namespaces are served ([`namespace_allowed`]) and the label
 //! selector of each hub watch ([`combined_selector`]).
 
+use argocd_agent_kube::argocd::{AppProject, ProjectDestination};
 use argocd_agent_proto::event::EventType;
 use serde_json::Value;
 use wildmatch::WildMatch;
@@ -132,19 +133,12 @@ fn glob_verdict<'a>(patterns: impl Iterator<Item = &'a str>, name: &str) -> (boo
     (allowed, denied)
 }
 
-fn destination_names(project: &Value) -> impl Iterator<Item = &Value> {
-    field(project, &["spec", "destinations"])
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-}
-
-fn names_agent(dest: &Value, agent: &str) -> bool {
+fn names_agent(dest: &ProjectDestination, agent: &str) -> bool {
     let by_name = dest
-        .get("name")
-        .and_then(Value::as_str)
+        .name
+        .as_deref()
         .is_some_and(|n| !n.starts_with('!') && WildMatch::new(n).matches(agent));
-    let by_server = dest.get("server").and_then(Value::as_str).is_some_and(|s| {
+    let by_server = dest.server.as_deref().is_some_and(|s| {
         s.split(['?', '&'])
             .any(|kv| kv == format!("agentName={agent}"))
     });
@@ -154,47 +148,40 @@ fn names_agent(dest: &Value, agent: &str) -> bool {
 /// Whether an AppProject on the hub applies to `agent` (upstream's DoesAgentMatchWithProject):
 /// a destination names the agent (glob, or `?agentName=` in the server URL) or a source namespace
 /// matches it, and no `!` pattern denies it.
-pub fn project_matches_agent(project: &Value, agent: &str) -> bool {
-    let dest_patterns =
-        destination_names(project).filter_map(|d| d.get("name").and_then(Value::as_str));
-    let (_, dest_denied) = glob_verdict(dest_patterns, agent);
-    let dest_allowed = destination_names(project).any(|d| names_agent(d, agent));
-    let source_ns = field(project, &["spec", "sourceNamespaces"])
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str);
-    let (ns_allowed, ns_denied) = glob_verdict(source_ns, agent);
+pub fn project_matches_agent(project: &AppProject, agent: &str) -> bool {
+    let destinations = &project.spec.destinations;
+    let (_, dest_denied) =
+        glob_verdict(destinations.iter().filter_map(|d| d.name.as_deref()), agent);
+    let dest_allowed = destinations.iter().any(|d| names_agent(d, agent));
+    let (ns_allowed, ns_denied) = glob_verdict(
+        project.spec.source_namespaces.iter().map(String::as_str),
+        agent,
+    );
     (dest_allowed || ns_allowed) && !(dest_denied || ns_denied)
 }
 
 /// The copy of a hub AppProject an agent receives: destinations that name the agent rewritten to
 /// the in-cluster destination, roles and source namespaces removed (they only mean something on the
 /// hub).
-pub fn project_for_agent(project: &Value, agent: &str) -> Value {
-    let mut out = project.clone();
-    if let Some(map) = out.as_object_mut() {
-        map.remove("status");
-    }
+pub fn project_for_agent(project: &AppProject, agent: &str) -> Value {
+    let mut copy = project.clone();
+    copy.other.remove("status");
+    copy.spec.other.remove("roles");
+    copy.spec.source_namespaces.clear();
+    copy.spec.destinations = project
+        .spec
+        .destinations
+        .iter()
+        .filter(|d| names_agent(d, agent))
+        .map(|d| ProjectDestination {
+            name: Some("in-cluster".into()),
+            server: Some("https://kubernetes.default.svc".into()),
+            namespace: Some(d.namespace.clone().unwrap_or_else(|| "*".into())),
+            ..ProjectDestination::default()
+        })
+        .collect();
+    let mut out = serde_json::to_value(&copy).unwrap_or(Value::Null);
     strip_metadata(&mut out);
-    if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
-        spec.remove("roles");
-        spec.remove("sourceNamespaces");
-        if let Some(dests) = spec.get_mut("destinations").and_then(Value::as_array_mut) {
-            let rewritten: Vec<Value> = dests
-                .iter()
-                .filter(|d| names_agent(d, agent))
-                .map(|d| {
-                    serde_json::json!({
-                        "name": "in-cluster",
-                        "server": "https://kubernetes.default.svc",
-                        "namespace": d.get("namespace").cloned().unwrap_or(Value::String("*".into())),
-                    })
-                })
-                .collect();
-            *dests = rewritten;
-        }
-    }
     out
 }
 
@@ -211,7 +198,7 @@ pub fn repository_project(secret: &Value) -> Option<String> {
 
 /// Whether repository Secret `secret` goes to `agent`, given `project`, the hub AppProject its
 /// `data.project` names (if it exists).
-pub fn repository_routes_to(secret: &Value, project: Option<&Value>, agent: &str) -> bool {
+pub fn repository_routes_to(secret: &Value, project: Option<&AppProject>, agent: &str) -> bool {
     repository_project(secret).is_some() && project.is_some_and(|p| project_matches_agent(p, agent))
 }
 
@@ -379,6 +366,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn project(v: Value) -> AppProject {
+        serde_json::from_value(v).unwrap()
+    }
+
     #[test]
     fn allowed_namespaces_are_globs_and_none_allows_every_namespace() {
         assert!(namespace_allowed(&[], "agent-a"));
@@ -506,31 +497,37 @@ mod tests {
 
     #[test]
     fn project_matching_follows_destinations_source_namespaces_and_denials() {
-        let p = json!({"spec": {"destinations": [{"name": "agent-*", "namespace": "guestbook"}],
-                                 "sourceNamespaces": ["team-a"]}});
+        let p = project(
+            json!({"spec": {"destinations": [{"name": "agent-*", "namespace": "guestbook"}],
+                                 "sourceNamespaces": ["team-a"]}}),
+        );
         assert!(project_matches_agent(&p, "agent-1"));
         assert!(project_matches_agent(&p, "team-a"));
         assert!(!project_matches_agent(&p, "other"));
-        let denied = json!({"spec": {"destinations": [{"name": "*"}, {"name": "!agent-2"}]}});
+        let denied =
+            project(json!({"spec": {"destinations": [{"name": "*"}, {"name": "!agent-2"}]}}));
         assert!(project_matches_agent(&denied, "agent-1"));
         assert!(!project_matches_agent(&denied, "agent-2"));
-        let by_url =
-            json!({"spec": {"destinations": [{"server": "https://proxy:9090?agentName=agent-9"}]}});
+        let by_url = project(
+            json!({"spec": {"destinations": [{"server": "https://proxy:9090?agentName=agent-9"}]}}),
+        );
         assert!(project_matches_agent(&by_url, "agent-9"));
         assert!(!project_matches_agent(&by_url, "agent-90"));
     }
 
     #[test]
     fn agent_copy_of_a_project_points_at_in_cluster_and_has_no_roles() {
-        let p = json!({"metadata": {"name": "p"}, "spec": {
+        let p = project(json!({"metadata": {"name": "p"}, "spec": {
             "destinations": [{"name": "agent-1", "namespace": "gb"}, {"name": "other", "namespace": "x"}],
-            "roles": [{"name": "r"}], "sourceNamespaces": ["agent-1"]}});
+            "roles": [{"name": "r"}], "sourceNamespaces": ["agent-1"]}, "status": {"x": 1}}));
         let c = project_for_agent(&p, "agent-1");
         assert_eq!(
             c["spec"]["destinations"],
             json!([{"name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "gb"}])
         );
         assert!(c["spec"].get("roles").is_none() && c["spec"].get("sourceNamespaces").is_none());
+        assert!(c.get("status").is_none());
+        assert_eq!(c["metadata"]["name"], "p");
     }
 
     #[test]
@@ -581,7 +578,7 @@ mod tests {
             "data": {"project": "dGVhbS1h", "url": "eA=="}
         });
         assert_eq!(repository_project(&secret).as_deref(), Some("team-a"));
-        let project = serde_json::json!({"spec": {"destinations": [{"name": "agent-1"}]}});
+        let project = project(serde_json::json!({"spec": {"destinations": [{"name": "agent-1"}]}}));
         assert!(repository_routes_to(&secret, Some(&project), "agent-1"));
         assert!(!repository_routes_to(&secret, Some(&project), "agent-2"));
         assert!(!repository_routes_to(&secret, None, "agent-1"));

@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use argocd_agent_kube::argocd::AppProject;
 use argocd_agent_proto::event::{Event, EventType, ResourceKey, Target};
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::payload::SyncedResource;
@@ -27,6 +28,10 @@ use crate::routing::{
     project_matches_agent, repository_payload, repository_project, repository_routes_to,
 };
 use crate::sessions::{AgentRegistry, AgentSession};
+
+fn project_name(project: &AppProject) -> &str {
+    project.metadata.name.as_deref().unwrap_or_default()
+}
 
 /// Routes hub changes to managed agents.
 pub struct ManagedRouter {
@@ -95,7 +100,7 @@ impl ManagedRouter {
     /// Hub AppProject `new` appeared or changed from `old`: create, update or delete the copy
     /// of each managed agent it starts, keeps or stops applying to, and re-route the repository
     /// Secrets that name it.
-    pub fn project_applied(&self, old: Option<&Value>, new: &Value) {
+    pub fn project_applied(&self, old: Option<&AppProject>, new: &AppProject) {
         if !self.view.is_listed(Kind::AppProject) {
             return;
         }
@@ -114,11 +119,11 @@ impl ManagedRouter {
                 queue(&session, EventType::Delete, Target::AppProject, &copy);
             }
         }
-        self.reroute_repositories(name_of(new), old, Some(new));
+        self.reroute_repositories(project_name(new), old, Some(new));
     }
 
     /// Hub AppProject `last` was deleted.
-    pub fn project_deleted(&self, last: &Value) {
+    pub fn project_deleted(&self, last: &AppProject) {
         for session in self.managed_sessions() {
             if project_matches_agent(last, session.name.as_str()) {
                 queue(
@@ -129,7 +134,7 @@ impl ManagedRouter {
                 );
             }
         }
-        self.reroute_repositories(name_of(last), Some(last), None);
+        self.reroute_repositories(project_name(last), Some(last), None);
     }
 
     /// Routes one repository Secret change (`old` → `new`, `None` = absent) to managed agents:
@@ -141,12 +146,17 @@ impl ManagedRouter {
         }
         let old_project = old.and_then(|o| self.view.project_of(o));
         let new_project = new.and_then(|n| self.view.project_of(n));
-        self.route_repository(old, old_project.as_ref(), new, new_project.as_ref());
+        self.route_repository(old, old_project.as_deref(), new, new_project.as_deref());
     }
 
     /// AppProject `project` changed from `old` to `new` (`None` = absent): re-routes every
     /// repository Secret that names it.
-    fn reroute_repositories(&self, project: &str, old: Option<&Value>, new: Option<&Value>) {
+    fn reroute_repositories(
+        &self,
+        project: &str,
+        old: Option<&AppProject>,
+        new: Option<&AppProject>,
+    ) {
         let secrets: Vec<Value> = self
             .view
             .repositories()
@@ -161,9 +171,9 @@ impl ManagedRouter {
     fn route_repository(
         &self,
         old: Option<&Value>,
-        old_project: Option<&Value>,
+        old_project: Option<&AppProject>,
         new: Option<&Value>,
-        new_project: Option<&Value>,
+        new_project: Option<&AppProject>,
     ) {
         for session in self.managed_sessions() {
             let agent = session.name.as_str();
@@ -258,7 +268,14 @@ impl ManagedRouter {
                 .projects()
                 .iter()
                 .filter(|p| project_matches_agent(p, agent))
-                .map(|p| ResourceKey::new("AppProject", name_of(p), "", uid_of(p))),
+                .map(|p| {
+                    ResourceKey::new(
+                        "AppProject",
+                        project_name(p),
+                        "",
+                        p.metadata.uid.clone().unwrap_or_default(),
+                    )
+                }),
         );
         keys.extend(
             self.view

@@ -236,7 +236,7 @@ impl Mirrors {
         // the writes in flight).
         let cached = match kind {
             MirrorKind::Application => self.view.application(agent, &name),
-            MirrorKind::AppProject => self.view.project(&name),
+            MirrorKind::AppProject => self.view.project(&name).map(|p| to_value(&*p)),
         };
         if let Some(cached) = &cached {
             self.refuse_foreign(kind, agent, cached)?;
@@ -638,7 +638,10 @@ impl Mirrors {
     pub fn has_mirror(&self, kind: MirrorKind, agent: &str, name: &str, uid: &str) -> bool {
         let live = match kind {
             MirrorKind::Application => self.view.application(agent, name),
-            MirrorKind::AppProject => self.view.project(&mirrored_project_name(agent, name)),
+            MirrorKind::AppProject => self
+                .view
+                .project(&mirrored_project_name(agent, name))
+                .map(|p| to_value(&*p)),
         };
         live.is_some_and(|l| mirror_agent_of(&l) == Some(agent) && source_uid_of(&l) == Some(uid))
     }
@@ -686,7 +689,8 @@ impl Mirrors {
         let projects: Vec<Value> = self
             .view
             .projects()
-            .into_iter()
+            .iter()
+            .map(|p| to_value(&**p))
             .filter(|v| mirror_agent_of(v) == Some(agent) && name_of(v).starts_with(&prefix))
             .collect();
         let mut keys = Vec::new();

@@ -24,6 +24,7 @@ mod view;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use argocd_agent_kube::argocd::AppProject;
 use argocd_agent_kube::informer::Handler;
 use argocd_agent_proto::event::{Event, EventType, ResourceKey, Target};
 use argocd_agent_proto::mode::AgentMode;
@@ -178,7 +179,7 @@ impl Hub {
     }
 
     /// The hub AppProject `name`, if it applies to `agent`.
-    pub fn project_for(&self, agent: &str, name: &str) -> Option<Value> {
+    pub fn project_for(&self, agent: &str, name: &str) -> Option<Arc<AppProject>> {
         self.view
             .project(name)
             .filter(|p| crate::routing::project_matches_agent(p, agent))
@@ -196,16 +197,16 @@ impl Hub {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
-        let handler = |kind| {
-            Arc::new(HubEvents {
+        let objects = |kind| {
+            Arc::new(ObjectEvents {
                 hub: self.clone(),
                 kind,
             })
         };
         Some(informers.with_handlers(
-            handler(Kind::Application),
-            handler(Kind::AppProject),
-            handler(Kind::Repository),
+            objects(Kind::Application),
+            Arc::new(ProjectEvents { hub: self.clone() }),
+            objects(Kind::Repository),
         ))
     }
 
@@ -336,62 +337,89 @@ impl Hub {
             .filter(|s| s.mode() == AgentMode::Autonomous)
     }
 
-    /// A hub object of `kind` appeared or changed: to the part that owns it.
-    fn applied(&self, kind: Kind, old: Option<&Value>, new: &Value) {
-        match kind {
-            Kind::Application => match self.autonomous_session(namespace_of(new)) {
-                Some(session) => self.mirrors.application_changed(&session, old, new),
-                None => self.managed.application_applied(old, new),
-            },
-            Kind::AppProject => {
-                if !self.mirrors.project_changed(new) {
-                    self.managed.project_applied(old, new);
-                }
-            }
-            Kind::Repository => self.managed.repository_changed(old, Some(new)),
+    /// A hub Application appeared or changed: to the mirrors if it is in an autonomous agent's
+    /// namespace, else to the managed router.
+    fn application_applied(&self, old: Option<&Value>, new: &Value) {
+        match self.autonomous_session(namespace_of(new)) {
+            Some(session) => self.mirrors.application_changed(&session, old, new),
+            None => self.managed.application_applied(old, new),
         }
     }
 
-    /// A hub object of `kind` was deleted: to the part that owns it.
-    fn deleted(&self, kind: Kind, last: &Value) {
-        match kind {
-            Kind::Application => {
-                let namespace = namespace_of(last);
-                if self.autonomous_session(namespace).is_some() {
-                    self.mirrors.application_deleted(namespace, last);
-                } else {
-                    self.managed.application_deleted(last);
-                }
-            }
-            Kind::AppProject => {
-                if !self.mirrors.project_deleted(last) {
-                    self.managed.project_deleted(last);
-                }
-            }
-            Kind::Repository => self.managed.repository_changed(Some(last), None),
+    /// A hub Application was deleted.
+    fn application_deleted(&self, last: &Value) {
+        let namespace = namespace_of(last);
+        if self.autonomous_session(namespace).is_some() {
+            self.mirrors.application_deleted(namespace, last);
+        } else {
+            self.managed.application_deleted(last);
+        }
+    }
+
+    /// A hub AppProject appeared or changed: a remembered mirror's edit is the mirrors'
+    /// business, anything else the managed router's.
+    fn project_applied(&self, old: Option<&AppProject>, new: &AppProject) {
+        if !self.mirrors.project_changed(&to_value(new)) {
+            self.managed.project_applied(old, new);
+        }
+    }
+
+    /// A hub AppProject was deleted.
+    fn project_deleted(&self, last: &AppProject) {
+        if !self.mirrors.project_deleted(&to_value(last)) {
+            self.managed.project_deleted(last);
         }
     }
 }
 
-/// The informer handler of one hub kind: hands its changes to the [`Hub`].
-struct HubEvents {
+/// The informer handler of hub Applications or repository Secrets: hands their changes to the
+/// [`Hub`].
+struct ObjectEvents {
     hub: Arc<Hub>,
     kind: Kind,
 }
 
-impl Handler<DynamicObject> for HubEvents {
+impl Handler<DynamicObject> for ObjectEvents {
     fn applied(
         &self,
         old: Option<Arc<DynamicObject>>,
         new: Arc<DynamicObject>,
     ) -> BoxFuture<'_, ()> {
-        let old = old.map(|o| to_value(&o));
-        self.hub.applied(self.kind, old.as_ref(), &to_value(&new));
+        let old = old.map(|o| to_value(&*o));
+        let new = to_value(&*new);
+        match self.kind {
+            Kind::Application => self.hub.application_applied(old.as_ref(), &new),
+            _ => self
+                .hub
+                .managed
+                .repository_changed(old.as_ref(), Some(&new)),
+        }
         Box::pin(async {})
     }
 
     fn deleted(&self, last: Arc<DynamicObject>) -> BoxFuture<'_, ()> {
-        self.hub.deleted(self.kind, &to_value(&last));
+        let last = to_value(&*last);
+        match self.kind {
+            Kind::Application => self.hub.application_deleted(&last),
+            _ => self.hub.managed.repository_changed(Some(&last), None),
+        }
+        Box::pin(async {})
+    }
+}
+
+/// The informer handler of hub AppProjects.
+struct ProjectEvents {
+    hub: Arc<Hub>,
+}
+
+impl Handler<AppProject> for ProjectEvents {
+    fn applied(&self, old: Option<Arc<AppProject>>, new: Arc<AppProject>) -> BoxFuture<'_, ()> {
+        self.hub.project_applied(old.as_deref(), &new);
+        Box::pin(async {})
+    }
+
+    fn deleted(&self, last: Arc<AppProject>) -> BoxFuture<'_, ()> {
+        self.hub.project_deleted(&last);
         Box::pin(async {})
     }
 }
@@ -418,10 +446,9 @@ mod tests {
 
     use argocd_agent_proto::identity::AgentName;
     use argocd_agent_proto::sync::OutboxConfig;
-    use kube::runtime::watcher::Event as Watch;
     use serde_json::json;
 
-    use super::view::testing::{drive, list, object, offline_client, Feed};
+    use super::view::testing::{drive, offline_client, Feed};
     use super::*;
 
     /// Every event queued for `session` so far, as "type target name", in delivery order.
@@ -462,11 +489,11 @@ mod tests {
     }
 
     fn apply(feed: &Feed, v: Value) {
-        feed.unbounded_send(Ok(Watch::Apply(object(v)))).unwrap();
+        feed.apply(v);
     }
 
     fn delete(feed: &Feed, v: Value) {
-        feed.unbounded_send(Ok(Watch::Delete(object(v)))).unwrap();
+        feed.delete(v);
     }
 
     struct Fixture {
@@ -484,9 +511,9 @@ mod tests {
             registry.get_or_create(&AgentName::new("auto").unwrap(), AgentMode::Autonomous);
         let hub = Hub::new(offline_client(), "argocd".into(), registry);
         let feeds = drive(hub.take_informers().unwrap());
-        list(&feeds.0, apps);
-        list(&feeds.1, projects);
-        list(&feeds.2, vec![]);
+        feeds.0.list(apps);
+        feeds.1.list(projects);
+        feeds.2.list(vec![]);
         tokio::time::timeout(std::time::Duration::from_secs(5), hub.wait_synced())
             .await
             .unwrap();

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use argocd_agent_kube::argocd::AppProject;
 use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
 use argocd_agent_kube::resources;
 use kube::api::{Api, DynamicObject};
@@ -50,7 +51,7 @@ pub struct HubInformers {
     /// Applications.
     pub apps: Informer<DynamicObject>,
     /// AppProjects.
-    pub projects: Informer<DynamicObject>,
+    pub projects: Informer<AppProject>,
     /// Repository Secrets.
     pub repositories: Informer<DynamicObject>,
 }
@@ -81,15 +82,10 @@ impl HubInformers {
                 app.metadata.namespace.as_deref().unwrap_or_default(),
             )
         });
-        let projects = Informer::new_with(
+        let projects = Informer::new(
             "hub AppProjects",
-            Api::namespaced_with(
-                client.clone(),
-                principal_namespace,
-                &resources::appproject(),
-            ),
+            Api::namespaced(client.clone(), principal_namespace),
             config(None),
-            resources::appproject(),
         );
         let repositories = Informer::new_with(
             "hub repository Secrets",
@@ -109,7 +105,7 @@ impl HubInformers {
     pub fn with_handlers(
         mut self,
         apps: Arc<dyn Handler<DynamicObject>>,
-        projects: Arc<dyn Handler<DynamicObject>>,
+        projects: Arc<dyn Handler<AppProject>>,
         repositories: Arc<dyn Handler<DynamicObject>>,
     ) -> HubInformers {
         self.apps = self.apps.handler(apps);
@@ -135,28 +131,24 @@ pub struct HubView {
     /// Where AppProjects and repository Secrets live.
     principal_namespace: String,
     apps: InformerReader<DynamicObject>,
-    projects: InformerReader<DynamicObject>,
+    projects: InformerReader<AppProject>,
     repositories: InformerReader<DynamicObject>,
 }
 
 /// A stored object as JSON.
-pub fn to_value(obj: &DynamicObject) -> Value {
+pub fn to_value<T: serde::Serialize + ?Sized>(obj: &T) -> Value {
     serde_json::to_value(obj).unwrap_or(Value::Null)
 }
 
 impl HubView {
-    fn reader(&self, kind: Kind) -> &InformerReader<DynamicObject> {
-        match kind {
-            Kind::Application => &self.apps,
-            Kind::AppProject => &self.projects,
-            Kind::Repository => &self.repositories,
-        }
-    }
-
     /// Whether the first list of `kind` completed (before that, changes are not routed: the
     /// resync on connect covers them).
     pub fn is_listed(&self, kind: Kind) -> bool {
-        self.reader(kind).is_listed()
+        match kind {
+            Kind::Application => self.apps.is_listed(),
+            Kind::AppProject => self.projects.is_listed(),
+            Kind::Repository => self.repositories.is_listed(),
+        }
     }
 
     /// Waits until every kind has been listed once.
@@ -168,7 +160,7 @@ impl HubView {
 
     /// The hub Application `name` in agent namespace `agent`.
     pub fn application(&self, agent: &str, name: &str) -> Option<Value> {
-        self.apps.get(Some(agent), name).map(|a| to_value(&a))
+        self.apps.get(Some(agent), name).map(|a| to_value(&*a))
     }
 
     /// Every hub Application in namespace `agent`.
@@ -177,20 +169,18 @@ impl HubView {
             .state()
             .iter()
             .filter(|a| a.metadata.namespace.as_deref() == Some(agent))
-            .map(|a| to_value(a))
+            .map(|a| to_value(&**a))
             .collect()
     }
 
     /// The hub AppProject `name`.
-    pub fn project(&self, name: &str) -> Option<Value> {
-        self.projects
-            .get(Some(&self.principal_namespace), name)
-            .map(|p| to_value(&p))
+    pub fn project(&self, name: &str) -> Option<Arc<AppProject>> {
+        self.projects.get(Some(&self.principal_namespace), name)
     }
 
     /// Every hub AppProject.
-    pub fn projects(&self) -> Vec<Value> {
-        self.projects.state().iter().map(|p| to_value(p)).collect()
+    pub fn projects(&self) -> Vec<Arc<AppProject>> {
+        self.projects.state()
     }
 
     /// Every hub repository Secret.
@@ -198,12 +188,12 @@ impl HubView {
         self.repositories
             .state()
             .iter()
-            .map(|s| to_value(s))
+            .map(|s| to_value(&**s))
             .collect()
     }
 
     /// The hub AppProject a repository Secret names, if it exists.
-    pub fn project_of(&self, secret: &Value) -> Option<Value> {
+    pub fn project_of(&self, secret: &Value) -> Option<Arc<AppProject>> {
         repository_project(secret).and_then(|p| self.project(&p))
     }
 
@@ -212,9 +202,9 @@ impl HubView {
         let secret = self
             .repositories
             .get(Some(&self.principal_namespace), name)
-            .map(|s| to_value(&s))?;
+            .map(|s| to_value(&*s))?;
         let project = self.project_of(&secret);
-        repository_routes_to(&secret, project.as_ref(), agent).then_some(secret)
+        repository_routes_to(&secret, project.as_deref(), agent).then_some(secret)
     }
 
     /// Every repository Secret that applies to `agent`.
@@ -223,7 +213,7 @@ impl HubView {
             .into_iter()
             .filter(|s| {
                 let project = self.project_of(s);
-                repository_routes_to(s, project.as_ref(), agent)
+                repository_routes_to(s, project.as_deref(), agent)
             })
             .collect()
     }
@@ -232,9 +222,11 @@ impl HubView {
 /// Hub views fed by hand, for the unit tests of the parts that read it.
 #[cfg(test)]
 pub mod testing {
-    use super::*;
     use futures::channel::mpsc;
+    use futures::StreamExt;
     use kube::runtime::watcher::Event;
+
+    use super::*;
 
     /// A client that is never reached.
     pub fn offline_client() -> kube::Client {
@@ -242,37 +234,64 @@ pub mod testing {
         kube::Client::try_from(config).unwrap()
     }
 
-    /// Sends watch events into one informer.
-    pub type Feed = mpsc::UnboundedSender<Result<Event<DynamicObject>, watcher::Error>>;
+    /// Sends watch events (as JSON objects) into one informer.
+    pub struct Feed(mpsc::UnboundedSender<Event<Value>>);
+
+    impl Feed {
+        /// `v` appeared or changed.
+        pub fn apply(&self, v: Value) {
+            self.0.unbounded_send(Event::Apply(v)).unwrap();
+        }
+
+        /// `v` was deleted.
+        pub fn delete(&self, v: Value) {
+            self.0.unbounded_send(Event::Delete(v)).unwrap();
+        }
+
+        /// `objects` as a complete first list.
+        pub fn list(&self, objects: Vec<Value>) {
+            self.0.unbounded_send(Event::Init).unwrap();
+            for obj in objects {
+                self.0.unbounded_send(Event::InitApply(obj)).unwrap();
+            }
+            self.0.unbounded_send(Event::InitDone).unwrap();
+        }
+    }
+
+    fn feed<K>(informer: Informer<K>) -> Feed
+    where
+        K: kube::Resource
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+    {
+        let (tx, rx) = mpsc::unbounded::<Event<Value>>();
+        let typed = rx.map(|event| {
+            let typed = |v: Value| serde_json::from_value::<K>(v).unwrap();
+            Ok(match event {
+                Event::Init => Event::Init,
+                Event::InitApply(v) => Event::InitApply(typed(v)),
+                Event::InitDone => Event::InitDone,
+                Event::Apply(v) => Event::Apply(typed(v)),
+                Event::Delete(v) => Event::Delete(typed(v)),
+            })
+        });
+        tokio::spawn(informer.consume(typed));
+        Feed(tx)
+    }
 
     /// Starts `informers` on hand-fed event streams; returns the feeds (apps, projects,
     /// repositories).
     pub fn drive(informers: HubInformers) -> (Feed, Feed, Feed) {
-        let feed = |informer: Informer<DynamicObject>| {
-            let (tx, rx) = mpsc::unbounded();
-            tokio::spawn(informer.consume(rx));
-            tx
-        };
         (
             feed(informers.apps),
             feed(informers.projects),
             feed(informers.repositories),
         )
-    }
-
-    /// Lists `objects` as a complete first list.
-    pub fn list(feed: &Feed, objects: Vec<Value>) {
-        feed.unbounded_send(Ok(Event::Init)).unwrap();
-        for obj in objects {
-            feed.unbounded_send(Ok(Event::InitApply(object(obj))))
-                .unwrap();
-        }
-        feed.unbounded_send(Ok(Event::InitDone)).unwrap();
-    }
-
-    /// `v` as a watched object.
-    pub fn object(v: Value) -> DynamicObject {
-        serde_json::from_value(v).unwrap()
     }
 }
 
@@ -287,30 +306,21 @@ mod tests {
         let informers = HubInformers::new(&offline_client(), "argocd", vec!["team-*".into()], None);
         let view = informers.view();
         let (apps, projects, repositories) = drive(informers);
-        list(
-            &apps,
-            vec![
-                json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        apps.list(vec![
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
                        "metadata": {"name": "guestbook", "namespace": "team-a"}}),
-                json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
                        "metadata": {"name": "other", "namespace": "elsewhere"}}),
-            ],
-        );
-        list(
-            &projects,
-            vec![
-                json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+        ]);
+        projects.list(vec![
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
                         "metadata": {"name": "p", "namespace": "argocd"},
                         "spec": {"destinations": [{"name": "team-a"}]}}),
-            ],
-        );
-        list(
-            &repositories,
-            vec![json!({"apiVersion": "v1", "kind": "Secret",
+        ]);
+        repositories.list(vec![json!({"apiVersion": "v1", "kind": "Secret",
                         "metadata": {"name": "repo", "namespace": "argocd",
                                      "labels": {"argocd.argoproj.io/secret-type": "repository"}},
-                        "data": {"project": "cA=="}})],
-        );
+                        "data": {"project": "cA=="}})]);
         tokio::time::timeout(std::time::Duration::from_secs(5), view.wait_listed())
             .await
             .unwrap();
@@ -324,7 +334,10 @@ mod tests {
         let secret = view
             .repository_for("team-a", "repo")
             .expect("routes to team-a");
-        assert_eq!(view.project_of(&secret).unwrap()["metadata"]["name"], "p");
+        assert_eq!(
+            view.project_of(&secret).unwrap().metadata.name.as_deref(),
+            Some("p")
+        );
         assert!(view.repository_for("team-b", "repo").is_none());
     }
 }

@@ -1,0 +1,240 @@
+//! Typed Argo CD objects (`argoproj.io/v1alpha1`), lossless for the fields not modelled.
+//!
+//! Owns the Rust types of the Argo CD kinds this project reads — [`AppProject`] and
+//! [`Application`] — with the fields its decisions use typed, and every other field (at each
+//! level) kept in an `other` map, so an object read, changed and written back loses nothing, also
+//! fields of Argo CD versions newer than this code. Each kind implements [`kube::Resource`], so it
+//! can be watched by an informer and written with `Api<T>` directly.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::NamespaceResourceScope;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::resources::{ARGOPROJ_GROUP, ARGOPROJ_VERSION};
+
+/// Fields of an object not modelled here, kept as read.
+pub type Other = BTreeMap<String, Value>;
+
+macro_rules! argoproj_resource {
+    ($ty:ident, $kind:literal, $plural:literal) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = NamespaceResourceScope;
+
+            fn kind(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($kind)
+            }
+
+            fn group(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(ARGOPROJ_GROUP)
+            }
+
+            fn version(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(ARGOPROJ_VERSION)
+            }
+
+            fn plural(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($plural)
+            }
+
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+/// An Argo CD AppProject.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AppProject {
+    /// Standard object metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// What the project allows.
+    #[serde(default)]
+    pub spec: AppProjectSpec,
+    /// Everything else (`apiVersion`, `kind`, `status`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+argoproj_resource!(AppProject, "AppProject", "appprojects");
+
+/// `AppProject.spec`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppProjectSpec {
+    /// Where the project's Applications may deploy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destinations: Vec<ProjectDestination>,
+    /// Namespaces whose Applications may use the project (globs, `!` denies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_namespaces: Vec<String>,
+    /// Everything else (`sourceRepos`, `roles`, whitelists, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// One entry of `AppProject.spec.destinations`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProjectDestination {
+    /// Cluster name pattern (glob, `!` denies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Cluster server URL pattern.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// Namespace pattern.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Everything else.
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// An Argo CD Application.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Application {
+    /// Standard object metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// What to deploy where.
+    #[serde(default)]
+    pub spec: ApplicationSpec,
+    /// A requested operation (sync), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Value>,
+    /// What Argo CD observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ApplicationStatus>,
+    /// Everything else (`apiVersion`, `kind`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+argoproj_resource!(Application, "Application", "applications");
+
+/// `Application.spec`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApplicationSpec {
+    /// The AppProject.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub project: String,
+    /// Where to deploy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<ApplicationDestination>,
+    /// Everything else (`source`, `sources`, `syncPolicy`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// `Application.spec.destination`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApplicationDestination {
+    /// Cluster by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Cluster by server URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// Target namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Everything else.
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// `Application.status`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationStatus {
+    /// The last or running operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_state: Option<OperationState>,
+    /// Everything else (`sync`, `health`, `resources`, `conditions`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// `Application.status.operationState`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationState {
+    /// `Running`, `Terminating`, `Succeeded`, `Failed`, `Error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The operation it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Value>,
+    /// Everything else.
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+impl Application {
+    /// The phase of the last or running operation.
+    pub fn operation_phase(&self) -> Option<&str> {
+        self.status
+            .as_ref()?
+            .operation_state
+            .as_ref()?
+            .phase
+            .as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn objects_round_trip_without_losing_unmodelled_fields() {
+        let project = json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+            "metadata": {"name": "p", "namespace": "argocd", "labels": {"a": "b"}},
+            "spec": {"sourceRepos": ["*"], "destinations": [{"name": "team-*", "namespace": "*", "futureField": 1}],
+                     "sourceNamespaces": ["team-a"], "roles": [{"name": "r"}]},
+            "status": {"jwtTokensByRole": {}}
+        });
+        let typed: AppProject = serde_json::from_value(project.clone()).unwrap();
+        assert_eq!(typed.spec.destinations[0].name.as_deref(), Some("team-*"));
+        assert_eq!(typed.spec.source_namespaces, vec!["team-a"]);
+        assert_eq!(serde_json::to_value(&typed).unwrap(), project);
+
+        let app = json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "guestbook", "namespace": "team-a"},
+            "spec": {"project": "default", "source": {"repoURL": "https://git", "path": "guestbook"},
+                     "destination": {"server": "https://kubernetes.default.svc", "namespace": "guestbook"},
+                     "syncPolicy": {"automated": {}}},
+            "operation": {"sync": {"revision": "HEAD"}},
+            "status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"},
+                       "operationState": {"phase": "Running", "startedAt": "2026-11-24T00:00:00Z",
+                                          "operation": {"sync": {}}}}
+        });
+        let typed: Application = serde_json::from_value(app.clone()).unwrap();
+        assert_eq!(typed.operation_phase(), Some("Running"));
+        assert_eq!(typed.spec.project, "default");
+        assert_eq!(serde_json::to_value(&typed).unwrap(), app);
+    }
+
+    #[test]
+    fn the_kinds_are_argo_cds() {
+        use kube::Resource;
+        assert_eq!(AppProject::api_version(&()), "argoproj.io/v1alpha1");
+        assert_eq!(AppProject::plural(&()), "appprojects");
+        assert_eq!(Application::kind(&()), "Application");
+        assert_eq!(Application::plural(&()), "applications");
+    }
+}
