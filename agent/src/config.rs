@@ -240,6 +240,13 @@ pub struct AgentArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub enable_resource_proxy: bool,
 
+    /// Compress what is sent to the principal with gzip (upstream's `--enable-compression`; every
+    /// principal, ours and upstream's, accepts it). Answers are accepted gzip-compressed either way.
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_COMPRESSION", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub enable_compression: bool,
+
     /// Where container logs are read from: a Kubernetes-shaped HTTP(S) endpoint serving
     /// `GET /api/v1/namespaces/{ns}/pods/{pod}/log` [default: this cluster's apiserver].
     #[arg(long, env = "ARGOCD_AGENT_LOG_ENDPOINT", value_name = "URL")]
@@ -366,6 +373,8 @@ pub struct AgentConfig {
     pub grpc_max_message_size: usize,
     /// Serve resource proxy requests.
     pub enable_resource_proxy: bool,
+    /// Send gzip-compressed gRPC messages.
+    pub enable_compression: bool,
     /// Container log source; `None` = the spoke apiserver's `pods/log`.
     pub log_endpoint: Option<http::Uri>,
     /// Destination-based mapping (managed only; always false: refused until implemented).
@@ -646,6 +655,7 @@ impl AgentArgs {
             reconnect_backoff_max: self.reconnect_backoff_max,
             grpc_max_message_size,
             enable_resource_proxy: self.enable_resource_proxy,
+            enable_compression: self.enable_compression,
             log_endpoint,
             destination_based_mapping: self.destination_based_mapping,
             create_namespace: self.create_namespace,

@@ -36,6 +36,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::codec::CompressionEncoding;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -85,6 +86,8 @@ pub struct ConnectionSettings {
     pub max_message_size: usize,
     /// Cap of the reconnection delay.
     pub backoff_max: Duration,
+    /// Send gzip-compressed messages (`--enable-compression`).
+    pub compression: bool,
     /// Maximum distinct resources the outbox holds (for the offline readiness rule).
     pub outbox_capacity: usize,
 }
@@ -101,6 +104,7 @@ impl ConnectionSettings {
             heartbeat_interval: config.heartbeat_interval,
             max_message_size: config.grpc_max_message_size,
             backoff_max: config.reconnect_backoff_max,
+            compression: config.enable_compression,
             outbox_capacity,
         }
     }
@@ -169,9 +173,22 @@ impl std::fmt::Display for Failure {
     }
 }
 
+/// gzip for what we send when `compression` is set (upstream's `--enable-compression`);
+/// gzip-compressed answers are accepted either way.
+macro_rules! with_gzip {
+    ($client:expr, $compression:expr) => {{
+        let client = $client.accept_compressed(CompressionEncoding::Gzip);
+        if $compression {
+            client.send_compressed(CompressionEncoding::Gzip)
+        } else {
+            client
+        }
+    }};
+}
+
 /// What the principal's unauthenticated `Version` RPC answers, if it answers in time.
-async fn principal_version(channel: &Channel) -> Option<String> {
-    let mut client = VersionClient::new(channel.clone());
+async fn principal_version(channel: &Channel, compression: bool) -> Option<String> {
+    let mut client = with_gzip!(VersionClient::new(channel.clone()), compression);
     match tokio::time::timeout(RPC_TIMEOUT, client.version(VersionRequest::default())).await {
         Ok(Ok(resp)) => Some(resp.into_inner().version),
         Ok(Err(status)) => {
@@ -559,9 +576,10 @@ impl Connection {
     /// token and whether it was obtained just now.
     async fn access_token(&mut self, channel: &Channel) -> Result<(String, bool), Failure> {
         let limit = self.settings.max_message_size;
-        let mut auth = AuthenticationClient::new(channel.clone())
+        let auth = AuthenticationClient::new(channel.clone())
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
+        let mut auth = with_gzip!(auth, self.settings.compression);
         if let Some(tokens) = &self.tokens {
             match tokens.next_step(unix_now()) {
                 TokenStep::UseAccess => return Ok((tokens.access().to_string(), false)),
@@ -604,7 +622,7 @@ impl Connection {
         self.tokens = None;
         // Upstream principals accept only their own release string: ask which one this is first
         // (the Version RPC needs no authentication). No answer: send ours.
-        let principal_version = principal_version(channel).await;
+        let principal_version = principal_version(channel, self.settings.compression).await;
         let req = AuthRequest {
             method: AUTH_METHOD_MTLS.to_string(),
             credentials: Default::default(),
@@ -673,9 +691,10 @@ impl Connection {
         let outbound = ReceiverStream::new(out_rx).inspect(move |ev| metrics.observe_sent(ev));
         let mut request = tonic::Request::new(outbound);
         request.metadata_mut().insert("authorization", token);
-        let mut client = EventStreamClient::new(channel.clone())
+        let client = EventStreamClient::new(channel.clone())
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
+        let mut client = with_gzip!(client, self.settings.compression);
         match tokio::time::timeout(RPC_TIMEOUT, client.subscribe(request)).await {
             Ok(Ok(resp)) => Ok(resp.into_inner()),
             Ok(Err(status)) if status.code() == Code::Unauthenticated && !fresh => {
@@ -785,6 +804,62 @@ mod tests {
         fn source(&self) -> Option<&(dyn StdError + 'static)> {
             Some(&self.0)
         }
+    }
+
+    /// A Version server on loopback that records each request's `grpc-encoding` header.
+    async fn recording_version_server() -> (Channel, Arc<std::sync::Mutex<Vec<String>>>) {
+        use argocd_agent_proto::pb::versionapi::version_server::{Version, VersionServer};
+        use argocd_agent_proto::pb::versionapi::VersionResponse;
+        struct Answer;
+        #[tonic::async_trait]
+        impl Version for Answer {
+            async fn version(
+                &self,
+                _: tonic::Request<VersionRequest>,
+            ) -> Result<tonic::Response<VersionResponse>, Status> {
+                Ok(tonic::Response::new(VersionResponse {
+                    version: "v0.9.0".into(),
+                }))
+            }
+        }
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let server = tonic::service::interceptor::InterceptedService::new(
+            VersionServer::new(Answer).accept_compressed(CompressionEncoding::Gzip),
+            move |req: tonic::Request<()>| {
+                let encoding = req.metadata().get("grpc-encoding");
+                let encoding = encoding.and_then(|v| v.to_str().ok()).unwrap_or("identity");
+                record.lock().unwrap().push(encoding.to_string());
+                Ok(req)
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(server)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        (channel, seen)
+    }
+
+    #[tokio::test]
+    async fn enable_compression_sends_gzip_and_plain_is_the_default() {
+        let (channel, seen) = recording_version_server().await;
+        assert_eq!(
+            principal_version(&channel, true).await.as_deref(),
+            Some("v0.9.0")
+        );
+        assert_eq!(
+            principal_version(&channel, false).await.as_deref(),
+            Some("v0.9.0")
+        );
+        assert_eq!(*seen.lock().unwrap(), ["gzip", "identity"]);
     }
 
     #[test]

@@ -176,7 +176,8 @@ enum AnyAgent {
 
 impl AnyAgent {
     /// Starts agent `name` of `side` on `spoke` in `mode` against `principal` (`host:port`),
-    /// keeping its Applications in `spoke_ns` beside `argocd` (whose Redis an upstream agent needs).
+    /// keeping its Applications in `spoke_ns` beside `argocd` (whose Redis an upstream agent
+    /// needs), with `extra` flags.
     #[allow(clippy::too_many_arguments)]
     async fn start(
         side: Side,
@@ -188,20 +189,18 @@ impl AnyAgent {
         mode: Mode,
         spoke_ns: &str,
         argocd: Option<&ArgoCd>,
+        extra: &[&str],
     ) -> anyhow::Result<AnyAgent> {
         Ok(match side {
-            Side::Ours => AnyAgent::Ours(
-                Agent::start(
-                    name,
-                    &ctx.dir,
-                    spoke,
-                    pki,
-                    principal,
-                    spoke_ns,
-                    &[&format!("--mode={}", mode.flag())],
+            Side::Ours => {
+                let mode = format!("--mode={}", mode.flag());
+                let args: Vec<&str> = std::iter::once(mode.as_str())
+                    .chain(extra.iter().copied())
+                    .collect();
+                AnyAgent::Ours(
+                    Agent::start(name, &ctx.dir, spoke, pki, principal, spoke_ns, &args).await?,
                 )
-                .await?,
-            ),
+            }
             Side::Upstream => {
                 let redis = argocd.and_then(ArgoCd::redis_endpoint);
                 AnyAgent::Upstream(
@@ -216,7 +215,7 @@ impl AnyAgent {
                         redis
                             .as_ref()
                             .map(|r| (r.address.as_str(), r.password.as_deref())),
-                        &[],
+                        extra,
                     )
                     .await?,
                 )
@@ -271,6 +270,18 @@ impl Cell {
         agent: Side,
         mode: Mode,
         with_argocd: bool,
+    ) -> anyhow::Result<Cell> {
+        Cell::start_with(scenario, principal, agent, mode, with_argocd, &[]).await
+    }
+
+    /// [`Cell::start`] with `agent_args` added to the agent's command line.
+    async fn start_with(
+        scenario: &str,
+        principal: Side,
+        agent: Side,
+        mode: Mode,
+        with_argocd: bool,
+        agent_args: &[&str],
     ) -> anyhow::Result<Cell> {
         let planes = shared_planes().await;
         // Managed cells on one spoke, autonomous ones on the other: spreads the Argo CD load.
@@ -346,6 +357,7 @@ impl Cell {
             mode,
             &spoke_ns,
             argocd.as_ref(),
+            agent_args,
         )
         .await?;
         let hub_apps = Api::namespaced_with(hub_client.clone(), &name, &application_resource());
@@ -1080,6 +1092,44 @@ async fn pod_logs_through_our_principal_upstream_agent() -> anyhow::Result<()> {
     pod_logs_through_our_principal(Side::Upstream).await
 }
 
+// ---- gzip on the wire -----------------------------------------------------------------------------
+
+/// An agent started with `--enable-compression` (gzip on every call, upstream's flag) works with
+/// the other implementation's principal: an Application created on the hub is synced by the
+/// spoke's real Argo CD and its status comes back.
+async fn compressed_agent_syncs_an_app(principal: Side, agent: Side) -> anyhow::Result<()> {
+    let cell = Cell::start_with(
+        "gzip",
+        principal,
+        agent,
+        Mode::Managed,
+        true,
+        &["--enable-compression"],
+    )
+    .await?;
+    cell.hub_apps
+        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+        .await?;
+    cell.wait_greeting("v1").await?;
+    cell.wait_synced(
+        &cell.hub_apps,
+        &cell.first,
+        "the Application Synced with a gzip-compressing agent",
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn compressed_upstream_agent_on_our_principal() -> anyhow::Result<()> {
+    compressed_agent_syncs_an_app(Side::Ours, Side::Upstream).await
+}
+
+#[tokio::test]
+async fn compressed_agent_of_ours_on_upstream_principal() -> anyhow::Result<()> {
+    compressed_agent_syncs_an_app(Side::Upstream, Side::Ours).await
+}
+
 // ---- a mixed fleet: Go and Rust agents on one principal of ours ----------------------------------
 
 /// A second agent joining a cell's principal from another spoke, with its own spoke Argo CD.
@@ -1122,6 +1172,7 @@ impl Cell {
             self.mode,
             &spoke_ns,
             Some(&argocd),
+            &[],
         )
         .await?;
         Ok(Member {
