@@ -72,30 +72,14 @@ argoproj_resource!(AppProject, "AppProject", "appprojects");
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AppProjectSpec {
-    /// Where the project's Applications may deploy.
+    /// Where the project's Applications may deploy (name and server are patterns: globs, `!`
+    /// denies).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub destinations: Vec<ProjectDestination>,
+    pub destinations: Vec<ApplicationDestination>,
     /// Namespaces whose Applications may use the project (globs, `!` denies).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub source_namespaces: Vec<String>,
     /// Everything else (`sourceRepos`, `roles`, whitelists, ...).
-    #[serde(flatten)]
-    pub other: Other,
-}
-
-/// One entry of `AppProject.spec.destinations`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ProjectDestination {
-    /// Cluster name pattern (glob, `!` denies).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Cluster server URL pattern.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub server: Option<String>,
-    /// Namespace pattern.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    /// Everything else.
     #[serde(flatten)]
     pub other: Other,
 }
@@ -136,7 +120,8 @@ pub struct ApplicationSpec {
     pub other: Other,
 }
 
-/// `Application.spec.destination`.
+/// `Application.spec.destination`, and an entry of `AppProject.spec.destinations` (one type in
+/// Argo CD too).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ApplicationDestination {
     /// Cluster by name.

@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 
 use argocd_agent_kube::errors::handle_error;
 
-use crate::hub::{application_resource, queue, Hub, MirrorKind};
+use crate::hub::{application_resource, queue, request_object, Hub, MirrorKind};
 use crate::routing::{
     application_payload, operation_already_started, project_for_agent, repository_payload,
     requests_carried_out,
@@ -292,8 +292,7 @@ impl AgentInbound {
             && operation_already_started(hub_app);
         if hub_status != spoke_status || leftover_operation {
             tracing::debug!(agent = self.agent(), app = %req.name, "hub status differs from the spoke's; asking the agent for it");
-            self.hub
-                .request_object(&self.session, &req.kind, &req.name, hub_uid, hub_status);
+            request_object(&self.session, &req.kind, &req.name, hub_uid, hub_status);
         }
     }
 
@@ -308,7 +307,10 @@ impl AgentInbound {
                 let spoke: Value = ev
                     .data_as()
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
-                self.hub.upsert_mirror(kind, self.agent(), &spoke).await
+                self.hub
+                    .mirrors()
+                    .upsert_mirror(kind, self.agent(), &spoke)
+                    .await
             }
             (EventType::Delete, Some(kind)) => {
                 let spoke: Value = ev
@@ -319,6 +321,7 @@ impl AgentInbound {
                     .and_then(Value::as_str)
                     .unwrap_or_default();
                 self.hub
+                    .mirrors()
                     .delete_mirror(kind, self.agent(), name_of(&spoke)?, uid)
                     .await
             }
@@ -335,19 +338,17 @@ impl AgentInbound {
                         )))
                     }
                 };
-                if !self.hub.has_mirror(kind, self.agent(), &key.name, &key.uid) {
-                    self.hub.request_object(
-                        &self.session,
-                        &key.kind,
-                        &key.name,
-                        &key.uid,
-                        Vec::new(),
-                    );
+                if !self
+                    .hub
+                    .mirrors()
+                    .has_mirror(kind, self.agent(), &key.name, &key.uid)
+                {
+                    request_object(&self.session, &key.kind, &key.name, &key.uid, Vec::new());
                 }
                 Ok(())
             }
             (EventType::RequestResourceResync, _) => {
-                self.hub.autonomous_resync(&self.session);
+                self.hub.mirrors().autonomous_resync(&self.session);
                 Ok(())
             }
             (EventType::Error, _) => {
@@ -380,6 +381,7 @@ impl EventHandler for AgentInbound {
                     .data_as()
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
                 self.hub
+                    .managed()
                     .answer_managed_key_list(&self.session, &req.checksum);
                 Ok(())
             }

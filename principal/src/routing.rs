@@ -5,7 +5,7 @@
 //! change ([`mirror_view`]); which hub namespaces are served ([`namespace_allowed`]) and the label
 //! selector of each hub watch ([`combined_selector`]).
 
-use argocd_agent_kube::argocd::{AppProject, ProjectDestination};
+use argocd_agent_kube::argocd::{AppProject, ApplicationDestination};
 use argocd_agent_proto::event::EventType;
 use serde_json::Value;
 use wildmatch::WildMatch;
@@ -133,7 +133,7 @@ fn glob_verdict<'a>(patterns: impl Iterator<Item = &'a str>, name: &str) -> (boo
     (allowed, denied)
 }
 
-fn names_agent(dest: &ProjectDestination, agent: &str) -> bool {
+fn names_agent(dest: &ApplicationDestination, agent: &str) -> bool {
     let by_name = dest
         .name
         .as_deref()
@@ -173,11 +173,11 @@ pub fn project_for_agent(project: &AppProject, agent: &str) -> Value {
         .destinations
         .iter()
         .filter(|d| names_agent(d, agent))
-        .map(|d| ProjectDestination {
+        .map(|d| ApplicationDestination {
             name: Some("in-cluster".into()),
             server: Some("https://kubernetes.default.svc".into()),
             namespace: Some(d.namespace.clone().unwrap_or_else(|| "*".into())),
-            ..ProjectDestination::default()
+            ..ApplicationDestination::default()
         })
         .collect();
     let mut out = serde_json::to_value(&copy).unwrap_or(Value::Null);

@@ -24,10 +24,9 @@ use argocd_agent_kube::resources;
 use argocd_agent_proto::event::{
     set_checksum, Event, EventType, ResourceKey, Target, SOURCE_UID_ANNOTATION,
 };
-use argocd_agent_proto::payload::RequestUpdate;
 use argocd_agent_proto::sync::keyed_request;
 use argocd_agent_proto::sync::resync::{
-    request_update_key, MIRROR_AGENT_ANNOTATION, MIRROR_CHECKSUM_ANNOTATION, RESYNC_REQUEST_KEY,
+    MIRROR_AGENT_ANNOTATION, MIRROR_CHECKSUM_ANNOTATION, RESYNC_REQUEST_KEY,
 };
 use argocd_agent_proto::sync::HandleError;
 use argocd_agent_runtime::telemetry::MetricsRegistry;
@@ -38,7 +37,7 @@ use serde_json::Value;
 
 use super::namespaces::Namespaces;
 use super::view::{to_value, HubView, Kind};
-use super::{name_of, push, queue, read, write, SOURCE};
+use super::{name_of, push, queue, read, request_object, write, SOURCE};
 use crate::routing::{
     application_payload, mirror_application, mirror_project, mirror_view, mirrored_project_name,
     namespace_allowed, REFRESH_ANNOTATION,
@@ -646,28 +645,6 @@ impl Mirrors {
         live.is_some_and(|l| mirror_agent_of(&l) == Some(agent) && source_uid_of(&l) == Some(uid))
     }
 
-    /// Asks the agent for one object (empty checksum: "send it").
-    pub fn request_object(
-        &self,
-        session: &AgentSession,
-        kind: &str,
-        name: &str,
-        uid: &str,
-        checksum: Vec<u8>,
-    ) {
-        let req = RequestUpdate {
-            name: name.to_string(),
-            namespace: String::new(),
-            uid: uid.to_string(),
-            kind: kind.to_string(),
-            checksum,
-        };
-        match Event::request_update(SOURCE, &req) {
-            Ok(ev) => push(session, keyed_request(ev, request_update_key(kind, name))),
-            Err(e) => tracing::error!(error = %e, "cannot build a request-update"),
-        }
-    }
-
     /// The checksum resync with an autonomous agent: one `request-update` per mirror (with the
     /// checksum of the spoke object it mirrors) and the checksum of the mirrored key set.
     pub fn autonomous_resync(&self, session: &AgentSession) {
@@ -701,7 +678,7 @@ impl Mirrors {
                 .entry((agent.to_string(), name.to_string()))
                 .or_insert_with(|| app.clone());
             keys.push(ResourceKey::new("Application", name, "", uid));
-            self.request_object(session, "Application", name, uid, checksum_of(app));
+            request_object(session, "Application", name, uid, checksum_of(app));
         }
         for project in &projects {
             let mirror_name = name_of(project);
@@ -711,7 +688,7 @@ impl Mirrors {
                 .entry(mirror_name.to_string())
                 .or_insert_with(|| project.clone());
             keys.push(ResourceKey::new("AppProject", name, "", uid));
-            self.request_object(session, "AppProject", name, uid, checksum_of(project));
+            request_object(session, "AppProject", name, uid, checksum_of(project));
         }
         match Event::request_synced_resource_list(SOURCE, set_checksum(&keys)) {
             Ok(ev) => push(session, keyed_request(ev, RESYNC_REQUEST_KEY)),

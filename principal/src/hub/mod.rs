@@ -26,11 +26,11 @@ use std::time::Duration;
 
 use argocd_agent_kube::argocd::AppProject;
 use argocd_agent_kube::informer::Handler;
-use argocd_agent_proto::event::{Event, EventType, ResourceKey, Target};
+use argocd_agent_proto::event::{Event, EventType, Target};
 use argocd_agent_proto::mode::AgentMode;
+use argocd_agent_proto::payload::RequestUpdate;
 use argocd_agent_proto::sync::keyed_request;
-use argocd_agent_proto::sync::resync::{jittered, RESYNC_REQUEST_KEY};
-use argocd_agent_proto::sync::HandleError;
+use argocd_agent_proto::sync::resync::{jittered, request_update_key, RESYNC_REQUEST_KEY};
 use futures::future::BoxFuture;
 use kube::api::DynamicObject;
 use serde_json::Value;
@@ -272,63 +272,14 @@ impl Hub {
         self.namespaces.ensure(agent).await
     }
 
-    /// See [`ManagedRouter::principal_restart_resync`].
-    pub fn principal_restart_resync(&self, session: &AgentSession) {
-        self.managed.principal_restart_resync(session)
+    /// The routing to managed agents.
+    pub fn managed(&self) -> &ManagedRouter {
+        &self.managed
     }
 
-    /// See [`ManagedRouter::managed_keys`].
-    pub fn managed_keys(&self, agent: &str) -> Vec<ResourceKey> {
-        self.managed.managed_keys(agent)
-    }
-
-    /// See [`ManagedRouter::answer_managed_key_list`].
-    pub fn answer_managed_key_list(&self, session: &AgentSession, checksum: &[u8]) {
-        self.managed.answer_managed_key_list(session, checksum)
-    }
-
-    /// See [`Mirrors::upsert_mirror`].
-    pub async fn upsert_mirror(
-        &self,
-        kind: MirrorKind,
-        agent: &str,
-        spoke: &Value,
-    ) -> Result<(), HandleError> {
-        self.mirrors.upsert_mirror(kind, agent, spoke).await
-    }
-
-    /// See [`Mirrors::delete_mirror`].
-    pub async fn delete_mirror(
-        &self,
-        kind: MirrorKind,
-        agent: &str,
-        name: &str,
-        uid: &str,
-    ) -> Result<(), HandleError> {
-        self.mirrors.delete_mirror(kind, agent, name, uid).await
-    }
-
-    /// See [`Mirrors::has_mirror`].
-    pub fn has_mirror(&self, kind: MirrorKind, agent: &str, name: &str, uid: &str) -> bool {
-        self.mirrors.has_mirror(kind, agent, name, uid)
-    }
-
-    /// See [`Mirrors::request_object`].
-    pub fn request_object(
-        &self,
-        session: &AgentSession,
-        kind: &str,
-        name: &str,
-        uid: &str,
-        checksum: Vec<u8>,
-    ) {
-        self.mirrors
-            .request_object(session, kind, name, uid, checksum)
-    }
-
-    /// See [`Mirrors::autonomous_resync`].
-    pub fn autonomous_resync(&self, session: &AgentSession) {
-        self.mirrors.autonomous_resync(session)
+    /// The autonomous agents' mirrors.
+    pub fn mirrors(&self) -> &Mirrors {
+        &self.mirrors
     }
 
     fn autonomous_session(&self, namespace: &str) -> Option<Arc<AgentSession>> {
@@ -421,6 +372,27 @@ impl Handler<AppProject> for ProjectEvents {
     fn deleted(&self, last: Arc<AppProject>) -> BoxFuture<'_, ()> {
         self.hub.project_deleted(&last);
         Box::pin(async {})
+    }
+}
+
+/// Asks the agent of `session` for one object (empty checksum: "send it").
+pub fn request_object(
+    session: &AgentSession,
+    kind: &str,
+    name: &str,
+    uid: &str,
+    checksum: Vec<u8>,
+) {
+    let req = RequestUpdate {
+        name: name.to_string(),
+        namespace: String::new(),
+        uid: uid.to_string(),
+        kind: kind.to_string(),
+        checksum,
+    };
+    match Event::request_update(SOURCE, &req) {
+        Ok(ev) => push(session, keyed_request(ev, request_update_key(kind, name))),
+        Err(e) => tracing::error!(error = %e, "cannot build a request-update"),
     }
 }
 
@@ -584,6 +556,7 @@ mod tests {
         .await;
         let keys: Vec<String> = f
             .hub
+            .managed()
             .managed_keys("team-a")
             .iter()
             .map(|k| format!("{} {}", k.kind, k.name))
@@ -591,6 +564,6 @@ mod tests {
         assert_eq!(keys, vec!["Application guestbook", "AppProject p"]);
         apply(&f.feeds.1, project("p", &["team-b"]));
         assert_eq!(received(&f.managed, 1).await, vec!["delete AppProject p"]);
-        assert_eq!(f.hub.managed_keys("team-a").len(), 1);
+        assert_eq!(f.hub.managed().managed_keys("team-a").len(), 1);
     }
 }
