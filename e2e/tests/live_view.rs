@@ -757,12 +757,8 @@ async fn proxy_get(
 ) -> anyhow::Result<(u16, Value)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let tls = e2e::gateway::client_tls(&fleet.pki, Some(identity), &[b"http/1.1"])?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
-    let tcp =
-        tokio::net::TcpStream::connect(("127.0.0.1", fleet.principal.resource_proxy_port)).await?;
-    let mut s = connector
-        .connect(rustls::pki_types::ServerName::try_from("localhost")?, tcp)
-        .await?;
+    let address = format!("127.0.0.1:{}", fleet.principal.resource_proxy_port);
+    let mut s = e2e::gateway::tls_connect(&address, Arc::new(tls)).await?;
     let auth = bearer
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();

@@ -1002,19 +1002,12 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            match listener.accept().await {
-                Ok((tcp, remote)) => {
-                    tokio::spawn(serve_client(proxy.clone(), tcp, remote, command_timeout));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "redis proxy: accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    });
+    tokio::spawn(argocd_agent_runtime::accept::serve_connections(
+        listener,
+        "redis proxy",
+        std::future::pending(),
+        move |tcp, remote| serve_client(proxy.clone(), tcp, remote, command_timeout),
+    ));
     Ok(bound)
 }
 
