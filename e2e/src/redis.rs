@@ -162,28 +162,25 @@ mod tests {
 
     #[test]
     fn a_reply_is_whole_once_all_its_bytes_arrived() {
-        for whole in [
-            &b"+OK\r\n"[..],
-            b"-ERR no\r\n",
-            b":0\r\n",
-            b"$-1\r\n",
-            b"$5\r\nhello\r\n",
-            b"*2\r\n$1\r\na\r\n:1\r\n",
-            b"?not resp\r\n",
+        for (bytes, whole) in [
+            (&b"+OK\r\n"[..], true),
+            (b"-ERR no\r\n", true),
+            (b":0\r\n", true),
+            (b"$-1\r\n", true),
+            (b"$5\r\nhello\r\n", true),
+            (b"*2\r\n$1\r\na\r\n:1\r\n", true),
+            (b"?not resp\r\n", true),
+            (b"", false),
+            (b"+OK", false),
+            (b"$5\r\nhel", false),
+            (b"$5\r\nhello", false),
+            (b"*2\r\n$1\r\na\r\n", false),
         ] {
-            assert!(whole_reply(whole), "{:?}", String::from_utf8_lossy(whole));
-        }
-        for partial in [
-            &b""[..],
-            b"+OK",
-            b"$5\r\nhel",
-            b"$5\r\nhello",
-            b"*2\r\n$1\r\na\r\n",
-        ] {
-            assert!(
-                !whole_reply(partial),
+            assert_eq!(
+                whole_reply(bytes),
+                whole,
                 "{:?}",
-                String::from_utf8_lossy(partial)
+                String::from_utf8_lossy(bytes)
             );
         }
     }
