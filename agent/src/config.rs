@@ -325,13 +325,7 @@ pub struct ClientTlsFiles {
 }
 
 /// HTTP/2 keepalive towards the principal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeepaliveConfig {
-    /// Ping interval.
-    pub interval: Duration,
-    /// How long to wait for the ping's answer.
-    pub timeout: Duration,
-}
+pub type KeepaliveConfig = argocd_agent_runtime::dial::Http2Keepalive;
 
 /// Validated configuration of the agent.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,12 +1,14 @@
 //! The agent's link to its principal: dial, authenticate, subscribe, run the event stream, and
 //! reconnect forever.
 //!
-//! Owns: the transport (TCP to `--server-address`, TLS with the hot-reloading client config, ALPN
-//! h2, SNI `--tls-server-name`, HTTP/2 keepalive so a half-open link is noticed), the session
-//! tokens (Authenticate with mTLS, RefreshToken when the access token runs out — see [`token`]),
-//! the `Subscribe` stream driven by `proto::sync::run_stream` against the process-wide
-//! [`Outbox`], the reconnection schedule ([`backoff`]), the classification of failures into
-//! transient ones and refusals that need an operator, and what the outside sees of all this:
+//! Owns: the transport's settings (TCP to `--server-address`, TLS with the hot-reloading client
+//! config, ALPN h2, SNI `--tls-server-name`, HTTP/2 keepalive so a half-open link is noticed),
+//! dialled by the runtime's [`argocd_agent_runtime::dial`]; the session tokens (Authenticate with
+//! mTLS, RefreshToken when the access token runs out — see [`token`]); the `Subscribe` stream
+//! driven by `proto::sync::run_stream` against the process-wide [`Outbox`]; the reconnection
+//! schedule ([`backoff`]); the classification of failures into transient ones and refusals that
+//! need an operator (TLS failures by their rustls error, not their text); and what the outside
+//! sees of all this:
 //! one log line per state change, readiness, and the connection metrics.
 //!
 //! It never listens: the principal cannot reach the agent, the agent always dials.
@@ -27,18 +29,18 @@ use argocd_agent_proto::pb::versionapi::version_client::VersionClient;
 use argocd_agent_proto::pb::versionapi::VersionRequest;
 use argocd_agent_proto::sync::{run_stream, EventHandler, Lanes, Outbox, StreamEnd};
 use argocd_agent_proto::version::{auth_version_for, check_compatible};
+use argocd_agent_runtime::dial::{dial_grpc, rustls_error_in, GrpcDialOptions, TlsTarget};
 use argocd_agent_runtime::flags::{format_duration, AgentMode, HostPort};
 use argocd_agent_runtime::telemetry::HealthState;
-use argocd_agent_runtime::tls::{ReloadingClientConfig, ALPN_H2};
+use argocd_agent_runtime::tls::ReloadingClientConfig;
 use futures::StreamExt;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
+use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::CompressionEncoding;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tracing::{debug, error, info, warn};
 
@@ -229,25 +231,22 @@ pub fn classify_status(stage: Stage, status: &Status) -> Failure {
     }
 }
 
-/// Classifies a transport error (TCP, TLS, HTTP/2) by its message chain.
-fn classify_transport(message: String) -> Failure {
-    let lower = message.to_ascii_lowercase();
-    let fix = if lower.contains("alert") {
-        Some(
+/// Classifies a transport error (TCP, TLS, HTTP/2) by the TLS error in its chain, if any.
+fn classify_transport(error: &(dyn StdError + 'static)) -> Failure {
+    let fix = match rustls_error_in(error) {
+        Some(rustls::Error::AlertReceived(_)) => Some(
             "the principal rejected the TLS handshake: check that --tls-client-cert/--tls-client-key were issued \
              by the principal's agent CA and have not expired",
-        )
-    } else if lower.contains("certificate") || lower.contains("unknownissuer") {
-        Some(
+        ),
+        Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented) => Some(
             "the principal's certificate is not trusted: check that --tls-ca holds the CA that signed it and that \
              --tls-server-name matches a name in it",
-        )
-    } else {
-        None
+        ),
+        _ => None,
     };
     Failure {
         stage: Stage::Connect,
-        message,
+        message: error_chain(error),
         fix,
     }
 }
@@ -513,63 +512,23 @@ impl Connection {
         }
     }
 
-    /// Opens the HTTP/2 connection: TCP, TLS (ALPN h2, SNI), keepalive, message limits.
+    /// Opens the HTTP/2 connection: TCP, TLS (ALPN h2, SNI), keepalive.
     async fn dial(&self) -> Result<Channel, Failure> {
         let s = &self.settings;
-        let uri = format!("http://{}", s.server);
-        let mut endpoint = Endpoint::from_shared(uri.clone())
-            .map_err(|e| {
-                Failure::transient(Stage::Connect, format!("invalid endpoint {uri}: {e}"))
-            })?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
-        if let Some(k) = s.keepalive {
-            endpoint = endpoint
-                .http2_keep_alive_interval(k.interval)
-                .keep_alive_timeout(k.timeout)
-                .keep_alive_while_idle(true);
-        }
         let server_name = ServerName::try_from(s.server_name.clone()).map_err(|e| {
             Failure::transient(
                 Stage::Connect,
                 format!("--tls-server-name {:?} is not usable: {e}", s.server_name),
             )
         })?;
-        let tls = self.tls.clone();
-        let host = s.server.host.clone();
-        let port = s.server.port;
-        let connector = tower::service_fn(move |_: http::Uri| {
-            let tls = tls.clone();
-            let host = host.clone();
-            let server_name = server_name.clone();
-            async move {
-                let tcp = TcpStream::connect((host.as_str(), port)).await?;
-                tcp.set_nodelay(true)?;
-                let stream = tls
-                    .connector()
-                    .connect(server_name.clone(), tcp)
-                    .await
-                    .map_err(|e| {
-                        std::io::Error::new(
-                            e.kind(),
-                            format!("TLS handshake (server name {server_name:?}) failed: {e}"),
-                        )
-                    })?;
-                if let Some(alpn) = stream.get_ref().1.alpn_protocol() {
-                    if alpn != ALPN_H2 {
-                        return Err(std::io::Error::other(format!(
-                            "the server negotiated ALPN {:?} instead of h2",
-                            String::from_utf8_lossy(alpn)
-                        )));
-                    }
-                }
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        });
-        endpoint
-            .connect_with_connector(connector)
+        let target = TlsTarget::new(s.server.to_string(), server_name);
+        let options = GrpcDialOptions {
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            keepalive: s.keepalive,
+        };
+        dial_grpc(&target, self.tls.clone(), options)
             .await
-            .map_err(|e| classify_transport(error_chain(&e)))
+            .map_err(|e| classify_transport(&e))
     }
 
     /// A usable access token: the held one, a refreshed one, or a new session. Returns the
@@ -767,22 +726,42 @@ mod tests {
         );
     }
 
+    /// A handshake error as the dial reports it: rustls's error inside tokio-rustls's io::Error
+    /// inside the dial's own error.
+    fn handshake_error(e: rustls::Error) -> std::io::Error {
+        std::io::Error::other(argocd_agent_runtime::dial::ConnectError::Handshake {
+            server_name: ServerName::try_from("p").unwrap(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        })
+    }
+
     #[test]
     fn transport_failures_name_the_tls_problem() {
-        assert!(
-            !classify_transport("tcp connect error: Connection refused (os error 111)".into())
-                .is_refusal()
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused (os error 111)",
         );
-        let untrusted = classify_transport(
-            "TLS handshake (server name \"p\") failed: invalid peer certificate: UnknownIssuer"
-                .into(),
-        );
+        assert!(!classify_transport(&refused).is_refusal());
+        let untrusted = classify_transport(&handshake_error(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        )));
         assert!(untrusted.to_string().contains("--tls-ca"), "{untrusted}");
-        let rejected = classify_transport("received fatal alert: CertificateRequired".into());
+        assert!(
+            untrusted
+                .message
+                .contains("invalid peer certificate: UnknownIssuer"),
+            "{untrusted}"
+        );
+        let rejected = classify_transport(&handshake_error(rustls::Error::AlertReceived(
+            rustls::AlertDescription::CertificateRequired,
+        )));
         assert!(
             rejected.to_string().contains("--tls-client-cert"),
             "{rejected}"
         );
+        // Words in a message are not what decides.
+        let worded = std::io::Error::other("certificate alert");
+        assert!(!classify_transport(&worded).is_refusal());
     }
 
     #[test]
@@ -840,7 +819,7 @@ mod tests {
                 .add_service(server)
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
             .await

@@ -374,6 +374,6 @@ fn write_kubeconfig(
         "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
         "current-context": name,
     });
-    std::fs::write(path, serde_yaml::to_string(&kubeconfig)?)?;
+    std::fs::write(path, serde_norway::to_string(&kubeconfig)?)?;
     Ok(())
 }

@@ -41,7 +41,7 @@ pub fn crd_files() -> anyhow::Result<Vec<PathBuf>> {
 /// Reads one CRD file.
 pub fn load_crd(path: &std::path::Path) -> anyhow::Result<DynamicObject> {
     let text = std::fs::read_to_string(path)?;
-    serde_yaml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    serde_norway::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// Creates every CRD of [`crd_files`] (tolerating ones that exist) and waits for all to be

@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use argocd_agent_runtime::dial::{
+    connect_tls, dial_grpc, ConnectError, GrpcDialOptions, TlsTarget,
+};
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
 
@@ -343,25 +346,14 @@ pub fn text(v: &Value, pointer: &str) -> String {
         .to_string()
 }
 
-/// Opens a gRPC channel to `addr` over TLS with `tls` (ALPN h2), as an agent would, so tests can
-/// speak the protocol with certificates and tokens of their choosing.
+/// Opens a gRPC channel to `addr` over TLS with `tls` (ALPN h2), as an agent would (the agent's
+/// own dial, server name `localhost`), so tests can speak the protocol with certificates and
+/// tokens of their choosing.
 pub async fn grpc_channel(
     addr: &str,
-    tls: rustls::ClientConfig,
+    tls: impl Into<std::sync::Arc<rustls::ClientConfig>>,
 ) -> anyhow::Result<tonic::transport::Channel> {
-    let tls = std::sync::Arc::new(tls);
-    let addr = addr.to_string();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let tls = tls.clone();
-            let addr = addr.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tls_connect(&addr, tls).await?,
-                ))
-            }
-        }))
-        .await?;
+    let channel = dial_grpc(&localhost(addr), tls.into(), GrpcDialOptions::default()).await?;
     Ok(channel)
 }
 
@@ -369,12 +361,14 @@ pub async fn grpc_channel(
 pub async fn tls_connect(
     addr: &str,
     tls: std::sync::Arc<rustls::ClientConfig>,
-) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, ConnectError> {
+    connect_tls(&localhost(addr), &tls).await
+}
+
+/// `addr` as a TLS server verified as `localhost` (what the test PKI's server certificates name).
+fn localhost(addr: &str) -> TlsTarget {
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("static name");
-    tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
+    TlsTarget::new(addr, name)
 }
 
 /// Issues a client certificate signed by the PKI's CA with an arbitrary common name and validity

@@ -54,9 +54,9 @@ impl TraceService for Store {
                 spans.push(ReceivedSpan {
                     service: service.clone(),
                     name: span.name,
-                    trace_id: hex(&span.trace_id),
-                    span_id: hex(&span.span_id),
-                    parent_span_id: hex(&span.parent_span_id),
+                    trace_id: hex::encode(&span.trace_id),
+                    span_id: hex::encode(&span.span_id),
+                    parent_span_id: hex::encode(&span.parent_span_id),
                 });
             }
         }
@@ -64,10 +64,6 @@ impl TraceService for Store {
             partial_success: None,
         }))
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The running collector; it stops when dropped.

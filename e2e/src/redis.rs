@@ -1,10 +1,15 @@
 //! A real `redis-server` (Debian's) on a free loopback port, for the Redis proxy tests and for
 //! Argo CD's cache — with a password where Argo CD's default install sets one (`requirepass`, the
-//! secret `argocd-redis`).
+//! secret `argocd-redis`) — and the RESP client side the tests speak to it and to the principal's
+//! Redis proxy, framed by the `redis-protocol` crate.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+
+use redis_protocol::resp2::decode::decode;
+use redis_protocol::resp2::encode::encode;
+use redis_protocol::resp2::types::{OwnedFrame, Resp2Frame};
 
 use crate::binaries::system_binary;
 use crate::ports::free_port;
@@ -102,29 +107,20 @@ impl Redis {
 
 /// `args` as one RESP command (an array of bulk strings).
 pub fn resp_command(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-    }
+    let frame = OwnedFrame::Array(
+        args.iter()
+            .map(|a| OwnedFrame::BulkString(a.as_bytes().to_vec()))
+            .collect(),
+    );
+    let mut out = vec![0; frame.encode_len(false)];
+    encode(&mut out, &frame, false).expect("the buffer is the frame's length");
     out
 }
 
-/// Whether `buf` holds one whole RESP2 reply of a simple kind (status, error, integer, bulk
-/// string or null).
+/// Whether `buf` holds one whole RESP2 reply, or bytes that no reply starts with (more bytes
+/// would not make them one: the caller shows them as they are).
 fn whole_reply(buf: &[u8]) -> bool {
-    let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
-        return false;
-    };
-    match buf.first() {
-        Some(b'$') => match std::str::from_utf8(&buf[1..eol])
-            .ok()
-            .and_then(|l| l.parse::<i64>().ok())
-        {
-            Some(n) if n >= 0 => buf.len() >= eol + 2 + n as usize + 2,
-            _ => true,
-        },
-        _ => true,
-    }
+    !matches!(decode(buf), Ok(None))
 }
 
 /// Sends `args` as one command on `conn` (a client of a Redis server or of the principal's Redis
@@ -150,4 +146,42 @@ pub async fn resp_exchange(
     .await
     .map_err(|_| anyhow::anyhow!("no whole reply to {args:?} within 10 s: {buf:?}"))??;
     Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_arrays_of_bulk_strings() {
+        assert_eq!(
+            resp_command(&["SET", "k", "10"]),
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n10\r\n"
+        );
+    }
+
+    #[test]
+    fn a_reply_is_whole_once_all_its_bytes_arrived() {
+        for (bytes, whole) in [
+            (&b"+OK\r\n"[..], true),
+            (b"-ERR no\r\n", true),
+            (b":0\r\n", true),
+            (b"$-1\r\n", true),
+            (b"$5\r\nhello\r\n", true),
+            (b"*2\r\n$1\r\na\r\n:1\r\n", true),
+            (b"?not resp\r\n", true),
+            (b"", false),
+            (b"+OK", false),
+            (b"$5\r\nhel", false),
+            (b"$5\r\nhello", false),
+            (b"*2\r\n$1\r\na\r\n", false),
+        ] {
+            assert_eq!(
+                whole_reply(bytes),
+                whole,
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
 }

@@ -402,32 +402,9 @@ async fn dial(
     address: &str,
     tls: Arc<rustls::ClientConfig>,
 ) -> Result<tonic::transport::Channel, OpenFailure> {
-    let connector = tokio_rustls::TlsConnector::from(tls);
-    let addr = address.to_string();
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| OpenFailure::Transport(e.to_string()))?
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let connector = connector.clone();
-            let addr = addr.clone();
-            async move {
-                let tcp = tokio::net::TcpStream::connect(&addr).await?;
-                tcp.set_nodelay(true)?;
-                let name =
-                    rustls::pki_types::ServerName::try_from("localhost").expect("static name");
-                let tls = connector.connect(name, tcp).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
-            }
-        }))
+    crate::gateway::grpc_channel(address, tls)
         .await
-        .map_err(|e| {
-            let mut msg = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg = format!("{msg}: {s}");
-                src = s.source();
-            }
-            OpenFailure::Transport(msg)
-        })
+        .map_err(|e| OpenFailure::Transport(format!("{e:#}")))
 }
 
 /// Version → Authenticate → Subscribe on a fresh connection.

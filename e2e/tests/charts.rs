@@ -66,7 +66,7 @@ fn render(
 
 /// The rendered manifest's objects.
 fn objects(manifest: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(manifest)
+    serde_norway::Deserializer::from_str(manifest)
         .filter_map(|doc| {
             let v: Value = serde::Deserialize::deserialize(doc).expect("rendered YAML parses");
             (!v.is_null()).then_some(v)
@@ -153,7 +153,7 @@ fn rendered_grants(objs: &[Value], kind: &str) -> BTreeSet<Grant> {
 /// The rules file beside a binary's code (`principal/rbac.yaml`, `agent/rbac.yaml`).
 fn rules_beside_code(path: &str) -> Value {
     let text = std::fs::read_to_string(workspace_root().join(path)).expect("rbac list");
-    serde_yaml::from_str(&text).expect("rbac list is YAML")
+    serde_norway::from_str(&text).expect("rbac list is YAML")
 }
 
 const AGENT_VALUES: &str = "agent: {serverAddress: \"principal.example.com:443\"}\n";

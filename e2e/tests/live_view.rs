@@ -219,7 +219,7 @@ async fn proxy_kubeconfig(
         "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "argocd"}}],
     });
     let path = dir.join(format!("proxy-{name}.kubeconfig"));
-    std::fs::write(&path, serde_yaml::to_string(&kubeconfig)?)?;
+    std::fs::write(&path, serde_norway::to_string(&kubeconfig)?)?;
     Ok(path)
 }
 
@@ -311,7 +311,7 @@ async fn kubectl_reads_tracked_objects_of_its_own_agent_only() -> anyhow::Result
         let (ok, yaml, err) =
             fleet.kubectl(i, &["get", "deploy", "-n", &ns, "web", "-o", "yaml"])?;
         assert!(ok, "kubectl get deploy web as agent {}: {err}", i + 1);
-        let obj: Value = serde_yaml::from_str(&yaml)?;
+        let obj: Value = serde_norway::from_str(&yaml)?;
         assert_eq!(
             obj["metadata"]["annotations"]["marker"],
             marker,
@@ -711,12 +711,8 @@ async fn proxy_get(
 ) -> anyhow::Result<(u16, Value)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let tls = e2e::gateway::client_tls(&fleet.pki, Some(identity), &[b"http/1.1"])?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
-    let tcp =
-        tokio::net::TcpStream::connect(("127.0.0.1", fleet.principal.resource_proxy_port)).await?;
-    let mut s = connector
-        .connect(rustls::pki_types::ServerName::try_from("localhost")?, tcp)
-        .await?;
+    let address = format!("127.0.0.1:{}", fleet.principal.resource_proxy_port);
+    let mut s = e2e::gateway::tls_connect(&address, Arc::new(tls)).await?;
     let auth = bearer
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
@@ -1083,7 +1079,7 @@ async fn a_self_registered_cluster_is_reached_with_its_bearer_token_and_bad_toke
     }
     let (ok, yaml, err) = fleet.kubectl(0, &["get", "deploy", "-n", &ns, "web", "-o", "yaml"])?;
     assert!(ok, "kubectl with the self-registered secret: {err}");
-    let obj: Value = serde_yaml::from_str(&yaml)?;
+    let obj: Value = serde_norway::from_str(&yaml)?;
     assert_eq!(obj["metadata"]["annotations"]["marker"], "spoke1");
     // Agent 1's token cannot read what only agent 2's cluster has.
     let (ok, _, err) = fleet.kubectl(0, &["get", "deploy", "-n", &ns, "only-on-2"])?;

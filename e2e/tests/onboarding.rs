@@ -27,6 +27,7 @@ use argocd_agent_operator::gitops::crd::GitOpsCluster;
 use argocd_agent_operator::pki::secrets::{
     AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET, PRINCIPAL_TLS_SECRET, TLS_CERT_KEY, TLS_KEY_KEY,
 };
+use argocd_agent_runtime::dial::{connect_tls, TlsTarget};
 use e2e::gateway::{
     application, application_resource, appproject_resource, client_tls, http_get, Pki, Principal,
     SOURCE_UID,
@@ -136,14 +137,11 @@ impl OperatorHub {
                         "the principal serving the operator's certificate",
                         REACT_WAIT,
                         || async {
-                            let tcp = tokio::net::TcpStream::connect(&addr).await?;
                             let name = rustls::pki_types::ServerName::IpAddress(
                                 std::net::Ipv4Addr::LOCALHOST.into(),
                             );
-                            tokio_rustls::TlsConnector::from(tls.clone())
-                                .connect(name, tcp)
-                                .await
-                                .map(|_| Some(()))
+                            let target = TlsTarget::new(addr.as_str(), name);
+                            connect_tls(&target, &tls).await.map(|_| Some(()))
                         },
                     )
                     .await?;

@@ -916,7 +916,7 @@ impl Cell {
             "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "argocd"}}],
         });
         let path = self.ctx.dir.join(format!("proxy-{}.kubeconfig", self.name));
-        std::fs::write(&path, serde_yaml::to_string(&kubeconfig)?)?;
+        std::fs::write(&path, serde_norway::to_string(&kubeconfig)?)?;
         Ok(path)
     }
 

@@ -37,22 +37,11 @@ fn cewire(arg: &str, stdin: &str) -> anyhow::Result<Vec<Value>> {
         .collect()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
-}
-
 /// What sdk-go decodes from each of `events`, in order.
 fn as_go_sees_it(events: &[Event]) -> anyhow::Result<Vec<Value>> {
     let input: String = events
         .iter()
-        .map(|e| hex(&e.encode_to_vec()) + "\n")
+        .map(|e| hex::encode(e.encode_to_vec()) + "\n")
         .collect();
     let seen = cewire("decode", &input)?;
     anyhow::ensure!(seen.len() == events.len(), "cewire answered {seen:?}");
@@ -129,9 +118,9 @@ fn events_built_like_upstream_decode_on_our_side() -> anyhow::Result<()> {
             .iter()
             .find(|v| v["name"] == n)
             .ok_or_else(|| anyhow::anyhow!("cewire encoded no {n}: {upstream:?}"))?;
-        Ok(Event::decode(&unhex(
-            v["hex"].as_str().unwrap_or_default(),
-        ))?)
+        Ok(Event::decode(
+            &hex::decode(v["hex"].as_str().unwrap_or_default())?[..],
+        )?)
     };
 
     let status = by_name("status-update")?;

@@ -177,7 +177,7 @@ fn split_documents(text: &str) -> Vec<(usize, String)> {
 fn parse_file(file: &str, text: &str) -> Result<Vec<Located>, WrapError> {
     let mut out = Vec::new();
     for (start, doc) in split_documents(text) {
-        let value: Value = serde_yaml::from_str(&doc).map_err(|e| WrapError::InvalidYaml {
+        let value: Value = serde_norway::from_str(&doc).map_err(|e| WrapError::InvalidYaml {
             file: file.to_string(),
             line: start + e.location().map(|l| l.line()).unwrap_or(1) - 1,
             message: strip_location(&e.to_string()),
@@ -216,7 +216,8 @@ fn parse_file(file: &str, text: &str) -> Result<Vec<Located>, WrapError> {
     Ok(out)
 }
 
-/// serde_yaml appends " at line X column Y"; the error already carries the absolute line.
+/// The YAML parser's message ends in " at line X column Y"; the error already carries the absolute
+/// line.
 fn strip_location(message: &str) -> String {
     match message.find(" at line ") {
         Some(i) => message[..i].to_string(),
@@ -422,7 +423,7 @@ pub fn wrap_manifests(input: WrapInput, cluster: &str, name: &str) -> Result<Str
         "metadata": {"name": name, "namespace": cluster},
         "spec": {"workload": {"manifests": manifests}},
     });
-    Ok(serde_yaml::to_string(&work).expect("JSON values serialise as YAML"))
+    Ok(serde_norway::to_string(&work).expect("JSON values serialise as YAML"))
 }
 
 /// Arguments of `argocd-agentctl wrap`.

@@ -385,7 +385,7 @@ fn wrap_renders_a_folder_into_one_manifestwork_and_refuses_invalid_yaml() {
         "guestbook",
         fixtures.join("app").to_str().unwrap(),
     ]);
-    let work: serde_yaml::Value = serde_yaml::from_str(&out).expect("stdout is YAML");
+    let work: serde_norway::Value = serde_norway::from_str(&out).expect("stdout is YAML");
     assert_eq!(work["kind"], "ManifestWork");
     assert_eq!(work["metadata"]["namespace"], "spoke1");
     assert_eq!(work["metadata"]["name"], "guestbook");

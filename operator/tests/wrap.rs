@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn parse_work(yaml: &str) -> ManifestWork {
-    serde_yaml::from_str(yaml)
+    serde_norway::from_str(yaml)
         .unwrap_or_else(|e| panic!("output is not a ManifestWork: {e}\n{yaml}"))
 }
 

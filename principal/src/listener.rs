@@ -9,7 +9,10 @@
 //! `--request-header-timeout` after it (slowloris); a certificate on the blocklist is refused after
 //! the handshake and a live connection is closed as soon as its certificate gets listed
 //! ([`GuardedStream`]); a client certificate whose key usage does not allow digital signatures
-//! names no agent. Failures are counted by reason; none affects other connections.
+//! names no agent. Failures are counted by reason; none affects other connections. The accept
+//! loop and the handshake under its deadline are the runtime's
+//! ([`argocd_agent_runtime::accept::serve_tls_connections`]); admitting its outcome ([`admit`]) is
+//! this module's.
 //!
 //! [`ConnectionLimit`] caps the connections one key holds open at once: on the gRPC listener an
 //! agent identity (`--max-connections-per-agent`; the connection over it gets GOAWAY
@@ -31,6 +34,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use argocd_agent_proto::identity::{cert_fingerprint, AgentIdentity, IdentitySource};
+use argocd_agent_runtime::accept::{serve_tls_connections, HandshakeFailure};
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -650,28 +654,20 @@ pub struct Admitted {
     pub leaf: Option<Vec<u8>>,
 }
 
-/// Completes the TLS handshake of `tcp` under `policy` and checks the client certificate against
-/// the blocklist (waiting up to the handshake timeout for the blocklist's first read).
+/// Admits the outcome of a TLS handshake (run by the runtime's accept loop under
+/// `policy.handshake_timeout`) under `policy`: checks the client certificate against the blocklist
+/// (waiting up to the handshake timeout for the blocklist's first read) and guards the stream.
 pub async fn admit(
-    tcp: TcpStream,
-    tls: &ReloadingServerConfig,
+    handshake: Result<TlsStream<TcpStream>, HandshakeFailure>,
     policy: &ConnectionPolicy,
 ) -> Result<Admitted, (Refusal, String)> {
-    let _ = tcp.set_nodelay(true);
-    let stream =
-        match tokio::time::timeout(policy.handshake_timeout, tls.acceptor().accept(tcp)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err((Refusal::Handshake, e.to_string())),
-            Err(_) => {
-                return Err((
-                    Refusal::HandshakeTimeout,
-                    format!(
-                        "TLS handshake not completed within {:?}",
-                        policy.handshake_timeout
-                    ),
-                ))
-            }
-        };
+    let stream = match handshake {
+        Ok(s) => s,
+        Err(e @ HandshakeFailure::Failed(_)) => return Err((Refusal::Handshake, e.to_string())),
+        Err(e @ HandshakeFailure::TimedOut(_)) => {
+            return Err((Refusal::HandshakeTimeout, e.to_string()))
+        }
+    };
     let leaf = stream
         .get_ref()
         .1
@@ -808,24 +804,21 @@ pub fn accept_loop(
     per_agent: Arc<ConnectionLimit<String>>,
 ) -> mpsc::Receiver<Result<AgentConnection, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, remote) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a TCP connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let tls = tls.clone();
+    let handshake_timeout = policy.handshake_timeout;
+    tokio::spawn(serve_tls_connections(
+        listener,
+        "agent gRPC",
+        tls,
+        handshake_timeout,
+        std::future::pending(),
+        move |handshake, remote| {
             let tx = tx.clone();
             let source = source.clone();
             let metrics = metrics.clone();
             let policy = policy.clone();
             let per_agent = per_agent.clone();
-            tokio::spawn(async move {
-                match admit(tcp, &tls, &policy).await {
+            async move {
+                match admit(handshake, &policy).await {
                     Ok(admitted) => {
                         let identity = agent_of_certificate(admitted.leaf.as_deref(), &source);
                         if let Err(reason) = &identity {
@@ -874,9 +867,9 @@ pub fn accept_loop(
                         }
                     }
                 }
-            });
-        }
-    });
+            }
+        },
+    ));
     rx
 }
 

@@ -831,16 +831,9 @@ impl From<Event> for CloudEvent {
 mod tests {
     use super::*;
 
-    fn hex_bytes(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
-
     /// Decodes `wire`, and checks the event survives re-encoding unchanged.
     fn round_trip(wire: &str) -> Result<Event, EventError> {
-        let ev = Event::decode(&hex_bytes(wire))?;
+        let ev = Event::decode(&hex::decode(wire).expect("hex")[..])?;
         assert_eq!(Event::decode(&ev.encode_to_vec()).unwrap(), ev);
         Ok(ev)
     }

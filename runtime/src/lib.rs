@@ -1,13 +1,17 @@
 //! The process runtime shared by `argocd-principal`, `argocd-agent` and the operator binaries.
 //!
 //! Owns what a long-running process needs around the wire contract ([`argocd_agent_proto`]):
-//! TLS configuration builders, certificate reloading and expiry ([`tls`]); command-line and
-//! environment parsing ([`flags`], the flags every binary shares in [`process_args`], with the validation machinery of whole configurations in
-//! [`binary_config`] and Redis credentials in [`redis_credentials`]); and telemetry — logging,
+//! TLS configuration builders, certificate reloading and expiry ([`tls`]); the accept loop of every
+//! listener with its TLS handshake deadline ([`accept`]) and the TLS and gRPC client dial
+//! ([`dial`]); command-line and environment parsing ([`flags`], the flags every binary shares in
+//! [`process_args`], with the validation machinery of whole configurations in [`binary_config`]
+//! and Redis credentials in [`redis_credentials`]); and telemetry — logging,
 //! trace export, the metrics registry, health state and the ops HTTP server ([`telemetry`]).
 //! It holds no protocol logic and no state of a particular subsystem.
 
+pub mod accept;
 pub mod binary_config;
+pub mod dial;
 pub mod flags;
 pub mod process_args;
 pub mod redis_credentials;

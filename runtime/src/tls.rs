@@ -543,4 +543,4 @@ pub fn client_config(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

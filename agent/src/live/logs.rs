@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, info};
 
 use super::resource::{self, status_body};
-use super::LiveService;
+use super::{encode_query_component, LiveService};
 
 /// Outbox entries above which a log stream waits before queueing more (a slow principal).
 const BACKLOG_LIMIT: usize = 2000;
@@ -85,7 +85,10 @@ impl LogSource for UnusableLogSource {
 pub fn log_query(req: &ContainerLogRequest) -> String {
     let mut q: Vec<String> = Vec::new();
     if !req.container.is_empty() {
-        q.push(format!("container={}", urlencode(&req.container)));
+        q.push(format!(
+            "container={}",
+            encode_query_component(&req.container)
+        ));
     }
     for (k, on) in [
         ("follow", req.follow),
@@ -106,21 +109,12 @@ pub fn log_query(req: &ContainerLogRequest) -> String {
         }
     }
     if !req.since_time.is_empty() {
-        q.push(format!("sinceTime={}", urlencode(&req.since_time)));
+        q.push(format!(
+            "sinceTime={}",
+            encode_query_component(&req.since_time)
+        ));
     }
     q.join("&")
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 impl LogSource for ApiserverLogSource {

@@ -23,10 +23,24 @@ use argocd_agent_proto::payload::{
     ContainerLogRequest, RedisRequest, RedisResponse, ResourceRequest, ResourceResponse,
 };
 use argocd_agent_proto::sync::{EventHandler, HandleError, Outbox};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 pub use logs::{ApiserverLogSource, LogSource};
+
+/// What a query parameter the agent sends to the apiserver escapes: every byte but RFC 3986's
+/// unreserved characters (letters, digits, `-`, `.`, `_`, `~`).
+const QUERY_ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `s` escaped as one query key or value of an apiserver request.
+fn encode_query_component(s: &str) -> String {
+    utf8_percent_encode(s, QUERY_ESCAPED).to_string()
+}
 
 /// Extension naming an answer part's sequence number (the principal's side uses the same name).
 pub const CHUNK_SEQ: &str = "livechunk";

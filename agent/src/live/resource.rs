@@ -20,6 +20,8 @@ use kube::api::Api;
 use kube::core::GroupVersionKind;
 use serde_json::{json, Value};
 
+use super::encode_query_component;
+
 /// Annotation Argo CD's annotation tracking writes.
 pub const TRACKING_ANNOTATION: &str = "argocd.argoproj.io/tracking-id";
 /// Argo CD's default instance label.
@@ -122,18 +124,6 @@ fn valid_discovery_path(path: &str) -> bool {
             segs.as_slice(),
             ["version"] | ["api"] | ["apis"] | ["api", _] | ["apis", _] | ["apis", _, _]
         )
-}
-
-fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// The apiserver path of a request (object path when `name` is set), without subresource.
@@ -374,7 +364,13 @@ pub async fn execute(
     params.remove(DISCOVERY_PATH_PARAM);
     let query: String = params
         .iter()
-        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .map(|(k, v)| {
+            format!(
+                "{}={}",
+                encode_query_component(k),
+                encode_query_component(v)
+            )
+        })
         .collect::<Vec<_>>()
         .join("&");
     let with_query = |p: String| {
@@ -605,6 +601,7 @@ mod tests {
             object_path("", "v1", "", "namespaces", "g"),
             "/api/v1/namespaces/g"
         );
-        assert_eq!(encode("app=web,x"), "app%3Dweb%2Cx");
+        assert_eq!(encode_query_component("app=web,x"), "app%3Dweb%2Cx");
+        assert_eq!(encode_query_component("a b~\u{e9}"), "a%20b~%C3%A9");
     }
 }

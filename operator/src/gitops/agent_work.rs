@@ -72,7 +72,7 @@ pub fn agent_role_rules() -> Vec<Value> {
         namespace: Vec<Value>,
     }
     // The file is part of the build and parsed by a unit test, so this cannot fail at run time.
-    serde_yaml::from_str::<Rules>(AGENT_RBAC)
+    serde_norway::from_str::<Rules>(AGENT_RBAC)
         .map(|r| r.namespace)
         .expect("agent/rbac.yaml has a `namespace` list of rules")
 }

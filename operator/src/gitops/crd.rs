@@ -218,7 +218,7 @@ pub fn gitopscluster_crd_yaml() -> String {
     let mut crd = serde_json::to_value(GitOpsCluster::crd()).expect("a CRD serialises");
     // kube 1.20 rejects schema defaults on status fields written as empty; keep none but `mode`.
     strip_status_defaults(&mut crd);
-    let yaml = serde_yaml::to_string(&crd).expect("a CRD serialises");
+    let yaml = serde_norway::to_string(&crd).expect("a CRD serialises");
     format!("# Generated from argocd_agent_operator::gitops::crd::GitOpsClusterSpec; do not edit.\n---\n{yaml}")
 }
 
@@ -249,7 +249,7 @@ mod tests {
 
     #[test]
     fn upstream_gitopscluster_yaml_deserialises() {
-        let obj: GitOpsCluster = serde_yaml::from_str(
+        let obj: GitOpsCluster = serde_norway::from_str(
             r#"
 apiVersion: apps.open-cluster-management.io/v1alpha1
 kind: GitOpsCluster

@@ -187,8 +187,8 @@ fn without_schema_defaults(schema: &mut schemars::Schema) {
 /// The report's CustomResourceDefinition as YAML (checked in under
 /// `charts/argocd-agent-principal/crds/`).
 pub fn report_crd_yaml() -> String {
-    let yaml =
-        serde_yaml::to_string(&MulticlusterApplicationSetReport::crd()).expect("a CRD serialises");
+    let yaml = serde_norway::to_string(&MulticlusterApplicationSetReport::crd())
+        .expect("a CRD serialises");
     format!("# Generated from argocd_agent_operator::pull::report::ReportFields; do not edit.\n---\n{yaml}")
 }
 

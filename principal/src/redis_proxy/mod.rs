@@ -1107,30 +1107,21 @@ pub async fn serve(
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let per_ip = ConnectionLimit::new(proxy.max_connections_per_ip);
-    tokio::spawn(async move {
-        loop {
-            match listener.accept().await {
-                Ok((tcp, remote)) => match per_ip.admit(remote.ip()) {
-                    Ok(slot) => {
-                        tokio::spawn(serve_client(
-                            proxy.clone(),
-                            tcp,
-                            remote,
-                            command_timeout,
-                            slot,
-                        ));
-                    }
-                    Err(open) => {
-                        tokio::spawn(refuse_client(proxy.clone(), tcp, remote, open));
-                    }
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "redis proxy: accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::spawn(argocd_agent_runtime::accept::serve_connections(
+        listener,
+        "redis proxy",
+        std::future::pending(),
+        move |tcp, remote| {
+            let proxy = proxy.clone();
+            let admitted = per_ip.admit(remote.ip());
+            async move {
+                match admitted {
+                    Ok(slot) => serve_client(proxy, tcp, remote, command_timeout, slot).await,
+                    Err(open) => refuse_client(proxy, tcp, remote, open).await,
                 }
             }
-        }
-    });
+        },
+    ));
     Ok(bound)
 }
 

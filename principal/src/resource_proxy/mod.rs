@@ -22,6 +22,7 @@ use std::time::Duration;
 use argocd_agent_proto::event::Event;
 use argocd_agent_proto::identity::{AgentName, IdentitySource};
 use argocd_agent_proto::payload::ContainerLogRequest;
+use argocd_agent_runtime::accept::serve_tls_connections;
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -442,21 +443,18 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            let (tcp, remote) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "resource proxy: accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let tls = tls.clone();
+    let handshake_timeout = policy.handshake_timeout;
+    tokio::spawn(serve_tls_connections(
+        listener,
+        "resource proxy",
+        tls,
+        handshake_timeout,
+        std::future::pending(),
+        move |handshake, remote| {
             let proxy = proxy.clone();
             let policy = policy.clone();
-            tokio::spawn(async move {
-                let admitted = match crate::listener::admit(tcp, &tls, &policy).await {
+            async move {
+                let admitted = match crate::listener::admit(handshake, &policy).await {
                     Ok(a) => a,
                     Err((refusal, reason)) => {
                         tracing::info!(%remote, reason = refusal.reason(), "resource proxy: connection dropped: {reason}");
@@ -486,9 +484,9 @@ pub async fn serve(
                 {
                     tracing::debug!(%remote, error = %e, "resource proxy connection ended with an error");
                 }
-            });
-        }
-    });
+            }
+        },
+    ));
     Ok(bound)
 }
 

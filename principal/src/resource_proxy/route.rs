@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use argocd_agent_proto::payload::ResourceRequest;
+use percent_encoding::percent_decode_str;
 
 /// Query parameter our agent reads the discovery path from (discovery requests carry no
 /// group/version/resource that could tell `/api` from `/apis`).
@@ -110,35 +111,17 @@ pub fn parse_query(query: Option<&str>) -> BTreeMap<String, String> {
         .filter(|p| !p.is_empty())
     {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        out.insert(percent_decode(k), percent_decode(v));
+        out.insert(decode_query_component(k), decode_query_component(v));
     }
     out
 }
 
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// One query key or value as a form encodes it: `+` is a space, then `%XX` escapes are decoded
+/// (a `%` not followed by two hex digits stays as it is; bytes that are not UTF-8 become U+FFFD).
+fn decode_query_component(s: &str) -> String {
+    percent_decode_str(&s.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// The request event payload for `route` (not a container log).
@@ -300,5 +283,11 @@ mod tests {
         assert_eq!(q["labelSelector"], "app=web");
         assert_eq!(q["limit"], "5");
         assert_eq!(q["watch"], "");
+        let q = parse_query(Some("a=x+y%2Bz&b=100%&c=%zz%4&d=%+F&e=%C3%A9%FF"));
+        assert_eq!(q["a"], "x y+z", "+ is a space, an escaped + is not");
+        assert_eq!(q["b"], "100%");
+        assert_eq!(q["c"], "%zz%4", "incomplete escapes stay");
+        assert_eq!(q["d"], "% F", "a sign is no hex digit");
+        assert_eq!(q["e"], "\u{e9}\u{fffd}");
     }
 }

@@ -147,19 +147,7 @@ async fn serve_connections(
     use hyper_util::rt::{TokioIo, TokioTimer};
 
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    tracing::warn!(error = %e, "ops endpoint: accepting a connection failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = &mut shutdown => break,
-        };
+    crate::accept::serve_connections(listener, "ops", shutdown, |tcp, _| {
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
         // HTTP/1 only (Prometheus and kubelet probes speak it): hyper's header read timeout
         // then also covers a client that never sends its first byte.
@@ -169,11 +157,12 @@ async fn serve_connections(
                 .header_read_timeout(OPS_HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(tcp), service),
         );
-        tokio::spawn(async move {
+        async move {
             // Timeouts and resets end connections here; nothing to report.
             let _ = conn.await;
-        });
-    }
+        }
+    })
+    .await;
     graceful.shutdown().await;
     Ok(())
 }

@@ -1,0 +1,248 @@
+//! Dialling a server over TLS, and a gRPC channel over that: the one client transport of the
+//! agent's link to its principal and of the test harness's agents.
+//!
+//! Owns: TCP connect (no Nagle delay) and the client side of the TLS handshake for a server name
+//! ([`connect_tls`]), refusing a server that negotiated an ALPN protocol other than h2 and
+//! building the tonic [`Channel`] with its connect timeout and HTTP/2 keepalive ([`dial_grpc`]),
+//! the client TLS config taken afresh for every connection so certificate reloads apply
+//! ([`ClientTlsSource`]), and finding the rustls error inside a transport error's chain
+//! ([`rustls_error_in`]) so callers classify TLS failures by their type, never by their text.
+//! What a failure means to an operator (which flag to check) is the caller's.
+
+use std::error::Error as StdError;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use rustls::ClientConfig;
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::tls::{ReloadingClientConfig, ALPN_H2};
+
+/// Where a dial takes its client TLS config from, asked again at each connection.
+pub trait ClientTlsSource: Clone + Send + Sync + 'static {
+    /// A connector with the config in force now.
+    fn connector(&self) -> TlsConnector;
+}
+
+impl ClientTlsSource for ReloadingClientConfig {
+    fn connector(&self) -> TlsConnector {
+        ReloadingClientConfig::connector(self)
+    }
+}
+
+impl ClientTlsSource for Arc<ClientConfig> {
+    fn connector(&self) -> TlsConnector {
+        TlsConnector::from(self.clone())
+    }
+}
+
+/// A TLS server: where to connect and the name its certificate must carry (also sent as SNI).
+#[derive(Debug, Clone)]
+pub struct TlsTarget {
+    /// `host:port` (a host that is a DNS name is resolved at each connection).
+    pub address: String,
+    /// The name the server's certificate is verified against.
+    pub server_name: ServerName<'static>,
+}
+
+impl TlsTarget {
+    /// `address` verified as `server_name`.
+    pub fn new(address: impl Into<String>, server_name: ServerName<'static>) -> Self {
+        TlsTarget {
+            address: address.into(),
+            server_name,
+        }
+    }
+}
+
+/// Why a TLS connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// TCP connect (or resolving the host) failed.
+    #[error(transparent)]
+    Tcp(std::io::Error),
+    /// The TLS handshake failed; `source` carries the `rustls::Error` ([`rustls_error_in`]).
+    #[error("TLS handshake (server name {server_name:?}) failed: {source}")]
+    Handshake {
+        /// The name the server was verified against.
+        server_name: ServerName<'static>,
+        /// The handshake's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server chose an application protocol other than HTTP/2.
+    #[error("the server negotiated ALPN {0:?} instead of h2")]
+    NotHttp2(String),
+}
+
+/// Connects to `target` and completes the TLS handshake with `tls`.
+pub async fn connect_tls(
+    target: &TlsTarget,
+    tls: &impl ClientTlsSource,
+) -> Result<TlsStream<TcpStream>, ConnectError> {
+    let tcp = TcpStream::connect(target.address.as_str())
+        .await
+        .map_err(ConnectError::Tcp)?;
+    tcp.set_nodelay(true).map_err(ConnectError::Tcp)?;
+    tls.connector()
+        .connect(target.server_name.clone(), tcp)
+        .await
+        .map_err(|source| ConnectError::Handshake {
+            server_name: target.server_name.clone(),
+            source,
+        })
+}
+
+/// HTTP/2 keepalive of a channel: a PING every `interval`, the link dead when one is not answered
+/// within `timeout` (also while idle, so a half-open link is noticed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Keepalive {
+    /// Time between PINGs.
+    pub interval: Duration,
+    /// How long a PING may go unanswered.
+    pub timeout: Duration,
+}
+
+/// What a gRPC dial sets beyond its target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GrpcDialOptions {
+    /// Limit on TCP connect + TLS handshake (`None` = none).
+    pub connect_timeout: Option<Duration>,
+    /// HTTP/2 keepalive (`None` = off).
+    pub keepalive: Option<Http2Keepalive>,
+}
+
+/// Opens a gRPC channel to `target`: TCP, TLS with `tls` (h2, or no ALPN at all), HTTP/2.
+pub async fn dial_grpc(
+    target: &TlsTarget,
+    tls: impl ClientTlsSource,
+    options: GrpcDialOptions,
+) -> Result<Channel, tonic::transport::Error> {
+    let mut endpoint =
+        Endpoint::from_shared(format!("http://{}", target.address))?.tcp_nodelay(true);
+    if let Some(limit) = options.connect_timeout {
+        endpoint = endpoint.connect_timeout(limit);
+    }
+    if let Some(k) = options.keepalive {
+        endpoint = endpoint
+            .http2_keep_alive_interval(k.interval)
+            .keep_alive_timeout(k.timeout)
+            .keep_alive_while_idle(true);
+    }
+    let target = target.clone();
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let target = target.clone();
+        let tls = tls.clone();
+        async move {
+            let stream = connect_tls(&target, &tls).await?;
+            if let Some(alpn) = stream.get_ref().1.alpn_protocol() {
+                if alpn != ALPN_H2 {
+                    return Err(ConnectError::NotHttp2(
+                        String::from_utf8_lossy(alpn).into_owned(),
+                    ));
+                }
+            }
+            Ok(TokioIo::new(stream))
+        }
+    });
+    endpoint.connect_with_connector(connector).await
+}
+
+/// The `rustls::Error` somewhere in `error`'s chain, looking inside `std::io::Error`s too (their
+/// `source()` skips the error they wrap, which is where tokio-rustls puts rustls's).
+pub fn rustls_error_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(found) = e.downcast_ref::<rustls::Error>() {
+            return Some(found);
+        }
+        if let Some(wrapped) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            if let Some(found) = rustls_error_in(wrapped) {
+                return Some(found);
+            }
+        }
+        next = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accept::serve_tls_connections;
+    use crate::tls::tests::Pki;
+    use crate::tls::ReloadingServerConfig;
+
+    /// A TLS listener of `pki`'s server certificate that keeps each connection a moment.
+    async fn tls_listener(pki: &Pki) -> TlsTarget {
+        let tls = ReloadingServerConfig::load(pki.server_options()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_tls_connections(
+            listener,
+            "test",
+            tls,
+            Duration::from_secs(10),
+            std::future::pending(),
+            |stream, _| async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                drop(stream);
+            },
+        ));
+        TlsTarget::new(addr.to_string(), ServerName::try_from("localhost").unwrap())
+    }
+
+    #[test]
+    fn the_rustls_error_is_found_inside_io_errors_and_sources() {
+        let untrusted = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, untrusted.clone());
+        let wrapped = ConnectError::Handshake {
+            server_name: ServerName::try_from("p").unwrap(),
+            source: io,
+        };
+        let outer = std::io::Error::other(wrapped);
+        assert_eq!(rustls_error_in(&outer), Some(&untrusted));
+        let plain = std::io::Error::other("connection refused");
+        assert_eq!(rustls_error_in(&plain), None);
+    }
+
+    #[tokio::test]
+    async fn an_untrusted_server_fails_the_dial_with_its_rustls_error() {
+        let target = tls_listener(&Pki::new()).await;
+        // A client that trusts another CA.
+        let other = Pki::new().client();
+        let err = dial_grpc(&target, other.clone(), GrpcDialOptions::default())
+            .await
+            .unwrap_err();
+        // Both test CAs have the same name, so rustls sees a bad signature, not an unknown issuer.
+        assert!(
+            matches!(
+                rustls_error_in(&err),
+                Some(rustls::Error::InvalidCertificate(_))
+            ),
+            "{err:?}"
+        );
+        let err = connect_tls(&target, &other).await.unwrap_err();
+        assert!(
+            err.to_string().starts_with("TLS handshake (server name ")
+                && err.to_string().contains("localhost"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_trusted_server_is_connected_with_h2() {
+        let pki = Pki::new();
+        let target = tls_listener(&pki).await;
+        let stream = connect_tls(&target, &pki.client()).await.unwrap();
+        assert_eq!(stream.get_ref().1.alpn_protocol(), Some(ALPN_H2));
+    }
+}
