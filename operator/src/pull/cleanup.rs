@@ -12,7 +12,6 @@
 use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -22,7 +21,7 @@ use serde_json::json;
 
 use super::application::{application_resource, pull_intent, RESOURCES_FINALIZERS};
 use super::manifestwork::{hub_application_of, manifest_work_name_of, ManifestWork};
-use super::watches::{controller_config, run_controller, touched, Subscription};
+use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
 
 /// Coalesces a burst of triggers for one ManifestWork or Application.
@@ -253,11 +252,8 @@ pub async fn run(
             .collect::<Vec<_>>()
         }
     };
-    let works_controller = Controller::for_stream(touched(works.events), works.store).reconcile_on(
-        apps_too
-            .events
-            .flat_map(move |e| futures::stream::iter(app_works(e))),
-    );
+    let works_controller = Controller::for_stream(touched(works.events), works.store)
+        .reconcile_on(triggers(apps_too.events, app_works));
     // A deleted work may be the last one a deleted Application waits for.
     let deleted_work_app = move |event: Event<ManifestWork>| match event {
         Event::Delete(work) => hub_application_of(&work)
@@ -266,11 +262,7 @@ pub async fn run(
     };
     let apps_controller =
         Controller::for_stream_with(touched(apps.events), apps.store, application_resource())
-            .reconcile_on(
-                works_too
-                    .events
-                    .flat_map(move |e| futures::stream::iter(deleted_work_app(e))),
-            );
+            .reconcile_on(triggers(works_too.events, deleted_work_app));
     tokio::join!(
         run_controller(
             "cleanup",

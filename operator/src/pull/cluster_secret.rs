@@ -12,7 +12,6 @@ use argocd_agent_kube::CancellationToken;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
@@ -23,7 +22,7 @@ use kube::runtime::watcher::Event;
 use kube::ResourceExt;
 
 use super::application::managed_cluster_resource;
-use super::watches::{controller_config, run_controller, touched, Subscription};
+use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, CLUSTER_SECRET_MANAGER};
 
 /// Label Argo CD uses to find cluster Secrets.
@@ -269,11 +268,7 @@ pub async fn run(
         }
     };
     let secret_controller = Controller::for_stream(touched(secrets.events), secrets.store)
-        .reconcile_on(
-            clusters_too
-                .events
-                .flat_map(move |e| futures::stream::iter(ours(e))),
-        );
+        .reconcile_on(triggers(clusters_too.events, ours));
     tokio::join!(
         run_controller(
             "cluster secrets",

@@ -14,7 +14,7 @@ use argocd_agent_kube::CancellationToken;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -28,7 +28,7 @@ use serde_json::Value;
 use super::application::{
     application_resource, applicationset_resource, hosting_appset, pull_intent, AppSetKey,
 };
-use super::watches::{controller_config, run_controller, touched, Subscription};
+use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, REPORT_MANAGER};
 
 /// Label on a report naming its ApplicationSet as `<namespace>.<name>` (at most 63 characters).
@@ -518,8 +518,8 @@ where
     K: Send + 'static,
 {
     let ctx = ctx.clone();
-    events.flat_map(move |event| {
-        let refs: Vec<_> = match event {
+    triggers(events, move |event| -> Vec<_> {
+        match event {
             Event::InitDone => ctx
                 .appsets
                 .state()
@@ -530,8 +530,7 @@ where
                 .iter()
                 .map(|k| ctx.appset_ref(k))
                 .collect(),
-        };
-        futures::stream::iter(refs)
+        }
     })
 }
 
@@ -613,11 +612,7 @@ pub async fn run(
         }
     };
     let report_controller = Controller::for_stream(touched(reports.events), reports.store)
-        .reconcile_on(
-            appsets_too
-                .events
-                .flat_map(move |e| futures::stream::iter(reports_of(e))),
-        );
+        .reconcile_on(triggers(appsets_too.events, reports_of));
     tokio::join!(
         run_controller(
             "report",

@@ -132,6 +132,21 @@ where
     })
 }
 
+/// The objects of another kind a watch's events concern, as reconcile triggers (`reconcile_on`):
+/// unlike `watches`' mappers, `concerns` sees the kind of event (a deletion, the end of a relist).
+pub fn triggers<K, R, I>(
+    events: impl Stream<Item = Event<K>> + Send + 'static,
+    mut concerns: impl FnMut(Event<K>) -> I + Send + 'static,
+) -> impl Stream<Item = R> + Send + 'static
+where
+    K: Send + 'static,
+    I: IntoIterator<Item = R>,
+    I::IntoIter: Send + 'static,
+    R: Send + 'static,
+{
+    events.flat_map(move |event| futures::stream::iter(concerns(event)))
+}
+
 /// Runs `controller` until `shutdown`: at most `concurrency` reconciliations at once, triggers
 /// for one object within `debounce` of each other coalesced, reconciler errors handled by
 /// `error_policy` (which logs and requeues), watch errors logged as `name`'s.
