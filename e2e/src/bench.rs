@@ -1,13 +1,19 @@
 //! What the benchmark binaries share: the `--count` argument and other flags, percentiles of
-//! latency samples, process CPU/RSS readings from `/proc`, the open-file limit, and the common
-//! set-up (a hub and a spoke plane, a PKI with an agent certificate `bench`, and a principal on the
-//! hub).
+//! latency samples, when objects arrive in a watch, process CPU/RSS readings from `/proc`, the
+//! open-file limit, the charts' font, and the common set-up (a hub and a spoke plane, a PKI with an
+//! agent certificate `bench`, and a principal on the hub).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::{watcher, WatchStreamExt};
 
 use crate::control_plane::ControlPlane;
-use crate::gateway::{Pki, Principal};
+use crate::gateway::{text, Pki, Principal};
 
 /// The value after `--count`, or `default`.
 pub fn count_arg(default: usize) -> anyhow::Result<usize> {
@@ -23,6 +29,67 @@ pub fn count_arg(default: usize) -> anyhow::Result<usize> {
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx.min(sorted.len() - 1)]
+}
+
+/// When each object of a watched namespace first satisfied a predicate (by name).
+#[derive(Clone, Default)]
+pub struct Arrivals(Arc<Mutex<HashMap<String, Instant>>>);
+
+impl Arrivals {
+    /// Watches `api` in the background, recording when each object first satisfies `pred`.
+    pub fn watch(api: Api<DynamicObject>, pred: fn(&serde_json::Value) -> bool) -> Arrivals {
+        let arrivals = Arrivals::default();
+        let out = arrivals.clone();
+        tokio::spawn(async move {
+            let mut stream = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(Ok(obj)) = stream.next().await {
+                let now = Instant::now();
+                let v = serde_json::to_value(&obj).unwrap_or_default();
+                if pred(&v) {
+                    out.0
+                        .lock()
+                        .unwrap()
+                        .entry(text(&v, "/metadata/name"))
+                        .or_insert(now);
+                }
+            }
+        });
+        arrivals
+    }
+
+    /// When `name` arrived, waiting for it at most `timeout`.
+    pub async fn wait(&self, name: &str, timeout: Duration) -> anyhow::Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(t) = self.0.lock().unwrap().get(name) {
+                return Ok(*t);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{name} did not arrive within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// The font charts are drawn with (Debian's fonts-dejavu-core, which hack/bench.sh installs).
+const CHART_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// Registers [`CHART_FONT`] as plotters' `sans-serif` (plotters is built without a font loader).
+pub fn register_chart_font() -> anyhow::Result<()> {
+    use plotters::style::FontStyle;
+    let font = std::fs::read(CHART_FONT).map_err(|e| {
+        anyhow::anyhow!(
+            "{CHART_FONT}: {e} (install Debian's fonts-dejavu-core; hack/bench.sh does)"
+        )
+    })?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| anyhow::anyhow!("{CHART_FONT} is not a usable font"))
 }
 
 /// The value after `--<name>` (or in `--<name>=value`), if given.

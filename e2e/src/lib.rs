@@ -26,6 +26,7 @@ pub mod raw_agent;
 pub mod redis;
 pub mod scenario;
 pub mod shared;
+pub mod sides;
 pub mod sim_agent;
 pub mod tcp_proxy;
 pub mod upstream;

@@ -12,14 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::argocd::ArgoCd;
-use e2e::gateway::{
-    application_resource, appproject_resource, ensure_namespace, text, Agent, Pki, Principal,
-};
+use e2e::gateway::{application_resource, appproject_resource, ensure_namespace, text, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::kubelet::FakeKubelet;
 use e2e::scenario::{self, wait_synced, SYNC_WAIT};
-use e2e::upstream::{UpstreamAgent, UpstreamPrincipal};
-use e2e::{shared_planes, wait_until, ControlPlane, ManagedProcess, TestContext};
+use e2e::sides::{AnyAgent, AnyPrincipal, Mode, Side};
+use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -124,119 +122,6 @@ async fn argocd_syncs_a_git_app_on_a_spoke() -> anyhow::Result<()> {
 // its own principal, agent, Git server and (where the scenario syncs) the spoke's real Argo CD in
 // namespaces of its own on the shared planes.
 
-/// Which implementation plays a part.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Side {
-    Ours,
-    Upstream,
-}
-
-/// How the agent runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    Managed,
-    Autonomous,
-}
-
-impl Mode {
-    fn flag(self) -> &'static str {
-        match self {
-            Mode::Managed => "managed",
-            Mode::Autonomous => "autonomous",
-        }
-    }
-}
-
-/// Keeps whichever principal runs alive for the test.
-enum AnyPrincipal {
-    Ours(Principal),
-    Upstream(UpstreamPrincipal),
-}
-
-impl AnyPrincipal {
-    fn address(&self) -> String {
-        match self {
-            AnyPrincipal::Ours(p) => p.address(),
-            AnyPrincipal::Upstream(p) => p.address(),
-        }
-    }
-    fn process(&self) -> &ManagedProcess {
-        match self {
-            AnyPrincipal::Ours(p) => &p.process,
-            AnyPrincipal::Upstream(p) => &p.process,
-        }
-    }
-}
-
-/// Keeps whichever agent runs alive for the test (its process can be killed and started again).
-enum AnyAgent {
-    Ours(Agent),
-    Upstream(UpstreamAgent),
-}
-
-impl AnyAgent {
-    /// Starts agent `name` of `side` on `spoke` in `mode` against `principal` (`host:port`),
-    /// keeping its Applications in `spoke_ns` beside `argocd` (whose Redis an upstream agent
-    /// needs), with `extra` flags.
-    #[allow(clippy::too_many_arguments)]
-    async fn start(
-        side: Side,
-        name: &str,
-        ctx: &TestContext,
-        spoke: &ControlPlane,
-        pki: &Pki,
-        principal: &str,
-        mode: Mode,
-        spoke_ns: &str,
-        argocd: Option<&ArgoCd>,
-        extra: &[&str],
-    ) -> anyhow::Result<AnyAgent> {
-        Ok(match side {
-            Side::Ours => {
-                let mode = format!("--mode={}", mode.flag());
-                let args: Vec<&str> = std::iter::once(mode.as_str())
-                    .chain(extra.iter().copied())
-                    .collect();
-                AnyAgent::Ours(
-                    Agent::start(name, &ctx.dir, spoke, pki, principal, spoke_ns, &args).await?,
-                )
-            }
-            Side::Upstream => {
-                let redis = argocd.and_then(ArgoCd::redis_endpoint);
-                AnyAgent::Upstream(
-                    UpstreamAgent::start(
-                        name,
-                        &ctx.dir,
-                        spoke,
-                        pki,
-                        principal,
-                        mode.flag(),
-                        spoke_ns,
-                        redis
-                            .as_ref()
-                            .map(|r| (r.address.as_str(), r.password.as_deref())),
-                        extra,
-                    )
-                    .await?,
-                )
-            }
-        })
-    }
-
-    fn process(&self) -> &ManagedProcess {
-        match self {
-            AnyAgent::Ours(a) => &a.process,
-            AnyAgent::Upstream(a) => &a.process,
-        }
-    }
-    fn process_mut(&mut self) -> &mut ManagedProcess {
-        match self {
-            AnyAgent::Ours(a) => &mut a.process,
-            AnyAgent::Upstream(a) => &mut a.process,
-        }
-    }
-}
-
 /// One cell of the matrix, running: hub namespaces (principal's, and the agent's = its name),
 /// the principal, the spoke's Argo CD (optional) and the agent, a Git server with the demo app.
 struct Cell {
@@ -330,27 +215,20 @@ impl Cell {
         let dest = ctx.unique("demo");
         ensure_namespace(&spoke.client().await?, &dest).await?;
 
-        let principal = match principal {
-            Side::Ours => AnyPrincipal::Ours(
-                Principal::start(&ctx.suffix, &ctx.dir, hub, &pki, &principal_ns, &[]).await?,
-            ),
-            Side::Upstream => AnyPrincipal::Upstream(
-                UpstreamPrincipal::start(
-                    &ctx.suffix,
-                    &ctx.dir,
-                    hub,
-                    &pki,
-                    &principal_ns,
-                    None,
-                    &[],
-                )
-                .await?,
-            ),
-        };
+        let principal = AnyPrincipal::start(
+            principal,
+            &ctx.suffix,
+            &ctx.dir,
+            hub,
+            &pki,
+            &principal_ns,
+            &[],
+        )
+        .await?;
         let agent = AnyAgent::start(
             agent,
             &name,
-            &ctx,
+            &ctx.dir,
             spoke,
             &pki,
             &principal.address(),
@@ -1165,7 +1043,7 @@ impl Cell {
         let agent = AnyAgent::start(
             side,
             &name,
-            &self.ctx,
+            &self.ctx.dir,
             spoke,
             &self.pki,
             &self.principal.address(),

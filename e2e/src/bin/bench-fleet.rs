@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::bench::{
-    cpu_seconds, flag_value, has_flag, machine_load, raise_fd_limit, rss_kib, BenchSetup,
+    cpu_seconds, flag_value, has_flag, machine_load, raise_fd_limit, register_chart_font, rss_kib,
+    BenchSetup,
 };
 use e2e::gateway::{application, application_resource, ensure_namespace, http_get, Agent};
 use e2e::sim_agent::{issue_identities, sim_name, FleetCounters, SimFleet, SimOptions};
@@ -721,21 +722,11 @@ fn write_results(
     Ok(())
 }
 
-/// The font the chart's text is drawn with (Debian's fonts-dejavu-core).
-const CHART_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
-
 /// One horizontal bar per figure that has a target: value ÷ target (lower is better for limits,
 /// inverted for "at least" targets so that ≤ 1 always means met).
 fn draw_chart(path: &Path, figures: &[Figure]) -> anyhow::Result<()> {
     use plotters::prelude::*;
-    let font = std::fs::read(CHART_FONT).map_err(|e| {
-        anyhow::anyhow!(
-            "{CHART_FONT}: {e} (install Debian's fonts-dejavu-core; hack/bench.sh does)"
-        )
-    })?;
-    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
-        .map_err(|_| anyhow::anyhow!("{CHART_FONT} is not a usable font"))?;
+    register_chart_font()?;
     let bars: Vec<(String, f64, &Figure)> = figures
         .iter()
         .filter_map(|f| {

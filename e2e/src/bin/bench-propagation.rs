@@ -10,51 +10,15 @@
 //! watch after the agent writes), so the ratios are reported against 2 × baseline: create for the
 //! hub → spoke path, status patch for the spoke → hub path. Build with `--release` (hack/bench.sh).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use e2e::bench::{count_arg, percentile, BenchSetup};
+use e2e::bench::{count_arg, percentile, Arrivals, BenchSetup};
 use e2e::gateway::{application, application_resource, ensure_namespace, text, Agent};
-use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::json;
 
-type Arrivals = Arc<Mutex<HashMap<String, Instant>>>;
-
-/// Records when each object first satisfies `pred` in a watch of `api`.
-fn record_arrivals(api: Api<DynamicObject>, pred: fn(&serde_json::Value) -> bool) -> Arrivals {
-    let arrivals: Arrivals = Arc::default();
-    let out = arrivals.clone();
-    tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default())
-            .applied_objects()
-            .boxed();
-        while let Some(Ok(obj)) = stream.next().await {
-            let now = Instant::now();
-            let v = serde_json::to_value(&obj).unwrap_or_default();
-            if pred(&v) {
-                out.lock()
-                    .unwrap()
-                    .entry(text(&v, "/metadata/name"))
-                    .or_insert(now);
-            }
-        }
-    });
-    arrivals
-}
-
-async fn wait_arrival(arrivals: &Arrivals, name: &str) -> anyhow::Result<Instant> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(t) = arrivals.lock().unwrap().get(name) {
-            return Ok(*t);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{name} never arrived");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
+/// How long to wait for one object to cross.
+const ARRIVAL_LIMIT: Duration = Duration::from_secs(60);
 
 fn summary(name: &str, mut samples: Vec<Duration>, baseline_p50: Option<Duration>) -> Duration {
     samples.sort();
@@ -106,7 +70,7 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("==> baseline: create → watch on one apiserver ({count} Applications)");
     let base_api: Api<DynamicObject> =
         Api::namespaced_with(hub_client.clone(), "baseline", &application_resource());
-    let base_seen = record_arrivals(base_api.clone(), |_| true);
+    let base_seen = Arrivals::watch(base_api.clone(), |_| true);
     tokio::time::sleep(Duration::from_millis(500)).await; // let the watch establish before measuring
     let mut base = Vec::new();
     for i in 0..count {
@@ -118,11 +82,11 @@ async fn main() -> anyhow::Result<()> {
                 &application(&name, "baseline", "v1"),
             )
             .await?;
-        base.push(wait_arrival(&base_seen, &name).await? - t0);
+        base.push(base_seen.wait(&name, ARRIVAL_LIMIT).await? - t0);
     }
 
     eprintln!("==> baseline: status patch → watch on one apiserver");
-    let base_status_seen = record_arrivals(base_api.clone(), |v| {
+    let base_status_seen = Arrivals::watch(base_api.clone(), |v| {
         text(v, "/status/health/status") == "Healthy"
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -135,7 +99,7 @@ async fn main() -> anyhow::Result<()> {
         base_api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&healthy))
             .await?;
-        base_patch.push(wait_arrival(&base_status_seen, &name).await? - t0);
+        base_patch.push(base_status_seen.wait(&name, ARRIVAL_LIMIT).await? - t0);
     }
 
     eprintln!("==> hub create → spoke visible through principal and agent");
@@ -143,8 +107,8 @@ async fn main() -> anyhow::Result<()> {
         Api::namespaced_with(hub_client.clone(), "bench", &application_resource());
     let spoke_apps: Api<DynamicObject> =
         Api::namespaced_with(spoke.client().await?, "argocd", &application_resource());
-    let spoke_seen = record_arrivals(spoke_apps.clone(), |_| true);
-    let hub_status_seen = record_arrivals(hub_apps.clone(), |v| {
+    let spoke_seen = Arrivals::watch(spoke_apps.clone(), |_| true);
+    let hub_status_seen = Arrivals::watch(hub_apps.clone(), |v| {
         text(v, "/status/health/status") == "Healthy"
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -155,7 +119,7 @@ async fn main() -> anyhow::Result<()> {
         hub_apps
             .create(&PostParams::default(), &application(&name, "bench", "v1"))
             .await?;
-        down.push(wait_arrival(&spoke_seen, &name).await? - t0);
+        down.push(spoke_seen.wait(&name, ARRIVAL_LIMIT).await? - t0);
     }
 
     eprintln!("==> spoke status → hub visible");
@@ -167,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
         spoke_apps
             .patch(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await?;
-        up.push(wait_arrival(&hub_status_seen, &name).await? - t0);
+        up.push(hub_status_seen.wait(&name, ARRIVAL_LIMIT).await? - t0);
     }
 
     println!(
