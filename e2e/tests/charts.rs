@@ -1135,26 +1135,21 @@ async fn ha_and_tracing_values_render_into_the_environment() {
     assert!(env_value(&plain, "ARGOCD_AGENT_OTLP_ADDRESS").is_none());
 }
 
-/// Every `ENV_NAME` in `env = "ENV_NAME"` attributes of the Rust sources under `dirs`.
-fn env_names_in_sources(dirs: &[&str]) -> BTreeSet<String> {
-    fn walk(dir: &Path, out: &mut BTreeSet<String>) {
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = std::fs::read_to_string(&path).unwrap_or_default();
-                for rest in text.split("env = \"").skip(1) {
-                    out.extend(rest.split('"').next().map(String::from));
-                }
-            }
-        }
-    }
-    let mut out = BTreeSet::new();
-    for d in dirs {
-        walk(&workspace_root().join(d), &mut out);
-    }
-    out
+/// Every env var the flags of binary `name` are mirrored by, as its `--help` lists them
+/// (`[env: NAME=...]`): what the binary reads, whichever way its flags were declared.
+fn env_names_in_help(name: &str) -> BTreeSet<String> {
+    let binary = e2e::binaries::project_binary(name).unwrap();
+    let out = std::process::Command::new(&binary)
+        .arg("--help")
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{name} --help failed");
+    String::from_utf8_lossy(&out.stdout)
+        .split("[env: ")
+        .skip(1)
+        .filter_map(|rest| rest.split(['=', ']']).next().map(String::from))
+        .collect()
 }
 
 #[tokio::test]
@@ -1166,16 +1161,17 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
         tracing: {otlpAddress: \"collector:4317\"}\n";
     let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
-    for (chart, values, sources) in [
-        (
-            PRINCIPAL_CHART,
-            principal,
-            &["principal/src", "operator/src/gitops"][..],
-        ),
-        (AGENT_CHART, agent, &["agent/src"][..]),
+    for (chart, values, binary) in [
+        (PRINCIPAL_CHART, principal, "argocd-principal"),
+        (AGENT_CHART, agent, "argocd-agent"),
     ] {
         let objs = objects(&render(&ctx.dir, chart, "argocd", values, None).unwrap());
-        let known = env_names_in_sources(sources);
+        let known = env_names_in_help(binary);
+        assert!(
+            known.contains("ARGOCD_PRINCIPAL_KUBECONFIG")
+                || known.contains("ARGOCD_AGENT_KUBECONFIG"),
+            "{binary} --help lists no env vars: {known:?}"
+        );
         let env = of_kind(&objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
             ["env"]
             .as_array()
