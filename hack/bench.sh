@@ -2,27 +2,34 @@
 # Benchmarks on real control planes with release builds; each figure is printed next to a baseline
 # measured in the same run, then a summary of every bench.
 #
-# Usage: hack/bench.sh [--smoke] [--debug] [--out DIR]
-#   --smoke    tiny sizes (what CI runs), e.g. a few agents instead of 10,000
+# Usage: hack/bench.sh [--compare] [--smoke] [--debug] [--out DIR]
+#   --compare  instead of the benches below, bench-compare: the same scenarios against our principal
+#              and agent and against upstream argocd-agent's, alternating on one pair of fresh planes,
+#              each figure for both with the ours/upstream ratio (bench-compare.{json,tsv,png} in
+#              --out); not part of hack/test.sh or CI (minutes, not seconds)
+#   --smoke    tiny sizes (what CI runs), e.g. a few agents instead of 10,000; with --compare, one
+#              round of small sizes (under 2 minutes)
 #   --debug    use the debug binaries (what hack/test.sh already built) instead of a release build:
 #              the figures then only show that every bench runs end to end, they are not comparable
-#   --out DIR  where bench-fleet writes bench-fleet.json and bench-fleet.png (default results/,
-#              which is not committed)
-# Runs bench-propagation, bench-proxy, bench-resync (when it exists) and bench-fleet in sequence.
-# bench-fleet's chart is drawn with DejaVu Sans: Debian's fonts-dejavu-core is installed if missing.
+#   --out DIR  where bench-fleet and bench-compare write their JSON and PNG (default results/, which
+#              is not committed)
+# Without --compare runs bench-propagation, bench-proxy, bench-resync (when it exists) and bench-fleet
+# in sequence. Charts are drawn with DejaVu Sans: Debian's fonts-dejavu-core is installed if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/argocd-agent-rs/target}
 
 smoke=0
+compare=0
 profile=release
 out=results
 while [ $# -gt 0 ]; do
   case "$1" in
+    --compare) compare=1 ;;
     --smoke) smoke=1 ;;
     --debug) profile=debug ;;
     --out) out=${2:?--out needs a directory}; shift ;;
-    *) echo "hack/bench.sh: unknown argument $1 (use --smoke, --debug, --out DIR)" >&2; exit 2 ;;
+    *) echo "hack/bench.sh: unknown argument $1 (use --compare, --smoke, --debug, --out DIR)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -63,7 +70,13 @@ run() {
   sed 's/^/    /' "$log" >>"$summary"
 }
 
-if [ "$smoke" = 1 ]; then
+if [ "$compare" = 1 ]; then
+  if [ "$smoke" = 1 ]; then
+    run bench-compare --smoke --out "$out"
+  else
+    run bench-compare --out "$out"
+  fi
+elif [ "$smoke" = 1 ]; then
   run bench-propagation --count 20
   run bench-proxy --count 20
   run bench-resync --smoke

@@ -406,19 +406,25 @@ impl Cell {
     }
 }
 
-/// `resourceVersion` of every Application in `api`, by name.
-async fn revisions(api: &Api<DynamicObject>) -> anyhow::Result<HashMap<String, String>> {
+/// `field` of every Application in `api`, by name.
+async fn by_name(
+    api: &Api<DynamicObject>,
+    field: fn(&Value) -> String,
+) -> anyhow::Result<HashMap<String, String>> {
     Ok(api
         .list(&ListParams::default())
         .await?
         .into_iter()
         .map(|o| {
-            (
-                o.metadata.name.unwrap_or_default(),
-                o.metadata.resource_version.unwrap_or_default(),
-            )
+            let v = serde_json::to_value(&o).unwrap_or_default();
+            (text(&v, "/metadata/name"), field(&v))
         })
         .collect())
+}
+
+/// `resourceVersion` of every Application in `api`, by name.
+async fn revisions(api: &Api<DynamicObject>) -> anyhow::Result<HashMap<String, String>> {
+    by_name(api, |v| text(v, "/metadata/resourceVersion")).await
 }
 
 /// (hub Applications missing or stale on the spoke, spoke Applications no longer on the hub).
@@ -426,25 +432,9 @@ async fn differences(
     hub: &Api<DynamicObject>,
     spoke: &Api<DynamicObject>,
 ) -> anyhow::Result<(usize, usize)> {
-    let revision = |o: DynamicObject| {
-        let v = serde_json::to_value(&o).unwrap_or_default();
-        (
-            text(&v, "/metadata/name"),
-            text(&v, "/spec/source/targetRevision"),
-        )
-    };
-    let hub: HashMap<String, String> = hub
-        .list(&ListParams::default())
-        .await?
-        .into_iter()
-        .map(revision)
-        .collect();
-    let spoke: HashMap<String, String> = spoke
-        .list(&ListParams::default())
-        .await?
-        .into_iter()
-        .map(revision)
-        .collect();
+    let target = |v: &Value| text(v, "/spec/source/targetRevision");
+    let hub = by_name(hub, target).await?;
+    let spoke = by_name(spoke, target).await?;
     let lost = hub.iter().filter(|(n, r)| spoke.get(*n) != Some(r)).count();
     let left_over = spoke.keys().filter(|n| !hub.contains_key(*n)).count();
     Ok((lost, left_over))
@@ -464,6 +454,17 @@ impl Row {
             (Some(o), Some(u)) if u > 0.0 => Some(o / u),
             _ => None,
         }
+    }
+
+    /// figure, unit, ours, upstream, ours/upstream, as printed.
+    fn cells(&self) -> [String; 5] {
+        [
+            self.figure.clone(),
+            self.unit.to_string(),
+            fmt(self.ours),
+            fmt(self.upstream),
+            fmt(self.ratio()),
+        ]
     }
 }
 
@@ -569,19 +570,11 @@ fn fmt(v: Option<f64>) -> String {
 }
 
 fn print_rows(rows: &[Row]) {
-    println!(
-        "{:<62} {:>7} {:>10} {:>10} {:>14}",
-        "figure", "unit", "ours", "upstream", "ours/upstream"
-    );
-    for r in rows {
-        println!(
-            "{:<62} {:>7} {:>10} {:>10} {:>14}",
-            r.figure,
-            r.unit,
-            fmt(r.ours),
-            fmt(r.upstream),
-            fmt(r.ratio())
-        );
+    let header = ["figure", "unit", "ours", "upstream", "ours/upstream"].map(String::from);
+    for [figure, unit, ours, upstream, ratio] in
+        std::iter::once(header).chain(rows.iter().map(Row::cells))
+    {
+        println!("{figure:<62} {unit:>7} {ours:>10} {upstream:>10} {ratio:>14}");
     }
 }
 
@@ -617,14 +610,7 @@ fn write_results(
     )?;
     let mut tsv = String::from("figure\tunit\tours\tupstream\tours_over_upstream\n");
     for r in rows {
-        tsv += &format!(
-            "{}\t{}\t{}\t{}\t{}\n",
-            r.figure,
-            r.unit,
-            fmt(r.ours),
-            fmt(r.upstream),
-            fmt(r.ratio())
-        );
+        tsv += &(r.cells().join("\t") + "\n");
     }
     std::fs::write(dir.join("bench-compare.tsv"), tsv)?;
     draw_chart(&dir.join("bench-compare.png"), rows)?;
