@@ -33,11 +33,8 @@ use super::{PullModelError, PullModelOptions, REPORT_MANAGER};
 
 /// Label on a report naming its ApplicationSet as `<namespace>.<name>` (at most 63 characters).
 pub const REPORT_APPSET_LABEL: &str = "apps.open-cluster-management.io/hosting-applicationset";
-/// No debounce: kube's debounce restarts on every trigger, and an ApplicationSet whose
-/// Applications change more often than it (a fleet rollout) would have its report held back for as
-/// long as they do. The controller still coalesces the triggers that arrive while one of its
-/// reconciles is queued or running into one more write.
-const DEBOUNCE: std::time::Duration = std::time::Duration::ZERO;
+/// Coalesces the status updates of many Applications of one ApplicationSet into one write.
+const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// MulticlusterApplicationSetReport provides a report of the status of an application from all the
 /// managed clusters where the application is deployed on.
