@@ -29,6 +29,7 @@ use tokio::sync::watch;
 
 use crate::pki::PkiError;
 use crate::pull::manifestwork::ManifestWork;
+use crate::pull::queue::DirtyQueue;
 use crate::registration::{RegistrationError, DEFAULT_RESOURCE_PROXY_ADDRESS};
 use argocd_agent_kube::CancellationToken;
 
@@ -146,27 +147,6 @@ where
         .boxed()
 }
 
-/// When the next pass is due: a burst of events is one pass, and the earliest request wins, so
-/// a steady stream of events cannot postpone a pass (unlike a trailing debounce).
-#[derive(Default)]
-struct NextPass(Option<tokio::time::Instant>);
-
-impl NextPass {
-    /// Asks for a pass within `delay`.
-    fn within(&mut self, delay: Duration) {
-        let at = tokio::time::Instant::now() + delay;
-        self.0 = Some(self.0.map_or(at, |due| due.min(at)));
-    }
-
-    /// Completes when the pass is due (never when none was asked for).
-    async fn due(&self) {
-        match self.0 {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
-    }
-}
-
 /// Runs the operator against the hub until `shutdown` completes: elects a leader among replicas
 /// and, while leader, reconciles on every relevant change and every `resync`.
 pub async fn run_operator(
@@ -221,26 +201,26 @@ pub async fn run_operator(
         ),
     ]);
     tracing::info!(namespace = %opts.namespace, identity = %opts.identity, "GitOpsCluster operator started");
-    let mut next_pass = NextPass::default();
+    let mut queue: DirtyQueue<()> = DirtyQueue::default();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
-            Some(()) = events.next() => next_pass.within(DEBOUNCE),
+            Some(()) = events.next() => queue.mark((), DEBOUNCE),
             changed = leader.changed() => {
                 if changed.is_err() { break; }
-                if *leader.borrow() { next_pass.within(Duration::ZERO); }
+                if *leader.borrow() { queue.mark((), Duration::ZERO); }
             }
-            () = next_pass.due() => {
-                next_pass = NextPass::default();
+            _ = queue.wait_due() => {
+                queue.take_due(std::time::Instant::now());
                 if !*leader.borrow() { continue; }
                 match reconcile_all(&client, &opts).await {
                     Ok(summary) => {
                         tracing::debug!(?summary, "operator pass done");
-                        next_pass.within(if summary.requeue_soon { Duration::from_secs(1) } else { opts.resync });
+                        queue.mark((), if summary.requeue_soon { Duration::from_secs(1) } else { opts.resync });
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "operator pass failed; retrying");
-                        next_pass.within(Duration::from_secs(5));
+                        queue.mark((), Duration::from_secs(5));
                     }
                 }
             }
