@@ -31,8 +31,13 @@ pub fn demo_application(
             "project": "default",
             "source": {"repoURL": repo_url, "path": "demo", "targetRevision": "main"},
             "destination": destination,
+            // A failed sync is retried within its operation with a short backoff, as users set
+            // it: without `retry`, one transient failure leaves the app OutOfSync until Argo CD's
+            // auto-sync backoff (minutes) runs out, longer than any wait here.
             "syncPolicy": {"automated": {"prune": true, "selfHeal": true},
-                           "syncOptions": ["PrunePropagationPolicy=background"]},
+                           "syncOptions": ["PrunePropagationPolicy=background"],
+                           "retry": {"limit": 5,
+                                     "backoff": {"duration": "2s", "factor": 2, "maxDuration": "20s"}}},
         }
     }))
     .expect("valid Application")
