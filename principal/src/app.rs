@@ -209,6 +209,25 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         registry.clone(),
     );
     let live = crate::live::LiveRequests::new();
+    let cluster_info = crate::cluster_info::ClusterInfoWriter::start(
+        client.clone(),
+        &config.namespace,
+        crate::cluster_info::HubCache {
+            address: config.redis_server_address.to_string(),
+            credentials: config.redis_credentials.clone(),
+            compression: config.redis_compression,
+        },
+    );
+    for connected in [true, false] {
+        let writer = cluster_info.clone();
+        let hook: crate::live::ConnectHook =
+            Arc::new(move |agent: &str| writer.connection_changed(agent, connected));
+        if connected {
+            live.on_agent_connected(hook);
+        } else {
+            live.on_agent_disconnected(hook);
+        }
+    }
     let blocklist = Arc::new(crate::blocklist::Blocklist::default());
     let _blocklist_watch = blocklist.spawn_watch(client.clone(), &config.namespace);
     let policy = crate::listener::ConnectionPolicy {
@@ -348,6 +367,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         live,
         identity,
         pins,
+        cluster_info,
     };
     let (stop_grpc, grpc_stopped) = oneshot::channel::<()>();
     let mut server = tonic::transport::Server::builder()

@@ -267,6 +267,16 @@ pub struct PrincipalArgs {
     #[command(flatten)]
     pub redis: RedisCredentialArgs,
 
+    /// Compression of the hub Argo CD's Redis cache, as its `--redis-compress` (gzip or none):
+    /// how agents' cluster connection state and cache counts are written there.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_COMPRESSION_TYPE",
+        default_value = "gzip",
+        value_name = "gzip|none"
+    )]
+    pub redis_compression_type: argocd_agent_kube::argocd_cache::RedisCompression,
+
     /// Largest request a Redis proxy client may send, in bytes (units such as 16MiB accepted): a
     /// command declaring more gets an error and its connection is closed, before the bytes are
     /// read [range 1KiB..=512MiB].
@@ -507,6 +517,8 @@ pub struct PrincipalConfig {
     pub redis_server_address: HostPort,
     /// AUTH credentials of the hub's Redis; `None` = it has no password.
     pub redis_credentials: Option<RedisCredentials>,
+    /// Compression of the hub Argo CD's Redis cache (`--redis-compression-type`).
+    pub redis_compression: argocd_agent_kube::argocd_cache::RedisCompression,
     /// Largest Redis proxy client request in bytes.
     pub redis_proxy_max_request_size: usize,
     /// Redis proxy connections one client IP may hold.
@@ -792,6 +804,7 @@ impl PrincipalArgs {
             redis_proxy_address,
             redis_server_address: self.redis_server_address,
             redis_credentials,
+            redis_compression: self.redis_compression_type,
             redis_proxy_max_request_size: self.redis_proxy_max_request_size,
             redis_proxy_max_connections_per_ip: self.redis_proxy_max_connections_per_ip,
             redis_proxy_max_subscriptions_per_connection: self
@@ -912,6 +925,10 @@ mod tests {
             Some("0.0.0.0:6379".parse().unwrap())
         );
         assert_eq!(config.redis_server_address.to_string(), "argocd-redis:6379");
+        assert_eq!(
+            config.redis_compression,
+            argocd_agent_kube::argocd_cache::RedisCompression::Gzip
+        );
         assert_eq!(config.metrics_address, "0.0.0.0:8000".parse().unwrap());
         assert_eq!(config.health_address, "0.0.0.0:8003".parse().unwrap());
         assert!(config.enable_operator);

@@ -50,6 +50,8 @@ pub struct EventStreamService {
     pub identity: crate::identity::PrincipalIdentity,
     /// Each agent's pinned mode (checked again: an admin may have re-pinned it).
     pub pins: Arc<crate::mode_pin::ModePins>,
+    /// Agents' cluster info in the hub Argo CD's cache.
+    pub cluster_info: Arc<crate::cluster_info::ClusterInfoWriter>,
 }
 
 type EventResponseStream = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send>>;
@@ -87,6 +89,7 @@ impl EventStream for EventStreamService {
         let hub = self.hub.clone();
         let metrics = self.metrics.clone();
         let live = self.live.clone();
+        let cluster_info = self.cluster_info.clone();
         tokio::spawn(async move {
             metrics.connections.inc();
             metrics.connected_agents.inc();
@@ -107,6 +110,7 @@ impl EventStream for EventStreamService {
                     session: session.clone(),
                     hub: hub.clone(),
                     live: live.clone(),
+                    cluster_info,
                 },
                 metrics.event_processing_time.clone(),
             ));

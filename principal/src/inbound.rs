@@ -12,13 +12,17 @@
 //! principal marked as its mirrors ([`crate::hub::check_mirror_owner`]), whatever uid the event
 //! carries. Every name an event carries is checked as a
 //! Kubernetes name before it is used (`argocd_agent_proto::event::names`).
+//! Either mode: `cluster-cache-info-update` (the spoke's cache counts) goes to
+//! [`crate::cluster_info`].
 
 use std::sync::Arc;
 
 use argocd_agent_proto::event::{
     names, spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION,
 };
-use argocd_agent_proto::payload::{ErrorData, RequestSyncedResourceList, RequestUpdate};
+use argocd_agent_proto::payload::{
+    ClusterCacheInfo, ErrorData, RequestSyncedResourceList, RequestUpdate,
+};
 use argocd_agent_proto::sync::resync::{
     answer_request_update, answer_with_metadata, checksum_of, status_checksum, SourceObject,
     UpdateAnswer, METADATA_CHECKSUM, STATUS_CHECKSUM,
@@ -50,6 +54,8 @@ pub struct AgentInbound {
     pub hub: Arc<Hub>,
     /// Callers waiting for the agent's live answers (resource/redis proxies, logs).
     pub live: Arc<crate::live::LiveRequests>,
+    /// Where the agent's cluster cache counts are shown to the hub's Argo CD.
+    pub cluster_info: Arc<crate::cluster_info::ClusterInfoWriter>,
 }
 
 fn name_of(obj: &Value) -> Result<&str, HandleError> {
@@ -356,12 +362,25 @@ impl AgentInbound {
                 Ok(())
             }
             (EventType::Ping | EventType::Pong, _) => Ok(()),
+            (EventType::ClusterCacheInfoUpdate, _) => self.cluster_cache_info(&ev).await,
             (t, _) => Err(HandleError::Rejected(format!(
                 "event type {} for target {} is not accepted from an autonomous agent",
                 t.name(),
                 ev.target.as_str()
             ))),
         }
+    }
+}
+
+impl AgentInbound {
+    /// `cluster-cache-info-update` (either mode, as upstream): the spoke's counts into the hub
+    /// Argo CD's cluster info ([`crate::cluster_info`]).
+    async fn cluster_cache_info(&self, ev: &Event) -> Result<(), HandleError> {
+        let stats: ClusterCacheInfo = ev
+            .data_as()
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        self.cluster_info.cache_stats_reported(self.agent(), stats);
+        Ok(())
     }
 }
 
@@ -387,6 +406,7 @@ impl EventHandler for AgentInbound {
             }
             (EventType::Error, Target::Application) => self.error_report(&ev).await,
             (EventType::Ping | EventType::Pong, _) => Ok(()),
+            (EventType::ClusterCacheInfoUpdate, _) => self.cluster_cache_info(&ev).await,
             (EventType::Response | EventType::RedisResponse, _) => {
                 self.live.handle_reply(&self.session, &ev).await
             }

@@ -5,11 +5,13 @@
 //! [`auth`] (Authenticate/RefreshToken, token ↔ certificate check, the agent's pinned mode:
 //! [`mode_pin`]) → [`eventstream`] (one stream
 //! per agent over its [`sessions`] outbox) → [`hub`] / [`inbound`] (hub watches and writes), with
-//! the pure routing rules in [`routing`].
+//! the pure routing rules in [`routing`]. Agents' connection state and cache counts reach the hub
+//! Argo CD's cluster list through [`cluster_info`].
 
 pub mod app;
 pub mod auth;
 pub mod blocklist;
+pub mod cluster_info;
 pub mod config;
 pub mod eventstream;
 pub mod hub;

@@ -10,7 +10,8 @@
 //! ([`LiveRequests::attach_log_stream`], relayed by [`crate::log_stream`]), by that call ending). When an
 //! agent's last stream ends, every caller still waiting on it is answered with
 //! [`LiveReply::AgentGone`] at once. Hooks registered with
-//! [`LiveRequests::on_agent_connected`] run when an agent's stream starts.
+//! [`LiveRequests::on_agent_connected`] run when an agent's stream starts, those registered with
+//! [`LiveRequests::on_agent_disconnected`] when its last stream ends.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -104,6 +105,7 @@ pub type ConnectHook = Arc<dyn Fn(&str) + Send + Sync>;
 pub struct LiveRequests {
     state: Mutex<State>,
     connect_hooks: Mutex<Vec<ConnectHook>>,
+    disconnect_hooks: Mutex<Vec<ConnectHook>>,
 }
 
 /// A registered caller: receives the answers for its key; unregisters itself when dropped.
@@ -190,8 +192,17 @@ impl LiveRequests {
             .push(hook);
     }
 
+    /// Adds `hook` to what runs when an agent's last stream ends (not when a newer stream of the
+    /// agent replaced it).
+    pub fn on_agent_disconnected(&self, hook: ConnectHook) {
+        self.disconnect_hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(hook);
+    }
+
     /// A stream of `agent` ended; when it was the last one, every caller waiting on the agent
-    /// is answered with [`LiveReply::AgentGone`].
+    /// is answered with [`LiveReply::AgentGone`] and the disconnect hooks run.
     pub fn agent_disconnected(&self, agent: &str) {
         let gone: Vec<(String, Waiter)> = {
             let mut st = self.lock();
@@ -220,6 +231,14 @@ impl LiveRequests {
         }
         for (_, w) in gone {
             let _ = w.tx.try_send(LiveReply::AgentGone);
+        }
+        let hooks = self
+            .disconnect_hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for hook in hooks {
+            hook(agent);
         }
     }
 

@@ -305,12 +305,30 @@ fn inspect_frame(buf: &[u8], limit: usize) -> Option<FrameRefusal> {
 }
 
 /// The hub-Redis side of one client connection.
-struct Upstream {
+pub(crate) struct Upstream {
     out: FramedWrite<OwnedWriteHalf, Resp2>,
     replies: mpsc::Receiver<Frame>,
 }
 
-async fn connect_upstream(
+impl Upstream {
+    /// Sends one command and returns its reply (within [`UPSTREAM_TIMEOUT`]).
+    pub(crate) async fn call(&mut self, command: Frame) -> Result<Frame, String> {
+        self.out
+            .send(command)
+            .await
+            .map_err(|e| format!("upstream redis: {e}"))?;
+        match tokio::time::timeout(UPSTREAM_TIMEOUT, self.replies.recv()).await {
+            Ok(Some(reply)) => Ok(reply),
+            Ok(None) => Err("upstream redis closed the connection".into()),
+            Err(_) => Err(format!(
+                "upstream redis did not answer within {UPSTREAM_TIMEOUT:?}"
+            )),
+        }
+    }
+}
+
+/// Opens an authenticated connection to the hub Redis at `addr`.
+pub(crate) async fn connect_upstream(
     addr: &str,
     credentials: Option<&RedisCredentials>,
 ) -> Result<Upstream, String> {
