@@ -4,7 +4,8 @@
 //! the TLS client config (hot reloaded) and the spoke's Kubernetes client, the process-wide
 //! [`Outbox`] (outbound events, kept across reconnects and, journalled under `--queue-dir`, across
 //! restarts), the mode's sync ([`ManagedSync`] or [`AutonomousSync`]: event handler + spoke
-//! watchers), the periodic jittered resync (`--resync-interval`), the [`Connection`] to the
+//! watchers), the periodic jittered resync (`--resync-interval`), a managed agent's cluster cache
+//! counts ([`crate::cluster_info`], `--cache-refresh-interval`), the [`Connection`] to the
 //! principal, and orderly shutdown on SIGTERM/Ctrl-C.
 
 use std::sync::Arc;
@@ -104,6 +105,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         health.clone(),
     );
     let live = crate::live::LiveService::start(&config, client.clone(), outbox.clone());
+    // Managed agents only, as upstream: the spoke's cache counts for the hub's cluster list.
+    let mut cache_info = None;
     let (watchers, resync, mut connection) = match config.mode {
         AgentMode::Managed => {
             let sync = ManagedSync::new(
@@ -112,6 +115,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 outbox.clone(),
             );
             let watchers = tokio::spawn(sync.clone().run_watchers());
+            cache_info = config.cache_refresh_interval.map(|every| {
+                crate::cluster_info::spawn(
+                    every,
+                    crate::live::redis::RedisTarget::from_config(&config),
+                    outbox.clone(),
+                )
+            });
             let periodic = sync.clone();
             let resync = spawn_periodic_resync(config.resync_interval, outbox.clone(), move || {
                 let sync = periodic.clone();
@@ -183,6 +193,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         r.abort();
     }
     sampler.abort();
+    if let Some(c) = cache_info {
+        c.abort();
+    }
     tls_watcher.abort();
     expiry_watcher.abort();
     let _ = stop_ops.send(());

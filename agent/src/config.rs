@@ -296,6 +296,17 @@ pub struct AgentArgs {
     )]
     pub resync_interval: Duration,
 
+    /// How often a managed agent sends its Argo CD's cluster cache counts (applications, APIs,
+    /// resources) to the principal, for the hub's cluster list (0 = never).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_CACHE_REFRESH_INTERVAL",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub cache_refresh_interval: Duration,
+
     /// Only watch local objects matching this Kubernetes label selector.
     #[arg(long, env = "ARGOCD_AGENT_LABEL_SELECTOR", value_name = "SELECTOR")]
     pub label_selector: Option<String>,
@@ -381,6 +392,8 @@ pub struct AgentConfig {
     pub adoption_policy: AdoptionPolicy,
     /// Periodic resync; `None` = only on (re)connect.
     pub resync_interval: Option<Duration>,
+    /// Period of the cluster cache counts sent to the principal; `None` = never.
+    pub cache_refresh_interval: Option<Duration>,
     /// Kubernetes client settings.
     pub kube: KubeClientConfig,
     /// Log filter (already checked by `parse_log_filter`).
@@ -622,6 +635,11 @@ impl AgentArgs {
             self.resync_interval,
             "for resyncing only on (re)connect",
         )?;
+        let cache_refresh_interval = FLAGS.optional_interval(
+            "cache-refresh-interval",
+            self.cache_refresh_interval,
+            "for never sending cluster cache counts",
+        )?;
 
         let log_endpoint = non_empty(self.log_endpoint)
             .map(|url| parse_log_endpoint(&url).map_err(|e| FLAGS.invalid("log-endpoint", e)))
@@ -656,6 +674,7 @@ impl AgentArgs {
             source_uid_mismatch_policy: self.source_uid_mismatch_policy,
             adoption_policy: self.adoption_policy,
             resync_interval,
+            cache_refresh_interval,
             kube: process.kube,
             log_level: process.log_level,
             log_format: process.log_format,
@@ -744,6 +763,7 @@ mod tests {
         );
         assert_eq!(config.adoption_policy, AdoptionPolicy::Always);
         assert_eq!(config.resync_interval, Some(Duration::from_secs(300)));
+        assert_eq!(config.cache_refresh_interval, Some(Duration::from_secs(10)));
         assert_eq!(config.tls_min_version, TlsVersion::Tls13);
     }
 

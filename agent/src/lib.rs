@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod autonomous;
+pub mod cluster_info;
 pub mod config;
 pub mod connection;
 pub mod drift;

@@ -264,7 +264,8 @@ async fn next_reply(conn: &mut Connection) -> Result<Frame, String> {
     }
 }
 
-async fn get(target: &RedisTarget, key: &str) -> RedisResponseBodyGet {
+/// `GET key` on the local Redis over one short connection; a miss is `cache_hit: false`.
+pub(crate) async fn get(target: &RedisTarget, key: &str) -> RedisResponseBodyGet {
     let result = async {
         let mut conn = target.connect().await?;
         conn.send(Frame::Array(vec![bulk("GET"), bulk(key)]))

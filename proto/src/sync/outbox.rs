@@ -2,7 +2,8 @@
 //!
 //! Coalescing (per `resourceid`): a later `spec-update`, `status-update` or resync message
 //! (`request-update`, `request-synced-resource-list`, `response-synced-resource`,
-//! `request-resource-resync`, which senders key by what they ask about) replaces a queued one of
+//! `request-resource-resync`, which senders key by what they ask about, and
+//! `cluster-cache-info-update`) replaces a queued one of
 //! the same type; a `delete` supersedes everything queued for that resource; `create`,
 //! `set-operation` and `terminate-operation` are never coalesced away (an event identical to one
 //! already queued is not queued twice). The number of entries is therefore bounded by the number
@@ -104,6 +105,7 @@ fn coalesces(t: &EventType) -> bool {
             | EventType::RequestSyncedResourceList
             | EventType::ResponseSyncedResource
             | EventType::RequestResourceResync
+            | EventType::ClusterCacheInfoUpdate
     )
 }
 
