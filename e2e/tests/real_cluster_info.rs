@@ -7,7 +7,8 @@
 //! Real ground on both sides: the spoke runs Argo CD's real application-controller (whose cache
 //! fills the counts), the hub runs real argocd-server, looked at only with the real `argocd` CLI
 //! (`argocd cluster list -o json`). Both Redis servers require a password. Cells: our principal
-//! with our agent and with upstream's Go agent, and our agent on upstream's principal.
+//! with our agent and with upstream's Go agent, our agent on upstream's principal, and both of
+//! upstream's (the reference behaviour).
 
 use std::time::Duration;
 
@@ -289,4 +290,9 @@ async fn hub_cluster_list_shows_an_upstream_agent_on_our_principal() -> anyhow::
 #[tokio::test]
 async fn hub_cluster_list_shows_our_agent_on_an_upstream_principal() -> anyhow::Result<()> {
     cluster_list_shows_the_agent(Side::Upstream, Side::Ours).await
+}
+
+#[tokio::test]
+async fn hub_cluster_list_shows_an_upstream_agent_on_an_upstream_principal() -> anyhow::Result<()> {
+    cluster_list_shows_the_agent(Side::Upstream, Side::Upstream).await
 }
