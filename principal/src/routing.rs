@@ -5,8 +5,9 @@
 //! change ([`mirror_view`]); which hub namespaces are served ([`namespace_allowed`]) and the label
 //! selector of each hub watch ([`combined_selector`]).
 
-use argocd_agent_kube::argocd::{AppProject, ApplicationDestination};
+use argocd_agent_kube::argocd::{AppProject, Application, ApplicationDestination, ObjectMetaExt};
 use argocd_agent_proto::event::EventType;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 use wildmatch::WildMatch;
 
@@ -17,15 +18,10 @@ fn field<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
     path.iter().try_fold(v, |v, k| v.get(*k))
 }
 
-/// `status.operationState.phase` of an Application.
-fn operation_phase(app: &Value) -> Option<&str> {
-    field(app, &["status", "operationState", "phase"]).and_then(Value::as_str)
-}
-
 /// Events a change of a hub Application (in a managed agent's namespace) produces, in order.
-pub fn application_change_events(old: Option<&Value>, new: &Value) -> Vec<EventType> {
+pub fn application_change_events(old: Option<&Application>, new: &Application) -> Vec<EventType> {
     let mut out = Vec::new();
-    let new_op = new.get("operation").filter(|o| !o.is_null());
+    let new_op = new.operation();
     match old {
         None => {
             out.push(EventType::Create);
@@ -34,18 +30,19 @@ pub fn application_change_events(old: Option<&Value>, new: &Value) -> Vec<EventT
             }
         }
         Some(old) => {
-            let meta_changed = ["labels", "annotations", "finalizers", "deletionTimestamp"]
-                .iter()
-                .any(|k| field(old, &["metadata", k]) != field(new, &["metadata", k]));
-            if meta_changed || old.get("spec") != new.get("spec") {
+            let (o, n) = (&old.metadata, &new.metadata);
+            let meta_changed = o.labels != n.labels
+                || o.annotations != n.annotations
+                || o.finalizers != n.finalizers
+                || o.deletion_timestamp != n.deletion_timestamp;
+            if meta_changed || old.spec != new.spec {
                 out.push(EventType::SpecUpdate);
             }
-            let old_op = old.get("operation").filter(|o| !o.is_null());
-            if new_op.is_some() && new_op != old_op {
+            if new_op.is_some() && new_op != old.operation() {
                 out.push(EventType::SetOperation);
             }
-            if operation_phase(new) == Some("Terminating")
-                && operation_phase(old) != Some("Terminating")
+            if new.operation_phase() == Some("Terminating")
+                && old.operation_phase() != Some("Terminating")
             {
                 out.push(EventType::TerminateOperation);
             }
@@ -56,9 +53,9 @@ pub fn application_change_events(old: Option<&Value>, new: &Value) -> Vec<EventT
 
 /// Whether the spoke already started the hub's pending operation (it copied it into
 /// `status.operationState.operation`), so sending it again would run it twice.
-pub fn operation_already_started(app: &Value) -> bool {
-    match app.get("operation").filter(|o| !o.is_null()) {
-        Some(op) => field(app, &["status", "operationState", "operation"]) == Some(op),
+pub fn operation_already_started(app: &Application) -> bool {
+    match app.operation() {
+        Some(op) => app.started_operation() == Some(op),
         None => true,
     }
 }
@@ -71,34 +68,30 @@ pub const HYDRATE_ANNOTATION: &str = "argocd.argoproj.io/hydrate";
 /// (Argo CD's controller removes the refresh annotation in the same write as the refreshed
 /// status). The hub's requests are then removed too, as upstream does for the refresh, which is
 /// what `argocd app get --refresh` waits for.
-pub fn requests_carried_out(hub_app: &Value, spoke: &Value) -> Vec<&'static str> {
-    let requested = |o: &Value, key: &str| field(o, &["metadata", "annotations", key]).is_some();
+pub fn requests_carried_out(hub_app: &Application, spoke: &Application) -> Vec<&'static str> {
     [REFRESH_ANNOTATION, HYDRATE_ANNOTATION]
         .into_iter()
-        .filter(|key| requested(hub_app, key) && !requested(spoke, key))
+        .filter(|key| hub_app.annotation(key).is_some() && spoke.annotation(key).is_none())
         .collect()
 }
 
 /// The payload of an Application event: the object without `status` and, except for operation
 /// events, without `operation`.
-pub fn application_payload(app: &Value, with_operation: bool) -> Value {
+pub fn application_payload(app: &Application, with_operation: bool) -> Application {
     let mut out = app.clone();
-    if let Some(map) = out.as_object_mut() {
-        map.remove("status");
-        if !with_operation {
-            map.remove("operation");
-        }
+    out.status = None;
+    if !with_operation {
+        out.operation = None;
     }
-    strip_metadata(&mut out);
+    strip_metadata(&mut out.metadata);
     out
 }
 
-fn strip_metadata(obj: &mut Value) {
-    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("managedFields");
-        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            ann.remove(LAST_APPLIED);
-        }
+/// Removes what upstream strips from every copy: managed fields and kubectl's last-applied copy.
+fn strip_metadata(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
     }
 }
 
@@ -163,7 +156,7 @@ pub fn project_matches_agent(project: &AppProject, agent: &str) -> bool {
 /// The copy of a hub AppProject an agent receives: destinations that name the agent rewritten to
 /// the in-cluster destination, roles and source namespaces removed (they only mean something on the
 /// hub).
-pub fn project_for_agent(project: &AppProject, agent: &str) -> Value {
+pub fn project_for_agent(project: &AppProject, agent: &str) -> AppProject {
     let mut copy = project.clone();
     copy.other.remove("status");
     copy.spec.other.remove("roles");
@@ -180,9 +173,8 @@ pub fn project_for_agent(project: &AppProject, agent: &str) -> Value {
             ..ApplicationDestination::default()
         })
         .collect();
-    let mut out = serde_json::to_value(&copy).unwrap_or(Value::Null);
-    strip_metadata(&mut out);
-    out
+    strip_metadata(&mut copy.metadata);
+    copy
 }
 
 /// The AppProject a repository or repo-creds Secret belongs to: its base64 `data.project`.
@@ -205,7 +197,12 @@ pub fn repository_routes_to(secret: &Value, project: Option<&AppProject>, agent:
 /// The payload of a repository event: the Secret without managed fields and last-applied.
 pub fn repository_payload(secret: &Value) -> Value {
     let mut out = secret.clone();
-    strip_metadata(&mut out);
+    if let Some(meta) = out.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            ann.remove(LAST_APPLIED);
+        }
+    }
     out
 }
 
@@ -366,8 +363,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn to_value<T: serde::Serialize>(v: &T) -> Value {
+        serde_json::to_value(v).unwrap()
+    }
+
     fn project(v: Value) -> AppProject {
         serde_json::from_value(v).unwrap()
+    }
+
+    fn typed(v: &Value) -> Application {
+        serde_json::from_value(v.clone()).unwrap()
     }
 
     #[test]
@@ -408,19 +413,19 @@ mod tests {
         let mut hub = app("v1");
         let spoke = app("v1");
         assert!(
-            requests_carried_out(&hub, &spoke).is_empty(),
+            requests_carried_out(&typed(&hub), &typed(&spoke)).is_empty(),
             "nothing was requested"
         );
         hub["metadata"]["annotations"] =
             json!({REFRESH_ANNOTATION: "normal", HYDRATE_ANNOTATION: "normal"});
         assert_eq!(
-            requests_carried_out(&hub, &spoke),
+            requests_carried_out(&typed(&hub), &typed(&spoke)),
             [REFRESH_ANNOTATION, HYDRATE_ANNOTATION]
         );
         let mut pending = spoke.clone();
         pending["metadata"]["annotations"] = json!({REFRESH_ANNOTATION: "normal"});
         assert_eq!(
-            requests_carried_out(&hub, &pending),
+            requests_carried_out(&typed(&hub), &typed(&pending)),
             [HYDRATE_ANNOTATION],
             "the spoke's controller has not refreshed yet"
         );
@@ -429,13 +434,13 @@ mod tests {
     #[test]
     fn new_app_is_a_create_and_its_operation_follows() {
         assert_eq!(
-            application_change_events(None, &app("v1")),
+            application_change_events(None, &typed(&app("v1"))),
             [EventType::Create]
         );
         let mut with_op = app("v1");
         with_op["operation"] = json!({"sync": {}});
         assert_eq!(
-            application_change_events(None, &with_op),
+            application_change_events(None, &typed(&with_op)),
             [EventType::Create, EventType::SetOperation]
         );
     }
@@ -446,12 +451,12 @@ mod tests {
         let mut new = app("v2");
         new["operation"] = json!({"sync": {"revision": "abc"}});
         assert_eq!(
-            application_change_events(Some(&old), &new),
+            application_change_events(Some(&typed(&old)), &typed(&new)),
             [EventType::SpecUpdate, EventType::SetOperation]
         );
         let mut status_only = app("v1");
         status_only["status"] = json!({"sync": {"status": "Synced"}});
-        assert!(application_change_events(Some(&old), &status_only).is_empty());
+        assert!(application_change_events(Some(&typed(&old)), &typed(&status_only)).is_empty());
     }
 
     #[test]
@@ -460,16 +465,16 @@ mod tests {
         let mut deleting = app("v1");
         deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
         assert_eq!(
-            application_change_events(Some(&old), &deleting),
+            application_change_events(Some(&typed(&old)), &typed(&deleting)),
             [EventType::SpecUpdate]
         );
         let mut term = app("v1");
         term["status"] = json!({"operationState": {"phase": "Terminating"}});
         assert_eq!(
-            application_change_events(Some(&old), &term),
+            application_change_events(Some(&typed(&old)), &typed(&term)),
             [EventType::TerminateOperation]
         );
-        assert!(application_change_events(Some(&term), &term).is_empty());
+        assert!(application_change_events(Some(&typed(&term)), &typed(&term)).is_empty());
     }
 
     #[test]
@@ -479,20 +484,20 @@ mod tests {
         a["operation"] = json!({"sync": {}});
         a["metadata"]["managedFields"] = json!([]);
         a["metadata"]["annotations"] = json!({LAST_APPLIED: "{}", "keep": "me"});
-        let p = application_payload(&a, false);
+        let p = to_value(&application_payload(&typed(&a), false));
         assert!(p.get("status").is_none() && p.get("operation").is_none());
         assert!(p["metadata"].get("managedFields").is_none());
         assert_eq!(p["metadata"]["annotations"], json!({"keep": "me"}));
-        assert!(application_payload(&a, true).get("operation").is_some());
+        assert!(application_payload(&typed(&a), true).operation.is_some());
     }
 
     #[test]
     fn operation_already_started_compares_with_operation_state() {
         let mut a = app("v1");
         a["operation"] = json!({"sync": {"revision": "r1"}});
-        assert!(!operation_already_started(&a));
+        assert!(!operation_already_started(&typed(&a)));
         a["status"] = json!({"operationState": {"operation": {"sync": {"revision": "r1"}}, "phase": "Running"}});
-        assert!(operation_already_started(&a));
+        assert!(operation_already_started(&typed(&a)));
     }
 
     #[test]
@@ -520,7 +525,7 @@ mod tests {
         let p = project(json!({"metadata": {"name": "p"}, "spec": {
             "destinations": [{"name": "agent-1", "namespace": "gb"}, {"name": "other", "namespace": "x"}],
             "roles": [{"name": "r"}], "sourceNamespaces": ["agent-1"]}, "status": {"x": 1}}));
-        let c = project_for_agent(&p, "agent-1");
+        let c = to_value(&project_for_agent(&p, "agent-1"));
         assert_eq!(
             c["spec"]["destinations"],
             json!([{"name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "gb"}])

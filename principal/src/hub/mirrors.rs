@@ -109,6 +109,11 @@ pub fn check_mirror_owner(
     }
 }
 
+/// A mirror (JSON) as an Application; a hub object the informer held always is one.
+fn typed_app(v: &Value) -> argocd_agent_kube::argocd::Application {
+    serde_json::from_value(v.clone()).unwrap_or_default()
+}
+
 /// Field manager of the principal's hub writes.
 const FIELD_MANAGER: &str = "argocd-principal";
 
@@ -234,7 +239,7 @@ impl Mirrors {
         // never enters them (the write below checks the apiserver's object; this the hub view and
         // the writes in flight).
         let cached = match kind {
-            MirrorKind::Application => self.view.application(agent, &name),
+            MirrorKind::Application => self.view.application(agent, &name).map(|a| to_value(&*a)),
             MirrorKind::AppProject => self.view.project(&name).map(|p| to_value(&*p)),
         };
         if let Some(cached) = &cached {
@@ -562,7 +567,7 @@ impl Mirrors {
                 session,
                 EventType::SetOperation,
                 Target::Application,
-                &application_payload(new, true),
+                &application_payload(&typed_app(new), true),
             );
         }
         if phase(new) == Some("Terminating")
@@ -578,7 +583,7 @@ impl Mirrors {
                 session,
                 EventType::TerminateOperation,
                 Target::Application,
-                &application_payload(new, false),
+                &application_payload(&typed_app(new), false),
             );
         }
         if refresh(new).is_some()
@@ -594,7 +599,7 @@ impl Mirrors {
                 session,
                 EventType::SpecUpdate,
                 Target::Application,
-                &application_payload(new, false),
+                &application_payload(&typed_app(new), false),
             );
         }
         if mirror_view(new) != mirror_view(&desired) {
@@ -636,7 +641,7 @@ impl Mirrors {
     /// Whether `agent`'s mirror of (kind, spoke name, spoke uid) exists on the hub.
     pub fn has_mirror(&self, kind: MirrorKind, agent: &str, name: &str, uid: &str) -> bool {
         let live = match kind {
-            MirrorKind::Application => self.view.application(agent, name),
+            MirrorKind::Application => self.view.application(agent, name).map(|a| to_value(&*a)),
             MirrorKind::AppProject => self
                 .view
                 .project(&mirrored_project_name(agent, name))
@@ -659,7 +664,8 @@ impl Mirrors {
         let apps: Vec<Value> = self
             .view
             .applications_of(agent)
-            .into_iter()
+            .iter()
+            .map(|a| to_value(&**a))
             .filter(|v| mirror_agent_of(v) == Some(agent) && source_uid_of(v).is_some())
             .collect();
         let prefix = format!("{agent}-");
