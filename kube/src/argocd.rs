@@ -62,7 +62,10 @@ pub struct AppProject {
     /// What the project allows.
     #[serde(default)]
     pub spec: AppProjectSpec,
-    /// Everything else (`apiVersion`, `kind`, `status`, ...).
+    /// What Argo CD recorded (JWT tokens by role), not read here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Value>,
+    /// Everything else (`apiVersion`, `kind`, ...).
     #[serde(flatten)]
     pub other: Other,
 }
@@ -80,7 +83,21 @@ pub struct AppProjectSpec {
     /// Namespaces whose Applications may use the project (globs, `!` denies).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub source_namespaces: Vec<String>,
-    /// Everything else (`sourceRepos`, `roles`, whitelists, ...).
+    /// The project's roles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles: Option<Vec<ProjectRole>>,
+    /// Everything else (`sourceRepos`, whitelists, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// An entry of `AppProject.spec.roles`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProjectRole {
+    /// Casbin policy lines (`p, proj:<project>:<role>, <resource>, <action>, <object>, <effect>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<Vec<String>>,
+    /// Everything else (`name`, `groups`, `jwtTokens`, ...).
     #[serde(flatten)]
     pub other: Other,
 }
@@ -232,6 +249,14 @@ impl Application {
     }
 }
 
+/// `apiVersion` and `kind` of Argo CD kind `K`, for the `other` map of an object built here.
+pub fn type_meta<K: kube::Resource<DynamicType = ()>>() -> Other {
+    Other::from([
+        ("apiVersion".to_string(), Value::from(K::api_version(&()))),
+        ("kind".to_string(), Value::from(K::kind(&()))),
+    ])
+}
+
 /// Borrowing reads of the metadata every object kind has (`kube::ResourceExt` clones).
 pub trait ObjectMetaExt: kube::Resource {
     /// `metadata.name`, `""` when unset.
@@ -352,6 +377,10 @@ mod tests {
     #[test]
     fn the_kinds_are_argo_cds() {
         use kube::Resource;
+        assert_eq!(
+            serde_json::to_value(type_meta::<Application>()).unwrap(),
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application"})
+        );
         assert_eq!(AppProject::api_version(&()), "argoproj.io/v1alpha1");
         assert_eq!(AppProject::plural(&()), "appprojects");
         assert_eq!(Application::kind(&()), "Application");

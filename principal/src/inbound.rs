@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use argocd_agent_kube::argocd::{Application, ApplicationCondition, ObjectMetaExt};
+use argocd_agent_kube::argocd::{AppProject, Application, ApplicationCondition, ObjectMetaExt};
 use argocd_agent_proto::event::{
     names, spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION,
 };
@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 use argocd_agent_kube::errors::handle_error;
 
-use crate::hub::{queue, request_object, to_value, uid_of, Hub, MirrorKind};
+use crate::hub::{queue, request_object, to_value, uid_of, Hub, MirrorKind, Mirrored};
 use crate::routing::{
     application_payload, operation_already_started, project_for_agent, repository_payload,
     requests_carried_out,
@@ -310,6 +310,14 @@ impl AgentInbound {
         }
     }
 
+    /// Writes the hub mirror of the spoke object `ev` carries.
+    async fn upsert_mirror<K: Mirrored>(&self, ev: &Event) -> Result<(), HandleError> {
+        let spoke: K = ev
+            .data_as()
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        self.hub.mirrors().upsert_mirror(self.agent(), &spoke).await
+    }
+
     async fn handle_autonomous(&self, ev: Event) -> Result<(), HandleError> {
         let kind = match ev.target {
             Target::Application => Some(MirrorKind::Application),
@@ -318,23 +326,26 @@ impl AgentInbound {
         };
         match (&ev.event_type, kind) {
             (EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate, Some(kind)) => {
-                let spoke: Value = ev
-                    .data_as()
-                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
-                self.hub
-                    .mirrors()
-                    .upsert_mirror(kind, self.agent(), &spoke)
-                    .await
+                match kind {
+                    MirrorKind::Application => self.upsert_mirror::<Application>(&ev).await,
+                    MirrorKind::AppProject => self.upsert_mirror::<AppProject>(&ev).await,
+                }
             }
             (EventType::Delete, Some(kind)) => {
                 // Only the metadata of what the spoke deleted matters.
                 let spoke: kube::api::DynamicObject = ev
                     .data_as()
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
-                self.hub
-                    .mirrors()
-                    .delete_mirror(kind, self.agent(), required_name(&spoke)?, spoke.uid_str())
-                    .await
+                let (mirrors, agent) = (self.hub.mirrors(), self.agent());
+                let (name, uid) = (required_name(&spoke)?, spoke.uid_str());
+                match kind {
+                    MirrorKind::Application => {
+                        mirrors.delete_mirror::<Application>(agent, name, uid).await
+                    }
+                    MirrorKind::AppProject => {
+                        mirrors.delete_mirror::<AppProject>(agent, name, uid).await
+                    }
+                }
             }
             (EventType::ResponseSyncedResource, _) => {
                 let key: SyncedResource = ev

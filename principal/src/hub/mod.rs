@@ -39,7 +39,9 @@ pub use argocd_agent_kube::resources::{
     application as application_resource, appproject as appproject_resource,
 };
 pub use managed::ManagedRouter;
-pub use mirrors::{check_mirror_owner, MirrorCollision, MirrorCollisions, MirrorKind, Mirrors};
+pub use mirrors::{
+    check_mirror_owner, MirrorCollision, MirrorCollisions, MirrorKind, Mirrored, Mirrors,
+};
 pub use view::{HubView, Kind, REPOSITORY_SELECTOR};
 
 use crate::sessions::{AgentRegistry, AgentSession};
@@ -278,11 +280,7 @@ impl Hub {
     /// namespace, else to the managed router.
     fn application_applied(&self, old: Option<&Application>, new: &Application) {
         match self.autonomous_session(new.namespace_str()) {
-            Some(session) => self.mirrors.application_changed(
-                &session,
-                old.map(to_value).as_ref(),
-                &to_value(new),
-            ),
+            Some(session) => self.mirrors.application_changed(&session, old, new),
             None => self.managed.application_applied(old, new),
         }
     }
@@ -291,7 +289,7 @@ impl Hub {
     fn application_deleted(&self, last: &Application) {
         let namespace = last.namespace_str();
         if self.autonomous_session(namespace).is_some() {
-            self.mirrors.application_deleted(namespace, &to_value(last));
+            self.mirrors.application_deleted(namespace, last);
         } else {
             self.managed.application_deleted(last);
         }
@@ -300,14 +298,14 @@ impl Hub {
     /// A hub AppProject appeared or changed: a remembered mirror's edit is the mirrors'
     /// business, anything else the managed router's.
     fn project_applied(&self, old: Option<&AppProject>, new: &AppProject) {
-        if !self.mirrors.project_changed(&to_value(new)) {
+        if !self.mirrors.project_changed(new) {
             self.managed.project_applied(old, new);
         }
     }
 
     /// A hub AppProject was deleted.
     fn project_deleted(&self, last: &AppProject) {
-        if !self.mirrors.project_deleted(&to_value(last)) {
+        if !self.mirrors.project_deleted(last) {
             self.managed.project_deleted(last);
         }
     }
