@@ -26,6 +26,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
+use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
 
 use crate::managed::{patch_params, to_json};
@@ -297,9 +298,9 @@ impl AutonomousSync {
     }
 
     /// set-operation from a hub mirror: run it here.
-    async fn set_operation(&self, mirror: &Value) -> Result<(), HandleError> {
-        let name = object_name(mirror);
-        let Some(operation) = mirror.get("operation").filter(|o| !o.is_null()) else {
+    async fn set_operation(&self, mirror: &Application) -> Result<(), HandleError> {
+        let name = mirror.name_str();
+        let Some(operation) = mirror.operation() else {
             return Ok(());
         };
         match self
@@ -320,8 +321,8 @@ impl AutonomousSync {
         }
     }
 
-    async fn terminate_operation(&self, mirror: &Value) -> Result<(), HandleError> {
-        let name = object_name(mirror);
+    async fn terminate_operation(&self, mirror: &Application) -> Result<(), HandleError> {
+        let name = mirror.name_str();
         let patch = json!({"status": {"operationState": {"phase": "Terminating"}}});
         match self
             .apps
@@ -341,13 +342,9 @@ impl AutonomousSync {
     }
 
     /// spec-update from a hub mirror: only a refresh request is taken; the spec is the spoke's.
-    async fn refresh(&self, mirror: &Value) -> Result<(), HandleError> {
-        let name = object_name(mirror);
-        let Some(refresh) = mirror
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(REFRESH_ANNOTATION))
-            .filter(|v| !v.is_null())
-        else {
+    async fn refresh(&self, mirror: &Application) -> Result<(), HandleError> {
+        let name = mirror.name_str();
+        let Some(refresh) = mirror.annotation(REFRESH_ANNOTATION) else {
             return Ok(());
         };
         let patch = json!({"metadata": {"annotations": {REFRESH_ANNOTATION: refresh}}});
@@ -409,7 +406,7 @@ impl EventHandler for AutonomousSync {
                 Ok(())
             }
             (t, target) if SyncedKind::from_target(target) == Some(SyncedKind::Application) => {
-                let mirror: Value = event.data_as().map_err(rejected)?;
+                let mirror: Application = event.data_as().map_err(rejected)?;
                 match t {
                     EventType::SetOperation => self.set_operation(&mirror).await,
                     EventType::TerminateOperation => self.terminate_operation(&mirror).await,

@@ -4,7 +4,8 @@
 //! [`Application`] — with the fields its decisions use typed, and every other field (at each
 //! level) kept in an `other` map, so an object read, changed and written back loses nothing, also
 //! fields of Argo CD versions newer than this code. Each kind implements [`kube::Resource`], so it
-//! can be watched by an informer and written with `Api<T>` directly.
+//! can be watched by an informer and written with `Api<T>` directly. [`ObjectMetaExt`] reads the
+//! metadata any object has (name, uid, annotations, ...) without cloning it.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -61,7 +62,10 @@ pub struct AppProject {
     /// What the project allows.
     #[serde(default)]
     pub spec: AppProjectSpec,
-    /// Everything else (`apiVersion`, `kind`, `status`, ...).
+    /// What Argo CD recorded (JWT tokens by role), not read here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Value>,
+    /// Everything else (`apiVersion`, `kind`, ...).
     #[serde(flatten)]
     pub other: Other,
 }
@@ -79,7 +83,21 @@ pub struct AppProjectSpec {
     /// Namespaces whose Applications may use the project (globs, `!` denies).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub source_namespaces: Vec<String>,
-    /// Everything else (`sourceRepos`, `roles`, whitelists, ...).
+    /// The project's roles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles: Option<Vec<ProjectRole>>,
+    /// Everything else (`sourceRepos`, whitelists, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// An entry of `AppProject.spec.roles`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProjectRole {
+    /// Casbin policy lines (`p, proj:<project>:<role>, <resource>, <action>, <object>, <effect>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<Vec<String>>,
+    /// Everything else (`name`, `groups`, `jwtTokens`, ...).
     #[serde(flatten)]
     pub other: Other,
 }
@@ -109,9 +127,9 @@ argoproj_resource!(Application, "Application", "applications");
 /// `Application.spec`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ApplicationSpec {
-    /// The AppProject.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub project: String,
+    /// The AppProject (Go writes `""` too, so absent and empty are kept apart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
     /// Where to deploy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<ApplicationDestination>,
@@ -145,7 +163,45 @@ pub struct ApplicationStatus {
     /// The last or running operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_state: Option<OperationState>,
-    /// Everything else (`sync`, `health`, `resources`, `conditions`, ...).
+    /// Whether the live state matches the desired one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<StatusOf>,
+    /// The aggregated health of the Application's resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<StatusOf>,
+    /// Conditions (errors and warnings) Argo CD or this project report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<ApplicationCondition>>,
+    /// Everything else (`resources`, `summary`, `reconciledAt`, `history`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// `Application.status.sync` and `Application.status.health`: a `status` word and details.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusOf {
+    /// `Synced`/`OutOfSync`/`Unknown`, or `Healthy`/`Progressing`/`Degraded`/...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// Everything else (`revision`, `comparedTo`, `message`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// An entry of `Application.status.conditions`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationCondition {
+    /// The condition type (`ComparisonError`, `AgentError`, ...).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    /// What happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When it was last set (RFC 3339, kept as written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    /// Everything else.
     #[serde(flatten)]
     pub other: Other,
 }
@@ -166,6 +222,22 @@ pub struct OperationState {
 }
 
 impl Application {
+    /// The requested operation, if any.
+    pub fn operation(&self) -> Option<&Value> {
+        self.operation.as_ref()
+    }
+
+    /// The operation the last or running operation state ran (what the controller copied from
+    /// `operation` when it started it).
+    pub fn started_operation(&self) -> Option<&Value> {
+        self.status
+            .as_ref()?
+            .operation_state
+            .as_ref()?
+            .operation
+            .as_ref()
+    }
+
     /// The phase of the last or running operation.
     pub fn operation_phase(&self) -> Option<&str> {
         self.status
@@ -176,6 +248,48 @@ impl Application {
             .as_deref()
     }
 }
+
+/// `apiVersion` and `kind` of Argo CD kind `K`, for the `other` map of an object built here.
+pub fn type_meta<K: kube::Resource<DynamicType = ()>>() -> Other {
+    Other::from([
+        ("apiVersion".to_string(), Value::from(K::api_version(&()))),
+        ("kind".to_string(), Value::from(K::kind(&()))),
+    ])
+}
+
+/// Borrowing reads of the metadata every object kind has (`kube::ResourceExt` clones).
+pub trait ObjectMetaExt: kube::Resource {
+    /// `metadata.name`, `""` when unset.
+    fn name_str(&self) -> &str {
+        self.meta().name.as_deref().unwrap_or_default()
+    }
+
+    /// `metadata.namespace`, `""` when unset.
+    fn namespace_str(&self) -> &str {
+        self.meta().namespace.as_deref().unwrap_or_default()
+    }
+
+    /// `metadata.uid`, `""` when unset.
+    fn uid_str(&self) -> &str {
+        self.meta().uid.as_deref().unwrap_or_default()
+    }
+
+    /// The annotation `key`, if set.
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.meta()
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+
+    /// Whether the object is being deleted.
+    fn is_terminating(&self) -> bool {
+        self.meta().deletion_timestamp.is_some()
+    }
+}
+
+impl<K: kube::Resource> ObjectMetaExt for K {}
 
 #[cfg(test)]
 mod tests {
@@ -210,13 +324,63 @@ mod tests {
         });
         let typed: Application = serde_json::from_value(app.clone()).unwrap();
         assert_eq!(typed.operation_phase(), Some("Running"));
-        assert_eq!(typed.spec.project, "default");
+        assert_eq!(typed.spec.project.as_deref(), Some("default"));
+        assert_eq!(serde_json::to_value(&typed).unwrap(), app);
+    }
+
+    #[test]
+    fn applications_keep_empty_and_unknown_fields_as_read() {
+        // What a Go peer writes: empty strings it does not omit, fields newer than this code,
+        // and the parts of status this project types.
+        let app = json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "a", "namespace": "n", "uid": "u", "resourceVersion": "7",
+                         "labels": {}, "annotations": {"x": "y"}, "finalizers": [],
+                         "deletionTimestamp": "2026-01-01T00:00:00Z",
+                         "managedFields": [{"manager": "m", "operation": "Update",
+                                            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"project": "", "destination": {"server": "", "namespace": "n", "new": true},
+                     "sources": [{"repoURL": "r"}]},
+            "status": {"sync": {"status": "Synced", "revision": "abc"},
+                       "health": {"status": "Healthy"},
+                       "conditions": [{"type": "AgentError", "message": "m",
+                                       "lastTransitionTime": "2026-01-01T00:00:00Z", "extra": 1}],
+                       "resources": [{"kind": "Deployment"}], "reconciledAt": "2026-01-01T00:00:00Z",
+                       "summary": {}, "operationState": {"phase": "Succeeded",
+                                                         "operation": {"sync": {"revision": "r"}}}},
+            "future": {"field": [1, 2.5, null]}
+        });
+        let typed: Application = serde_json::from_value(app.clone()).unwrap();
+        assert_eq!(typed.spec.project.as_deref(), Some(""));
+        let status = typed.status.as_ref().unwrap();
+        assert_eq!(
+            status.sync.as_ref().unwrap().status.as_deref(),
+            Some("Synced")
+        );
+        assert_eq!(
+            status.conditions.as_ref().unwrap()[0].type_.as_deref(),
+            Some("AgentError")
+        );
+        assert_eq!(
+            typed.started_operation(),
+            Some(&json!({"sync": {"revision": "r"}}))
+        );
+        assert!(typed.is_terminating());
+        assert_eq!(
+            (typed.name_str(), typed.namespace_str(), typed.uid_str()),
+            ("a", "n", "u")
+        );
+        assert_eq!(typed.annotation("x"), Some("y"));
         assert_eq!(serde_json::to_value(&typed).unwrap(), app);
     }
 
     #[test]
     fn the_kinds_are_argo_cds() {
         use kube::Resource;
+        assert_eq!(
+            serde_json::to_value(type_meta::<Application>()).unwrap(),
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application"})
+        );
         assert_eq!(AppProject::api_version(&()), "argoproj.io/v1alpha1");
         assert_eq!(AppProject::plural(&()), "appprojects");
         assert_eq!(Application::kind(&()), "Application");

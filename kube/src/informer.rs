@@ -32,6 +32,30 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+/// A kind an informer can watch: every bound the watch, the store and the handlers need, named
+/// once. Every Kubernetes object type (typed, or `DynamicObject`) is one.
+pub trait Watched:
+    Resource<DynamicType: Eq + Hash + Clone + Send + Sync>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<DynamicType: Eq + Hash + Clone + Send + Sync>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// What a component does when the objects of one kind change. Every method has a default that
 /// does nothing, so a handler implements only what it needs.
 pub trait Handler<K>: Send + Sync + 'static {
@@ -60,8 +84,7 @@ pub type Scope<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 /// The informer of one kind: its store, its watch configuration and its handlers.
 pub struct Informer<K>
 where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: Watched,
 {
     name: String,
     api: Api<K>,
@@ -76,8 +99,7 @@ where
 /// A cloneable read side of an [`Informer`]: the store and the first-list signal.
 pub struct InformerReader<K>
 where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: Watched,
 {
     store: Store<K>,
     dyntype: K::DynamicType,
@@ -86,8 +108,7 @@ where
 
 impl<K> Clone for InformerReader<K>
 where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: Watched,
 {
     fn clone(&self) -> Self {
         InformerReader {
@@ -100,8 +121,8 @@ where
 
 impl<K> Informer<K>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
+    K: Watched,
+    K::DynamicType: Default,
 {
     /// An informer for the objects `api` and `config` select, named `name` in logs.
     pub fn new(name: impl Into<String>, api: Api<K>, config: watcher::Config) -> Self {
@@ -111,8 +132,7 @@ where
 
 impl<K> Informer<K>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    K: Watched,
 {
     /// An informer for a kind known at run time (e.g. `DynamicObject` with its `ApiResource`).
     pub fn new_with(
@@ -268,8 +288,7 @@ where
 
 impl<K> InformerReader<K>
 where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: Watched,
 {
     /// The object `name` in `namespace` (`None` for cluster-scoped kinds), if stored.
     pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<K>> {

@@ -1,7 +1,6 @@
 //! Leader election with a coordination.k8s.io/v1 Lease, so that among several replicas exactly
-//! one does a singular job: the operator's reconcile passes ([`run_election`] from the
-//! operator's `gitops::run_operator`) and the principal's active role under `--ha-enabled`
-//! ([`run_election_reporting`] from the principal's `leadership` module).
+//! one does a singular job: the operator's reconcile passes and the principal's active role under
+//! `--ha-enabled`, both through [`run_election`].
 //!
 //! Owns the acquire/renew/take-over rule: a Lease held by someone else is taken only after its
 //! `renewTime + leaseDurationSeconds` has passed; every write carries the resourceVersion read,
@@ -118,40 +117,35 @@ pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<LeaseStatus,
     }
 }
 
-/// One acquire-or-renew attempt; `Ok(true)` when this candidate holds the lease afterwards.
-pub async fn try_acquire(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
-    Ok(acquire(api, cfg).await?.held)
-}
-
-/// Runs the election until `shutdown`, publishing leadership on `leader`. A leader that cannot
+/// Runs the election until `shutdown`, publishing on `published` what each round found, as
+/// whatever the caller watches: `bool` (whether this candidate leads) or the whole
+/// [`LeaseStatus`] (the holder too, for readiness reasons and metrics). A leader that cannot
 /// renew steps down before its lease can expire.
-pub async fn run_election(
+pub async fn run_election<S>(
     client: kube::Client,
     cfg: LeaseConfig,
-    leader: watch::Sender<bool>,
+    published: watch::Sender<S>,
     shutdown: CancellationToken,
-) {
+) where
+    S: From<LeaseStatus> + PartialEq,
+{
     campaign(client, cfg, shutdown, |status| {
-        leader.send_if_modified(|held| std::mem::replace(held, status.held) != status.held);
-    })
-    .await
-}
-
-/// Like [`run_election`], publishing the holder too (for readiness reasons and metrics).
-pub async fn run_election_reporting(
-    client: kube::Client,
-    cfg: LeaseConfig,
-    status: watch::Sender<LeaseStatus>,
-    shutdown: CancellationToken,
-) {
-    campaign(client, cfg, shutdown, |s| {
-        status.send_if_modified(|old| {
-            let changed = *old != s;
-            *old = s;
+        let new = S::from(status);
+        published.send_if_modified(|old| {
+            let changed = *old != new;
+            if changed {
+                *old = new;
+            }
             changed
         });
     })
     .await
+}
+
+impl From<LeaseStatus> for bool {
+    fn from(status: LeaseStatus) -> bool {
+        status.held
+    }
 }
 
 /// How long a holder keeps leadership without a successful renewal: one retry interval less

@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+use argocd_agent_kube::argocd::{AppProject, Application, ApplicationCondition, ObjectMetaExt};
 use argocd_agent_proto::event::{
     names, spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION,
 };
@@ -28,12 +29,12 @@ use argocd_agent_proto::sync::resync::{
     UpdateAnswer, METADATA_CHECKSUM, STATUS_CHECKSUM,
 };
 use argocd_agent_proto::sync::{EventHandler, HandleError};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Value};
 
 use argocd_agent_kube::errors::handle_error;
 
-use crate::hub::{application_resource, queue, request_object, Hub, MirrorKind};
+use crate::hub::{queue, request_object, to_value, uid_of, Hub, MirrorKind, Mirrored};
 use crate::routing::{
     application_payload, operation_already_started, project_for_agent, repository_payload,
     requests_carried_out,
@@ -58,9 +59,15 @@ pub struct AgentInbound {
     pub cluster_info: Arc<crate::cluster_info::ClusterInfoWriter>,
 }
 
-fn name_of(obj: &Value) -> Result<&str, HandleError> {
-    obj.pointer("/metadata/name")
-        .and_then(Value::as_str)
+/// Whether a repository Secret (as JSON) is being deleted.
+fn secret_terminating(secret: &Value) -> bool {
+    secret
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+}
+
+fn required_name<K: kube::Resource>(obj: &K) -> Result<&str, HandleError> {
+    Some(obj.name_str())
         .filter(|n| !n.is_empty())
         .ok_or_else(|| HandleError::Rejected("object has no metadata.name".into()))
 }
@@ -70,44 +77,36 @@ impl AgentInbound {
         self.session.name.as_str()
     }
 
-    fn apps(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(
-            self.hub.client.clone(),
-            self.agent(),
-            &application_resource(),
-        )
+    fn apps(&self) -> Api<Application> {
+        Api::namespaced(self.hub.client.clone(), self.agent())
     }
 
     async fn status_update(&self, ev: &Event) -> Result<(), HandleError> {
-        let spoke: Value = ev
+        let spoke: Application = ev
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
-        let name = name_of(&spoke)?;
+        let name = required_name(&spoke)?;
         let Some(hub_app) = self.hub.application(self.agent(), name) else {
             return Err(HandleError::Rejected(format!(
                 "no Application {}/{name} on the hub",
                 self.agent()
             )));
         };
-        let hub_uid = hub_app.pointer("/metadata/uid").and_then(Value::as_str);
-        let source_uid = spoke
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(SOURCE_UID_ANNOTATION))
-            .and_then(Value::as_str);
+        let hub_uid = hub_app.metadata.uid.as_deref();
+        let source_uid = spoke.annotation(SOURCE_UID_ANNOTATION);
         if source_uid != hub_uid {
             return Err(HandleError::Rejected(format!(
                 "status for {name} is from a different object (source-uid {source_uid:?}, hub uid {hub_uid:?})"
             )));
         }
-        let status = spoke.get("status").cloned().unwrap_or(Value::Null);
+        let status = serde_json::to_value(&spoke.status)
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
         let mut ops = vec![json!({"op": "add", "path": "/status", "value": status})];
-        let hub_op = hub_app.get("operation").filter(|o| !o.is_null());
-        let spoke_op = spoke.get("operation").filter(|o| !o.is_null());
-        let ran = spoke.pointer("/status/operationState/operation");
-        if hub_op.is_some() && spoke_op.is_none() && ran == hub_op {
+        let hub_op = hub_app.operation();
+        if hub_op.is_some() && spoke.operation().is_none() && spoke.started_operation() == hub_op {
             ops.push(json!({"op": "remove", "path": "/operation"}));
         }
-        if hub_app.get("status") != Some(&status) || ops.len() > 1 {
+        if hub_app.status != spoke.status || ops.len() > 1 {
             let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))
                 .map_err(|e| HandleError::Rejected(e.to_string()))?;
             self.apps()
@@ -130,14 +129,14 @@ impl AgentInbound {
     }
 
     async fn delete_confirmed(&self, ev: &Event) -> Result<(), HandleError> {
-        let spoke: Value = ev
+        let spoke: Application = ev
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
-        let name = name_of(&spoke)?;
+        let name = required_name(&spoke)?;
         let Some(hub_app) = self.hub.application(self.agent(), name) else {
             return Ok(());
         };
-        if hub_app.pointer("/metadata/deletionTimestamp").is_none() {
+        if !hub_app.is_terminating() {
             tracing::info!(
                 agent = self.agent(),
                 app = name,
@@ -173,22 +172,26 @@ impl AgentInbound {
             )));
         };
         tracing::warn!(agent = self.agent(), app = %report.resource_name, message = %Truncated(&report.message), "agent could not apply an Application");
-        let mut conditions: Vec<Value> = hub_app
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
+        let mut conditions: Vec<ApplicationCondition> = hub_app
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
             .map(|c| {
                 c.iter()
-                    .filter(|c| c["type"] != AGENT_ERROR)
+                    .filter(|c| c.type_.as_deref() != Some(AGENT_ERROR))
                     .cloned()
                     .collect()
             })
             .unwrap_or_default();
-        conditions.push(json!({
-            "type": AGENT_ERROR,
-            "message": report.message,
-            "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        }));
-        let op = if hub_app.get("status").is_some_and(|s| s.is_object()) {
+        conditions.push(ApplicationCondition {
+            type_: Some(AGENT_ERROR.into()),
+            message: Some(report.message),
+            last_transition_time: Some(
+                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            ),
+            ..ApplicationCondition::default()
+        });
+        let op = if hub_app.status.is_some() {
             json!({"op": "add", "path": "/status/conditions", "value": conditions})
         } else {
             json!({"op": "add", "path": "/status", "value": {"conditions": conditions}})
@@ -211,31 +214,42 @@ impl AgentInbound {
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
         // The hub's object of that name (as the agent would receive it), if it still applies.
-        let uid = |o: &Value| {
-            o.pointer("/metadata/uid")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
         let hub_app = match req.kind.as_str() {
             "Application" => self.hub.application(self.agent(), &req.name),
             _ => None,
         };
-        let (target, hub_uid, payload) = match req.kind.as_str() {
-            "Application" => {
-                let payload = hub_app.as_ref().map(|o| application_payload(o, false));
-                (Target::Application, hub_app.as_ref().map(uid), payload)
-            }
+        let (target, hub_uid, payload, terminating) = match req.kind.as_str() {
+            "Application" => (
+                Target::Application,
+                hub_app.as_ref().map(|o| o.uid_str().to_string()),
+                hub_app
+                    .as_ref()
+                    .map(|o| to_value(&application_payload(o, false))),
+                hub_app.as_ref().is_some_and(|o| o.is_terminating()),
+            ),
             "AppProject" => {
                 let obj = self.hub.project_for(self.agent(), &req.name);
-                let payload = obj.as_ref().map(|o| project_for_agent(o, self.agent()));
-                let hub_uid = obj.and_then(|o| o.metadata.uid.clone());
-                (Target::AppProject, hub_uid, payload)
+                let payload = obj
+                    .as_ref()
+                    .map(|o| to_value(&project_for_agent(o, self.agent())));
+                let terminating = obj.as_ref().is_some_and(|o| o.is_terminating());
+                (
+                    Target::AppProject,
+                    obj.map(|o| o.uid_str().to_string()),
+                    payload,
+                    terminating,
+                )
             }
             "Secret" => {
                 let obj = self.hub.repository_for(self.agent(), &req.name);
                 let payload = obj.as_ref().map(repository_payload);
-                (Target::Repository, obj.as_ref().map(uid), payload)
+                let terminating = obj.as_ref().is_some_and(secret_terminating);
+                (
+                    Target::Repository,
+                    obj.as_ref().map(uid_of),
+                    payload,
+                    terminating,
+                )
             }
             other => {
                 return Err(HandleError::Rejected(format!(
@@ -248,12 +262,10 @@ impl AgentInbound {
             .as_ref()
             .and_then(|p| spec_checksum(p, Some(&req.kind)).ok())
             .unwrap_or_default();
-        let source = payload.as_ref().map(|p| SourceObject {
+        let source = payload.as_ref().map(|_| SourceObject {
             uid: hub_uid,
             checksum: &checksum,
-            terminating: p
-                .pointer("/metadata/deletionTimestamp")
-                .is_some_and(|t| !t.is_null()),
+            terminating,
         });
         let answer = answer_with_metadata(
             answer_request_update(source, &req.uid, &req.checksum),
@@ -285,21 +297,31 @@ impl AgentInbound {
     /// (resync after its restart, or periodic): asks it for the status when the hub holds another
     /// one, or an operation the spoke already started (its status-update removes it), so that
     /// an unchanged status costs no message and no hub write.
-    fn ask_status_if_differs(&self, hub_app: &Value, req: &RequestUpdate, spoke_status: &[u8]) {
-        let hub_uid = hub_app
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+    fn ask_status_if_differs(
+        &self,
+        hub_app: &Application,
+        req: &RequestUpdate,
+        spoke_status: &[u8],
+    ) {
+        let hub_uid = hub_app.uid_str();
         if req.uid != hub_uid {
             return;
         }
-        let hub_status = status_checksum(hub_app);
-        let leftover_operation = hub_app.get("operation").is_some_and(|o| !o.is_null())
-            && operation_already_started(hub_app);
+        let hub_status = status_checksum(&to_value(hub_app));
+        let leftover_operation =
+            hub_app.operation().is_some() && operation_already_started(hub_app);
         if hub_status != spoke_status || leftover_operation {
             tracing::debug!(agent = self.agent(), app = %req.name, "hub status differs from the spoke's; asking the agent for it");
             request_object(&self.session, &req.kind, &req.name, hub_uid, hub_status);
         }
+    }
+
+    /// Writes the hub mirror of the spoke object `ev` carries.
+    async fn upsert_mirror<K: Mirrored>(&self, ev: &Event) -> Result<(), HandleError> {
+        let spoke: K = ev
+            .data_as()
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        self.hub.mirrors().upsert_mirror(self.agent(), &spoke).await
     }
 
     async fn handle_autonomous(&self, ev: Event) -> Result<(), HandleError> {
@@ -310,26 +332,26 @@ impl AgentInbound {
         };
         match (&ev.event_type, kind) {
             (EventType::Create | EventType::SpecUpdate | EventType::StatusUpdate, Some(kind)) => {
-                let spoke: Value = ev
-                    .data_as()
-                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
-                self.hub
-                    .mirrors()
-                    .upsert_mirror(kind, self.agent(), &spoke)
-                    .await
+                match kind {
+                    MirrorKind::Application => self.upsert_mirror::<Application>(&ev).await,
+                    MirrorKind::AppProject => self.upsert_mirror::<AppProject>(&ev).await,
+                }
             }
             (EventType::Delete, Some(kind)) => {
-                let spoke: Value = ev
+                // Only the metadata of what the spoke deleted matters.
+                let spoke: kube::api::DynamicObject = ev
                     .data_as()
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
-                let uid = spoke
-                    .pointer("/metadata/uid")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                self.hub
-                    .mirrors()
-                    .delete_mirror(kind, self.agent(), name_of(&spoke)?, uid)
-                    .await
+                let (mirrors, agent) = (self.hub.mirrors(), self.agent());
+                let (name, uid) = (required_name(&spoke)?, spoke.uid_str());
+                match kind {
+                    MirrorKind::Application => {
+                        mirrors.delete_mirror::<Application>(agent, name, uid).await
+                    }
+                    MirrorKind::AppProject => {
+                        mirrors.delete_mirror::<AppProject>(agent, name, uid).await
+                    }
+                }
             }
             (EventType::ResponseSyncedResource, _) => {
                 let key: SyncedResource = ev

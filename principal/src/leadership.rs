@@ -256,7 +256,7 @@ impl Leadership {
             "HA enabled: standing by until this replica holds the Lease"
         );
         let stopping = shutdown.clone();
-        tokio::spawn(lease::run_election_reporting(
+        tokio::spawn(lease::run_election(
             client,
             LeaseConfig {
                 name: config.lease_name,

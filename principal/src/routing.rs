@@ -5,27 +5,22 @@
 //! change ([`mirror_view`]); which hub namespaces are served ([`namespace_allowed`]) and the label
 //! selector of each hub watch ([`combined_selector`]).
 
-use argocd_agent_kube::argocd::{AppProject, ApplicationDestination};
+use argocd_agent_kube::argocd::{
+    type_meta, AppProject, Application, ApplicationDestination, ObjectMetaExt,
+};
 use argocd_agent_proto::event::EventType;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
 use serde_json::Value;
 use wildmatch::WildMatch;
 
 /// Annotation upstream strips from every copy.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-fn field<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(v, |v, k| v.get(*k))
-}
-
-/// `status.operationState.phase` of an Application.
-fn operation_phase(app: &Value) -> Option<&str> {
-    field(app, &["status", "operationState", "phase"]).and_then(Value::as_str)
-}
-
 /// Events a change of a hub Application (in a managed agent's namespace) produces, in order.
-pub fn application_change_events(old: Option<&Value>, new: &Value) -> Vec<EventType> {
+pub fn application_change_events(old: Option<&Application>, new: &Application) -> Vec<EventType> {
     let mut out = Vec::new();
-    let new_op = new.get("operation").filter(|o| !o.is_null());
+    let new_op = new.operation();
     match old {
         None => {
             out.push(EventType::Create);
@@ -34,18 +29,19 @@ pub fn application_change_events(old: Option<&Value>, new: &Value) -> Vec<EventT
             }
         }
         Some(old) => {
-            let meta_changed = ["labels", "annotations", "finalizers", "deletionTimestamp"]
-                .iter()
-                .any(|k| field(old, &["metadata", k]) != field(new, &["metadata", k]));
-            if meta_changed || old.get("spec") != new.get("spec") {
+            let (o, n) = (&old.metadata, &new.metadata);
+            let meta_changed = o.labels != n.labels
+                || o.annotations != n.annotations
+                || o.finalizers != n.finalizers
+                || o.deletion_timestamp != n.deletion_timestamp;
+            if meta_changed || old.spec != new.spec {
                 out.push(EventType::SpecUpdate);
             }
-            let old_op = old.get("operation").filter(|o| !o.is_null());
-            if new_op.is_some() && new_op != old_op {
+            if new_op.is_some() && new_op != old.operation() {
                 out.push(EventType::SetOperation);
             }
-            if operation_phase(new) == Some("Terminating")
-                && operation_phase(old) != Some("Terminating")
+            if new.operation_phase() == Some("Terminating")
+                && old.operation_phase() != Some("Terminating")
             {
                 out.push(EventType::TerminateOperation);
             }
@@ -56,9 +52,9 @@ pub fn application_change_events(old: Option<&Value>, new: &Value) -> Vec<EventT
 
 /// Whether the spoke already started the hub's pending operation (it copied it into
 /// `status.operationState.operation`), so sending it again would run it twice.
-pub fn operation_already_started(app: &Value) -> bool {
-    match app.get("operation").filter(|o| !o.is_null()) {
-        Some(op) => field(app, &["status", "operationState", "operation"]) == Some(op),
+pub fn operation_already_started(app: &Application) -> bool {
+    match app.operation() {
+        Some(op) => app.started_operation() == Some(op),
         None => true,
     }
 }
@@ -71,34 +67,30 @@ pub const HYDRATE_ANNOTATION: &str = "argocd.argoproj.io/hydrate";
 /// (Argo CD's controller removes the refresh annotation in the same write as the refreshed
 /// status). The hub's requests are then removed too, as upstream does for the refresh, which is
 /// what `argocd app get --refresh` waits for.
-pub fn requests_carried_out(hub_app: &Value, spoke: &Value) -> Vec<&'static str> {
-    let requested = |o: &Value, key: &str| field(o, &["metadata", "annotations", key]).is_some();
+pub fn requests_carried_out(hub_app: &Application, spoke: &Application) -> Vec<&'static str> {
     [REFRESH_ANNOTATION, HYDRATE_ANNOTATION]
         .into_iter()
-        .filter(|key| requested(hub_app, key) && !requested(spoke, key))
+        .filter(|key| hub_app.annotation(key).is_some() && spoke.annotation(key).is_none())
         .collect()
 }
 
 /// The payload of an Application event: the object without `status` and, except for operation
 /// events, without `operation`.
-pub fn application_payload(app: &Value, with_operation: bool) -> Value {
+pub fn application_payload(app: &Application, with_operation: bool) -> Application {
     let mut out = app.clone();
-    if let Some(map) = out.as_object_mut() {
-        map.remove("status");
-        if !with_operation {
-            map.remove("operation");
-        }
+    out.status = None;
+    if !with_operation {
+        out.operation = None;
     }
-    strip_metadata(&mut out);
+    strip_metadata(&mut out.metadata);
     out
 }
 
-fn strip_metadata(obj: &mut Value) {
-    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("managedFields");
-        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            ann.remove(LAST_APPLIED);
-        }
+/// Removes what upstream strips from every copy: managed fields and kubectl's last-applied copy.
+fn strip_metadata(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
     }
 }
 
@@ -163,10 +155,10 @@ pub fn project_matches_agent(project: &AppProject, agent: &str) -> bool {
 /// The copy of a hub AppProject an agent receives: destinations that name the agent rewritten to
 /// the in-cluster destination, roles and source namespaces removed (they only mean something on the
 /// hub).
-pub fn project_for_agent(project: &AppProject, agent: &str) -> Value {
+pub fn project_for_agent(project: &AppProject, agent: &str) -> AppProject {
     let mut copy = project.clone();
-    copy.other.remove("status");
-    copy.spec.other.remove("roles");
+    copy.status = None;
+    copy.spec.roles = None;
     copy.spec.source_namespaces.clear();
     copy.spec.destinations = project
         .spec
@@ -180,16 +172,15 @@ pub fn project_for_agent(project: &AppProject, agent: &str) -> Value {
             ..ApplicationDestination::default()
         })
         .collect();
-    let mut out = serde_json::to_value(&copy).unwrap_or(Value::Null);
-    strip_metadata(&mut out);
-    out
+    strip_metadata(&mut copy.metadata);
+    copy
 }
 
 /// The AppProject a repository or repo-creds Secret belongs to: its base64 `data.project`.
 /// `None` when absent or not valid base64 UTF-8 (such a Secret goes to no agent).
 pub fn repository_project(secret: &Value) -> Option<String> {
     use base64::Engine;
-    let encoded = field(secret, &["data", "project"]).and_then(Value::as_str)?;
+    let encoded = secret.pointer("/data/project").and_then(Value::as_str)?;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(encoded)
         .ok()?;
@@ -205,42 +196,44 @@ pub fn repository_routes_to(secret: &Value, project: Option<&AppProject>, agent:
 /// The payload of a repository event: the Secret without managed fields and last-applied.
 pub fn repository_payload(secret: &Value) -> Value {
     let mut out = secret.clone();
-    strip_metadata(&mut out);
+    if let Some(meta) = out.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            ann.remove(LAST_APPLIED);
+        }
+    }
     out
 }
 
 /// Annotation asking Argo CD for a refresh (a hub request that flows to the spoke).
 pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
 
-fn annotations_of(obj: &Value) -> serde_json::Map<String, Value> {
-    match obj.pointer("/metadata/annotations") {
-        Some(Value::Object(a)) => a.clone(),
-        _ => serde_json::Map::new(),
-    }
-}
-
-fn mirror_metadata(spoke: &Value, agent: &str, name: &str, namespace: &str) -> Value {
+fn mirror_metadata<K: kube::Resource + Serialize>(
+    spoke: &K,
+    agent: &str,
+    name: &str,
+    namespace: &str,
+) -> ObjectMeta {
     use argocd_agent_proto::event::SOURCE_UID_ANNOTATION;
     use argocd_agent_proto::sync::resync::{
         owned_checksum, MIRROR_AGENT_ANNOTATION, MIRROR_CHECKSUM_ANNOTATION,
     };
-    let mut annotations = annotations_of(spoke);
+    let spoke_json = serde_json::to_value(spoke).unwrap_or(Value::Null);
+    let mut annotations = spoke.meta().annotations.clone().unwrap_or_default();
     annotations.remove(LAST_APPLIED);
-    let uid = field(spoke, &["metadata", "uid"])
-        .cloned()
-        .unwrap_or(Value::Null);
-    annotations.insert(SOURCE_UID_ANNOTATION.into(), uid);
-    annotations.insert(MIRROR_AGENT_ANNOTATION.into(), Value::String(agent.into()));
+    annotations.insert(SOURCE_UID_ANNOTATION.into(), spoke.uid_str().into());
+    annotations.insert(MIRROR_AGENT_ANNOTATION.into(), agent.into());
     annotations.insert(
         MIRROR_CHECKSUM_ANNOTATION.into(),
-        Value::String(hex::encode(owned_checksum(spoke))),
+        hex::encode(owned_checksum(&spoke_json)),
     );
-    let mut meta =
-        serde_json::json!({"name": name, "namespace": namespace, "annotations": annotations});
-    if let Some(labels) = field(spoke, &["metadata", "labels"]).filter(|l| l.is_object()) {
-        meta["labels"] = labels.clone();
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(namespace.into()),
+        annotations: Some(annotations),
+        labels: spoke.meta().labels.clone(),
+        ..ObjectMeta::default()
     }
-    meta
 }
 
 /// Name of the hub mirror of autonomous agent `agent`'s AppProject `project`.
@@ -252,40 +245,28 @@ pub fn mirrored_project_name(agent: &str, project: &str) -> String {
 /// source-uid = the spoke uid, `spec.project` = `<agent>-<project>`, destination
 /// `{name: <agent>, namespace: <spoke destination namespace>}` (no server), the spoke's status
 /// and operation; no finalizers (nothing on the hub may block a deletion the spoke decided).
-pub fn mirror_application(spoke: &Value, agent: &str) -> Value {
-    let name = field(spoke, &["metadata", "name"])
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let mut spec = field(spoke, &["spec"])
-        .cloned()
-        .unwrap_or(serde_json::json!({}));
-    if let Some(map) = spec.as_object_mut() {
-        let project = map
-            .get("project")
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let project = mirrored_project_name(agent, project);
-        map.insert("project".into(), Value::String(project));
-        // Upstream's `server: ""` is dropped by Go's omitempty; an explicit "" is refused by the
-        // Application CRD's schema, so the field is left out.
-        let mut dest = serde_json::json!({"name": agent});
-        if let Some(ns) = field(spoke, &["spec", "destination", "namespace"]) {
-            dest["namespace"] = ns.clone();
-        }
-        map.insert("destination".into(), dest);
-    }
-    let mut out = serde_json::json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Application",
-        "metadata": mirror_metadata(spoke, agent, name, agent),
-        "spec": spec,
+pub fn mirror_application(spoke: &Application, agent: &str) -> Application {
+    let mut spec = spoke.spec.clone();
+    let project = spoke.spec.project.as_deref().unwrap_or("default");
+    spec.project = Some(mirrored_project_name(agent, project));
+    // Upstream's `server: ""` is dropped by Go's omitempty; an explicit "" is refused by the
+    // Application CRD's schema, so the field is left out.
+    spec.destination = Some(ApplicationDestination {
+        name: Some(agent.into()),
+        namespace: spoke
+            .spec
+            .destination
+            .as_ref()
+            .and_then(|d| d.namespace.clone()),
+        ..ApplicationDestination::default()
     });
-    for f in ["status", "operation"] {
-        if let Some(v) = spoke.get(f).filter(|v| !v.is_null()) {
-            out[f] = v.clone();
-        }
+    Application {
+        metadata: mirror_metadata(spoke, agent, spoke.name_str(), agent),
+        spec,
+        operation: spoke.operation.clone(),
+        status: spoke.status.clone(),
+        other: type_meta::<Application>(),
     }
-    out
 }
 
 /// Rewrites one Casbin policy line of project `project` for its hub mirror: the subject
@@ -314,51 +295,72 @@ pub fn mirror_policy_line(line: &str, agent: &str, project: &str) -> String {
 /// The hub mirror of an autonomous agent's AppProject: `<agent>-<name>` in the principal
 /// namespace, `sourceNamespaces: [<agent>]`, one destination `{name: <agent>, server: "*",
 /// namespace: "*"}`, role policy lines rewritten with [`mirror_policy_line`].
-pub fn mirror_project(spoke: &Value, agent: &str, principal_namespace: &str) -> Value {
-    let name = field(spoke, &["metadata", "name"])
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let mut spec = field(spoke, &["spec"])
-        .cloned()
-        .unwrap_or(serde_json::json!({}));
-    if let Some(map) = spec.as_object_mut() {
-        map.insert("sourceNamespaces".into(), serde_json::json!([agent]));
-        map.insert(
-            "destinations".into(),
-            serde_json::json!([{"name": agent, "server": "*", "namespace": "*"}]),
-        );
-        if let Some(roles) = map.get_mut("roles").and_then(Value::as_array_mut) {
-            for role in roles {
-                if let Some(policies) = role.get_mut("policies").and_then(Value::as_array_mut) {
-                    for p in policies.iter_mut() {
-                        if let Some(line) = p.as_str() {
-                            *p = Value::String(mirror_policy_line(line, agent, name));
-                        }
-                    }
-                }
-            }
+pub fn mirror_project(spoke: &AppProject, agent: &str, principal_namespace: &str) -> AppProject {
+    let name = spoke.name_str();
+    let mut spec = spoke.spec.clone();
+    spec.source_namespaces = vec![agent.to_string()];
+    spec.destinations = vec![ApplicationDestination {
+        name: Some(agent.into()),
+        server: Some("*".into()),
+        namespace: Some("*".into()),
+        ..ApplicationDestination::default()
+    }];
+    for role in spec.roles.iter_mut().flatten() {
+        for line in role.policies.iter_mut().flatten() {
+            *line = mirror_policy_line(line, agent, name);
         }
     }
-    serde_json::json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "AppProject",
-        "metadata": mirror_metadata(spoke, agent, &mirrored_project_name(agent, name), principal_namespace),
-        "spec": spec,
-    })
+    let mirror_name = mirrored_project_name(agent, name);
+    AppProject {
+        metadata: mirror_metadata(spoke, agent, &mirror_name, principal_namespace),
+        spec,
+        status: None,
+        other: type_meta::<AppProject>(),
+    }
 }
 
 /// What hub edits of a mirror may not change (reverted when they do): spec, status, labels and
-/// annotations other than the refresh request and kubectl's last-applied copy.
-pub fn mirror_view(obj: &Value) -> Value {
-    let mut annotations = annotations_of(obj);
+/// annotations other than the refresh request and kubectl's last-applied copy. The mirror
+/// itself with nothing else kept; absent and empty labels and annotations count as the same.
+pub fn mirror_view<K: MirrorObject>(obj: &K) -> K {
+    let meta = obj.meta();
+    let mut annotations = meta.annotations.clone().unwrap_or_default();
     annotations.remove(LAST_APPLIED);
     annotations.remove(REFRESH_ANNOTATION);
-    serde_json::json!({
-        "spec": obj.get("spec").cloned().unwrap_or(Value::Null),
-        "status": obj.get("status").cloned().unwrap_or(Value::Null),
-        "labels": field(obj, &["metadata", "labels"]).cloned().unwrap_or(serde_json::json!({})),
-        "annotations": annotations,
-    })
+    let metadata = ObjectMeta {
+        labels: meta.labels.clone().filter(|l| !l.is_empty()),
+        annotations: Some(annotations).filter(|a| !a.is_empty()),
+        ..ObjectMeta::default()
+    };
+    obj.owned_part(metadata)
+}
+
+/// An Argo CD kind an autonomous agent owns and the hub mirrors.
+pub trait MirrorObject: kube::Resource + Clone + PartialEq {
+    /// `metadata` with what the spoke decides of this object (spec, status) and nothing else.
+    fn owned_part(&self, metadata: ObjectMeta) -> Self;
+}
+
+impl MirrorObject for Application {
+    fn owned_part(&self, metadata: ObjectMeta) -> Self {
+        Application {
+            metadata,
+            spec: self.spec.clone(),
+            status: self.status.clone(),
+            ..Application::default()
+        }
+    }
+}
+
+impl MirrorObject for AppProject {
+    fn owned_part(&self, metadata: ObjectMeta) -> Self {
+        AppProject {
+            metadata,
+            spec: self.spec.clone(),
+            status: self.status.clone(),
+            ..AppProject::default()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -366,8 +368,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn to_value<T: serde::Serialize>(v: &T) -> Value {
+        serde_json::to_value(v).unwrap()
+    }
+
     fn project(v: Value) -> AppProject {
         serde_json::from_value(v).unwrap()
+    }
+
+    fn typed(v: &Value) -> Application {
+        serde_json::from_value(v.clone()).unwrap()
     }
 
     #[test]
@@ -408,19 +418,19 @@ mod tests {
         let mut hub = app("v1");
         let spoke = app("v1");
         assert!(
-            requests_carried_out(&hub, &spoke).is_empty(),
+            requests_carried_out(&typed(&hub), &typed(&spoke)).is_empty(),
             "nothing was requested"
         );
         hub["metadata"]["annotations"] =
             json!({REFRESH_ANNOTATION: "normal", HYDRATE_ANNOTATION: "normal"});
         assert_eq!(
-            requests_carried_out(&hub, &spoke),
+            requests_carried_out(&typed(&hub), &typed(&spoke)),
             [REFRESH_ANNOTATION, HYDRATE_ANNOTATION]
         );
         let mut pending = spoke.clone();
         pending["metadata"]["annotations"] = json!({REFRESH_ANNOTATION: "normal"});
         assert_eq!(
-            requests_carried_out(&hub, &pending),
+            requests_carried_out(&typed(&hub), &typed(&pending)),
             [HYDRATE_ANNOTATION],
             "the spoke's controller has not refreshed yet"
         );
@@ -429,13 +439,13 @@ mod tests {
     #[test]
     fn new_app_is_a_create_and_its_operation_follows() {
         assert_eq!(
-            application_change_events(None, &app("v1")),
+            application_change_events(None, &typed(&app("v1"))),
             [EventType::Create]
         );
         let mut with_op = app("v1");
         with_op["operation"] = json!({"sync": {}});
         assert_eq!(
-            application_change_events(None, &with_op),
+            application_change_events(None, &typed(&with_op)),
             [EventType::Create, EventType::SetOperation]
         );
     }
@@ -446,12 +456,12 @@ mod tests {
         let mut new = app("v2");
         new["operation"] = json!({"sync": {"revision": "abc"}});
         assert_eq!(
-            application_change_events(Some(&old), &new),
+            application_change_events(Some(&typed(&old)), &typed(&new)),
             [EventType::SpecUpdate, EventType::SetOperation]
         );
         let mut status_only = app("v1");
         status_only["status"] = json!({"sync": {"status": "Synced"}});
-        assert!(application_change_events(Some(&old), &status_only).is_empty());
+        assert!(application_change_events(Some(&typed(&old)), &typed(&status_only)).is_empty());
     }
 
     #[test]
@@ -460,16 +470,16 @@ mod tests {
         let mut deleting = app("v1");
         deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
         assert_eq!(
-            application_change_events(Some(&old), &deleting),
+            application_change_events(Some(&typed(&old)), &typed(&deleting)),
             [EventType::SpecUpdate]
         );
         let mut term = app("v1");
         term["status"] = json!({"operationState": {"phase": "Terminating"}});
         assert_eq!(
-            application_change_events(Some(&old), &term),
+            application_change_events(Some(&typed(&old)), &typed(&term)),
             [EventType::TerminateOperation]
         );
-        assert!(application_change_events(Some(&term), &term).is_empty());
+        assert!(application_change_events(Some(&typed(&term)), &typed(&term)).is_empty());
     }
 
     #[test]
@@ -479,20 +489,20 @@ mod tests {
         a["operation"] = json!({"sync": {}});
         a["metadata"]["managedFields"] = json!([]);
         a["metadata"]["annotations"] = json!({LAST_APPLIED: "{}", "keep": "me"});
-        let p = application_payload(&a, false);
+        let p = to_value(&application_payload(&typed(&a), false));
         assert!(p.get("status").is_none() && p.get("operation").is_none());
         assert!(p["metadata"].get("managedFields").is_none());
         assert_eq!(p["metadata"]["annotations"], json!({"keep": "me"}));
-        assert!(application_payload(&a, true).get("operation").is_some());
+        assert!(application_payload(&typed(&a), true).operation.is_some());
     }
 
     #[test]
     fn operation_already_started_compares_with_operation_state() {
         let mut a = app("v1");
         a["operation"] = json!({"sync": {"revision": "r1"}});
-        assert!(!operation_already_started(&a));
+        assert!(!operation_already_started(&typed(&a)));
         a["status"] = json!({"operationState": {"operation": {"sync": {"revision": "r1"}}, "phase": "Running"}});
-        assert!(operation_already_started(&a));
+        assert!(operation_already_started(&typed(&a)));
     }
 
     #[test]
@@ -520,7 +530,7 @@ mod tests {
         let p = project(json!({"metadata": {"name": "p"}, "spec": {
             "destinations": [{"name": "agent-1", "namespace": "gb"}, {"name": "other", "namespace": "x"}],
             "roles": [{"name": "r"}], "sourceNamespaces": ["agent-1"]}, "status": {"x": 1}}));
-        let c = project_for_agent(&p, "agent-1");
+        let c = to_value(&project_for_agent(&p, "agent-1"));
         assert_eq!(
             c["spec"]["destinations"],
             json!([{"name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "gb"}])
@@ -536,7 +546,7 @@ mod tests {
             "finalizers": ["x"], "labels": {"a": "1"}},
             "spec": {"project": "team", "destination": {"server": "https://kubernetes.default.svc", "namespace": "web"}},
             "status": {"sync": {"status": "Synced"}}});
-        let m = mirror_application(&spoke, "ship1");
+        let m = to_value(&mirror_application(&typed(&spoke), "ship1"));
         assert_eq!(m["metadata"]["namespace"], "ship1");
         assert_eq!(
             m["metadata"]["annotations"]["argocd.argoproj.io/source-uid"],
@@ -556,7 +566,7 @@ mod tests {
         let spoke = json!({"metadata": {"name": "team", "uid": "p1"},
             "spec": {"destinations": [{"server": "*", "namespace": "web"}],
                      "roles": [{"name": "ci", "policies": ["p, proj:team:ci, applications, sync, team/*, allow"]}]}});
-        let m = mirror_project(&spoke, "ship1", "argocd");
+        let m = to_value(&mirror_project(&project(spoke), "ship1", "argocd"));
         assert_eq!(m["metadata"]["name"], "ship1-team");
         assert_eq!(m["metadata"]["namespace"], "argocd");
         assert_eq!(m["spec"]["sourceNamespaces"], json!(["ship1"]));
@@ -568,6 +578,25 @@ mod tests {
             m["spec"]["roles"][0]["policies"][0],
             "p, proj:ship1-team:ci, applications, sync, ship1-team/ship1/*, allow"
         );
+    }
+
+    #[test]
+    fn a_mirror_view_ignores_refresh_requests_and_empty_metadata_but_not_spec_edits() {
+        let spoke = json!({"metadata": {"name": "web", "uid": "s1"},
+            "spec": {"project": "team", "destination": {"namespace": "web"}}});
+        let mirror = mirror_application(&typed(&spoke), "ship1");
+        let mut refreshed = mirror.clone();
+        refreshed.metadata.labels = Some(Default::default());
+        refreshed.metadata.resource_version = Some("9".into());
+        refreshed
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(REFRESH_ANNOTATION.into(), "normal".into());
+        assert_eq!(mirror_view(&refreshed), mirror_view(&mirror));
+        let mut edited = mirror.clone();
+        edited.spec.project = Some("elsewhere".into());
+        assert_ne!(mirror_view(&edited), mirror_view(&mirror));
     }
 
     #[test]

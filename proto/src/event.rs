@@ -325,17 +325,20 @@ impl Event {
         self
     }
 
-    /// An event about a Kubernetes object given as JSON (Application, AppProject,
-    /// ApplicationSet, Secret, ConfigMap): subject `<namespace>/<name>` (just `<name>` when
-    /// cluster scoped), `resourceid` `<name>_<uid>`, `eventid` `<name>_<uid>_<resourceVersion>`,
-    /// `sentat` now, and the object as payload. `metadata.name` is required; a missing uid or
-    /// resourceVersion yields empty parts, as upstream does for orphan deletes.
-    pub fn for_object(
+    /// An event about a Kubernetes object (Application, AppProject, ApplicationSet, Secret,
+    /// ConfigMap), typed or as JSON: subject `<namespace>/<name>` (just `<name>` when cluster
+    /// scoped), `resourceid` `<name>_<uid>`, `eventid` `<name>_<uid>_<resourceVersion>`, `sentat`
+    /// now, and the object as payload. `metadata.name` is required; a missing uid or
+    /// resourceVersion yields empty parts, as upstream does for orphan deletes. The payload is
+    /// the object's JSON tree written out, so a typed object and the same object as JSON are the
+    /// same bytes on the wire.
+    pub fn for_object<T: Serialize + ?Sized>(
         event_type: EventType,
         target: Target,
         source: impl Into<String>,
-        obj: &serde_json::Value,
+        obj: &T,
     ) -> Result<Event, EventError> {
+        let obj = serde_json::to_value(obj).map_err(EventError::Encode)?;
         let meta = obj
             .get("metadata")
             .ok_or_else(|| EventError::InvalidObject("it has no metadata".into()))?;
@@ -355,7 +358,7 @@ impl Event {
         Event::new(event_type, target, source)
             .with_subject(subject)
             .with_ids(format!("{name}_{uid}"), format!("{name}_{uid}_{rv}"))
-            .with_json(obj)
+            .with_json(&obj)
     }
 
     /// The ACK of this event: type `processed`, target `eventProcessed`, all extensions of

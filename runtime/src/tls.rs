@@ -389,10 +389,28 @@ pub fn client_config_from_pem(
     })
 }
 
-/// Files and settings for a server config; [`ServerTlsOptions::load`] reads and builds it, and
-/// [`ReloadingServerConfig`] rebuilds it when the files change.
+/// Files and settings for one side's config: what that side presents and verifies (`side`:
+/// [`ServerSide`] or [`ClientSide`]) and what both sides set alike, ALPN and the version policy.
+/// [`TlsOptions::load`] reads and builds it, and [`ReloadingConfig`] rebuilds it when the files
+/// change.
 #[derive(Clone, Debug)]
-pub struct ServerTlsOptions {
+pub struct TlsOptions<S> {
+    /// What this side presents and verifies.
+    pub side: S,
+    /// ALPN protocols offered, in preference order.
+    pub alpn: Vec<Vec<u8>>,
+    /// Protocol version policy.
+    pub policy: TlsPolicy,
+}
+
+/// Files and settings for a server config.
+pub type ServerTlsOptions = TlsOptions<ServerSide>;
+/// Files and settings for a client config.
+pub type ClientTlsOptions = TlsOptions<ClientSide>;
+
+/// What a server presents and whom it lets in.
+#[derive(Clone, Debug)]
+pub struct ServerSide {
     /// PEM certificate chain, leaf first.
     pub cert_path: PathBuf,
     /// PEM private key of the leaf.
@@ -401,62 +419,15 @@ pub struct ServerTlsOptions {
     pub client_ca_path: Option<PathBuf>,
     /// Whether client certificates are required.
     pub client_auth: ClientAuth,
-    /// ALPN protocols offered, in preference order.
-    pub alpn: Vec<Vec<u8>>,
-    /// Protocol version policy.
-    pub policy: TlsPolicy,
 }
 
-impl ServerTlsOptions {
-    /// Server presenting `cert_path`/`key_path`, no client auth, TLS 1.3 only, no ALPN.
-    pub fn new(cert_path: impl Into<PathBuf>, key_path: impl Into<PathBuf>) -> Self {
-        Self {
-            cert_path: cert_path.into(),
-            key_path: key_path.into(),
-            client_ca_path: None,
-            client_auth: ClientAuth::None,
-            alpn: Vec::new(),
-            policy: TlsPolicy::default(),
-        }
-    }
-
-    /// Require client certificates signed by the CA bundle at `ca_path`.
-    pub fn require_client_certs(mut self, ca_path: impl Into<PathBuf>) -> Self {
-        self.client_ca_path = Some(ca_path.into());
-        self.client_auth = ClientAuth::Required;
-        self
-    }
-
-    /// Set the ALPN protocols.
-    pub fn with_alpn(mut self, alpn: &[&[u8]]) -> Self {
-        self.alpn = alpn.iter().map(|p| p.to_vec()).collect();
-        self
-    }
-
-    /// Set the version policy.
-    pub fn with_policy(mut self, policy: TlsPolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// Read the files and build the config.
-    pub fn load(&self) -> Result<LoadedTls<ServerConfig>, TlsError> {
-        let files = reload::FileSet::read(&reload::TlsFiles::paths(self))?;
-        reload::TlsFiles::build(self, &files)
-    }
-}
-
-/// Files and settings for a client config; see [`ServerTlsOptions`].
+/// What a client trusts and presents.
 #[derive(Clone, Debug)]
-pub struct ClientTlsOptions {
+pub struct ClientSide {
     /// PEM CA bundle the server certificate must chain to.
     pub ca_path: PathBuf,
     /// Client certificate chain and key to present, if any.
     pub identity: Option<ClientIdentityFiles>,
-    /// ALPN protocols offered, in preference order.
-    pub alpn: Vec<Vec<u8>>,
-    /// Protocol version policy.
-    pub policy: TlsPolicy,
 }
 
 /// Paths of a client certificate chain and its key.
@@ -468,28 +439,14 @@ pub struct ClientIdentityFiles {
     pub key_path: PathBuf,
 }
 
-impl ClientTlsOptions {
-    /// Client trusting `ca_path`, presenting no certificate, TLS 1.3 only, no ALPN.
-    pub fn new(ca_path: impl Into<PathBuf>) -> Self {
+impl<S> TlsOptions<S> {
+    /// `side` with no ALPN and the default policy (TLS 1.3 only).
+    fn of(side: S) -> Self {
         Self {
-            ca_path: ca_path.into(),
-            identity: None,
+            side,
             alpn: Vec::new(),
             policy: TlsPolicy::default(),
         }
-    }
-
-    /// Present the certificate at `cert_path` with the key at `key_path`.
-    pub fn with_client_cert(
-        mut self,
-        cert_path: impl Into<PathBuf>,
-        key_path: impl Into<PathBuf>,
-    ) -> Self {
-        self.identity = Some(ClientIdentityFiles {
-            cert_path: cert_path.into(),
-            key_path: key_path.into(),
-        });
-        self
     }
 
     /// Set the ALPN protocols.
@@ -505,9 +462,55 @@ impl ClientTlsOptions {
     }
 
     /// Read the files and build the config.
-    pub fn load(&self) -> Result<LoadedTls<ClientConfig>, TlsError> {
-        let files = reload::FileSet::read(&reload::TlsFiles::paths(self))?;
-        reload::TlsFiles::build(self, &files)
+    pub fn load(&self) -> Result<LoadedTls<<Self as reload::TlsFiles>::Config>, TlsError>
+    where
+        Self: reload::TlsFiles,
+    {
+        use reload::TlsFiles;
+        let files = reload::FileSet::read(&self.paths())?;
+        self.build(&files)
+    }
+}
+
+impl ServerTlsOptions {
+    /// Server presenting `cert_path`/`key_path`, no client auth, TLS 1.3 only, no ALPN.
+    pub fn new(cert_path: impl Into<PathBuf>, key_path: impl Into<PathBuf>) -> Self {
+        Self::of(ServerSide {
+            cert_path: cert_path.into(),
+            key_path: key_path.into(),
+            client_ca_path: None,
+            client_auth: ClientAuth::None,
+        })
+    }
+
+    /// Require client certificates signed by the CA bundle at `ca_path`.
+    pub fn require_client_certs(mut self, ca_path: impl Into<PathBuf>) -> Self {
+        self.side.client_ca_path = Some(ca_path.into());
+        self.side.client_auth = ClientAuth::Required;
+        self
+    }
+}
+
+impl ClientTlsOptions {
+    /// Client trusting `ca_path`, presenting no certificate, TLS 1.3 only, no ALPN.
+    pub fn new(ca_path: impl Into<PathBuf>) -> Self {
+        Self::of(ClientSide {
+            ca_path: ca_path.into(),
+            identity: None,
+        })
+    }
+
+    /// Present the certificate at `cert_path` with the key at `key_path`.
+    pub fn with_client_cert(
+        mut self,
+        cert_path: impl Into<PathBuf>,
+        key_path: impl Into<PathBuf>,
+    ) -> Self {
+        self.side.identity = Some(ClientIdentityFiles {
+            cert_path: cert_path.into(),
+            key_path: key_path.into(),
+        });
+        self
     }
 }
 
@@ -521,8 +524,8 @@ pub fn server_config(
     alpn: &[&[u8]],
 ) -> Result<ServerConfig, TlsError> {
     let mut options = ServerTlsOptions::new(cert_pem_path, key_pem_path).with_alpn(alpn);
-    options.client_ca_path = client_ca_pem_path.map(Path::to_path_buf);
-    options.client_auth = client_auth;
+    options.side.client_ca_path = client_ca_pem_path.map(Path::to_path_buf);
+    options.side.client_auth = client_auth;
     let loaded = options.load()?;
     Ok(Arc::unwrap_or_clone(loaded.config))
 }

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use argocd_agent_kube::argocd::AppProject;
+use argocd_agent_kube::argocd::{AppProject, Application, ObjectMetaExt};
 use argocd_agent_proto::event::{Event, EventType, ResourceKey, Target};
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::payload::SyncedResource;
@@ -28,10 +28,6 @@ use crate::routing::{
     project_matches_agent, repository_payload, repository_project, repository_routes_to,
 };
 use crate::sessions::{AgentRegistry, AgentSession};
-
-fn project_name(project: &AppProject) -> &str {
-    project.metadata.name.as_deref().unwrap_or_default()
-}
 
 /// Routes hub changes to managed agents.
 pub struct ManagedRouter {
@@ -59,15 +55,11 @@ impl ManagedRouter {
     }
 
     /// Hub Application `new` (namespace == agent) appeared or changed from `old`.
-    pub fn application_applied(&self, old: Option<&Value>, new: &Value) {
+    pub fn application_applied(&self, old: Option<&Application>, new: &Application) {
         if !self.view.is_listed(Kind::Application) {
             return;
         }
-        let namespace = new
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let Some(session) = self.managed_session(namespace) else {
+        let Some(session) = self.managed_session(new.namespace_str()) else {
             return;
         };
         for t in application_change_events(old, new) {
@@ -82,12 +74,8 @@ impl ManagedRouter {
     }
 
     /// Hub Application `last` was deleted.
-    pub fn application_deleted(&self, last: &Value) {
-        let namespace = last
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if let Some(session) = self.managed_session(namespace) {
+    pub fn application_deleted(&self, last: &Application) {
+        if let Some(session) = self.managed_session(last.namespace_str()) {
             queue(
                 &session,
                 EventType::Delete,
@@ -109,7 +97,7 @@ impl ManagedRouter {
             let was = old.is_some_and(|o| project_matches_agent(o, agent));
             let copy = project_for_agent(new, agent);
             if project_matches_agent(new, agent) {
-                let changed = old.map(|o| project_for_agent(o, agent)) != Some(copy.clone());
+                let changed = old.map(|o| project_for_agent(o, agent)).as_ref() != Some(&copy);
                 if !was {
                     queue(&session, EventType::Create, Target::AppProject, &copy);
                 } else if changed {
@@ -119,7 +107,7 @@ impl ManagedRouter {
                 queue(&session, EventType::Delete, Target::AppProject, &copy);
             }
         }
-        self.reroute_repositories(project_name(new), old, Some(new));
+        self.reroute_repositories(new.name_str(), old, Some(new));
     }
 
     /// Hub AppProject `last` was deleted.
@@ -134,7 +122,7 @@ impl ManagedRouter {
                 );
             }
         }
-        self.reroute_repositories(project_name(last), Some(last), None);
+        self.reroute_repositories(last.name_str(), Some(last), None);
     }
 
     /// Routes one repository Secret change (`old` → `new`, `None` = absent) to managed agents:
@@ -208,7 +196,7 @@ impl ManagedRouter {
     /// `request-resource-resync`, which the agent answers with checksums.
     pub fn principal_restart_resync(&self, session: &AgentSession) {
         let agent = session.name.as_str();
-        let projects: Vec<Value> = self
+        let projects: Vec<AppProject> = self
             .view
             .projects()
             .iter()
@@ -227,7 +215,7 @@ impl ManagedRouter {
         for r in &repositories {
             queue(session, EventType::SpecUpdate, Target::Repository, r);
         }
-        let pending: Vec<Value> = self
+        let pending: Vec<Arc<Application>> = self
             .view
             .applications_of(agent)
             .into_iter()
@@ -261,21 +249,14 @@ impl ManagedRouter {
             .view
             .applications_of(agent)
             .iter()
-            .map(|app| ResourceKey::new("Application", name_of(app), agent, uid_of(app)))
+            .map(|app| ResourceKey::new("Application", app.name_str(), agent, app.uid_str()))
             .collect();
         keys.extend(
             self.view
                 .projects()
                 .iter()
                 .filter(|p| project_matches_agent(p, agent))
-                .map(|p| {
-                    ResourceKey::new(
-                        "AppProject",
-                        project_name(p),
-                        "",
-                        p.metadata.uid.clone().unwrap_or_default(),
-                    )
-                }),
+                .map(|p| ResourceKey::new("AppProject", p.name_str(), "", p.uid_str())),
         );
         keys.extend(
             self.view

@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use argocd_agent_kube::argocd::{AppProject, Application, ObjectMetaExt};
 use argocd_agent_kube::errors::handle_error;
-use argocd_agent_kube::resources;
 use argocd_agent_proto::event::{
     set_checksum, Event, EventType, ResourceKey, Target, SOURCE_UID_ANNOTATION,
 };
@@ -30,21 +30,20 @@ use argocd_agent_proto::sync::resync::{
 };
 use argocd_agent_proto::sync::HandleError;
 use argocd_agent_runtime::telemetry::MetricsRegistry;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use serde::Serialize;
 use serde_json::Value;
 
 use super::namespaces::Namespaces;
-use super::view::{to_value, HubView, Kind};
-use super::{name_of, push, queue, read, request_object, write, SOURCE};
+use super::view::{HubView, Kind};
+use super::{push, queue, read, request_object, write, SOURCE};
 use crate::routing::{
     application_payload, mirror_application, mirror_project, mirror_view, mirrored_project_name,
-    namespace_allowed, REFRESH_ANNOTATION,
+    namespace_allowed, MirrorObject, REFRESH_ANNOTATION,
 };
 use crate::sessions::AgentSession;
-
-type AppKey = (String, String);
 
 /// `argocd_principal_mirror_collisions_total{agent_name}`: mirror writes and deletions refused
 /// because the hub object of that name is not the agent's mirror. `agent_name` is an
@@ -94,16 +93,16 @@ impl std::fmt::Display for MirrorCollision {
 
 /// Whether `agent` may replace or delete the hub object `live` that its mirror of that name
 /// would be: only when the principal marked `live` as `agent`'s mirror.
-pub fn check_mirror_owner(
+pub fn check_mirror_owner<K: kube::Resource>(
     kind: MirrorKind,
-    live: &Value,
+    live: &K,
     agent: &str,
 ) -> Result<(), MirrorCollision> {
-    match mirror_agent_of(live) {
+    match live.annotation(MIRROR_AGENT_ANNOTATION) {
         Some(owner) if owner == agent => Ok(()),
         owner => Err(MirrorCollision {
             kind,
-            name: name_of(live).to_string(),
+            name: live.name_str().to_string(),
             owner: owner.map(str::to_string),
         }),
     }
@@ -112,31 +111,24 @@ pub fn check_mirror_owner(
 /// Field manager of the principal's hub writes.
 const FIELD_MANAGER: &str = "argocd-principal";
 
-pub(super) fn source_uid_of(v: &Value) -> Option<&str> {
-    v.pointer("/metadata/annotations")
-        .and_then(|a| a.get(SOURCE_UID_ANNOTATION))
-        .and_then(Value::as_str)
+/// Whether `obj` is `agent`'s mirror of the spoke object with uid `uid`.
+fn is_mirror_of<K: kube::Resource>(obj: &K, agent: &str, uid: &str) -> bool {
+    obj.annotation(MIRROR_AGENT_ANNOTATION) == Some(agent)
+        && obj.annotation(SOURCE_UID_ANNOTATION) == Some(uid)
 }
 
-fn mirror_agent_of(v: &Value) -> Option<&str> {
-    v.pointer("/metadata/annotations")
-        .and_then(|a| a.get(MIRROR_AGENT_ANNOTATION))
-        .and_then(Value::as_str)
+/// Whether `obj` is a mirror `agent` wrote of some spoke object.
+fn mirrored_by<K: kube::Resource>(obj: &K, agent: &str) -> bool {
+    obj.annotation(MIRROR_AGENT_ANNOTATION) == Some(agent)
+        && obj.annotation(SOURCE_UID_ANNOTATION).is_some()
 }
 
-fn is_terminating(v: &Value) -> bool {
-    v.pointer("/metadata/deletionTimestamp")
-        .is_some_and(|t| !t.is_null())
-}
-
-fn phase(v: &Value) -> Option<&str> {
-    v.pointer("/status/operationState/phase")
-        .and_then(Value::as_str)
-}
-
-fn refresh(v: &Value) -> Option<&Value> {
-    v.pointer("/metadata/annotations")
-        .and_then(|a| a.get(REFRESH_ANNOTATION))
+/// The checksum of the spoke object a mirror was written from.
+fn mirror_checksum<K: kube::Resource>(mirror: &K) -> Vec<u8> {
+    mirror
+        .annotation(MIRROR_CHECKSUM_ANNOTATION)
+        .and_then(|h| hex::decode(h).ok())
+        .unwrap_or_default()
 }
 
 /// The kinds an autonomous agent owns.
@@ -146,6 +138,106 @@ pub enum MirrorKind {
     Application,
     /// AppProject, mirrored as `<agent>-<name>` in the principal namespace.
     AppProject,
+}
+
+/// Where a remembered mirror is kept: (agent, name) for Applications, ("", mirror name) for
+/// AppProjects (whose mirror names are one namespace for every agent).
+type MirrorKey = (String, String);
+
+/// A kind the mirrors write: how its mirror is named, made and found, and where the principal
+/// remembers the mirrors it wrote.
+pub trait Mirrored:
+    MirrorObject
+    + kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Serialize
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The kind, as errors and logs name it.
+    const KIND: MirrorKind;
+    /// The hub mirror of `spoke`, an object of autonomous agent `agent`.
+    fn mirror(spoke: &Self, agent: &str, principal_namespace: &str) -> Self;
+    /// The name of `agent`'s mirror of its object `name`.
+    fn mirror_name(agent: &str, name: &str) -> String;
+    /// The hub namespace of `agent`'s mirrors of this kind.
+    fn mirror_namespace<'a>(agent: &'a str, principal_namespace: &'a str) -> &'a str;
+    /// The key of `agent`'s remembered mirror `mirror_name`.
+    fn key(agent: &str, mirror_name: &str) -> MirrorKey;
+    /// The mirrors of this kind as the principal last wrote them.
+    fn remembered(mirrors: &Mirrors) -> &RwLock<HashMap<MirrorKey, Self>>;
+    /// The hub view's object `mirror_name` where `agent`'s mirrors of this kind live.
+    fn in_view(view: &HubView, agent: &str, mirror_name: &str) -> Option<Arc<Self>>;
+    /// The hub view's kind.
+    const VIEW_KIND: Kind;
+    /// A requested operation (Applications only).
+    fn requested_operation(&self) -> Option<&Value> {
+        None
+    }
+}
+
+impl Mirrored for Application {
+    const KIND: MirrorKind = MirrorKind::Application;
+    const VIEW_KIND: Kind = Kind::Application;
+
+    fn mirror(spoke: &Self, agent: &str, _: &str) -> Self {
+        mirror_application(spoke, agent)
+    }
+
+    fn mirror_name(_: &str, name: &str) -> String {
+        name.to_string()
+    }
+
+    fn mirror_namespace<'a>(agent: &'a str, _: &'a str) -> &'a str {
+        agent
+    }
+
+    fn key(agent: &str, mirror_name: &str) -> MirrorKey {
+        (agent.to_string(), mirror_name.to_string())
+    }
+
+    fn remembered(mirrors: &Mirrors) -> &RwLock<HashMap<MirrorKey, Self>> {
+        &mirrors.app_mirrors
+    }
+
+    fn in_view(view: &HubView, agent: &str, mirror_name: &str) -> Option<Arc<Self>> {
+        view.application(agent, mirror_name)
+    }
+
+    fn requested_operation(&self) -> Option<&Value> {
+        self.operation()
+    }
+}
+
+impl Mirrored for AppProject {
+    const KIND: MirrorKind = MirrorKind::AppProject;
+    const VIEW_KIND: Kind = Kind::AppProject;
+
+    fn mirror(spoke: &Self, agent: &str, principal_namespace: &str) -> Self {
+        mirror_project(spoke, agent, principal_namespace)
+    }
+
+    fn mirror_name(agent: &str, name: &str) -> String {
+        mirrored_project_name(agent, name)
+    }
+
+    fn mirror_namespace<'a>(_: &'a str, principal_namespace: &'a str) -> &'a str {
+        principal_namespace
+    }
+
+    fn key(_: &str, mirror_name: &str) -> MirrorKey {
+        (String::new(), mirror_name.to_string())
+    }
+
+    fn remembered(mirrors: &Mirrors) -> &RwLock<HashMap<MirrorKey, Self>> {
+        &mirrors.project_mirrors
+    }
+
+    fn in_view(view: &HubView, _: &str, mirror_name: &str) -> Option<Arc<Self>> {
+        view.project(mirror_name)
+    }
 }
 
 /// What the flags choose for mirrors.
@@ -164,10 +256,9 @@ pub struct Mirrors {
     view: HubView,
     namespaces: Namespaces,
     options: MirrorOptions,
-    /// Applications by (agent, name), AppProjects by mirror name. Hub edits are reverted to
-    /// these; deletions recreate them.
-    app_mirrors: RwLock<HashMap<AppKey, Value>>,
-    project_mirrors: RwLock<HashMap<String, Value>>,
+    /// Hub edits are reverted to these; deletions recreate them.
+    app_mirrors: RwLock<HashMap<MirrorKey, Application>>,
+    project_mirrors: RwLock<HashMap<MirrorKey, AppProject>>,
 }
 
 impl Mirrors {
@@ -192,88 +283,59 @@ impl Mirrors {
 }
 
 impl Mirrors {
-    fn mirror_api(&self, kind: MirrorKind, agent: &str) -> Api<DynamicObject> {
-        match kind {
-            MirrorKind::Application => {
-                Api::namespaced_with(self.client.clone(), agent, &resources::application())
-            }
-            MirrorKind::AppProject => Api::namespaced_with(
-                self.client.clone(),
-                &self.principal_namespace,
-                &resources::appproject(),
-            ),
-        }
+    fn mirror_api<K: Mirrored>(&self, agent: &str) -> Api<K> {
+        Api::namespaced(
+            self.client.clone(),
+            K::mirror_namespace(agent, &self.principal_namespace),
+        )
     }
 
     /// Writes the hub mirror of spoke object `spoke` of autonomous agent `agent` (the spoke's
     /// version wins over whatever the hub holds).
-    pub async fn upsert_mirror(
+    pub async fn upsert_mirror<K: Mirrored>(
         &self,
-        kind: MirrorKind,
         agent: &str,
-        spoke: &Value,
+        spoke: &K,
     ) -> Result<(), HandleError> {
-        if name_of(spoke).is_empty() {
+        if spoke.name_str().is_empty() {
             return Err(HandleError::Rejected(
                 "the object has no metadata.name".into(),
             ));
         }
-        if kind == MirrorKind::Application
+        if K::KIND == MirrorKind::Application
             && !namespace_allowed(&self.options.allowed_namespaces, agent)
         {
             return Err(HandleError::Rejected(format!(
                 "hub namespace {agent:?} is not in the principal's --allowed-namespaces"
             )));
         }
-        let desired = match kind {
-            MirrorKind::Application => mirror_application(spoke, agent),
-            MirrorKind::AppProject => mirror_project(spoke, agent, &self.principal_namespace),
-        };
-        let name = name_of(&desired).to_string();
+        let desired = K::mirror(spoke, agent, &self.principal_namespace);
+        let name = desired.name_str().to_string();
         // The remembered mirrors decide what hub edits are reverted to: another owner's name
         // never enters them (the write below checks the apiserver's object; this the hub view and
         // the writes in flight).
-        let cached = match kind {
-            MirrorKind::Application => self.view.application(agent, &name),
-            MirrorKind::AppProject => self.view.project(&name).map(|p| to_value(&*p)),
-        };
-        if let Some(cached) = &cached {
-            self.refuse_foreign(kind, agent, cached)?;
+        if let Some(cached) = K::in_view(&self.view, agent, &name) {
+            self.refuse_foreign(agent, &*cached)?;
         }
-        let remembered = match kind {
-            MirrorKind::Application => remember_mirror(
-                &mut write(&self.app_mirrors),
-                (agent.to_string(), name.clone()),
-                kind,
-                &desired,
-                agent,
-            ),
-            MirrorKind::AppProject => remember_mirror(
-                &mut write(&self.project_mirrors),
-                name.clone(),
-                kind,
-                &desired,
-                agent,
-            ),
-        };
-        remembered.map_err(|c| self.refused(agent, c))?;
-        let written = self.write_mirror(kind, agent, &desired).await;
+        remember_mirror(
+            &mut write(K::remembered(self)),
+            K::key(agent, &name),
+            &desired,
+            agent,
+        )
+        .map_err(|c| self.refused(agent, c))?;
+        let written = self.write_mirror(agent, &desired).await;
         if let Err(HandleError::Rejected(_)) = &written {
             // Not written (e.g. the name is another owner's): nothing to protect or restore.
-            self.forget_mirror(kind, agent, &name, Some(&desired));
+            self.forget_mirror(agent, &name, Some(&desired));
         }
         written
     }
 
     /// Refuses (and counts) a write or deletion by `agent` of hub object `live` that is not its
     /// mirror.
-    fn refuse_foreign(
-        &self,
-        kind: MirrorKind,
-        agent: &str,
-        live: &Value,
-    ) -> Result<(), HandleError> {
-        check_mirror_owner(kind, live, agent).map_err(|c| self.refused(agent, c))
+    fn refuse_foreign<K: Mirrored>(&self, agent: &str, live: &K) -> Result<(), HandleError> {
+        check_mirror_owner(K::KIND, live, agent).map_err(|c| self.refused(agent, c))
     }
 
     fn refused(&self, agent: &str, c: MirrorCollision) -> HandleError {
@@ -284,90 +346,72 @@ impl Mirrors {
 
     /// Drops the remembered mirror `name` of `agent` (when it is `only_if`, if given): it is no
     /// longer restored after hub edits or deletions.
-    fn forget_mirror(&self, kind: MirrorKind, agent: &str, name: &str, only_if: Option<&Value>) {
-        let ours = |v: &Value| mirror_agent_of(v) == Some(agent) && only_if.is_none_or(|o| o == v);
-        match kind {
-            MirrorKind::Application => {
-                let mut apps = write(&self.app_mirrors);
-                let key = (agent.to_string(), name.to_string());
-                if apps.get(&key).is_some_and(ours) {
-                    apps.remove(&key);
-                }
-            }
-            MirrorKind::AppProject => {
-                let mut projects = write(&self.project_mirrors);
-                if projects.get(name).is_some_and(ours) {
-                    projects.remove(name);
-                }
-            }
+    fn forget_mirror<K: Mirrored>(&self, agent: &str, name: &str, only_if: Option<&K>) {
+        let mut remembered = write(K::remembered(self));
+        let key = K::key(agent, name);
+        let ours = |v: &K| {
+            v.annotation(MIRROR_AGENT_ANNOTATION) == Some(agent) && only_if.is_none_or(|o| o == v)
+        };
+        if remembered.get(&key).is_some_and(ours) {
+            remembered.remove(&key);
         }
     }
 
     /// Creates or replaces a mirror with `desired`, keeping a hub-requested operation.
-    async fn write_mirror(
-        &self,
-        kind: MirrorKind,
-        agent: &str,
-        desired: &Value,
-    ) -> Result<(), HandleError> {
-        let name = name_of(desired);
-        let api = self.mirror_api(kind, agent);
+    async fn write_mirror<K: Mirrored>(&self, agent: &str, desired: &K) -> Result<(), HandleError> {
+        let kind = K::KIND;
+        let name = desired.name_str();
+        let api = self.mirror_api::<K>(agent);
         let what = format!("mirror {kind:?} {name} of agent {agent}");
         // A bulk of new mirrors (e.g. after a long disconnect) costs one write each, not a read
         // and a write: when the hub view holds no object of that name, try to create first (an
         // existing one, or any failure, falls through to the read below).
-        if !self.mirror_known(kind, agent, name) {
-            if let Ok(body) = serde_json::from_value(desired.clone()) {
-                if let Ok(true) = Self::create_mirror(&api, kind, agent, &body).await {
-                    return Ok(());
-                }
+        if !self.mirror_known::<K>(agent, name) {
+            if let Ok(true) = Self::create_mirror(&api, agent, desired).await {
+                return Ok(());
             }
         }
         let live = api
             .get_opt(name)
             .await
             .map_err(|e| handle_error(&what, e))?;
-        let body: DynamicObject = match live {
-            None => serde_json::from_value(desired.clone())
-                .map_err(|e| HandleError::Rejected(format!("{what}: {e}")))?,
-            Some(live) => {
-                let live = to_value(&live);
-                self.refuse_foreign(kind, agent, &live)?;
-                if is_terminating(&live) {
-                    return Err(HandleError::Retryable(format!(
-                        "{what} is being deleted; retrying once gone"
-                    )));
-                }
-                if mirror_view(&live) == mirror_view(desired)
-                    && live.get("operation") == desired.get("operation")
-                {
-                    return Ok(());
-                }
-                let mut body = desired.clone();
-                body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"].clone();
-                if let Some(r) = refresh(&live) {
-                    body["metadata"]["annotations"][REFRESH_ANNOTATION] = r.clone();
-                }
-                if let Some(f) = live.pointer("/metadata/finalizers") {
-                    body["metadata"]["finalizers"] = f.clone();
-                }
-                let replaced: DynamicObject = serde_json::from_value(body)
-                    .map_err(|e| HandleError::Rejected(format!("{what}: {e}")))?;
-                api.replace(
-                    name,
-                    &PostParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..Default::default()
-                    },
-                    &replaced,
-                )
-                .await
-                .map_err(|e| handle_error(&what, e))?;
-                tracing::debug!(agent, kind = ?kind, name, "updated hub mirror from the spoke");
+        if let Some(live) = live {
+            self.refuse_foreign(agent, &live)?;
+            if live.is_terminating() {
+                return Err(HandleError::Retryable(format!(
+                    "{what} is being deleted; retrying once gone"
+                )));
+            }
+            if mirror_view(&live) == mirror_view(desired)
+                && live.requested_operation() == desired.requested_operation()
+            {
                 return Ok(());
             }
-        };
-        match Self::create_mirror(&api, kind, agent, &body).await {
+            let mut body = desired.clone();
+            let meta = body.meta_mut();
+            meta.resource_version = live.meta().resource_version.clone();
+            if let Some(r) = live.annotation(REFRESH_ANNOTATION) {
+                meta.annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(REFRESH_ANNOTATION.into(), r.into());
+            }
+            if live.meta().finalizers.is_some() {
+                meta.finalizers = live.meta().finalizers.clone();
+            }
+            api.replace(
+                name,
+                &PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                },
+                &body,
+            )
+            .await
+            .map_err(|e| handle_error(&what, e))?;
+            tracing::debug!(agent, kind = ?kind, name, "updated hub mirror from the spoke");
+            return Ok(());
+        }
+        match Self::create_mirror(&api, agent, desired).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(HandleError::Retryable(format!(
                 "{what} appeared while creating it"
@@ -385,24 +429,15 @@ impl Mirrors {
     }
 
     /// Whether the hub view holds an object named like mirror `name` (or is not listed yet).
-    fn mirror_known(&self, kind: MirrorKind, agent: &str, name: &str) -> bool {
-        match kind {
-            MirrorKind::Application => {
-                !self.view.is_listed(Kind::Application)
-                    || self.view.application(agent, name).is_some()
-            }
-            MirrorKind::AppProject => {
-                !self.view.is_listed(Kind::AppProject) || self.view.project(name).is_some()
-            }
-        }
+    fn mirror_known<K: Mirrored>(&self, agent: &str, name: &str) -> bool {
+        !self.view.is_listed(K::VIEW_KIND) || K::in_view(&self.view, agent, name).is_some()
     }
 
     /// Creates mirror `body`; `Ok(false)` when an object of that name already exists.
-    async fn create_mirror(
-        api: &Api<DynamicObject>,
-        kind: MirrorKind,
+    async fn create_mirror<K: Mirrored>(
+        api: &Api<K>,
         agent: &str,
-        body: &DynamicObject,
+        body: &K,
     ) -> Result<bool, kube::Error> {
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -410,8 +445,8 @@ impl Mirrors {
         };
         match api.create(&params, body).await {
             Ok(created) => {
-                let name = created.metadata.name.as_deref().unwrap_or_default();
-                tracing::info!(agent, kind = ?kind, name, "created hub mirror of a spoke object");
+                let name = created.name_str();
+                tracing::info!(agent, kind = ?K::KIND, name, "created hub mirror of a spoke object");
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => Ok(false),
@@ -422,30 +457,26 @@ impl Mirrors {
     /// Deletes the hub mirror of spoke object `name` (uid `uid`, empty = any) of agent `agent`:
     /// the spoke deleted it. Not recreated afterwards. Only `agent`'s mirror is deleted: the
     /// object is read from the apiserver, checked, and deleted with its uid as precondition.
-    pub async fn delete_mirror(
+    pub async fn delete_mirror<K: Mirrored>(
         &self,
-        kind: MirrorKind,
         agent: &str,
         name: &str,
         uid: &str,
     ) -> Result<(), HandleError> {
-        let mirror_name = match kind {
-            MirrorKind::Application => name.to_string(),
-            MirrorKind::AppProject => mirrored_project_name(agent, name),
-        };
-        let api = self.mirror_api(kind, agent);
+        let kind = K::KIND;
+        let mirror_name = K::mirror_name(agent, name);
+        let api = self.mirror_api::<K>(agent);
         let what = format!("deleting mirror {kind:?} {mirror_name} of agent {agent}");
         let Some(live) = api
             .get_opt(&mirror_name)
             .await
             .map_err(|e| handle_error(&what, e))?
-            .map(|live| to_value(&live))
         else {
-            self.forget_mirror(kind, agent, &mirror_name, None);
+            self.forget_mirror::<K>(agent, &mirror_name, None);
             return Ok(());
         };
-        self.refuse_foreign(kind, agent, &live)?;
-        let theirs = source_uid_of(&live);
+        self.refuse_foreign(agent, &live)?;
+        let theirs = live.annotation(SOURCE_UID_ANNOTATION);
         if !uid.is_empty() && theirs.is_some_and(|t| t != uid) {
             tracing::debug!(
                 agent,
@@ -454,14 +485,10 @@ impl Mirrors {
             );
             return Ok(());
         }
-        self.forget_mirror(kind, agent, &mirror_name, None);
-        if live.pointer("/metadata/finalizers").is_some() {
-            let patch = serde_json::json!({"metadata": {"finalizers": null}});
-            match api
-                .patch(&mirror_name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {}
+        self.forget_mirror::<K>(agent, &mirror_name, None);
+        if live.meta().finalizers.is_some() {
+            match release_finalizers(&api, &mirror_name).await {
+                Ok(()) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
                 Err(e) => return Err(handle_error(&what, e)),
             }
@@ -469,10 +496,7 @@ impl Mirrors {
         // The object checked above, not one made under the same name since.
         let params = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: live
-                    .pointer("/metadata/uid")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                uid: live.meta().uid.clone(),
                 resource_version: None,
             }),
             ..DeleteParams::background()
@@ -488,26 +512,21 @@ impl Mirrors {
     }
 
     /// Recreates or reverts a mirror from what the principal last wrote, in the background.
-    fn spawn_restore(self: &Arc<Self>, kind: MirrorKind, desired: Value, why: &'static str) {
+    fn spawn_restore<K: Mirrored>(self: &Arc<Self>, desired: K, why: &'static str) {
         let mirrors = self.clone();
         tokio::spawn(async move {
-            let agent = mirror_agent_of(&desired).unwrap_or_default().to_string();
-            let name = name_of(&desired).to_string();
-            tracing::info!(agent, kind = ?kind, name, "hub mirror was {why}; restoring the spoke's version");
+            let agent = desired
+                .annotation(MIRROR_AGENT_ANNOTATION)
+                .unwrap_or_default()
+                .to_string();
+            let name = desired.name_str().to_string();
+            let key = K::key(&agent, &name);
+            tracing::info!(agent, kind = ?K::KIND, name, "hub mirror was {why}; restoring the spoke's version");
             for attempt in 0..5u32 {
-                let still_wanted = match kind {
-                    MirrorKind::Application => {
-                        read(&mirrors.app_mirrors).get(&(agent.clone(), name.clone()))
-                            == Some(&desired)
-                    }
-                    MirrorKind::AppProject => {
-                        read(&mirrors.project_mirrors).get(&name) == Some(&desired)
-                    }
-                };
-                if !still_wanted {
+                if read(K::remembered(&mirrors)).get(&key) != Some(&desired) {
                     return;
                 }
-                match mirrors.write_mirror(kind, &agent, &desired).await {
+                match mirrors.write_mirror(&agent, &desired).await {
                     Ok(()) => return,
                     Err(e) => {
                         tracing::debug!(agent, name, error = %e, "restoring the mirror failed; retrying");
@@ -522,40 +541,35 @@ impl Mirrors {
     pub fn application_changed(
         self: &Arc<Self>,
         session: &AgentSession,
-        old: Option<&Value>,
-        new: &Value,
+        old: Option<&Application>,
+        new: &Application,
     ) {
         let agent = session.name.as_str();
+        let name = new.name_str();
         let Some(desired) = read(&self.app_mirrors)
-            .get(&(agent.to_string(), name_of(new).to_string()))
+            .get(&Application::key(agent, name))
             .cloned()
         else {
             return;
         };
-        if is_terminating(new) {
-            if new.pointer("/metadata/finalizers").is_some() {
-                let mirrors = self.clone();
-                let name = name_of(new).to_string();
-                let agent = agent.to_string();
+        if new.is_terminating() {
+            if new.metadata.finalizers.is_some() {
+                let api = self.mirror_api::<Application>(agent);
+                let name = name.to_string();
                 tokio::spawn(async move {
-                    let patch = serde_json::json!({"metadata": {"finalizers": null}});
-                    let _ = mirrors
-                        .mirror_api(MirrorKind::Application, &agent)
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await;
+                    let _ = release_finalizers(&api, &name).await;
                 });
             }
             return;
         }
-        let new_op = new.get("operation").filter(|o| !o.is_null());
-        let old_op = old
-            .and_then(|o| o.get("operation"))
-            .filter(|o| !o.is_null());
-        let written_op = desired.get("operation").filter(|o| !o.is_null());
-        if new_op.is_some() && new_op != old_op && new_op != written_op {
+        let new_op = new.operation();
+        if new_op.is_some()
+            && new_op != old.and_then(Application::operation)
+            && new_op != desired.operation()
+        {
             tracing::info!(
                 agent,
-                app = name_of(new),
+                app = name,
                 "sync requested on the hub mirror; forwarding it to the spoke"
             );
             queue(
@@ -565,13 +579,11 @@ impl Mirrors {
                 &application_payload(new, true),
             );
         }
-        if phase(new) == Some("Terminating")
-            && old.and_then(phase) != Some("Terminating")
-            && phase(&desired) != Some("Terminating")
-        {
+        let terminating = |a: &Application| a.operation_phase() == Some("Terminating");
+        if terminating(new) && !old.is_some_and(terminating) && !terminating(&desired) {
             tracing::info!(
                 agent,
-                app = name_of(new),
+                app = name,
                 "termination requested on the hub mirror; forwarding it to the spoke"
             );
             queue(
@@ -581,13 +593,14 @@ impl Mirrors {
                 &application_payload(new, false),
             );
         }
-        if refresh(new).is_some()
-            && refresh(new) != old.and_then(refresh)
-            && refresh(new) != refresh(&desired)
+        let refresh = new.annotation(REFRESH_ANNOTATION);
+        if refresh.is_some()
+            && refresh != old.and_then(|o| o.annotation(REFRESH_ANNOTATION))
+            && refresh != desired.annotation(REFRESH_ANNOTATION)
         {
             tracing::info!(
                 agent,
-                app = name_of(new),
+                app = name,
                 "refresh requested on the hub mirror; forwarding it to the spoke"
             );
             queue(
@@ -598,97 +611,99 @@ impl Mirrors {
             );
         }
         if mirror_view(new) != mirror_view(&desired) {
-            self.spawn_restore(MirrorKind::Application, desired, "edited on the hub");
+            self.spawn_restore(desired, "edited on the hub");
         }
     }
 
     /// A hub AppProject changed: reverts edits of a remembered mirror. False when `new` is not
     /// a remembered mirror (the change is the managed agents' business).
-    pub fn project_changed(self: &Arc<Self>, new: &Value) -> bool {
-        let Some(desired) = read(&self.project_mirrors).get(name_of(new)).cloned() else {
+    pub fn project_changed(self: &Arc<Self>, new: &AppProject) -> bool {
+        let key = AppProject::key("", new.name_str());
+        let Some(desired) = read(&self.project_mirrors).get(&key).cloned() else {
             return false;
         };
-        if !is_terminating(new) && mirror_view(new) != mirror_view(&desired) {
-            self.spawn_restore(MirrorKind::AppProject, desired, "edited on the hub");
+        if !new.is_terminating() && mirror_view(new) != mirror_view(&desired) {
+            self.spawn_restore(desired, "edited on the hub");
         }
         true
     }
 
     /// A hub Application of autonomous agent `agent` was deleted: a remembered mirror is
     /// recreated.
-    pub fn application_deleted(self: &Arc<Self>, agent: &str, last: &Value) {
-        let key = (agent.to_string(), name_of(last).to_string());
+    pub fn application_deleted(self: &Arc<Self>, agent: &str, last: &Application) {
+        let key = Application::key(agent, last.name_str());
         if let Some(desired) = read(&self.app_mirrors).get(&key).cloned() {
-            self.spawn_restore(MirrorKind::Application, desired, "deleted on the hub");
+            self.spawn_restore(desired, "deleted on the hub");
         }
     }
 
     /// A hub AppProject was deleted: a remembered mirror is recreated. False when `last` is not
     /// a remembered mirror.
-    pub fn project_deleted(self: &Arc<Self>, last: &Value) -> bool {
-        let Some(desired) = read(&self.project_mirrors).get(name_of(last)).cloned() else {
+    pub fn project_deleted(self: &Arc<Self>, last: &AppProject) -> bool {
+        let key = AppProject::key("", last.name_str());
+        let Some(desired) = read(&self.project_mirrors).get(&key).cloned() else {
             return false;
         };
-        self.spawn_restore(MirrorKind::AppProject, desired, "deleted on the hub");
+        self.spawn_restore(desired, "deleted on the hub");
         true
     }
 
     /// Whether `agent`'s mirror of (kind, spoke name, spoke uid) exists on the hub.
     pub fn has_mirror(&self, kind: MirrorKind, agent: &str, name: &str, uid: &str) -> bool {
-        let live = match kind {
-            MirrorKind::Application => self.view.application(agent, name),
-            MirrorKind::AppProject => self
-                .view
-                .project(&mirrored_project_name(agent, name))
-                .map(|p| to_value(&*p)),
-        };
-        live.is_some_and(|l| mirror_agent_of(&l) == Some(agent) && source_uid_of(&l) == Some(uid))
+        fn has<K: Mirrored>(mirrors: &Mirrors, agent: &str, name: &str, uid: &str) -> bool {
+            K::in_view(&mirrors.view, agent, &K::mirror_name(agent, name))
+                .is_some_and(|l| is_mirror_of(&*l, agent, uid))
+        }
+        match kind {
+            MirrorKind::Application => has::<Application>(self, agent, name, uid),
+            MirrorKind::AppProject => has::<AppProject>(self, agent, name, uid),
+        }
     }
 
     /// The checksum resync with an autonomous agent: one `request-update` per mirror (with the
     /// checksum of the spoke object it mirrors) and the checksum of the mirrored key set.
     pub fn autonomous_resync(&self, session: &AgentSession) {
         let agent = session.name.as_str();
-        let checksum_of = |v: &Value| {
-            v.pointer("/metadata/annotations")
-                .and_then(|a| a.get(MIRROR_CHECKSUM_ANNOTATION))
-                .and_then(Value::as_str)
-                .and_then(|h| hex::decode(h).ok())
-                .unwrap_or_default()
-        };
-        let apps: Vec<Value> = self
+        let apps: Vec<Arc<Application>> = self
             .view
             .applications_of(agent)
             .into_iter()
-            .filter(|v| mirror_agent_of(v) == Some(agent) && source_uid_of(v).is_some())
+            .filter(|a| mirrored_by(&**a, agent))
             .collect();
         let prefix = format!("{agent}-");
-        let projects: Vec<Value> = self
+        let projects: Vec<Arc<AppProject>> = self
             .view
             .projects()
-            .iter()
-            .map(|p| to_value(&**p))
-            .filter(|v| mirror_agent_of(v) == Some(agent) && name_of(v).starts_with(&prefix))
+            .into_iter()
+            .filter(|p| mirrored_by(&**p, agent) && p.name_str().starts_with(&prefix))
             .collect();
         let mut keys = Vec::new();
         for app in &apps {
-            let name = name_of(app);
-            let uid = source_uid_of(app).unwrap_or_default();
+            let name = app.name_str();
+            let uid = app.annotation(SOURCE_UID_ANNOTATION).unwrap_or_default();
             write(&self.app_mirrors)
-                .entry((agent.to_string(), name.to_string()))
-                .or_insert_with(|| app.clone());
+                .entry(Application::key(agent, name))
+                .or_insert_with(|| (**app).clone());
             keys.push(ResourceKey::new("Application", name, "", uid));
-            request_object(session, "Application", name, uid, checksum_of(app));
+            request_object(session, "Application", name, uid, mirror_checksum(&**app));
         }
         for project in &projects {
-            let mirror_name = name_of(project);
+            let mirror_name = project.name_str();
             let name = &mirror_name[prefix.len()..];
-            let uid = source_uid_of(project).unwrap_or_default();
+            let uid = project
+                .annotation(SOURCE_UID_ANNOTATION)
+                .unwrap_or_default();
             write(&self.project_mirrors)
-                .entry(mirror_name.to_string())
-                .or_insert_with(|| project.clone());
+                .entry(AppProject::key(agent, mirror_name))
+                .or_insert_with(|| (**project).clone());
             keys.push(ResourceKey::new("AppProject", name, "", uid));
-            request_object(session, "AppProject", name, uid, checksum_of(project));
+            request_object(
+                session,
+                "AppProject",
+                name,
+                uid,
+                mirror_checksum(&**project),
+            );
         }
         match Event::request_synced_resource_list(SOURCE, set_checksum(&keys)) {
             Ok(ev) => push(session, keyed_request(ev, RESYNC_REQUEST_KEY)),
@@ -703,17 +718,25 @@ impl Mirrors {
     }
 }
 
+/// Removes every finalizer of mirror `name` (nothing on the hub may block a deletion the spoke
+/// decided).
+async fn release_finalizers<K: Mirrored>(api: &Api<K>, name: &str) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
 /// Remembers `desired` as `agent`'s mirror under `key`, unless another owner's mirror is
 /// remembered there (two agents whose `<agent>-<project>` names meet).
-fn remember_mirror<K: std::hash::Hash + Eq>(
-    map: &mut HashMap<K, Value>,
-    key: K,
-    kind: MirrorKind,
-    desired: &Value,
+fn remember_mirror<K: Mirrored>(
+    map: &mut HashMap<MirrorKey, K>,
+    key: MirrorKey,
+    desired: &K,
     agent: &str,
 ) -> Result<(), MirrorCollision> {
     if let Some(remembered) = map.get(&key) {
-        check_mirror_owner(kind, remembered, agent)?;
+        check_mirror_owner(K::KIND, remembered, agent)?;
     }
     map.insert(key, desired.clone());
     Ok(())
@@ -724,12 +747,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn hub_object(name: &str, owner: Option<&str>) -> Value {
+    fn hub_object(name: &str, owner: Option<&str>) -> AppProject {
         let mut v = json!({"metadata": {"name": name, "annotations": {"note": "x"}}});
         if let Some(owner) = owner {
             v["metadata"]["annotations"][MIRROR_AGENT_ANNOTATION] = json!(owner);
         }
-        v
+        serde_json::from_value(v).unwrap()
     }
 
     #[test]
@@ -757,38 +780,18 @@ mod tests {
 
     #[test]
     fn a_remembered_mirror_is_never_replaced_by_another_agents_version() {
-        let mut remembered: HashMap<String, Value> = HashMap::new();
+        let mut remembered: HashMap<MirrorKey, AppProject> = HashMap::new();
+        let key = || AppProject::key("team-b", "team-b-x");
         let theirs = hub_object("team-b-x", Some("team-b"));
-        remember_mirror(
-            &mut remembered,
-            "team-b-x".into(),
-            MirrorKind::AppProject,
-            &theirs,
-            "team-b",
-        )
-        .unwrap();
+        remember_mirror(&mut remembered, key(), &theirs, "team-b").unwrap();
         let mine = hub_object("team-b-x", Some("team"));
-        assert!(remember_mirror(
-            &mut remembered,
-            "team-b-x".into(),
-            MirrorKind::AppProject,
-            &mine,
-            "team"
-        )
-        .is_err());
-        assert_eq!(remembered["team-b-x"], theirs);
+        assert!(remember_mirror(&mut remembered, key(), &mine, "team").is_err());
+        assert_eq!(remembered[&key()], theirs);
         // The owner's next version replaces its own.
         let mut newer = theirs.clone();
-        newer["spec"] = json!({"description": "v2"});
-        remember_mirror(
-            &mut remembered,
-            "team-b-x".into(),
-            MirrorKind::AppProject,
-            &newer,
-            "team-b",
-        )
-        .unwrap();
-        assert_eq!(remembered["team-b-x"], newer);
+        newer.spec.other.insert("description".into(), json!("v2"));
+        remember_mirror(&mut remembered, key(), &newer, "team-b").unwrap();
+        assert_eq!(remembered[&key()], newer);
     }
 
     #[test]

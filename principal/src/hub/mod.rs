@@ -24,7 +24,7 @@ mod view;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use argocd_agent_kube::argocd::AppProject;
+use argocd_agent_kube::argocd::{AppProject, Application, ObjectMetaExt};
 use argocd_agent_kube::informer::Handler;
 use argocd_agent_proto::event::{Event, EventType, Target};
 use argocd_agent_proto::mode::AgentMode;
@@ -39,13 +39,16 @@ pub use argocd_agent_kube::resources::{
     application as application_resource, appproject as appproject_resource,
 };
 pub use managed::ManagedRouter;
-pub use mirrors::{check_mirror_owner, MirrorCollision, MirrorCollisions, MirrorKind, Mirrors};
+pub use mirrors::{
+    check_mirror_owner, MirrorCollision, MirrorCollisions, MirrorKind, Mirrored, Mirrors,
+};
 pub use view::{HubView, Kind, REPOSITORY_SELECTOR};
 
 use crate::sessions::{AgentRegistry, AgentSession};
 use mirrors::MirrorOptions;
 use namespaces::Namespaces;
-use view::{to_value, HubInformers};
+pub(crate) use view::to_value;
+use view::HubInformers;
 
 /// Event source name the principal puts on its events.
 pub const SOURCE: &str = "argocd-principal";
@@ -102,12 +105,6 @@ pub(crate) fn uid_of(v: &Value) -> String {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string()
-}
-
-fn namespace_of(v: &Value) -> &str {
-    v.pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
 }
 
 impl Hub {
@@ -174,7 +171,7 @@ impl Hub {
     }
 
     /// The hub Application `name` in agent namespace `agent`.
-    pub fn application(&self, agent: &str, name: &str) -> Option<Value> {
+    pub fn application(&self, agent: &str, name: &str) -> Option<Arc<Application>> {
         self.view.application(agent, name)
     }
 
@@ -197,17 +194,8 @@ impl Hub {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
-        let objects = |kind| {
-            Arc::new(ObjectEvents {
-                hub: self.clone(),
-                kind,
-            })
-        };
-        Some(informers.with_handlers(
-            objects(Kind::Application),
-            Arc::new(ProjectEvents { hub: self.clone() }),
-            objects(Kind::Repository),
-        ))
+        let hub = || HubEvents { hub: self.clone() };
+        Some(informers.with_handlers(Arc::new(hub()), Arc::new(hub()), Arc::new(hub())))
     }
 
     /// Runs the watches (and the periodic resync) until the process ends. Call once.
@@ -290,16 +278,16 @@ impl Hub {
 
     /// A hub Application appeared or changed: to the mirrors if it is in an autonomous agent's
     /// namespace, else to the managed router.
-    fn application_applied(&self, old: Option<&Value>, new: &Value) {
-        match self.autonomous_session(namespace_of(new)) {
+    fn application_applied(&self, old: Option<&Application>, new: &Application) {
+        match self.autonomous_session(new.namespace_str()) {
             Some(session) => self.mirrors.application_changed(&session, old, new),
             None => self.managed.application_applied(old, new),
         }
     }
 
     /// A hub Application was deleted.
-    fn application_deleted(&self, last: &Value) {
-        let namespace = namespace_of(last);
+    fn application_deleted(&self, last: &Application) {
+        let namespace = last.namespace_str();
         if self.autonomous_session(namespace).is_some() {
             self.mirrors.application_deleted(namespace, last);
         } else {
@@ -310,60 +298,37 @@ impl Hub {
     /// A hub AppProject appeared or changed: a remembered mirror's edit is the mirrors'
     /// business, anything else the managed router's.
     fn project_applied(&self, old: Option<&AppProject>, new: &AppProject) {
-        if !self.mirrors.project_changed(&to_value(new)) {
+        if !self.mirrors.project_changed(new) {
             self.managed.project_applied(old, new);
         }
     }
 
     /// A hub AppProject was deleted.
     fn project_deleted(&self, last: &AppProject) {
-        if !self.mirrors.project_deleted(&to_value(last)) {
+        if !self.mirrors.project_deleted(last) {
             self.managed.project_deleted(last);
         }
     }
 }
 
-/// The informer handler of hub Applications or repository Secrets: hands their changes to the
-/// [`Hub`].
-struct ObjectEvents {
+/// The informer handler of every hub kind: hands their changes to the [`Hub`].
+struct HubEvents {
     hub: Arc<Hub>,
-    kind: Kind,
 }
 
-impl Handler<DynamicObject> for ObjectEvents {
-    fn applied(
-        &self,
-        old: Option<Arc<DynamicObject>>,
-        new: Arc<DynamicObject>,
-    ) -> BoxFuture<'_, ()> {
-        let old = old.map(|o| to_value(&*o));
-        let new = to_value(&*new);
-        match self.kind {
-            Kind::Application => self.hub.application_applied(old.as_ref(), &new),
-            _ => self
-                .hub
-                .managed
-                .repository_changed(old.as_ref(), Some(&new)),
-        }
+impl Handler<Application> for HubEvents {
+    fn applied(&self, old: Option<Arc<Application>>, new: Arc<Application>) -> BoxFuture<'_, ()> {
+        self.hub.application_applied(old.as_deref(), &new);
         Box::pin(async {})
     }
 
-    fn deleted(&self, last: Arc<DynamicObject>) -> BoxFuture<'_, ()> {
-        let last = to_value(&*last);
-        match self.kind {
-            Kind::Application => self.hub.application_deleted(&last),
-            _ => self.hub.managed.repository_changed(Some(&last), None),
-        }
+    fn deleted(&self, last: Arc<Application>) -> BoxFuture<'_, ()> {
+        self.hub.application_deleted(&last);
         Box::pin(async {})
     }
 }
 
-/// The informer handler of hub AppProjects.
-struct ProjectEvents {
-    hub: Arc<Hub>,
-}
-
-impl Handler<AppProject> for ProjectEvents {
+impl Handler<AppProject> for HubEvents {
     fn applied(&self, old: Option<Arc<AppProject>>, new: Arc<AppProject>) -> BoxFuture<'_, ()> {
         self.hub.project_applied(old.as_deref(), &new);
         Box::pin(async {})
@@ -371,6 +336,28 @@ impl Handler<AppProject> for ProjectEvents {
 
     fn deleted(&self, last: Arc<AppProject>) -> BoxFuture<'_, ()> {
         self.hub.project_deleted(&last);
+        Box::pin(async {})
+    }
+}
+
+/// Repository Secrets.
+impl Handler<DynamicObject> for HubEvents {
+    fn applied(
+        &self,
+        old: Option<Arc<DynamicObject>>,
+        new: Arc<DynamicObject>,
+    ) -> BoxFuture<'_, ()> {
+        let old = old.map(|o| to_value(&*o));
+        self.hub
+            .managed
+            .repository_changed(old.as_ref(), Some(&to_value(&*new)));
+        Box::pin(async {})
+    }
+
+    fn deleted(&self, last: Arc<DynamicObject>) -> BoxFuture<'_, ()> {
+        self.hub
+            .managed
+            .repository_changed(Some(&to_value(&*last)), None);
         Box::pin(async {})
     }
 }
@@ -397,7 +384,12 @@ pub fn request_object(
 }
 
 /// Builds an object event and queues it for `session`.
-pub fn queue(session: &AgentSession, t: EventType, target: Target, obj: &Value) {
+pub fn queue<T: serde::Serialize + ?Sized>(
+    session: &AgentSession,
+    t: EventType,
+    target: Target,
+    obj: &T,
+) {
     match Event::for_object(t.clone(), target.clone(), SOURCE, obj) {
         Ok(ev) => push(session, ev),
         Err(e) => {

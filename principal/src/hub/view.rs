@@ -2,15 +2,14 @@
 //!
 //! Owns the informers' read sides for hub Applications (every namespace `--allowed-namespaces`
 //! admits), AppProjects and repository / repo-creds Secrets (principal namespace), all narrowed by
-//! `--label-selector`, and answers "what does the hub hold" as JSON objects: an agent's
-//! Application, an AppProject, a repository Secret and the AppProject it names. It holds no copy
+//! `--label-selector`, and answers "what does the hub hold": an agent's Application and an
+//! AppProject (typed), a repository Secret (as JSON) and the AppProject it names. It holds no copy
 //! of its own: the informer stores are the only cache of these kinds in the principal.
 
 use std::sync::Arc;
 
-use argocd_agent_kube::argocd::AppProject;
+use argocd_agent_kube::argocd::{AppProject, Application};
 use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
-use argocd_agent_kube::resources;
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
 use kube::runtime::watcher;
@@ -49,7 +48,7 @@ impl Kind {
 pub struct HubInformers {
     principal_namespace: String,
     /// Applications.
-    pub apps: Informer<DynamicObject>,
+    pub apps: Informer<Application>,
     /// AppProjects.
     pub projects: Informer<AppProject>,
     /// Repository Secrets.
@@ -70,18 +69,14 @@ impl HubInformers {
             None => watcher::Config::default(),
         };
         let secret = ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
-        let apps = Informer::new_with(
-            "hub Applications",
-            Api::all_with(client.clone(), &resources::application()),
-            config(None),
-            resources::application(),
-        )
-        .scope(move |app: &DynamicObject| {
-            namespace_allowed(
-                &allowed_namespaces,
-                app.metadata.namespace.as_deref().unwrap_or_default(),
-            )
-        });
+        let apps = Informer::new("hub Applications", Api::all(client.clone()), config(None)).scope(
+            move |app: &Application| {
+                namespace_allowed(
+                    &allowed_namespaces,
+                    app.metadata.namespace.as_deref().unwrap_or_default(),
+                )
+            },
+        );
         let projects = Informer::new(
             "hub AppProjects",
             Api::namespaced(client.clone(), principal_namespace),
@@ -104,7 +99,7 @@ impl HubInformers {
     /// The informers with one handler each (applications, projects, repositories).
     pub fn with_handlers(
         mut self,
-        apps: Arc<dyn Handler<DynamicObject>>,
+        apps: Arc<dyn Handler<Application>>,
         projects: Arc<dyn Handler<AppProject>>,
         repositories: Arc<dyn Handler<DynamicObject>>,
     ) -> HubInformers {
@@ -130,7 +125,7 @@ impl HubInformers {
 pub struct HubView {
     /// Where AppProjects and repository Secrets live.
     principal_namespace: String,
-    apps: InformerReader<DynamicObject>,
+    apps: InformerReader<Application>,
     projects: InformerReader<AppProject>,
     repositories: InformerReader<DynamicObject>,
 }
@@ -159,17 +154,16 @@ impl HubView {
     }
 
     /// The hub Application `name` in agent namespace `agent`.
-    pub fn application(&self, agent: &str, name: &str) -> Option<Value> {
-        self.apps.get(Some(agent), name).map(|a| to_value(&*a))
+    pub fn application(&self, agent: &str, name: &str) -> Option<Arc<Application>> {
+        self.apps.get(Some(agent), name)
     }
 
     /// Every hub Application in namespace `agent`.
-    pub fn applications_of(&self, agent: &str) -> Vec<Value> {
+    pub fn applications_of(&self, agent: &str) -> Vec<Arc<Application>> {
         self.apps
             .state()
-            .iter()
+            .into_iter()
             .filter(|a| a.metadata.namespace.as_deref() == Some(agent))
-            .map(|a| to_value(&**a))
             .collect()
     }
 
@@ -260,14 +254,7 @@ pub mod testing {
 
     fn feed<K>(informer: Informer<K>) -> Feed
     where
-        K: kube::Resource
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static,
-        K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+        K: argocd_agent_kube::informer::Watched,
     {
         let (tx, rx) = mpsc::unbounded::<Event<Value>>();
         let typed = rx.map(|event| {

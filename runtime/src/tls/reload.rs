@@ -76,25 +76,26 @@ impl TlsFiles for ServerTlsOptions {
     type Config = ServerConfig;
 
     fn paths(&self) -> Vec<PathBuf> {
-        let mut paths = vec![self.cert_path.clone(), self.key_path.clone()];
-        paths.extend(self.client_ca_path.clone());
+        let mut paths = vec![self.side.cert_path.clone(), self.side.key_path.clone()];
+        paths.extend(self.side.client_ca_path.clone());
         paths
     }
 
     fn build(&self, files: &FileSet) -> Result<LoadedTls<ServerConfig>, TlsError> {
-        let cert_origin = origin(&self.cert_path);
-        let key_origin = origin(&self.key_path);
-        let ca_origin = self.client_ca_path.as_deref().map(origin);
+        let cert_origin = origin(&self.side.cert_path);
+        let key_origin = origin(&self.side.key_path);
+        let ca_origin = self.side.client_ca_path.as_deref().map(origin);
         let ca = self
+            .side
             .client_ca_path
             .as_ref()
             .zip(ca_origin.as_deref())
             .map(|(p, o)| PemInput::new(o, files.get(p)));
         server_config_from_pem(
-            PemInput::new(&cert_origin, files.get(&self.cert_path)),
-            PemInput::new(&key_origin, files.get(&self.key_path)),
+            PemInput::new(&cert_origin, files.get(&self.side.cert_path)),
+            PemInput::new(&key_origin, files.get(&self.side.key_path)),
             ca,
-            self.client_auth,
+            self.side.client_auth,
             &self.alpn,
             self.policy,
         )
@@ -105,8 +106,8 @@ impl TlsFiles for ClientTlsOptions {
     type Config = ClientConfig;
 
     fn paths(&self) -> Vec<PathBuf> {
-        let mut paths = vec![self.ca_path.clone()];
-        if let Some(id) = &self.identity {
+        let mut paths = vec![self.side.ca_path.clone()];
+        if let Some(id) = &self.side.identity {
             paths.push(id.cert_path.clone());
             paths.push(id.key_path.clone());
         }
@@ -114,12 +115,13 @@ impl TlsFiles for ClientTlsOptions {
     }
 
     fn build(&self, files: &FileSet) -> Result<LoadedTls<ClientConfig>, TlsError> {
-        let ca_origin = origin(&self.ca_path);
+        let ca_origin = origin(&self.side.ca_path);
         let id_origins = self
+            .side
             .identity
             .as_ref()
             .map(|id| (origin(&id.cert_path), origin(&id.key_path)));
-        let identity = self.identity.as_ref().zip(id_origins.as_ref()).map(
+        let identity = self.side.identity.as_ref().zip(id_origins.as_ref()).map(
             |(id, (cert_origin, key_origin))| {
                 (
                     PemInput::new(cert_origin, files.get(&id.cert_path)),
@@ -128,7 +130,7 @@ impl TlsFiles for ClientTlsOptions {
             },
         );
         client_config_from_pem(
-            PemInput::new(&ca_origin, files.get(&self.ca_path)),
+            PemInput::new(&ca_origin, files.get(&self.side.ca_path)),
             identity,
             &self.alpn,
             self.policy,

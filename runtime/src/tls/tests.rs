@@ -363,7 +363,7 @@ fn errors_name_the_file_and_the_problem() {
     assert!(err.to_string().contains("server.crt"), "{err}");
 
     let mut opts = ServerTlsOptions::new(pki.path("server.crt"), pki.path("server.key"));
-    opts.client_auth = ClientAuth::Required;
+    opts.side.client_auth = ClientAuth::Required;
     assert!(matches!(
         opts.load().unwrap_err(),
         TlsError::MissingClientCa
