@@ -8,16 +8,15 @@
 
 use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::watcher;
+use kube::runtime::controller::{Action, Controller};
 use kube::ResourceExt;
 use serde_json::{json, Map, Value};
 
 use super::application::{
-    application_resource, conditions, now_rfc3339, pull_intent, with_condition, PULL_LABEL,
+    application_resource, conditions, now_rfc3339, pull_intent, with_condition,
     WORK_ERROR_CONDITION,
 };
 use super::manifestwork::{
@@ -25,10 +24,8 @@ use super::manifestwork::{
     FEEDBACK_OPERATION_MESSAGE, FEEDBACK_OPERATION_PHASE, FEEDBACK_OPERATION_STARTED_AT,
     FEEDBACK_SYNC,
 };
+use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, STATUS_MANAGER};
-
-/// How long in-flight reconciliations may take after shutdown was requested.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The spoke Application's state as far as the feedback carried it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -292,39 +289,22 @@ fn error_policy(_work: Arc<ManifestWork>, error: &StatusError, ctx: Arc<Context>
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
+    works: Subscription<ManifestWork>,
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
-    let works: Api<ManifestWork> = Api::all(client.clone());
-    let config = watcher::Config::default().labels(&format!("{PULL_LABEL}=true"));
-    let concurrency = opts.concurrency;
+    let config = controller_config(opts.concurrency, Duration::ZERO);
     let ctx = Arc::new(Context { client, opts });
-    let controller = Controller::new(works, config);
-    let store = controller.store();
-    let running = controller
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "status controller event");
-            }
-        });
-    // kube's graceful shutdown waits for the store to fill, which never happens once the watch
-    // is cut; before the first list nothing is in flight, so stop at once. Otherwise in-flight
-    // reconciliations get a grace period.
-    let deadline = async {
-        shutdown.cancelled().await;
-        if store.wait_until_ready().now_or_never().is_some() {
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-            tracing::warn!(
-                "status controller did not stop within {SHUTDOWN_GRACE:?}; abandoning it"
-            );
-        }
-    };
-    tokio::select! {
-        _ = running => {}
-        _ = deadline => {}
-    }
+    let controller = Controller::for_stream(touched(works.events), works.store);
+    run_controller(
+        "status",
+        controller,
+        config,
+        reconcile,
+        error_policy,
+        ctx,
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 
