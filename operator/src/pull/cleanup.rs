@@ -104,18 +104,10 @@ impl Context {
             hub_application_of(w).is_some_and(|(ns, n)| ns == namespace && n == name)
         })
     }
-
-    /// Nothing is decided before both caches are filled.
-    async fn ready(&self) -> bool {
-        self.apps.wait_until_ready().await.is_ok() && self.works.wait_until_ready().await.is_ok()
-    }
 }
 
 /// Deletes `work` if its hub Application no longer wants it.
 async fn check_work(work: Arc<ManifestWork>, ctx: Arc<Context>) -> Result<Action, kube::Error> {
-    if !ctx.ready().await {
-        return Ok(Action::await_change());
-    }
     let Some((app_ns, app_name)) = hub_application_of(&work) else {
         return Ok(Action::await_change()); // not made by the pull model
     };
@@ -147,7 +139,6 @@ async fn finalize(app: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, 
     if app.metadata.deletion_timestamp.is_none()
         || without_resources_finalizers(app.metadata.finalizers.as_deref().unwrap_or_default())
             .is_none()
-        || !ctx.ready().await
     {
         return Ok(Action::await_change());
     }
@@ -234,6 +225,7 @@ pub async fn run(
         app_resource: app_resource.clone(),
     });
     let config = controller_config(1, DEBOUNCE);
+    let reads = [apps.ready.clone(), works.ready.clone()];
 
     // An Application's change concerns its works; after a relist of Applications every work is
     // checked (Applications that vanished meanwhile left no Delete event).
@@ -266,6 +258,7 @@ pub async fn run(
     tokio::join!(
         run_controller(
             "cleanup",
+            reads.clone(),
             works_controller,
             config.clone(),
             check_work,
@@ -275,6 +268,7 @@ pub async fn run(
         ),
         run_controller(
             "cleanup finalizer",
+            reads,
             apps_controller,
             config,
             finalize,

@@ -118,12 +118,6 @@ impl Context {
             .get(&ObjectRef::new_with(name, self.cluster_resource.clone()))
     }
 
-    /// Nothing is decided before both caches are filled.
-    async fn ready(&self) -> bool {
-        self.clusters.wait_until_ready().await.is_ok()
-            && self.secrets.wait_until_ready().await.is_ok()
-    }
-
     /// Brings the cluster Secret of `cluster_name` in line with the ManagedCluster.
     async fn reconcile(&self, cluster_name: &str) -> Result<Action, ClusterSecretError> {
         let cluster = self.cluster(cluster_name);
@@ -188,9 +182,6 @@ async fn reconcile_cluster(
     cluster: Arc<DynamicObject>,
     ctx: Arc<Context>,
 ) -> Result<Action, ClusterSecretError> {
-    if !ctx.ready().await {
-        return Ok(Action::await_change());
-    }
     ctx.reconcile(&cluster.name_any()).await
 }
 
@@ -202,7 +193,7 @@ async fn reconcile_secret(
     let Some(cluster) = secret.labels().get(PULL_CLUSTER_SECRET_LABEL) else {
         return Ok(Action::await_change());
     };
-    if !ctx.ready().await || ctx.cluster(cluster).is_some() {
+    if ctx.cluster(cluster).is_some() {
         return Ok(Action::await_change());
     }
     ctx.reconcile(cluster).await
@@ -243,6 +234,7 @@ pub async fn run(
         cluster_resource: cluster_resource.clone(),
     });
     let config = controller_config(1, DEBOUNCE);
+    let reads = [clusters.ready.clone(), secrets.ready.clone()];
     let secret_to_cluster = {
         let cr = cluster_resource.clone();
         move |s: Secret| secret_cluster(&s).map(|c| ObjectRef::new_with(&c, cr.clone()))
@@ -272,6 +264,7 @@ pub async fn run(
     tokio::join!(
         run_controller(
             "cluster secrets",
+            reads.clone(),
             cluster_controller,
             config.clone(),
             reconcile_cluster,
@@ -281,6 +274,7 @@ pub async fn run(
         ),
         run_controller(
             "cluster secret removal",
+            reads,
             secret_controller,
             config,
             reconcile_secret,

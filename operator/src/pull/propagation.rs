@@ -116,11 +116,6 @@ impl Context {
 }
 
 async fn reconcile(app: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, PropagationError> {
-    // Nothing is decided before every cache is filled (an unlisted cluster is not unknown).
-    if ctx.works.wait_until_ready().await.is_err() || ctx.clusters.wait_until_ready().await.is_err()
-    {
-        return Ok(Action::await_change());
-    }
     let has_spec_error = conditions(&app)
         .iter()
         .any(|c| c["type"] == SPEC_ERROR_CONDITION);
@@ -262,6 +257,12 @@ pub async fn run(
                 .map(|(ns, name)| ObjectRef::new_with(&name, ar.clone()).within(&ns))
         }
     };
+    // Nothing is decided before every cache is filled (an unlisted cluster is not unknown).
+    let reads = [
+        apps.ready.clone(),
+        works.ready.clone(),
+        clusters.ready.clone(),
+    ];
     let controller =
         Controller::for_stream_with(touched(apps.events), apps.store, app_resource.clone())
             .watches_stream(touched(works.events), work_app)
@@ -282,6 +283,7 @@ pub async fn run(
     });
     run_controller(
         "propagation",
+        reads,
         controller,
         config,
         reconcile,

@@ -389,14 +389,6 @@ impl Context {
         ObjectRef::new_with(&key.name, self.appset_resource.clone()).within(&key.namespace)
     }
 
-    /// Nothing is decided before every cache is filled.
-    async fn ready(&self) -> bool {
-        self.apps.wait_until_ready().await.is_ok()
-            && self.appsets.wait_until_ready().await.is_ok()
-            && self.clusters.wait_until_ready().await.is_ok()
-            && self.reports.wait_until_ready().await.is_ok()
-    }
-
     fn desired(&self, key: &AppSetKey) -> Option<MulticlusterApplicationSetReport> {
         let appset = self.appsets.get(&self.appset_ref(key))?;
         if appset.metadata.deletion_timestamp.is_some() {
@@ -428,9 +420,6 @@ impl Context {
 
     /// Writes, or deletes, the report of `key`; `prune_only` leaves a wanted report alone.
     async fn reconcile(&self, key: &AppSetKey, prune_only: bool) -> Result<Action, ReportError> {
-        if !self.ready().await {
-            return Ok(Action::await_change());
-        }
         let existing = self
             .reports
             .get(&ObjectRef::new(&key.name).within(&key.namespace));
@@ -563,6 +552,12 @@ pub async fn run(
         membership: Mutex::default(),
     });
     let config = controller_config(1, DEBOUNCE);
+    let reads = [
+        apps.ready.clone(),
+        appsets.ready.clone(),
+        clusters.ready.clone(),
+        reports.ready.clone(),
+    ];
     let appset_controller =
         Controller::for_stream_with(touched(appsets.events), appsets.store, appset_resource)
             .reconcile_on(appsets_touched(
@@ -619,6 +614,7 @@ pub async fn run(
     tokio::join!(
         run_controller(
             "report",
+            reads.clone(),
             appset_controller,
             config.clone(),
             reconcile_appset,
@@ -628,6 +624,7 @@ pub async fn run(
         ),
         run_controller(
             "report removal",
+            reads,
             report_controller,
             config,
             reconcile_report,

@@ -297,6 +297,7 @@ pub async fn run(
     let controller = Controller::for_stream(touched(works.events), works.store);
     run_controller(
         "status",
+        [works.ready],
         controller,
         config,
         reconcile,
