@@ -145,7 +145,45 @@ pub struct ApplicationStatus {
     /// The last or running operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_state: Option<OperationState>,
-    /// Everything else (`sync`, `health`, `resources`, `conditions`, ...).
+    /// Whether the live state matches the desired one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<StatusOf>,
+    /// The aggregated health of the Application's resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<StatusOf>,
+    /// Conditions (errors and warnings) Argo CD or this project report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<ApplicationCondition>>,
+    /// Everything else (`resources`, `summary`, `reconciledAt`, `history`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// `Application.status.sync` and `Application.status.health`: a `status` word and details.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusOf {
+    /// `Synced`/`OutOfSync`/`Unknown`, or `Healthy`/`Progressing`/`Degraded`/...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// Everything else (`revision`, `comparedTo`, `message`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// An entry of `Application.status.conditions`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationCondition {
+    /// The condition type (`ComparisonError`, `AgentError`, ...).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    /// What happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When it was last set (RFC 3339, kept as written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    /// Everything else.
     #[serde(flatten)]
     pub other: Other,
 }
@@ -160,6 +198,12 @@ pub struct OperationState {
     /// The operation it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<Value>,
+    /// When it started (RFC 3339, kept as written); the pull model's status feedback compares it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// What it said last; the pull model's status feedback compares it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// Everything else.
     #[serde(flatten)]
     pub other: Other,
@@ -204,12 +248,25 @@ mod tests {
                      "destination": {"server": "https://kubernetes.default.svc", "namespace": "guestbook"},
                      "syncPolicy": {"automated": {}}},
             "operation": {"sync": {"revision": "HEAD"}},
-            "status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"},
+            "status": {"sync": {"status": "Synced", "revision": "abc"}, "health": {"status": "Healthy"},
+                       "conditions": [{"type": "SyncError", "message": "m", "lastTransitionTime": "t", "x": 1}],
                        "operationState": {"phase": "Running", "startedAt": "2026-11-24T00:00:00Z",
-                                          "operation": {"sync": {}}}}
+                                          "message": "syncing", "operation": {"sync": {}}}}
         });
         let typed: Application = serde_json::from_value(app.clone()).unwrap();
         assert_eq!(typed.operation_phase(), Some("Running"));
+        let status = typed.status.as_ref().unwrap();
+        assert_eq!(
+            status.sync.as_ref().unwrap().status.as_deref(),
+            Some("Synced")
+        );
+        assert_eq!(
+            status.conditions.as_ref().unwrap()[0].type_.as_deref(),
+            Some("SyncError")
+        );
+        let state = status.operation_state.as_ref().unwrap();
+        assert_eq!(state.started_at.as_deref(), Some("2026-11-24T00:00:00Z"));
+        assert_eq!(state.message.as_deref(), Some("syncing"));
         assert_eq!(typed.spec.project, "default");
         assert_eq!(serde_json::to_value(&typed).unwrap(), app);
     }

@@ -12,14 +12,14 @@
 use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
 
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::application::{application_resource, pull_intent, RESOURCES_FINALIZERS};
+use super::application::{pull_intent, Application, RESOURCES_FINALIZERS};
 use super::manifestwork::{hub_application_of, manifest_work_name_of, ManifestWork};
 use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
@@ -55,7 +55,7 @@ impl std::fmt::Display for Unwanted {
 }
 
 /// Whether `app` (the work's hub Application, if it exists) still wants `work`.
-pub fn work_wanted(work: &ManifestWork, app: Option<&DynamicObject>) -> Result<(), Unwanted> {
+pub fn work_wanted(work: &ManifestWork, app: Option<&Application>) -> Result<(), Unwanted> {
     let app = app.ok_or(Unwanted::AppGone)?;
     if app.metadata.deletion_timestamp.is_some() {
         return Err(Unwanted::AppDeleting);
@@ -84,19 +84,17 @@ pub fn without_resources_finalizers(finalizers: &[String]) -> Option<Vec<String>
 struct Context {
     client: kube::Client,
     opts: PullModelOptions,
-    apps: Store<DynamicObject>,
+    apps: Store<Application>,
     works: Store<ManifestWork>,
-    app_resource: kube::core::ApiResource,
 }
 
 impl Context {
-    fn app_api(&self, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client.clone(), namespace, &self.app_resource)
+    fn app_api(&self, namespace: &str) -> Api<Application> {
+        Api::namespaced(self.client.clone(), namespace)
     }
 
-    fn cached_app(&self, namespace: &str, name: &str) -> Option<Arc<DynamicObject>> {
-        self.apps
-            .get(&ObjectRef::new_with(name, self.app_resource.clone()).within(namespace))
+    fn cached_app(&self, namespace: &str, name: &str) -> Option<Arc<Application>> {
+        self.apps.get(&ObjectRef::new(name).within(namespace))
     }
 
     fn works_of(&self, namespace: &str, name: &str) -> Vec<Arc<ManifestWork>> {
@@ -135,7 +133,7 @@ async fn check_work(work: Arc<ManifestWork>, ctx: Arc<Context>) -> Result<Action
 }
 
 /// Deletes a deleted Application's works; once none is left, drops Argo CD's resources finalizer.
-async fn finalize(app: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, kube::Error> {
+async fn finalize(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, kube::Error> {
     if app.metadata.deletion_timestamp.is_none()
         || without_resources_finalizers(app.metadata.finalizers.as_deref().unwrap_or_default())
             .is_none()
@@ -210,11 +208,10 @@ fn retry<K: Resource>(object: Arc<K>, error: &kube::Error, ctx: Arc<Context>) ->
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
-    apps: [Subscription<DynamicObject>; 2],
+    apps: [Subscription<Application>; 2],
     works: [Subscription<ManifestWork>; 2],
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
-    let app_resource = application_resource();
     let [apps, apps_too] = apps;
     let [works, works_too] = works;
     let ctx = Arc::new(Context {
@@ -222,7 +219,6 @@ pub async fn run(
         opts,
         apps: apps.store.clone(),
         works: works.store.clone(),
-        app_resource: app_resource.clone(),
     });
     let config = controller_config(1, DEBOUNCE);
     let reads = [apps.ready.clone(), works.ready.clone()];
@@ -231,7 +227,7 @@ pub async fn run(
     // checked (Applications that vanished meanwhile left no Delete event).
     let app_works = {
         let ctx = ctx.clone();
-        move |event: Event<DynamicObject>| {
+        move |event: Event<Application>| {
             match event {
                 Event::Apply(app) | Event::InitApply(app) | Event::Delete(app) => {
                     ctx.works_of(&app.namespace().unwrap_or_default(), &app.name_any())
@@ -248,13 +244,13 @@ pub async fn run(
         .reconcile_on(triggers(apps_too.events, app_works));
     // A deleted work may be the last one a deleted Application waits for.
     let deleted_work_app = move |event: Event<ManifestWork>| match event {
-        Event::Delete(work) => hub_application_of(&work)
-            .map(|(ns, name)| ObjectRef::new_with(&name, app_resource.clone()).within(&ns)),
+        Event::Delete(work) => {
+            hub_application_of(&work).map(|(ns, name)| ObjectRef::new(&name).within(&ns))
+        }
         _ => None,
     };
-    let apps_controller =
-        Controller::for_stream_with(touched(apps.events), apps.store, application_resource())
-            .reconcile_on(triggers(works_too.events, deleted_work_app));
+    let apps_controller = Controller::for_stream(touched(apps.events), apps.store)
+        .reconcile_on(triggers(works_too.events, deleted_work_app));
     tokio::join!(
         run_controller(
             "cleanup",
@@ -285,7 +281,7 @@ mod tests {
     use super::*;
     use crate::pull::application::{CLUSTER_ANNOTATION, PULL_LABEL};
 
-    fn app(labels: serde_json::Value, cluster: &str, uid: &str) -> DynamicObject {
+    fn app(labels: serde_json::Value, cluster: &str, uid: &str) -> Application {
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": {"name": "guestbook", "namespace": "apps", "uid": uid, "labels": labels,

@@ -36,9 +36,7 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::task::JoinSet;
 
-use application::{
-    application_resource, applicationset_resource, managed_cluster_resource, PULL_LABEL,
-};
+use application::{applicationset_resource, managed_cluster_resource, Application, PULL_LABEL};
 use manifestwork::ManifestWork;
 use watches::SharedWatch;
 
@@ -107,13 +105,13 @@ pub async fn run_pull_model(
     // Stopping one controller (after another failed) does not stop the caller's process.
     let signal = shutdown.child_token();
     let mut tasks = JoinSet::new();
-    let (app_resource, cluster_resource) = (application_resource(), managed_cluster_resource());
+    let cluster_resource = managed_cluster_resource();
     let all = watcher::Config::default;
     let mut apps = SharedWatch::new(
         "Application",
-        Api::all_with(client.clone(), &app_resource),
+        Api::<Application>::all(client.clone()),
         all(),
-        app_resource,
+        (),
     );
     let mut works = SharedWatch::new(
         "ManifestWork",

@@ -25,8 +25,8 @@ use kube::runtime::WatchStreamExt;
 use kube::ResourceExt;
 
 use super::application::{
-    application_resource, conditions, managed_cluster_resource, pull_intent, set_condition,
-    PullIntent, CLUSTER_ANNOTATION, SPEC_ERROR_CONDITION,
+    conditions, managed_cluster_resource, pull_intent, set_condition, Application, PullIntent,
+    CLUSTER_ANNOTATION, SPEC_ERROR_CONDITION,
 };
 use super::manifestwork::{
     build_manifest_work, hub_application_of, work_is_current, BuildError, ManifestWork,
@@ -55,7 +55,7 @@ pub enum PropagationError {
     Build(#[from] BuildError),
 }
 
-fn app_key(app: &DynamicObject) -> String {
+fn app_key(app: &Application) -> String {
     format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any())
 }
 
@@ -82,7 +82,6 @@ fn is_missing_namespace(error: &kube::Error) -> bool {
 struct Context {
     client: kube::Client,
     opts: PullModelOptions,
-    app_resource: ApiResource,
     cluster_resource: ApiResource,
     works: Store<ManifestWork>,
     clusters: Store<DynamicObject>,
@@ -91,14 +90,11 @@ struct Context {
 impl Context {
     async fn set_spec_error(
         &self,
-        app: &DynamicObject,
+        app: &Application,
         message: Option<String>,
     ) -> Result<bool, PropagationError> {
-        let apps: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            &app.namespace().unwrap_or_default(),
-            &self.app_resource,
-        );
+        let apps: Api<Application> =
+            Api::namespaced(self.client.clone(), &app.namespace().unwrap_or_default());
         set_condition(
             &apps,
             app,
@@ -115,10 +111,10 @@ impl Context {
     }
 }
 
-async fn reconcile(app: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, PropagationError> {
+async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, PropagationError> {
     let has_spec_error = conditions(&app)
         .iter()
-        .any(|c| c["type"] == SPEC_ERROR_CONDITION);
+        .any(|c| c.type_.as_deref() == Some(SPEC_ERROR_CONDITION));
     let target = match pull_intent(&app.metadata) {
         PullIntent::NotPulled => {
             // The label may just have been removed: a spec error no longer applies.
@@ -186,7 +182,7 @@ async fn reconcile(app: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action,
     Ok(Action::await_change())
 }
 
-fn error_policy(_app: Arc<DynamicObject>, error: &PropagationError, ctx: Arc<Context>) -> Action {
+fn error_policy(_app: Arc<Application>, error: &PropagationError, ctx: Arc<Context>) -> Action {
     match error {
         // Rebuilding will not help until the Application changes.
         PropagationError::Build(_) => {
@@ -201,11 +197,7 @@ fn error_policy(_app: Arc<DynamicObject>, error: &PropagationError, ctx: Arc<Con
 }
 
 /// Applications (in `apps`) whose pull target is `cluster`.
-fn apps_targeting(
-    apps: &Store<DynamicObject>,
-    app_resource: &ApiResource,
-    cluster: &str,
-) -> Vec<ObjectRef<DynamicObject>> {
+fn apps_targeting(apps: &Store<Application>, cluster: &str) -> Vec<ObjectRef<Application>> {
     apps.state()
         .iter()
         .filter(|a| {
@@ -213,7 +205,7 @@ fn apps_targeting(
                 .target()
                 .is_some_and(|t| t.cluster == cluster)
         })
-        .map(|a| ObjectRef::from_obj_with(a.as_ref(), app_resource.clone()))
+        .map(|a| ObjectRef::from_obj(a.as_ref()))
         .collect()
 }
 
@@ -221,12 +213,11 @@ fn apps_targeting(
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
-    apps: Subscription<DynamicObject>,
+    apps: Subscription<Application>,
     works: Subscription<ManifestWork>,
     clusters: Subscription<DynamicObject>,
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
-    let app_resource = application_resource();
     let cluster_resource = managed_cluster_resource();
     // Only a namespace that appeared or changed can unblock an Application.
     let namespaces = watcher::watcher(
@@ -245,17 +236,13 @@ pub async fn run(
         })
     });
     let targeting = {
-        let (apps, ar) = (apps.store.clone(), app_resource.clone());
-        move |cluster: String| apps_targeting(&apps, &ar, &cluster)
+        let apps = apps.store.clone();
+        move |cluster: String| apps_targeting(&apps, &cluster)
     };
     let targeting_too = targeting.clone();
-    let work_app = {
-        let ar = app_resource.clone();
-        move |w: ManifestWork| {
-            // A changed or deleted work is re-checked against its Application (drift repair).
-            hub_application_of(&w)
-                .map(|(ns, name)| ObjectRef::new_with(&name, ar.clone()).within(&ns))
-        }
+    // A changed or deleted work is re-checked against its Application (drift repair).
+    let work_app = |w: ManifestWork| {
+        hub_application_of(&w).map(|(ns, name)| ObjectRef::new(&name).within(&ns))
     };
     // Nothing is decided before every cache is filled (an unlisted cluster is not unknown).
     let reads = [
@@ -263,20 +250,18 @@ pub async fn run(
         works.ready.clone(),
         clusters.ready.clone(),
     ];
-    let controller =
-        Controller::for_stream_with(touched(apps.events), apps.store, app_resource.clone())
-            .watches_stream(touched(works.events), work_app)
-            .watches_stream_with(
-                touched(clusters.events),
-                move |c| targeting(c.name_any()),
-                cluster_resource.clone(),
-            )
-            .watches_stream(namespaces, move |ns| targeting_too(ns.name_any()));
+    let controller = Controller::for_stream(touched(apps.events), apps.store)
+        .watches_stream(touched(works.events), work_app)
+        .watches_stream_with(
+            touched(clusters.events),
+            move |c| targeting(c.name_any()),
+            cluster_resource.clone(),
+        )
+        .watches_stream(namespaces, move |ns| targeting_too(ns.name_any()));
     let config = controller_config(opts.concurrency.max(1), DEBOUNCE);
     let ctx = Arc::new(Context {
         client,
         opts,
-        app_resource,
         cluster_resource,
         works: works.store,
         clusters: clusters.store,

@@ -25,11 +25,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::application::{
-    application_resource, applicationset_resource, hosting_appset, pull_intent, AppSetKey,
-};
+use super::application::{applicationset_resource, hosting_appset, pull_intent, AppSetKey};
 use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, REPORT_MANAGER};
+use argocd_agent_kube::argocd::{Application, StatusOf};
 
 /// Label on a report naming its ApplicationSet as `<namespace>.<name>` (at most 63 characters).
 pub const REPORT_APPSET_LABEL: &str = "apps.open-cluster-management.io/hosting-applicationset";
@@ -197,35 +196,30 @@ pub fn report_crd_yaml() -> String {
 
 /// The cluster an Application is pulled to: the pull annotation (basic model), else the
 /// ManagedCluster whose namespace holds it (argocd-agent managed mode). `None`: not pulled.
-pub fn pull_cluster(app: &DynamicObject, managed_clusters: &BTreeSet<String>) -> Option<String> {
+pub fn pull_cluster(app: &Application, managed_clusters: &BTreeSet<String>) -> Option<String> {
     if let Some(target) = pull_intent(&app.metadata).target() {
         return Some(target.cluster.clone());
     }
     app.namespace().filter(|ns| managed_clusters.contains(ns))
 }
 
-fn app_string(app: &DynamicObject, pointer: &str) -> String {
-    app.data
-        .pointer(pointer)
-        .and_then(Value::as_str)
+/// A `status.sync` or `status.health` word, `Unknown` when absent or empty.
+fn status_word(of: Option<&StatusOf>) -> String {
+    of.and_then(|o| o.status.as_deref())
         .filter(|s| !s.is_empty())
         .unwrap_or("Unknown")
         .to_string()
 }
 
 /// The Application's error and warning conditions (Argo CD types end in `Error` or `Warning`).
-fn problem_conditions(app: &DynamicObject) -> Vec<Condition> {
+fn problem_conditions(app: &Application) -> Vec<Condition> {
     super::application::conditions(app)
         .iter()
         .filter_map(|c| {
-            let type_ = c.get("type")?.as_str()?;
+            let type_ = c.type_.as_deref()?;
             (type_.ends_with("Error") || type_.ends_with("Warning")).then(|| Condition {
                 type_: type_.to_string(),
-                message: c
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
+                message: c.message.clone().unwrap_or_default(),
             })
         })
         .collect()
@@ -234,13 +228,13 @@ fn problem_conditions(app: &DynamicObject) -> Vec<Condition> {
 /// Aggregates an ApplicationSet's pulled Applications (each with its cluster) into the report
 /// content. A cluster counts as synced/healthy when all its applications are; `Progressing`
 /// counts as in progress and not healthy (upstream's rule).
-pub fn report_statuses(apps: &[(String, &DynamicObject)]) -> AppConditions {
+pub fn report_statuses(apps: &[(String, &Application)]) -> AppConditions {
     let mut conditions: Vec<ClusterCondition> = apps
         .iter()
         .map(|(cluster, app)| ClusterCondition {
             cluster: cluster.clone(),
-            sync_status: app_string(app, "/status/sync/status"),
-            health_status: app_string(app, "/status/health/status"),
+            sync_status: status_word(app.status.as_ref().and_then(|s| s.sync.as_ref())),
+            health_status: status_word(app.status.as_ref().and_then(|s| s.health.as_ref())),
             app: format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any()),
             conditions: problem_conditions(app),
         })
@@ -331,7 +325,7 @@ struct Membership {
 
 impl Membership {
     /// Records the Application's (new) ApplicationSet; returns the old and new ones.
-    fn track_app(&mut self, app: &DynamicObject, deleted: bool) -> Vec<AppSetKey> {
+    fn track_app(&mut self, app: &Application, deleted: bool) -> Vec<AppSetKey> {
         let key = (app.namespace().unwrap_or_default(), app.name_any());
         let now = if deleted {
             None
@@ -371,11 +365,10 @@ impl Membership {
 struct Context {
     client: kube::Client,
     opts: PullModelOptions,
-    apps: Store<DynamicObject>,
+    apps: Store<Application>,
     appsets: Store<DynamicObject>,
     clusters: Store<DynamicObject>,
     reports: Store<MulticlusterApplicationSetReport>,
-    app_resource: kube::core::ApiResource,
     appset_resource: kube::core::ApiResource,
     membership: Mutex<Membership>,
 }
@@ -406,12 +399,9 @@ impl Context {
             .collect();
         let apps: Vec<_> = members
             .iter()
-            .filter_map(|(ns, name)| {
-                self.apps
-                    .get(&ObjectRef::new_with(name, self.app_resource.clone()).within(ns))
-            })
+            .filter_map(|(ns, name)| self.apps.get(&ObjectRef::new(name).within(ns)))
             .collect();
-        let pulled: Vec<(String, &DynamicObject)> = apps
+        let pulled: Vec<(String, &Application)> = apps
             .iter()
             .filter_map(|a| pull_cluster(a, &cluster_names).map(|c| (c, a.as_ref())))
             .collect();
@@ -531,7 +521,7 @@ where
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
-    apps: Subscription<DynamicObject>,
+    apps: Subscription<Application>,
     appsets: [Subscription<DynamicObject>; 2],
     clusters: Subscription<DynamicObject>,
     reports: [Subscription<MulticlusterApplicationSetReport>; 2],
@@ -547,7 +537,6 @@ pub async fn run(
         appsets: appsets.store.clone(),
         clusters: clusters.store,
         reports: reports.store.clone(),
-        app_resource: application_resource(),
         appset_resource: appset_resource.clone(),
         membership: Mutex::default(),
     });
@@ -642,13 +631,7 @@ mod tests {
     use crate::pull::application::{CLUSTER_ANNOTATION, PULL_LABEL};
     use serde_json::json;
 
-    fn app(
-        name: &str,
-        cluster: &str,
-        sync: &str,
-        health: &str,
-        conditions: Value,
-    ) -> DynamicObject {
+    fn app(name: &str, cluster: &str, sync: &str, health: &str, conditions: Value) -> Application {
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": {"name": name, "namespace": "apps", "labels": {PULL_LABEL: "true"},
@@ -671,7 +654,7 @@ mod tests {
             json!([{"type": "ManifestWorkError", "message": "boom"}, {"type": "Info", "message": "x"}]),
         );
         let clusters = BTreeSet::new();
-        let pulled: Vec<(String, &DynamicObject)> = [&c, &a, &b]
+        let pulled: Vec<(String, &Application)> = [&c, &a, &b]
             .iter()
             .map(|x| (pull_cluster(x, &clusters).expect("pulled"), *x))
             .collect();
@@ -709,7 +692,7 @@ mod tests {
     fn progressing_is_in_progress_and_not_healthy_and_missing_status_is_unknown() {
         let a = app("a", "c1", "Synced", "Progressing", json!([]));
         let mut b = app("b", "c2", "Synced", "Healthy", json!([]));
-        b.data["status"] = json!({});
+        b.status = None;
         let statuses = report_statuses(&[("c1".into(), &a), ("c2".into(), &b)]);
         assert_eq!(statuses.summary.in_progress, "1");
         assert_eq!(statuses.summary.not_healthy, "2");
