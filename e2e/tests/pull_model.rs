@@ -57,8 +57,18 @@ fn cluster_resource() -> ApiResource {
 static SETUP: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
 
 /// The shared planes with the report CRD installed (from the chart) and the pull-model controllers
-/// running against the hub.
+/// running against the hub. With `PULL_TRACE=<filter>` (e.g. `argocd_agent_operator=debug`), every
+/// controller instance of the binary logs to stderr, by thread (a test's own instances run on the
+/// test's thread).
 async fn planes() -> anyhow::Result<&'static SharedPlanes> {
+    if let Ok(filter) = std::env::var("PULL_TRACE") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .with_thread_names(true)
+            .with_ansi(false)
+            .try_init();
+    }
     let planes = shared_planes().await;
     SETUP
         .get_or_try_init(|| async {

@@ -216,6 +216,12 @@ pub struct OperationState {
     /// The operation it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<Value>,
+    /// When it started (RFC 3339, kept as written); the pull model's status feedback compares it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// What it said last; the pull model's status feedback compares it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// Everything else.
     #[serde(flatten)]
     pub other: Other,
@@ -318,12 +324,21 @@ mod tests {
                      "destination": {"server": "https://kubernetes.default.svc", "namespace": "guestbook"},
                      "syncPolicy": {"automated": {}}},
             "operation": {"sync": {"revision": "HEAD"}},
-            "status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"},
+            "status": {"sync": {"status": "Synced", "revision": "abc"}, "health": {"status": "Healthy"},
+                       "conditions": [{"type": "SyncError", "message": "m", "lastTransitionTime": "t", "x": 1}],
                        "operationState": {"phase": "Running", "startedAt": "2026-11-24T00:00:00Z",
-                                          "operation": {"sync": {}}}}
+                                          "message": "syncing", "operation": {"sync": {}}}}
         });
         let typed: Application = serde_json::from_value(app.clone()).unwrap();
         assert_eq!(typed.operation_phase(), Some("Running"));
+        let status = typed.status.as_ref().unwrap();
+        assert_eq!(
+            status.conditions.as_ref().unwrap()[0].type_.as_deref(),
+            Some("SyncError")
+        );
+        let state = status.operation_state.as_ref().unwrap();
+        assert_eq!(state.started_at.as_deref(), Some("2026-11-24T00:00:00Z"));
+        assert_eq!(state.message.as_deref(), Some("syncing"));
         assert_eq!(typed.spec.project.as_deref(), Some("default"));
         assert_eq!(serde_json::to_value(&typed).unwrap(), app);
     }

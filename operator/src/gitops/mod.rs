@@ -29,7 +29,6 @@ use tokio::sync::watch;
 
 use crate::pki::PkiError;
 use crate::pull::manifestwork::ManifestWork;
-use crate::pull::queue::DirtyQueue;
 use crate::registration::{RegistrationError, DEFAULT_RESOURCE_PROXY_ADDRESS};
 use argocd_agent_kube::CancellationToken;
 
@@ -147,6 +146,27 @@ where
         .boxed()
 }
 
+/// When the next pass is due: a burst of events is one pass, and the earliest request wins, so
+/// a steady stream of events cannot postpone a pass (unlike a trailing debounce).
+#[derive(Default)]
+struct NextPass(Option<tokio::time::Instant>);
+
+impl NextPass {
+    /// Asks for a pass within `delay`.
+    fn within(&mut self, delay: Duration) {
+        let at = tokio::time::Instant::now() + delay;
+        self.0 = Some(self.0.map_or(at, |due| due.min(at)));
+    }
+
+    /// Completes when the pass is due (never when none was asked for).
+    async fn due(&self) {
+        match self.0 {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// Runs the operator against the hub until `shutdown` completes: elects a leader among replicas
 /// and, while leader, reconciles on every relevant change and every `resync`.
 pub async fn run_operator(
@@ -201,26 +221,26 @@ pub async fn run_operator(
         ),
     ]);
     tracing::info!(namespace = %opts.namespace, identity = %opts.identity, "GitOpsCluster operator started");
-    let mut queue: DirtyQueue<()> = DirtyQueue::default();
+    let mut next_pass = NextPass::default();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
-            Some(()) = events.next() => queue.mark((), DEBOUNCE),
+            Some(()) = events.next() => next_pass.within(DEBOUNCE),
             changed = leader.changed() => {
                 if changed.is_err() { break; }
-                if *leader.borrow() { queue.mark((), Duration::ZERO); }
+                if *leader.borrow() { next_pass.within(Duration::ZERO); }
             }
-            _ = queue.wait_due() => {
-                queue.take_due(std::time::Instant::now());
+            () = next_pass.due() => {
+                next_pass = NextPass::default();
                 if !*leader.borrow() { continue; }
                 match reconcile_all(&client, &opts).await {
                     Ok(summary) => {
                         tracing::debug!(?summary, "operator pass done");
-                        queue.mark((), if summary.requeue_soon { Duration::from_secs(1) } else { opts.resync });
+                        next_pass.within(if summary.requeue_soon { Duration::from_secs(1) } else { opts.resync });
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "operator pass failed; retrying");
-                        queue.mark((), Duration::from_secs(5));
+                        next_pass.within(Duration::from_secs(5));
                     }
                 }
             }

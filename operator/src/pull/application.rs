@@ -8,13 +8,14 @@
 
 use std::fmt;
 
+pub use argocd_agent_kube::argocd::{Application, ApplicationCondition};
 pub use argocd_agent_kube::resources::{
     application as application_resource, applicationset as applicationset_resource,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Label that opts an Application into the pull model (value parsed like Go's `ParseBool`).
 pub const PULL_LABEL: &str = "apps.open-cluster-management.io/pull-to-ocm-managed-cluster";
@@ -207,12 +208,11 @@ pub fn hosting_appset(meta: &ObjectMeta) -> Option<AppSetKey> {
         .and_then(|v| AppSetKey::parse(v))
 }
 
-/// The Application's `status.conditions` (empty when absent or not a list).
-pub fn conditions(app: &DynamicObject) -> Vec<Value> {
-    app.data
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .cloned()
+/// The Application's `status.conditions` (empty when absent).
+pub fn conditions(app: &Application) -> &[ApplicationCondition] {
+    app.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default()
 }
 
@@ -220,21 +220,24 @@ pub fn conditions(app: &DynamicObject) -> Vec<Value> {
 /// `type_`; `None` when nothing changes (same message already there, or nothing to clear).
 /// Conditions of other types are kept as they are.
 pub fn with_condition(
-    current: &[Value],
+    current: &[ApplicationCondition],
     type_: &str,
     message: Option<&str>,
     now: &str,
-) -> Option<Vec<Value>> {
-    let is_ours = |c: &Value| c.get("type").and_then(Value::as_str) == Some(type_);
+) -> Option<Vec<ApplicationCondition>> {
+    let is_ours = |c: &ApplicationCondition| c.type_.as_deref() == Some(type_);
     let existing = current.iter().find(|c| is_ours(c));
     match (existing, message) {
         (None, None) => None,
-        (Some(c), Some(m)) if c.get("message").and_then(Value::as_str) == Some(m) => None,
+        (Some(c), Some(m)) if c.message.as_deref() == Some(m) => None,
         (_, message) => {
-            let mut next: Vec<Value> = current.iter().filter(|c| !is_ours(c)).cloned().collect();
-            if let Some(m) = message {
-                next.push(json!({"type": type_, "message": m, "lastTransitionTime": now}));
-            }
+            let mut next: Vec<_> = current.iter().filter(|c| !is_ours(c)).cloned().collect();
+            next.extend(message.map(|m| ApplicationCondition {
+                type_: Some(type_.to_string()),
+                message: Some(m.to_string()),
+                last_transition_time: Some(now.to_string()),
+                ..Default::default()
+            }));
             Some(next)
         }
     }
@@ -248,13 +251,13 @@ pub fn now_rfc3339() -> String {
 /// Sets or clears the pull model's condition of `type_` on the hub Application. Returns whether
 /// a write happened. Fails with 409 if the Application changed since `app` was read.
 pub async fn set_condition(
-    api: &Api<DynamicObject>,
-    app: &DynamicObject,
+    api: &Api<Application>,
+    app: &Application,
     type_: &str,
     message: Option<&str>,
     manager: &str,
 ) -> Result<bool, kube::Error> {
-    let Some(next) = with_condition(&conditions(app), type_, message, &now_rfc3339()) else {
+    let Some(next) = with_condition(conditions(app), type_, message, &now_rfc3339()) else {
         return Ok(false);
     };
     let patch = json!({
@@ -397,7 +400,8 @@ mod tests {
 
     #[test]
     fn conditions_are_set_replaced_and_cleared_by_type_only() {
-        let other = json!({"type": "SyncError", "message": "argo's own"});
+        let other: ApplicationCondition =
+            serde_json::from_value(json!({"type": "SyncError", "message": "argo's own"})).unwrap();
         let current = vec![other.clone()];
         let set = with_condition(&current, SPEC_ERROR_CONDITION, Some("bad"), "t1").expect("added");
         assert_eq!(set.len(), 2);
@@ -408,7 +412,8 @@ mod tests {
         );
         let replaced =
             with_condition(&set, SPEC_ERROR_CONDITION, Some("worse"), "t3").expect("replaced");
-        assert_eq!(replaced[1]["message"], "worse");
+        assert_eq!(replaced[1].message.as_deref(), Some("worse"));
+        assert_eq!(replaced[1].last_transition_time.as_deref(), Some("t3"));
         let cleared = with_condition(&replaced, SPEC_ERROR_CONDITION, None, "t4").expect("cleared");
         assert_eq!(cleared, vec![other]);
         assert_eq!(

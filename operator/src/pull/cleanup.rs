@@ -12,20 +12,19 @@
 use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
 
-use futures::StreamExt;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
-use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::Event;
+use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::application::{application_resource, pull_intent, PULL_LABEL, RESOURCES_FINALIZERS};
+use super::application::{pull_intent, Application, RESOURCES_FINALIZERS};
 use super::manifestwork::{hub_application_of, manifest_work_name_of, ManifestWork};
-use super::queue::DirtyQueue;
+use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
 
-/// Coalesces a burst of events for one key.
+/// Coalesces a burst of triggers for one ManifestWork or Application.
 const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Why a ManifestWork must go.
@@ -56,7 +55,7 @@ impl std::fmt::Display for Unwanted {
 }
 
 /// Whether `app` (the work's hub Application, if it exists) still wants `work`.
-pub fn work_wanted(work: &ManifestWork, app: Option<&DynamicObject>) -> Result<(), Unwanted> {
+pub fn work_wanted(work: &ManifestWork, app: Option<&Application>) -> Result<(), Unwanted> {
     let app = app.ok_or(Unwanted::AppGone)?;
     if app.metadata.deletion_timestamp.is_some() {
         return Err(Unwanted::AppDeleting);
@@ -82,29 +81,20 @@ pub fn without_resources_finalizers(finalizers: &[String]) -> Option<Vec<String>
     (kept.len() != finalizers.len()).then_some(kept)
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Key {
-    /// Check one ManifestWork (cluster namespace, name).
-    Work(String, String),
-    /// Finish the deletion of one hub Application (namespace, name).
-    Finalize(String, String),
-}
-
-struct Cleanup {
+struct Context {
     client: kube::Client,
-    apps: Store<DynamicObject>,
+    opts: PullModelOptions,
+    apps: Store<Application>,
     works: Store<ManifestWork>,
-    app_resource: kube::core::ApiResource,
 }
 
-impl Cleanup {
-    fn app_api(&self, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client.clone(), namespace, &self.app_resource)
+impl Context {
+    fn app_api(&self, namespace: &str) -> Api<Application> {
+        Api::namespaced(self.client.clone(), namespace)
     }
 
-    fn cached_app(&self, namespace: &str, name: &str) -> Option<Arc<DynamicObject>> {
-        self.apps
-            .get(&ObjectRef::new_with(name, self.app_resource.clone()).within(namespace))
+    fn cached_app(&self, namespace: &str, name: &str) -> Option<Arc<Application>> {
+        self.apps.get(&ObjectRef::new(name).within(namespace))
     }
 
     fn works_of(&self, namespace: &str, name: &str) -> Vec<Arc<ManifestWork>> {
@@ -112,197 +102,177 @@ impl Cleanup {
             hub_application_of(w).is_some_and(|(ns, n)| ns == namespace && n == name)
         })
     }
-
-    async fn check_work(&self, cluster: &str, name: &str) -> Result<(), kube::Error> {
-        let Some(work) = self.works.get(&ObjectRef::new(name).within(cluster)) else {
-            return Ok(());
-        };
-        let Some((app_ns, app_name)) = hub_application_of(&work) else {
-            return Ok(()); // not made by the pull model
-        };
-        if work.metadata.deletion_timestamp.is_some() {
-            return Ok(());
-        }
-        if work_wanted(&work, self.cached_app(&app_ns, &app_name).as_deref()).is_ok() {
-            return Ok(());
-        }
-        // The caches may lag behind a just-created or just-relabelled Application.
-        let live = self.app_api(&app_ns).get_opt(&app_name).await?;
-        let Err(reason) = work_wanted(&work, live.as_ref()) else {
-            return Ok(());
-        };
-        let works: Api<ManifestWork> = Api::namespaced(self.client.clone(), cluster);
-        match works.delete(name, &DeleteParams::default()).await {
-            Ok(_) => {
-                tracing::info!(work = %format!("{cluster}/{name}"), app = %format!("{app_ns}/{app_name}"), "deleted ManifestWork: {reason}")
-            }
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(e) => return Err(e),
-        }
-        Ok(())
-    }
-
-    /// Deletes the Application's works; once none is left, drops Argo CD's resources finalizer.
-    async fn finalize(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
-        let api = self.app_api(namespace);
-        let Some(app) = api.get_opt(name).await? else {
-            return Ok(());
-        };
-        if app.metadata.deletion_timestamp.is_none()
-            || !crate::pull::application::has_pull_label(&app.metadata)
-        {
-            return Ok(());
-        }
-        let Some(kept) =
-            without_resources_finalizers(app.metadata.finalizers.as_deref().unwrap_or_default())
-        else {
-            return Ok(());
-        };
-        let remaining = self.works_of(namespace, name);
-        for work in &remaining {
-            if work.metadata.deletion_timestamp.is_none() {
-                let works: Api<ManifestWork> =
-                    Api::namespaced(self.client.clone(), &work.namespace().unwrap_or_default());
-                match works
-                    .delete(&work.name_any(), &DeleteParams::default())
-                    .await
-                {
-                    Ok(_) => {
-                        tracing::info!(work = %format!("{}/{}", work.namespace().unwrap_or_default(), work.name_any()), app = %format!("{namespace}/{name}"), "deleted ManifestWork: {}", Unwanted::AppDeleting)
-                    }
-                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        // Confirm against the API: the cache may still list works that are gone.
-        let mut still_there = false;
-        for work in &remaining {
-            let works: Api<ManifestWork> =
-                Api::namespaced(self.client.clone(), &work.namespace().unwrap_or_default());
-            still_there |= works.get_opt(&work.name_any()).await?.is_some();
-        }
-        if still_there {
-            return Ok(()); // the works' Delete events bring us back
-        }
-        let patch = json!({"metadata": {"resourceVersion": app.metadata.resource_version, "finalizers": kept}});
-        let params = PatchParams {
-            field_manager: Some(PROPAGATION_MANAGER.to_string()),
-            ..Default::default()
-        };
-        api.patch(name, &params, &Patch::Merge(&patch)).await?;
-        tracing::info!(app = %format!("{namespace}/{name}"), "ManifestWorks gone; removed the resources finalizer");
-        Ok(())
-    }
-
-    fn mark_app(&self, queue: &mut DirtyQueue<Key>, app: &DynamicObject) {
-        let (ns, name) = (app.namespace().unwrap_or_default(), app.name_any());
-        for work in self.works_of(&ns, &name) {
-            queue.mark(
-                Key::Work(work.namespace().unwrap_or_default(), work.name_any()),
-                DEBOUNCE,
-            );
-        }
-        if app.metadata.deletion_timestamp.is_some()
-            && without_resources_finalizers(app.metadata.finalizers.as_deref().unwrap_or_default())
-                .is_some()
-        {
-            queue.mark(Key::Finalize(ns, name), DEBOUNCE);
-        }
-    }
-
-    fn mark_all_works(&self, queue: &mut DirtyQueue<Key>) {
-        for work in self.works.state() {
-            queue.mark(
-                Key::Work(work.namespace().unwrap_or_default(), work.name_any()),
-                DEBOUNCE,
-            );
-        }
-    }
 }
 
-/// Runs the cleanup controller until `shutdown`.
+/// Deletes `work` if its hub Application no longer wants it.
+async fn check_work(work: Arc<ManifestWork>, ctx: Arc<Context>) -> Result<Action, kube::Error> {
+    let Some((app_ns, app_name)) = hub_application_of(&work) else {
+        return Ok(Action::await_change()); // not made by the pull model
+    };
+    if work.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    if work_wanted(&work, ctx.cached_app(&app_ns, &app_name).as_deref()).is_ok() {
+        return Ok(Action::await_change());
+    }
+    // The caches may lag behind a just-created or just-relabelled Application.
+    let live = ctx.app_api(&app_ns).get_opt(&app_name).await?;
+    let Err(reason) = work_wanted(&work, live.as_ref()) else {
+        return Ok(Action::await_change());
+    };
+    let (cluster, name) = (work.namespace().unwrap_or_default(), work.name_any());
+    let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &cluster);
+    match works.delete(&name, &DeleteParams::default()).await {
+        Ok(_) => {
+            tracing::info!(work = %format!("{cluster}/{name}"), app = %format!("{app_ns}/{app_name}"), "deleted ManifestWork: {reason}")
+        }
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => return Err(e),
+    }
+    Ok(Action::await_change())
+}
+
+/// Deletes a deleted Application's works; once none is left, drops Argo CD's resources finalizer.
+async fn finalize(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, kube::Error> {
+    if app.metadata.deletion_timestamp.is_none()
+        || without_resources_finalizers(app.metadata.finalizers.as_deref().unwrap_or_default())
+            .is_none()
+    {
+        return Ok(Action::await_change());
+    }
+    let (namespace, name) = (app.namespace().unwrap_or_default(), app.name_any());
+    let api = ctx.app_api(&namespace);
+    let Some(app) = api.get_opt(&name).await? else {
+        return Ok(Action::await_change());
+    };
+    if app.metadata.deletion_timestamp.is_none()
+        || !crate::pull::application::has_pull_label(&app.metadata)
+    {
+        return Ok(Action::await_change());
+    }
+    let Some(kept) =
+        without_resources_finalizers(app.metadata.finalizers.as_deref().unwrap_or_default())
+    else {
+        return Ok(Action::await_change());
+    };
+    let remaining = ctx.works_of(&namespace, &name);
+    for work in &remaining {
+        if work.metadata.deletion_timestamp.is_none() {
+            let works: Api<ManifestWork> =
+                Api::namespaced(ctx.client.clone(), &work.namespace().unwrap_or_default());
+            match works
+                .delete(&work.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(work = %format!("{}/{}", work.namespace().unwrap_or_default(), work.name_any()), app = %format!("{namespace}/{name}"), "deleted ManifestWork: {}", Unwanted::AppDeleting)
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    // Confirm against the API: the cache may still list works that are gone.
+    let mut still_there = false;
+    for work in &remaining {
+        let works: Api<ManifestWork> =
+            Api::namespaced(ctx.client.clone(), &work.namespace().unwrap_or_default());
+        still_there |= works.get_opt(&work.name_any()).await?.is_some();
+    }
+    if still_there {
+        return Ok(Action::await_change()); // the works' Delete events bring us back
+    }
+    let patch =
+        json!({"metadata": {"resourceVersion": app.metadata.resource_version, "finalizers": kept}});
+    let params = PatchParams {
+        field_manager: Some(PROPAGATION_MANAGER.to_string()),
+        ..Default::default()
+    };
+    api.patch(&name, &params, &Patch::Merge(&patch)).await?;
+    tracing::info!(app = %format!("{namespace}/{name}"), "ManifestWorks gone; removed the resources finalizer");
+    Ok(Action::await_change())
+}
+
+fn retry<K: Resource>(object: Arc<K>, error: &kube::Error, ctx: Arc<Context>) -> Action {
+    let key = format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    );
+    tracing::warn!(%key, %error, "cleanup failed; retrying");
+    Action::requeue(ctx.opts.retry_after)
+}
+
+/// Runs the cleanup controllers until `shutdown`: one checks ManifestWorks, one finishes the
+/// deletion of Applications.
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
+    apps: [Subscription<Application>; 2],
+    works: [Subscription<ManifestWork>; 2],
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
-    let app_resource = application_resource();
-    let app_writer = reflector::store::Writer::<DynamicObject>::new(app_resource.clone());
-    let apps = app_writer.as_reader();
-    let mut app_events = reflector::reflector(
-        app_writer,
-        watcher::watcher(
-            Api::<DynamicObject>::all_with(client.clone(), &app_resource),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .boxed();
-    let work_writer = reflector::store::Writer::<ManifestWork>::default();
-    let works = work_writer.as_reader();
-    let mut work_events = reflector::reflector(
-        work_writer,
-        watcher::watcher(
-            Api::<ManifestWork>::all(client.clone()),
-            watcher::Config::default().labels(&format!("{PULL_LABEL}=true")),
-        ),
-    )
-    .default_backoff()
-    .boxed();
-
-    let cleanup = Cleanup {
+    let [apps, apps_too] = apps;
+    let [works, works_too] = works;
+    let ctx = Arc::new(Context {
         client,
-        apps,
-        works,
-        app_resource,
-    };
-    let mut queue = DirtyQueue::<Key>::default();
-    let (mut apps_ready, mut works_ready) = (false, false);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            event = app_events.next() => match event {
-                Some(Ok(Event::Apply(app) | Event::InitApply(app) | Event::Delete(app))) => cleanup.mark_app(&mut queue, &app),
-                Some(Ok(Event::InitDone)) => {
-                    apps_ready = true;
-                    cleanup.mark_all_works(&mut queue);
+        opts,
+        apps: apps.store.clone(),
+        works: works.store.clone(),
+    });
+    let config = controller_config(1, DEBOUNCE);
+    let reads = [apps.ready.clone(), works.ready.clone()];
+
+    // An Application's change concerns its works; after a relist of Applications every work is
+    // checked (Applications that vanished meanwhile left no Delete event).
+    let app_works = {
+        let ctx = ctx.clone();
+        move |event: Event<Application>| {
+            match event {
+                Event::Apply(app) | Event::InitApply(app) | Event::Delete(app) => {
+                    ctx.works_of(&app.namespace().unwrap_or_default(), &app.name_any())
                 }
-                Some(Ok(Event::Init)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "cleanup: Application watch failed; retrying"),
-                None => break,
-            },
-            event = work_events.next() => match event {
-                Some(Ok(Event::Apply(work) | Event::InitApply(work))) => {
-                    queue.mark(Key::Work(work.namespace().unwrap_or_default(), work.name_any()), DEBOUNCE);
-                }
-                Some(Ok(Event::Delete(work))) => {
-                    if let Some((ns, name)) = hub_application_of(&work) {
-                        queue.mark(Key::Finalize(ns, name), DEBOUNCE);
-                    }
-                }
-                Some(Ok(Event::InitDone)) => {
-                    works_ready = true;
-                    cleanup.mark_all_works(&mut queue);
-                }
-                Some(Ok(Event::Init)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "cleanup: ManifestWork watch failed; retrying"),
-                None => break,
-            },
-            _ = queue.wait_due(), if apps_ready && works_ready => {
-                for key in queue.take_due(std::time::Instant::now()) {
-                    let result = match &key {
-                        Key::Work(cluster, name) => cleanup.check_work(cluster, name).await,
-                        Key::Finalize(ns, name) => cleanup.finalize(ns, name).await,
-                    };
-                    if let Err(e) = result {
-                        tracing::warn!(?key, error = %e, "cleanup failed; retrying");
-                        queue.mark(key, opts.retry_after);
-                    }
-                }
+                Event::InitDone => ctx.works.state(),
+                Event::Init => Vec::new(),
             }
+            .into_iter()
+            .map(|w| ObjectRef::from_obj(w.as_ref()))
+            .collect::<Vec<_>>()
         }
-    }
+    };
+    let works_controller = Controller::for_stream(touched(works.events), works.store)
+        .reconcile_on(triggers(apps_too.events, app_works));
+    // A deleted work may be the last one a deleted Application waits for.
+    let deleted_work_app = move |event: Event<ManifestWork>| match event {
+        Event::Delete(work) => {
+            hub_application_of(&work).map(|(ns, name)| ObjectRef::new(&name).within(&ns))
+        }
+        _ => None,
+    };
+    let apps_controller = Controller::for_stream(touched(apps.events), apps.store)
+        .reconcile_on(triggers(works_too.events, deleted_work_app));
+    tokio::join!(
+        run_controller(
+            "cleanup",
+            reads.clone(),
+            works_controller,
+            config.clone(),
+            check_work,
+            retry,
+            ctx.clone(),
+            shutdown.clone()
+        ),
+        run_controller(
+            "cleanup finalizer",
+            reads,
+            apps_controller,
+            config,
+            finalize,
+            retry,
+            ctx,
+            shutdown
+        ),
+    );
     Ok(())
 }
 
@@ -311,7 +281,7 @@ mod tests {
     use super::*;
     use crate::pull::application::{CLUSTER_ANNOTATION, PULL_LABEL};
 
-    fn app(labels: serde_json::Value, cluster: &str, uid: &str) -> DynamicObject {
+    fn app(labels: serde_json::Value, cluster: &str, uid: &str) -> Application {
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": {"name": "guestbook", "namespace": "apps", "uid": uid, "labels": labels,

@@ -10,19 +10,19 @@
 
 use argocd_agent_kube::CancellationToken;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::Event;
 use kube::ResourceExt;
 
 use super::application::managed_cluster_resource;
-use super::queue::DirtyQueue;
+use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, CLUSTER_SECRET_MANAGER};
 
 /// Label Argo CD uses to find cluster Secrets.
@@ -33,7 +33,7 @@ pub const PULL_CLUSTER_SECRET_LABEL: &str = "apps.open-cluster-management.io/pul
 pub const AGENT_NAME_LABEL: &str = "argocd-agent.argoproj-labs.io/agent-name";
 /// Label naming the ManagedCluster, as OCM's GitOpsCluster controller writes it.
 pub const CLUSTER_NAME_LABEL: &str = "apps.open-cluster-management.io/cluster-name";
-/// Coalesces a burst of events for one cluster.
+/// Coalesces a burst of triggers for one cluster (or its Secret).
 const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Name of the cluster Secret of `cluster`.
@@ -98,53 +98,57 @@ fn secret_is_current(existing: &Secret, desired: &Secret) -> bool {
             .all(|(k, v)| labels.get(k) == Some(v))
 }
 
-struct ClusterSecrets {
+struct Context {
     client: kube::Client,
-    namespace: String,
+    opts: PullModelOptions,
     clusters: Store<DynamicObject>,
     secrets: Store<Secret>,
     cluster_resource: kube::core::ApiResource,
 }
 
-impl ClusterSecrets {
+impl Context {
     fn agent_registered(&self, cluster: &str) -> bool {
         self.secrets
             .find(|s| s.labels().get(AGENT_NAME_LABEL).map(String::as_str) == Some(cluster))
             .is_some()
     }
 
-    async fn reconcile(&self, cluster_name: &str) -> Result<(), kube::Error> {
-        let cluster = self.clusters.get(&ObjectRef::new_with(
-            cluster_name,
-            self.cluster_resource.clone(),
-        ));
+    fn cluster(&self, name: &str) -> Option<Arc<DynamicObject>> {
+        self.clusters
+            .get(&ObjectRef::new_with(name, self.cluster_resource.clone()))
+    }
+
+    /// Brings the cluster Secret of `cluster_name` in line with the ManagedCluster.
+    async fn reconcile(&self, cluster_name: &str) -> Result<Action, ClusterSecretError> {
+        let cluster = self.cluster(cluster_name);
         let desired = cluster
             .filter(|c| {
                 c.metadata.deletion_timestamp.is_none() && !self.agent_registered(cluster_name)
             })
-            .map(|c| build_cluster_secret(&c, &self.namespace));
+            .map(|c| build_cluster_secret(&c, &self.opts.argocd_namespace));
         let name = cluster_secret_name(cluster_name);
         let existing = self
             .secrets
-            .get(&ObjectRef::new(&name).within(&self.namespace));
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+            .get(&ObjectRef::new(&name).within(&self.opts.argocd_namespace));
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.opts.argocd_namespace);
+        let failed = |source| ClusterSecretError {
+            cluster: cluster_name.to_string(),
+            source,
+        };
         match desired {
             Some(secret)
                 if existing
                     .as_deref()
-                    .is_some_and(|e| secret_is_current(e, &secret)) =>
-            {
-                Ok(())
-            }
+                    .is_some_and(|e| secret_is_current(e, &secret)) => {}
             Some(secret) => {
                 api.patch(
                     &name,
                     &PatchParams::apply(CLUSTER_SECRET_MANAGER).force(),
                     &Patch::Apply(&secret),
                 )
-                .await?;
+                .await
+                .map_err(failed)?;
                 tracing::info!(cluster = %cluster_name, secret = %name, "cluster Secret applied");
-                Ok(())
             }
             None if existing
                 .as_deref()
@@ -155,13 +159,50 @@ impl ClusterSecrets {
                         tracing::info!(cluster = %cluster_name, secret = %name, "cluster Secret deleted")
                     }
                     Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(failed(e)),
                 }
-                Ok(())
             }
-            None => Ok(()),
+            None => {}
         }
+        Ok(Action::await_change())
     }
+}
+
+/// A failed write of one cluster's Secret (retried).
+#[derive(Debug, thiserror::Error)]
+#[error("cluster Secret of {cluster}: {source}")]
+pub struct ClusterSecretError {
+    /// The ManagedCluster.
+    cluster: String,
+    /// The API error.
+    source: kube::Error,
+}
+
+async fn reconcile_cluster(
+    cluster: Arc<DynamicObject>,
+    ctx: Arc<Context>,
+) -> Result<Action, ClusterSecretError> {
+    ctx.reconcile(&cluster.name_any()).await
+}
+
+/// Deletes our Secret of a ManagedCluster that no longer exists.
+async fn reconcile_secret(
+    secret: Arc<Secret>,
+    ctx: Arc<Context>,
+) -> Result<Action, ClusterSecretError> {
+    let Some(cluster) = secret.labels().get(PULL_CLUSTER_SECRET_LABEL) else {
+        return Ok(Action::await_change());
+    };
+    if ctx.cluster(cluster).is_some() {
+        return Ok(Action::await_change());
+    }
+    ctx.reconcile(cluster).await
+}
+
+fn retry<K>(_object: Arc<K>, error: &ClusterSecretError, ctx: Arc<Context>) -> Action {
+    let cluster = &error.cluster;
+    tracing::warn!(%cluster, error = %error.source, "cluster Secret reconciliation failed; retrying");
+    Action::requeue(ctx.opts.retry_after)
 }
 
 /// The cluster a cluster Secret event concerns: ours by label, an agent's by its agent label.
@@ -173,84 +214,75 @@ fn secret_cluster(secret: &Secret) -> Option<String> {
         .cloned()
 }
 
-/// Runs the cluster Secret controller until `shutdown`.
+/// Runs the cluster Secret controllers until `shutdown`: one per ManagedCluster, one that removes
+/// the Secrets of ManagedClusters that are gone.
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
+    clusters: [Subscription<DynamicObject>; 2],
+    secrets: [Subscription<Secret>; 2],
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
     let cluster_resource = managed_cluster_resource();
-    let cluster_writer = reflector::store::Writer::<DynamicObject>::new(cluster_resource.clone());
-    let clusters = cluster_writer.as_reader();
-    let mut cluster_events = reflector::reflector(
-        cluster_writer,
-        watcher::watcher(
-            Api::<DynamicObject>::all_with(client.clone(), &cluster_resource),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .boxed();
-    let secret_writer = reflector::store::Writer::<Secret>::default();
-    let secrets = secret_writer.as_reader();
-    let mut secret_events = reflector::reflector(
-        secret_writer,
-        watcher::watcher(
-            Api::<Secret>::namespaced(client.clone(), &opts.argocd_namespace),
-            watcher::Config::default().labels(&format!("{SECRET_TYPE_LABEL}=cluster")),
-        ),
-    )
-    .default_backoff()
-    .boxed();
-
-    let controller = ClusterSecrets {
+    let [clusters, clusters_too] = clusters;
+    let [secrets, secrets_too] = secrets;
+    let ctx = Arc::new(Context {
         client,
-        namespace: opts.argocd_namespace.clone(),
-        clusters,
-        secrets,
-        cluster_resource,
+        opts,
+        clusters: clusters.store.clone(),
+        secrets: secrets.store.clone(),
+        cluster_resource: cluster_resource.clone(),
+    });
+    let config = controller_config(1, DEBOUNCE);
+    let reads = [clusters.ready.clone(), secrets.ready.clone()];
+    let secret_to_cluster = {
+        let cr = cluster_resource.clone();
+        move |s: Secret| secret_cluster(&s).map(|c| ObjectRef::new_with(&c, cr.clone()))
     };
-    let mut queue = DirtyQueue::<String>::default();
-    let (mut clusters_ready, mut secrets_ready) = (false, false);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            event = cluster_events.next() => match event {
-                Some(Ok(Event::Apply(c) | Event::InitApply(c) | Event::Delete(c))) => queue.mark(c.name_any(), DEBOUNCE),
-                Some(Ok(Event::InitDone)) => {
-                    clusters_ready = true;
-                    // Secrets of clusters deleted while nothing watched are found here.
-                    for s in controller.secrets.state() {
-                        if let Some(c) = s.labels().get(PULL_CLUSTER_SECRET_LABEL) {
-                            queue.mark(c.clone(), DEBOUNCE);
-                        }
-                    }
-                }
-                Some(Ok(Event::Init)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "cluster secrets: ManagedCluster watch failed; retrying"),
-                None => break,
-            },
-            event = secret_events.next() => match event {
-                Some(Ok(Event::Apply(s) | Event::InitApply(s) | Event::Delete(s))) => {
-                    if let Some(c) = secret_cluster(&s) {
-                        queue.mark(c, DEBOUNCE);
-                    }
-                }
-                Some(Ok(Event::InitDone)) => secrets_ready = true,
-                Some(Ok(Event::Init)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "cluster secrets: Secret watch failed; retrying"),
-                None => break,
-            },
-            _ = queue.wait_due(), if clusters_ready && secrets_ready => {
-                for cluster in queue.take_due(std::time::Instant::now()) {
-                    if let Err(e) = controller.reconcile(&cluster).await {
-                        tracing::warn!(%cluster, error = %e, "cluster Secret reconciliation failed; retrying");
-                        queue.mark(cluster, opts.retry_after);
-                    }
-                }
-            }
+    let cluster_controller =
+        Controller::for_stream_with(touched(clusters.events), clusters.store, cluster_resource)
+            .watches_stream(touched(secrets_too.events), secret_to_cluster);
+    // A deleted cluster's Secret goes; after a relist, so do those of clusters deleted while
+    // nothing watched.
+    let ours = {
+        let ctx = ctx.clone();
+        move |event: Event<DynamicObject>| match event {
+            Event::Delete(c) => vec![ObjectRef::new(&cluster_secret_name(&c.name_any()))
+                .within(&ctx.opts.argocd_namespace)],
+            Event::InitDone => ctx
+                .secrets
+                .state()
+                .iter()
+                .filter(|s| s.labels().contains_key(PULL_CLUSTER_SECRET_LABEL))
+                .map(|s| ObjectRef::from_obj(s.as_ref()))
+                .collect(),
+            _ => Vec::new(),
         }
-    }
+    };
+    let secret_controller = Controller::for_stream(touched(secrets.events), secrets.store)
+        .reconcile_on(triggers(clusters_too.events, ours));
+    tokio::join!(
+        run_controller(
+            "cluster secrets",
+            reads.clone(),
+            cluster_controller,
+            config.clone(),
+            reconcile_cluster,
+            retry,
+            ctx.clone(),
+            shutdown.clone()
+        ),
+        run_controller(
+            "cluster secret removal",
+            reads,
+            secret_controller,
+            config,
+            reconcile_secret,
+            retry,
+            ctx,
+            shutdown
+        ),
+    );
     Ok(())
 }
 

@@ -9,8 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use argocd_agent_kube::argocd::Application;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::DynamicObject;
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -307,7 +307,7 @@ pub fn manifest_work_name(app_name: &str, uid: &str) -> String {
 }
 
 /// The ManifestWork name for this Application, if it has a name and UID.
-pub fn manifest_work_name_of(app: &DynamicObject) -> Option<String> {
+pub fn manifest_work_name_of(app: &Application) -> Option<String> {
     Some(manifest_work_name(
         app.metadata.name.as_deref()?,
         app.metadata.uid.as_deref()?,
@@ -332,7 +332,7 @@ fn hub_only_annotation(key: &str) -> bool {
 /// finalizers, labels and annotations minus the OCM opt-in keys and hub-only bookkeeping), the
 /// hub `spec` with the destination set to the spoke's own API server, and `operation` if the hub
 /// asked for one. No status, UID, resourceVersion, ownerReferences or managedFields.
-pub fn payload_application(app: &DynamicObject, target: &PullTarget) -> Value {
+pub fn payload_application(app: &Application, target: &PullTarget) -> Value {
     let meta = &app.metadata;
     let mut labels: BTreeMap<String, String> = meta
         .labels
@@ -365,20 +365,16 @@ pub fn payload_application(app: &DynamicObject, target: &PullTarget) -> Value {
         metadata.insert("finalizers".into(), json!(finalizers));
     }
 
-    let mut spec = app.data.get("spec").cloned().unwrap_or_else(|| json!({}));
-    if let Some(spec) = spec.as_object_mut() {
-        let destination = spec.entry("destination").or_insert_with(|| json!({}));
-        if let Some(destination) = destination.as_object_mut() {
-            destination.remove("name");
-            destination.insert("server".into(), json!(IN_CLUSTER_SERVER));
-        }
-    }
+    let mut spec = app.spec.clone();
+    let destination = spec.destination.get_or_insert_with(Default::default);
+    destination.name = None;
+    destination.server = Some(IN_CLUSTER_SERVER.to_string());
     let mut payload = Map::new();
     payload.insert("apiVersion".into(), json!("argoproj.io/v1alpha1"));
     payload.insert("kind".into(), json!("Application"));
     payload.insert("metadata".into(), Value::Object(metadata));
-    payload.insert("spec".into(), spec);
-    if let Some(operation) = app.data.get("operation").filter(|o| o.is_object()) {
+    payload.insert("spec".into(), json!(spec));
+    if let Some(operation) = app.operation.as_ref().filter(|o| o.is_object()) {
         payload.insert("operation".into(), operation.clone());
     }
     Value::Object(payload)
@@ -414,7 +410,7 @@ pub fn application_feedback_rules() -> Vec<FeedbackRule> {
 /// with the hub Application (and its ApplicationSet), applied on the spoke with server-side apply
 /// so the spoke Argo CD's status writes are never overwritten.
 pub fn build_manifest_work(
-    app: &DynamicObject,
+    app: &Application,
     target: &PullTarget,
 ) -> Result<ManifestWork, BuildError> {
     let meta = &app.metadata;
@@ -533,7 +529,7 @@ mod tests {
     use super::*;
     use crate::pull::application::{pull_intent, PullIntent};
 
-    fn hub_app() -> DynamicObject {
+    fn hub_app() -> Application {
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1",
             "kind": "Application",
@@ -567,7 +563,7 @@ mod tests {
         .expect("valid app")
     }
 
-    fn target(app: &DynamicObject) -> PullTarget {
+    fn target(app: &Application) -> PullTarget {
         match pull_intent(&app.metadata) {
             PullIntent::Pulled(t) => t,
             other => panic!("expected a pull target, got {other:?}"),

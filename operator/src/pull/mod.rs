@@ -5,7 +5,9 @@
 //! annotations, ManifestWork names and layout, cluster Secrets) and with the
 //! `MulticlusterApplicationSetReport` of open-cluster-management-io/multicloud-integrations.
 //!
-//! Each controller owns one decision and writes with its own field manager:
+//! Each controller owns one decision and writes with its own field manager; each is a
+//! `kube::runtime::Controller` (reconcile, error policy, triggers from the other kinds it reads)
+//! over the watches all of them share ([`watches`]: one watch and store per kind):
 //! - [`propagation`]: which ManifestWork should exist for an Application, and its content;
 //! - [`status`]: the spoke status (ManifestWork status feedback) written into the hub Application;
 //! - [`cleanup`]: which ManifestWorks must go (Application deleted, unlabelled, retargeted, orphaned);
@@ -22,14 +24,21 @@ pub mod cleanup;
 pub mod cluster_secret;
 pub mod manifestwork;
 pub mod propagation;
-pub mod queue;
 pub mod report;
 pub mod status;
+pub mod watches;
 
 use argocd_agent_kube::CancellationToken;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::watcher;
 use tokio::task::JoinSet;
+
+use application::{applicationset_resource, managed_cluster_resource, Application, PULL_LABEL};
+use manifestwork::ManifestWork;
+use watches::SharedWatch;
 
 /// Field manager of the Application → ManifestWork controller (and of the Application
 /// conditions it owns).
@@ -96,23 +105,92 @@ pub async fn run_pull_model(
     // Stopping one controller (after another failed) does not stop the caller's process.
     let signal = shutdown.child_token();
     let mut tasks = JoinSet::new();
+    let cluster_resource = managed_cluster_resource();
+    let all = watcher::Config::default;
+    let mut apps = SharedWatch::new(
+        "Application",
+        Api::<Application>::all(client.clone()),
+        all(),
+        (),
+    );
+    let mut works = SharedWatch::new(
+        "ManifestWork",
+        Api::<ManifestWork>::all(client.clone()),
+        all().labels(&format!("{PULL_LABEL}=true")),
+        (),
+    );
+    let mut clusters = SharedWatch::new(
+        "ManagedCluster",
+        Api::all_with(client.clone(), &cluster_resource),
+        all(),
+        cluster_resource,
+    );
     tasks.spawn(propagation::run(
         client.clone(),
         opts.clone(),
+        apps.subscribe(),
+        works.subscribe(),
+        clusters.subscribe(),
         signal.clone(),
     ));
-    tasks.spawn(status::run(client.clone(), opts.clone(), signal.clone()));
-    tasks.spawn(cleanup::run(client.clone(), opts.clone(), signal.clone()));
+    tasks.spawn(status::run(
+        client.clone(),
+        opts.clone(),
+        works.subscribe(),
+        signal.clone(),
+    ));
+    tasks.spawn(cleanup::run(
+        client.clone(),
+        opts.clone(),
+        [apps.subscribe(), apps.subscribe()],
+        [works.subscribe(), works.subscribe()],
+        signal.clone(),
+    ));
     if opts.cluster_secrets {
+        let mut secrets = SharedWatch::new(
+            "cluster Secret",
+            Api::<Secret>::namespaced(client.clone(), &opts.argocd_namespace),
+            all().labels(&format!("{}=cluster", cluster_secret::SECRET_TYPE_LABEL)),
+            (),
+        );
         tasks.spawn(cluster_secret::run(
             client.clone(),
             opts.clone(),
+            [clusters.subscribe(), clusters.subscribe()],
+            [secrets.subscribe(), secrets.subscribe()],
             signal.clone(),
         ));
+        tasks.spawn(follow(secrets, signal.clone()));
     }
     if opts.appset_report {
-        tasks.spawn(report::run(client.clone(), opts.clone(), signal.clone()));
+        let appset_resource = applicationset_resource();
+        let mut appsets = SharedWatch::new(
+            "ApplicationSet",
+            Api::all_with(client.clone(), &appset_resource),
+            all(),
+            appset_resource,
+        );
+        let mut reports = SharedWatch::new(
+            "ApplicationSet report",
+            Api::<report::MulticlusterApplicationSetReport>::all(client.clone()),
+            all().labels(report::REPORT_APPSET_LABEL),
+            (),
+        );
+        tasks.spawn(report::run(
+            client.clone(),
+            opts.clone(),
+            apps.subscribe(),
+            [appsets.subscribe(), appsets.subscribe()],
+            clusters.subscribe(),
+            [reports.subscribe(), reports.subscribe()],
+            signal.clone(),
+        ));
+        tasks.spawn(follow(appsets, signal.clone()));
+        tasks.spawn(follow(reports, signal.clone()));
     }
+    tasks.spawn(follow(apps, signal.clone()));
+    tasks.spawn(follow(works, signal.clone()));
+    tasks.spawn(follow(clusters, signal.clone()));
     tracing::info!(argocd_namespace = %opts.argocd_namespace, "pull-model controllers started");
     let mut outcome = Ok(());
     while let Some(joined) = tasks.join_next().await {
@@ -126,4 +204,20 @@ pub async fn run_pull_model(
         }
     }
     outcome
+}
+
+/// Follows a shared watch until `shutdown`, as a pull-model task.
+async fn follow<K>(watch: SharedWatch<K>, shutdown: CancellationToken) -> Result<(), PullModelError>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    watch.run(shutdown).await;
+    Ok(())
 }

@@ -12,26 +12,29 @@
 //! call, so the status controller's writes to the Application cost nothing here.
 
 use argocd_agent_kube::CancellationToken;
+use std::sync::Arc;
+
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, PartialObjectMeta};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::ResourceExt;
 
 use super::application::{
-    application_resource, conditions, managed_cluster_resource, pull_intent, set_condition,
-    PullIntent, CLUSTER_ANNOTATION, PULL_LABEL, SPEC_ERROR_CONDITION,
+    conditions, managed_cluster_resource, pull_intent, set_condition, Application, PullIntent,
+    CLUSTER_ANNOTATION, SPEC_ERROR_CONDITION,
 };
 use super::manifestwork::{
     build_manifest_work, hub_application_of, work_is_current, BuildError, ManifestWork,
 };
-use super::queue::DirtyQueue;
+use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
 
-/// Coalesces a burst of events for one Application.
+/// Coalesces a burst of triggers for one Application.
 const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Errors of one reconciliation (retried after [`PullModelOptions::retry_after`]).
@@ -52,10 +55,7 @@ pub enum PropagationError {
     Build(#[from] BuildError),
 }
 
-/// An Application by namespace and name.
-type AppKey = (String, String);
-
-fn app_key(app: &DynamicObject) -> String {
+fn app_key(app: &Application) -> String {
     format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any())
 }
 
@@ -79,26 +79,22 @@ fn is_missing_namespace(error: &kube::Error) -> bool {
     }
 }
 
-struct Propagation {
+struct Context {
     client: kube::Client,
-    app_resource: ApiResource,
+    opts: PullModelOptions,
     cluster_resource: ApiResource,
-    apps: Store<DynamicObject>,
     works: Store<ManifestWork>,
     clusters: Store<DynamicObject>,
 }
 
-impl Propagation {
+impl Context {
     async fn set_spec_error(
         &self,
-        app: &DynamicObject,
+        app: &Application,
         message: Option<String>,
     ) -> Result<bool, PropagationError> {
-        let apps: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            &app.namespace().unwrap_or_default(),
-            &self.app_resource,
-        );
+        let apps: Api<Application> =
+            Api::namespaced(self.client.clone(), &app.namespace().unwrap_or_default());
         set_condition(
             &apps,
             app,
@@ -113,226 +109,174 @@ impl Propagation {
             source,
         })
     }
+}
 
-    async fn reconcile(&self, (namespace, name): &AppKey) -> Result<(), PropagationError> {
-        let Some(app) = self
-            .apps
-            .get(&ObjectRef::new_with(name, self.app_resource.clone()).within(namespace))
-        else {
-            return Ok(()); // deleted: cleanup's business
-        };
-        let has_spec_error = conditions(&app)
-            .iter()
-            .any(|c| c["type"] == SPEC_ERROR_CONDITION);
-        let target = match pull_intent(&app.metadata) {
-            PullIntent::NotPulled => {
-                // The label may just have been removed: a spec error no longer applies.
-                if has_spec_error {
-                    self.set_spec_error(&app, None).await?;
-                }
-                return Ok(());
+async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, PropagationError> {
+    let has_spec_error = conditions(&app)
+        .iter()
+        .any(|c| c.type_.as_deref() == Some(SPEC_ERROR_CONDITION));
+    let target = match pull_intent(&app.metadata) {
+        PullIntent::NotPulled => {
+            // The label may just have been removed: a spec error no longer applies.
+            if has_spec_error {
+                ctx.set_spec_error(&app, None).await?;
             }
-            PullIntent::Invalid(reason) => {
-                if self.set_spec_error(&app, Some(reason.to_string())).await? {
-                    tracing::warn!(app = %app_key(&app), %reason, "pull-model Application rejected");
-                }
-                return Ok(());
-            }
-            PullIntent::Pulled(target) => target,
-        };
-        if app.metadata.deletion_timestamp.is_some() {
-            return Ok(());
+            return Ok(Action::await_change());
         }
-        if self
-            .clusters
-            .get(&ObjectRef::new_with(
-                &target.cluster,
-                self.cluster_resource.clone(),
-            ))
-            .is_none()
+        PullIntent::Invalid(reason) => {
+            if ctx.set_spec_error(&app, Some(reason.to_string())).await? {
+                tracing::warn!(app = %app_key(&app), %reason, "pull-model Application rejected");
+            }
+            return Ok(Action::await_change());
+        }
+        PullIntent::Pulled(target) => target,
+    };
+    if app.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    if ctx
+        .clusters
+        .get(&ObjectRef::new_with(
+            &target.cluster,
+            ctx.cluster_resource.clone(),
+        ))
+        .is_none()
+    {
+        if ctx
+            .set_spec_error(&app, Some(unknown_cluster_message(&target.cluster)))
+            .await?
         {
-            if self
-                .set_spec_error(&app, Some(unknown_cluster_message(&target.cluster)))
-                .await?
-            {
-                tracing::warn!(app = %app_key(&app), cluster = %target.cluster, "pull-model Application names an unknown ManagedCluster");
-            }
-            return Ok(());
+            tracing::warn!(app = %app_key(&app), cluster = %target.cluster, "pull-model Application names an unknown ManagedCluster");
         }
-        let work = build_manifest_work(&app, &target)?;
-        let work_name = work.name_any();
-        let existing = self
-            .works
-            .get(&ObjectRef::new(&work_name).within(&target.cluster));
-        if !existing.is_some_and(|w| work_is_current(&w, &work)) {
-            let works: Api<ManifestWork> = Api::namespaced(self.client.clone(), &target.cluster);
-            let params = PatchParams::apply(PROPAGATION_MANAGER).force();
-            match works.patch(&work_name, &params, &Patch::Apply(&work)).await {
-                Ok(_) => {
-                    tracing::info!(app = %app_key(&app), work = %format!("{}/{work_name}", target.cluster), "ManifestWork applied")
-                }
-                Err(e) if is_missing_namespace(&e) => {
-                    self.set_spec_error(&app, Some(missing_namespace_message(&target.cluster)))
-                        .await?;
-                    return Ok(());
-                }
-                Err(source) => {
-                    return Err(PropagationError::Kube {
-                        action: "applying the ManifestWork",
-                        app: app_key(&app),
-                        source,
-                    })
-                }
-            }
-        }
-        if has_spec_error {
-            self.set_spec_error(&app, None).await?;
-        }
-        Ok(())
+        return Ok(Action::await_change());
     }
+    let work = build_manifest_work(&app, &target)?;
+    let work_name = work.name_any();
+    let existing = ctx
+        .works
+        .get(&ObjectRef::new(&work_name).within(&target.cluster));
+    if !existing.is_some_and(|w| work_is_current(&w, &work)) {
+        let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &target.cluster);
+        let params = PatchParams::apply(PROPAGATION_MANAGER).force();
+        match works.patch(&work_name, &params, &Patch::Apply(&work)).await {
+            Ok(_) => {
+                tracing::info!(app = %app_key(&app), work = %format!("{}/{work_name}", target.cluster), "ManifestWork applied")
+            }
+            Err(e) if is_missing_namespace(&e) => {
+                ctx.set_spec_error(&app, Some(missing_namespace_message(&target.cluster)))
+                    .await?;
+                return Ok(Action::await_change());
+            }
+            Err(source) => {
+                return Err(PropagationError::Kube {
+                    action: "applying the ManifestWork",
+                    app: app_key(&app),
+                    source,
+                })
+            }
+        }
+    }
+    if has_spec_error {
+        ctx.set_spec_error(&app, None).await?;
+    }
+    Ok(Action::await_change())
+}
 
-    /// Applications whose pull target is `cluster`.
-    fn apps_targeting(&self, cluster: &str) -> Vec<AppKey> {
-        self.apps
-            .state()
-            .iter()
-            .filter(|a| {
-                pull_intent(&a.metadata)
-                    .target()
-                    .is_some_and(|t| t.cluster == cluster)
-            })
-            .map(|a| (a.namespace().unwrap_or_default(), a.name_any()))
-            .collect()
+fn error_policy(_app: Arc<Application>, error: &PropagationError, ctx: Arc<Context>) -> Action {
+    match error {
+        // Rebuilding will not help until the Application changes.
+        PropagationError::Build(_) => {
+            tracing::error!(%error, "cannot wrap Application");
+            Action::await_change()
+        }
+        PropagationError::Kube { .. } => {
+            tracing::warn!(%error, "propagation failed; retrying");
+            Action::requeue(ctx.opts.retry_after)
+        }
     }
+}
+
+/// Applications (in `apps`) whose pull target is `cluster`.
+fn apps_targeting(apps: &Store<Application>, cluster: &str) -> Vec<ObjectRef<Application>> {
+    apps.state()
+        .iter()
+        .filter(|a| {
+            pull_intent(&a.metadata)
+                .target()
+                .is_some_and(|t| t.cluster == cluster)
+        })
+        .map(|a| ObjectRef::from_obj(a.as_ref()))
+        .collect()
 }
 
 /// Runs the propagation controller until `shutdown`.
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
+    apps: Subscription<Application>,
+    works: Subscription<ManifestWork>,
+    clusters: Subscription<DynamicObject>,
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
-    let app_resource = application_resource();
     let cluster_resource = managed_cluster_resource();
-    let dynamic = |ar: &ApiResource| {
-        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-        let reader = writer.as_reader();
-        let events = reflector::reflector(
-            writer,
-            watcher::watcher(
-                Api::<DynamicObject>::all_with(client.clone(), ar),
-                watcher::Config::default(),
-            ),
-        )
-        .default_backoff()
-        .boxed();
-        (reader, events)
-    };
-    let (apps, mut app_events) = dynamic(&app_resource);
-    let (clusters, mut cluster_events) = dynamic(&cluster_resource);
-    let work_writer = reflector::store::Writer::<ManifestWork>::default();
-    let works = work_writer.as_reader();
-    let mut work_events = reflector::reflector(
-        work_writer,
-        watcher::watcher(
-            Api::<ManifestWork>::all(client.clone()),
-            watcher::Config::default().labels(&format!("{PULL_LABEL}=true")),
-        ),
-    )
-    .default_backoff()
-    .boxed();
-    let mut namespace_events = watcher::watcher(
+    // Only a namespace that appeared or changed can unblock an Application.
+    let namespaces = watcher::watcher(
         Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
-    .boxed();
-
-    let controller = Propagation {
-        client,
-        app_resource,
-        cluster_resource,
-        apps,
-        works,
-        clusters,
-    };
-    let mut queue = DirtyQueue::<AppKey>::default();
-    let mut ready = [false; 3];
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            event = app_events.next() => match event {
-                Some(Ok(Event::Apply(a) | Event::InitApply(a))) => {
-                    queue.mark((a.namespace().unwrap_or_default(), a.name_any()), DEBOUNCE);
-                }
-                Some(Ok(Event::InitDone)) => ready[0] = true,
-                Some(Ok(Event::Init | Event::Delete(_))) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "propagation: Application watch failed; retrying"),
-                None => break,
-            },
-            event = work_events.next() => match event {
-                // A changed or deleted work is re-checked against its Application (drift repair).
-                Some(Ok(Event::Apply(w) | Event::InitApply(w) | Event::Delete(w))) => {
-                    if let Some(key) = hub_application_of(&w) {
-                        queue.mark(key, DEBOUNCE);
-                    }
-                }
-                Some(Ok(Event::InitDone)) => ready[1] = true,
-                Some(Ok(Event::Init)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "propagation: ManifestWork watch failed; retrying"),
-                None => break,
-            },
-            event = cluster_events.next() => match event {
-                Some(Ok(Event::Apply(c) | Event::InitApply(c) | Event::Delete(c))) => {
-                    for key in controller.apps_targeting(&c.name_any()) {
-                        queue.mark(key, DEBOUNCE);
-                    }
-                }
-                Some(Ok(Event::InitDone)) => ready[2] = true,
-                Some(Ok(Event::Init)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "propagation: ManagedCluster watch failed; retrying"),
-                None => break,
-            },
-            event = namespace_events.next() => match event {
-                Some(Ok(Event::Apply(ns))) => {
-                    for key in controller.apps_targeting(&ns.name_any()) {
-                        queue.mark(key, DEBOUNCE);
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "propagation: Namespace watch failed; retrying"),
-                None => break,
-            },
-            _ = queue.wait_due(), if ready.iter().all(|r| *r) => {
-                let due = queue.take_due(std::time::Instant::now());
-                let failed: Vec<AppKey> = futures::stream::iter(due)
-                    .map(|key| {
-                        let controller = &controller;
-                        async move {
-                            match controller.reconcile(&key).await {
-                                Ok(()) => None,
-                                // Rebuilding will not help until the Application changes.
-                                Err(e @ PropagationError::Build(_)) => {
-                                    tracing::error!(error = %e, "cannot wrap Application");
-                                    None
-                                }
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "propagation failed; retrying");
-                                    Some(key)
-                                }
-                            }
-                        }
-                    })
-                    .buffer_unordered(usize::from(opts.concurrency.max(1)))
-                    .filter_map(|k| async move { k })
-                    .collect()
-                    .await;
-                for key in failed {
-                    queue.mark(key, opts.retry_after);
-                }
+    .filter_map(|event| {
+        std::future::ready(match event {
+            Ok(Event::Apply(ns)) => Some(Ok(ns)),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "propagation: Namespace watch failed; retrying");
+                None
             }
-        }
-    }
+        })
+    });
+    let targeting = {
+        let apps = apps.store.clone();
+        move |cluster: String| apps_targeting(&apps, &cluster)
+    };
+    let targeting_too = targeting.clone();
+    // A changed or deleted work is re-checked against its Application (drift repair).
+    let work_app = |w: ManifestWork| {
+        hub_application_of(&w).map(|(ns, name)| ObjectRef::new(&name).within(&ns))
+    };
+    // Nothing is decided before every cache is filled (an unlisted cluster is not unknown).
+    let reads = [
+        apps.ready.clone(),
+        works.ready.clone(),
+        clusters.ready.clone(),
+    ];
+    let controller = Controller::for_stream(touched(apps.events), apps.store)
+        .watches_stream(touched(works.events), work_app)
+        .watches_stream_with(
+            touched(clusters.events),
+            move |c| targeting(c.name_any()),
+            cluster_resource.clone(),
+        )
+        .watches_stream(namespaces, move |ns| targeting_too(ns.name_any()));
+    let config = controller_config(opts.concurrency.max(1), DEBOUNCE);
+    let ctx = Arc::new(Context {
+        client,
+        opts,
+        cluster_resource,
+        works: works.store,
+        clusters: clusters.store,
+    });
+    run_controller(
+        "propagation",
+        reads,
+        controller,
+        config,
+        reconcile,
+        error_policy,
+        ctx,
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 

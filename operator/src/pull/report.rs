@@ -12,29 +12,31 @@
 
 use argocd_agent_kube::CancellationToken;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
+use futures::Stream;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::Event;
 use kube::{CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::application::{
-    application_resource, applicationset_resource, hosting_appset, managed_cluster_resource,
-    pull_intent, AppSetKey,
-};
-use super::queue::DirtyQueue;
+use super::application::{applicationset_resource, hosting_appset, pull_intent, AppSetKey};
+use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, REPORT_MANAGER};
+use argocd_agent_kube::argocd::{Application, StatusOf};
 
 /// Label on a report naming its ApplicationSet as `<namespace>.<name>` (at most 63 characters).
 pub const REPORT_APPSET_LABEL: &str = "apps.open-cluster-management.io/hosting-applicationset";
-/// Coalesces the status updates of many Applications of one ApplicationSet into one write.
-const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
+/// No debounce: kube's debounce restarts on every trigger, and an ApplicationSet whose
+/// Applications change more often than it (a fleet rollout) would have its report held back for as
+/// long as they do. The controller still coalesces the triggers that arrive while one of its
+/// reconciles is queued or running into one more write.
+const DEBOUNCE: std::time::Duration = std::time::Duration::ZERO;
 
 /// MulticlusterApplicationSetReport provides a report of the status of an application from all the
 /// managed clusters where the application is deployed on.
@@ -194,35 +196,30 @@ pub fn report_crd_yaml() -> String {
 
 /// The cluster an Application is pulled to: the pull annotation (basic model), else the
 /// ManagedCluster whose namespace holds it (argocd-agent managed mode). `None`: not pulled.
-pub fn pull_cluster(app: &DynamicObject, managed_clusters: &BTreeSet<String>) -> Option<String> {
+pub fn pull_cluster(app: &Application, managed_clusters: &BTreeSet<String>) -> Option<String> {
     if let Some(target) = pull_intent(&app.metadata).target() {
         return Some(target.cluster.clone());
     }
     app.namespace().filter(|ns| managed_clusters.contains(ns))
 }
 
-fn app_string(app: &DynamicObject, pointer: &str) -> String {
-    app.data
-        .pointer(pointer)
-        .and_then(Value::as_str)
+/// A `status.sync` or `status.health` word, `Unknown` when absent or empty.
+fn status_word(of: Option<&StatusOf>) -> String {
+    of.and_then(|o| o.status.as_deref())
         .filter(|s| !s.is_empty())
         .unwrap_or("Unknown")
         .to_string()
 }
 
 /// The Application's error and warning conditions (Argo CD types end in `Error` or `Warning`).
-fn problem_conditions(app: &DynamicObject) -> Vec<Condition> {
+fn problem_conditions(app: &Application) -> Vec<Condition> {
     super::application::conditions(app)
         .iter()
         .filter_map(|c| {
-            let type_ = c.get("type")?.as_str()?;
+            let type_ = c.type_.as_deref()?;
             (type_.ends_with("Error") || type_.ends_with("Warning")).then(|| Condition {
                 type_: type_.to_string(),
-                message: c
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
+                message: c.message.clone().unwrap_or_default(),
             })
         })
         .collect()
@@ -231,13 +228,13 @@ fn problem_conditions(app: &DynamicObject) -> Vec<Condition> {
 /// Aggregates an ApplicationSet's pulled Applications (each with its cluster) into the report
 /// content. A cluster counts as synced/healthy when all its applications are; `Progressing`
 /// counts as in progress and not healthy (upstream's rule).
-pub fn report_statuses(apps: &[(String, &DynamicObject)]) -> AppConditions {
+pub fn report_statuses(apps: &[(String, &Application)]) -> AppConditions {
     let mut conditions: Vec<ClusterCondition> = apps
         .iter()
         .map(|(cluster, app)| ClusterCondition {
             cluster: cluster.clone(),
-            sync_status: app_string(app, "/status/sync/status"),
-            health_status: app_string(app, "/status/health/status"),
+            sync_status: status_word(app.status.as_ref().and_then(|s| s.sync.as_ref())),
+            health_status: status_word(app.status.as_ref().and_then(|s| s.health.as_ref())),
             app: format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any()),
             conditions: problem_conditions(app),
         })
@@ -319,22 +316,16 @@ pub fn build_report(
 
 type AppKey = (String, String);
 
-struct Reports {
-    client: kube::Client,
-    apps: Store<DynamicObject>,
-    appsets: Store<DynamicObject>,
-    clusters: Store<DynamicObject>,
-    reports: Store<MulticlusterApplicationSetReport>,
-    app_resource: kube::core::ApiResource,
-    appset_resource: kube::core::ApiResource,
-    /// Which ApplicationSet each Application belongs to, and the reverse.
+/// Which ApplicationSet each Application belongs to, and the reverse.
+#[derive(Default)]
+struct Membership {
     app_appset: HashMap<AppKey, AppSetKey>,
     members: HashMap<AppSetKey, BTreeSet<AppKey>>,
 }
 
-impl Reports {
-    /// Records the Application's (new) ApplicationSet; marks the old and new ones dirty.
-    fn track_app(&mut self, queue: &mut DirtyQueue<AppSetKey>, app: &DynamicObject, deleted: bool) {
+impl Membership {
+    /// Records the Application's (new) ApplicationSet; returns the old and new ones.
+    fn track_app(&mut self, app: &Application, deleted: bool) -> Vec<AppSetKey> {
         let key = (app.namespace().unwrap_or_default(), app.name_any());
         let now = if deleted {
             None
@@ -345,71 +336,91 @@ impl Reports {
             Some(s) => self.app_appset.insert(key.clone(), s.clone()),
             None => self.app_appset.remove(&key),
         };
-        if let Some(old) = &before {
-            if now.as_ref() != Some(old) {
-                if let Some(m) = self.members.get_mut(old) {
+        let mut touched = Vec::new();
+        if let Some(old) = before {
+            if now.as_ref() != Some(&old) {
+                if let Some(m) = self.members.get_mut(&old) {
                     m.remove(&key);
                 }
             }
-            queue.mark(old.clone(), DEBOUNCE);
+            touched.push(old);
         }
         if let Some(new) = now {
             self.members.entry(new.clone()).or_default().insert(key);
-            queue.mark(new, DEBOUNCE);
+            touched.push(new);
         }
+        touched
     }
 
-    fn mark_everything(&self, queue: &mut DirtyQueue<AppSetKey>) {
-        let appsets = self.appsets.state();
-        let reports = self.reports.state();
-        let keys = appsets
+    /// ApplicationSets with Applications in the namespace of cluster `name`.
+    fn in_cluster_namespace(&self, name: &str) -> BTreeSet<AppSetKey> {
+        self.app_appset
             .iter()
-            .map(|a| (a.namespace(), a.name_any()))
-            .chain(reports.iter().map(|r| (r.namespace(), r.name_any())));
-        for (ns, name) in keys {
-            queue.mark(
-                AppSetKey {
-                    namespace: ns.unwrap_or_default(),
-                    name,
-                },
-                DEBOUNCE,
-            );
-        }
+            .filter(|((ns, _), _)| ns == name)
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+}
+
+struct Context {
+    client: kube::Client,
+    opts: PullModelOptions,
+    apps: Store<Application>,
+    appsets: Store<DynamicObject>,
+    clusters: Store<DynamicObject>,
+    reports: Store<MulticlusterApplicationSetReport>,
+    appset_resource: kube::core::ApiResource,
+    membership: Mutex<Membership>,
+}
+
+impl Context {
+    fn membership(&self) -> std::sync::MutexGuard<'_, Membership> {
+        self.membership.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn appset_ref(&self, key: &AppSetKey) -> ObjectRef<DynamicObject> {
+        ObjectRef::new_with(&key.name, self.appset_resource.clone()).within(&key.namespace)
     }
 
     fn desired(&self, key: &AppSetKey) -> Option<MulticlusterApplicationSetReport> {
-        let appset = self.appsets.get(
-            &ObjectRef::new_with(&key.name, self.appset_resource.clone()).within(&key.namespace),
-        )?;
+        let appset = self.appsets.get(&self.appset_ref(key))?;
         if appset.metadata.deletion_timestamp.is_some() {
             return None;
         }
         let cluster_names: BTreeSet<String> =
             self.clusters.state().iter().map(|c| c.name_any()).collect();
-        let apps: Vec<_> = self
+        let members: Vec<AppKey> = self
+            .membership()
             .members
             .get(key)
             .into_iter()
             .flatten()
-            .filter_map(|(ns, name)| {
-                self.apps
-                    .get(&ObjectRef::new_with(name, self.app_resource.clone()).within(ns))
-            })
+            .cloned()
             .collect();
-        let pulled: Vec<(String, &DynamicObject)> = apps
+        let apps: Vec<_> = members
+            .iter()
+            .filter_map(|(ns, name)| self.apps.get(&ObjectRef::new(name).within(ns)))
+            .collect();
+        let pulled: Vec<(String, &Application)> = apps
             .iter()
             .filter_map(|a| pull_cluster(a, &cluster_names).map(|c| (c, a.as_ref())))
             .collect();
         (!pulled.is_empty()).then(|| build_report(&appset, report_statuses(&pulled)))
     }
 
-    async fn reconcile(&self, key: &AppSetKey) -> Result<(), kube::Error> {
+    /// Writes, or deletes, the report of `key`; `prune_only` leaves a wanted report alone.
+    async fn reconcile(&self, key: &AppSetKey, prune_only: bool) -> Result<Action, ReportError> {
         let existing = self
             .reports
             .get(&ObjectRef::new(&key.name).within(&key.namespace));
         let api: Api<MulticlusterApplicationSetReport> =
             Api::namespaced(self.client.clone(), &key.namespace);
+        let failed = |source| ReportError {
+            appset: key.clone(),
+            source,
+        };
         match self.desired(key) {
+            Some(_) if prune_only => {}
             Some(report) => {
                 let current = existing.as_deref().is_some_and(|e| {
                     e.spec == report.spec
@@ -422,7 +433,8 @@ impl Reports {
                         &PatchParams::apply(REPORT_MANAGER).force(),
                         &Patch::Apply(&report),
                     )
-                    .await?;
+                    .await
+                    .map_err(failed)?;
                     let s = &report.spec.statuses.summary;
                     tracing::info!(appset = %key, clusters = %s.clusters, synced = %s.synced, healthy = %s.healthy, "ApplicationSet report updated");
                 }
@@ -431,133 +443,185 @@ impl Reports {
                 match api.delete(&key.name, &DeleteParams::default()).await {
                     Ok(_) => tracing::info!(appset = %key, "ApplicationSet report deleted"),
                     Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(failed(e)),
                 }
             }
             None => {}
         }
-        Ok(())
+        Ok(Action::await_change())
     }
 }
 
-/// Runs the report controller until `shutdown`.
+/// A failed write of one ApplicationSet's report (retried).
+#[derive(Debug, thiserror::Error)]
+#[error("ApplicationSet report {appset}: {source}")]
+pub struct ReportError {
+    /// The ApplicationSet.
+    appset: AppSetKey,
+    /// The API error.
+    source: kube::Error,
+}
+
+fn key_of(object: &impl ResourceExt) -> AppSetKey {
+    AppSetKey {
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+    }
+}
+
+async fn reconcile_appset(
+    appset: Arc<DynamicObject>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReportError> {
+    ctx.reconcile(&key_of(appset.as_ref()), false).await
+}
+
+/// Deletes the report of an ApplicationSet that is gone.
+async fn reconcile_report(
+    report: Arc<MulticlusterApplicationSetReport>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReportError> {
+    ctx.reconcile(&key_of(report.as_ref()), true).await
+}
+
+fn retry<K>(_object: Arc<K>, error: &ReportError, ctx: Arc<Context>) -> Action {
+    let appset = &error.appset;
+    tracing::warn!(%appset, error = %error.source, "ApplicationSet report failed; retrying");
+    Action::requeue(ctx.opts.retry_after)
+}
+
+/// The ApplicationSets an event of another kind concerns (every one after a relist).
+fn appsets_touched<K>(
+    ctx: &Arc<Context>,
+    events: impl Stream<Item = Event<K>> + Send + 'static,
+    concerns: impl Fn(&Context, Event<K>) -> Vec<AppSetKey> + Send + 'static,
+) -> impl Stream<Item = ObjectRef<DynamicObject>> + Send + 'static
+where
+    K: Send + 'static,
+{
+    let ctx = ctx.clone();
+    triggers(events, move |event| -> Vec<_> {
+        match event {
+            Event::InitDone => ctx
+                .appsets
+                .state()
+                .iter()
+                .map(|a| ObjectRef::from_obj_with(a.as_ref(), ctx.appset_resource.clone()))
+                .collect(),
+            event => concerns(&ctx, event)
+                .iter()
+                .map(|k| ctx.appset_ref(k))
+                .collect(),
+        }
+    })
+}
+
+/// Runs the report controllers until `shutdown`: one per ApplicationSet, one that removes the
+/// reports of ApplicationSets that are gone.
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
+    apps: Subscription<Application>,
+    appsets: [Subscription<DynamicObject>; 2],
+    clusters: Subscription<DynamicObject>,
+    reports: [Subscription<MulticlusterApplicationSetReport>; 2],
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
-    let app_resource = application_resource();
     let appset_resource = applicationset_resource();
-    let cluster_resource = managed_cluster_resource();
-    let dynamic = |ar: &kube::core::ApiResource| {
-        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-        let reader = writer.as_reader();
-        let events = reflector::reflector(
-            writer,
-            watcher::watcher(
-                Api::<DynamicObject>::all_with(client.clone(), ar),
-                watcher::Config::default(),
-            ),
-        )
-        .default_backoff()
-        .boxed();
-        (reader, events)
-    };
-    let (apps, mut app_events) = dynamic(&app_resource);
-    let (appsets, mut appset_events) = dynamic(&appset_resource);
-    let (clusters, mut cluster_events) = dynamic(&cluster_resource);
-    let report_writer = reflector::store::Writer::<MulticlusterApplicationSetReport>::default();
-    let reports = report_writer.as_reader();
-    let mut report_events = reflector::reflector(
-        report_writer,
-        watcher::watcher(
-            Api::<MulticlusterApplicationSetReport>::all(client.clone()),
-            watcher::Config::default().labels(REPORT_APPSET_LABEL),
-        ),
-    )
-    .default_backoff()
-    .boxed();
-
-    let mut state = Reports {
+    let [appsets, appsets_too] = appsets;
+    let [reports, reports_too] = reports;
+    let ctx = Arc::new(Context {
         client,
-        apps,
-        appsets,
-        clusters,
-        reports,
-        app_resource,
-        appset_resource,
-        app_appset: HashMap::new(),
-        members: HashMap::new(),
-    };
-    let mut queue = DirtyQueue::<AppSetKey>::default();
-    let mut ready = [false; 4];
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            event = app_events.next() => match event {
-                Some(Ok(Event::Apply(app) | Event::InitApply(app))) => state.track_app(&mut queue, &app, false),
-                Some(Ok(Event::Delete(app))) => state.track_app(&mut queue, &app, true),
-                Some(Ok(Event::InitDone)) => {
-                    ready[0] = true;
-                    state.mark_everything(&mut queue);
-                }
-                Some(Ok(Event::Init)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "report: Application watch failed; retrying"),
-                None => break,
-            },
-            event = appset_events.next() => match event {
-                Some(Ok(Event::Apply(s) | Event::InitApply(s) | Event::Delete(s))) => {
-                    queue.mark(AppSetKey { namespace: s.namespace().unwrap_or_default(), name: s.name_any() }, DEBOUNCE);
-                }
-                Some(Ok(Event::InitDone)) => {
-                    ready[1] = true;
-                    state.mark_everything(&mut queue);
-                }
-                Some(Ok(Event::Init)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "report: ApplicationSet watch failed; retrying"),
-                None => break,
-            },
-            event = cluster_events.next() => match event {
-                // Agent-mode membership depends on which namespaces are clusters.
-                Some(Ok(Event::Apply(c) | Event::Delete(c))) => {
-                    let name = c.name_any();
-                    let affected: BTreeSet<AppSetKey> =
-                        state.app_appset.iter().filter(|((ns, _), _)| *ns == name).map(|(_, s)| s.clone()).collect();
-                    for key in affected {
-                        queue.mark(key, DEBOUNCE);
+        opts,
+        apps: apps.store,
+        appsets: appsets.store.clone(),
+        clusters: clusters.store,
+        reports: reports.store.clone(),
+        appset_resource: appset_resource.clone(),
+        membership: Mutex::default(),
+    });
+    let config = controller_config(1, DEBOUNCE);
+    let reads = [
+        apps.ready.clone(),
+        appsets.ready.clone(),
+        clusters.ready.clone(),
+        reports.ready.clone(),
+    ];
+    let appset_controller =
+        Controller::for_stream_with(touched(appsets.events), appsets.store, appset_resource)
+            .reconcile_on(appsets_touched(
+                &ctx,
+                apps.events,
+                |ctx, event| match event {
+                    Event::Apply(app) | Event::InitApply(app) => {
+                        ctx.membership().track_app(&app, false)
                     }
-                }
-                Some(Ok(Event::InitDone)) => {
-                    ready[2] = true;
-                    state.mark_everything(&mut queue);
-                }
-                Some(Ok(Event::Init | Event::InitApply(_))) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "report: ManagedCluster watch failed; retrying"),
-                None => break,
-            },
-            event = report_events.next() => match event {
-                // Our own writes come back here too; re-computing finds nothing to do.
-                Some(Ok(Event::Apply(r) | Event::Delete(r))) => {
-                    queue.mark(AppSetKey { namespace: r.namespace().unwrap_or_default(), name: r.name_any() }, DEBOUNCE);
-                }
-                Some(Ok(Event::InitDone)) => {
-                    ready[3] = true;
-                    state.mark_everything(&mut queue);
-                }
-                Some(Ok(Event::Init | Event::InitApply(_))) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "report: report watch failed; retrying"),
-                None => break,
-            },
-            _ = queue.wait_due(), if ready.iter().all(|r| *r) => {
-                for key in queue.take_due(std::time::Instant::now()) {
-                    if let Err(e) = state.reconcile(&key).await {
-                        tracing::warn!(appset = %key, error = %e, "ApplicationSet report failed; retrying");
-                        queue.mark(key, opts.retry_after);
-                    }
-                }
+                    Event::Delete(app) => ctx.membership().track_app(&app, true),
+                    Event::Init | Event::InitDone => Vec::new(),
+                },
+            ))
+            // Agent-mode membership depends on which namespaces are clusters.
+            .reconcile_on(appsets_touched(
+                &ctx,
+                clusters.events,
+                |ctx, event| match event {
+                    Event::Apply(c) | Event::Delete(c) => ctx
+                        .membership()
+                        .in_cluster_namespace(&c.name_any())
+                        .into_iter()
+                        .collect(),
+                    _ => Vec::new(),
+                },
+            ))
+            // Our own writes come back here too; re-computing finds nothing to do.
+            .reconcile_on(appsets_touched(
+                &ctx,
+                reports_too.events,
+                |_, event| match event {
+                    Event::Apply(r) | Event::Delete(r) => vec![key_of(&r)],
+                    _ => Vec::new(),
+                },
+            ));
+    // A deleted ApplicationSet's report goes; after a relist, every report is checked.
+    let reports_of = {
+        let ctx = ctx.clone();
+        move |event: Event<DynamicObject>| match event {
+            Event::Apply(a) | Event::InitApply(a) | Event::Delete(a) => {
+                vec![ObjectRef::new(&a.name_any()).within(&a.namespace().unwrap_or_default())]
             }
+            Event::InitDone => ctx
+                .reports
+                .state()
+                .iter()
+                .map(|r| ObjectRef::from_obj(r.as_ref()))
+                .collect(),
+            Event::Init => Vec::new(),
         }
-    }
+    };
+    let report_controller = Controller::for_stream(touched(reports.events), reports.store)
+        .reconcile_on(triggers(appsets_too.events, reports_of));
+    tokio::join!(
+        run_controller(
+            "report",
+            reads.clone(),
+            appset_controller,
+            config.clone(),
+            reconcile_appset,
+            retry,
+            ctx.clone(),
+            shutdown.clone()
+        ),
+        run_controller(
+            "report removal",
+            reads,
+            report_controller,
+            config,
+            reconcile_report,
+            retry,
+            ctx,
+            shutdown
+        ),
+    );
     Ok(())
 }
 
@@ -567,13 +631,7 @@ mod tests {
     use crate::pull::application::{CLUSTER_ANNOTATION, PULL_LABEL};
     use serde_json::json;
 
-    fn app(
-        name: &str,
-        cluster: &str,
-        sync: &str,
-        health: &str,
-        conditions: Value,
-    ) -> DynamicObject {
+    fn app(name: &str, cluster: &str, sync: &str, health: &str, conditions: Value) -> Application {
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": {"name": name, "namespace": "apps", "labels": {PULL_LABEL: "true"},
@@ -596,7 +654,7 @@ mod tests {
             json!([{"type": "ManifestWorkError", "message": "boom"}, {"type": "Info", "message": "x"}]),
         );
         let clusters = BTreeSet::new();
-        let pulled: Vec<(String, &DynamicObject)> = [&c, &a, &b]
+        let pulled: Vec<(String, &Application)> = [&c, &a, &b]
             .iter()
             .map(|x| (pull_cluster(x, &clusters).expect("pulled"), *x))
             .collect();
@@ -634,7 +692,7 @@ mod tests {
     fn progressing_is_in_progress_and_not_healthy_and_missing_status_is_unknown() {
         let a = app("a", "c1", "Synced", "Progressing", json!([]));
         let mut b = app("b", "c2", "Synced", "Healthy", json!([]));
-        b.data["status"] = json!({});
+        b.status = None;
         let statuses = report_statuses(&[("c1".into(), &a), ("c2".into(), &b)]);
         assert_eq!(statuses.summary.in_progress, "1");
         assert_eq!(statuses.summary.not_healthy, "2");

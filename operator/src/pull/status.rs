@@ -8,27 +8,24 @@
 
 use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::watcher;
+use argocd_agent_kube::argocd::{Application, StatusOf};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
 use kube::ResourceExt;
 use serde_json::{json, Map, Value};
 
 use super::application::{
-    application_resource, conditions, now_rfc3339, pull_intent, with_condition, PULL_LABEL,
-    WORK_ERROR_CONDITION,
+    conditions, now_rfc3339, pull_intent, with_condition, WORK_ERROR_CONDITION,
 };
 use super::manifestwork::{
     hub_application_of, manifest_work_name_of, ManifestCondition, ManifestWork, FEEDBACK_HEALTH,
     FEEDBACK_OPERATION_MESSAGE, FEEDBACK_OPERATION_PHASE, FEEDBACK_OPERATION_STARTED_AT,
     FEEDBACK_SYNC,
 };
+use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, STATUS_MANAGER};
-
-/// How long in-flight reconciliations may take after shutdown was requested.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The spoke Application's state as far as the feedback carried it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -164,37 +161,36 @@ pub fn work_problem(work: &ManifestWork, feedback: &[FeedbackError]) -> Option<S
 /// The merge patch that brings the hub Application up to date with the spoke, or `None` if it
 /// already is. Includes the `resourceVersion` read, so a concurrent change makes it fail (409).
 pub fn status_patch(
-    app: &DynamicObject,
+    app: &Application,
     spoke: &SpokeStatus,
     problem: Option<&str>,
     now: &str,
 ) -> Option<Value> {
-    let current = |pointer: &str| {
-        app.data
-            .pointer(pointer)
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    };
+    let current = app.status.as_ref();
+    fn word(of: Option<&StatusOf>) -> Option<&str> {
+        of.and_then(|o| o.status.as_deref())
+    }
     let mut status = Map::new();
     if let Some(h) = spoke
         .health
-        .as_ref()
-        .filter(|h| current("/status/health/status").as_ref() != Some(h))
+        .as_deref()
+        .filter(|h| word(current.and_then(|c| c.health.as_ref())) != Some(h))
     {
         status.insert("health".into(), json!({"status": h}));
     }
     if let Some(s) = spoke
         .sync
-        .as_ref()
-        .filter(|s| current("/status/sync/status").as_ref() != Some(s))
+        .as_deref()
+        .filter(|s| word(current.and_then(|c| c.sync.as_ref())) != Some(s))
     {
         status.insert("sync".into(), json!({"status": s}));
     }
     if let (Some(phase), Some(started)) = (&spoke.operation_phase, &spoke.operation_started_at) {
-        let changed = current("/status/operationState/phase").as_ref() != Some(phase)
-            || current("/status/operationState/startedAt").as_ref() != Some(started)
+        let state = current.and_then(|c| c.operation_state.as_ref());
+        let changed = state.and_then(|o| o.phase.as_ref()) != Some(phase)
+            || state.and_then(|o| o.started_at.as_ref()) != Some(started)
             || (spoke.operation_message.is_some()
-                && current("/status/operationState/message") != spoke.operation_message);
+                && state.and_then(|o| o.message.as_ref()) != spoke.operation_message.as_ref());
         if changed {
             // Argo CD's schema requires `operation`; an empty object merges into an existing one.
             let mut op = json!({"operation": {}, "phase": phase, "startedAt": started});
@@ -204,7 +200,7 @@ pub fn status_patch(
             status.insert("operationState".into(), op);
         }
     }
-    if let Some(next) = with_condition(&conditions(app), WORK_ERROR_CONDITION, problem, now) {
+    if let Some(next) = with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now) {
         status.insert("conditions".into(), json!(next));
     }
     if status.is_empty() {
@@ -252,8 +248,7 @@ async fn reconcile(work: Arc<ManifestWork>, ctx: Arc<Context>) -> Result<Action,
         ),
         source,
     };
-    let apps: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &namespace, &application_resource());
+    let apps: Api<Application> = Api::namespaced(ctx.client.clone(), &namespace);
     let Some(app) = apps.get_opt(&name).await.map_err(err)? else {
         return Ok(Action::await_change());
     };
@@ -292,39 +287,23 @@ fn error_policy(_work: Arc<ManifestWork>, error: &StatusError, ctx: Arc<Context>
 pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
+    works: Subscription<ManifestWork>,
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
-    let works: Api<ManifestWork> = Api::all(client.clone());
-    let config = watcher::Config::default().labels(&format!("{PULL_LABEL}=true"));
-    let concurrency = opts.concurrency;
+    let config = controller_config(opts.concurrency, Duration::ZERO);
     let ctx = Arc::new(Context { client, opts });
-    let controller = Controller::new(works, config);
-    let store = controller.store();
-    let running = controller
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "status controller event");
-            }
-        });
-    // kube's graceful shutdown waits for the store to fill, which never happens once the watch
-    // is cut; before the first list nothing is in flight, so stop at once. Otherwise in-flight
-    // reconciliations get a grace period.
-    let deadline = async {
-        shutdown.cancelled().await;
-        if store.wait_until_ready().now_or_never().is_some() {
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-            tracing::warn!(
-                "status controller did not stop within {SHUTDOWN_GRACE:?}; abandoning it"
-            );
-        }
-    };
-    tokio::select! {
-        _ = running => {}
-        _ = deadline => {}
-    }
+    let controller = Controller::for_stream(touched(works.events), works.store);
+    run_controller(
+        "status",
+        [works.ready],
+        controller,
+        config,
+        reconcile,
+        error_policy,
+        ctx,
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 
@@ -354,7 +333,7 @@ mod tests {
         json!({"name": name, "fieldValue": {"type": "String", "string": value}})
     }
 
-    fn app(status: Value) -> DynamicObject {
+    fn app(status: Value) -> Application {
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": {"name": "guestbook", "namespace": "apps", "resourceVersion": "7"},
