@@ -22,7 +22,8 @@
 //! - Redis proxy: 2,000 short-lived SUBSCRIBE clients through a real agent leave no subscriber on
 //!   the spoke's (password-protected) Redis once they are gone; the client over
 //!   `--redis-proxy-max-connections-per-ip` and the channel over
-//!   `--redis-proxy-max-subscriptions-per-connection` get Redis errors; principal RSS stays bounded.
+//!   `--redis-proxy-max-subscriptions-per-connection` get Redis errors (UNSUBSCRIBE frees a
+//!   channel's slot and ends it on the spoke); principal RSS stays bounded.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -1028,8 +1029,12 @@ async fn short_lived_redis_subscriptions_end_on_the_spoke_when_the_client_goes_a
     let mut cmd = vec!["SUBSCRIBE"];
     cmd.extend(channels.iter().map(String::as_str));
     conn.write_all(&resp_command(&cmd)).await?;
-    let replies = read_until(&mut conn, "open a new connection)\r\n").await?;
-    assert_eq!(replies.matches("subscribe").count(), 2, "{replies}");
+    let replies = read_until(&mut conn, "until that agent closes it)\r\n").await?;
+    assert_eq!(
+        replies.matches("$9\r\nsubscribe\r\n").count(),
+        2,
+        "{replies}"
+    );
     assert!(
         replies.contains("max number of subscriptions reached")
             && replies.contains("--redis-proxy-max-subscriptions-per-connection"),
@@ -1038,5 +1043,34 @@ async fn short_lived_redis_subscriptions_end_on_the_spoke_when_the_client_goes_a
     // The connection still serves.
     let pong = resp_exchange(&mut conn, &["PING"]).await?;
     assert!(pong.to_ascii_uppercase().contains("PONG"), "{pong}");
+
+    // UNSUBSCRIBE frees a slot: the agent ends that channel's subscriber on the spoke Redis at
+    // once (the other channel's stays), and a new channel fits.
+    let holding = redis_clients(&spoke_redis).await?;
+    let reply = resp_exchange(&mut conn, &["UNSUBSCRIBE", &channels[0]]).await?;
+    assert!(
+        reply.contains("unsubscribe") && reply.contains(&channels[0]) && reply.ends_with(":1\r\n"),
+        "{reply}"
+    );
+    let after_unsubscribe = wait_until(
+        "the agent ended the unsubscribed channel on its Redis",
+        Duration::from_secs(10),
+        || async {
+            match redis_clients(&spoke_redis).await? {
+                n if n == holding - 1 => Ok(Some(n)),
+                n => Err(anyhow::anyhow!("{n} clients (holding {holding})")),
+            }
+        },
+    )
+    .await?;
+    let reply = resp_exchange(&mut conn, &["SUBSCRIBE", &channels[2]]).await?;
+    eprintln!(
+        "[hostile] spoke Redis clients {holding} → {after_unsubscribe} after UNSUBSCRIBE; \
+         SUBSCRIBE of another channel: {reply:?}"
+    );
+    assert!(
+        reply.starts_with("*3") && reply.contains(&channels[2]) && reply.ends_with(":2\r\n"),
+        "{reply}"
+    );
     Ok(())
 }

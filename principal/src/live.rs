@@ -120,6 +120,14 @@ impl LiveWaiter {
         self.rx.recv().await
     }
 
+    /// Polls for the next answer, as [`Self::recv`] waits for it (to wait on several callers).
+    pub fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<LiveReply>> {
+        self.rx.poll_recv(cx)
+    }
+
     /// The request (or connection) key this caller waits on.
     pub fn key(&self) -> &str {
         &self.key
