@@ -765,7 +765,14 @@ impl ClientConnection {
                     format!("agent {agent} answered SUBSCRIBE with something else"),
                 )),
             },
-            Err(e) => self.fail(e),
+            Err(e) => {
+                if e.0 == "agent_timeout" {
+                    // It may still subscribe, unpinged: its idle rule ends that, holding the slot.
+                    self.lingering
+                        .push(tokio::time::Instant::now() + UPSTREAM_IDLE_CLOSE);
+                }
+                self.fail(e)
+            }
         }
     }
 
