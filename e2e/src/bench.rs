@@ -1,5 +1,6 @@
 //! What the benchmark binaries share: the `--count` argument and other flags, percentiles of
-//! latency samples, when objects arrive in a watch, process CPU/RSS readings from `/proc`, the
+//! latency samples, when objects arrive in a watch, process CPU/RSS readings (and the peak under an
+//! attack, [`RssUnderAttack`]) from `/proc`, the
 //! open-file limit, the charts' font, and the common set-up (a hub and a spoke plane, a PKI with an
 //! agent certificate `bench`, and a principal on the hub).
 
@@ -114,12 +115,77 @@ pub fn has_flag(name: &str) -> bool {
 
 /// Resident set size of process `pid` in KiB (`VmRSS` of `/proc/<pid>/status`).
 pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    status_kib(pid, "VmRSS")
+}
+
+/// A size line (`<field>: <n> kB`) of `/proc/<pid>/status`.
+fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))
+        .ok_or_else(|| anyhow::anyhow!("no {field} in /proc/{pid}/status"))
+}
+
+/// How much a process may grow under an attack: the bound the README's threat model states.
+pub const ATTACK_RSS_BOUND_KIB: u64 = 32 * 1024;
+
+/// A process's memory under an attack: its resident set when the attack starts and the peak
+/// since (the kernel's high-water mark `VmHWM`, reset at the start through `clear_refs`, so no
+/// spike between two readings is missed).
+pub struct RssUnderAttack {
+    pid: u32,
+    attack: String,
+    /// Resident set at the start, KiB.
+    pub baseline: u64,
+}
+
+impl RssUnderAttack {
+    /// Starts watching process `pid` (one the caller may write `/proc/<pid>/clear_refs` of).
+    pub fn start(pid: u32, attack: &str) -> anyhow::Result<RssUnderAttack> {
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5")?;
+        Ok(RssUnderAttack {
+            pid,
+            attack: attack.to_string(),
+            baseline: rss_kib(pid)?,
+        })
+    }
+
+    /// The peak resident set since the start, KiB.
+    pub fn peak(&self) -> anyhow::Result<u64> {
+        status_kib(self.pid, "VmHWM")
+    }
+
+    /// Prints `RSS under <attack>: baseline X KiB, peak Y KiB` and fails when the peak is
+    /// [`ATTACK_RSS_BOUND_KIB`] or more above the baseline; returns the peak.
+    pub fn check_bound(&self) -> anyhow::Result<u64> {
+        self.check_bound_plus(0, "")
+    }
+
+    /// [`Self::check_bound`] with `extra_kib` more allowed (`why`, printed with it).
+    pub fn check_bound_plus(&self, extra_kib: u64, why: &str) -> anyhow::Result<u64> {
+        let peak = self.peak()?;
+        let bound = ATTACK_RSS_BOUND_KIB + extra_kib;
+        let extra = if extra_kib > 0 {
+            format!(" = {ATTACK_RSS_BOUND_KIB} + {extra_kib} {why}")
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "RSS under {}: baseline {} KiB, peak {peak} KiB (+{} KiB; bound +{bound} KiB{extra})",
+            self.attack,
+            self.baseline,
+            peak.saturating_sub(self.baseline)
+        );
+        anyhow::ensure!(
+            peak < self.baseline + bound,
+            "RSS under {} grew {} KiB, over the bound of {bound} KiB",
+            self.attack,
+            peak - self.baseline
+        );
+        Ok(peak)
+    }
 }
 
 /// CPU time (user + system) process `pid` has used, from `/proc/<pid>/stat` (utime + stime).
@@ -237,6 +303,19 @@ mod tests {
         assert!(rss_kib(pid).unwrap() > 0);
         assert!(cpu_seconds(pid).unwrap() >= 0.0);
         assert!(rss_kib(u32::MAX).is_err());
+    }
+
+    #[test]
+    fn the_peak_under_an_attack_counts_from_its_start() {
+        let pid = std::process::id();
+        let watch = RssUnderAttack::start(pid, "a test allocation").unwrap();
+        assert!(watch.peak().unwrap() >= watch.baseline);
+        // 64 MiB touched and freed: gone from VmRSS, still in the peak, over the bound.
+        let big = vec![1u8; 64 << 20];
+        assert_eq!(std::hint::black_box(&big)[12345], 1);
+        drop(big);
+        let err = watch.check_bound().unwrap_err();
+        assert!(err.to_string().contains("over the bound"), "{err}");
     }
 
     #[test]

@@ -5,31 +5,35 @@
 //!   delete the hub's Applications in its namespace) is refused with PermissionDenied naming its
 //!   pinned mode and the admin command that changes it; the pin comes from the first login or
 //!   from the registration (cluster Secret label), and an admin's re-pin takes effect.
-//! - Unbounded input in metrics and logs: 1,000 distinct unknown event types fold into one
-//!   `unknown` series; rejected input is logged truncated and rate-limited.
+//! - Unbounded input in metrics and logs: 1,000,000 distinct unknown event types from four agents
+//!   fold into one `unknown` series, and the principal's peak RSS stays within the bound; rejected
+//!   input is logged truncated and rate-limited.
 //! - Names that are not Kubernetes names (`app?dryRun=All`) are refused before any use.
 //! - A token that expired seconds ago is refused (no 60 s leeway).
-//! - Memory before authentication: stalled oversized Authenticate and Ping calls do not grow the
-//!   principal; a connection may open only a few streams.
+//! - Memory before authentication: 200 stalled 16 MiB Authenticate and Ping calls, over one
+//!   connection and over 13 at once, are refused at their length prefix and keep the principal's
+//!   peak RSS within the bound; a connection may open only 16 streams.
 //! - Ownership, not names: autonomous agent `team` cannot overwrite or delete the hub mirror
 //!   `team-b-x` of agent `team-b`'s project `x` (its own project `b-x` maps to the same name), nor
 //!   an AppProject or Application made on the hub; each attempt is an error ACK and a count in
 //!   `argocd_principal_mirror_collisions_total{agent_name}`.
-//! - Stalled resource proxy request bodies: 50 requests that send part of a body and stall are
-//!   answered 408 and closed after `--request-body-timeout`, without growing the principal.
+//! - Stalled resource proxy request bodies: 500 requests at once that send all of a 4 MiB body
+//!   but its last byte are answered 408 and closed after `--request-body-timeout`, and the
+//!   principal's peak RSS stays within the bound (the bodies being read share one budget).
 //! - Connections per agent: past `--max-connections-per-agent` the next connection gets GOAWAY
 //!   (ResourceExhausted) and a count; other agents are unaffected.
 //! - Redis proxy: 2,000 short-lived SUBSCRIBE clients through a real agent leave no subscriber on
 //!   the spoke's (password-protected) Redis once they are gone; the client over
 //!   `--redis-proxy-max-connections-per-ip` and the channel over
-//!   `--redis-proxy-max-subscriptions-per-connection` get Redis errors; principal RSS stays bounded.
+//!   `--redis-proxy-max-subscriptions-per-connection` get Redis errors (UNSUBSCRIBE frees a
+//!   channel's slot and ends it on the spoke); principal RSS stays bounded.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use argocd_agent_proto::event::{Event, EventType, Target};
-use e2e::bench::rss_kib;
+use e2e::bench::{rss_kib, RssUnderAttack};
 use e2e::gateway::{
     agent_identity, application, application_resource, appproject_resource, client_tls,
     ensure_namespace, http_get, tls_connect, Agent,
@@ -216,49 +220,71 @@ async fn a_registration_label_pins_the_mode_before_any_login() -> anyhow::Result
     Ok(())
 }
 
-#[tokio::test]
-async fn a_thousand_unknown_event_types_fold_into_one_series_and_a_few_log_lines(
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_unknown_event_types_fold_into_one_series_and_a_few_log_lines(
 ) -> anyhow::Result<()> {
     let s = LonePrincipal::start("metric_folding", &[]).await?;
-    let (name, tx, mut inbound) = connected_managed_agent(&s, "noisy").await?;
+    // 10x the issue's 100,000 distinct types, sent by four agents at once.
+    const AGENTS: usize = 4;
+    const EVENTS: usize = 1_000_000;
+    let mut agents = Vec::new();
+    for a in 0..AGENTS {
+        agents.push(connected_managed_agent(&s, &format!("noisy{a}")).await?);
+    }
+    let (name, tx, inbound) = &mut agents[0];
     let probe = Event::new(
         EventType::Unknown("warm-up".into()),
         Target::Application,
-        &name,
+        name.as_str(),
     );
-    send_for_ack(&tx, &mut inbound, &probe).await?;
+    send_for_ack(tx, inbound, &probe).await?;
     let (_, before) = http_get(s.principal.ops_port, "/metrics").await?;
+    let pid = s.principal.process.pid().expect("principal running");
+    let rss = RssUnderAttack::start(pid, "1,000,000 distinct unknown event types")?;
 
-    const EVENTS: usize = 1000;
     let long = "x".repeat(10_000);
-    let sender = {
-        let (tx, name, long) = (tx.clone(), name.clone(), long.clone());
-        tokio::spawn(async move {
-            for i in 0..EVENTS {
-                let t = format!("io.example.hostile-{i}-{}", if i == 7 { &long } else { "" });
-                let ev = Event::new(
-                    EventType::Unknown(t),
-                    Target::Unknown(format!("t{i}")),
-                    &name,
-                );
-                tx.send(ev.to_stream_event()).await?;
-            }
-            anyhow::Ok(())
-        })
-    };
     let started = Instant::now();
-    let mut refused = 0;
-    while refused < EVENTS {
-        let wire = tokio::time::timeout(Duration::from_secs(30), inbound.message())
-            .await??
-            .ok_or_else(|| anyhow::anyhow!("stream ended"))?;
-        let ev = Event::try_from_stream_event(wire)?;
-        if ev.is_ack() && ev.ack_error().is_some() {
-            refused += 1;
-        }
+    let floods: Vec<_> = agents
+        .into_iter()
+        .enumerate()
+        .map(|(a, (name, tx, mut inbound))| {
+            let long = long.clone();
+            tokio::spawn(async move {
+                // The stream stays open until every event is answered: the sender's end is
+                // not the agent's.
+                let sending = tx.clone();
+                let sender = tokio::spawn(async move {
+                    for i in 0..EVENTS / AGENTS {
+                        let long = if (a, i) == (0, 7) { long.as_str() } else { "" };
+                        let ev = Event::new(
+                            EventType::Unknown(format!("io.example.hostile-{a}-{i}-{long}")),
+                            Target::Unknown(format!("t{a}-{i}")),
+                            &name,
+                        );
+                        sending.send(ev.to_stream_event()).await?;
+                    }
+                    anyhow::Ok(())
+                });
+                let mut refused = 0;
+                while refused < EVENTS / AGENTS {
+                    let wire = tokio::time::timeout(Duration::from_secs(30), inbound.message())
+                        .await??
+                        .ok_or_else(|| anyhow::anyhow!("stream ended"))?;
+                    let ev = Event::try_from_stream_event(wire)?;
+                    if ev.is_ack() && ev.ack_error().is_some() {
+                        refused += 1;
+                    }
+                }
+                drop(tx);
+                sender.await?
+            })
+        })
+        .collect();
+    for flood in floods {
+        flood.await??;
     }
-    sender.await??;
     let elapsed = started.elapsed();
+    rss.check_bound()?;
 
     let (_, after) = http_get(s.principal.ops_port, "/metrics").await?;
     let series: Vec<&str> = after
@@ -460,88 +486,121 @@ async fn h2_connection(
     Ok((send, max_rx))
 }
 
+/// The grpc-status of a call, from its headers or its trailers (within 20 s).
+async fn grpc_status(answer: h2::client::ResponseFuture) -> anyhow::Result<String> {
+    let resp = tokio::time::timeout(Duration::from_secs(20), answer).await??;
+    let status = |h: &http::HeaderMap| {
+        h.get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    if let Some(s) = status(resp.headers()) {
+        return Ok(s);
+    }
+    let mut body = resp.into_body();
+    let trailers = tokio::time::timeout(Duration::from_secs(5), body.trailers()).await??;
+    Ok(trailers.as_ref().and_then(status).unwrap_or_default())
+}
+
+/// Makes `calls` calls on a connection (Authenticate and Ping in turn), as many at once as the
+/// connection allows (once its SETTINGS arrived): each claims a message of 16 MiB − 1 and sends `frame` (as much of it as
+/// flow control lets through) without ending, holding its body until answered. Returns the
+/// grpc-status of each.
+async fn stalled_oversized_calls(
+    (mut send, mut max_streams): (
+        h2::client::SendRequest<bytes::Bytes>,
+        tokio::sync::watch::Receiver<usize>,
+    ),
+    calls: usize,
+    frame: bytes::Bytes,
+) -> anyhow::Result<Vec<String>> {
+    tokio::time::timeout(Duration::from_secs(10), max_streams.wait_for(|m| *m == 16)).await??;
+    let mut answers = Vec::new();
+    for i in 0..calls {
+        let path = if i % 2 == 0 {
+            "/authapi.Authentication/Authenticate"
+        } else {
+            "/eventstreamapi.EventStream/Ping"
+        };
+        send = tokio::time::timeout(Duration::from_secs(20), send.ready())
+            .await
+            .map_err(|_| anyhow::anyhow!("no stream slot freed within 20 s (call {i})"))??;
+        let req = http::Request::post(format!("https://localhost{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())?;
+        let (answer, mut body) = send.send_request(req, false)?;
+        let _ = body.send_data(frame.clone(), false);
+        answers.push(tokio::spawn(async move {
+            let status = grpc_status(answer).await;
+            drop(body);
+            status
+        }));
+    }
+    let mut statuses = Vec::new();
+    for answer in answers {
+        statuses.push(answer.await??);
+    }
+    Ok(statuses)
+}
+
 #[tokio::test]
 async fn stalled_oversized_calls_before_authentication_do_not_grow_the_principal(
 ) -> anyhow::Result<()> {
     let s = LonePrincipal::start("preauth_memory", &[]).await?;
     let (_, (c, k)) = new_agent(&s, "big")?;
     let pid = s.principal.process.pid().expect("principal running");
-    let baseline = rss_kib(pid)?;
 
-    const CONNECTIONS: usize = 8;
-    const STREAMS: usize = 16;
-    const SENT: usize = 512 * 1024;
-    // Each call claims a message just under the stream limit (16 MiB), sends 512 KiB and stalls.
+    // 10x the issue's 20 stalled ~16 MiB Authenticate calls: 200 calls, each claiming a message
+    // just under the post-login limit (16 MiB) and sending all of it.
+    const CALLS: usize = 200;
     let mut frame = vec![0u8];
     frame.extend_from_slice(&((16u32 << 20) - 1).to_be_bytes());
-    frame.resize(5 + SENT, b'z');
+    frame.resize(5 + (16 << 20) - 1, b'z');
     let frame = bytes::Bytes::from(frame);
-    let mut held = Vec::new();
-    let mut answers = Vec::new();
-    let mut max_streams = None;
-    for conn in 0..CONNECTIONS {
-        let (mut send, max_rx) = h2_connection(&s, (&c, &k)).await?;
-        for i in 0..STREAMS {
-            let path = if (conn + i) % 2 == 0 {
-                "/authapi.Authentication/Authenticate"
-            } else {
-                "/eventstreamapi.EventStream/Ping"
-            };
-            send = send.ready().await?;
-            let req = http::Request::post(format!("https://localhost{path}"))
-                .header("content-type", "application/grpc")
-                .header("te", "trailers")
-                .body(())?;
-            let (answer, mut body) = send.send_request(req, false)?;
-            let _ = body.send_data(frame.clone(), false);
-            held.push(body);
-            answers.push(answer);
-        }
-        max_streams = Some(max_rx);
-    }
-    // Every call is answered while its body is still open: refused at the length prefix.
+    let started = Instant::now();
     let mut statuses = BTreeMap::new();
-    for answer in answers {
-        let resp = tokio::time::timeout(Duration::from_secs(20), answer).await??;
-        let mut status = resp
-            .headers()
-            .get("grpc-status")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        if status.is_none() {
-            let mut body = resp.into_body();
-            if let Ok(Ok(Some(trailers))) =
-                tokio::time::timeout(Duration::from_secs(5), body.trailers()).await
-            {
-                status = trailers
-                    .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string);
-            }
-        }
-        *statuses.entry(status.unwrap_or_default()).or_insert(0) += 1;
+
+    // Over one connection, 16 at a time (its stream cap).
+    let one = RssUnderAttack::start(pid, "200 stalled 16 MiB calls before login, one connection")?;
+    let connection = h2_connection(&s, (&c, &k)).await?;
+    for status in stalled_oversized_calls(connection, CALLS, frame.clone()).await? {
+        *statuses.entry(status).or_insert(0) += 1;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let attacked = rss_kib(pid)?;
-    let attempted_kib = (CONNECTIONS * STREAMS * SENT / 1024) as u64;
+    one.check_bound()?;
+
+    // Over 13 connections at once (16 calls each, the last 8): all 200 in flight together.
+    let several =
+        RssUnderAttack::start(pid, "200 stalled 16 MiB calls before login, 13 connections")?;
+    let mut connections = Vec::new();
+    for first in (0..CALLS).step_by(16) {
+        let connection = h2_connection(&s, (&c, &k)).await?;
+        let calls = (CALLS - first).min(16);
+        connections.push(tokio::spawn(stalled_oversized_calls(
+            connection,
+            calls,
+            frame.clone(),
+        )));
+    }
+    let connection_count = connections.len();
+    for connection in connections {
+        for status in connection.await?? {
+            *statuses.entry(status).or_insert(0) += 1;
+        }
+    }
+    several.check_bound()?;
     eprintln!(
-        "[hostile] principal RSS {baseline} KiB → {attacked} KiB with {} stalled calls \
-         ({attempted_kib} KiB sent, {} MiB claimed); gRPC statuses {statuses:?}",
-        CONNECTIONS * STREAMS,
-        CONNECTIONS * STREAMS * 16
+        "[hostile] {} stalled 16 MiB calls (one connection, then {connection_count}) in {:?}; \
+         gRPC statuses {statuses:?}",
+        2 * CALLS,
+        started.elapsed()
     );
+    // Every call is answered while its body is still open: refused at the length prefix.
     assert!(
         statuses.keys().all(|s| s == "11" || s == "8"),
         "calls not refused as too large: {statuses:?}"
     );
-    assert!(
-        attacked < baseline + 24 * 1024,
-        "principal RSS grew {} KiB (of {attempted_kib} KiB sent)",
-        attacked.saturating_sub(baseline)
-    );
-    let max = *max_streams.expect("connections").borrow();
-    assert_eq!(max, 16, "SETTINGS_MAX_CONCURRENT_STREAMS");
-    drop(held);
+    assert_eq!(statuses.values().sum::<usize>(), 2 * CALLS);
     // The principal still serves agents.
     login(&s, (&c, &k), "managed")
         .await
@@ -787,8 +846,9 @@ async fn an_agent_cannot_write_or_delete_hub_objects_it_does_not_own_by_choosing
 async fn stalled_resource_proxy_request_bodies_are_closed_after_the_body_timeout(
 ) -> anyhow::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let timeout = Duration::from_secs(3);
-    let s = LonePrincipal::start("stalled_bodies", &["--request-body-timeout=3s"]).await?;
+    // Long enough for every attacker to be connected and stalled at once.
+    let timeout = Duration::from_secs(10);
+    let s = LonePrincipal::start("stalled_bodies", &["--request-body-timeout=10s"]).await?;
     let (name, (c, k)) = new_agent(&s, "stall")?;
     // The proxy reads a body only for a connected agent's requests.
     let tokens = login(&s, (&c, &k), "managed")
@@ -802,73 +862,112 @@ async fn stalled_resource_proxy_request_bodies_are_closed_after_the_body_timeout
     );
     send_for_ack(&tx, &mut inbound, &probe).await?;
     let pid = s.principal.process.pid().expect("principal running");
-    let baseline = rss_kib(pid)?;
+    let rss = RssUnderAttack::start(pid, "500 stalled resource-proxy request bodies of 4 MiB")?;
 
-    const REQUESTS: usize = 50;
-    const SENT: usize = 256 * 1024;
-    // Each request declares a body just under the 4 MiB limit, sends 256 KiB and stalls.
+    // 10x the issue's 50: each request declares a body just under the 4 MiB limit, sends all of
+    // it but the last byte as fast as the principal takes it, and stalls; all at once.
+    const REQUESTS: usize = 500;
+    const DECLARED: usize = (4 << 20) - 1;
+    // TLS records and plaintext, HTTP read buffer and request state of a connection whose client
+    // sent body bytes ahead (measured ~70 KiB; 500 idle TLS connections took 7.5 MiB).
+    const PER_CONNECTION_KIB: u64 = 96;
     let tls = std::sync::Arc::new(client_tls(&s.pki, Some((&c, &k)), &[b"http/1.1"])?);
     let address = format!("127.0.0.1:{}", s.principal.resource_proxy_port);
     let head = format!(
         "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: localhost\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        (4 << 20) - 1
+         Content-Type: application/json\r\nContent-Length: {DECLARED}\r\n\r\n"
     );
-    let t0 = Instant::now();
-    let mut conns = Vec::new();
-    for _ in 0..REQUESTS {
-        let mut conn = tls_connect(&address, tls.clone()).await?;
-        conn.write_all(head.as_bytes()).await?;
-        conn.write_all(&vec![b' '; SENT]).await?;
-        conn.flush().await?;
-        conns.push(conn);
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let stalled = rss_kib(pid)?;
-    // Each is answered 408 and closed once the body timeout has passed.
-    let watchers: Vec<_> = conns
-        .into_iter()
-        .map(|mut conn| {
+    let body = bytes::Bytes::from(vec![b' '; DECLARED - 1]);
+    let (stalled_tx, mut stalled_rx) = tokio::sync::mpsc::channel(REQUESTS);
+    // Handshakes 64 at a time, so that a loaded machine does not time them out.
+    let handshakes = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+    let attackers: Vec<_> = (0..REQUESTS)
+        .map(|_| {
+            let handshakes = handshakes.clone();
+            let (tls, address, head, body) =
+                (tls.clone(), address.clone(), head.clone(), body.clone());
+            let stalled = stalled_tx.clone();
             tokio::spawn(async move {
+                let turn = handshakes.acquire_owned().await?;
+                let conn = tls_connect(&address, tls).await?;
+                drop(turn);
+                let (mut read, mut write) = tokio::io::split(conn);
+                write.write_all(head.as_bytes()).await?;
+                let sent_at = Instant::now();
+                let _ = stalled.send(()).await;
+                // The principal reads what its budget has room for; the rest waits in the socket.
+                let writer = tokio::spawn(async move {
+                    let _ = write.write_all(&body).await;
+                    let _ = write.flush().await;
+                    write
+                });
                 let mut answer = Vec::new();
-                let read =
-                    tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut answer))
-                        .await;
+                let closed = tokio::time::timeout(timeout * 3, read.read_to_end(&mut answer)).await;
+                writer.abort();
+                anyhow::ensure!(
+                    closed.is_ok(),
+                    "connection still open after {:?}",
+                    timeout * 3
+                );
                 let status = String::from_utf8_lossy(&answer)
                     .lines()
                     .next()
                     .unwrap_or_default()
                     .to_string();
-                (status, read.is_ok_and(|r| r.is_ok()), t0.elapsed())
+                anyhow::Ok((status, sent_at.elapsed()))
             })
         })
         .collect();
-    let mut closed = Vec::new();
-    for w in watchers {
-        closed.push(w.await?);
+    drop(stalled_tx);
+    let t0 = Instant::now();
+    for _ in 0..REQUESTS {
+        if stalled_rx.recv().await.is_none() {
+            break; // an attacker failed: its error is below
+        }
     }
-    let slowest = closed.iter().map(|c| c.2).max().unwrap_or_default();
+    let all_stalled = t0.elapsed();
+    let mut closed = Vec::new();
+    for a in attackers {
+        closed.push(a.await??);
+    }
+    let slowest = closed.iter().map(|c| c.1).max().unwrap_or_default();
+    let answered_408 = closed
+        .iter()
+        .filter(|c| c.0.starts_with("HTTP/1.1 408"))
+        .count();
     eprintln!(
-        "[hostile] principal RSS {baseline} KiB → {stalled} KiB with {REQUESTS} stalled bodies \
-         ({} KiB sent, {} MiB declared); slowest closed after {slowest:?}; first answer {:?}",
-        REQUESTS * SENT / 1024,
-        REQUESTS * 4,
-        closed[0].0
+        "[hostile] {REQUESTS} stalled bodies ({} MiB declared) all sent within {all_stalled:?}; \
+         {answered_408} read the 408 before the close; slowest closed {slowest:?} after its head",
+        (REQUESTS * DECLARED) >> 20,
     );
-    for (status, ended, took) in &closed {
-        assert!(status.starts_with("HTTP/1.1 408"), "{status}");
-        assert!(*ended, "connection left open");
+    for (status, took) in &closed {
+        // A close with unread input may reset the connection before the client reads the 408.
         assert!(
-            *took >= timeout && *took <= timeout + Duration::from_secs(5),
-            "{took:?}"
+            status.is_empty() || status.starts_with("HTTP/1.1 408"),
+            "{status}"
+        );
+        assert!(
+            *took >= timeout - Duration::from_millis(500) && *took <= timeout * 2,
+            "closed {took:?} after the request head (--request-body-timeout=10s)"
         );
     }
-    // The bodies it holds, and little more: not what was declared.
-    assert!(
-        stalled < baseline + 32 * 1024,
-        "principal RSS grew {} KiB",
-        stalled.saturating_sub(baseline)
-    );
+    // Each was refused by the proxy (counted 408), not served.
+    let (_, metrics) = http_get(s.principal.ops_port, "/metrics").await?;
+    let refused: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("argocd_principal_resource_proxy_requests_total{")
+                && l.contains("code=\"408\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(refused as usize, REQUESTS, "408s counted");
+    // The bodies' budget and the connections' TLS and HTTP buffers, not what was declared: the
+    // flat bound plus what each open connection holds (not met flat at this size, see README).
+    rss.check_bound_plus(
+        REQUESTS as u64 * PER_CONNECTION_KIB,
+        "per stalled connection",
+    )?;
     // The agent's stream outlived it.
     send_for_ack(&tx, &mut inbound, &probe).await?;
     Ok(())
@@ -1028,8 +1127,12 @@ async fn short_lived_redis_subscriptions_end_on_the_spoke_when_the_client_goes_a
     let mut cmd = vec!["SUBSCRIBE"];
     cmd.extend(channels.iter().map(String::as_str));
     conn.write_all(&resp_command(&cmd)).await?;
-    let replies = read_until(&mut conn, "open a new connection)\r\n").await?;
-    assert_eq!(replies.matches("subscribe").count(), 2, "{replies}");
+    let replies = read_until(&mut conn, "until that agent closes it)\r\n").await?;
+    assert_eq!(
+        replies.matches("$9\r\nsubscribe\r\n").count(),
+        2,
+        "{replies}"
+    );
     assert!(
         replies.contains("max number of subscriptions reached")
             && replies.contains("--redis-proxy-max-subscriptions-per-connection"),
@@ -1038,5 +1141,34 @@ async fn short_lived_redis_subscriptions_end_on_the_spoke_when_the_client_goes_a
     // The connection still serves.
     let pong = resp_exchange(&mut conn, &["PING"]).await?;
     assert!(pong.to_ascii_uppercase().contains("PONG"), "{pong}");
+
+    // UNSUBSCRIBE frees a slot: the agent ends that channel's subscriber on the spoke Redis at
+    // once (the other channel's stays), and a new channel fits.
+    let holding = redis_clients(&spoke_redis).await?;
+    let reply = resp_exchange(&mut conn, &["UNSUBSCRIBE", &channels[0]]).await?;
+    assert!(
+        reply.contains("unsubscribe") && reply.contains(&channels[0]) && reply.ends_with(":1\r\n"),
+        "{reply}"
+    );
+    let after_unsubscribe = wait_until(
+        "the agent ended the unsubscribed channel on its Redis",
+        Duration::from_secs(10),
+        || async {
+            match redis_clients(&spoke_redis).await? {
+                n if n == holding - 1 => Ok(Some(n)),
+                n => Err(anyhow::anyhow!("{n} clients (holding {holding})")),
+            }
+        },
+    )
+    .await?;
+    let reply = resp_exchange(&mut conn, &["SUBSCRIBE", &channels[2]]).await?;
+    eprintln!(
+        "[hostile] spoke Redis clients {holding} → {after_unsubscribe} after UNSUBSCRIBE; \
+         SUBSCRIBE of another channel: {reply:?}"
+    );
+    assert!(
+        reply.starts_with("*3") && reply.contains(&channels[2]) && reply.ends_with(":2\r\n"),
+        "{reply}"
+    );
     Ok(())
 }

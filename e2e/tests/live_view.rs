@@ -502,7 +502,9 @@ async fn redis_cli_reads_an_agents_cache_through_the_proxy_and_the_rest_from_the
     }
     assert_eq!(fleet.redis_cli(&["GET", &key])?, "tree-from-spoke1");
 
-    // SUBSCRIBE to an agent's key: a publish on the spoke reaches the hub client.
+    // One client SUBSCRIBEs to a key of each agent: a publish on either spoke reaches it.
+    let agent2 = fleet.agents[1].name.clone();
+    let key2 = format!("app|resources-tree|{agent2}_guestbook|1.8.3");
     let mut sub = tokio::process::Command::new(system_binary("redis-cli", "redis-tools")?)
         .args([
             "-h",
@@ -511,6 +513,7 @@ async fn redis_cli_reads_an_agents_cache_through_the_proxy_and_the_rest_from_the
             &fleet.principal.redis_proxy_port.to_string(),
             "SUBSCRIBE",
             &key,
+            &key2,
         ])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -518,34 +521,41 @@ async fn redis_cli_reads_an_agents_cache_through_the_proxy_and_the_rest_from_the
     let out = std::sync::Arc::new(tokio::sync::Mutex::new(tokio::io::BufReader::new(
         sub.stdout.take().expect("piped"),
     )));
-    let port = fleet.spoke_redis[0].port;
-    let seen = wait_until(
-        "a spoke publish reaches the hub subscriber",
-        Duration::from_secs(30),
-        || {
-            let out = out.clone();
-            async move {
-                let mut out = out.lock().await;
-                use tokio::io::AsyncBufReadExt;
-                spoke_cli(port, &["PUBLISH", "app|resources-tree|guestbook|1.8.3", ""])?;
-                let mut line = String::new();
-                while let Ok(Ok(n)) =
-                    tokio::time::timeout(Duration::from_millis(500), out.read_line(&mut line)).await
-                {
-                    if n == 0 {
-                        break;
+    for (spoke, channel) in [(0, &key), (1, &key2)] {
+        let port = fleet.spoke_redis[spoke].port;
+        let out = out.clone();
+        wait_until(
+            &format!(
+                "a publish on spoke {} reaches the hub subscriber as {channel}",
+                spoke + 1
+            ),
+            Duration::from_secs(30),
+            || {
+                let out = out.clone();
+                async move {
+                    let mut out = out.lock().await;
+                    use tokio::io::AsyncBufReadExt;
+                    spoke_cli(port, &["PUBLISH", "app|resources-tree|guestbook|1.8.3", ""])?;
+                    // redis-cli prints a push as the lines `message`, its channel, its payload.
+                    let (mut previous, mut line) = (String::new(), String::new());
+                    while let Ok(Ok(n)) =
+                        tokio::time::timeout(Duration::from_millis(500), out.read_line(&mut line))
+                            .await
+                    {
+                        if n == 0 {
+                            break;
+                        }
+                        if previous.trim_end() == "message" && line.trim_end() == channel {
+                            return Ok::<_, anyhow::Error>(Some(()));
+                        }
+                        previous = std::mem::take(&mut line);
                     }
-                    if line.contains("message") {
-                        return Ok::<_, anyhow::Error>(Some(()));
-                    }
-                    line.clear();
+                    Ok(None)
                 }
-                Ok(None)
-            }
-        },
-    )
-    .await;
-    seen?;
+            },
+        )
+        .await?;
+    }
     Ok(())
 }
 

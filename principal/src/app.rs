@@ -99,6 +99,7 @@ async fn start_live_view(
             tokens: tokens.clone(),
             metrics: metrics.resource_proxy.clone(),
             body_timeout: config.request_body_timeout,
+            body_budget: Default::default(),
         });
         let addr = crate::resource_proxy::serve(rp.address, tls, proxy, policy.clone())
             .await

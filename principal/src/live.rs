@@ -6,8 +6,10 @@
 //! only the agent a request was sent to may answer it; a response split into parts (our
 //! `livechunk`/`liveend` extensions) is delivered in order and exactly once, even when the agent
 //! resends a part; a caller that went away gets its agent told to stop (container logs: by a
-//! cancel event, or, for logs an upstream agent pushes over `StreamLogs`
-//! ([`LiveRequests::attach_log_stream`], relayed by [`crate::log_stream`]), by that call ending). When an
+//! cancel event to an agent that answers with events, i.e. ours, once it sent a part, and
+//! otherwise in answer to its next part; for logs an upstream agent pushes over `StreamLogs`
+//! ([`LiveRequests::attach_log_stream`], relayed by [`crate::log_stream`]), by that call ending,
+//! never by a cancel event, which an upstream agent would take for a new log request). When an
 //! agent's last stream ends, every caller still waiting on it is answered with
 //! [`LiveReply::AgentGone`] at once. Hooks registered with
 //! [`LiveRequests::on_agent_connected`] run when an agent's stream starts, those registered with
@@ -77,6 +79,8 @@ struct Waiter {
     /// Fed by a `LogStreamService.StreamLogs` call (upstream's agents): the agent learns that the
     /// caller left from that call ending, not from a cancel event.
     log_stream_attached: bool,
+    /// A part came as an event: the agent is one that understands a cancel event (ours).
+    answered_by_events: bool,
 }
 
 #[derive(Default)]
@@ -122,6 +126,14 @@ impl LiveWaiter {
         self.rx.recv().await
     }
 
+    /// Polls for the next answer, as [`Self::recv`] waits for it (to wait on several callers).
+    pub fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<LiveReply>> {
+        self.rx.poll_recv(cx)
+    }
+
     /// The request (or connection) key this caller waits on.
     pub fn key(&self) -> &str {
         &self.key
@@ -131,7 +143,8 @@ impl LiveWaiter {
 impl Drop for LiveWaiter {
     fn drop(&mut self) {
         let removed = self.tracker.lock().waiters.remove(&self.key);
-        let cancel_by_event = removed.is_some_and(|w| !w.log_stream_attached);
+        let cancel_by_event =
+            removed.is_some_and(|w| w.answered_by_events && !w.log_stream_attached);
         if let (true, Some(session)) = (cancel_by_event, &self.cancel_on_drop) {
             push_log_cancel(session, &self.key);
         }
@@ -272,6 +285,7 @@ impl LiveRequests {
                 tx,
                 next_seq: 0,
                 log_stream_attached: false,
+                answered_by_events: false,
             },
         );
         LiveWaiter {
@@ -383,6 +397,7 @@ impl LiveRequests {
         if let (Some(seq), Some(w)) = (seq, st.waiters.get_mut(&key)) {
             // After the last part every resend finds nothing left to deliver.
             w.next_seq = if end { u64::MAX } else { seq + 1 };
+            w.answered_by_events = true;
         }
         Ok(())
     }
@@ -527,13 +542,14 @@ mod tests {
         let t = LiveRequests::new();
         let a = session("a");
         a.outbox.set_connected(true);
-        let w = t.register(
-            "a",
-            "log1",
-            WaitKind::ContainerLog { timestamps: false },
-            8,
-            Some(a.clone()),
-        );
+        let log = WaitKind::ContainerLog { timestamps: false };
+        let w = t.register("a", "log1", log, 8, Some(a.clone()));
+        t.handle_reply(
+            &a,
+            &part("log1", Target::ContainerLog, Some((0, false)), ""),
+        )
+        .await
+        .unwrap();
         drop(w);
         let cancel = a.outbox.take_next(std::time::Instant::now()).unwrap();
         assert_eq!(
@@ -551,6 +567,34 @@ mod tests {
         assert!(
             !a.outbox.is_empty(),
             "a late part for a gone reader queues another cancel"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_sent_no_part_by_event_is_not_sent_a_cancel() {
+        // Upstream's Go agent answers over StreamLogs and reads every containerlog event,
+        // whatever its method, as a new log request (v0.9.0 agent/log.go): a cancel for a reader
+        // that left before the agent's call attached would start a request for no pod.
+        let t = LiveRequests::new();
+        let a = session("a");
+        a.outbox.set_connected(true);
+        let log = WaitKind::ContainerLog { timestamps: true };
+        drop(t.register("a", "log1", log, 8, Some(a.clone())));
+        assert!(
+            a.outbox.is_empty(),
+            "a cancel went to an agent that never answered by event"
+        );
+        // Our agent's first part (sent as soon as its source opens) still makes it stop.
+        t.handle_reply(
+            &a,
+            &part("log1", Target::ContainerLog, Some((0, false)), ""),
+        )
+        .await
+        .unwrap();
+        let cancel = a.outbox.take_next(std::time::Instant::now()).unwrap();
+        assert_eq!(
+            cancel.event_type,
+            EventType::HttpMethod(LOG_CANCEL_METHOD.into())
         );
     }
 }

@@ -14,12 +14,18 @@
 //! Bounded per client: one IP may hold `--redis-proxy-max-connections-per-ip` connections (the
 //! next one is answered `-ERR max number of clients reached …` and closed, as Redis answers at its
 //! `maxclients`), and one connection may hold `--redis-proxy-max-subscriptions-per-connection`
-//! channels on agents (a `SUBSCRIBE` past it gets an error for each channel over). The agent keeps
-//! a channel subscribed until the connection ends (there is no per-channel unsubscribe on the
-//! wire), so `UNSUBSCRIBE` does not free a slot. When a connection ends, each agent that answered
-//! its subscriptions with `supportsCloseConnection` (ours) is sent `closeConnection` and closes its
-//! subscriber connection to the spoke Redis at once; an upstream agent closes it when the
-//! connection's pings stop (its 10-minute idle rule).
+//! channels on agents (a `SUBSCRIBE` past it gets an error for each channel over).
+//!
+//! Each channel subscribed on an agent travels under a connection UUID of its own, so that the
+//! agent can end it alone and its pushes come back to it whichever agent sends them (one client
+//! may subscribe to channels of several agents). The wire has no per-channel unsubscribe, but
+//! it has per-connection ends: on `UNSUBSCRIBE` (or when the client's connection ends) an agent
+//! that answered the subscription with `supportsCloseConnection` (ours) is sent
+//! `closeConnection` for that channel's UUID and closes its subscriber connection to the spoke
+//! Redis at once, which frees the channel's slot. An upstream agent lacks that message: it
+//! closes a subscription when its pings stop (its 10-minute idle rule, checked each minute), so
+//! a channel unsubscribed on one keeps its slot for [`UPSTREAM_IDLE_CLOSE`], and the cap bounds
+//! what it holds on the spoke either way.
 //!
 //! With hub Redis credentials configured (`--redis-password`, as Argo CD's default install
 //! protects its Redis), every upstream connection authenticates with them, and a client must
@@ -30,9 +36,10 @@
 //! fall back to RESP2 and `AUTH`.
 //! The RESP codec is the `redis-protocol` crate's, behind [`ClientCodec`]'s checks.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use argocd_agent_proto::event::Event;
@@ -64,6 +71,9 @@ pub const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a connection with agent subscriptions tells the agent it is still there.
 const SUBSCRIPTION_PING: Duration = Duration::from_secs(60);
+/// How long an upstream agent keeps a subscription after its last ping: 10 minutes without
+/// pings, checked once a minute (argocd-agent v0.9.0 `principalRedisConnectionTimeout`).
+pub const UPSTREAM_IDLE_CLOSE: Duration = Duration::from_secs(11 * 60);
 /// Default largest client frame (`--redis-proxy-max-request-size`): Argo CD's cache writes are
 /// far smaller, and Redis itself refuses bulk strings over 512 MB.
 pub const DEFAULT_MAX_REQUEST_SIZE: usize = 16 << 20;
@@ -438,11 +448,20 @@ fn parse_hello(args: &[Bytes]) -> Result<(Option<Bytes>, Option<ClientAuth>, Fra
     Ok((protover, auth, Frame::Array(forward)))
 }
 
-async fn next_push(w: &mut Option<LiveWaiter>) -> Option<LiveReply> {
-    match w {
-        Some(w) => w.recv().await,
-        None => std::future::pending().await,
-    }
+/// The next push of any subscription, with the channel it came for; pending while there are none.
+async fn next_push(
+    subscriptions: &mut BTreeMap<String, AgentSubscription>,
+) -> (String, Option<LiveReply>) {
+    std::future::poll_fn(|cx| {
+        subscriptions
+            .iter_mut()
+            .find_map(|(channel, sub)| match sub.pushes.poll_recv(cx) {
+                Poll::Ready(reply) => Some((channel.clone(), reply)),
+                Poll::Pending => None,
+            })
+            .map_or(Poll::Pending, Poll::Ready)
+    })
+    .await
 }
 
 async fn next_upstream(u: &mut Option<Upstream>, subscribed: bool) -> Option<Frame> {
@@ -452,22 +471,27 @@ async fn next_upstream(u: &mut Option<Upstream>, subscribed: bool) -> Option<Fra
     }
 }
 
+/// One channel subscribed on an agent for a client connection (see the module docs).
+struct AgentSubscription {
+    agent: String,
+    /// The connection UUID the agent knows this subscription by.
+    connection_uuid: String,
+    /// Its pushes.
+    pushes: LiveWaiter,
+    /// The agent announced `supportsCloseConnection`.
+    closes: bool,
+}
+
 /// One client connection.
 struct ClientConnection {
     proxy: Arc<RedisProxy>,
     id: String,
     upstream: Option<Upstream>,
     /// Channels subscribed through agents.
-    agent_channels: BTreeSet<String>,
-    /// Channels the agents hold subscribed for this connection (until it ends, whatever the
-    /// client unsubscribed): what the subscription cap counts.
-    held_channels: BTreeSet<String>,
-    /// Agents with subscriptions on this connection.
-    agents: BTreeSet<String>,
-    /// Agents that announced `supportsCloseConnection`: told when this connection ends.
-    closing_agents: BTreeSet<String>,
-    /// Subscription pushes from agents.
-    pushes: Option<LiveWaiter>,
+    subscriptions: BTreeMap<String, AgentSubscription>,
+    /// Until when upstream agents still hold channels this client unsubscribed: slots the
+    /// subscription cap keeps counting.
+    lingering: Vec<tokio::time::Instant>,
     /// The client is in subscribed mode on the upstream.
     upstream_subscribed: bool,
     /// The command being handled, for metrics.
@@ -510,6 +534,7 @@ impl ClientConnection {
     async fn ask_agent(
         &mut self,
         agent: &str,
+        connection_uuid: &str,
         body: RedisCommandBody,
     ) -> Result<RedisResponse, Failure> {
         self.trace.agent.get_or_insert_with(|| agent.to_string());
@@ -528,7 +553,7 @@ impl ClientConnection {
         let mut waiter = proxy.live.register(agent, &uuid, WaitKind::Redis, 4, None);
         let req = RedisRequest {
             uuid: uuid.clone(),
-            connection_uuid: self.id.clone(),
+            connection_uuid: connection_uuid.to_string(),
             body,
         };
         let ev = Event::redis_request("", &req).map_err(|e| ("internal", e.to_string()))?;
@@ -694,7 +719,98 @@ impl ClientConnection {
     }
 
     fn subscription_count(&self) -> i64 {
-        self.agent_channels.len() as i64
+        self.subscriptions.len() as i64
+    }
+
+    /// Channels on agents this connection holds: its subscriptions and the unsubscribed ones
+    /// upstream agents have not closed yet.
+    fn held_channels(&mut self) -> usize {
+        let now = tokio::time::Instant::now();
+        self.lingering.retain(|until| *until > now);
+        self.subscriptions.len() + self.lingering.len()
+    }
+
+    /// Subscribes `channel` on `agent` under a connection UUID of its own; the reply for the
+    /// client.
+    async fn subscribe_on_agent(&mut self, agent: String, channel: String) -> Frame {
+        let confirmed = |count| {
+            Frame::Array(vec![
+                bulk("subscribe"),
+                bulk(&channel),
+                Frame::Integer(count),
+            ])
+        };
+        if self.subscriptions.contains_key(&channel) {
+            return confirmed(self.subscription_count());
+        }
+        let max = self.proxy.max_subscriptions_per_connection;
+        if self.held_channels() >= max {
+            self.trace.agent.get_or_insert_with(|| agent.clone());
+            return self.fail((
+                "too_many_subscriptions",
+                format!(
+                    "max number of subscriptions reached: this connection holds {max} channels on agents (--redis-proxy-max-subscriptions-per-connection; a channel unsubscribed on an upstream agent is held until that agent closes it)"
+                ),
+            ));
+        }
+        let connection_uuid = uuid::Uuid::new_v4().to_string();
+        // Registered before asking: a push may follow the agent's answer at once.
+        let pushes = self
+            .proxy
+            .live
+            .register(&agent, &connection_uuid, WaitKind::Redis, 64, None);
+        let body = RedisCommandBody {
+            subscribe: Some(RedisCommandBodySubscribe {
+                channel_name: channel.clone(),
+            }),
+            ..Default::default()
+        };
+        match self.ask_agent(&agent, &connection_uuid, body).await {
+            Ok(resp) => match resp.body.subscribe_response {
+                Some(s) if s.error.is_empty() => {
+                    let sub = AgentSubscription {
+                        agent,
+                        connection_uuid,
+                        pushes,
+                        closes: s.supports_close_connection,
+                    };
+                    self.subscriptions.insert(channel.clone(), sub);
+                    confirmed(self.subscription_count())
+                }
+                Some(s) => self.fail(("agent_error", format!("agent {agent}: {}", s.error))),
+                None => self.fail((
+                    "agent_error",
+                    format!("agent {agent} answered SUBSCRIBE with something else"),
+                )),
+            },
+            Err(e) => {
+                if e.0 == "agent_timeout" {
+                    // It may still subscribe, unpinged: its idle rule ends that, holding the slot.
+                    self.lingering
+                        .push(tokio::time::Instant::now() + UPSTREAM_IDLE_CLOSE);
+                }
+                self.fail(e)
+            }
+        }
+    }
+
+    /// Ends a subscription on its agent: at once for an agent that can close it, otherwise its
+    /// slot is held until the agent's idle rule has ended it.
+    fn end_subscription(&mut self, sub: AgentSubscription) {
+        if sub.closes {
+            self.close_on_agent(&sub);
+        } else {
+            self.lingering
+                .push(tokio::time::Instant::now() + UPSTREAM_IDLE_CLOSE);
+        }
+    }
+
+    fn close_on_agent(&self, sub: &AgentSubscription) {
+        let body = RedisCommandBody {
+            close_connection: Some(RedisCommandBodyCloseConnection {}),
+            ..Default::default()
+        };
+        self.notify_agent(&sub.agent, &sub.connection_uuid, body);
     }
 
     async fn command(&mut self, frame: Frame) -> Outcome {
@@ -722,7 +838,8 @@ impl ClientConnection {
                         get: Some(RedisCommandBodyGet { key }),
                         ..Default::default()
                     };
-                    let reply = match self.ask_agent(&agent, body).await {
+                    let id = self.id.clone();
+                    let reply = match self.ask_agent(&agent, &id, body).await {
                         Ok(resp) => match resp.body.get {
                             Some(g) if !g.error.is_empty() => {
                                 self.fail(("agent_error", format!("agent {agent}: {}", g.error)))
@@ -748,57 +865,7 @@ impl ClientConnection {
                         continue;
                     };
                     let channel = String::from_utf8_lossy(ch).into_owned();
-                    let max = self.proxy.max_subscriptions_per_connection;
-                    if !self.held_channels.contains(&channel) && self.held_channels.len() >= max {
-                        self.trace.agent.get_or_insert_with(|| agent.clone());
-                        replies.push(self.fail((
-                            "too_many_subscriptions",
-                            format!(
-                                "max number of subscriptions reached: this connection holds {max} channels on agents (--redis-proxy-max-subscriptions-per-connection; UNSUBSCRIBE does not free them, open a new connection)"
-                            ),
-                        )));
-                        continue;
-                    }
-                    if self.pushes.is_none() {
-                        self.pushes = Some(self.proxy.live.register(
-                            &agent,
-                            &self.id,
-                            WaitKind::Redis,
-                            64,
-                            None,
-                        ));
-                    }
-                    let body = RedisCommandBody {
-                        subscribe: Some(RedisCommandBodySubscribe {
-                            channel_name: channel.clone(),
-                        }),
-                        ..Default::default()
-                    };
-                    match self.ask_agent(&agent, body).await {
-                        Ok(resp) => match resp.body.subscribe_response {
-                            Some(s) if s.error.is_empty() => {
-                                self.agent_channels.insert(channel.clone());
-                                self.held_channels.insert(channel.clone());
-                                if s.supports_close_connection {
-                                    self.closing_agents.insert(agent.clone());
-                                }
-                                self.agents.insert(agent);
-                                replies.push(Frame::Array(vec![
-                                    bulk("subscribe"),
-                                    bulk(&channel),
-                                    Frame::Integer(self.subscription_count()),
-                                ]));
-                            }
-                            Some(s) => replies.push(
-                                self.fail(("agent_error", format!("agent {agent}: {}", s.error))),
-                            ),
-                            None => replies.push(self.fail((
-                                "agent_error",
-                                format!("agent {agent} answered SUBSCRIBE with something else"),
-                            ))),
-                        },
-                        Err(e) => replies.push(self.fail(e)),
-                    }
+                    replies.push(self.subscribe_on_agent(agent, channel).await);
                 }
                 if !upstream_channels.is_empty() {
                     let mut cmd = vec![bulk("SUBSCRIBE")];
@@ -811,19 +878,22 @@ impl ClientConnection {
                 }
                 return Outcome::Reply(replies);
             }
-            "UNSUBSCRIBE" if !self.agent_channels.is_empty() => {
+            "UNSUBSCRIBE" if !self.subscriptions.is_empty() => {
                 let channels: Vec<String> = if args.len() == 1 {
-                    self.agent_channels.iter().cloned().collect()
+                    self.subscriptions.keys().cloned().collect()
                 } else {
                     args[1..]
                         .iter()
                         .map(|c| String::from_utf8_lossy(c).into_owned())
-                        .filter(|c| self.agent_channels.contains(c))
+                        .filter(|c| self.subscriptions.contains_key(c))
                         .collect()
                 };
                 let mut replies = Vec::new();
                 for ch in channels {
-                    self.agent_channels.remove(&ch);
+                    if let Some(sub) = self.subscriptions.remove(&ch) {
+                        self.trace.agent.get_or_insert_with(|| sub.agent.clone());
+                        self.end_subscription(sub);
+                    }
                     replies.push(Frame::Array(vec![
                         bulk("unsubscribe"),
                         bulk(&ch),
@@ -859,30 +929,32 @@ impl ClientConnection {
         );
     }
 
-    async fn ping_agents(&self) {
-        for agent in &self.agents {
+    /// Tells the agent of each subscription that it is still wanted.
+    fn ping_agents(&self) {
+        for sub in self.subscriptions.values() {
             let body = RedisCommandBody {
                 ping: Some(RedisCommandBodyPing {}),
                 ..Default::default()
             };
-            self.notify_agent(agent, body);
+            self.notify_agent(&sub.agent, &sub.connection_uuid, body);
         }
     }
 
-    /// Queues `body` about this connection for `agent`, answered by nobody.
-    fn notify_agent(&self, agent: &str, body: RedisCommandBody) {
+    /// Queues `body` about the agent-side connection `connection_uuid` for `agent`, answered by
+    /// nobody.
+    fn notify_agent(&self, agent: &str, connection_uuid: &str, body: RedisCommandBody) {
         let Some(session) = self.proxy.registry.get(agent) else {
             return;
         };
         let req = RedisRequest {
             uuid: uuid::Uuid::new_v4().to_string(),
-            connection_uuid: self.id.clone(),
+            connection_uuid: connection_uuid.to_string(),
             body,
         };
         match Event::redis_request("", &req) {
             Ok(ev) => {
                 if let Err(e) = session.outbox.push(ev) {
-                    tracing::debug!(agent, connection = %self.id, error = %e, "redis proxy: cannot queue a notice for the agent");
+                    tracing::debug!(agent, connection = %connection_uuid, error = %e, "redis proxy: cannot queue a notice for the agent");
                 }
             }
             Err(e) => tracing::warn!(error = %e, "redis proxy: cannot build a redis request"),
@@ -893,12 +965,8 @@ impl ClientConnection {
 /// However the connection ends, the agents that can close its subscriptions are told to.
 impl Drop for ClientConnection {
     fn drop(&mut self) {
-        for agent in &self.closing_agents {
-            let body = RedisCommandBody {
-                close_connection: Some(RedisCommandBodyCloseConnection {}),
-                ..Default::default()
-            };
-            self.notify_agent(agent, body);
+        for sub in self.subscriptions.values().filter(|s| s.closes) {
+            self.close_on_agent(sub);
         }
     }
 }
@@ -989,11 +1057,8 @@ async fn serve_client(
         proxy,
         id: uuid::Uuid::new_v4().to_string(),
         upstream: None,
-        agent_channels: BTreeSet::new(),
-        held_channels: BTreeSet::new(),
-        agents: BTreeSet::new(),
-        closing_agents: BTreeSet::new(),
-        pushes: None,
+        subscriptions: BTreeMap::new(),
+        lingering: Vec::new(),
         upstream_subscribed: false,
         trace: CommandTrace::default(),
         authenticated: proxy_has_no_credentials,
@@ -1034,11 +1099,11 @@ async fn serve_client(
                     }
                 }
             },
-            push = next_push(&mut conn.pushes) => match push {
+            (channel, push) = next_push(&mut conn.subscriptions) => match push {
                 Some(LiveReply::Redis(resp)) => match resp.body.push_from_subscribe {
-                    Some(p) if conn.agent_channels.contains(&p.channel_name) => vec![Frame::Array(vec![
+                    Some(p) if p.channel_name == channel => vec![Frame::Array(vec![
                         bulk("message"),
-                        bulk(&p.channel_name),
+                        bulk(&channel),
                         Frame::BulkString(Bytes::new()),
                     ])],
                     _ => Vec::new(),
@@ -1063,8 +1128,8 @@ async fn serve_client(
                 }
                 None => Vec::new(),
             },
-            _ = ping.tick(), if !conn.agents.is_empty() => {
-                conn.ping_agents().await;
+            _ = ping.tick(), if !conn.subscriptions.is_empty() => {
+                conn.ping_agents();
                 Vec::new()
             }
         };

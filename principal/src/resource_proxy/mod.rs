@@ -8,7 +8,13 @@
 //! 502 with a Kubernetes `Status` when the agent is not connected or goes away, 504 when it does
 //! not answer in time, 413 for a request body over the limit (refused from its declared length
 //! when it has one), 408 closing the connection for a body that has not arrived in full within
-//! `--request-body-timeout` (a stalled client holds nothing past it). Each request is counted once in
+//! `--request-body-timeout` (a stalled client holds nothing past it). What request bodies hold is
+//! bounded across all clients ([`BodyBudget`]): at most [`MAX_BODIES_READ_AT_ONCE`] bodies are
+//! read at once, a body's next part is read only once the budget has room for it, HTTP/1.1 reads
+//! at most [`READ_QUANTUM`] at a time and HTTP/2 lets a connection send that much ahead of what
+//! the proxy reads, so slow or stalled clients wait (within their timeout) instead of growing the
+//! principal; the price is that clients stalling bodies can delay others' writes by up to that
+//! timeout. Each request is counted once in
 //! [`ProxyMetrics`] (agent, status code, and the reason when the proxy answered it itself). Path
 //! parsing is in [`route`]; the request/answer matching in [`crate::live`].
 
@@ -46,6 +52,60 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_REQUEST_BODY: usize = 4 << 20;
 /// Answer parts buffered per request for a slow client.
 const PART_BUFFER: usize = 16;
+/// Request bodies read at once, across all clients (the others wait before their first byte is
+/// read: a body being read holds TLS and HTTP buffers of its connection besides its bytes).
+pub const MAX_BODIES_READ_AT_ONCE: usize = 32;
+/// Request-body bytes the proxy holds at once while reading bodies, across all clients: one body
+/// of the largest size and a part of each other body read at once.
+pub const MAX_BODY_BYTES_IN_FLIGHT: usize =
+    MAX_REQUEST_BODY + MAX_BODIES_READ_AT_ONCE * READ_QUANTUM;
+/// The most a connection reads of a request body at a time: HTTP/1.1's read buffer and HTTP/2's
+/// stream and connection windows (what a client may send before the proxy reads it).
+pub const READ_QUANTUM: usize = 16 << 10;
+
+/// Room for request bodies being read, shared by every connection of the proxy (see the module
+/// docs): a body holds one of the readers and its bytes against the budget from before they are
+/// read until the body is complete or refused.
+#[derive(Clone)]
+pub struct BodyBudget {
+    bytes: Arc<tokio::sync::Semaphore>,
+    readers: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for BodyBudget {
+    fn default() -> Self {
+        Self::new(MAX_BODY_BYTES_IN_FLIGHT)
+    }
+}
+
+impl BodyBudget {
+    /// A budget of `bytes`, read by at most [`MAX_BODIES_READ_AT_ONCE`] bodies at once.
+    pub fn new(bytes: usize) -> Self {
+        BodyBudget {
+            bytes: Arc::new(tokio::sync::Semaphore::new(bytes)),
+            readers: Arc::new(tokio::sync::Semaphore::new(MAX_BODIES_READ_AT_ONCE)),
+        }
+    }
+
+    /// Waits for room for `bytes`.
+    async fn reserve(&self, bytes: usize) -> tokio::sync::OwnedSemaphorePermit {
+        let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
+        self.bytes
+            .clone()
+            .acquire_many_owned(bytes)
+            .await
+            .expect("the body budget is never closed")
+    }
+
+    /// Waits for a turn to read a body.
+    async fn reader(&self) -> tokio::sync::OwnedSemaphorePermit {
+        self.readers
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the body budget is never closed")
+    }
+}
 
 /// Body of every proxy response.
 pub type ProxyBody = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -62,6 +122,8 @@ pub struct ResourceProxy {
     pub metrics: ProxyMetrics,
     /// Longest a request body may take to arrive (`--request-body-timeout`).
     pub body_timeout: Duration,
+    /// Room for request bodies being read.
+    pub body_budget: BodyBudget,
 }
 
 /// Marks a response the proxy made itself instead of relaying the agent's answer: the Kubernetes
@@ -266,7 +328,7 @@ impl ResourceProxy {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let body = match read_body(req.into_body(), self.body_timeout).await {
+        let body = match read_body(req.into_body(), self.body_timeout, &self.body_budget).await {
             Ok(body) => body,
             Err(refused) => return refused,
         };
@@ -392,10 +454,15 @@ impl ResourceProxy {
     }
 }
 
-/// Reads a request body of at most [`MAX_REQUEST_BODY`] bytes that arrives within `timeout`;
-/// otherwise the answer to send instead (413, or 408 closing the connection: a client that stalls
-/// mid-body holds no buffer or task beyond the timeout).
-async fn read_body<B>(body: B, timeout: Duration) -> Result<Vec<u8>, Response<ProxyBody>>
+/// Reads a request body of at most [`MAX_REQUEST_BODY`] bytes that arrives within `timeout`,
+/// each part only once `budget` has room for it; otherwise the answer to send instead (413, or
+/// 408 closing the connection: a client that stalls mid-body holds no buffer or task beyond the
+/// timeout).
+async fn read_body<B>(
+    body: B,
+    timeout: Duration,
+    budget: &BodyBudget,
+) -> Result<Vec<u8>, Response<ProxyBody>>
 where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -408,8 +475,9 @@ where
             format!("request body of {declared} bytes refused (limit {MAX_REQUEST_BODY} bytes)"),
         ));
     }
-    match tokio::time::timeout(timeout, Limited::new(body, MAX_REQUEST_BODY).collect()).await {
-        Ok(Ok(b)) => Ok(b.to_bytes().to_vec()),
+    let read = read_within_budget(Limited::new(body, MAX_REQUEST_BODY), budget);
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => Err(status_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             "RequestEntityTooLarge",
@@ -430,6 +498,36 @@ where
             );
             Err(resp)
         }
+    }
+}
+
+/// Reads `body` whole in a reader's turn, holding room in `budget` for each part before it is
+/// read (a whole [`READ_QUANTUM`], given back down to the part's size once it arrived) until the
+/// body is read.
+async fn read_within_budget<B: hyper::body::Body>(
+    body: B,
+    budget: &BodyBudget,
+) -> Result<Vec<u8>, B::Error> {
+    let _turn = budget.reader().await;
+    let mut body = std::pin::pin!(body);
+    let mut read = Vec::new();
+    let mut held = budget.reserve(0).await;
+    loop {
+        let mut room = budget.reserve(READ_QUANTUM).await;
+        let Some(frame) = body.frame().await.transpose()? else {
+            return Ok(read);
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        let size = bytes::Buf::remaining(&data);
+        if size > READ_QUANTUM {
+            room.merge(budget.reserve(size - READ_QUANTUM).await);
+        } else if let Some(used) = room.split(size) {
+            room = used;
+        }
+        held.merge(room);
+        bytes::BufMut::put(&mut read, data);
     }
 }
 
@@ -477,7 +575,12 @@ pub async fn serve(
                 builder
                     .http1()
                     .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(policy.request_header_timeout);
+                    .header_read_timeout(policy.request_header_timeout)
+                    .max_buf_size(READ_QUANTUM);
+                builder
+                    .http2()
+                    .initial_stream_window_size(READ_QUANTUM as u32)
+                    .initial_connection_window_size(READ_QUANTUM as u32);
                 if let Err(e) = builder
                     .serve_connection(TokioIo::new(stream), service)
                     .await
@@ -520,7 +623,7 @@ mod tests {
             ])))]);
         let stalled = StreamBody::new(first.chain(futures::stream::pending()));
         let started = std::time::Instant::now();
-        let refused = read_body(stalled, Duration::from_millis(200))
+        let refused = read_body(stalled, Duration::from_millis(200), &BodyBudget::default())
             .await
             .unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(2));
@@ -535,13 +638,50 @@ mod tests {
     #[tokio::test]
     async fn request_bodies_over_the_limit_are_refused_from_their_declared_length() {
         let big = Full::new(Bytes::from(vec![0u8; MAX_REQUEST_BODY + 1]));
-        let refused = read_body(big, Duration::from_secs(30)).await.unwrap_err();
+        let budget = BodyBudget::default();
+        let refused = read_body(big, Duration::from_secs(30), &budget)
+            .await
+            .unwrap_err();
         assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
         let small = Full::new(Bytes::from_static(b"{}"));
         assert_eq!(
-            read_body(small, Duration::from_secs(30)).await.unwrap(),
+            read_body(small, Duration::from_secs(30), &budget)
+                .await
+                .unwrap(),
             b"{}"
         );
+    }
+
+    /// A body of `parts` parts of [`READ_QUANTUM`] bytes, then stalled when `stall`.
+    fn quanta(
+        parts: usize,
+        stall: bool,
+    ) -> StreamBody<impl futures::Stream<Item = Result<Frame<Bytes>, std::io::Error>>> {
+        let part = || Ok(Frame::data(Bytes::from(vec![b'x'; READ_QUANTUM])));
+        let sent = futures::stream::iter((0..parts).map(move |_| part()));
+        let end = futures::stream::pending().take(usize::from(stall));
+        StreamBody::new(sent.chain(end))
+    }
+
+    #[tokio::test]
+    async fn bodies_being_read_wait_for_room_in_the_shared_budget() {
+        let budget = BodyBudget::new(3 * READ_QUANTUM);
+        // The stalled body holds its part and room for the next one: two of the three quanta.
+        let stalled = read_body(quanta(1, true), Duration::from_millis(500), &budget);
+        let started = std::time::Instant::now();
+        let whole = async {
+            let read = read_body(quanta(2, false), Duration::from_secs(10), &budget).await;
+            (read, started.elapsed())
+        };
+        let (stalled, (whole, took)) = tokio::join!(stalled, whole);
+        assert_eq!(stalled.unwrap_err().status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(whole.unwrap().len(), 2 * READ_QUANTUM);
+        assert!(
+            took >= Duration::from_millis(500),
+            "the second part was read before the stalled body gave its room back ({took:?})"
+        );
+        // Everything is given back.
+        assert_eq!(budget.bytes.available_permits(), 3 * READ_QUANTUM);
     }
 
     #[test]
