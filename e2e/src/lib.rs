@@ -22,6 +22,7 @@ pub mod otlp_collector;
 pub mod pod_runner;
 pub mod ports;
 pub mod process;
+pub mod pull_model;
 pub mod raw_agent;
 pub mod redis;
 pub mod scenario;
