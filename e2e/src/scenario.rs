@@ -56,6 +56,20 @@ pub fn sync_state(app: &Value) -> (String, String, String) {
     )
 }
 
+/// The phase and message of an Application's last operation.
+pub fn operation_state(app: &Value) -> (String, String) {
+    let s = |p: &str| {
+        app.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (
+        s("/status/operationState/phase"),
+        s("/status/operationState/message"),
+    )
+}
+
 /// Waits until Application `name` in `api` is Synced and Healthy at `revision`; the error carries
 /// `logs()`.
 pub async fn wait_synced(
