@@ -1,6 +1,6 @@
 //! A local Git server for Argo CD's repo-server to clone from: `git daemon` (Debian's git) serving
 //! bare repositories from a temporary directory over `git://127.0.0.1:<port>/<name>.git`, and the
-//! demo manifests the tests and the quickstart deploy.
+//! demo manifests the tests and the quickstart deploy (plus a PreSync hook that keeps a sync running).
 //!
 //! Repositories are made with the real `git` CLI (init, commit, push into the bare repository), so
 //! repo-server resolves revisions and clones exactly as it would from any Git host.
@@ -42,6 +42,24 @@ pub fn demo_manifests(greeting: &str) -> Vec<(&'static str, String)> {
         ),
     ]
 }
+
+/// A PreSync hook Job to add to the demo manifests that never completes on the test planes (no Job
+/// controller, no kubelet): a sync of the app stays Running until someone terminates it.
+pub const PRESYNC_HOOK_JOB: &str = "apiVersion: batch/v1
+kind: Job
+metadata:
+  name: demo-presync
+  annotations:
+    argocd.argoproj.io/hook: PreSync
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: wait
+        image: registry.invalid/never-runs:1
+";
 
 impl GitServer {
     /// Starts `git daemon` on a free port serving an (initially empty) directory of bare repositories.

@@ -5,7 +5,8 @@
 //! Owns process lifecycle (every child is killed and every temporary directory removed when the test
 //! binary ends, also on panic and on Ctrl-C), free-port allocation, control-plane start-up with the
 //! Argo CD and OCM CRDs installed, and wait-for-condition helpers. It does not know the product's
-//! protocol: tests drive the binaries through their command lines and the Kubernetes API.
+//! protocol: tests drive the binaries through their command lines and the Kubernetes API (the one
+//! exception, [`pull_model`], runs the operator's pull-model controllers in-process).
 
 pub mod argocd;
 pub mod bench;
@@ -22,6 +23,7 @@ pub mod otlp_collector;
 pub mod pod_runner;
 pub mod ports;
 pub mod process;
+pub mod pull_model;
 pub mod raw_agent;
 pub mod redis;
 pub mod scenario;

@@ -1,13 +1,16 @@
 //! Building blocks of the user stories run against real Argo CD: the demo Application a hub
 //! creates for an agent (its manifests from [`crate::git_server::demo_manifests`]), and waiting
-//! for Argo CD to report it Synced and Healthy. Tests compose these with the processes of
-//! [`crate::gateway`] and [`crate::argocd`]; nothing here writes what Argo CD or an agent would.
+//! for Argo CD to report it Synced and Healthy and for its ConfigMap to carry a greeting. Tests
+//! compose these with the processes of [`crate::gateway`] and [`crate::argocd`]; nothing here
+//! writes what Argo CD or an agent would.
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject};
 use serde_json::{json, Value};
 
+use crate::control_plane::ControlPlane;
 use crate::wait::wait_until;
 
 /// Generous: a first sync clones, renders and applies (seconds), status then crosses the stream.
@@ -58,6 +61,20 @@ pub fn sync_state(app: &Value) -> (String, String, String) {
     )
 }
 
+/// The phase and message of an Application's last operation.
+pub fn operation_state(app: &Value) -> (String, String) {
+    let s = |p: &str| {
+        app.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (
+        s("/status/operationState/phase"),
+        s("/status/operationState/message"),
+    )
+}
+
 /// Waits until Application `name` in `api` is Synced and Healthy at `revision`; the error carries
 /// `logs()`.
 pub async fn wait_synced(
@@ -80,4 +97,30 @@ pub async fn wait_synced(
     })
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))
+}
+
+/// Waits until ConfigMap `demo-config` in `namespace` of `plane` says `greeting`.
+pub async fn wait_greeting(
+    plane: &ControlPlane,
+    namespace: &str,
+    greeting: &str,
+) -> anyhow::Result<()> {
+    let cms: Api<ConfigMap> = Api::namespaced(plane.client().await?, namespace);
+    wait_until(
+        &format!(
+            "demo-config in {namespace} on {} says {greeting}",
+            plane.name
+        ),
+        SYNC_WAIT,
+        || async {
+            Ok::<_, kube::Error>(
+                cms.get_opt("demo-config")
+                    .await?
+                    .and_then(|cm| cm.data)
+                    .is_some_and(|d| d.get("greeting").map(String::as_str) == Some(greeting))
+                    .then_some(()),
+            )
+        },
+    )
+    .await
 }

@@ -10,7 +10,8 @@
 //! The charts are also run for real: `helm install` of both charts, then the pod runner
 //! (`e2e::pod_runner`, a kubelet in bubblewrap sandboxes) starts the Deployments Helm created with
 //! exactly what they say (command, environment, Secret volumes, the ServiceAccount's TokenRequest
-//! token in-cluster, read-only root) through a managed Application round trip; any request the
+//! token in-cluster, read-only root) through a managed Application round trip that the spoke's real
+//! Argo CD syncs from the local Git server, its real status back on the hub; any request the
 //! apiserver's audit log shows refused (403) fails the test, naming verb and resource.
 
 use std::collections::BTreeSet;
@@ -18,16 +19,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use e2e::argocd::ArgoCd;
 use e2e::binaries::workspace_root;
-use e2e::gateway::{application, application_resource, ensure_namespace, http_get, text, Pki};
+use e2e::gateway::{application_resource, ensure_namespace, http_get, text, Pki};
+use e2e::git_server::{demo_manifests, GitServer};
 use e2e::helm::{Helm, Release};
 use e2e::pod_runner::{service, Image, Pod, PodRunner, SERVICE_ACCOUNT_DIR};
+use e2e::scenario::{demo_application, wait_greeting, wait_synced};
 use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, PodTemplateSpec, Secret, ServiceAccount};
 use k8s_openapi::ByteString;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{json, Value};
 
 const PRINCIPAL_CHART: &str = "charts/argocd-agent-principal";
@@ -555,58 +559,37 @@ fn assert_nothing_refused(plane: &ControlPlane, user: &str, chart: &str) -> usiz
     made
 }
 
-/// Waits until `name` exists in `api` and satisfies `pred`.
-async fn wait_for(
-    api: &Api<DynamicObject>,
-    name: &str,
-    what: &str,
-    pred: impl Fn(&Value) -> bool,
-) -> anyhow::Result<()> {
-    wait_until(what, Duration::from_secs(60), || async {
-        let obj = api.get_opt(name).await?;
-        Ok::<_, kube::Error>(
-            obj.map(|o| serde_json::to_value(o).expect("object serialises"))
-                .filter(|v| pred(v))
-                .map(|_| ()),
-        )
-    })
-    .await
-}
-
-/// Hub → spoke → hub: an Application created on the hub for agent `agent` reaches the spoke's
-/// namespace `spoke_ns`, status written there comes back.
+/// Hub → spoke → hub: the demo Application created on the hub for agent `agent` reaches the
+/// spoke, where the real Argo CD in `argocd`'s namespace syncs `git`'s first commit `revision`
+/// into namespace `dest`, and its real status comes back to the hub.
 async fn managed_round_trip(
     hub: &ControlPlane,
     spoke: &ControlPlane,
     agent: &str,
-    spoke_ns: &str,
+    argocd: &ArgoCd,
+    (git, revision, dest): (&GitServer, &str, &str),
 ) -> anyhow::Result<()> {
     let hub_apps: Api<DynamicObject> =
         Api::namespaced_with(hub.client().await?, agent, &application_resource());
-    let spoke_apps: Api<DynamicObject> =
-        Api::namespaced_with(spoke.client().await?, spoke_ns, &application_resource());
-    hub_apps
-        .create(
-            &PostParams::default(),
-            &application("guestbook", agent, "v1"),
-        )
-        .await?;
-    wait_for(
-        &spoke_apps,
-        "guestbook",
-        "hub Application on the spoke",
-        |v| text(v, "/spec/source/targetRevision") == "v1",
+    let app = demo_application(
+        "demo",
+        agent,
+        &git.url("apps"),
+        json!({"server": "https://kubernetes.default.svc", "namespace": dest}),
+    );
+    hub_apps.create(&PostParams::default(), &app).await?;
+    wait_greeting(spoke, dest, "v1")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd.log_tails(20)))?;
+    wait_synced(
+        &hub_apps,
+        "demo",
+        revision,
+        "the spoke's real Synced+Healthy status on the hub",
+        || argocd.log_tails(20),
     )
     .await?;
-    // Status as Argo CD's application-controller on the spoke would write it.
-    let status = json!({"status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}});
-    spoke_apps
-        .patch("guestbook", &PatchParams::default(), &Patch::Merge(&status))
-        .await?;
-    wait_for(&hub_apps, "guestbook", "spoke status on the hub", |v| {
-        text(v, "/status/sync/status") == "Synced" && text(v, "/status/health/status") == "Healthy"
-    })
-    .await
+    Ok(())
 }
 
 /// Creates Secret `name` in `namespace` with `files` (key → file), as a user does before
@@ -761,7 +744,13 @@ async fn helm_installed_principal_and_agent_run_as_their_pods_under_the_charts_r
     pki.issue_agent(&agent_name)?;
     ensure_namespace(&hub_client, &agent_name).await?;
     let agent_ns = ctx.unique("spoke-argocd");
-    ensure_namespace(&spoke_client, &agent_ns).await?;
+    // The spoke's real Argo CD in the agent's namespace, as a user installs the agent next to it
+    // (so the chart also finds Argo CD's `argocd-redis` Secret), and the demo app in Git.
+    let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &agent_ns, &[]).await?;
+    let git = GitServer::start(&ctx.unique("git"))?;
+    let revision = git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
+    let dest = ctx.unique("demo");
+    ensure_namespace(&spoke_client, &dest).await?;
     let (cert, key) = pki.agent_files(&agent_name);
     create_secret(
         &spoke_client,
@@ -813,7 +802,7 @@ async fn helm_installed_principal_and_agent_run_as_their_pods_under_the_charts_r
             },
         )
         .await?;
-        managed_round_trip(hub, spoke, &agent_name, &agent_ns).await
+        managed_round_trip(hub, spoke, &agent_name, &argocd, (&git, &revision, &dest)).await
     }
     .await;
     // A refused request explains a failed flow better than its time-out, so it is checked first.

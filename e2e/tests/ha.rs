@@ -9,7 +9,9 @@
 //! hub and spokes agree exactly: every created Application reached its spoke with its last spec,
 //! every status written on a spoke reached the hub. The failover time is measured and printed.
 //!
-//! No Argo CD runs here: the test writes the spoke status Argo CD's application-controller would.
+//! No Argo CD runs here: the test writes the spoke status Argo CD's application-controller would,
+//! since the load needs a new status on the newest copies every 150 ms right through the kill,
+//! which a real application-controller cannot be made to write on cue; the test says so in its name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -122,7 +124,7 @@ async fn run_load(
                 .await?;
             written.lock().unwrap().revisions[agent].insert(older, revision);
         }
-        // Argo CD on the spoke reports status for what it has (at most the 3 newest copies).
+        // Stand-in for the spoke's Argo CD reporting status for what it has (the 3 newest copies).
         let copies = spokes[agent].list(&Default::default()).await?;
         let mut names: Vec<String> = copies
             .items
@@ -193,7 +195,7 @@ async fn agree(
 }
 
 #[tokio::test]
-async fn killed_active_principal_hands_its_agents_to_the_standby_without_losing_events(
+async fn killed_active_principal_hands_its_agents_to_the_standby_without_losing_events_with_status_written_by_the_test_since_argocd_cannot_write_statuses_on_cue_through_the_kill(
 ) -> anyhow::Result<()> {
     let planes = shared_planes().await;
     let ctx = TestContext::new("ha_failover")?;

@@ -39,7 +39,8 @@ async fn ensure_namespace(client: &kube::Client, ns: &str) -> anyhow::Result<()>
 }
 
 #[tokio::test]
-async fn two_planes_serve_applications_independently() -> anyhow::Result<()> {
+async fn two_planes_serve_applications_independently_with_status_written_by_the_test_since_it_proves_the_crds_not_argocd(
+) -> anyhow::Result<()> {
     let planes = shared_planes().await;
     let ctx = TestContext::new("two_planes")?;
     let ns = ctx.unique("apps");
@@ -82,8 +83,9 @@ async fn two_planes_serve_applications_independently() -> anyhow::Result<()> {
         "https://example.com/hub.git"
     );
 
-    // Status as Argo CD's application-controller writes it: Application has no status subresource
-    // (subresources: {} in Argo CD's CRD), so status is patched on the object itself.
+    // Stand-in for Argo CD's application-controller, proving the CRD takes status the way it
+    // writes it: Application has no status subresource (subresources: {} in Argo CD's CRD), so
+    // status is patched on the object itself.
     let status = json!({"status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}});
     spoke_apps
         .patch("guestbook", &PatchParams::default(), &Patch::Merge(&status))
@@ -91,8 +93,9 @@ async fn two_planes_serve_applications_independently() -> anyhow::Result<()> {
     let spoke_app = spoke_apps.get("guestbook").await?;
     assert_eq!(spoke_app.data["status"]["health"]["status"], "Healthy");
 
-    // The status subresource on a CRD that has one (OCM ManagedCluster): a status patch through it
-    // changes status only, and a status written through the main resource is ignored.
+    // The status subresource on a CRD that has one (OCM ManagedCluster; the test stands in for the
+    // registration controller): a status patch through it changes status only, and a status
+    // written through the main resource is ignored.
     let mc_ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1", "ManagedCluster"),
         "managedclusters",

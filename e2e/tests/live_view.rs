@@ -5,7 +5,9 @@
 //!
 //! No Argo CD runs here: the objects it would have deployed on a spoke are created by the test
 //! with Argo CD's tracking label, and the cache entries its application controller would write
-//! into the agent's Redis are written by the test.
+//! into the agent's Redis are written by the test (that test says why in its name: it tells the
+//! spokes' caches apart by value). The same views with real Argo CD on both sides, its real cache
+//! read through the proxies, are `real_live_view.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -446,7 +448,7 @@ async fn an_agent_that_is_away_gets_502_and_its_waiting_redis_clients_an_error(
 }
 
 #[tokio::test]
-async fn redis_cli_reads_an_agents_cache_through_the_proxy_and_the_rest_from_the_hub(
+async fn redis_cli_reads_an_agents_cache_through_the_proxy_and_the_rest_from_the_hub_with_cache_written_by_the_test_since_it_tells_the_spokes_apart_by_value(
 ) -> anyhow::Result<()> {
     let planes = shared_planes().await;
     let fleet = LiveFleet::start("live_redis", planes).await?;
@@ -458,7 +460,8 @@ async fn redis_cli_reads_an_agents_cache_through_the_proxy_and_the_rest_from_the
             .output()?;
         Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
     };
-    // What the agent's application controller would have cached, and what the hub has.
+    // Stand-in for what each spoke's application controller would have cached (one value per
+    // spoke, so the test sees whose cache answered), and what the hub has.
     spoke_cli(
         fleet.spoke_redis[0].port,
         &[

@@ -9,11 +9,16 @@
 //! principal and agent pick up their new files without a restart (same PIDs) and reconnect;
 //! deleting the GitOpsCluster leaves nothing behind; bad input is reported in the status.
 //!
-//! OCM's controllers do not run: the test plays the placement controller (writes the
-//! PlacementDecision) and the work agent (applies the ManifestWork payload on the spoke, starts
-//! `argocd-agent` as a process with the certificate and config from that payload, and reports the
-//! agent's readiness back as status feedback) and OCM's add-on registration agent (makes the agent
-//! key on the spoke side and submits a CSR as the cluster's add-on identity, by impersonation). The
+//! OCM's controllers do not run here, and the test's name says why: the add-on CSR flow needs OCM's
+//! addon-manager, which the harness does not build (`hack/peers.sh` builds placement, registration
+//! and work), and the bad-input cases need a PlacementDecision naming a cluster that does not exist,
+//! which the real placement controller never writes. Onboarding and offboarding through the real
+//! placement controller and work agent are proven in `onboarding.rs`. So the test plays the
+//! placement controller (writes the PlacementDecision) and the work agent (applies the ManifestWork
+//! payload on the spoke, starts `argocd-agent` as a process with the certificate and config from
+//! that payload, and reports the agent's readiness back as status feedback) and OCM's add-on
+//! registration agent (makes the agent key on the spoke side and submits a CSR as the cluster's
+//! add-on identity, by impersonation). The
 //! principal reads its TLS from files, so the test copies the operator's Secrets into them (the
 //! principal reloads changed files by itself).
 //! One test function: a second operator on the shared hub would reconcile the same GitOpsClusters.
@@ -117,7 +122,7 @@ async fn write_principal_files(
     Ok(())
 }
 
-/// Plays OCM's work agent for one cluster: applies the payload on the spoke.
+/// Stand-in for OCM's work agent of one cluster: applies the payload on the spoke.
 async fn apply_payload(spoke: &kube::Client, work: &ManifestWork) -> anyhow::Result<()> {
     for m in &work.spec.workload.manifests {
         let api_version = m["apiVersion"].as_str().unwrap_or_default();
@@ -291,7 +296,7 @@ fn csr_outcome(
     (cond, cert)
 }
 
-/// Plays the work agent's status feedback: Applied, and the Deployment's ready replicas.
+/// Stand-in for the work agent's status feedback: Applied, and the Deployment's ready replicas.
 async fn report_feedback(
     hub: &kube::Client,
     cluster: &str,
@@ -317,6 +322,7 @@ async fn report_feedback(
     Ok(())
 }
 
+/// Stand-in for OCM's placement controller: writes the decision of PlacementDecision `name`.
 async fn set_decision(
     hub: &kube::Client,
     ns: &str,
@@ -347,7 +353,8 @@ async fn set_decision(
 }
 
 #[tokio::test]
-async fn gitopscluster_onboards_selected_clusters_and_offboards_them() -> anyhow::Result<()> {
+async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_played_by_the_test_since_addon_manager_is_not_built_and_placement_never_decides_a_missing_cluster(
+) -> anyhow::Result<()> {
     let planes = shared_planes().await;
     let ctx = TestContext::new("operator_chain")?;
     let hub = planes.hub.client().await?;

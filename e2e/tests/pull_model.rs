@@ -1,13 +1,15 @@
 //! The OCM basic pull model and the ApplicationSet report on real control planes with the real OCM
-//! and Argo CD CRDs: hub Applications wrapped into ManifestWorks, spoke status carried back,
-//! cleanup, cluster Secrets, bad input, and `MulticlusterApplicationSetReport` counts.
+//! and Argo CD CRDs: hub Applications wrapped into ManifestWorks, payload updates, cleanup, cluster
+//! Secrets, bad input, malformed feedback and `MulticlusterApplicationSetReport` counts.
 //!
-//! The pull-model controllers run in-process against the hub (once per test binary, on their own
-//! runtime). Neither OCM's work agent nor Argo CD runs here: where the work agent would apply a
-//! ManifestWork's payload on the spoke and copy status feedback into the ManifestWork, the test
-//! does it ("plays the work agent"); where the spoke's Argo CD would write the Application's
-//! status, the test patches it ("plays Argo CD"). There is no controller-manager either, so
-//! nothing relies on garbage collection.
+//! The pull-model controllers run in-process against the hub (`e2e::pull_model`). Neither OCM's
+//! work agent nor Argo CD runs here: the pulled Application applied on a spoke, synced by Argo CD
+//! and its status carried back by the work agent is proven with the real ones in `real_ocm`. Two
+//! tests write ManifestWork status feedback themselves ("plays the work agent") and say why in
+//! their names: feedback a real work agent never writes (a malformed value), and per-cluster
+//! health (Degraded, then Progressing) that Argo CD on these planes, which run no kubelet, cannot
+//! be made to report on cue. There is no controller-manager either, so nothing relies on garbage
+//! collection.
 
 use std::time::{Duration, Instant};
 
@@ -22,16 +24,14 @@ use argocd_agent_operator::pull::manifestwork::{
 };
 use argocd_agent_operator::pull::report::{MulticlusterApplicationSetReport, REPORT_APPSET_LABEL};
 use argocd_agent_operator::pull::{run_pull_model, PullModelOptions};
+use e2e::pull_model::ARGOCD_NAMESPACE;
 use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(30);
-/// Argo CD namespace on the hub given to the controllers (cluster Secrets land here).
-const ARGOCD_NAMESPACE: &str = "argocd-pull";
 
 fn app_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -54,12 +54,9 @@ fn cluster_resource() -> ApiResource {
     )
 }
 
-static SETUP: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-
-/// The shared planes with the report CRD installed (from the chart) and the pull-model controllers
-/// running against the hub. With `PULL_TRACE=<filter>` (e.g. `argocd_agent_operator=debug`), every
-/// controller instance of the binary logs to stderr, by thread (a test's own instances run on the
-/// test's thread).
+/// The shared planes with the pull-model controllers running against the hub. With
+/// `PULL_TRACE=<filter>` (e.g. `argocd_agent_operator=debug`), every controller instance of the
+/// binary logs to stderr, by thread (a test's own instances run on the test's thread).
 async fn planes() -> anyhow::Result<&'static SharedPlanes> {
     if let Ok(filter) = std::env::var("PULL_TRACE") {
         let _ = tracing_subscriber::fmt()
@@ -70,63 +67,8 @@ async fn planes() -> anyhow::Result<&'static SharedPlanes> {
             .try_init();
     }
     let planes = shared_planes().await;
-    SETUP
-        .get_or_try_init(|| async {
-            let hub = planes.hub.client().await?;
-            install_report_crd(&hub).await?;
-            ensure_namespace(&hub, ARGOCD_NAMESPACE).await?;
-            // A test's runtime ends with the test; the controllers need one that lives as long as
-            // the binary.
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
-                rt.block_on(async move {
-                    let client = planes.hub.client().await.expect("hub client");
-                    let opts = PullModelOptions {
-                        argocd_namespace: ARGOCD_NAMESPACE.into(),
-                        retry_after: Duration::from_secs(1),
-                        ..Default::default()
-                    };
-                    if let Err(e) = run_pull_model(client, opts, CancellationToken::new()).await {
-                        eprintln!("[e2e] pull-model controllers stopped: {e}");
-                    }
-                });
-            });
-            Ok::<_, anyhow::Error>(())
-        })
-        .await?;
+    e2e::pull_model::start_controllers(planes).await?;
     Ok(planes)
-}
-
-async fn install_report_crd(hub: &kube::Client) -> anyhow::Result<()> {
-    let path = e2e::binaries::workspace_root()
-        .join("charts/argocd-agent-principal/crds/multiclusterapplicationsetreports.yaml");
-    let crd = e2e::crds::load_crd(&path)?;
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    let raw: Api<DynamicObject> = Api::all_with(
-        hub.clone(),
-        &ApiResource::erase::<CustomResourceDefinition>(&()),
-    );
-    match raw.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => anyhow::bail!("creating {name} from {}: {e}", path.display()),
-    }
-    let api: Api<CustomResourceDefinition> = Api::all(hub.clone());
-    wait_until(&format!("CRD {name} Established"), WAIT, || async {
-        let crd = api.get(&name).await?;
-        let ok = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        Ok::<_, kube::Error>(ok.then_some(()))
-    })
-    .await
 }
 
 async fn ensure_namespace(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
@@ -260,7 +202,7 @@ fn string_value(name: &str, value: &str) -> Value {
     json!({"name": name, "fieldValue": {"type": "String", "string": value}})
 }
 
-/// Plays the work agent's feedback scrape: copies the spoke Application's state into the work status.
+/// Stand-in for the work agent's feedback scrape: writes `values` into the work's status.
 async fn write_feedback(
     works: &Api<ManifestWork>,
     work: &str,
@@ -278,12 +220,11 @@ async fn write_feedback(
 }
 
 #[tokio::test]
-async fn pulled_application_reaches_the_spoke_reports_synced_healthy_and_is_cleaned_up(
+async fn pulled_application_is_wrapped_into_a_work_that_follows_it_and_is_cleaned_up(
 ) -> anyhow::Result<()> {
     let planes = planes().await?;
     let ctx = TestContext::new("pull_round_trip")?;
     let hub = planes.hub.client().await?;
-    let spoke = planes.spokes[0].client().await?;
     let cluster = ctx.unique("spoke1");
     let (hub_ns, spoke_ns) = (ctx.unique("apps"), ctx.unique("spoke-argocd"));
     managed_cluster(&hub, &cluster, json!({}), true).await?;
@@ -336,60 +277,9 @@ async fn pulled_application_reaches_the_spoke_reports_synced_healthy_and_is_clea
         "{rules}"
     );
 
-    // Play the work agent: apply the payload on the spoke.
-    ensure_namespace(&spoke, &spoke_ns).await?;
-    let spoke_apps: Api<DynamicObject> =
-        Api::namespaced_with(spoke.clone(), &spoke_ns, &app_resource());
-    spoke_apps
-        .patch(
-            "guestbook",
-            &PatchParams::apply("work-agent").force(),
-            &Patch::Apply(payload),
-        )
-        .await?;
-    // Play Argo CD on the spoke: it syncs and reports.
-    let started = "2024-05-01T10:00:00Z";
-    let status = json!({"status": {
-        "sync": {"status": "Synced"}, "health": {"status": "Healthy"},
-        "operationState": {"operation": {"sync": {"revision": "HEAD"}}, "phase": "Succeeded", "startedAt": started}
-    }});
-    spoke_apps
-        .patch("guestbook", &PatchParams::default(), &Patch::Merge(&status))
-        .await?;
-    // Play the work agent's feedback scrape from the spoke Application.
-    let spoke_app = serde_json::to_value(spoke_apps.get("guestbook").await?)?;
-    let values = json!([
-        string_value("healthStatus", &text(&spoke_app, "/status/health/status")),
-        string_value("syncStatus", &text(&spoke_app, "/status/sync/status")),
-        string_value(
-            "operationPhase",
-            &text(&spoke_app, "/status/operationState/phase")
-        ),
-        string_value(
-            "operationStartedAt",
-            &text(&spoke_app, "/status/operationState/startedAt")
-        ),
-    ]);
-    let t0 = Instant::now();
-    write_feedback(&works, &work_name, values, Ok(())).await?;
-
-    // The hub Application shows the spoke's state.
-    let hub_app = wait_for(
-        &hub_apps,
-        "guestbook",
-        "hub Application Synced/Healthy",
-        |a| {
-            text(a, "/status/sync/status") == "Synced"
-                && text(a, "/status/health/status") == "Healthy"
-        },
-    )
-    .await?;
-    eprintln!(
-        "[measure] ManifestWork feedback -> hub Application status: {:?}",
-        t0.elapsed()
-    );
-    assert_eq!(text(&hub_app, "/status/operationState/phase"), "Succeeded");
-    assert!(condition(&hub_app, WORK_ERROR_CONDITION).is_none());
+    // Applying the payload, Argo CD syncing it and the work agent's feedback reaching the hub
+    // Application are proven with the real work agent and Argo CD in
+    // `real_ocm::pulled_application_is_applied_by_the_real_work_agent_synced_by_real_argocd_and_reported_on_the_hub`.
 
     // A spec change on the hub reaches the payload.
     let change = json!({"spec": {"source": {"targetRevision": "v2"}}});
@@ -606,7 +496,8 @@ async fn bad_pull_requests_get_a_condition_and_no_work() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn malformed_feedback_is_reported_on_the_hub_application() -> anyhow::Result<()> {
+async fn malformed_feedback_is_reported_on_the_hub_application_with_feedback_written_by_the_test_since_the_real_work_agent_never_writes_it(
+) -> anyhow::Result<()> {
     let planes = planes().await?;
     let ctx = TestContext::new("pull_malformed_feedback")?;
     let hub = planes.hub.client().await?;
@@ -624,7 +515,7 @@ async fn malformed_feedback_is_reported_on_the_hub_application() -> anyhow::Resu
     let work = manifest_work_name("guestbook", app.metadata.uid.as_deref().unwrap());
     wait_for(&works, &work, "work", |_| true).await?;
 
-    // Play a misbehaving work agent: health as an integer, sync as a proper string.
+    // Stand-in for a misbehaving work agent: health as an integer, sync as a proper string.
     let values = json!([
         {"name": "healthStatus", "fieldValue": {"type": "Integer", "integer": 3}},
         string_value("syncStatus", "OutOfSync"),
@@ -745,7 +636,8 @@ async fn cluster_secret_follows_its_managed_cluster() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn appset_report_counts_three_clusters_with_one_failing() -> anyhow::Result<()> {
+async fn appset_report_counts_three_clusters_with_one_failing_with_feedback_written_by_the_test_since_argocd_here_cannot_turn_degraded_then_progressing_on_cue(
+) -> anyhow::Result<()> {
     let planes = planes().await?;
     let ctx = TestContext::new("pull_appset_report")?;
     let hub = planes.hub.client().await?;
@@ -788,7 +680,7 @@ async fn appset_report_counts_three_clusters_with_one_failing() -> anyhow::Resul
             created.metadata.uid.as_deref().unwrap(),
         ));
     }
-    // Play the work agents of the three clusters: two healthy, one failing to apply.
+    // Stand-in for the work agents of the three clusters: two healthy, one failing to apply.
     for (c, work) in clusters.iter().zip(&work_names) {
         let works: Api<ManifestWork> = Api::namespaced(hub.clone(), c);
         let w = wait_for(&works, work, "work of the generated Application", |_| true).await?;

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use e2e::argocd::{ArgoCd, RedisEndpoint};
 use e2e::gateway::{agentctl, application_resource, ensure_namespace, Agent, Pki, Principal};
-use e2e::git_server::{demo_manifests, GitServer};
+use e2e::git_server::{demo_manifests, GitServer, PRESYNC_HOOK_JOB};
 use e2e::redis::resp_exchange;
-use e2e::scenario::{demo_application, sync_state, wait_synced, SYNC_WAIT};
+use e2e::scenario::{demo_application, operation_state, sync_state, wait_synced, SYNC_WAIT};
 use e2e::{shared_planes, wait_until, Redis, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -60,24 +60,6 @@ spec:
       containers:
       - name: web
         image: registry.invalid/demo-web:1
-";
-
-/// A PreSync hook that never completes here (no Job controller, no kubelet): a sync that stays
-/// Running until someone terminates it.
-const PRESYNC_JOB: &str = "apiVersion: batch/v1
-kind: Job
-metadata:
-  name: demo-presync
-  annotations:
-    argocd.argoproj.io/hook: PreSync
-spec:
-  backoffLimit: 0
-  template:
-    spec:
-      restartPolicy: Never
-      containers:
-      - name: wait
-        image: registry.invalid/never-runs:1
 ";
 
 /// The hub (our principal in front of a password Redis, real argocd-server) and the spoke (real
@@ -278,20 +260,6 @@ impl LiveView {
     }
 }
 
-/// The phase and message of an Application's last operation.
-fn operation_state(app: &Value) -> (String, String) {
-    let s = |p: &str| {
-        app.pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    (
-        s("/status/operationState/phase"),
-        s("/status/operationState/message"),
-    )
-}
-
 #[tokio::test]
 async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot_reach(
 ) -> anyhow::Result<()> {
@@ -455,7 +423,7 @@ async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_
         let mut files = demo_manifests(greeting);
         files.push(("deployment.yaml", DEPLOYMENT.to_string()));
         if hook {
-            files.push(("presync-job.yaml", PRESYNC_JOB.to_string()));
+            files.push(("presync-job.yaml", PRESYNC_HOOK_JOB.to_string()));
         }
         files
     };

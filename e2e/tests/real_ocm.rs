@@ -3,12 +3,23 @@
 //! signed by kube-controller-manager's signer with the hub's client CA); the placement controller
 //! decides a Placement; the work agent applies a ManifestWork and reports its conditions and status
 //! feedback; and the hub taints a cluster whose klusterlet went away and clears the taint when it
-//! is back. Tests write only what a user writes (Placements, bindings, ManifestWorks, a pre-created
-//! ManagedCluster's spec); every status, decision, namespace and taint checked here is OCM's.
+//! is back. Then the operator's pull model with all of it real: a hub Application opted into the
+//! pull model (controllers of `e2e::pull_model`) is applied on a spoke by the work agent, synced
+//! there by real Argo CD from the local Git server, and its status comes back to the hub through
+//! the work agent's feedback. Tests write only what a user writes (Placements, bindings,
+//! ManifestWorks, Applications, a pre-created ManagedCluster's spec); every status, decision,
+//! namespace and taint checked here is OCM's or Argo CD's.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use argocd_agent_operator::pull::application::{
+    APP_NAMESPACE_ANNOTATION, CLUSTER_ANNOTATION, PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
+};
+use argocd_agent_operator::pull::manifestwork::manifest_work_name;
+use e2e::argocd::ArgoCd;
+use e2e::gateway::{application_resource, ensure_namespace};
+use e2e::git_server::{demo_manifests, GitServer};
 use e2e::ocm::{
     condition_is, create_label_placement, manifest_work_resource, placement_decision_resource,
     placement_resource, shared_ocm_hub, wait_cluster_available, wait_cluster_taint, Klusterlet,
@@ -16,6 +27,7 @@ use e2e::ocm::{
     UNREACHABLE_TAINT,
 };
 use e2e::process::print_log_tail;
+use e2e::scenario::{demo_application, sync_state, wait_greeting, SYNC_WAIT};
 use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -446,6 +458,162 @@ async fn stopped_klusterlet_is_tainted_unreachable_and_restart_clears_it() -> an
         )
         .await?;
     assert_eq!(listed.items.len(), 1, "a restart must not register anew");
+    logs.passed();
+    Ok(())
+}
+
+/// The hub's `demo` Application (the local Git server's demo app, automated sync) opted into the
+/// pull model for `cluster`, to run in Argo CD namespace `spoke_ns` there and deploy into `dest`.
+fn pulled_demo_application(
+    hub_ns: &str,
+    repo_url: &str,
+    cluster: &str,
+    spoke_ns: &str,
+    dest: &str,
+) -> DynamicObject {
+    let mut app = demo_application(
+        "demo",
+        hub_ns,
+        repo_url,
+        json!({"name": cluster, "namespace": dest}),
+    );
+    app.metadata.labels = Some([(PULL_LABEL.to_string(), "true".to_string())].into());
+    app.metadata.annotations = Some(
+        [
+            (CLUSTER_ANNOTATION, cluster),
+            (APP_NAMESPACE_ANNOTATION, spoke_ns),
+            (SKIP_RECONCILE_ANNOTATION, "true"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into(),
+    );
+    // Argo CD on the spoke deletes the app's resources before the Application (in the background:
+    // no garbage collector runs here).
+    app.metadata.finalizers = Some(vec![
+        "resources-finalizer.argocd.argoproj.io/background".to_string()
+    ]);
+    app
+}
+
+/// `status.operationState.startedAt` of an Application as JSON.
+fn operation_started_at(app: &Value) -> String {
+    app.pointer("/status/operationState/startedAt")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn pulled_application_is_applied_by_the_real_work_agent_synced_by_real_argocd_and_reported_on_the_hub(
+) -> anyhow::Result<()> {
+    let (planes, ocm_hub) = ocm().await;
+    e2e::pull_model::start_controllers(planes).await?;
+    let mut logs = FailureLogs::new(ocm_hub);
+    let ctx = TestContext::new("ocm-pull")?;
+    let cluster = ctx.unique("pull");
+    let spoke = &planes.spokes[0];
+    let hub = planes.hub.client().await?;
+    let spoke_client = spoke.client().await?;
+    let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
+    logs.watch(&klusterlet);
+    let (spoke_ns, dest, hub_ns) = (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("apps"));
+    let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
+    ensure_namespace(&spoke_client, &dest).await?;
+    ensure_namespace(&hub, &hub_ns).await?;
+    let git = GitServer::start(&ctx.unique("git"))?;
+    git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
+    wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
+    let argocd_logs = || argocd.log_tails(20);
+
+    // The hub Application is wrapped into a ManifestWork, which the real work agent applies on
+    // the spoke, where the real Argo CD syncs it; the work agent's feedback of the spoke
+    // Application's status reaches the hub Application.
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &hub_ns, &application_resource());
+    let created = hub_apps
+        .create(
+            &PostParams::default(),
+            &pulled_demo_application(&hub_ns, &git.url("apps"), &cluster, &spoke_ns, &dest),
+        )
+        .await?;
+    let work_name = manifest_work_name("demo", created.metadata.uid.as_deref().unwrap_or_default());
+    let started = Instant::now();
+    wait_greeting(spoke, &dest, "v1")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    let reported = |what: &'static str, after: String| {
+        let hub_apps = hub_apps.clone();
+        let argocd_logs = &argocd_logs;
+        async move {
+            wait_until(what, SYNC_WAIT, || async {
+                let app = serde_json::to_value(hub_apps.get("demo").await?)?;
+                let (sync, health, _) = sync_state(&app);
+                let phase = app.pointer("/status/operationState/phase");
+                let done = sync == "Synced"
+                    && health == "Healthy"
+                    && phase == Some(&json!("Succeeded"))
+                    && operation_started_at(&app) > after;
+                Ok::<_, anyhow::Error>(done.then_some(app))
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))
+        }
+    };
+    let first = reported(
+        "the spoke's real Synced+Healthy and Succeeded sync on the hub Application",
+        String::new(),
+    )
+    .await?;
+    eprintln!(
+        "[ocm] pulled Application synced on the spoke and reported on the hub in {:.1?}",
+        started.elapsed()
+    );
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke_client.clone(), &spoke_ns, &application_resource());
+    let spoke_app = serde_json::to_value(spoke_apps.get("demo").await?)?;
+    assert_eq!(
+        operation_started_at(&first),
+        operation_started_at(&spoke_app),
+        "the hub shows the spoke's sync"
+    );
+
+    // A new path set on the hub reaches the spoke through the work and is synced there.
+    git.commit("apps", "demo2", &demo_manifests("v2"), "demo v2")?;
+    hub_apps
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"path": "demo2"}}})),
+        )
+        .await?;
+    wait_greeting(spoke, &dest, "v2")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    reported(
+        "the sync of the new path on the hub Application",
+        operation_started_at(&first),
+    )
+    .await?;
+
+    // Deleting the hub Application deletes the work; the work agent deletes the spoke's
+    // Application, whose finalizer makes Argo CD delete what it deployed; the hub Application goes.
+    hub_apps.delete("demo", &DeleteParams::default()).await?;
+    let works: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &cluster, &manifest_work_resource());
+    let spoke_cms: Api<ConfigMap> = Api::namespaced(spoke_client, &dest);
+    wait_until(
+        "work, spoke Application, its ConfigMap and hub Application gone",
+        SYNC_WAIT,
+        || async {
+            let gone = works.get_opt(&work_name).await?.is_none()
+                && spoke_apps.get_opt("demo").await?.is_none()
+                && spoke_cms.get_opt("demo-config").await?.is_none()
+                && hub_apps.get_opt("demo").await?.is_none();
+            Ok::<_, kube::Error>(gone.then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
     logs.passed();
     Ok(())
 }

@@ -15,7 +15,7 @@ use e2e::argocd::ArgoCd;
 use e2e::gateway::{application_resource, appproject_resource, ensure_namespace, text, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::kubelet::FakeKubelet;
-use e2e::scenario::{self, wait_synced, SYNC_WAIT};
+use e2e::scenario::{self, wait_greeting, wait_synced, SYNC_WAIT};
 use e2e::sides::{AnyAgent, AnyPrincipal, Mode, Side};
 use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
 use futures::StreamExt;
@@ -40,32 +40,6 @@ fn demo_application(
         repo_url,
         json!({"server": IN_CLUSTER, "namespace": dest_namespace}),
     )
-}
-
-/// Waits until ConfigMap `demo-config` in `namespace` of `plane` says `greeting`.
-async fn wait_greeting(
-    plane: &ControlPlane,
-    namespace: &str,
-    greeting: &str,
-) -> anyhow::Result<()> {
-    let cms: Api<ConfigMap> = Api::namespaced(plane.client().await?, namespace);
-    wait_until(
-        &format!(
-            "demo-config in {namespace} on {} says {greeting}",
-            plane.name
-        ),
-        SYNC_WAIT,
-        || async {
-            Ok::<_, kube::Error>(
-                cms.get_opt("demo-config")
-                    .await?
-                    .and_then(|cm| cm.data)
-                    .is_some_and(|d| d.get("greeting").map(String::as_str) == Some(greeting))
-                    .then_some(()),
-            )
-        },
-    )
-    .await
 }
 
 #[tokio::test]

@@ -1,0 +1,87 @@
+//! The operator's OCM pull-model controllers (`argocd_agent_operator::pull`) run in-process against
+//! the shared hub, once per test binary, with the `MulticlusterApplicationSetReport` CRD installed
+//! from the principal chart. Tests that meet them with real OCM and Argo CD (`real_ocm`) and tests
+//! that drive them directly (`pull_model`) start them the same way.
+
+use std::time::Duration;
+
+use argocd_agent_kube::CancellationToken;
+use argocd_agent_operator::pull::{run_pull_model, PullModelOptions};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::ApiResource;
+
+use crate::gateway::ensure_namespace;
+use crate::shared::SharedPlanes;
+use crate::wait::wait_until;
+
+/// Argo CD namespace on the hub given to the controllers (cluster Secrets land here).
+pub const ARGOCD_NAMESPACE: &str = "argocd-pull";
+
+static STARTED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+/// Installs the report CRD on `planes`' hub and starts the pull-model controllers against it, on a
+/// runtime of their own that lives as long as the test binary (a test's runtime ends with the
+/// test); later calls return at once.
+pub async fn start_controllers(planes: &'static SharedPlanes) -> anyhow::Result<()> {
+    STARTED
+        .get_or_try_init(|| async {
+            let hub = planes.hub.client().await?;
+            install_report_crd(&hub).await?;
+            ensure_namespace(&hub, ARGOCD_NAMESPACE).await?;
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async move {
+                    let client = planes.hub.client().await.expect("hub client");
+                    let opts = PullModelOptions {
+                        argocd_namespace: ARGOCD_NAMESPACE.into(),
+                        retry_after: Duration::from_secs(1),
+                        ..Default::default()
+                    };
+                    if let Err(e) = run_pull_model(client, opts, CancellationToken::new()).await {
+                        eprintln!("[e2e] pull-model controllers stopped: {e}");
+                    }
+                });
+            });
+            Ok::<_, anyhow::Error>(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// Creates the chart's `MulticlusterApplicationSetReport` CRD on `hub` and waits until it is served.
+async fn install_report_crd(hub: &kube::Client) -> anyhow::Result<()> {
+    let path = crate::binaries::workspace_root()
+        .join("charts/argocd-agent-principal/crds/multiclusterapplicationsetreports.yaml");
+    let crd = crate::crds::load_crd(&path)?;
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let raw: Api<DynamicObject> = Api::all_with(
+        hub.clone(),
+        &ApiResource::erase::<CustomResourceDefinition>(&()),
+    );
+    match raw.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => anyhow::bail!("creating {name} from {}: {e}", path.display()),
+    }
+    let api: Api<CustomResourceDefinition> = Api::all(hub.clone());
+    wait_until(
+        &format!("CRD {name} Established"),
+        Duration::from_secs(30),
+        || async {
+            let crd = api.get(&name).await?;
+            let ok = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok::<_, kube::Error>(ok.then_some(()))
+        },
+    )
+    .await
+}
