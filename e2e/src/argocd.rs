@@ -387,7 +387,11 @@ async fn prepare_namespace(
     for (cm, data) in [
         (
             "argocd-cm",
-            json!({"timeout.reconciliation": RECONCILIATION}),
+            // Several Argo CDs share each test plane, and their Applications often share names
+            // (`demo`): without an installation ID each controller takes the others' resources
+            // (same tracking id) for its own and prunes them. Argo CD's own answer for several
+            // instances on one cluster: an installationID per instance, stamped on what it applies.
+            json!({"timeout.reconciliation": RECONCILIATION, "installationID": namespace}),
         ),
         ("argocd-rbac-cm", json!({})),
     ] {
