@@ -25,16 +25,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use argocd_agent_kube::informer::{Informer, InformerReader};
 use argocd_agent_operator::registration::AGENT_NAME_LABEL;
 use argocd_agent_proto::identity::AgentName;
 use argocd_agent_proto::mode::AgentMode;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::ResourceExt;
 use tokio::sync::{oneshot, Notify};
 use tonic::Status;
@@ -113,8 +112,8 @@ struct PendingWrites {
 pub struct ModePins {
     namespace: String,
     configmaps: Option<Api<ConfigMap>>,
-    recorded: Store<ConfigMap>,
-    registrations: Store<PartialObjectMeta<Secret>>,
+    recorded: InformerReader<ConfigMap>,
+    registrations: InformerReader<PartialObjectMeta<Secret>>,
     /// Pins this process wrote that its watch has not shown yet.
     written: Mutex<HashMap<String, String>>,
     /// Serialises first logins so two of one agent cannot pin two modes.
@@ -126,40 +125,40 @@ pub struct ModePins {
 impl ModePins {
     /// Pins read from (and recorded in) `namespace` through `client`; watches start now.
     pub fn spawn(client: kube::Client, namespace: &str) -> Arc<ModePins> {
-        let (recorded, cm_writer) = reflector::store();
-        let (registrations, secret_writer) = reflector::store();
         let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
         // Metadata only: the Secrets' key material is never held here.
         let secrets: Api<PartialObjectMeta<Secret>> = Api::namespaced(client, namespace);
         let cm_config =
             watcher::Config::default().fields(&format!("metadata.name={MODE_PINS_CONFIGMAP}"));
-        let cm_stream = reflector::reflector(cm_writer, watcher(configmaps.clone(), cm_config))
-            .default_backoff()
-            .applied_objects();
+        let cm_informer = Informer::new(
+            "ConfigMap argocd-agent-modes",
+            configmaps.clone(),
+            cm_config,
+        );
         let secret_config = watcher::Config::default().labels(AGENT_MODE_LABEL);
-        let secret_stream = reflector::reflector(secret_writer, watcher(secrets, secret_config))
-            .default_backoff()
-            .applied_objects();
-        tokio::spawn(drain(cm_stream, "ConfigMap argocd-agent-modes"));
-        tokio::spawn(drain(secret_stream, "cluster Secrets' mode labels"));
+        let secret_informer = Informer::new("cluster Secrets' mode labels", secrets, secret_config);
         let pins = Arc::new(ModePins {
             namespace: namespace.to_string(),
             configmaps: Some(configmaps),
-            recorded,
-            registrations,
+            recorded: cm_informer.reader(),
+            registrations: secret_informer.reader(),
             written: Mutex::default(),
             first_login: tokio::sync::Mutex::new(()),
             pending: Mutex::default(),
             kick: Notify::new(),
         });
+        tokio::spawn(cm_informer.run(None));
+        tokio::spawn(secret_informer.run(None));
         tokio::spawn(pins.clone().write_loop());
         pins
     }
 
     async fn synced(&self) -> Result<(), Status> {
         let ready = async {
-            self.recorded.wait_until_ready().await.ok();
-            self.registrations.wait_until_ready().await.ok();
+            // Not kube's `Store::wait_until_ready`: with several logins waiting at once it wakes
+            // only the last of them, and the others would time out here.
+            self.recorded.wait_listed().await;
+            self.registrations.wait_listed().await;
         };
         tokio::time::timeout(SYNC_WAIT, ready).await.map_err(|_| {
             Status::unavailable(
@@ -185,10 +184,9 @@ impl ModePins {
         if registered.is_some() {
             return registered;
         }
-        let cm = ObjectRef::new(MODE_PINS_CONFIGMAP).within(&self.namespace);
         let recorded = self
             .recorded
-            .get(&cm)
+            .get(Some(&self.namespace), MODE_PINS_CONFIGMAP)
             .and_then(|cm| cm.data.as_ref()?.get(agent).cloned());
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
         let value = match recorded {
@@ -318,29 +316,6 @@ async fn write_pins(api: &Api<ConfigMap>, pins: &BTreeMap<String, String>) -> Re
     Err("the ConfigMap kept appearing and disappearing".into())
 }
 
-/// Drives a reflector's stream, logging watch failures once per outage.
-async fn drain<S, T>(stream: S, what: &'static str)
-where
-    S: futures::Stream<Item = Result<T, watcher::Error>> + Send,
-{
-    let mut stream = std::pin::pin!(stream);
-    let mut failing = false;
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(_) if failing => {
-                failing = false;
-                tracing::info!("watching {what} again");
-            }
-            Ok(_) => {}
-            Err(e) if !failing => {
-                failing = true;
-                tracing::error!(error = %e, "cannot watch {what}; agent logins wait (retrying)");
-            }
-            Err(_) => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,28 +382,80 @@ mod tests {
         }
     }
 
-    fn pins_with(cm: Option<ConfigMap>, secrets: Vec<PartialObjectMeta<Secret>>) -> ModePins {
-        let (recorded, mut cm_writer) = reflector::store::<ConfigMap>();
-        let (registrations, mut secret_writer) = reflector::store::<PartialObjectMeta<Secret>>();
-        cm_writer.apply_watcher_event(&watcher::Event::Init);
-        if let Some(cm) = cm {
-            cm_writer.apply_watcher_event(&watcher::Event::InitApply(cm));
-        }
-        cm_writer.apply_watcher_event(&watcher::Event::InitDone);
-        secret_writer.apply_watcher_event(&watcher::Event::Init);
-        for s in secrets {
-            secret_writer.apply_watcher_event(&watcher::Event::InitApply(s));
-        }
-        secret_writer.apply_watcher_event(&watcher::Event::InitDone);
-        ModePins {
+    /// A watch's first list of `objects`, as the informers' seam takes it.
+    fn listed<K>(
+        objects: Vec<K>,
+    ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+    where
+        K: Send,
+    {
+        let events = std::iter::once(watcher::Event::Init)
+            .chain(objects.into_iter().map(watcher::Event::InitApply))
+            .chain(std::iter::once(watcher::Event::InitDone));
+        futures::stream::iter(events.map(Ok).collect::<Vec<_>>())
+    }
+
+    /// Pins whose watches have listed nothing yet, with the informers that feed them.
+    fn unlisted_pins() -> (
+        ModePins,
+        Informer<ConfigMap>,
+        Informer<PartialObjectMeta<Secret>>,
+    ) {
+        let client = crate::hub::view::testing::offline_client();
+        let cms = Informer::new(
+            "test ConfigMap",
+            Api::<ConfigMap>::namespaced(client.clone(), "argocd"),
+            watcher::Config::default(),
+        );
+        let secrets = Informer::new(
+            "test Secrets",
+            Api::<PartialObjectMeta<Secret>>::namespaced(client, "argocd"),
+            watcher::Config::default(),
+        );
+        let pins = ModePins {
             namespace: "argocd".into(),
             configmaps: None,
-            recorded,
-            registrations,
+            recorded: cms.reader(),
+            registrations: secrets.reader(),
             written: Mutex::default(),
             first_login: tokio::sync::Mutex::new(()),
             pending: Mutex::default(),
             kick: Notify::new(),
+        };
+        (pins, cms, secrets)
+    }
+
+    /// Pins whose watches listed `cm` and `secrets`, fed through the informers' seam.
+    async fn pins_with(cm: Option<ConfigMap>, secrets: Vec<PartialObjectMeta<Secret>>) -> ModePins {
+        let (pins, cm_informer, secret_informer) = unlisted_pins();
+        cm_informer.consume(listed(cm.into_iter().collect())).await;
+        secret_informer.consume(listed(secrets)).await;
+        pins
+    }
+
+    #[tokio::test]
+    async fn logins_waiting_together_for_the_first_list_all_go_on_once_it_arrives() {
+        // kube's Store::wait_until_ready woke only the last of several waiters: the others timed
+        // out as "unavailable" although the list had arrived.
+        let (pins, cms, secrets) = unlisted_pins();
+        let pins = Arc::new(pins);
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let pins = pins.clone();
+                tokio::spawn(async move { pins.synced().await })
+            })
+            .collect();
+        // Every waiter is polled (and parked) before the lists arrive.
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        cms.consume(listed(vec![])).await;
+        secrets.consume(listed(vec![])).await;
+        for waiter in waiters {
+            tokio::time::timeout(Duration::from_secs(2), waiter)
+                .await
+                .expect("a login waiting for the first list was never woken")
+                .unwrap()
+                .unwrap();
         }
     }
 
@@ -452,7 +479,7 @@ mod tests {
             "data": {"a": "autonomous", "b": "managed"}
         }))
         .unwrap();
-        let pins = pins_with(Some(cm), vec![secret_meta("a", "managed")]);
+        let pins = pins_with(Some(cm), vec![secret_meta("a", "managed")]).await;
         let a = AgentName::new("a").unwrap();
         let b = AgentName::new("b").unwrap();
         pins.admit(&a, AgentMode::Managed).await.unwrap();
@@ -462,9 +489,9 @@ mod tests {
         assert!(pins.verify(&b, AgentMode::Autonomous).await.is_err());
     }
 
-    #[test]
-    fn a_pin_written_here_counts_until_the_watch_shows_the_hubs_value() {
-        let pins = pins_with(None, vec![]);
+    #[tokio::test]
+    async fn a_pin_written_here_counts_until_the_watch_shows_the_hubs_value() {
+        let pins = pins_with(None, vec![]).await;
         pins.written
             .lock()
             .unwrap()

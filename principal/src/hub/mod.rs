@@ -19,7 +19,7 @@
 mod managed;
 mod mirrors;
 mod namespaces;
-mod view;
+pub(crate) mod view;
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
