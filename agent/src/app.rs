@@ -32,8 +32,6 @@ use argocd_agent_proto::sync::resync::jittered;
 
 /// How often the TLS files are checked for rotation.
 const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(30);
-/// How often the outbox gauge is sampled.
-const OUTBOX_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long shutdown waits for the stream to close.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -79,6 +77,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
     let outbox_config = OutboxConfig {
         resends: metrics.event_resends.clone(),
+        size: metrics.outbox_resources.clone(),
         ..OutboxConfig::default()
     };
     let outbox_capacity = outbox_config.max_resources;
@@ -163,16 +162,6 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             )
         }
     };
-    let sampler = {
-        let (outbox, gauge) = (outbox.clone(), metrics.outbox_resources.clone());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(OUTBOX_SAMPLE_INTERVAL);
-            loop {
-                tick.tick().await;
-                gauge.set(outbox.resources() as i64);
-            }
-        })
-    };
 
     let outcome = tokio::select! {
         signal = shutdown_signal() => signal.map(|s| info!(signal = s, "shutting down")).map_err(anyhow::Error::from),
@@ -192,7 +181,6 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     if let Some(r) = resync {
         r.abort();
     }
-    sampler.abort();
     if let Some(c) = cache_info {
         c.abort();
     }

@@ -231,8 +231,8 @@ async fn appprojects_reach_the_agents_they_name() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The principal's `/metrics` body.
-async fn principal_samples(port: u16) -> anyhow::Result<String> {
+/// The `/metrics` body of the principal or agent serving ops on `port`.
+async fn metrics_body(port: u16) -> anyhow::Result<String> {
     Ok(e2e::gateway::http_get(port, "/metrics").await?.1)
 }
 
@@ -308,12 +308,12 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     let lists_received =
         "principal_events_received_total{event_type=\"request-synced-resource-list\"}";
     let updates_received = "principal_events_received_total{event_type=\"request-update\"}";
-    let before = principal_samples(port).await?;
+    let before = metrics_body(port).await?;
     fleet.agents[0].process.kill();
     fleet.agents[0].process.start_again()?;
     fleet.agents[0].wait_connected().await?;
     wait_until("the restarted agent's checksum resync", WAIT, || async {
-        let now = principal_samples(port).await?;
+        let now = metrics_body(port).await?;
         let grew = |k: &str| sample(&now, k) - sample(&before, k);
         Ok::<_, anyhow::Error>(
             (grew(lists_received) >= 1.0 && grew(updates_received) >= UNCHANGED as f64)
@@ -325,7 +325,7 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     hub1.create(&PostParams::default(), &application("marker", &ns, "v1"))
         .await?;
     wait_for(&spoke1, "marker", "change after the resync", |_| true).await?;
-    let after = principal_samples(port).await?;
+    let after = metrics_body(port).await?;
     let creates_sent = "principal_events_sent_total{event_type=\"create\"}";
     assert!(
         sample(&after, creates_sent) > sample(&before, creates_sent),
@@ -495,6 +495,17 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
         .await?;
     }
 
+    // Every status ACKed before the kill: one still in flight would rightly be sent again.
+    let agent_port = fleet.agents[0].ops_port;
+    wait_until("the agent's outbox to drain", WAIT, || async {
+        let body = metrics_body(agent_port).await?;
+        Ok::<_, anyhow::Error>(
+            (body.contains("\nargocd_agent_outbox_resources ")
+                && sample(&body, "argocd_agent_outbox_resources ") == 0.0)
+                .then_some(()),
+        )
+    })
+    .await?;
     // Agent down; one status changes meanwhile, the others do not.
     fleet.agents[0].process.kill();
     let degraded = json!({"status": {"health": {"status": "Degraded"}}});
@@ -509,7 +520,7 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
     let port = fleet.principal.ops_port;
     let statuses = "principal_events_received_total{event_type=\"status-update\"}";
     let updates = "principal_events_received_total{event_type=\"request-update\"}";
-    let before = principal_samples(port).await?;
+    let before = metrics_body(port).await?;
     fleet.agents[0].process.start_again()?;
     fleet.agents[0].wait_connected().await?;
     wait_for(
@@ -520,7 +531,7 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
     )
     .await?;
     wait_until("the restarted agent's checksum resync", WAIT, || async {
-        let now = principal_samples(port).await?;
+        let now = metrics_body(port).await?;
         Ok::<_, anyhow::Error>(
             (sample(&now, updates) - sample(&before, updates) >= APPS as f64).then_some(()),
         )
@@ -531,7 +542,7 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
         .await?;
     wait_for(&spoke1, "st-marker", "change after the resync", |_| true).await?;
 
-    let after = principal_samples(port).await?;
+    let after = metrics_body(port).await?;
     let sent = sample(&after, statuses) - sample(&before, statuses);
     assert_eq!(
         sent, 1.0,

@@ -199,11 +199,13 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     let _tls_watcher = tls.spawn_watcher(TLS_RELOAD_INTERVAL);
     let _tls_expiry = certificate_expiry.watch("grpc", &tls, expiry::CHECK_INTERVAL);
 
-    let registry = Arc::new(AgentRegistry::new(OutboxConfig {
-        resends: metrics.event_resends.clone(),
-        ..OutboxConfig::default()
-    }));
-    let _outbox_sampler = metrics.spawn_outbox_sampler(registry.clone());
+    let registry = Arc::new(AgentRegistry::new(
+        OutboxConfig {
+            resends: metrics.event_resends.clone(),
+            ..OutboxConfig::default()
+        },
+        metrics.outbox_resources.clone(),
+    ));
     let _trust_rotation = end_streams_on_client_ca_rotation(
         tls.clone(),
         config.tls.client_ca.clone(),

@@ -412,7 +412,7 @@ mod tests {
     use argocd_agent_proto::sync::OutboxConfig;
 
     fn session(name: &str) -> Arc<AgentSession> {
-        AgentRegistry::new(OutboxConfig::default())
+        AgentRegistry::new(OutboxConfig::default(), Default::default())
             .get_or_create(&AgentName::new(name).unwrap(), AgentMode::Managed)
     }
 

@@ -1,7 +1,6 @@
 //! The principal's Prometheus metrics, declared in one place and registered once; names follow
 //! upstream argocd-agent where they mean the same thing.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_agent_proto::event::EventType;
@@ -12,12 +11,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
-use crate::sessions::AgentRegistry;
-
 type Labels = Vec<(String, String)>;
-
-/// How often `argocd_principal_outbox_resources` is refreshed from the agents' outboxes.
-const OUTBOX_SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Handles to every principal metric.
 #[derive(Debug)]
@@ -224,36 +218,11 @@ impl PrincipalMetrics {
             .set(chrono::Utc::now().timestamp());
     }
 
-    /// Sets `agent`'s queue depth (resources with undelivered events).
-    pub fn agent_queue_depth(&self, agent: &str, resources: usize) {
-        self.outbox_resources
-            .get_or_create(&vec![("agent_name".into(), agent.into())])
-            .set(resources as i64);
-    }
-
     /// Counts a refused connection or call.
     pub fn auth_failure(&self, reason: &str) {
         self.auth_failures
             .get_or_create(&vec![("reason".into(), reason.into())])
             .inc();
-    }
-
-    /// Refreshes `argocd_principal_outbox_resources{agent_name}` from every session's outbox every
-    /// few seconds until the process ends (an agent that is away keeps its last queue size).
-    pub fn spawn_outbox_sampler(
-        self: &Arc<Self>,
-        registry: Arc<AgentRegistry>,
-    ) -> tokio::task::JoinHandle<()> {
-        let metrics = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(OUTBOX_SAMPLE_INTERVAL);
-            loop {
-                tick.tick().await;
-                for session in registry.all() {
-                    metrics.agent_queue_depth(session.name.as_str(), session.outbox.resources());
-                }
-            }
-        })
     }
 
     /// Counts an event by type in `family`; unrecognised types (peer-chosen strings) share the

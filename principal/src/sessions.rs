@@ -10,6 +10,8 @@ use std::sync::{Arc, RwLock};
 use argocd_agent_proto::identity::AgentName;
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::sync::{Outbox, OutboxConfig};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
 /// One agent's session.
@@ -67,14 +69,20 @@ impl AgentSession {
 pub struct AgentRegistry {
     sessions: RwLock<HashMap<String, Arc<AgentSession>>>,
     outbox: OutboxConfig,
+    depth: QueueDepth,
 }
 
+/// Per-agent queue-depth gauges (`argocd_principal_outbox_resources{agent_name}`): each agent's
+/// outbox sets its own on every change.
+pub type QueueDepth = Family<Vec<(String, String)>, Gauge>;
+
 impl AgentRegistry {
-    /// An empty registry whose outboxes use `outbox`.
-    pub fn new(outbox: OutboxConfig) -> AgentRegistry {
+    /// An empty registry whose outboxes use `outbox` and report their size into `depth`.
+    pub fn new(outbox: OutboxConfig, depth: QueueDepth) -> AgentRegistry {
         AgentRegistry {
             sessions: RwLock::new(HashMap::new()),
             outbox,
+            depth,
         }
     }
 
@@ -89,7 +97,13 @@ impl AgentRegistry {
                 Arc::new(AgentSession {
                     name: name.clone(),
                     mode: RwLock::new(mode),
-                    outbox: Outbox::new(self.outbox.clone()),
+                    outbox: Outbox::new(OutboxConfig {
+                        size: self
+                            .depth
+                            .get_or_create(&vec![("agent_name".into(), name.as_str().into())])
+                            .clone(),
+                        ..self.outbox.clone()
+                    }),
                     generation: watch::channel(0).0,
                     resynced_since_start: AtomicBool::new(false),
                 })
@@ -124,7 +138,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_stream_supersedes_the_old_one_and_keeps_the_outbox() {
-        let reg = AgentRegistry::new(OutboxConfig::default());
+        let reg = AgentRegistry::new(OutboxConfig::default(), QueueDepth::default());
         let name = AgentName::new("a1").unwrap();
         let s = reg.get_or_create(&name, AgentMode::Managed);
         let g1 = s.take_over(AgentMode::Managed);
@@ -143,7 +157,7 @@ mod tests {
 
     #[test]
     fn the_resync_after_principal_start_happens_once_per_agent() {
-        let reg = AgentRegistry::new(OutboxConfig::default());
+        let reg = AgentRegistry::new(OutboxConfig::default(), QueueDepth::default());
         let a = reg.get_or_create(&AgentName::new("a1").unwrap(), AgentMode::Managed);
         let b = reg.get_or_create(&AgentName::new("b1").unwrap(), AgentMode::Managed);
         assert!(a.begin_first_resync());

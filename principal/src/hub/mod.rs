@@ -468,7 +468,10 @@ mod tests {
     }
 
     async fn fixture(apps: Vec<Value>, projects: Vec<Value>) -> Fixture {
-        let registry = Arc::new(AgentRegistry::new(OutboxConfig::default()));
+        let registry = Arc::new(AgentRegistry::new(
+            OutboxConfig::default(),
+            Default::default(),
+        ));
         let managed =
             registry.get_or_create(&AgentName::new("team-a").unwrap(), AgentMode::Managed);
         let autonomous =

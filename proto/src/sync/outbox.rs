@@ -53,6 +53,9 @@ pub struct OutboxConfig {
     pub max_in_flight: usize,
     /// Counts every resend of an un-ACKed event (register it to export it; shared by clones).
     pub resends: prometheus_client::metrics::counter::Counter,
+    /// Set to the number of distinct resources with queued or in-flight events on every change
+    /// (register it to export it; shared by clones, so give each outbox its own).
+    pub size: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Default for OutboxConfig {
@@ -63,6 +66,7 @@ impl Default for OutboxConfig {
             max_resources: 100_000,
             max_in_flight: 256,
             resends: Default::default(),
+            size: Default::default(),
         }
     }
 }
@@ -306,6 +310,7 @@ impl Outbox {
             restored,
             damage: replay.damage,
         };
+        config.size.set(st.resources.len() as i64);
         Ok((
             Outbox {
                 config,
@@ -334,6 +339,7 @@ impl Outbox {
                 st.journal_write(|j| j.queued(&event));
             }
         }
+        self.config.size.set(st.resources.len() as i64);
         drop(st);
         self.changed.notify_one();
         Ok(())
@@ -456,6 +462,7 @@ impl Outbox {
         if let Some(delivery) = confirmed {
             st.journal_write(|j| j.confirmed(key, &delivery));
         }
+        self.config.size.set(st.resources.len() as i64);
         drop(st);
         self.changed.notify_one();
         true
@@ -545,6 +552,23 @@ mod tests {
         .collect();
         assert_eq!(sent, ["1", "3", "4"]);
         assert!(o.is_empty());
+    }
+
+    #[test]
+    fn the_size_gauge_follows_every_push_and_ack() {
+        let o = connected();
+        let size = o.config.size.clone();
+        o.push(ev(EventType::Create, "a", "1")).unwrap();
+        o.push(ev(EventType::SpecUpdate, "a", "2")).unwrap();
+        o.push(ev(EventType::Create, "b", "3")).unwrap();
+        assert_eq!(size.get(), 2);
+        let first = o.take_next(Instant::now()).unwrap();
+        assert!(o.ack(&first.ack()));
+        assert_eq!(size.get(), 2, "a still has its update queued");
+        while let Some(e) = o.take_next(Instant::now()) {
+            assert!(o.ack(&e.ack()));
+        }
+        assert_eq!(size.get(), 0);
     }
 
     #[test]
