@@ -323,14 +323,7 @@ impl Agent {
             &format!("agent {} connected", self.name),
             Duration::from_secs(30),
             || async move {
-                let (_, body) = http_get(port, "/metrics").await?;
-                Ok::<_, anyhow::Error>(
-                    body.lines()
-                        .any(|l| {
-                            l.starts_with("argocd_agent_connection_status") && l.ends_with(" 1")
-                        })
-                        .then_some(()),
-                )
+                Ok::<_, anyhow::Error>(crate::metrics::agent_connected(port).await?.then_some(()))
             },
         )
         .await

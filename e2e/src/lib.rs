@@ -18,6 +18,7 @@ pub mod gateway;
 pub mod git_server;
 pub mod helm;
 pub mod kubelet;
+pub mod metrics;
 pub mod ocm;
 pub mod otlp_collector;
 pub mod pod_runner;

@@ -23,6 +23,9 @@ pub struct Redis {
     pub process: ManagedProcess,
     /// The password clients must send with AUTH, if any.
     pub password: Option<String>,
+    /// The password laid out as the mounted `argocd-redis` secret (file `auth`), when started
+    /// with [`Redis::start_as_hub`].
+    pub creds_dir: Option<std::path::PathBuf>,
 }
 
 impl Redis {
@@ -35,6 +38,28 @@ impl Redis {
     /// it answers PING after AUTH.
     pub fn start_with_password(name: &str, password: &str) -> anyhow::Result<Redis> {
         Redis::start_with(name, Some(password))
+    }
+
+    /// Starts the hub's Redis as Argo CD's install protects it (a fresh random password) and lays
+    /// the password out in `creds_dir` as the `argocd-redis` secret is mounted (file `auth`), for
+    /// our principal's `--redis-creds-dir-path` (see [`Redis::principal_flags`]).
+    pub fn start_as_hub(name: &str, creds_dir: &std::path::Path) -> anyhow::Result<Redis> {
+        let password = format!("hub-{}", uuid::Uuid::new_v4().simple());
+        std::fs::create_dir_all(creds_dir)?;
+        std::fs::write(creds_dir.join("auth"), &password)?;
+        let mut redis = Redis::start_with(name, Some(&password))?;
+        redis.creds_dir = Some(creds_dir.to_path_buf());
+        Ok(redis)
+    }
+
+    /// Our principal's flags for this Redis as the hub's: its address and, when started with
+    /// [`Redis::start_as_hub`], the credentials directory.
+    pub fn principal_flags(&self) -> Vec<String> {
+        let mut flags = vec![format!("--redis-server-address={}", self.address())];
+        if let Some(dir) = &self.creds_dir {
+            flags.push(format!("--redis-creds-dir-path={}", dir.display()));
+        }
+        flags
     }
 
     fn start_with(name: &str, password: Option<&str>) -> anyhow::Result<Redis> {
@@ -64,6 +89,7 @@ impl Redis {
             port,
             process,
             password: password.map(str::to_string),
+            creds_dir: None,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !redis.ping() {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use e2e::argocd::ArgoCd;
 use e2e::binaries::workspace_root;
-use e2e::gateway::{application_resource, ensure_namespace, http_get, text, Pki};
+use e2e::gateway::{application_resource, ensure_namespace, text, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::helm::{Helm, Release};
 use e2e::pod_runner::{service, Image, Pod, PodRunner, SERVICE_ACCOUNT_DIR};
@@ -791,14 +791,7 @@ async fn helm_installed_principal_and_agent_run_as_their_pods_under_the_charts_r
             &format!("agent {agent_name} connected"),
             Duration::from_secs(60),
             || async move {
-                let (_, body) = http_get(metrics, "/metrics").await?;
-                Ok::<_, anyhow::Error>(
-                    body.lines()
-                        .any(|l| {
-                            l.starts_with("argocd_agent_connection_status") && l.ends_with(" 1")
-                        })
-                        .then_some(()),
-                )
+                Ok::<_, anyhow::Error>(e2e::metrics::agent_connected(metrics).await?.then_some(()))
             },
         )
         .await?;

@@ -30,11 +30,10 @@ use std::time::{Duration, Instant};
 
 use e2e::bench::rss_kib;
 use e2e::gateway::{
-    application, application_resource, ensure_namespace, http_get, text, Agent, Pki, Principal,
-    SOURCE_UID,
+    application, application_resource, ensure_namespace, text, Agent, Pki, Principal, SOURCE_UID,
 };
 use e2e::tcp_proxy::TcpProxy;
-use e2e::{shared_planes, wait_until, ControlPlane, SharedPlanes, TestContext};
+use e2e::{metrics, shared_planes, wait_until, ControlPlane, SharedPlanes, TestContext};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::sync::RwLock;
@@ -59,16 +58,6 @@ fn scaled(n: usize) -> usize {
     ((n as f64 * scale()).round() as usize).max(1)
 }
 
-/// The value of the Prometheus series `series` (name plus labels, as printed) on `port`.
-async fn scrape(port: u16, series: &str) -> anyhow::Result<Option<f64>> {
-    let (_, body) = http_get(port, "/metrics").await?;
-    Ok(body
-        .lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok()))
-}
-
 async fn wait_connection(agent: &Agent, up: bool, within: Duration) -> anyhow::Result<()> {
     let want = if up { 1.0 } else { 0.0 };
     wait_until(
@@ -76,8 +65,9 @@ async fn wait_connection(agent: &Agent, up: bool, within: Duration) -> anyhow::R
         within,
         || async {
             Ok::<_, anyhow::Error>(
-                (scrape(agent.ops_port, "argocd_agent_connection_status").await? == Some(want))
-                    .then_some(()),
+                (metrics::read(agent.ops_port, "argocd_agent_connection_status", &[]).await?
+                    == Some(want))
+                .then_some(()),
             )
         },
     )
@@ -250,11 +240,12 @@ impl Gateway {
 
     /// The principal's queue size for `agent` (`argocd_principal_outbox_resources`).
     async fn principal_queue(&self, agent: &Agent) -> anyhow::Result<Option<f64>> {
-        let series = format!(
-            "argocd_principal_outbox_resources{{agent_name=\"{}\"}}",
-            agent.name
-        );
-        scrape(self.principal.ops_port, &series).await
+        metrics::read(
+            self.principal.ops_port,
+            "argocd_principal_outbox_resources",
+            &[("agent_name", &agent.name)],
+        )
+        .await
     }
 }
 
@@ -460,11 +451,12 @@ async fn agent_killed_and_restarted_while_offline_delivers_its_queued_changes() 
             )
             .await?;
     }
-    // Queued (the outbox gauge is sampled every few seconds), then the process dies hard.
+    // Queued (the outbox gauge follows every change), then the process dies hard.
     wait_until("changes queued", WAIT, || async {
         Ok::<_, anyhow::Error>(
-            (scrape(agent.ops_port, "argocd_agent_outbox_resources").await? >= Some(n as f64))
-                .then_some(()),
+            (metrics::read(agent.ops_port, "argocd_agent_outbox_resources", &[]).await?
+                >= Some(n as f64))
+            .then_some(()),
         )
     })
     .await?;
@@ -680,8 +672,8 @@ async fn flapping_link_converges_with_bounded_queues_and_memory_with_status_writ
         let mut done = done.clone();
         while !*done.borrow() {
             let seen = [
-                scrape(site.managed.ops_port, "argocd_agent_outbox_resources").await?,
-                scrape(site.auto.ops_port, "argocd_agent_outbox_resources").await?,
+                metrics::read(site.managed.ops_port, "argocd_agent_outbox_resources", &[]).await?,
+                metrics::read(site.auto.ops_port, "argocd_agent_outbox_resources", &[]).await?,
                 site.gw.principal_queue(&site.managed).await?,
                 site.gw.principal_queue(&site.auto).await?,
             ];

@@ -21,7 +21,7 @@ use e2e::gateway::{
     application, application_resource, ensure_namespace, http_get, text, Agent, Pki, Principal,
 };
 use e2e::tcp_proxy::TcpBalancer;
-use e2e::{shared_planes, wait_until};
+use e2e::{metrics, shared_planes, wait_until};
 use e2e::{SharedPlanes, TestContext};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -63,20 +63,12 @@ fn identity(ctx: &TestContext, id: &str) -> String {
     ctx.unique(&format!("replica-{id}"))
 }
 
-/// The value of the first sample line starting with `prefix` on `port`'s `/metrics`.
-async fn sample(port: u16, prefix: &str) -> anyhow::Result<Option<f64>> {
-    let (_, body) = http_get(port, "/metrics").await?;
-    Ok(body
-        .lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok()))
-}
-
 async fn connected_agents(p: &Principal) -> anyhow::Result<f64> {
-    Ok(sample(p.ops_port, "argocd_principal_connected_agents ")
-        .await?
-        .unwrap_or(0.0))
+    Ok(
+        metrics::read(p.ops_port, "argocd_principal_connected_agents", &[])
+            .await?
+            .unwrap_or(0.0),
+    )
 }
 
 async fn lease_holder(leases: &Api<Lease>, name: &str) -> anyhow::Result<Option<String>> {
@@ -218,7 +210,8 @@ async fn killed_active_principal_hands_its_agents_to_the_standby_without_losing_
     let standby_reason = format!("standby: HA Lease held by {}", identity(&ctx, "a"));
     wait_until("replica b on standby", STARTUP, || async {
         let (status, body) = http_get(b.ops_port, "/readyz").await?;
-        let standby = sample(b.ops_port, "argocd_agent_ha_state{state=\"standby\"}").await?;
+        let standby =
+            metrics::read(b.ops_port, "argocd_agent_ha_state", &[("state", "standby")]).await?;
         Ok::<_, anyhow::Error>(
             (status == 503 && body.trim() == standby_reason && standby == Some(1.0)).then_some(()),
         )
@@ -226,7 +219,7 @@ async fn killed_active_principal_hands_its_agents_to_the_standby_without_losing_
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", b.process.log_tail(30)))?;
     assert_eq!(
-        sample(a.ops_port, "argocd_agent_ha_state{state=\"active\"}").await?,
+        metrics::read(a.ops_port, "argocd_agent_ha_state", &[("state", "active")]).await?,
         Some(1.0)
     );
     assert_eq!(
@@ -324,7 +317,8 @@ async fn killed_active_principal_hands_its_agents_to_the_standby_without_losing_
     wait_until("both agents on replica b", FAILOVER_BUDGET, || async {
         let mut on_b = connected_agents(&b).await? == 2.0;
         for agent in &agents {
-            on_b &= sample(agent.ops_port, "argocd_agent_connection_status ").await? == Some(1.0);
+            on_b &= metrics::read(agent.ops_port, "argocd_agent_connection_status", &[]).await?
+                == Some(1.0);
         }
         Ok::<_, anyhow::Error>(on_b.then_some(()))
     })
@@ -370,7 +364,7 @@ async fn killed_active_principal_hands_its_agents_to_the_standby_without_losing_
     let (status, _) = http_get(b.ops_port, "/readyz").await?;
     assert_eq!(status, 200);
     assert_eq!(
-        sample(b.ops_port, "argocd_agent_ha_failovers_total").await?,
+        metrics::read(b.ops_port, "argocd_agent_ha_failovers_total", &[]).await?,
         Some(1.0)
     );
     assert_eq!(

@@ -38,6 +38,7 @@ use e2e::gateway::{
     agent_identity, application, application_resource, appproject_resource, client_tls,
     ensure_namespace, http_get, tls_connect, Agent,
 };
+use e2e::metrics::Scrape;
 use e2e::raw_agent::{send_for_ack, try_authenticate, LonePrincipal};
 use e2e::redis::{resp_command, resp_exchange};
 use e2e::{shared_planes, wait_until, Redis};
@@ -623,11 +624,14 @@ async fn an_agent_holding_its_cap_of_connections_gets_goaway_for_the_next_one() 
         tokio::time::timeout(Duration::from_secs(10), max.wait_for(|m| *m == 16)).await??;
     }
     let refused = login(&s, (&c, &k), "managed").await;
-    let (_, metrics) = http_get(s.principal.ops_port, "/metrics").await?;
+    let metrics = Scrape::of(s.principal.ops_port).await?;
     eprintln!("[hostile] third connection of one agent: {refused:?}");
     assert!(refused.is_err(), "a third connection was served");
     assert!(
-        metrics.contains(r#"argocd_principal_auth_failures_total{reason="too_many_connections"}"#),
+        metrics.value(
+            "argocd_principal_auth_failures",
+            &[("reason", "too_many_connections")]
+        )? >= 1.0,
         "refusal not counted"
     );
     assert!(
@@ -828,17 +832,16 @@ async fn an_agent_cannot_write_or_delete_hub_objects_it_does_not_own_by_choosing
         Some("team-b's v2".to_string())
     );
 
-    let (_, metrics) = http_get(s.principal.ops_port, "/metrics").await?;
-    let series = format!("argocd_principal_mirror_collisions_total{{agent_name=\"{team}\"}} ");
-    let count = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .unwrap_or_else(|| panic!("no {series} in /metrics"));
-    eprintln!("[hostile] {series}{count}");
-    assert_eq!(count.parse::<f64>()?, attacks.len() as f64);
-    let victim_series =
-        format!("argocd_principal_mirror_collisions_total{{agent_name=\"{team_b}\"}}");
-    assert!(!metrics.contains(&victim_series), "{victim_series}");
+    let metrics = Scrape::of(s.principal.ops_port).await?;
+    let collisions = "argocd_principal_mirror_collisions";
+    let count = metrics.value(collisions, &[("agent_name", &team)])?;
+    eprintln!("[hostile] {collisions}{{agent_name={team}}} {count}");
+    assert_eq!(count, attacks.len() as f64);
+    assert_eq!(
+        metrics.sample(collisions, &[("agent_name", &team_b)]),
+        None,
+        "the victim {team_b} is counted as a collider"
+    );
     Ok(())
 }
 
@@ -952,15 +955,10 @@ async fn stalled_resource_proxy_request_bodies_are_closed_after_the_body_timeout
         );
     }
     // Each was refused by the proxy (counted 408), not served.
-    let (_, metrics) = http_get(s.principal.ops_port, "/metrics").await?;
-    let refused: f64 = metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("argocd_principal_resource_proxy_requests_total{")
-                && l.contains("code=\"408\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let refused = Scrape::of(s.principal.ops_port).await?.value(
+        "argocd_principal_resource_proxy_requests",
+        &[("code", "408")],
+    )?;
     assert_eq!(refused as usize, REQUESTS, "408s counted");
     // The bodies' budget and the connections' TLS and HTTP buffers, not what was declared: the
     // flat bound plus what each open connection holds (not met flat at this size, see README).

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use e2e::fleet::Fleet;
 use e2e::gateway::{application, appproject_resource, text, Agent, Pki, Principal, SOURCE_UID};
+use e2e::metrics::Scrape;
 use e2e::{shared_planes, wait_until, TestContext};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
@@ -231,18 +232,6 @@ async fn appprojects_reach_the_agents_they_name() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `/metrics` body of the principal or agent serving ops on `port`.
-async fn metrics_body(port: u16) -> anyhow::Result<String> {
-    Ok(e2e::gateway::http_get(port, "/metrics").await?.1)
-}
-
-/// The value of the sample `series` (name with labels) in a metrics body; 0 when absent.
-fn sample(body: &str, series: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     let planes = shared_planes().await;
@@ -304,19 +293,18 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
         .await?;
     }
     let port = fleet.principal.ops_port;
-    let spec_updates_sent = "principal_events_sent_total{event_type=\"spec-update\"}";
-    let lists_received =
-        "principal_events_received_total{event_type=\"request-synced-resource-list\"}";
-    let updates_received = "principal_events_received_total{event_type=\"request-update\"}";
-    let before = metrics_body(port).await?;
+    let sent = |s: &Scrape, t: &str| s.value("principal_events_sent", &[("event_type", t)]);
+    let received = |s: &Scrape, t: &str| s.value("principal_events_received", &[("event_type", t)]);
+    let before = Scrape::of(port).await?;
     fleet.agents[0].process.kill();
     fleet.agents[0].process.start_again()?;
     fleet.agents[0].wait_connected().await?;
     wait_until("the restarted agent's checksum resync", WAIT, || async {
-        let now = metrics_body(port).await?;
-        let grew = |k: &str| sample(&now, k) - sample(&before, k);
+        let now = Scrape::of(port).await?;
+        let grew = |t: &str| Ok::<_, anyhow::Error>(received(&now, t)? - received(&before, t)?);
         Ok::<_, anyhow::Error>(
-            (grew(lists_received) >= 1.0 && grew(updates_received) >= UNCHANGED as f64)
+            (grew("request-synced-resource-list")? >= 1.0
+                && grew("request-update")? >= UNCHANGED as f64)
                 .then_some(()),
         )
     })
@@ -325,13 +313,12 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     hub1.create(&PostParams::default(), &application("marker", &ns, "v1"))
         .await?;
     wait_for(&spoke1, "marker", "change after the resync", |_| true).await?;
-    let after = metrics_body(port).await?;
-    let creates_sent = "principal_events_sent_total{event_type=\"create\"}";
+    let after = Scrape::of(port).await?;
     assert!(
-        sample(&after, creates_sent) > sample(&before, creates_sent),
+        sent(&after, "create")? > sent(&before, "create")?,
         "the principal counts the events it sends (the marker's create)"
     );
-    let resent = sample(&after, spec_updates_sent) - sample(&before, spec_updates_sent);
+    let resent = sent(&after, "spec-update")? - sent(&before, "spec-update")?;
     assert!(
         resent < UNCHANGED as f64,
         "an agent restart with nothing changed made the principal send {resent} spec-updates for {UNCHANGED} unchanged Applications"
@@ -498,12 +485,10 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
     // Every status ACKed before the kill: one still in flight would rightly be sent again.
     let agent_port = fleet.agents[0].ops_port;
     wait_until("the agent's outbox to drain", WAIT, || async {
-        let body = metrics_body(agent_port).await?;
-        Ok::<_, anyhow::Error>(
-            (body.contains("\nargocd_agent_outbox_resources ")
-                && sample(&body, "argocd_agent_outbox_resources ") == 0.0)
-                .then_some(()),
-        )
+        let queued = Scrape::of(agent_port)
+            .await?
+            .value("argocd_agent_outbox_resources", &[])?;
+        Ok::<_, anyhow::Error>((queued == 0.0).then_some(()))
     })
     .await?;
     // Agent down; one status changes meanwhile, the others do not.
@@ -518,9 +503,8 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
         versions.push(resource_version(&hub1, name).await?);
     }
     let port = fleet.principal.ops_port;
-    let statuses = "principal_events_received_total{event_type=\"status-update\"}";
-    let updates = "principal_events_received_total{event_type=\"request-update\"}";
-    let before = metrics_body(port).await?;
+    let received = |s: &Scrape, t: &str| s.value("principal_events_received", &[("event_type", t)]);
+    let before = Scrape::of(port).await?;
     fleet.agents[0].process.start_again()?;
     fleet.agents[0].wait_connected().await?;
     wait_for(
@@ -531,9 +515,11 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
     )
     .await?;
     wait_until("the restarted agent's checksum resync", WAIT, || async {
-        let now = metrics_body(port).await?;
+        let now = Scrape::of(port).await?;
         Ok::<_, anyhow::Error>(
-            (sample(&now, updates) - sample(&before, updates) >= APPS as f64).then_some(()),
+            (received(&now, "request-update")? - received(&before, "request-update")?
+                >= APPS as f64)
+                .then_some(()),
         )
     })
     .await?;
@@ -542,8 +528,8 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
         .await?;
     wait_for(&spoke1, "st-marker", "change after the resync", |_| true).await?;
 
-    let after = metrics_body(port).await?;
-    let sent = sample(&after, statuses) - sample(&before, statuses);
+    let after = Scrape::of(port).await?;
+    let sent = received(&after, "status-update")? - received(&before, "status-update")?;
     assert_eq!(
         sent, 1.0,
         "a restart where one of {APPS} statuses changed sent {sent} status-updates"

@@ -29,8 +29,7 @@ use argocd_agent_operator::pki::secrets::{
 };
 use argocd_agent_runtime::dial::{connect_tls, TlsTarget};
 use e2e::gateway::{
-    application, application_resource, appproject_resource, client_tls, http_get, Pki, Principal,
-    SOURCE_UID,
+    application, application_resource, appproject_resource, client_tls, Pki, Principal, SOURCE_UID,
 };
 use e2e::ocm::{
     condition, condition_is, create_label_placement, managed_cluster_resource,
@@ -353,7 +352,7 @@ fn unix_seconds_now() -> i64 {
 
 /// Whether the agent's `/metrics` on host port `port` reports a live connection.
 async fn connected(port: u16) -> bool {
-    matches!(http_get(port, "/metrics").await, Ok((_, body)) if body.lines().any(|l| l.starts_with("argocd_agent_connection_status") && l.ends_with(" 1")))
+    matches!(e2e::metrics::agent_connected(port).await, Ok(true))
 }
 
 async fn planes_and_hubs() -> (&'static SharedPlanes, &'static OcmHub, &'static OperatorHub) {

@@ -38,7 +38,7 @@ use argocd_agent_operator::pki::secrets::{
 use argocd_agent_operator::pki::{days, inspect, CertificateAuthority};
 use argocd_agent_operator::pull::manifestwork::ManifestWork;
 use e2e::binaries::project_binary;
-use e2e::gateway::{application, application_resource, ensure_namespace, http_get, Pki, Principal};
+use e2e::gateway::{application, application_resource, ensure_namespace, Pki, Principal};
 use e2e::ports::free_port;
 use e2e::{shared_planes, wait_until, ManagedProcess, ProcessSpec, TestContext};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -211,16 +211,13 @@ fn start_agent(
 }
 
 async fn connected(port: u16) -> bool {
-    matches!(http_get(port, "/metrics").await, Ok((_, body)) if body.lines().any(|l| l.starts_with("argocd_agent_connection_status") && l.ends_with(" 1")))
+    matches!(e2e::metrics::agent_connected(port).await, Ok(true))
 }
 
 /// The agent's `argocd_agent_connections_total` (streams established since it started).
 async fn connections(port: u16) -> Option<u64> {
-    let (_, body) = http_get(port, "/metrics").await.ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix("argocd_agent_connections_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
+    let connections = e2e::metrics::read(port, "argocd_agent_connections", &[]).await;
+    connections.ok().flatten().map(|v| v as u64)
 }
 
 /// Plays OCM's add-on registration agent: a key made here (the spoke side) and a CSR for it.

@@ -83,11 +83,9 @@ async fn cluster_list_shows_the_agent(
     let revision = git.commit("apps", "demo", &demo_manifests("counted"), "demo")?;
 
     // Hub: a password-protected Redis; the principal writes the cluster info into it.
-    let hub_password = format!("hub-{}", uuid::Uuid::new_v4().simple());
-    let hub_redis = Redis::start_with_password(&ctx.unique("hub-redis"), &hub_password)?;
-    let creds_dir = ctx.dir.join("hub-redis-creds");
-    std::fs::create_dir_all(&creds_dir)?;
-    std::fs::write(creds_dir.join("auth"), &hub_password)?;
+    let hub_redis =
+        Redis::start_as_hub(&ctx.unique("hub-redis"), &ctx.dir.join("hub-redis-creds"))?;
+    let hub_password = hub_redis.password.clone().expect("password-protected");
     let principal_ns = ctx.unique("hub-argocd");
     let hub_client = hub.client().await?;
     ensure_namespace(&hub_client, &agent_name).await?;
@@ -99,10 +97,11 @@ async fn cluster_list_shows_the_agent(
                 hub,
                 &pki,
                 &principal_ns,
-                &[
-                    &format!("--redis-server-address={}", hub_redis.address()),
-                    &format!("--redis-creds-dir-path={}", creds_dir.display()),
-                ],
+                &hub_redis
+                    .principal_flags()
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
             )
             .await?;
             let proxy = format!("127.0.0.1:{}", p.resource_proxy_port);

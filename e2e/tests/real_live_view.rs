@@ -96,11 +96,9 @@ impl LiveView {
 
         // Hub: a password-protected Redis behind our principal, which reads the password from a
         // creds directory laid out as the `argocd-redis` secret is mounted (file `auth`).
-        let hub_password = format!("hub-{}", uuid::Uuid::new_v4().simple());
-        let hub_redis = Redis::start_with_password(&ctx.unique("hub-redis"), &hub_password)?;
-        let creds_dir = ctx.dir.join("hub-redis-creds");
-        std::fs::create_dir_all(&creds_dir)?;
-        std::fs::write(creds_dir.join("auth"), &hub_password)?;
+        let hub_redis =
+            Redis::start_as_hub(&ctx.unique("hub-redis"), &ctx.dir.join("hub-redis-creds"))?;
+        let hub_password = hub_redis.password.clone().expect("password-protected");
         let principal_ns = ctx.unique("hub-argocd");
         let hub_client = hub.client().await?;
         ensure_namespace(&hub_client, &agent_name).await?;
@@ -110,10 +108,11 @@ impl LiveView {
             hub,
             &pki,
             &principal_ns,
-            &[
-                &format!("--redis-server-address={}", hub_redis.address()),
-                &format!("--redis-creds-dir-path={}", creds_dir.display()),
-            ],
+            &hub_redis
+                .principal_flags()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
         )
         .await?;
         // The agent's Argo CD cluster secret on the hub: its server is our resource proxy.

@@ -26,6 +26,7 @@ use e2e::gateway::{
     ensure_namespace, forge_client_cert_shaped, grpc_channel, http_get, http_response, tls_connect,
     Agent, Pki, Principal,
 };
+use e2e::metrics::Scrape;
 use e2e::raw_agent::{authenticate, next_matching, send_for_ack, try_authenticate, LonePrincipal};
 use e2e::{shared_planes, wait_until};
 use kube::api::{Api, DynamicObject, PostParams};
@@ -50,14 +51,10 @@ async fn stream_alive(
     Ok(())
 }
 
-/// Sum of the samples of `metric` (lines starting with it) on the principal's ops port.
-async fn metric(p: &Principal, metric: &str) -> anyhow::Result<f64> {
-    let (_, body) = http_get(p.ops_port, "/metrics").await?;
-    Ok(body
-        .lines()
-        .filter(|l| l.starts_with(metric))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+/// Sum of the samples of `name` with `labels` on the principal's ops port (an error if the
+/// principal does not declare the metric).
+async fn metric(p: &Principal, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
+    Scrape::of(p.ops_port).await?.value(name, labels)
 }
 
 /// Applications and AppProjects (kind/namespace/name → resourceVersion) in `namespaces`.
@@ -158,7 +155,7 @@ async fn certificates_not_yet_valid_or_not_for_client_auth_are_refused() -> anyh
         assert!(!namespace_exists(&s.ctx.unique(n)).await?);
     }
     assert_eq!(
-        metric(&s.principal, "argocd_principal_connected_agents").await?,
+        metric(&s.principal, "argocd_principal_connected_agents", &[]).await?,
         0.0
     );
     Ok(())
@@ -199,7 +196,8 @@ async fn tls12_only_client_is_refused_unless_the_principal_allows_tls12() -> any
     assert!(
         metric(
             &s.principal,
-            "argocd_principal_auth_failures_total{reason=\"tls_handshake\"}"
+            "argocd_principal_auth_failures_total",
+            &[("reason", "tls_handshake")]
         )
         .await?
             >= 1.0
@@ -290,7 +288,8 @@ async fn forged_expired_and_algorithm_confused_tokens_are_refused() -> anyhow::R
     assert!(
         metric(
             &s.principal,
-            "argocd_principal_auth_failures_total{reason=\"invalid_token\"}"
+            "argocd_principal_auth_failures_total",
+            &[("reason", "invalid_token")]
         )
         .await?
             >= 4.0
@@ -340,7 +339,7 @@ async fn blocklisted_agent_is_disconnected_within_seconds_and_refused_until_remo
         Duration::from_secs(15),
         || async move {
             Ok::<_, anyhow::Error>(
-                (metric(principal, "argocd_principal_connected_agents").await? == 0.0)
+                (metric(principal, "argocd_principal_connected_agents", &[]).await? == 0.0)
                     .then_some(()),
             )
         },
@@ -357,7 +356,8 @@ async fn blocklisted_agent_is_disconnected_within_seconds_and_refused_until_remo
             Ok::<_, anyhow::Error>(
                 (metric(
                     principal,
-                    "argocd_principal_auth_failures_total{reason=\"blocklisted\"}",
+                    "argocd_principal_auth_failures_total",
+                    &[("reason", "blocklisted")],
                 )
                 .await?
                     >= 1.0)
@@ -367,7 +367,7 @@ async fn blocklisted_agent_is_disconnected_within_seconds_and_refused_until_remo
     )
     .await?;
     assert_eq!(
-        metric(&s.principal, "argocd_principal_connected_agents").await?,
+        metric(&s.principal, "argocd_principal_connected_agents", &[]).await?,
         0.0
     );
     // Removed: the agent comes back by itself.
@@ -396,7 +396,8 @@ async fn blocklisted_agent_is_disconnected_within_seconds_and_refused_until_remo
     assert!(
         metric(
             &restarted,
-            "argocd_principal_auth_failures_total{reason=\"blocklisted\"}"
+            "argocd_principal_auth_failures_total",
+            &[("reason", "blocklisted")]
         )
         .await?
             >= 1.0
@@ -864,7 +865,12 @@ async fn oversized_redis_requests_are_refused_from_their_header_and_other_client
     );
     let refused = metric(
         &s.principal,
-        "argocd_principal_redis_proxy_errors_total{agent_name=\"\",command=\"INVALID\",reason=\"request_too_large\"}",
+        "argocd_principal_redis_proxy_errors_total",
+        &[
+            ("agent_name", ""),
+            ("command", "INVALID"),
+            ("reason", "request_too_large"),
+        ],
     )
     .await?;
     assert_eq!(refused, 2.0);

@@ -111,6 +111,7 @@ impl EventStream for EventStreamService {
                     hub: hub.clone(),
                     live: live.clone(),
                     cluster_info,
+                    status_writes: Default::default(),
                 },
                 metrics.event_processing_time.clone(),
             ));

@@ -15,6 +15,7 @@
 //! Either mode: `cluster-cache-info-update` (the spoke's cache counts) goes to
 //! [`crate::cluster_info`].
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use argocd_agent_kube::argocd::{AppProject, Application, ApplicationCondition, ObjectMetaExt};
@@ -57,6 +58,31 @@ pub struct AgentInbound {
     pub live: Arc<crate::live::LiveRequests>,
     /// Where the agent's cluster cache counts are shown to the hub's Argo CD.
     pub cluster_info: Arc<crate::cluster_info::ClusterInfoWriter>,
+    /// The status this stream last wrote per hub Application.
+    pub status_writes: StatusWrites,
+}
+
+/// The status last written per hub Application (its checksum), so that a status equal to the
+/// hub view is skipped only when the view is not behind a write of this stream: an agent whose
+/// status goes A → B → A in quick succession must leave A on the hub, although the view may
+/// still show A when the second A arrives (it has not seen B yet).
+#[derive(Debug, Default)]
+pub struct StatusWrites(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+impl StatusWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the view's copy of `name`'s status can be trusted to hold `status`: true unless
+    /// this stream last wrote a different status (the view may not show that write yet).
+    fn view_trusted_for(&self, name: &str, status: u64) -> bool {
+        self.lock().get(name).is_none_or(|last| *last == status)
+    }
+
+    fn wrote(&self, name: &str, status: u64) {
+        self.lock().insert(name.to_string(), status);
+    }
 }
 
 /// Whether a repository Secret (as JSON) is being deleted.
@@ -106,13 +132,22 @@ impl AgentInbound {
         if hub_op.is_some() && spoke.operation().is_none() && spoke.started_operation() == hub_op {
             ops.push(json!({"op": "remove", "path": "/operation"}));
         }
-        if hub_app.status != spoke.status || ops.len() > 1 {
+        let checksum = {
+            let mut h = std::hash::DefaultHasher::new();
+            status.to_string().hash(&mut h);
+            h.finish()
+        };
+        if hub_app.status != spoke.status
+            || ops.len() > 1
+            || !self.status_writes.view_trusted_for(name, checksum)
+        {
             let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))
                 .map_err(|e| HandleError::Rejected(e.to_string()))?;
             self.apps()
                 .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
                 .await
                 .map_err(|e| handle_error("writing the hub Application", e))?;
+            self.status_writes.wrote(name, checksum);
         }
         let done = requests_carried_out(&hub_app, &spoke);
         if !done.is_empty() {
@@ -438,5 +473,23 @@ impl EventHandler for AgentInbound {
                 target.as_str()
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_view_is_trusted_unless_this_stream_last_wrote_another_status() {
+        let writes = StatusWrites::default();
+        assert!(writes.view_trusted_for("a", 1), "nothing written yet");
+        writes.wrote("a", 2);
+        assert!(writes.view_trusted_for("a", 2));
+        assert!(
+            !writes.view_trusted_for("a", 1),
+            "A → B → A: the view may still show the first A, the hub holds B"
+        );
+        assert!(writes.view_trusted_for("b", 1), "per Application");
     }
 }

@@ -29,7 +29,7 @@ use e2e::bench::{
     cpu_seconds, flag_value, has_flag, machine_load, raise_fd_limit, register_chart_font, rss_kib,
     BenchSetup,
 };
-use e2e::gateway::{application, application_resource, ensure_namespace, http_get, Agent};
+use e2e::gateway::{application, application_resource, ensure_namespace, Agent};
 use e2e::sim_agent::{issue_identities, sim_name, FleetCounters, SimFleet, SimOptions};
 use e2e::wait_until;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -301,13 +301,12 @@ async fn create_and_update(
 
 /// Principal auth failures by reason, summed (from its `/metrics`).
 async fn principal_auth_failures(ops_port: u16) -> u64 {
-    let Ok((_, body)) = http_get(ops_port, "/metrics").await else {
+    let Ok(scrape) = e2e::metrics::Scrape::of(ops_port).await else {
         return 0;
     };
-    body.lines()
-        .filter(|l| l.starts_with("argocd_principal_auth_failures"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    scrape
+        .value("argocd_principal_auth_failures", &[])
+        .unwrap_or_default() as u64
 }
 
 struct Bench {

@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use e2e::bench::{count_arg, BenchSetup};
-use e2e::gateway::{application, application_resource, ensure_namespace, http_get, Agent};
+use e2e::gateway::{application, application_resource, ensure_namespace, Agent};
+use e2e::metrics::Scrape;
 use e2e::tcp_proxy::TcpProxy;
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DynamicObject, PostParams};
@@ -105,21 +106,18 @@ async fn create_many(
     Ok(t0.elapsed())
 }
 
-/// The value of sample `series` (name with labels) in the metrics of the process on `ops_port`;
-/// 0 when absent.
-async fn metric(ops_port: u16, series: &str) -> anyhow::Result<f64> {
-    let body = http_get(ops_port, "/metrics").await?.1;
-    Ok(body
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0))
+/// The sum of `name`'s samples with `labels` on the process serving ops on `ops_port` (an
+/// error if it does not declare the metric).
+async fn metric(ops_port: u16, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
+    Scrape::of(ops_port).await?.value(name, labels)
 }
 
 /// `principal_events_sent_total{event_type="<t>"}` from the principal's metrics.
 async fn principal_sent(ops_port: u16, event_type: &str) -> anyhow::Result<f64> {
     metric(
         ops_port,
-        &format!("principal_events_sent_total{{event_type=\"{event_type}\"}}"),
+        "principal_events_sent",
+        &[("event_type", event_type)],
     )
     .await
 }
@@ -258,11 +256,11 @@ async fn main() -> anyhow::Result<()> {
         let sent_before = principal_sent(principal.ops_port, "spec-update").await?
             + principal_sent(principal.ops_port, "create").await?;
         let spec_before = principal_sent(principal.ops_port, "spec-update").await?;
-        let resends_before = metric(principal.ops_port, PRINCIPAL_RESENDS).await?;
+        let resends_before = metric(principal.ops_port, PRINCIPAL_RESENDS, &[]).await?;
         let t0 = Instant::now();
         managed.process.start_again()?;
         let done = spoke_copies.wait_for(&prefix, n).await?;
-        let resends = metric(principal.ops_port, PRINCIPAL_RESENDS).await? - resends_before;
+        let resends = metric(principal.ops_port, PRINCIPAL_RESENDS, &[]).await? - resends_before;
         let sent = principal_sent(principal.ops_port, "spec-update").await?
             + principal_sent(principal.ops_port, "create").await?
             - sent_before;
@@ -283,11 +281,11 @@ async fn main() -> anyhow::Result<()> {
         let prefix = format!("a{round}-");
         let setup_time =
             create_many(&api(&spoke_client, "bench-auto"), "bench-auto", &prefix, n).await?;
-        let resends_before = metric(autonomous.ops_port, AGENT_RESENDS).await?;
+        let resends_before = metric(autonomous.ops_port, AGENT_RESENDS, &[]).await?;
         let t0 = Instant::now();
         proxy.forward();
         let done = hub_mirrors.wait_for(&prefix, n).await?;
-        let resends = metric(autonomous.ops_port, AGENT_RESENDS).await? - resends_before;
+        let resends = metric(autonomous.ops_port, AGENT_RESENDS, &[]).await? - resends_before;
         figures.push(Figure {
             mode: "autonomous",
             pending: n,
