@@ -17,7 +17,7 @@ use argocd_agent_runtime::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
 use argocd_agent_runtime::tls::{
-    expiry, CertificateExpiry, ClientTlsOptions, ReloadingClientConfig, TlsPolicy, ALPN_H2,
+    expiry, CertificateExpiry, ClientTlsOptions, ReloadingClientConfig, ALPN_H2,
 };
 use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
@@ -222,9 +222,7 @@ fn load_tls(config: &AgentConfig) -> Result<ReloadingClientConfig, ConfigProblem
     let options = ClientTlsOptions::new(&config.tls.ca)
         .with_client_cert(&config.tls.cert, &config.tls.key)
         .with_alpn(&[ALPN_H2])
-        .with_policy(TlsPolicy {
-            min_version: config.tls_min_version,
-        });
+        .with_policy(config.tls_policy.clone());
     ReloadingClientConfig::load(options).map_err(|e| {
         ConfigProblem(format!(
             "--tls-client-cert/--tls-client-key/--tls-ca (env ARGOCD_AGENT_TLS_CLIENT_CERT, \

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, check_host_name, AgentMode, HostPort};
-use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs};
+use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs, TlsPolicyArgs};
 use argocd_agent_runtime::telemetry::LogFormat;
-use argocd_agent_runtime::tls::TlsVersion;
+use argocd_agent_runtime::tls::TlsPolicy;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, ValueEnum};
 
@@ -96,15 +96,8 @@ pub struct AgentArgs {
     #[arg(long, env = "ARGOCD_AGENT_TLS_CA", value_name = "PATH")]
     pub tls_ca: PathBuf,
 
-    /// Lowest TLS version offered to the principal.
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_TLS_MIN_VERSION",
-        default_value = "tls1.3",
-        value_name = "VERSION",
-        value_parser = flags::tls_min_version_parser()
-    )]
-    pub tls_min_version: TlsVersion,
+    #[command(flatten)]
+    pub tls_policy: TlsPolicyArgs,
 
     /// Namespace of Argo CD on this cluster.
     #[arg(
@@ -349,8 +342,8 @@ pub struct AgentConfig {
     pub mode: AgentMode,
     /// TLS files.
     pub tls: ClientTlsFiles,
-    /// Lowest TLS version.
-    pub tls_min_version: TlsVersion,
+    /// TLS versions and cipher suites.
+    pub tls_policy: TlsPolicy,
     /// Local Argo CD namespace.
     pub namespace: String,
     /// Extra local Application namespace patterns (always empty until destination-based
@@ -653,7 +646,7 @@ impl AgentArgs {
             tls_server_name,
             mode: self.mode,
             tls,
-            tls_min_version: self.tls_min_version,
+            tls_policy: self.tls_policy.check(&FLAGS)?,
             namespace: self.namespace,
             allowed_namespaces,
             redis_address: self.redis_address,
@@ -764,7 +757,7 @@ mod tests {
         assert_eq!(config.adoption_policy, AdoptionPolicy::Always);
         assert_eq!(config.resync_interval, Some(Duration::from_secs(300)));
         assert_eq!(config.cache_refresh_interval, Some(Duration::from_secs(10)));
-        assert_eq!(config.tls_min_version, TlsVersion::Tls13);
+        assert_eq!(config.tls_policy, TlsPolicy::default());
     }
 
     #[test]

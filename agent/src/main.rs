@@ -8,11 +8,16 @@ use std::process::ExitCode;
 
 use argocd_agent_agent::app;
 use argocd_agent_agent::config::AgentArgs;
+use argocd_agent_runtime::process_args::TlsPolicyArgs;
 use argocd_agent_runtime::telemetry::init_logging;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = AgentArgs::from_env_and_args();
+    if args.tls_policy.wants_suite_list() {
+        TlsPolicyArgs::print_suite_list();
+        return ExitCode::SUCCESS;
+    }
     let config = match args.validate() {
         Ok(config) => config,
         Err(e) => {

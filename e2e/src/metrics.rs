@@ -2,6 +2,9 @@
 //! with lookups that tell "declared but not counted yet" (0) apart from "not declared at all" (an
 //! error), so a renamed or misspelt metric fails its test instead of reading as 0.
 //!
+//! A labelled family is declared only once it has a sample, so a baseline read before anything
+//! happened uses [`Scrape::baseline`] and the read after it [`Scrape::value`].
+//!
 //! Names are family names as registered (`principal_events_received`) or counter sample names
 //! (`principal_events_received_total`); both find the same samples.
 
@@ -69,6 +72,14 @@ impl Scrape {
             "the process does not declare the metric {name} (misspelt or renamed?)"
         );
         Ok(self.matching(name, labels).sum())
+    }
+
+    /// The current sum of `name`'s samples with `labels`, as the baseline of a later difference:
+    /// 0 while nothing is exposed (prometheus-client declares a labelled family only with its
+    /// first sample). Read the later value with [`Scrape::value`], which fails for a family that
+    /// is still not declared, so a misspelt name fails the test all the same.
+    pub fn baseline(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.matching(name, labels).sum()
     }
 
     /// The sample of `name` with labels including `labels`, if one is exposed.

@@ -163,6 +163,15 @@ async fn certificates_not_yet_valid_or_not_for_client_auth_are_refused() -> anyh
 
 /// A rustls client that offers TLS 1.2 only.
 fn tls12_only_client(pki: &Pki, identity: (&str, &str)) -> anyhow::Result<rustls::ClientConfig> {
+    tls12_client_offering(pki, identity, None)
+}
+
+/// A rustls client that offers TLS 1.2 only and, when `suite` names one, only that cipher suite.
+fn tls12_client_offering(
+    pki: &Pki,
+    identity: (&str, &str),
+    suite: Option<&str>,
+) -> anyhow::Result<rustls::ClientConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let mut roots = rustls::RootCertStore::empty();
@@ -171,12 +180,17 @@ fn tls12_only_client(pki: &Pki, identity: (&str, &str)) -> anyhow::Result<rustls
     }
     let chain = CertificateDer::pem_slice_iter(identity.0.as_bytes()).collect::<Result<_, _>>()?;
     let key = PrivateKeyDer::from_pem_slice(identity.1.as_bytes())?;
-    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS12])?
-    .with_root_certificates(roots)
-    .with_client_auth_cert(chain, key)?;
+    let mut provider = rustls::crypto::ring::default_provider();
+    if let Some(suite) = suite {
+        provider
+            .cipher_suites
+            .retain(|s| format!("{:?}", s.suite()) == suite);
+        anyhow::ensure!(!provider.cipher_suites.is_empty(), "no suite {suite}");
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS12])?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
 }
@@ -214,6 +228,109 @@ async fn tls12_only_client_is_refused_unless_the_principal_allows_tls12() -> any
     .await?;
     let ch = grpc_channel(&lenient.address(), tls12).await?;
     authenticate(ch, "managed").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn tls_max_version_and_cipher_suites_decide_which_clients_and_agents_get_in(
+) -> anyhow::Result<()> {
+    // The PKI's keys are ECDSA P-256: its TLS 1.2 suites are the ECDHE_ECDSA ones.
+    const SUITE: &str = "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384";
+    const OTHER: &str = "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256";
+    let suite_flag = format!("--tls-ciphersuites={SUITE}");
+    let tls12_flags = [
+        "--tls-min-version=tls1.2",
+        "--tls-max-version=tls1.2",
+        &suite_flag,
+    ];
+    let s = LonePrincipal::start("tls_policy", &tls12_flags).await?;
+    let name = s.ctx.unique("tls-agent");
+    s.pki.issue_agent(&name)?;
+    let (c, k) = agent_identity(&s.pki, &name)?;
+    let login = |tls: rustls::ClientConfig| {
+        let address = s.principal.address();
+        async move {
+            match grpc_channel(&address, tls).await {
+                Ok(ch) => authenticate(ch, "managed").await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    let handshake_failures = [("reason", "tls_handshake")];
+    let refused_before = Scrape::of(s.principal.ops_port)
+        .await?
+        .baseline("argocd_principal_auth_failures", &handshake_failures);
+    let tls13 = login(client_tls(&s.pki, Some((&c, &k)), &[b"h2"])?).await;
+    assert!(
+        tls13.is_err(),
+        "a TLS 1.3 client got past --tls-max-version=tls1.2"
+    );
+    let other = login(tls12_client_offering(&s.pki, (&c, &k), Some(OTHER))?).await;
+    assert!(other.is_err(), "a client without {SUITE} was served");
+    assert_eq!(
+        metric(
+            &s.principal,
+            "argocd_principal_auth_failures",
+            &[("reason", "tls_handshake")]
+        )
+        .await?
+            - refused_before,
+        2.0,
+        "both refusals are TLS handshake failures"
+    );
+    login(tls12_client_offering(&s.pki, (&c, &k), Some(SUITE))?)
+        .await
+        .map_err(anyhow::Error::msg)?;
+
+    // Our agent with the same flags connects; with its defaults (TLS 1.3 only) it cannot.
+    let spoke = &shared_planes().await.spokes[0];
+    let namespace = s.ctx.unique("tls-agent-ns");
+    let agent = Agent::start(
+        &name,
+        &s.ctx.dir,
+        spoke,
+        &s.pki,
+        &s.principal.address(),
+        &namespace,
+        &tls12_flags,
+    )
+    .await?;
+    agent.wait_connected().await?;
+    drop(agent);
+    let default_agent = Agent::start(
+        &name,
+        &s.ctx.dir,
+        spoke,
+        &s.pki,
+        &s.principal.address(),
+        &namespace,
+        &[],
+    )
+    .await?;
+    let before = metric(
+        &s.principal,
+        "argocd_principal_auth_failures",
+        &[("reason", "tls_handshake")],
+    )
+    .await?;
+    wait_until(
+        "the TLS 1.3-only agent refused",
+        Duration::from_secs(30),
+        || async {
+            let now = metric(
+                &s.principal,
+                "argocd_principal_auth_failures",
+                &[("reason", "tls_handshake")],
+            )
+            .await?;
+            Ok::<_, anyhow::Error>((now > before).then_some(()))
+        },
+    )
+    .await?;
+    assert!(
+        !e2e::metrics::agent_connected(default_agent.ops_port).await?,
+        "a TLS 1.3-only agent connected to a TLS 1.2-only principal"
+    );
     Ok(())
 }
 

@@ -18,7 +18,7 @@ use argocd_agent_runtime::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
-use argocd_agent_runtime::tls::{expiry, CertificateExpiry, ServerTlsOptions, TlsPolicy};
+use argocd_agent_runtime::tls::{expiry, CertificateExpiry, ServerTlsOptions};
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::CompressionEncoding::Gzip;
@@ -85,9 +85,7 @@ async fn start_live_view(
             ServerTlsOptions::new(&rp.tls.cert, &rp.tls.key)
                 .require_client_certs(&rp.tls.client_ca)
                 .with_alpn(&[b"h2", b"http/1.1"])
-                .with_policy(TlsPolicy {
-                    min_version: config.tls_min_version,
-                }),
+                .with_policy(config.tls_policy.clone()),
         )
         .context("loading the resource proxy's TLS files")?;
         watchers.push(tls.spawn_watcher(TLS_RELOAD_INTERVAL));
@@ -191,9 +189,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         ServerTlsOptions::new(&config.tls.cert, &config.tls.key)
             .require_client_certs(&config.tls.client_ca)
             .with_alpn(&[b"h2"])
-            .with_policy(TlsPolicy {
-                min_version: config.tls_min_version,
-            }),
+            .with_policy(config.tls_policy.clone()),
     )
     .context("loading the gRPC listener's TLS files")?;
     let _tls_watcher = tls.spawn_watcher(TLS_RELOAD_INTERVAL);

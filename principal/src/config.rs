@@ -13,9 +13,9 @@ use std::time::Duration;
 use argocd_agent_proto::identity::IdentitySource;
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, AgentMode, HostPort};
-use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs};
+use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs, TlsPolicyArgs};
 use argocd_agent_runtime::telemetry::LogFormat;
-use argocd_agent_runtime::tls::TlsVersion;
+use argocd_agent_runtime::tls::TlsPolicy;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
@@ -69,15 +69,8 @@ pub struct PrincipalArgs {
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CA", value_name = "PATH")]
     pub tls_ca: PathBuf,
 
-    /// Lowest TLS version accepted on every listener.
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_TLS_MIN_VERSION",
-        default_value = "tls1.3",
-        value_name = "VERSION",
-        value_parser = flags::tls_min_version_parser()
-    )]
-    pub tls_min_version: TlsVersion,
+    #[command(flatten)]
+    pub tls_policy: TlsPolicyArgs,
 
     /// Longest TLS handshake on the gRPC and resource proxy listeners; slower clients are dropped.
     #[arg(
@@ -485,8 +478,8 @@ pub struct PrincipalConfig {
     pub listen_address: SocketAddr,
     /// gRPC listener TLS files.
     pub tls: ServerTlsFiles,
-    /// Lowest TLS version on every listener.
-    pub tls_min_version: TlsVersion,
+    /// TLS versions and cipher suites of every listener.
+    pub tls_policy: TlsPolicy,
     /// Longest TLS handshake.
     pub tls_handshake_timeout: Duration,
     /// Longest wait for a connection's first request (Redis proxy: for a command to complete).
@@ -788,7 +781,7 @@ impl PrincipalArgs {
         Ok(PrincipalConfig {
             listen_address: self.listen_address,
             tls,
-            tls_min_version: self.tls_min_version,
+            tls_policy: self.tls_policy.check(&FLAGS)?,
             tls_handshake_timeout: self.tls_handshake_timeout,
             request_header_timeout: self.request_header_timeout,
             request_body_timeout: self.request_body_timeout,
@@ -908,7 +901,7 @@ mod tests {
         let files = Files::new();
         let config = files.validate(&[]).unwrap();
         assert_eq!(config.listen_address, "0.0.0.0:8443".parse().unwrap());
-        assert_eq!(config.tls_min_version, TlsVersion::Tls13);
+        assert_eq!(config.tls_policy, TlsPolicy::default());
         assert_eq!(config.auth, IdentitySource::CommonName);
         assert_eq!(
             config.allowed_agent_modes,

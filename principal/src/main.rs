@@ -7,11 +7,16 @@ use std::process::ExitCode;
 
 use argocd_agent_principal::app;
 use argocd_agent_principal::config::PrincipalArgs;
+use argocd_agent_runtime::process_args::TlsPolicyArgs;
 use argocd_agent_runtime::telemetry::init_logging;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = PrincipalArgs::from_env_and_args();
+    if args.tls_policy.wants_suite_list() {
+        TlsPolicyArgs::print_suite_list();
+        return ExitCode::SUCCESS;
+    }
     let config = match args.validate() {
         Ok(config) => config,
         Err(e) => {

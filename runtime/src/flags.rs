@@ -111,9 +111,9 @@ pub fn ignore_empty_env(
     })
 }
 
-/// Parser of `--tls-min-version`: upstream's spellings `tls1.3` and `tls1.2`, both listed in
-/// `--help` as the possible values.
-pub fn tls_min_version_parser() -> impl TypedValueParser<Value = TlsVersion> {
+/// Parser of `--tls-min-version` / `--tls-max-version`: upstream's spellings `tls1.3` and
+/// `tls1.2`, both listed in `--help` as the possible values.
+pub fn tls_version_parser() -> impl TypedValueParser<Value = TlsVersion> {
     PossibleValuesParser::new(["tls1.3", "tls1.2"]).try_map(|v| v.parse::<TlsVersion>())
 }
 

@@ -1,9 +1,10 @@
 //! Flags every long-running binary takes with the same meaning, declared once.
 //!
 //! Owns [`ProcessArgs`] (which cluster: `--kubeconfig` / `--kubecontext`; how to log:
-//! `--log-level` / `--log-format`; where to export traces: `--otlp-address`) and
+//! `--log-level` / `--log-format`; where to export traces: `--otlp-address`),
 //! [`RedisCredentialArgs`] (`--redis-username` / `--redis-password` / `--redis-creds-dir-path` for
-//! the Argo CD Redis next to the process), each with its checks. A binary flattens them into its
+//! the Argo CD Redis next to the process) and [`TlsPolicyArgs`] (`--tls-min-version` /
+//! `--tls-max-version` / `--tls-ciphersuites`, upstream's names), each with its checks. A binary flattens them into its
 //! own flags and mirrors them by its own env vars with [`FlagEnv::mirror_env`] (e.g.
 //! `ARGOCD_AGENT_KUBECONFIG`, `ARGOCD_PRINCIPAL_KUBECONFIG`).
 
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 use crate::binary_config::{non_empty, ConfigError, FlagEnv, KubeClientConfig};
 use crate::redis_credentials::{redis_credentials, RedisCredentials, RedisPassword};
 use crate::telemetry::LogFormat;
+use crate::tls::{TlsPolicy, TlsVersion};
 
 /// Cluster, logging and trace flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -101,6 +103,66 @@ impl RedisCredentialArgs {
             self.redis_creds_dir_path.clone(),
             env,
         )
+    }
+}
+
+/// The TLS versions and cipher suites of every listener and dial (see [`crate::tls::policy`]).
+#[derive(clap::Args, Debug, Clone)]
+pub struct TlsPolicyArgs {
+    /// Lowest TLS version accepted.
+    #[arg(
+        long,
+        default_value = "tls1.3",
+        value_name = "VERSION",
+        value_parser = crate::flags::tls_version_parser()
+    )]
+    pub tls_min_version: TlsVersion,
+
+    /// Highest TLS version accepted.
+    #[arg(
+        long,
+        default_value = "tls1.3",
+        value_name = "VERSION",
+        value_parser = crate::flags::tls_version_parser()
+    )]
+    pub tls_max_version: TlsVersion,
+
+    /// Comma-separated cipher suites to offer, by IANA name as Go prints them (e.g.
+    /// TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256); a TLS version none of
+    /// them belongs to keeps all of its suites. `list` prints the available suites and exits
+    /// [default: all].
+    #[arg(long, value_delimiter = ',', value_name = "SUITES")]
+    pub tls_ciphersuites: Vec<String>,
+}
+
+impl TlsPolicyArgs {
+    /// Whether `--tls-ciphersuites list` asks for the available suites instead of a run.
+    pub fn wants_suite_list(&self) -> bool {
+        self.tls_ciphersuites.len() == 1 && self.tls_ciphersuites[0].trim() == "list"
+    }
+
+    /// Prints the available suites, one per line with its TLS version (`--tls-ciphersuites list`).
+    pub fn print_suite_list() {
+        for (name, version) in crate::tls::policy::available_cipher_suites() {
+            println!("{name}\t{version}");
+        }
+    }
+
+    /// Checks the range and the suites.
+    pub fn check(&self, flags: &FlagEnv) -> Result<TlsPolicy, ConfigError> {
+        TlsPolicy::new(
+            self.tls_min_version,
+            self.tls_max_version,
+            &self.tls_ciphersuites,
+        )
+        .map_err(|e| {
+            let flag = if self.tls_min_version > self.tls_max_version {
+                "tls-max-version"
+            } else {
+                "tls-ciphersuites"
+            };
+            flags.invalid(flag, e.to_string())
+        })
     }
 }
 

@@ -8,23 +8,24 @@
 //! [`argocd_agent_proto::identity`]. Key material never appears in errors or logs.
 
 pub mod expiry;
+pub mod policy;
 pub mod reload;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
-use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedProtocolVersion};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 pub use expiry::CertificateExpiry;
+pub use policy::{TlsPolicy, TlsVersion};
 pub use reload::{
     ReloadOutcome, ReloadingClientConfig, ReloadingConfig, ReloadingServerConfig,
     WeakReloadingConfig,
@@ -37,58 +38,6 @@ pub const ALPN_H2: &[u8] = b"h2";
 /// the process-wide default provider never matters.
 pub fn crypto_provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Lowest TLS protocol version a config accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum TlsVersion {
-    /// TLS 1.2 and 1.3.
-    Tls12,
-    /// TLS 1.3 only.
-    #[default]
-    Tls13,
-}
-
-impl FromStr for TlsVersion {
-    type Err = TlsError;
-    /// Accepts upstream's spelling (`tls1.2`, `tls1.3`) and the bare numbers.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "tls1.2" | "1.2" => Ok(Self::Tls12),
-            "tls1.3" | "1.3" => Ok(Self::Tls13),
-            _ => Err(TlsError::UnknownVersion {
-                value: s.to_owned(),
-            }),
-        }
-    }
-}
-
-impl fmt::Display for TlsVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Tls12 => "tls1.2",
-            Self::Tls13 => "tls1.3",
-        })
-    }
-}
-
-/// Protocol policy applied to every config.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct TlsPolicy {
-    /// Lowest accepted protocol version (default TLS 1.3).
-    pub min_version: TlsVersion,
-}
-
-impl TlsPolicy {
-    fn versions(&self) -> &'static [&'static SupportedProtocolVersion] {
-        static TLS13_ONLY: &[&SupportedProtocolVersion] = &[&rustls::version::TLS13];
-        static TLS12_UP: &[&SupportedProtocolVersion] =
-            &[&rustls::version::TLS13, &rustls::version::TLS12];
-        match self.min_version {
-            TlsVersion::Tls13 => TLS13_ONLY,
-            TlsVersion::Tls12 => TLS12_UP,
-        }
-    }
 }
 
 /// Whether a server asks for client certificates.
@@ -178,6 +127,9 @@ pub enum TlsError {
         /// The rejected value.
         value: String,
     },
+    /// The TLS version range or cipher suites cannot work together.
+    #[error("{0}")]
+    Policy(String),
     /// rustls refused the configuration.
     #[error("building TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
@@ -326,9 +278,9 @@ pub fn server_config_from_pem(
     alpn: &[Vec<u8>],
     policy: TlsPolicy,
 ) -> Result<LoadedTls<ServerConfig>, TlsError> {
-    let provider = crypto_provider();
+    let provider = policy.provider();
     let builder = ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(policy.versions())?;
+        .with_protocol_versions(&policy.versions())?;
     let builder = match client_auth {
         ClientAuth::None => builder.with_no_client_auth(),
         ClientAuth::Required | ClientAuth::Optional => {
@@ -365,10 +317,10 @@ pub fn client_config_from_pem(
     alpn: &[Vec<u8>],
     policy: TlsPolicy,
 ) -> Result<LoadedTls<ClientConfig>, TlsError> {
-    let provider = crypto_provider();
+    let provider = policy.provider();
     let roots = parse_ca_bundle(ca)?;
     let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(policy.versions())?
+        .with_protocol_versions(&policy.versions())?
         .with_root_certificates(roots);
     let (mut config, not_after, fingerprint) = match identity {
         None => (builder.with_no_client_auth(), None, None),

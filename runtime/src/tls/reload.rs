@@ -97,7 +97,7 @@ impl TlsFiles for ServerTlsOptions {
             ca,
             self.side.client_auth,
             &self.alpn,
-            self.policy,
+            self.policy.clone(),
         )
     }
 }
@@ -133,7 +133,7 @@ impl TlsFiles for ClientTlsOptions {
             PemInput::new(&ca_origin, files.get(&self.side.ca_path)),
             identity,
             &self.alpn,
-            self.policy,
+            self.policy.clone(),
         )
     }
 }

@@ -385,10 +385,12 @@ fn tls_version_parses_upstream_spelling() {
 #[tokio::test]
 async fn tls12_policy_still_negotiates_tls13_between_our_ends() {
     let pki = Pki::new();
-    let policy = TlsPolicy {
-        min_version: TlsVersion::Tls12,
-    };
-    let server = pki.server_options().with_policy(policy).load().unwrap();
+    let policy = TlsPolicy::versions_between(TlsVersion::Tls12, TlsVersion::Tls13).unwrap();
+    let server = pki
+        .server_options()
+        .with_policy(policy.clone())
+        .load()
+        .unwrap();
     let client = ClientTlsOptions::new(pki.path("ca.crt"))
         .with_client_cert(pki.path("client.crt"), pki.path("client.key"))
         .with_policy(policy)
@@ -396,6 +398,47 @@ async fn tls12_policy_still_negotiates_tls13_between_our_ends() {
         .unwrap();
     let out = handshake(server.config, client.config).await;
     assert!(out.server_ok);
+}
+
+/// A handshake between a server and a client with these policies: whether it worked.
+async fn handshake_under(server: TlsPolicy, client: TlsPolicy) -> bool {
+    let pki = Pki::new();
+    let server = pki.server_options().with_policy(server).load().unwrap();
+    let client = ClientTlsOptions::new(pki.path("ca.crt"))
+        .with_client_cert(pki.path("client.crt"), pki.path("client.key"))
+        .with_policy(client)
+        .load()
+        .unwrap();
+    handshake(server.config, client.config).await.server_ok
+}
+
+#[tokio::test]
+async fn the_max_version_and_the_cipher_suites_decide_who_gets_in() {
+    let tls13 = TlsPolicy::default();
+    let tls12 = TlsPolicy::versions_between(TlsVersion::Tls12, TlsVersion::Tls12).unwrap();
+    assert!(
+        !handshake_under(tls12.clone(), tls13.clone()).await,
+        "a TLS 1.3-only client got past --tls-max-version tls1.2"
+    );
+    assert!(
+        handshake_under(tls12.clone(), tls12).await,
+        "positive control"
+    );
+    let suite = |name: &str| {
+        TlsPolicy::new(TlsVersion::Tls13, TlsVersion::Tls13, &[name.to_string()]).unwrap()
+    };
+    assert!(
+        !handshake_under(
+            suite("TLS_AES_256_GCM_SHA384"),
+            suite("TLS_AES_128_GCM_SHA256")
+        )
+        .await,
+        "a client without any of the server's suites got in"
+    );
+    assert!(
+        handshake_under(suite("TLS_AES_256_GCM_SHA384"), tls13).await,
+        "a client offering every suite agrees on the server's"
+    );
 }
 
 #[tokio::test]
