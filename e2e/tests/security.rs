@@ -334,6 +334,63 @@ async fn tls_max_version_and_cipher_suites_decide_which_clients_and_agents_get_i
     Ok(())
 }
 
+#[tokio::test]
+async fn agent_identity_from_upstreams_uri_regex_names_the_agent_by_its_capture_group(
+) -> anyhow::Result<()> {
+    // Upstream's SPIFFE form: the name is the regex's first capture group, not the CN.
+    let s = LonePrincipal::start(
+        "identity_regex",
+        &["--auth=mtls:uri:spiffe://example\\.org/ns/argocd-agents/sa/([a-z0-9-]+)$"],
+    )
+    .await?;
+    let name = s.ctx.unique("spiffe-agent");
+    let spiffe = format!("spiffe://example.org/ns/argocd-agents/sa/{name}");
+    let (cert, key) = forge_client_cert_shaped(&s.pki, "cn-is-not-the-name", |p| {
+        p.subject_alt_names = vec![rcgen::SanType::URI(spiffe.as_str().try_into().unwrap())];
+        p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    })?;
+    let (cert_file, key_file) = s.pki.agent_files(&name);
+    std::fs::create_dir_all(cert_file.parent().expect("agents dir"))?;
+    std::fs::write(&cert_file, &cert)?;
+    std::fs::write(&key_file, &key)?;
+    // A certificate whose URI does not match is refused with the reason.
+    let (other_cert, other_key) = forge_client_cert_shaped(&s.pki, &name, |p| {
+        p.subject_alt_names = vec![rcgen::SanType::URI(
+            "spiffe://example.org/ns/elsewhere/sa/x".try_into().unwrap(),
+        )];
+        p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    })?;
+    let refused = s.try_authenticate((&other_cert, &other_key)).await;
+    let err = refused.expect_err("a certificate outside the URI pattern was accepted");
+    assert!(err.contains("does not match the agent name regex"), "{err}");
+
+    // Our agent with the SPIFFE certificate serves the hub namespace its URI names.
+    ensure_namespace(&shared_planes().await.hub.client().await?, &name).await?;
+    let spoke = &shared_planes().await.spokes[0];
+    let spoke_ns = s.ctx.unique("spiffe-spoke");
+    let agent = Agent::start(
+        &name,
+        &s.ctx.dir,
+        spoke,
+        &s.pki,
+        &s.principal.address(),
+        &spoke_ns,
+        &[],
+    )
+    .await?;
+    agent.wait_connected().await?;
+    hub_application(&name, "via-spiffe").await?;
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke.client().await?, &spoke_ns, &application_resource());
+    wait_until(
+        "the app on the SPIFFE agent's spoke",
+        Duration::from_secs(30),
+        || async { Ok::<_, kube::Error>(spoke_apps.get_opt("via-spiffe").await?.map(|_| ())) },
+    )
+    .await?;
+    Ok(())
+}
+
 /// JWT claims as the principal issues them.
 fn claims(agent: &str, audience: &str, exp_offset: i64) -> Value {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();

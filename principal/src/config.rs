@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use argocd_agent_proto::identity::IdentitySource;
+use argocd_agent_proto::identity::{IdentityPattern, IdentitySource};
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, AgentMode, HostPort};
 use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs, TlsPolicyArgs};
@@ -415,30 +415,49 @@ impl PrincipalArgs {
     }
 }
 
-/// Parses `--auth`.
+/// Parses `--auth` as upstream does: `mtls:subject:<regex>` / `mtls:uri:<regex>` (the agent name
+/// is the regex's first capture group; upstream's default `CN=([^,]+)` and plain `mtls` read the
+/// common name), the deprecated `mtls:<regex>` (subject), and our `mtls:uri:<prefix>` (a prefix
+/// without a capture group: the name is the URI's last path segment).
 fn parse_auth(value: &str) -> Result<IdentitySource, String> {
+    let pattern = |re: &str| IdentityPattern::new(re).map_err(|e| format!("{value}: {e}"));
     match value {
-        // The last two are upstream's shipped defaults, accepted so existing values keep working.
         "mtls"
         | "mtls:subject"
         | "mtls:subject:CN"
         | "mtls:CN=([^,]+)"
         | "mtls:subject:CN=([^,]+)" => Ok(IdentitySource::CommonName),
-        _ => match value.strip_prefix("mtls:uri:") {
-            Some(prefix) if !prefix.is_empty() => Ok(IdentitySource::UriSan {
-                prefix: prefix.to_string(),
-            }),
-            Some(_) => Err(
-                "the URI prefix is empty; use e.g. mtls:uri:spiffe://example.org/agents/"
+        _ => {
+            if let Some(uri) = value.strip_prefix("mtls:uri:") {
+                if uri.is_empty() {
+                    return Err(
+                        "the URI pattern is empty; use e.g. mtls:uri:spiffe://example.org/agents/(.+)"
+                            .to_string(),
+                    );
+                }
+                return match regex::Regex::new(uri) {
+                    Ok(re) if re.captures_len() > 1 => Ok(IdentitySource::UriRegex(pattern(uri)?)),
+                    _ => Ok(IdentitySource::UriSan {
+                        prefix: uri.to_string(),
+                    }),
+                };
+            }
+            if let Some(subject) = value.strip_prefix("mtls:subject:") {
+                return Ok(IdentitySource::SubjectRegex(pattern(subject)?));
+            }
+            if let Some(re) = value.strip_prefix("mtls:") {
+                if !re.is_empty() {
+                    return Ok(IdentitySource::SubjectRegex(pattern(re)?));
+                }
+            }
+            Err(
+                "use mtls (agent name = subject CN), mtls:subject:<regex> or mtls:uri:<regex> \
+                 (agent name = the regex's first capture group, as upstream), or \
+                 mtls:uri:<prefix> (agent name = last path segment of a URI SAN starting with \
+                 <prefix>); header and userpass auth are not supported"
                     .to_string(),
-            ),
-            None => Err(
-                "use mtls (agent name = subject CN), mtls:subject:CN, or mtls:uri:<prefix> \
-                 (agent name from a URI SAN starting with <prefix>); regular expressions, header \
-                 and userpass auth are not supported"
-                    .to_string(),
-            ),
-        },
+            )
+        }
     }
 }
 
@@ -1049,6 +1068,23 @@ mod tests {
         );
         assert!(parse_auth("mtls:uri:").is_err());
         assert!(parse_auth("userpass:/etc/users").is_err());
+        // Upstream's regex forms: the first capture group names the agent.
+        assert_eq!(
+            parse_auth("mtls:uri:spiffe://example\\.org/sa/(.+)").unwrap(),
+            IdentitySource::UriRegex(
+                IdentityPattern::new("spiffe://example\\.org/sa/(.+)").unwrap()
+            )
+        );
+        assert_eq!(
+            parse_auth("mtls:subject:O=([^,]+)").unwrap(),
+            IdentitySource::SubjectRegex(IdentityPattern::new("O=([^,]+)").unwrap())
+        );
+        assert_eq!(
+            parse_auth("mtls:OU=([^,]+)").unwrap(),
+            IdentitySource::SubjectRegex(IdentityPattern::new("OU=([^,]+)").unwrap())
+        );
+        let err = parse_auth("mtls:subject:CN=.+").unwrap_err();
+        assert!(err.contains("no capture group"), "{err}");
     }
 
     #[test]

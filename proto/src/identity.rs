@@ -2,7 +2,8 @@
 //!
 //! Owns: the DNS-1123 label rule for agent names (upstream requires agent ids to be DNS labels
 //! because the name doubles as the hub namespace), extracting the name from a certificate's
-//! subject CN or from a SPIFFE-style URI SAN, and the certificate fingerprint format used by the
+//! subject CN, from a SPIFFE-style URI SAN, or with upstream's regexes over the subject (as Go
+//! prints it) or the URI SANs, and the certificate fingerprint format used by the
 //! TLS blocklist (SHA-256 over the DER, uppercase hex). It does not decide whether a certificate
 //! is trusted: chain and validity checks happen in the TLS handshake (see the process runtime's `tls` module).
 
@@ -171,7 +172,48 @@ pub enum IdentitySource {
         /// URI prefix the SAN must start with.
         prefix: String,
     },
+    /// Upstream's `mtls:subject:<regex>`: the first capture group of the regex matched against
+    /// the subject DN as Go prints it (`CN=agent1,O=acme`: last RDN first, RFC 2253 escaping).
+    SubjectRegex(IdentityPattern),
+    /// Upstream's `mtls:uri:<regex>`: the first capture group of the first URI SAN the regex
+    /// matches.
+    UriRegex(IdentityPattern),
 }
+
+/// A compiled agent-name pattern with at least one capture group (compared by its text).
+#[derive(Clone, Debug)]
+pub struct IdentityPattern(regex::Regex);
+
+impl IdentityPattern {
+    /// Compiles `pattern`; refused without a capture group (it would name no agent).
+    pub fn new(pattern: &str) -> Result<IdentityPattern, String> {
+        let regex = regex::Regex::new(pattern).map_err(|e| format!("invalid regex: {e}"))?;
+        if regex.captures_len() < 2 {
+            return Err(format!(
+                "the regex {pattern:?} has no capture group: put the agent name in (...)"
+            ));
+        }
+        Ok(IdentityPattern(regex))
+    }
+
+    /// The pattern's text.
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+
+    /// The first capture group of the first match in `text`.
+    fn capture<'t>(&self, text: &'t str) -> Option<&'t str> {
+        self.0.captures(text)?.get(1).map(|m| m.as_str())
+    }
+}
+
+impl PartialEq for IdentityPattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for IdentityPattern {}
 
 /// The identity of a connected agent, derived from its verified client certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -221,6 +263,16 @@ pub enum IdentityError {
         /// The matching URIs.
         found: Vec<String>,
     },
+    /// The agent-name regex does not match.
+    #[error("client certificate {what} {found:?} does not match the agent name regex {pattern:?}")]
+    NoRegexMatch {
+        /// What was matched: the subject, or the URI SANs.
+        what: &'static str,
+        /// The text(s) matched against.
+        found: Vec<String>,
+        /// The regex.
+        pattern: String,
+    },
     /// The extracted value is not a valid agent name.
     #[error("client certificate names an invalid agent: {0}")]
     InvalidName(#[from] AgentNameError),
@@ -238,6 +290,28 @@ impl AgentIdentity {
         let raw_name = match source {
             IdentitySource::CommonName => common_name(&cert)?,
             IdentitySource::UriSan { prefix } => uri_san_name(&cert, prefix)?,
+            IdentitySource::SubjectRegex(pattern) => {
+                let subject = go_subject(&cert);
+                pattern
+                    .capture(&subject)
+                    .map(str::to_owned)
+                    .ok_or_else(|| IdentityError::NoRegexMatch {
+                        what: "subject",
+                        found: vec![subject.clone()],
+                        pattern: pattern.as_str().to_owned(),
+                    })?
+            }
+            IdentitySource::UriRegex(pattern) => {
+                let uris = uri_sans(&cert)?;
+                uris.iter()
+                    .find_map(|u| pattern.capture(u))
+                    .map(str::to_owned)
+                    .ok_or_else(|| IdentityError::NoRegexMatch {
+                        what: "URI SANs",
+                        found: uris.clone(),
+                        pattern: pattern.as_str().to_owned(),
+                    })?
+            }
         };
         let name = AgentName::new(raw_name)?;
         let not_after = DateTime::<Utc>::from_timestamp(cert.validity().not_after.timestamp(), 0)
@@ -309,6 +383,78 @@ fn uri_san_name(cert: &X509Certificate<'_>, prefix: &str) -> Result<String, Iden
     }
 }
 
+/// The subject DN as Go's `pkix.Name.String()` prints it, which upstream's subject regexes are
+/// written against: attributes Go does not parse into fields first (as `OID=#<DER hex>`), then C,
+/// ST, L, STREET, POSTALCODE, O, OU (each one RDN, several values joined by `+`), the last CN and
+/// the last SERIALNUMBER; printed last RDN first, joined by `,`, values escaped as RFC 2253.
+fn go_subject(cert: &X509Certificate<'_>) -> String {
+    use x509_parser::der_parser::asn1_rs::ToDer;
+    const FIELDS: [(&str, &str); 7] = [
+        ("2.5.4.6", "C"),
+        ("2.5.4.8", "ST"),
+        ("2.5.4.7", "L"),
+        ("2.5.4.9", "STREET"),
+        ("2.5.4.17", "POSTALCODE"),
+        ("2.5.4.10", "O"),
+        ("2.5.4.11", "OU"),
+    ];
+    const CN: &str = "2.5.4.3";
+    const SERIAL: &str = "2.5.4.5";
+    let attributes: Vec<(String, Option<&str>, Vec<u8>)> = cert
+        .subject()
+        .iter()
+        .flat_map(|rdn| rdn.iter())
+        .map(|atv| {
+            let der = atv.attr_value().to_der_vec().unwrap_or_default();
+            (atv.attr_type().to_id_string(), atv.as_str().ok(), der)
+        })
+        .collect();
+    let escape = |value: &str| {
+        let last = value.chars().count().saturating_sub(1);
+        let mut out = String::with_capacity(value.len());
+        for (i, c) in value.chars().enumerate() {
+            let escaped = match c {
+                ',' | '+' | '"' | '\\' | '<' | '>' | ';' => true,
+                ' ' => i == 0 || i == last,
+                '#' => i == 0,
+                _ => false,
+            };
+            if escaped {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out
+    };
+    let mut rdns: Vec<String> = attributes
+        .iter()
+        .filter(|(oid, ..)| !FIELDS.iter().any(|(o, _)| o == oid) && oid != CN && oid != SERIAL)
+        .map(|(oid, _, der)| format!("{oid}=#{}", hex::encode(der)))
+        .collect();
+    for (oid, name) in FIELDS {
+        let values: Vec<String> = attributes
+            .iter()
+            .filter(|(o, ..)| o == oid)
+            .filter_map(|(_, v, _)| v.map(|v| format!("{name}={}", escape(v))))
+            .collect();
+        if !values.is_empty() {
+            rdns.push(values.join("+"));
+        }
+    }
+    for (oid, name) in [(CN, "CN"), (SERIAL, "SERIALNUMBER")] {
+        if let Some(v) = attributes
+            .iter()
+            .filter(|(o, ..)| o == oid)
+            .filter_map(|(_, v, _)| *v)
+            .next_back()
+        {
+            rdns.push(format!("{name}={}", escape(v)));
+        }
+    }
+    rdns.reverse();
+    rdns.join(",")
+}
+
 /// SHA-256 fingerprint of a DER certificate as uppercase hex, the format upstream's TLS
 /// blocklist ConfigMap uses for its keys.
 pub fn cert_fingerprint(der: &[u8]) -> String {
@@ -333,6 +479,95 @@ mod tests {
             .collect();
         let key = KeyPair::generate().unwrap();
         params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    fn cert_with_subject(dn_parts: &[(DnType, &str)], uris: &[&str]) -> Vec<u8> {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        for (t, v) in dn_parts {
+            dn.push(t.clone(), *v);
+        }
+        params.distinguished_name = dn;
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| SanType::URI((*u).try_into().unwrap()))
+            .collect();
+        let key = KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    fn subject_of(der: &[u8]) -> String {
+        go_subject(&X509Certificate::from_der(der).unwrap().1)
+    }
+
+    #[test]
+    fn the_subject_is_printed_as_go_prints_it() {
+        let der = cert_with_subject(
+            &[
+                (DnType::CommonName, "agent1"),
+                (DnType::OrganizationName, "acme, inc"),
+                (DnType::CountryName, "DE"),
+                (DnType::OrganizationalUnitName, " fleet"),
+            ],
+            &[],
+        );
+        // Go: C, O, OU, then CN, printed last first; ',' and a leading space escaped.
+        assert_eq!(subject_of(&der), "CN=agent1,OU=\\ fleet,O=acme\\, inc,C=DE");
+    }
+
+    #[test]
+    fn upstreams_subject_and_uri_regexes_name_the_agent_by_their_first_group() {
+        let der = cert_with_subject(
+            &[
+                (DnType::OrganizationName, "acme"),
+                (DnType::CommonName, "agent1"),
+            ],
+            &["spiffe://example.org/ns/argocd-agent/sa/spoke-7"],
+        );
+        let subject = |re: &str| {
+            AgentIdentity::from_cert_der(
+                &der,
+                &IdentitySource::SubjectRegex(IdentityPattern::new(re).unwrap()),
+            )
+        };
+        assert_eq!(subject("CN=([^,]+)").unwrap().name.as_str(), "agent1");
+        assert_eq!(subject("^CN=[^,]+,O=(.+)$").unwrap().name.as_str(), "acme");
+        let err = subject("OU=([^,]+)").unwrap_err();
+        assert!(
+            matches!(&err, IdentityError::NoRegexMatch { found, .. } if found == &["CN=agent1,O=acme"]),
+            "{err}"
+        );
+        let uri = |re: &str| {
+            AgentIdentity::from_cert_der(
+                &der,
+                &IdentitySource::UriRegex(IdentityPattern::new(re).unwrap()),
+            )
+        };
+        assert_eq!(
+            uri("spiffe://example\\.org/ns/argocd-agent/sa/(.+)")
+                .unwrap()
+                .name
+                .as_str(),
+            "spoke-7"
+        );
+        assert!(matches!(
+            uri("spiffe://other/(.+)").unwrap_err(),
+            IdentityError::NoRegexMatch {
+                what: "URI SANs",
+                ..
+            }
+        ));
+        // A group naming something that is not a DNS label is still refused.
+        assert!(matches!(
+            subject("(CN=[^,]+)").unwrap_err(),
+            IdentityError::InvalidName(_)
+        ));
+        assert!(IdentityPattern::new("CN=.+")
+            .unwrap_err()
+            .contains("no capture group"));
+        assert!(IdentityPattern::new("CN=(")
+            .unwrap_err()
+            .contains("invalid regex"));
     }
 
     #[test]
