@@ -24,8 +24,10 @@ use argocd_agent_operator::gitops::agent_work::{
     agent_role_rules, AGENT_DEPLOYMENT, AGENT_PARAMS_CONFIGMAP, AGENT_WORK_NAME,
 };
 use argocd_agent_operator::gitops::crd::GitOpsCluster;
+use argocd_agent_operator::pki::jwt::inspect_jwt_key;
 use argocd_agent_operator::pki::secrets::{
-    AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET, PRINCIPAL_TLS_SECRET, TLS_CERT_KEY, TLS_KEY_KEY,
+    AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET, JWT_KEY_KEY, JWT_SECRET, PRINCIPAL_TLS_SECRET,
+    TLS_CERT_KEY, TLS_KEY_KEY,
 };
 use argocd_agent_runtime::dial::{connect_tls, TlsTarget};
 use e2e::gateway::{
@@ -44,8 +46,10 @@ use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
 /// A join takes a few seconds (CSR round trip, first health check); generous for a loaded
@@ -243,12 +247,27 @@ impl Site {
                         "principalServerPort": grpc_port.to_string(),
                         "agentNamespace": self.agent_ns,
                         "agentKeyInManifestWork": true,
+                        // Upstream's field: delivered in its own ManifestWork, the principal
+                        // endpoint set in the ArgoCD CR.
+                        "argoCDCRManifestWork": {"manifests": [
+                            {"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": self.cr_configmap(), "namespace": "default"},
+                             "data": {"from": "argoCDCRManifestWork"}},
+                            {"apiVersion": "argoproj.io/v1beta1", "kind": "ArgoCD",
+                             "metadata": {"name": self.cr_configmap(), "namespace": "default"},
+                             "spec": {"argoCDAgent": {"agent": {"enabled": true}}}}
+                        ]},
                     },
                 },
             }))?,
         )
         .await?;
         Ok(())
+    }
+
+    /// The ConfigMap the GitOpsCluster's `argoCDCRManifestWork` carries.
+    fn cr_configmap(&self) -> String {
+        format!("{}-cr", self.cluster)
     }
 
     fn klusterlet_options(&self, lease_duration_seconds: Option<u32>) -> KlusterletOptions {
@@ -373,6 +392,8 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
     let hub = planes.hub.client().await?;
     let spoke_client = spoke.client().await?;
     let started = Instant::now();
+
+    register_argocd_operator_kind(&spoke_client).await?;
 
     // The spoke joins through the registration flow.
     let klusterlet = Klusterlet::start_with(
@@ -503,6 +524,88 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
     )
     .await?;
 
+    // Upstream's GitOpsCluster contract: its condition types, all True once onboarded; the JWT
+    // signing key Secret created; `argoCDCRManifestWork` in its own ManifestWork with the
+    // principal endpoint injected, applied by the real work agent.
+    let cr_work_name = format!("argocd-agent-cr-{}-sites", site.gitops_ns);
+    let cr_work = wait_until("the ArgoCD CR ManifestWork", REACT_WAIT, || async {
+        site.works(&hub).get_opt(&cr_work_name).await
+    })
+    .await?;
+    assert_eq!(
+        cr_work.data["spec"]["workload"]["manifests"][1]["spec"]["argoCDAgent"]["agent"]["client"],
+        json!({"principalServerAddress": "127.0.0.1",
+               "principalServerPort": operator.principal.grpc_port.to_string()}),
+        "the principal endpoint is injected into the ArgoCD CR"
+    );
+    let default_cms: Api<ConfigMap> = Api::namespaced(spoke_client.clone(), "default");
+    let argocd_crs: Api<DynamicObject> = Api::namespaced_with(
+        spoke_client.clone(),
+        "default",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("argoproj.io", "v1beta1", "ArgoCD"),
+            "argocds",
+        ),
+    );
+    let spoke_cr = wait_until(
+        "the work agent to apply the argoCDCRManifestWork ConfigMap and ArgoCD CR",
+        REACT_WAIT,
+        || async {
+            let cm = default_cms.get_opt(&site.cr_configmap()).await?;
+            let cr = argocd_crs.get_opt(&site.cr_configmap()).await?;
+            Ok::<_, kube::Error>(cm.and(cr))
+        },
+    )
+    .await?;
+    assert_eq!(
+        spoke_cr.data["spec"]["argoCDAgent"]["agent"]["client"]["principalServerAddress"],
+        "127.0.0.1"
+    );
+    let upstream_types = [
+        "RBACReady",
+        "ServerDiscovered",
+        "JWTSecretReady",
+        "CACertificateReady",
+        "PrincipalCertificateReady",
+        "ResourceProxyCertificateReady",
+        "PlacementTolerationConfigured",
+        "AddOnTemplateReady",
+        "PlacementEvaluated",
+        "ClustersImported",
+        "ManifestWorkCreated",
+        "AddonConfigured",
+        "ArgoCDCRDelivered",
+    ];
+    let goc = gocs.get("sites").await?;
+    let conditions = goc.status.clone().unwrap_or_default().conditions;
+    for type_ in upstream_types {
+        let c = conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap_or_else(|| panic!("no upstream condition {type_}: {conditions:?}"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "Success"),
+            "{c:?}"
+        );
+    }
+    let server = conditions.iter().find(|c| c.type_ == "ServerDiscovered");
+    assert_eq!(
+        server.map(|c| c.message.clone()),
+        Some(format!(
+            "Server at 127.0.0.1:{}",
+            operator.principal.grpc_port
+        ))
+    );
+    let jwt = hub_secrets.get(JWT_SECRET).await?;
+    let key = jwt
+        .data
+        .as_ref()
+        .and_then(|d| d.get(JWT_KEY_KEY))
+        .map(|k| String::from_utf8_lossy(&k.0).to_string())
+        .unwrap_or_default();
+    inspect_jwt_key(&key)?;
+
     // The applied Deployment runs as a kubelet would run it, with its ServiceAccount's token.
     let kubelet = PodRunner::new(spoke, &ctx.dir, Image::ours()?).await?;
     let pods = kubelet
@@ -627,6 +730,18 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
                     "spoke Deployment",
                     deployments.get_opt(AGENT_DEPLOYMENT).await?.is_some(),
                 ),
+                (
+                    "ArgoCD CR ManifestWork",
+                    works.get_opt(&cr_work_name).await?.is_some(),
+                ),
+                (
+                    "its ConfigMap on the spoke",
+                    default_cms.get_opt(&site.cr_configmap()).await?.is_some(),
+                ),
+                (
+                    "its ArgoCD CR on the spoke",
+                    argocd_crs.get_opt(&site.cr_configmap()).await?.is_some(),
+                ),
             ];
             remaining(&left)
         },
@@ -634,6 +749,41 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
     .await?;
     logs.passed();
     Ok(())
+}
+
+/// The Argo CD operator's `ArgoCD` kind (argoproj.io/v1beta1), as its installer would register
+/// it, with an open schema: no Argo CD operator runs here, but the CRs an `argoCDCRManifestWork`
+/// carries must be storable on the spoke for the work agent to apply (and later delete) them.
+async fn register_argocd_operator_kind(spoke: &kube::Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(spoke.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "argocds.argoproj.io"},
+        "spec": {"group": "argoproj.io", "scope": "Namespaced",
+                 "names": {"kind": "ArgoCD", "listKind": "ArgoCDList", "plural": "argocds", "singular": "argocd"},
+                 "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))?;
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    wait_until(
+        "CRD argocds.argoproj.io Established",
+        REACT_WAIT,
+        || async {
+            let crd = crds.get("argocds.argoproj.io").await?;
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok::<_, kube::Error>(established.then_some(()))
+        },
+    )
+    .await
 }
 
 /// `Ok(Some(()))` when nothing of `left` (name, still there) is left, else an error naming what
@@ -693,6 +843,7 @@ async fn unreachable_site_stays_onboarded_and_deselected_site_is_offboarded() ->
     let spoke = &planes.spokes[1];
     let hub = planes.hub.client().await?;
     let spoke_client = spoke.client().await?;
+    register_argocd_operator_kind(&spoke_client).await?;
 
     // A 1 s lease: the hub declares the cluster unreachable 5 lease periods after its last renewal.
     let mut klusterlet = Klusterlet::start_with(
@@ -806,8 +957,36 @@ async fn unreachable_site_stays_onboarded_and_deselected_site_is_offboarded() ->
                     "spoke Deployment",
                     deployments.get_opt(AGENT_DEPLOYMENT).await?.is_some(),
                 ),
+                (
+                    "ArgoCD CR ManifestWork",
+                    works
+                        .get_opt(&format!("argocd-agent-cr-{}-sites", site.gitops_ns))
+                        .await?
+                        .is_some(),
+                ),
             ];
             remaining(&left)
+        },
+    )
+    .await?;
+    // Upstream's record of the removal on the GitOpsCluster.
+    let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &site.gitops_ns);
+    wait_until(
+        "condition RemovedClustersCleanedUp on the GitOpsCluster",
+        REACT_WAIT,
+        || async {
+            let goc = gocs.get("sites").await?;
+            let cleaned = goc
+                .status
+                .unwrap_or_default()
+                .conditions
+                .into_iter()
+                .find(|c| {
+                    c.type_ == "RemovedClustersCleanedUp"
+                        && c.status == "True"
+                        && c.message == "Cleaned up 1 removed cluster(s)"
+                });
+            Ok::<_, kube::Error>(cleaned)
         },
     )
     .await?;
