@@ -2,10 +2,10 @@
 //! ManifestWork in the target cluster's namespace, with the current payload.
 //!
 //! Owns creating and updating ManifestWorks (server-side apply, field manager
-//! [`PROPAGATION_MANAGER`]), clearing the hub Application's `.operation` once it has reached the
-//! spoke (as upstream does, so the next payload no longer asks for it; unlike upstream, only
-//! after the work agent reported the work carrying it as applied, so a sync requested while the
-//! cluster is offline is not lost), and the `PullModelSpecError` condition
+//! [`PROPAGATION_MANAGER`]), clearing the hub Application's `.operation` once it has run on the
+//! spoke (as upstream clears it, but only when [`super::operation`] says it ran, so it is neither
+//! lost while the cluster is offline nor withdrawn while running), and the `PullModelSpecError`
+//! condition
 //! that tells the user why nothing was propagated (label without cluster annotation, unknown
 //! ManagedCluster, cluster without namespace). Deleting ManifestWorks is [`cleanup`](super::cleanup)'s.
 //!
@@ -32,9 +32,9 @@ use super::application::{
     CLUSTER_ANNOTATION, SPEC_ERROR_CONDITION,
 };
 use super::manifestwork::{
-    applied_at_current_generation, build_manifest_work, hub_application_of, work_is_current,
-    BuildError, ManifestWork,
+    build_manifest_work, hub_application_of, work_is_current, BuildError, ManifestWork,
 };
+use super::operation::{baseline_for, operation_ran, requested, OPERATION_BASELINE_ANNOTATION};
 use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
 
@@ -145,13 +145,6 @@ impl Context {
     }
 }
 
-/// True when `app` asks for an operation that `work` (already current for `app`) carried to the
-/// spoke: the work agent applied the generation holding it.
-fn operation_delivered(app: &Application, current_work: Option<&ManifestWork>) -> bool {
-    app.operation.as_ref().is_some_and(|o| o.is_object())
-        && current_work.is_some_and(applied_at_current_generation)
-}
-
 async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, PropagationError> {
     let has_spec_error = conditions(&app)
         .iter()
@@ -191,17 +184,26 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
         }
         return Ok(Action::await_change());
     }
-    let work = build_manifest_work(&app, &target)?;
+    let mut work = build_manifest_work(&app, &target)?;
     let work_name = work.name_any();
     let existing = ctx
         .works
         .get(&ObjectRef::new(&work_name).within(&target.cluster));
-    let current = existing.filter(|w| work_is_current(w, &work));
-    if operation_delivered(&app, current.as_deref()) {
+    if operation_ran(&app, existing.as_deref()) {
         // The next reconciliation (this patch's watch event) builds the payload without it.
         ctx.clear_operation(&app).await?;
+        return Ok(Action::await_change());
     }
-    if current.is_none() {
+    if let Some(operation) = requested(&app) {
+        work.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                OPERATION_BASELINE_ANNOTATION.to_owned(),
+                baseline_for(operation, existing.as_deref()),
+            );
+    }
+    if !existing.is_some_and(|w| work_is_current(&w, &work)) {
         let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &target.cluster);
         let params = PatchParams::apply(PROPAGATION_MANAGER).force();
         match works.patch(&work_name, &params, &Patch::Apply(&work)).await {
@@ -341,35 +343,6 @@ mod tests {
         )
         .with_code(404);
         assert!(!is_missing_namespace(&kube::Error::Api(crd.boxed())));
-    }
-
-    #[test]
-    fn operation_is_delivered_once_the_work_carrying_it_is_applied() {
-        let app: Application = serde_json::from_value(serde_json::json!({
-            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-            "metadata": {"name": "guestbook", "namespace": "apps", "uid": "3f2a9c1e",
-                "labels": {crate::pull::application::PULL_LABEL: "true"},
-                "annotations": {CLUSTER_ANNOTATION: "cluster1"}},
-            "spec": {"destination": {"namespace": "guestbook"}},
-            "operation": {"sync": {"revision": "HEAD"}}
-        }))
-        .unwrap();
-        let target = pull_intent(&app.metadata).target().cloned().unwrap();
-        let mut work = build_manifest_work(&app, &target).unwrap();
-        work.metadata.generation = Some(1);
-        assert!(!operation_delivered(&app, None), "no work yet");
-        assert!(!operation_delivered(&app, Some(&work)), "not applied yet");
-        work.status = serde_json::from_value(serde_json::json!({"conditions": [
-            {"type": "Applied", "status": "True", "observedGeneration": 1}
-        ]}))
-        .unwrap();
-        assert!(operation_delivered(&app, Some(&work)));
-        let mut without = app.clone();
-        without.operation = None;
-        assert!(
-            !operation_delivered(&without, Some(&work)),
-            "nothing to clear"
-        );
     }
 
     #[test]
