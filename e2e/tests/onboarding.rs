@@ -13,9 +13,16 @@
 //! it and the operator keeps its ManifestWork and cluster secret; the restarted klusterlet
 //! re-applies the work. A cluster taken out of the placement on purpose is offboarded.
 //!
+//! Upstream's GitOpsCluster contract: its condition types and reasons, the JWT signing key Secret
+//! created, `argoCDCRManifestWork` delivered in its own ManifestWork with the principal endpoint
+//! injected (applied by the real work agent), `RemovedClustersCleanedUp` after a removal, and a
+//! GitOpsCluster without an endpoint getting the principal's NodePort written back.
+//!
 //! The tests write only what users write: Placements, bindings, GitOpsClusters, Argo CD objects on
-//! the hub, ManagedCluster labels. One principal serves every test of this binary: a second
-//! embedded operator on the same hub would reconcile the same GitOpsClusters.
+//! the hub, ManagedCluster labels, a Service, and the CRD of the Argo CD operator's `ArgoCD` kind
+//! (as its installer would). The one exception says so in its name: a Node object, since the
+//! planes run no kubelet. One principal serves every test of this binary: a second embedded
+//! operator on the same hub would reconcile the same GitOpsClusters.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -44,7 +51,7 @@ use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::process::{print_log_tail, temp_dir};
 use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -999,6 +1006,101 @@ async fn unreachable_site_stays_onboarded_and_deselected_site_is_offboarded() ->
         "offboarding must leave the agent namespace {} in place",
         site.agent_ns
     );
+    logs.passed();
+    Ok(())
+}
+
+/// Server discovery as upstream: a GitOpsCluster without `principalServerAddress`/`Port`, the
+/// principal exposed by a `NodePort` Service. The real kube-apiserver allocates the node port;
+/// the Node (InternalIP 127.0.0.1) is registered by the test because the planes run no kubelet.
+#[tokio::test]
+async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_with_the_node_registered_by_the_test_since_no_kubelet_runs(
+) -> anyhow::Result<()> {
+    let (planes, ocm, operator) = planes_and_hubs().await;
+    let logs = FailureLogs::new(ocm, operator);
+    let ctx = TestContext::new("discovery")?;
+    let hub = planes.hub.client().await?;
+    let node_name = ctx.unique("node");
+    let nodes: Api<Node> = Api::all(hub.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": node_name},
+                "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
+            }))?,
+        )
+        .await?;
+    let services: Api<Service> = Api::namespaced(hub.clone(), PRINCIPAL_NS);
+    let service = services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "argocd-agent-principal"},
+                "spec": {"type": "NodePort", "selector": {"app": "argocd-agent-principal"},
+                         "ports": [{"name": "metrics", "port": 8000},
+                                   {"name": "https", "port": 443, "targetPort": 8443}]},
+            }))?,
+        )
+        .await?;
+    let node_port = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|ports| ports.iter().find(|p| p.name.as_deref() == Some("https")))
+        .and_then(|p| p.node_port)
+        .expect("the apiserver allocates a node port");
+
+    let ns = ctx.unique("gitops");
+    create_label_placement(&hub, &ns, "nobody", (TEST_LABEL, &ctx.unique("none"))).await?;
+    let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns);
+    gocs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "apps.open-cluster-management.io/v1alpha1",
+            "kind": "GitOpsCluster",
+            "metadata": {"name": "discovered", "namespace": ns},
+            "spec": {"placementRef": {"kind": "Placement", "name": "nobody"},
+                     "argoCDAgentAddon": {"mode": "managed"}},
+        }))?,
+    )
+    .await?;
+    let written = wait_until(
+        "the discovered endpoint written into the GitOpsCluster's spec",
+        REACT_WAIT,
+        || async {
+            let goc = gocs.get("discovered").await?;
+            let addon = &goc.spec.argocd_agent_addon;
+            let done = addon.principal_server_address.as_deref() == Some("127.0.0.1")
+                && addon.principal_server_port.as_deref() == Some(&*node_port.to_string());
+            Ok::<_, kube::Error>(done.then_some(goc))
+        },
+    )
+    .await;
+    // Clean up before judging: the Service and Node would change discovery for other tests.
+    services
+        .delete("argocd-agent-principal", &DeleteParams::default())
+        .await?;
+    nodes.delete(&node_name, &DeleteParams::default()).await?;
+    written?;
+    wait_until(
+        "ServerDiscovered True and PlacementEvaluated NoClusters",
+        REACT_WAIT,
+        || async {
+            let goc = gocs.get("discovered").await?;
+            let conditions = goc.status.unwrap_or_default().conditions;
+            let has = |type_: &str, status: &str, reason: &str| {
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+            };
+            let done = has("ServerDiscovered", "True", "Success")
+                && has("PlacementEvaluated", "True", "NoClusters");
+            Ok::<_, kube::Error>(done.then_some(()))
+        },
+    )
+    .await?;
+    gocs.delete("discovered", &DeleteParams::default()).await?;
     logs.passed();
     Ok(())
 }
