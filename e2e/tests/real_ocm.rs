@@ -719,12 +719,20 @@ async fn sync_requested_on_the_hub_runs_exactly_once_on_the_spoke_across_a_work_
         "exactly one sync ran: {}",
         synced["status"]["history"]
     );
-    let work = serde_json::to_value(works.get(&work_name).await?)?;
-    assert!(
-        work.pointer("/spec/workload/manifests/0/operation")
-            .is_none(),
-        "the payload no longer asks for the operation"
-    );
+    // Cleared on the hub, the operation leaves the payload with the next work the controller
+    // writes.
+    let work = wait_until(
+        "the work's payload without the operation",
+        REACT_WAIT,
+        || async {
+            let work = serde_json::to_value(works.get(&work_name).await?)?;
+            let gone = work
+                .pointer("/spec/workload/manifests/0/operation")
+                .is_none();
+            Ok::<_, anyhow::Error>(gone.then_some(work))
+        },
+    )
+    .await?;
     assert_eq!(
         work.pointer("/spec/manifestConfigs/0/updateStrategy/serverSideApply/ignoreFields"),
         Some(&json!([{"condition": "OnSpokeChange", "jsonPaths": [".operation"]}])),
