@@ -2,10 +2,12 @@
 //! decisions are global (a cluster selected by two GitOpsClusters goes to the oldest; anything the
 //! operator created that no GitOpsCluster wants any more is removed).
 //!
-//! A pass: finalizers → placements → cluster assignment → PKI (CA, principal and resource-proxy
-//! certificates) → per cluster: Argo CD cluster secret and agent ManifestWork (certificates reused
-//! while current, reissued when not) → offboarding of what is no longer selected → add-on CSRs →
-//! status. Writes happen only when content differs, so a pass over a converged fleet is read-only.
+//! A pass: finalizers → placements → cluster assignment → PKI (CA) → principal endpoint
+//! (discovered, written back into specs that lack it) → JWT signing key Secret → principal and
+//! resource-proxy certificates → per cluster: Argo CD cluster secret, agent ManifestWork
+//! (certificates reused while current, reissued when not) and the `argoCDCRManifestWork` work →
+//! offboarding of what is no longer selected → add-on CSRs → status (this operator's conditions
+//! and upstream's). Writes happen only when content differs, so a pass over a converged fleet is read-only.
 //! A GitOpsCluster whose placement cannot be resolved or whose spec is invalid keeps its existing
 //! clusters untouched (a typo must not offboard a fleet) and says why in its status.
 
