@@ -13,9 +13,16 @@
 //! it and the operator keeps its ManifestWork and cluster secret; the restarted klusterlet
 //! re-applies the work. A cluster taken out of the placement on purpose is offboarded.
 //!
+//! Upstream's GitOpsCluster contract: its condition types and reasons, the JWT signing key Secret
+//! created, `argoCDCRManifestWork` delivered in its own ManifestWork with the principal endpoint
+//! injected (applied by the real work agent), `RemovedClustersCleanedUp` after a removal, and a
+//! GitOpsCluster without an endpoint getting the principal's NodePort written back.
+//!
 //! The tests write only what users write: Placements, bindings, GitOpsClusters, Argo CD objects on
-//! the hub, ManagedCluster labels. One principal serves every test of this binary: a second
-//! embedded operator on the same hub would reconcile the same GitOpsClusters.
+//! the hub, ManagedCluster labels, a Service, and the CRD of the Argo CD operator's `ArgoCD` kind
+//! (as its installer would). The one exception says so in its name: a Node object, since the
+//! planes run no kubelet. One principal serves every test of this binary: a second embedded
+//! operator on the same hub would reconcile the same GitOpsClusters.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -24,8 +31,10 @@ use argocd_agent_operator::gitops::agent_work::{
     agent_role_rules, AGENT_DEPLOYMENT, AGENT_PARAMS_CONFIGMAP, AGENT_WORK_NAME,
 };
 use argocd_agent_operator::gitops::crd::GitOpsCluster;
+use argocd_agent_operator::pki::jwt::inspect_jwt_key;
 use argocd_agent_operator::pki::secrets::{
-    AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET, PRINCIPAL_TLS_SECRET, TLS_CERT_KEY, TLS_KEY_KEY,
+    AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET, JWT_KEY_KEY, JWT_SECRET, PRINCIPAL_TLS_SECRET,
+    TLS_CERT_KEY, TLS_KEY_KEY,
 };
 use argocd_agent_runtime::dial::{connect_tls, TlsTarget};
 use e2e::gateway::{
@@ -41,10 +50,12 @@ use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::process::{print_log_tail, temp_dir};
 use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
 /// A join takes a few seconds (CSR round trip, first health check); generous for a loaded
@@ -242,12 +253,27 @@ impl Site {
                         "principalServerPort": grpc_port.to_string(),
                         "agentNamespace": self.agent_ns,
                         "agentKeyInManifestWork": true,
+                        // Upstream's field: delivered in its own ManifestWork, the principal
+                        // endpoint set in the ArgoCD CR.
+                        "argoCDCRManifestWork": {"manifests": [
+                            {"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": self.cr_configmap(), "namespace": "default"},
+                             "data": {"from": "argoCDCRManifestWork"}},
+                            {"apiVersion": "argoproj.io/v1beta1", "kind": "ArgoCD",
+                             "metadata": {"name": self.cr_configmap(), "namespace": "default"},
+                             "spec": {"argoCDAgent": {"agent": {"enabled": true}}}}
+                        ]},
                     },
                 },
             }))?,
         )
         .await?;
         Ok(())
+    }
+
+    /// The ConfigMap the GitOpsCluster's `argoCDCRManifestWork` carries.
+    fn cr_configmap(&self) -> String {
+        format!("{}-cr", self.cluster)
     }
 
     fn klusterlet_options(&self, lease_duration_seconds: Option<u32>) -> KlusterletOptions {
@@ -372,6 +398,8 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
     let hub = planes.hub.client().await?;
     let spoke_client = spoke.client().await?;
     let started = Instant::now();
+
+    register_argocd_operator_kind(&spoke_client).await?;
 
     // The spoke joins through the registration flow.
     let klusterlet = Klusterlet::start_with(
@@ -502,6 +530,88 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
     )
     .await?;
 
+    // Upstream's GitOpsCluster contract: its condition types, all True once onboarded; the JWT
+    // signing key Secret created; `argoCDCRManifestWork` in its own ManifestWork with the
+    // principal endpoint injected, applied by the real work agent.
+    let cr_work_name = format!("argocd-agent-cr-{}-sites", site.gitops_ns);
+    let cr_work = wait_until("the ArgoCD CR ManifestWork", REACT_WAIT, || async {
+        site.works(&hub).get_opt(&cr_work_name).await
+    })
+    .await?;
+    assert_eq!(
+        cr_work.data["spec"]["workload"]["manifests"][1]["spec"]["argoCDAgent"]["agent"]["client"],
+        json!({"principalServerAddress": "127.0.0.1",
+               "principalServerPort": operator.principal.grpc_port.to_string()}),
+        "the principal endpoint is injected into the ArgoCD CR"
+    );
+    let default_cms: Api<ConfigMap> = Api::namespaced(spoke_client.clone(), "default");
+    let argocd_crs: Api<DynamicObject> = Api::namespaced_with(
+        spoke_client.clone(),
+        "default",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("argoproj.io", "v1beta1", "ArgoCD"),
+            "argocds",
+        ),
+    );
+    let spoke_cr = wait_until(
+        "the work agent to apply the argoCDCRManifestWork ConfigMap and ArgoCD CR",
+        REACT_WAIT,
+        || async {
+            let cm = default_cms.get_opt(&site.cr_configmap()).await?;
+            let cr = argocd_crs.get_opt(&site.cr_configmap()).await?;
+            Ok::<_, kube::Error>(cm.and(cr))
+        },
+    )
+    .await?;
+    assert_eq!(
+        spoke_cr.data["spec"]["argoCDAgent"]["agent"]["client"]["principalServerAddress"],
+        "127.0.0.1"
+    );
+    let upstream_types = [
+        "RBACReady",
+        "ServerDiscovered",
+        "JWTSecretReady",
+        "CACertificateReady",
+        "PrincipalCertificateReady",
+        "ResourceProxyCertificateReady",
+        "PlacementTolerationConfigured",
+        "AddOnTemplateReady",
+        "PlacementEvaluated",
+        "ClustersImported",
+        "ManifestWorkCreated",
+        "AddonConfigured",
+        "ArgoCDCRDelivered",
+    ];
+    let goc = gocs.get("sites").await?;
+    let conditions = goc.status.clone().unwrap_or_default().conditions;
+    for type_ in upstream_types {
+        let c = conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap_or_else(|| panic!("no upstream condition {type_}: {conditions:?}"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "Success"),
+            "{c:?}"
+        );
+    }
+    let server = conditions.iter().find(|c| c.type_ == "ServerDiscovered");
+    assert_eq!(
+        server.map(|c| c.message.clone()),
+        Some(format!(
+            "Server at 127.0.0.1:{}",
+            operator.principal.grpc_port
+        ))
+    );
+    let jwt = hub_secrets.get(JWT_SECRET).await?;
+    let key = jwt
+        .data
+        .as_ref()
+        .and_then(|d| d.get(JWT_KEY_KEY))
+        .map(|k| String::from_utf8_lossy(&k.0).to_string())
+        .unwrap_or_default();
+    inspect_jwt_key(&key)?;
+
     // The applied Deployment runs as a kubelet would run it, with its ServiceAccount's token.
     let kubelet = PodRunner::new(spoke, &ctx.dir, Image::ours()?).await?;
     let pods = kubelet
@@ -626,6 +736,18 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
                     "spoke Deployment",
                     deployments.get_opt(AGENT_DEPLOYMENT).await?.is_some(),
                 ),
+                (
+                    "ArgoCD CR ManifestWork",
+                    works.get_opt(&cr_work_name).await?.is_some(),
+                ),
+                (
+                    "its ConfigMap on the spoke",
+                    default_cms.get_opt(&site.cr_configmap()).await?.is_some(),
+                ),
+                (
+                    "its ArgoCD CR on the spoke",
+                    argocd_crs.get_opt(&site.cr_configmap()).await?.is_some(),
+                ),
             ];
             remaining(&left)
         },
@@ -633,6 +755,41 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
     .await?;
     logs.passed();
     Ok(())
+}
+
+/// The Argo CD operator's `ArgoCD` kind (argoproj.io/v1beta1), as its installer would register
+/// it, with an open schema: no Argo CD operator runs here, but the CRs an `argoCDCRManifestWork`
+/// carries must be storable on the spoke for the work agent to apply (and later delete) them.
+async fn register_argocd_operator_kind(spoke: &kube::Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(spoke.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "argocds.argoproj.io"},
+        "spec": {"group": "argoproj.io", "scope": "Namespaced",
+                 "names": {"kind": "ArgoCD", "listKind": "ArgoCDList", "plural": "argocds", "singular": "argocd"},
+                 "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))?;
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    wait_until(
+        "CRD argocds.argoproj.io Established",
+        REACT_WAIT,
+        || async {
+            let crd = crds.get("argocds.argoproj.io").await?;
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok::<_, kube::Error>(established.then_some(()))
+        },
+    )
+    .await
 }
 
 /// `Ok(Some(()))` when nothing of `left` (name, still there) is left, else an error naming what
@@ -692,6 +849,7 @@ async fn unreachable_site_stays_onboarded_and_deselected_site_is_offboarded() ->
     let spoke = &planes.spokes[1];
     let hub = planes.hub.client().await?;
     let spoke_client = spoke.client().await?;
+    register_argocd_operator_kind(&spoke_client).await?;
 
     // A 1 s lease: the hub declares the cluster unreachable 5 lease periods after its last renewal.
     let mut klusterlet = Klusterlet::start_with(
@@ -805,8 +963,36 @@ async fn unreachable_site_stays_onboarded_and_deselected_site_is_offboarded() ->
                     "spoke Deployment",
                     deployments.get_opt(AGENT_DEPLOYMENT).await?.is_some(),
                 ),
+                (
+                    "ArgoCD CR ManifestWork",
+                    works
+                        .get_opt(&format!("argocd-agent-cr-{}-sites", site.gitops_ns))
+                        .await?
+                        .is_some(),
+                ),
             ];
             remaining(&left)
+        },
+    )
+    .await?;
+    // Upstream's record of the removal on the GitOpsCluster.
+    let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &site.gitops_ns);
+    wait_until(
+        "condition RemovedClustersCleanedUp on the GitOpsCluster",
+        REACT_WAIT,
+        || async {
+            let goc = gocs.get("sites").await?;
+            let cleaned = goc
+                .status
+                .unwrap_or_default()
+                .conditions
+                .into_iter()
+                .find(|c| {
+                    c.type_ == "RemovedClustersCleanedUp"
+                        && c.status == "True"
+                        && c.message == "Cleaned up 1 removed cluster(s)"
+                });
+            Ok::<_, kube::Error>(cleaned)
         },
     )
     .await?;
@@ -819,6 +1005,101 @@ async fn unreachable_site_stays_onboarded_and_deselected_site_is_offboarded() ->
         "offboarding must leave the agent namespace {} in place",
         site.agent_ns
     );
+    logs.passed();
+    Ok(())
+}
+
+/// Server discovery as upstream: a GitOpsCluster without `principalServerAddress`/`Port`, the
+/// principal exposed by a `NodePort` Service. The real kube-apiserver allocates the node port;
+/// the Node (InternalIP 127.0.0.1) is registered by the test because the planes run no kubelet.
+#[tokio::test]
+async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_with_the_node_registered_by_the_test_since_no_kubelet_runs(
+) -> anyhow::Result<()> {
+    let (planes, ocm, operator) = planes_and_hubs().await;
+    let logs = FailureLogs::new(ocm, operator);
+    let ctx = TestContext::new("discovery")?;
+    let hub = planes.hub.client().await?;
+    let node_name = ctx.unique("node");
+    let nodes: Api<Node> = Api::all(hub.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": node_name},
+                "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
+            }))?,
+        )
+        .await?;
+    let services: Api<Service> = Api::namespaced(hub.clone(), PRINCIPAL_NS);
+    let service = services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "argocd-agent-principal"},
+                "spec": {"type": "NodePort", "selector": {"app": "argocd-agent-principal"},
+                         "ports": [{"name": "metrics", "port": 8000},
+                                   {"name": "https", "port": 443, "targetPort": 8443}]},
+            }))?,
+        )
+        .await?;
+    let node_port = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|ports| ports.iter().find(|p| p.name.as_deref() == Some("https")))
+        .and_then(|p| p.node_port)
+        .expect("the apiserver allocates a node port");
+
+    let ns = ctx.unique("gitops");
+    create_label_placement(&hub, &ns, "nobody", (TEST_LABEL, &ctx.unique("none"))).await?;
+    let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns);
+    gocs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "apps.open-cluster-management.io/v1alpha1",
+            "kind": "GitOpsCluster",
+            "metadata": {"name": "discovered", "namespace": ns},
+            "spec": {"placementRef": {"kind": "Placement", "name": "nobody"},
+                     "argoCDAgentAddon": {"mode": "managed"}},
+        }))?,
+    )
+    .await?;
+    let written = wait_until(
+        "the discovered endpoint written into the GitOpsCluster's spec",
+        REACT_WAIT,
+        || async {
+            let goc = gocs.get("discovered").await?;
+            let addon = &goc.spec.argocd_agent_addon;
+            let done = addon.principal_server_address.as_deref() == Some("127.0.0.1")
+                && addon.principal_server_port.as_deref() == Some(&*node_port.to_string());
+            Ok::<_, kube::Error>(done.then_some(goc))
+        },
+    )
+    .await;
+    // Clean up before judging: the Service and Node would change discovery for other tests.
+    services
+        .delete("argocd-agent-principal", &DeleteParams::default())
+        .await?;
+    nodes.delete(&node_name, &DeleteParams::default()).await?;
+    written?;
+    wait_until(
+        "ServerDiscovered True and PlacementEvaluated NoClusters",
+        REACT_WAIT,
+        || async {
+            let goc = gocs.get("discovered").await?;
+            let conditions = goc.status.unwrap_or_default().conditions;
+            let has = |type_: &str, status: &str, reason: &str| {
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+            };
+            let done = has("ServerDiscovered", "True", "Success")
+                && has("PlacementEvaluated", "True", "NoClusters");
+            Ok::<_, kube::Error>(done.then_some(()))
+        },
+    )
+    .await?;
+    gocs.delete("discovered", &DeleteParams::default()).await?;
     logs.passed();
     Ok(())
 }

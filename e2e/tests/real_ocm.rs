@@ -6,9 +6,10 @@
 //! is back. Then the operator's pull model with all of it real: a hub Application opted into the
 //! pull model (controllers of `e2e::pull_model`) is applied on a spoke by the work agent, synced
 //! there by real Argo CD from the local Git server, and its status comes back to the hub through
-//! the work agent's feedback. Tests write only what a user writes (Placements, bindings,
-//! ManifestWorks, Applications, a pre-created ManagedCluster's spec); every status, decision,
-//! namespace and taint checked here is OCM's or Argo CD's.
+//! the work agent's feedback, and a sync requested on the hub runs exactly once there. Tests write
+//! only what a user writes (Placements, bindings, ManifestWorks, Applications, an operation, a
+//! pre-created ManagedCluster's spec); every status, decision, namespace and taint checked here is
+//! OCM's or Argo CD's.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -614,6 +615,190 @@ async fn pulled_application_is_applied_by_the_real_work_agent_synced_by_real_arg
     )
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    logs.passed();
+    Ok(())
+}
+
+/// `status.history` of an Application as JSON: one entry per sync Argo CD completed.
+fn sync_history(app: &Value) -> Vec<Value> {
+    app.pointer("/status/history")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn sync_requested_on_the_hub_runs_exactly_once_on_the_spoke_across_a_work_agent_reapply(
+) -> anyhow::Result<()> {
+    let (planes, ocm_hub) = ocm().await;
+    e2e::pull_model::start_controllers(planes).await?;
+    let mut logs = FailureLogs::new(ocm_hub);
+    let ctx = TestContext::new("ocm-pull-once")?;
+    let cluster = ctx.unique("once");
+    let spoke = &planes.spokes[0];
+    let hub = planes.hub.client().await?;
+    let spoke_client = spoke.client().await?;
+    let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
+    logs.watch(&klusterlet);
+    let (spoke_ns, dest, hub_ns) = (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("apps"));
+    let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
+    ensure_namespace(&spoke_client, &dest).await?;
+    ensure_namespace(&hub, &hub_ns).await?;
+    let git = GitServer::start(&ctx.unique("git"))?;
+    git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
+    wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
+    let argocd_logs = || argocd.log_tails(20);
+
+    // A hub Application without automated sync: only the operation the test requests syncs it.
+    let mut app = pulled_demo_application(&hub_ns, &git.url("apps"), &cluster, &spoke_ns, &dest);
+    app.data["spec"]["syncPolicy"] = json!({"syncOptions": ["PrunePropagationPolicy=background"]});
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &hub_ns, &application_resource());
+    let created = hub_apps.create(&PostParams::default(), &app).await?;
+    let work_name = manifest_work_name("demo", created.metadata.uid.as_deref().unwrap_or_default());
+    let works: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &cluster, &manifest_work_resource());
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke_client.clone(), &spoke_ns, &application_resource());
+    let spoke_app = || async {
+        Ok::<_, anyhow::Error>(match spoke_apps.get_opt("demo").await? {
+            Some(a) => Some(serde_json::to_value(a)?),
+            None => None,
+        })
+    };
+    wait_until(
+        "the spoke's Argo CD to compare the pulled Application (OutOfSync, nothing synced)",
+        SYNC_WAIT,
+        || async {
+            Ok::<_, anyhow::Error>(
+                spoke_app()
+                    .await?
+                    .filter(|a| sync_state(a).0 == "OutOfSync"),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+
+    // The user requests a sync on the hub, as `argocd app sync` does: it reaches the spoke
+    // through the work, runs there, and the hub Application's `.operation` is cleared.
+    let operation = json!({
+        "initiatedBy": {"username": "e2e"},
+        "sync": {"revision": "main", "syncOptions": ["PrunePropagationPolicy=background"]},
+        "retry": {"limit": 5, "backoff": {"duration": "2s", "factor": 2, "maxDuration": "20s"}}
+    });
+    hub_apps
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"operation": operation})),
+        )
+        .await?;
+    wait_greeting(spoke, &dest, "v1")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    let synced = wait_until(
+        "one completed sync on the spoke and the operation cleared on the hub",
+        SYNC_WAIT,
+        || async {
+            let hub_app = serde_json::to_value(hub_apps.get("demo").await?)?;
+            let Some(spoke) = spoke_app().await? else {
+                return Ok(None);
+            };
+            let done = hub_app.get("operation").is_none()
+                && spoke.get("operation").is_none()
+                && spoke.pointer("/status/operationState/phase") == Some(&json!("Succeeded"));
+            Ok::<_, anyhow::Error>(done.then_some(spoke))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    assert_eq!(
+        sync_history(&synced).len(),
+        1,
+        "exactly one sync ran: {}",
+        synced["status"]["history"]
+    );
+    // Cleared on the hub, the operation leaves the payload with the next work the controller
+    // writes.
+    let work = wait_until(
+        "the work's payload without the operation",
+        REACT_WAIT,
+        || async {
+            let work = serde_json::to_value(works.get(&work_name).await?)?;
+            let gone = work
+                .pointer("/spec/workload/manifests/0/operation")
+                .is_none();
+            Ok::<_, anyhow::Error>(gone.then_some(work))
+        },
+    )
+    .await?;
+    assert_eq!(
+        work.pointer("/spec/manifestConfigs/0/updateStrategy/serverSideApply/ignoreFields"),
+        Some(&json!([{"condition": "OnSpokeChange", "jsonPaths": [".operation"]}])),
+    );
+
+    // A hub change makes the work agent apply the payload again. Had the payload kept the
+    // operation, that same apply would have put `.operation` back on the spoke Application and
+    // Argo CD would have synced a second time (a second history entry once done).
+    hub_apps
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"e2e/reapplied": "yes"}}})),
+        )
+        .await?;
+    let reapplied = wait_until(
+        "the work agent to apply the changed payload on the spoke",
+        REACT_WAIT,
+        || async {
+            Ok::<_, anyhow::Error>(spoke_app().await?.filter(|a| {
+                a.pointer("/metadata/annotations/e2e~1reapplied") == Some(&json!("yes"))
+            }))
+        },
+    )
+    .await?;
+    assert!(
+        reapplied.get("operation").is_none(),
+        "the re-apply requested the operation again: {}",
+        reapplied["operation"]
+    );
+    assert_eq!(
+        sync_history(&reapplied),
+        sync_history(&synced),
+        "no second sync ran"
+    );
+    assert_eq!(
+        operation_started_at(&reapplied),
+        operation_started_at(&synced),
+        "the last operation is still the hub's one"
+    );
+
+    // The hub shows the spoke's sync, with upstream's feedback fields.
+    let revision = synced
+        .pointer("/status/sync/revision")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    assert!(!revision.is_empty(), "the spoke synced a revision");
+    wait_until(
+        "the spoke's operation phase, start and revision on the hub Application",
+        REACT_WAIT,
+        || async {
+            let app = serde_json::to_value(hub_apps.get("demo").await?)?;
+            let done = app.pointer("/status/operationState/phase") == Some(&json!("Succeeded"))
+                && operation_started_at(&app) == operation_started_at(&synced)
+                && app.pointer("/status/sync/revision") == Some(&json!(revision));
+            Ok::<_, anyhow::Error>(done.then_some(()))
+        },
+    )
+    .await?;
+
+    hub_apps.delete("demo", &DeleteParams::default()).await?;
+    wait_until("hub Application gone", SYNC_WAIT, || async {
+        Ok::<_, kube::Error>(hub_apps.get_opt("demo").await?.is_none().then_some(()))
+    })
+    .await?;
     logs.passed();
     Ok(())
 }

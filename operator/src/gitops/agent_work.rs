@@ -98,8 +98,6 @@ pub struct AgentDeployment<'a> {
     pub ca_pem: &'a str,
     /// Client certificate and key to ship (opt-in fallback); `None`: the key stays on the spoke.
     pub client_tls: Option<&'a IssuedCert>,
-    /// Extra manifests from `argoCDCRManifestWork`.
-    pub extra_manifests: &'a [Value],
 }
 
 fn host_port(host: &str, port: u16) -> String {
@@ -205,7 +203,6 @@ pub fn agent_manifests(d: &AgentDeployment<'_>) -> Vec<Value> {
                 }
             }
         }}));
-    out.extend(d.extra_manifests.iter().cloned());
     out
 }
 
@@ -356,7 +353,6 @@ mod tests {
             principal_port: 8443,
             ca_pem: ca,
             client_tls: tls,
-            extra_manifests: &[],
         }
     }
 

@@ -12,10 +12,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
-use kube::api::Api;
 
 use crate::pki::secrets::{
     ca_from_secret, secret_text, tls_secret, SecretStore, CA_CERT_KEY, CA_SECRET,
@@ -260,25 +259,6 @@ fn split_sans(sans: &[String]) -> (Vec<String>, Vec<IpAddr>) {
         .filter_map(|s| s.strip_prefix("IP:").and_then(|ip| ip.parse().ok()))
         .collect();
     (dns, ips)
-}
-
-/// The principal Service's LoadBalancer ingress addresses (IP or hostname), if any.
-pub async fn discover_principal_addresses(
-    client: &kube::Client,
-    namespace: &str,
-) -> Result<Vec<String>, kube::Error> {
-    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
-    Ok(services
-        .get_opt(PRINCIPAL_SERVICE)
-        .await?
-        .and_then(|s| s.status)
-        .and_then(|s| s.load_balancer)
-        .and_then(|lb| lb.ingress)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|i| i.ip.or(i.hostname))
-        .filter(|a| !a.is_empty())
-        .collect())
 }
 
 /// What [`ensure_server_cert`] did.

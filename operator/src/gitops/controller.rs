@@ -2,10 +2,12 @@
 //! decisions are global (a cluster selected by two GitOpsClusters goes to the oldest; anything the
 //! operator created that no GitOpsCluster wants any more is removed).
 //!
-//! A pass: finalizers → placements → cluster assignment → PKI (CA, principal and resource-proxy
-//! certificates) → per cluster: Argo CD cluster secret and agent ManifestWork (certificates reused
-//! while current, reissued when not) → offboarding of what is no longer selected → add-on CSRs →
-//! status. Writes happen only when content differs, so a pass over a converged fleet is read-only.
+//! A pass: finalizers → placements → cluster assignment → PKI (CA) → principal endpoint
+//! (discovered, written back into specs that lack it) → JWT signing key Secret → principal and
+//! resource-proxy certificates → per cluster: Argo CD cluster secret, agent ManifestWork
+//! (certificates reused while current, reissued when not) and the `argoCDCRManifestWork` work →
+//! offboarding of what is no longer selected → add-on CSRs → status (this operator's conditions
+//! and upstream's). Writes happen only when content differs, so a pass over a converged fleet is read-only.
 //! A GitOpsCluster whose placement cannot be resolved or whose spec is invalid keeps its existing
 //! clusters untouched (a typo must not offboard a fleet) and says why in its status.
 
@@ -22,25 +24,28 @@ use serde_json::{json, Value};
 
 use super::agent_work::{
     agent_readiness, build_agent_manifest_work, embedded_client_tls, hub_labels, AgentDeployment,
-    CLUSTER_NAME_LABEL, MANAGED_BY_LABEL, MANAGED_BY_OPERATOR, OWNER_ANNOTATION,
+    AGENT_WORK_NAME, CLUSTER_NAME_LABEL, MANAGED_BY_LABEL, MANAGED_BY_OPERATOR, OWNER_ANNOTATION,
 };
+use super::argocd_cr::{build_cr_work, cr_work_name, validate, CrDelivery};
 use super::certs::{
-    discover_principal_addresses, ensure_ca, ensure_server_cert, reissue_reason, server_sans,
-    CaProblem, PRINCIPAL_SERVICE, RESOURCE_PROXY_SERVICE,
+    ensure_ca, ensure_server_cert, reissue_reason, server_sans, CaProblem, PRINCIPAL_SERVICE,
+    RESOURCE_PROXY_SERVICE,
 };
 use super::crd::*;
 use super::csr::process_csrs;
 use super::placement::{assign_clusters, goc_key, resolve, PlacementError};
+use super::server_discovery::{discover_principal_endpoint, endpoint_for, write_back};
+use super::upstream_conditions::{upstream_conditions, PassFacts};
 use super::{OperatorError, OperatorOptions, FINALIZER};
-use crate::pki::secrets::{SecretStore, PRINCIPAL_TLS_SECRET, RESOURCE_PROXY_TLS_SECRET};
+use crate::pki::jwt::{generate_jwt_signing_key, JwtKeyAlgorithm};
+use crate::pki::secrets::{
+    jwt_secret, SecretStore, JWT_SECRET, PRINCIPAL_TLS_SECRET, RESOURCE_PROXY_TLS_SECRET,
+};
 use crate::pki::{inspect, CertificateAuthority, IssuedCert};
 use crate::pull::manifestwork::{work_is_current, ManifestWork};
 use crate::registration::{
     build_cluster_secret, cluster_secret_name, resource_proxy_server_url, ClusterTlsMaterial,
 };
-
-/// Principal port when neither the spec nor discovery gives one (the principal Service's port).
-const DEFAULT_PRINCIPAL_PORT: u16 = 443;
 
 fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> OperatorError {
     let action = action.into();
@@ -178,19 +183,49 @@ pub async fn reconcile_all(
             }
         });
     }
-    let discovered = discover_principal_addresses(client, &opts.namespace)
+    let discovered = discover_principal_endpoint(client, &opts.namespace)
         .await
         .map_err(kube_err(format!(
-            "reading service {}/{PRINCIPAL_SERVICE}",
+            "discovering the principal endpoint from service {}/{PRINCIPAL_SERVICE}",
             opts.namespace
         )))?;
+    let flag_address = opts.principal_address.as_deref();
+    let endpoints: BTreeMap<String, Result<(String, u16), String>> = live
+        .iter()
+        .map(|g| {
+            let endpoint = endpoint_for(g, flag_address, opts.principal_port, &discovered);
+            (goc_key(g), endpoint)
+        })
+        .collect();
+    // As upstream, what discovery found is recorded in the GitOpsCluster's spec.
+    for goc in &live {
+        if let Some(patch) = write_back(goc, flag_address, opts.principal_port, &discovered) {
+            let api: Api<GitOpsCluster> =
+                Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
+            api.patch(
+                &goc.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(kube_err(format!(
+                "writing the discovered principal endpoint into GitOpsCluster {}",
+                goc_key(goc)
+            )))?;
+            tracing::info!(gitopscluster = %goc_key(goc), %patch, "discovered principal endpoint written into the spec");
+        }
+    }
+    let jwt = if live.is_empty() {
+        None
+    } else {
+        Some(ensure_jwt_secret(&store).await)
+    };
     if let Some(Ok(ca)) = &ca_state {
-        let mut hosts: Vec<String> = live
-            .iter()
-            .filter_map(|g| g.spec.argocd_agent_addon.principal_server_address.clone())
+        let mut hosts: Vec<String> = endpoints
+            .values()
+            .filter_map(|e| e.as_ref().ok().map(|(host, _)| host.clone()))
             .collect();
-        hosts.extend(opts.principal_address.iter().cloned());
-        hosts.extend(discovered.iter().cloned());
+        hosts.extend(discovered.iter().map(|d| d.address.clone()));
         let principal = ensure_server_cert(
             &store,
             ca,
@@ -219,6 +254,18 @@ pub async fn reconcile_all(
             proxy.not_after.to_rfc3339()
         );
     }
+
+    // `argoCDCRManifestWork`, validated once per GitOpsCluster (as upstream: an invalid one is
+    // reported and not delivered).
+    let cr_manifests: BTreeMap<String, Option<Result<Vec<Value>, String>>> = live
+        .iter()
+        .map(|g| {
+            let cr = g.spec.argocd_agent_addon.argocd_cr_manifest_work.as_ref();
+            let checked = cr.map(|m| validate(&m.manifests).map(|()| m.manifests.clone()));
+            (goc_key(g), checked)
+        })
+        .collect();
+    let mut wanted_cr_works: BTreeSet<(String, String)> = BTreeSet::new();
 
     // Per cluster.
     let mut outcomes: BTreeMap<String, ClusterOutcome> = BTreeMap::new();
@@ -290,49 +337,19 @@ pub async fn reconcile_all(
             continue;
         };
         let addon = &goc.spec.argocd_agent_addon;
-        let principal_address = addon
-            .principal_server_address
-            .clone()
-            .filter(|a| !a.is_empty())
-            .or_else(|| opts.principal_address.clone())
-            .or_else(|| discovered.first().cloned());
-        let Some(principal_address) = principal_address else {
-            fail(&mut status, format!(
-                "principal address unknown: set spec.argoCDAgentAddon.principalServerAddress (or the principal's --operator-principal-address) or give service {}/{PRINCIPAL_SERVICE} a LoadBalancer ingress",
-                opts.namespace
-            ));
-            outcomes.insert(
-                cluster.clone(),
-                ClusterOutcome {
-                    status,
-                    registered: false,
-                    deployed: false,
-                },
-            );
-            continue;
-        };
-        let principal_port = match addon
-            .principal_server_port
-            .as_deref()
-            .filter(|p| !p.is_empty())
-        {
-            None => opts.principal_port.unwrap_or(DEFAULT_PRINCIPAL_PORT),
-            Some(p) => {
-                match p.parse::<u16>() {
-                    Ok(port) if port > 0 => port,
-                    _ => {
-                        fail(&mut status, format!("spec.argoCDAgentAddon.principalServerPort {p:?} is not a port number"));
-                        outcomes.insert(
-                            cluster.clone(),
-                            ClusterOutcome {
-                                status,
-                                registered: false,
-                                deployed: false,
-                            },
-                        );
-                        continue;
-                    }
-                }
+        let (principal_address, principal_port) = match &endpoints[owner_key] {
+            Ok(endpoint) => endpoint.clone(),
+            Err(why) => {
+                fail(&mut status, why.clone());
+                outcomes.insert(
+                    cluster.clone(),
+                    ClusterOutcome {
+                        status,
+                        registered: false,
+                        deployed: false,
+                    },
+                );
+                continue;
             }
         };
         let now = Utc::now();
@@ -395,9 +412,9 @@ pub async fn reconcile_all(
         }
 
         // Agent ManifestWork.
-        let existing_work = works
-            .iter()
-            .find(|w| w.namespace().as_deref() == Some(cluster.as_str()));
+        let existing_work = works.iter().find(|w| {
+            w.namespace().as_deref() == Some(cluster.as_str()) && w.name_any() == AGENT_WORK_NAME
+        });
         let client_tls: Option<IssuedCert> = if goc.agent_key_in_manifest_work() {
             let current = existing_work.and_then(embedded_client_tls);
             match reissue_reason(
@@ -422,11 +439,6 @@ pub async fn reconcile_all(
             .clone()
             .filter(|i| !i.is_empty())
             .unwrap_or_else(|| opts.agent_image.clone());
-        let extra: Vec<Value> = addon
-            .argocd_cr_manifest_work
-            .as_ref()
-            .map(|m| m.manifests.clone())
-            .unwrap_or_default();
         let desired_work = build_agent_manifest_work(&AgentDeployment {
             cluster,
             owner: owner_key,
@@ -437,7 +449,6 @@ pub async fn reconcile_all(
             principal_port,
             ca_pem: ca.cert_pem(),
             client_tls: client_tls.as_ref(),
-            extra_manifests: &extra,
         });
         if existing_work.is_none_or(|w| !work_is_current(w, &desired_work)) {
             let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);
@@ -453,6 +464,28 @@ pub async fn reconcile_all(
                 super::agent_work::AGENT_WORK_NAME
             )))?;
             tracing::info!(cluster = %cluster, mode = goc.mode(), "agent ManifestWork written");
+        }
+        if let Some(Ok(manifests)) = &cr_manifests[owner_key] {
+            let name = cr_work_name(&goc.namespace().unwrap_or_default(), &goc.name_any());
+            let desired = build_cr_work(&CrDelivery {
+                cluster,
+                owner: owner_key,
+                name: &name,
+                manifests,
+                principal_address: &principal_address,
+                principal_port,
+            });
+            let existing = works.iter().find(|w| {
+                w.namespace().as_deref() == Some(cluster.as_str()) && w.name_any() == name
+            });
+            if existing.is_none_or(|w| !work_is_current(w, &desired)) {
+                let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);
+                upsert(&api, &name, desired, existing.map(|w| &w.metadata))
+                    .await
+                    .map_err(kube_err(format!("writing ManifestWork {cluster}/{name}")))?;
+                tracing::info!(cluster = %cluster, work = %name, "ArgoCD CR ManifestWork written");
+            }
+            wanted_cr_works.insert((cluster.clone(), name));
         }
         let readiness = existing_work.map(agent_readiness).unwrap_or_default();
         status.agent_ready = readiness.ready;
@@ -485,9 +518,14 @@ pub async fn reconcile_all(
         outcomes.get(cluster).is_some_and(|o| o.registered)
             || owner.is_some_and(|o| frozen.contains(o))
     };
+    let mut removed: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for work in &works {
         let cluster = work.namespace().unwrap_or_default();
-        if keep(&cluster, work.annotations().get(OWNER_ANNOTATION)) {
+        let owner = work.annotations().get(OWNER_ANNOTATION);
+        let wanted = work.name_any() == AGENT_WORK_NAME
+            || wanted_cr_works.contains(&(cluster.clone(), work.name_any()));
+        let frozen_owner = owner.is_some_and(|o| frozen.contains(o));
+        if frozen_owner || (wanted && keep(&cluster, owner)) {
             continue;
         }
         let api: Api<ManifestWork> = Api::namespaced(client.clone(), &cluster);
@@ -497,8 +535,16 @@ pub async fn reconcile_all(
                 "deleting ManifestWork {cluster}/{}",
                 work.name_any()
             )))?;
-        tracing::info!(cluster = %cluster, "agent ManifestWork removed (offboarded)");
-        summary.offboarded.insert(cluster);
+        tracing::info!(cluster = %cluster, work = %work.name_any(), "ManifestWork removed");
+        if work.name_any() == AGENT_WORK_NAME {
+            if let Some(owner) = owner {
+                removed
+                    .entry(owner.clone())
+                    .or_default()
+                    .insert(cluster.clone());
+            }
+            summary.offboarded.insert(cluster);
+        }
     }
     for secret in &cluster_secrets {
         let cluster = secret
@@ -578,7 +624,39 @@ pub async fn reconcile_all(
     // Status.
     for goc in &live {
         let key = goc_key(goc);
-        let status = goc_status(
+        let owned: Vec<&ClusterOutcome> = assignment
+            .iter()
+            .filter(|(_, owner)| **owner == key)
+            .filter_map(|(cluster, _)| outcomes.get(cluster))
+            .collect();
+        let failures: Vec<String> = owned
+            .iter()
+            .filter(|o| !o.registered)
+            .map(|o| o.status.name.clone())
+            .collect();
+        let ca_ok = ca_state
+            .as_ref()
+            .map(|c| c.as_ref().map(|_| ()).map_err(Clone::clone));
+        let facts = PassFacts {
+            server: Some(endpoints[&key].clone()),
+            jwt: jwt.clone(),
+            server_certs: ca_ok.as_ref().and_then(|c| c.is_ok().then_some(Ok(()))),
+            ca: ca_ok,
+            placement: Some(
+                selections[&key]
+                    .as_ref()
+                    .map(BTreeSet::len)
+                    .map_err(|(_, message)| message.clone()),
+            ),
+            import_failures: failures.clone(),
+            work_failures: failures,
+            owned_clusters: owned.len(),
+            argocd_cr: cr_manifests[&key]
+                .as_ref()
+                .map(|c| c.as_ref().map(|_| ()).map_err(Clone::clone)),
+            removed_clusters: removed.get(&key).map_or(0, BTreeSet::len),
+        };
+        let mut status = goc_status(
             goc,
             &key,
             &selections[&key],
@@ -587,9 +665,42 @@ pub async fn reconcile_all(
             ca_state.as_ref(),
             &server_cert_message,
         );
+        let generation = goc.metadata.generation;
+        status
+            .conditions
+            .extend(upstream_conditions(&facts).into_iter().map(|c| Condition {
+                type_: c.type_.to_owned(),
+                status: c.status.to_owned(),
+                reason: c.reason.to_owned(),
+                message: c.message,
+                observed_generation: generation,
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+            }));
         write_status(client, goc, status).await?;
     }
     Ok(summary)
+}
+
+/// Creates the principal's JWT signing key Secret when missing (as upstream; an ES256 key, which
+/// the principal reads as well as upstream's RSA-4096 and generates in microseconds). An existing
+/// Secret is never replaced: sessions signed with it stay valid.
+async fn ensure_jwt_secret(store: &SecretStore) -> Result<(), String> {
+    let ns = store.namespace().to_owned();
+    if store
+        .get(JWT_SECRET)
+        .await
+        .map_err(|e| e.to_string())?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let key = generate_jwt_signing_key(JwtKeyAlgorithm::Es256).map_err(|e| e.to_string())?;
+    store
+        .write(&jwt_secret(&ns, &key), false)
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(secret = %format!("{ns}/{JWT_SECRET}"), "JWT signing key Secret created");
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -746,6 +857,13 @@ async fn write_status(
     mut status: GitOpsClusterStatus,
 ) -> Result<(), OperatorError> {
     let old = goc.status.clone().unwrap_or_default();
+    // Like upstream, the record of the last removal stays until the next one replaces it.
+    let removal = super::upstream_conditions::REMOVED_CLUSTERS_CLEANED_UP;
+    if !status.conditions.iter().any(|c| c.type_ == removal) {
+        if let Some(prev) = old.conditions.iter().find(|c| c.type_ == removal) {
+            status.conditions.push(prev.clone());
+        }
+    }
     for c in &mut status.conditions {
         if let Some(prev) = old.conditions.iter().find(|p| p.type_ == c.type_) {
             if prev.status == c.status {

@@ -5,7 +5,8 @@
 //! (`argoCDAgentAddon.image`, `argoCDAgentAddon.agentKeyInManifestWork`, `argoServer.argoNamespace`,
 //! `status.observedGeneration`, `status.clusters`).
 //!
-//! Owns the Rust type, the condition vocabulary and the generated CRD YAML
+//! Owns the Rust type, this operator's condition vocabulary (upstream's is
+//! [`super::upstream_conditions`]) and the generated CRD YAML
 //! ([`gitopscluster_crd_yaml`]); a test fails when the checked-in YAML drifts from the type.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -88,10 +89,12 @@ pub struct ArgoCDAgentAddonSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Address (host or IP) agents dial to reach the principal; also added to the principal's
-    /// certificate. Default: the principal Service's LoadBalancer ingress.
+    /// certificate. Default: discovered from the principal Service (LoadBalancer ingress, else a
+    /// node's InternalIP for a NodePort Service) and written back here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principal_server_address: Option<String>,
-    /// Port of the principal (default 443 for a discovered LoadBalancer, else 8443).
+    /// Port of the principal. Default: discovered (the Service's TLS port, or its node port for a
+    /// NodePort Service) and written back here, else 443.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principal_server_port: Option<String>,
     /// Namespace of the agent on the managed cluster (default `argocd`).
@@ -100,8 +103,9 @@ pub struct ArgoCDAgentAddonSpec {
     /// Namespace of the Argo CD operator on the managed cluster (upstream field; not used here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator_namespace: Option<String>,
-    /// Custom manifests for the managed clusters (upstream field; delivered as-is in the agent
-    /// ManifestWork).
+    /// Manifests for the managed clusters, at least one an `argoproj.io/v1beta1` `ArgoCD` CR
+    /// (upstream field): delivered in their own ManifestWork `argocd-agent-cr-<namespace>-<name>`,
+    /// with the principal endpoint set in each ArgoCD CR that leaves it empty.
     #[serde(
         default,
         rename = "argoCDCRManifestWork",
@@ -143,7 +147,8 @@ pub struct ArgoServerSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GitOpsClusterStatus {
-    /// PlacementResolved, CertificatesReady, ClustersRegistered, AgentsDeployed and Ready.
+    /// PlacementResolved, CertificatesReady, ClustersRegistered, AgentsDeployed and Ready, and
+    /// upstream's condition types (RBACReady, ServerDiscovered, JWTSecretReady, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status describes.

@@ -7,15 +7,19 @@
 //! reconciles, watches on everything a pass depends on (GitOpsClusters, PlacementDecisions,
 //! Placements, the operator's ManifestWorks and Secrets, add-on CSRs) coalesced into passes, and a
 //! periodic pass for certificate renewal. The pass itself is [`controller::reconcile_all`]; the
-//! pieces are [`crd`], [`placement`], [`certs`], [`agent_work`] and [`csr`].
+//! pieces are [`crd`], [`placement`], [`server_discovery`], [`certs`], [`agent_work`],
+//! [`argocd_cr`], [`csr`] and [`upstream_conditions`].
 
 pub mod agent_work;
+pub mod argocd_cr;
 pub mod certs;
 pub mod controller;
 pub mod crd;
 pub mod csr;
 pub mod flags;
 pub mod placement;
+pub mod server_discovery;
+pub mod upstream_conditions;
 
 use std::time::Duration;
 

@@ -24,6 +24,13 @@ pub const CLUSTER_ANNOTATION: &str = "apps.open-cluster-management.io/ocm-manage
 /// Annotation naming the namespace of the Application on the spoke.
 pub const APP_NAMESPACE_ANNOTATION: &str =
     "apps.open-cluster-management.io/ocm-managed-cluster-app-namespace";
+/// Annotation overriding the payload's `spec.destination.name` (e.g. `in-cluster`); with either
+/// destination annotation set, the destination is exactly what the annotations say.
+pub const DESTINATION_NAME_ANNOTATION: &str = "apps.open-cluster-management.io/destination-name";
+/// Annotation overriding the payload's `spec.destination.server` (default
+/// `https://kubernetes.default.svc`).
+pub const DESTINATION_SERVER_ANNOTATION: &str =
+    "apps.open-cluster-management.io/destination-server";
 /// Argo CD annotation that keeps the hub's application controller away from a pulled Application.
 pub const SKIP_RECONCILE_ANNOTATION: &str = "argocd.argoproj.io/skip-reconcile";
 /// Annotation (`<namespace>/<name>`) naming the ApplicationSet behind an Application or ManifestWork.

@@ -17,7 +17,8 @@ use serde_json::{json, Map, Value};
 
 use super::application::{
     hosting_appset, PullTarget, APPSET_LABEL, APP_NAMESPACE_ANNOTATION, CLUSTER_ANNOTATION,
-    HOSTING_APPSET_ANNOTATION, PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
+    DESTINATION_NAME_ANNOTATION, DESTINATION_SERVER_ANNOTATION, HOSTING_APPSET_ANNOTATION,
+    PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
 };
 
 /// ManifestWork annotation naming the hub Application's namespace.
@@ -31,12 +32,19 @@ pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
 pub const FEEDBACK_HEALTH: &str = "healthStatus";
 /// Feedback value carrying the spoke Application's `status.sync.status`.
 pub const FEEDBACK_SYNC: &str = "syncStatus";
-/// Feedback value carrying the spoke Application's `status.operationState.phase`.
-pub const FEEDBACK_OPERATION_PHASE: &str = "operationPhase";
-/// Feedback value carrying the spoke Application's `status.operationState.startedAt`.
-pub const FEEDBACK_OPERATION_STARTED_AT: &str = "operationStartedAt";
-/// Feedback value carrying the spoke Application's `status.operationState.message`.
-pub const FEEDBACK_OPERATION_MESSAGE: &str = "operationMessage";
+/// Feedback value carrying the spoke Application's `status.operationState.phase` (upstream's name).
+pub const FEEDBACK_OPERATION_PHASE: &str = "operationStatePhase";
+/// Feedback value carrying the spoke Application's `status.operationState.startedAt` (upstream's
+/// name).
+pub const FEEDBACK_OPERATION_STARTED_AT: &str = "operationStateStartedAt";
+/// Feedback value carrying the spoke Application's `status.sync.revision` (upstream's name).
+pub const FEEDBACK_SYNC_REVISION: &str = "syncRevision";
+/// Feedback value carrying the spoke Application's `status.operationState.message` (ours: upstream
+/// does not bring the message back, so a failed sync on the hub says nothing about why).
+pub const FEEDBACK_OPERATION_MESSAGE: &str = "operationStateMessage";
+/// The payload field the work agent must not write again once the spoke changed it: Argo CD on
+/// the spoke removes `.operation` when the sync it asks for has run.
+pub const OPERATION_PATH: &str = ".operation";
 /// Longest Kubernetes object name.
 const MAX_NAME_LEN: usize = 253;
 
@@ -161,6 +169,21 @@ pub struct ServerSideApplyConfig {
     /// Take over fields owned by other managers on the spoke.
     #[serde(default)]
     pub force: bool,
+    /// Fields the work agent leaves alone under a condition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore_fields: Vec<IgnoreField>,
+}
+
+/// `serverSideApply.ignoreFields[]`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IgnoreField {
+    /// `OnSpokeChange` (applied again only when the hub's value changes) or `OnSpokePresent`
+    /// (never written once present on the spoke).
+    pub condition: String,
+    /// Paths such as `.operation`.
+    #[serde(rename = "jsonPaths")]
+    pub json_paths: Vec<String>,
 }
 
 /// ManifestWork status, written by the work agent.
@@ -190,6 +213,13 @@ pub struct WorkCondition {
     /// Human-readable message.
     #[serde(default)]
     pub message: String,
+    /// The work's `metadata.generation` the condition describes.
+    #[serde(
+        default,
+        rename = "observedGeneration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub observed_generation: Option<i64>,
 }
 
 /// `status.resourceStatus`.
@@ -324,6 +354,8 @@ fn hub_only_annotation(key: &str) -> bool {
         CLUSTER_ANNOTATION
             | APP_NAMESPACE_ANNOTATION
             | SKIP_RECONCILE_ANNOTATION
+            | DESTINATION_NAME_ANNOTATION
+            | DESTINATION_SERVER_ANNOTATION
             | "kubectl.kubernetes.io/last-applied-configuration"
     )
 }
@@ -366,9 +398,10 @@ pub fn payload_application(app: &Application, target: &PullTarget) -> Value {
     }
 
     let mut spec = app.spec.clone();
+    let (name, server) = payload_destination(meta);
     let destination = spec.destination.get_or_insert_with(Default::default);
-    destination.name = None;
-    destination.server = Some(IN_CLUSTER_SERVER.to_string());
+    destination.name = name;
+    destination.server = server;
     let mut payload = Map::new();
     payload.insert("apiVersion".into(), json!("argoproj.io/v1alpha1"));
     payload.insert("kind".into(), json!("Application"));
@@ -380,16 +413,30 @@ pub fn payload_application(app: &Application, target: &PullTarget) -> Value {
     Value::Object(payload)
 }
 
+/// The payload's destination `(name, server)`: the cluster's own API server, unless a destination
+/// annotation says otherwise, in which case exactly the annotated fields are set (as upstream).
+fn payload_destination(meta: &ObjectMeta) -> (Option<String>, Option<String>) {
+    let annotation = |key| meta.annotations.as_ref().and_then(|a| a.get(key)).cloned();
+    let name = annotation(DESTINATION_NAME_ANNOTATION);
+    let server = annotation(DESTINATION_SERVER_ANNOTATION);
+    if name.is_none() && server.is_none() {
+        return (None, Some(IN_CLUSTER_SERVER.to_string()));
+    }
+    let non_empty = |v: Option<String>| v.filter(|v| !v.is_empty());
+    (non_empty(name), non_empty(server))
+}
+
 /// The feedback rules that bring the spoke Application's state back.
 pub fn application_feedback_rules() -> Vec<FeedbackRule> {
     let paths = [
         (FEEDBACK_HEALTH, ".status.health.status"),
         (FEEDBACK_SYNC, ".status.sync.status"),
-        (FEEDBACK_OPERATION_PHASE, ".status.operationState.phase"),
         (
             FEEDBACK_OPERATION_STARTED_AT,
             ".status.operationState.startedAt",
         ),
+        (FEEDBACK_OPERATION_PHASE, ".status.operationState.phase"),
+        (FEEDBACK_SYNC_REVISION, ".status.sync.revision"),
         (FEEDBACK_OPERATION_MESSAGE, ".status.operationState.message"),
     ];
     // One rule per value, like upstream: the work agent skips a whole rule whose path is absent.
@@ -408,7 +455,9 @@ pub fn application_feedback_rules() -> Vec<FeedbackRule> {
 /// Wraps the hub Application into the ManifestWork for `target`: named by
 /// [`manifest_work_name`], in the cluster's namespace, labelled for the pull model, annotated
 /// with the hub Application (and its ApplicationSet), applied on the spoke with server-side apply
-/// so the spoke Argo CD's status writes are never overwritten.
+/// so the spoke Argo CD's status writes are never overwritten, and with `.operation` ignored on
+/// spoke change: the work agent writes a requested operation once, and re-applying the same work
+/// (resync, restart) never puts back the operation Argo CD removed after running it.
 pub fn build_manifest_work(
     app: &Application,
     target: &PullTarget,
@@ -457,7 +506,13 @@ pub fn build_manifest_work(
             feedback_rules: application_feedback_rules(),
             update_strategy: Some(UpdateStrategy {
                 type_: "ServerSideApply".into(),
-                server_side_apply: Some(ServerSideApplyConfig { force: true }),
+                server_side_apply: Some(ServerSideApplyConfig {
+                    force: true,
+                    ignore_fields: vec![IgnoreField {
+                        condition: "OnSpokeChange".into(),
+                        json_paths: vec![OPERATION_PATH.into()],
+                    }],
+                }),
             }),
         }],
         delete_option: None,
@@ -508,6 +563,20 @@ pub fn work_is_current(existing: &ManifestWork, desired: &ManifestWork) -> bool 
             &existing.metadata.annotations,
             &desired.metadata.annotations,
         )
+}
+
+/// True when the work agent has applied this very generation of the work (its `Applied`
+/// condition is `True` for `metadata.generation`), so whatever the payload asked for is on the
+/// spoke.
+pub fn applied_at_current_generation(work: &ManifestWork) -> bool {
+    let Some(generation) = work.metadata.generation else {
+        return false;
+    };
+    work.status.iter().flat_map(|s| &s.conditions).any(|c| {
+        c.type_ == "Applied"
+            && c.status == "True"
+            && c.observed_generation.is_some_and(|g| g >= generation)
+    })
 }
 
 /// `have` contains `want`: objects by key (extra keys allowed), arrays element-wise with the
@@ -660,19 +729,103 @@ mod tests {
             .collect();
         assert!(paths.contains(&("healthStatus".into(), ".status.health.status".into())));
         assert!(paths.contains(&("syncStatus".into(), ".status.sync.status".into())));
-        assert!(paths.contains(&(
-            "operationPhase".into(),
-            ".status.operationState.phase".into()
-        )));
+        // Upstream's feedback names, then ours.
+        let names: Vec<&str> = paths.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "healthStatus",
+                "syncStatus",
+                "operationStateStartedAt",
+                "operationStatePhase",
+                "syncRevision",
+                "operationStateMessage"
+            ]
+        );
+        assert!(paths.contains(&("syncRevision".into(), ".status.sync.revision".into())));
         assert!(config.feedback_rules.iter().all(|r| r.type_ == "JSONPaths"));
         // The wire form uses upstream's field names.
         let wire = serde_json::to_value(&work).unwrap();
         assert_eq!(wire["apiVersion"], "work.open-cluster-management.io/v1");
         assert!(wire["spec"]["manifestConfigs"][0]["feedbackRules"][0]["jsonPaths"].is_array());
         assert_eq!(
-            wire["spec"]["manifestConfigs"][0]["updateStrategy"]["type"],
-            "ServerSideApply"
+            wire["spec"]["manifestConfigs"][0]["updateStrategy"],
+            json!({"type": "ServerSideApply", "serverSideApply": {
+                "force": true,
+                "ignoreFields": [{"condition": "OnSpokeChange", "jsonPaths": [".operation"]}]
+            }})
         );
+    }
+
+    #[test]
+    fn destination_annotations_override_the_payload_destination_as_upstream() {
+        let with = |annotations: &[(&str, &str)]| {
+            let mut app = hub_app();
+            let a = app
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            for (k, v) in annotations {
+                a.insert(k.to_string(), v.to_string());
+            }
+            let payload = payload_application(&app, &target(&app));
+            for key in [DESTINATION_NAME_ANNOTATION, DESTINATION_SERVER_ANNOTATION] {
+                assert!(
+                    payload["metadata"]["annotations"].get(key).is_none(),
+                    "{key} must not reach the spoke"
+                );
+            }
+            payload["spec"]["destination"].clone()
+        };
+        assert_eq!(
+            with(&[]),
+            json!({"server": IN_CLUSTER_SERVER, "namespace": "guestbook"})
+        );
+        assert_eq!(
+            with(&[(DESTINATION_NAME_ANNOTATION, "in-cluster")]),
+            json!({"name": "in-cluster", "namespace": "guestbook"}),
+            "only the annotated field is set"
+        );
+        assert_eq!(
+            with(&[(DESTINATION_SERVER_ANNOTATION, "https://10.0.0.1:6443")]),
+            json!({"server": "https://10.0.0.1:6443", "namespace": "guestbook"})
+        );
+        assert_eq!(
+            with(&[
+                (DESTINATION_NAME_ANNOTATION, "in-cluster"),
+                (
+                    DESTINATION_SERVER_ANNOTATION,
+                    "https://kubernetes.default.svc"
+                )
+            ]),
+            json!({"name": "in-cluster", "server": IN_CLUSTER_SERVER, "namespace": "guestbook"})
+        );
+    }
+
+    #[test]
+    fn work_counts_as_applied_only_at_its_current_generation() {
+        let app = hub_app();
+        let mut work = build_manifest_work(&app, &target(&app)).unwrap();
+        assert!(!applied_at_current_generation(&work), "no status yet");
+        work.metadata.generation = Some(3);
+        let applied = |status: &str, generation: i64| ManifestWorkStatus {
+            conditions: vec![WorkCondition {
+                type_: "Applied".into(),
+                status: status.into(),
+                observed_generation: Some(generation),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        work.status = Some(applied("True", 2));
+        assert!(
+            !applied_at_current_generation(&work),
+            "an older generation was applied"
+        );
+        work.status = Some(applied("False", 3));
+        assert!(!applied_at_current_generation(&work), "apply failed");
+        work.status = Some(applied("True", 3));
+        assert!(applied_at_current_generation(&work));
     }
 
     #[test]

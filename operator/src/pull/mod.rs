@@ -8,7 +8,8 @@
 //! Each controller owns one decision and writes with its own field manager; each is a
 //! `kube::runtime::Controller` (reconcile, error policy, triggers from the other kinds it reads)
 //! over the watches all of them share ([`watches`]: one watch and store per kind):
-//! - [`propagation`]: which ManifestWork should exist for an Application, and its content;
+//! - [`propagation`]: which ManifestWork should exist for an Application, and its content (with
+//!   [`operation`]: when a hub-requested operation has run on the spoke and is cleared);
 //! - [`status`]: the spoke status (ManifestWork status feedback) written into the hub Application;
 //! - [`cleanup`]: which ManifestWorks must go (Application deleted, unlabelled, retargeted, orphaned);
 //! - [`cluster_secret`]: one Argo CD cluster Secret per ManagedCluster (ApplicationSet cluster generator);
@@ -23,6 +24,7 @@ pub mod application;
 pub mod cleanup;
 pub mod cluster_secret;
 pub mod manifestwork;
+pub mod operation;
 pub mod propagation;
 pub mod report;
 pub mod status;

@@ -2,7 +2,10 @@
 //! ManifestWork in the target cluster's namespace, with the current payload.
 //!
 //! Owns creating and updating ManifestWorks (server-side apply, field manager
-//! [`PROPAGATION_MANAGER`]) and the `PullModelSpecError` condition
+//! [`PROPAGATION_MANAGER`]), clearing the hub Application's `.operation` once it has run on the
+//! spoke (as upstream clears it, but only when [`super::operation`] says it ran, so it is neither
+//! lost while the cluster is offline nor withdrawn while running), and the `PullModelSpecError`
+//! condition
 //! that tells the user why nothing was propagated (label without cluster annotation, unknown
 //! ManagedCluster, cluster without namespace). Deleting ManifestWorks is [`cleanup`](super::cleanup)'s.
 //!
@@ -31,6 +34,7 @@ use super::application::{
 use super::manifestwork::{
     build_manifest_work, hub_application_of, work_is_current, BuildError, ManifestWork,
 };
+use super::operation::{baseline_for, operation_ran, requested, OPERATION_BASELINE_ANNOTATION};
 use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
 
@@ -109,6 +113,36 @@ impl Context {
             source,
         })
     }
+
+    /// Removes the hub Application's `.operation`, unless the Application changed since it was
+    /// read (a newer version triggers another reconciliation, which decides again).
+    async fn clear_operation(&self, app: &Application) -> Result<(), PropagationError> {
+        let apps: Api<Application> =
+            Api::namespaced(self.client.clone(), &app.namespace().unwrap_or_default());
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": app.metadata.resource_version},
+            "operation": null
+        });
+        let params = PatchParams {
+            field_manager: Some(PROPAGATION_MANAGER.to_string()),
+            ..Default::default()
+        };
+        match apps
+            .patch(&app.name_any(), &params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(app = %app_key(app), "operation delivered to the spoke; cleared on the hub");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 || s.is_not_found() => Ok(()),
+            Err(source) => Err(PropagationError::Kube {
+                action: "clearing the delivered operation",
+                app: app_key(app),
+                source,
+            }),
+        }
+    }
 }
 
 async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, PropagationError> {
@@ -150,11 +184,25 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
         }
         return Ok(Action::await_change());
     }
-    let work = build_manifest_work(&app, &target)?;
+    let mut work = build_manifest_work(&app, &target)?;
     let work_name = work.name_any();
     let existing = ctx
         .works
         .get(&ObjectRef::new(&work_name).within(&target.cluster));
+    if operation_ran(&app, existing.as_deref()) {
+        // The next reconciliation (this patch's watch event) builds the payload without it.
+        ctx.clear_operation(&app).await?;
+        return Ok(Action::await_change());
+    }
+    if let Some(operation) = requested(&app) {
+        work.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                OPERATION_BASELINE_ANNOTATION.to_owned(),
+                baseline_for(operation, existing.as_deref()),
+            );
+    }
     if !existing.is_some_and(|w| work_is_current(&w, &work)) {
         let works: Api<ManifestWork> = Api::namespaced(ctx.client.clone(), &target.cluster);
         let params = PatchParams::apply(PROPAGATION_MANAGER).force();

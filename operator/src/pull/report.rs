@@ -111,6 +111,15 @@ pub struct ClusterCondition {
     /// The hub Application (`<namespace>/<name>`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub app: String,
+    /// Phase of the last or running operation on that cluster.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub operation_state_phase: String,
+    /// When that operation started (RFC 3339).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub operation_state_started_at: String,
+    /// The revision the application on that cluster is compared against.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sync_revision: String,
     /// Error and warning conditions of the application.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -225,18 +234,72 @@ fn problem_conditions(app: &Application) -> Vec<Condition> {
         .collect()
 }
 
+/// An entry of `Application.status.resources`, as far as the report names it.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ResourceStatus {
+    group: String,
+    version: String,
+    kind: String,
+    name: String,
+    namespace: String,
+}
+
+/// The resources the Application deploys (from `status.resources`; absent for basic-pull
+/// Applications, whose status feedback does not carry them).
+fn deployed_resources(app: &Application) -> Vec<ResourceRef> {
+    let Some(listed) = app.status.as_ref().and_then(|s| s.other.get("resources")) else {
+        return Vec::new();
+    };
+    let entries: Vec<ResourceStatus> = serde_json::from_value(listed.clone()).unwrap_or_default();
+    entries
+        .into_iter()
+        .map(|r| ResourceRef {
+            api_version: if r.group.is_empty() {
+                r.version
+            } else {
+                format!("{}/{}", r.group, r.version)
+            },
+            kind: r.kind,
+            name: r.name,
+            namespace: r.namespace,
+        })
+        .collect()
+}
+
+/// The per-cluster operation fields: `(phase, startedAt, sync revision)`.
+fn operation_fields(app: &Application) -> (String, String, String) {
+    let status = app.status.as_ref();
+    let state = status.and_then(|s| s.operation_state.as_ref());
+    let revision = status
+        .and_then(|s| s.sync.as_ref())
+        .and_then(|s| s.other.get("revision"))
+        .and_then(Value::as_str);
+    (
+        state.and_then(|o| o.phase.clone()).unwrap_or_default(),
+        state.and_then(|o| o.started_at.clone()).unwrap_or_default(),
+        revision.unwrap_or_default().to_string(),
+    )
+}
+
 /// Aggregates an ApplicationSet's pulled Applications (each with its cluster) into the report
 /// content. A cluster counts as synced/healthy when all its applications are; `Progressing`
 /// counts as in progress and not healthy (upstream's rule).
 pub fn report_statuses(apps: &[(String, &Application)]) -> AppConditions {
     let mut conditions: Vec<ClusterCondition> = apps
         .iter()
-        .map(|(cluster, app)| ClusterCondition {
-            cluster: cluster.clone(),
-            sync_status: status_word(app.status.as_ref().and_then(|s| s.sync.as_ref())),
-            health_status: status_word(app.status.as_ref().and_then(|s| s.health.as_ref())),
-            app: format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any()),
-            conditions: problem_conditions(app),
+        .map(|(cluster, app)| {
+            let (phase, started_at, revision) = operation_fields(app);
+            ClusterCondition {
+                cluster: cluster.clone(),
+                sync_status: status_word(app.status.as_ref().and_then(|s| s.sync.as_ref())),
+                health_status: status_word(app.status.as_ref().and_then(|s| s.health.as_ref())),
+                app: format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any()),
+                operation_state_phase: phase,
+                operation_state_started_at: started_at,
+                sync_revision: revision,
+                conditions: problem_conditions(app),
+            }
         })
         .collect();
     conditions.sort_by(|a, b| (&a.cluster, &a.app).cmp(&(&b.cluster, &b.app)));
@@ -257,8 +320,22 @@ pub fn report_statuses(apps: &[(String, &Application)]) -> AppConditions {
         }
     }
     let clusters = per_cluster.len();
+    // One entry per distinct resource: the same manifests deployed to every cluster.
+    let resources: BTreeSet<(String, String, String, String)> = apps
+        .iter()
+        .flat_map(|(_, app)| deployed_resources(app))
+        .map(|r| (r.api_version, r.kind, r.namespace, r.name))
+        .collect();
     AppConditions {
-        resources: Vec::new(),
+        resources: resources
+            .into_iter()
+            .map(|(api_version, kind, namespace, name)| ResourceRef {
+                api_version,
+                kind,
+                name,
+                namespace,
+            })
+            .collect(),
         summary: ReportSummary {
             synced: synced.to_string(),
             not_synced: (clusters - synced).to_string(),
@@ -698,6 +775,62 @@ mod tests {
         assert_eq!(statuses.summary.not_healthy, "2");
         assert_eq!(statuses.summary.synced, "1");
         assert_eq!(statuses.cluster_conditions[1].health_status, "Unknown");
+    }
+
+    #[test]
+    fn report_lists_deployed_resources_once_and_each_clusters_operation() {
+        let with = |name: &str, cluster: &str, phase: &str, revision: &str| {
+            let mut a = app(name, cluster, "Synced", "Healthy", json!([]));
+            let status = a.status.as_mut().unwrap();
+            status.operation_state = serde_json::from_value(
+                json!({"phase": phase, "startedAt": "2024-05-01T10:00:00Z", "operation": {}}),
+            )
+            .unwrap();
+            status.sync.as_mut().unwrap().other =
+                serde_json::from_value(json!({"revision": revision})).unwrap();
+            status.other = serde_json::from_value(json!({"resources": [
+                {"version": "v1", "kind": "ConfigMap", "namespace": "demo", "name": "demo-config", "status": "Synced"},
+                {"group": "apps", "version": "v1", "kind": "Deployment", "namespace": "demo", "name": "web"}
+            ]}))
+            .unwrap();
+            a
+        };
+        let a = with("set-c1", "c1", "Succeeded", "4f1c2d");
+        let b = with("set-c2", "c2", "Running", "9e8d7c");
+        let statuses = report_statuses(&[("c1".into(), &a), ("c2".into(), &b)]);
+        assert_eq!(
+            statuses.resources,
+            vec![
+                ResourceRef {
+                    api_version: "apps/v1".into(),
+                    kind: "Deployment".into(),
+                    name: "web".into(),
+                    namespace: "demo".into()
+                },
+                ResourceRef {
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    name: "demo-config".into(),
+                    namespace: "demo".into()
+                },
+            ],
+            "the same resources on two clusters are listed once"
+        );
+        let c2 = &statuses.cluster_conditions[1];
+        assert_eq!(
+            (
+                &*c2.operation_state_phase,
+                &*c2.operation_state_started_at,
+                &*c2.sync_revision
+            ),
+            ("Running", "2024-05-01T10:00:00Z", "9e8d7c")
+        );
+        let wire = serde_json::to_value(&statuses).unwrap();
+        let first = &wire["clusterConditions"][0];
+        assert_eq!(first["operationStatePhase"], "Succeeded");
+        assert_eq!(first["operationStateStartedAt"], "2024-05-01T10:00:00Z");
+        assert_eq!(first["syncRevision"], "4f1c2d");
+        assert_eq!(wire["resources"][1]["apiVersion"], "v1");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!
 //! Owns the parsing of feedback values (malformed ones are reported, never trusted), the
 //! translation into a merge patch of the hub Application (`status.health.status`,
-//! `status.sync.status`, `status.operationState`), and the `ManifestWorkError` condition that
+//! `status.sync.status` and `.revision`, `status.operationState`), and the `ManifestWorkError` condition that
 //! says why a cluster did not apply the work. It never touches the spec or the ManifestWork.
 
 use argocd_agent_kube::CancellationToken;
@@ -22,7 +22,7 @@ use super::application::{
 use super::manifestwork::{
     hub_application_of, manifest_work_name_of, ManifestCondition, ManifestWork, FEEDBACK_HEALTH,
     FEEDBACK_OPERATION_MESSAGE, FEEDBACK_OPERATION_PHASE, FEEDBACK_OPERATION_STARTED_AT,
-    FEEDBACK_SYNC,
+    FEEDBACK_SYNC, FEEDBACK_SYNC_REVISION,
 };
 use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, STATUS_MANAGER};
@@ -34,6 +34,8 @@ pub struct SpokeStatus {
     pub health: Option<String>,
     /// `status.sync.status`.
     pub sync: Option<String>,
+    /// `status.sync.revision`: the revision the spoke compared against.
+    pub sync_revision: Option<String>,
     /// `status.operationState.phase`.
     pub operation_phase: Option<String>,
     /// `status.operationState.startedAt` (RFC 3339).
@@ -94,6 +96,7 @@ pub fn read_feedback(work: &ManifestWork) -> (SpokeStatus, Vec<FeedbackError>) {
         let slot = match value.name.as_str() {
             FEEDBACK_HEALTH => &mut status.health,
             FEEDBACK_SYNC => &mut status.sync,
+            FEEDBACK_SYNC_REVISION => &mut status.sync_revision,
             FEEDBACK_OPERATION_PHASE => &mut status.operation_phase,
             FEEDBACK_OPERATION_STARTED_AT => &mut status.operation_started_at,
             FEEDBACK_OPERATION_MESSAGE => &mut status.operation_message,
@@ -178,12 +181,25 @@ pub fn status_patch(
     {
         status.insert("health".into(), json!({"status": h}));
     }
+    let current_sync = current.and_then(|c| c.sync.as_ref());
+    let mut sync = Map::new();
     if let Some(s) = spoke
         .sync
         .as_deref()
-        .filter(|s| word(current.and_then(|c| c.sync.as_ref())) != Some(s))
+        .filter(|s| word(current_sync) != Some(s))
     {
-        status.insert("sync".into(), json!({"status": s}));
+        sync.insert("status".into(), json!(s));
+    }
+    let current_revision = current_sync.and_then(|s| s.other.get("revision"));
+    if let Some(r) = spoke
+        .sync_revision
+        .as_deref()
+        .filter(|r| current_revision.and_then(Value::as_str) != Some(r))
+    {
+        sync.insert("revision".into(), json!(r));
+    }
+    if !sync.is_empty() {
+        status.insert("sync".into(), Value::Object(sync));
     }
     if let (Some(phase), Some(started)) = (&spoke.operation_phase, &spoke.operation_started_at) {
         let state = current.and_then(|c| c.operation_state.as_ref());
@@ -348,8 +364,9 @@ mod tests {
             json!([
                 string("healthStatus", "Healthy"),
                 string("syncStatus", "Synced"),
-                string("operationPhase", "Succeeded"),
-                string("operationStartedAt", "2024-05-01T10:00:00Z"),
+                string("operationStatePhase", "Succeeded"),
+                string("operationStateStartedAt", "2024-05-01T10:00:00Z"),
+                string("syncRevision", "4f1c2d"),
                 string("somethingElse", "ignored")
             ]),
             json!([]),
@@ -361,13 +378,16 @@ mod tests {
         let patch = status_patch(&app(json!({})), &spoke, None, "now").expect("a change");
         assert_eq!(patch["metadata"]["resourceVersion"], "7");
         assert_eq!(patch["status"]["health"], json!({"status": "Healthy"}));
-        assert_eq!(patch["status"]["sync"], json!({"status": "Synced"}));
+        assert_eq!(
+            patch["status"]["sync"],
+            json!({"status": "Synced", "revision": "4f1c2d"})
+        );
         assert_eq!(patch["status"]["operationState"]["phase"], "Succeeded");
         assert_eq!(patch["status"]["operationState"]["operation"], json!({}));
         assert!(patch["status"].get("conditions").is_none());
         // Already up to date: nothing to write.
         let current = app(json!({
-            "health": {"status": "Healthy"}, "sync": {"status": "Synced"},
+            "health": {"status": "Healthy"}, "sync": {"status": "Synced", "revision": "4f1c2d"},
             "operationState": {"operation": {"sync": {}}, "phase": "Succeeded", "startedAt": "2024-05-01T10:00:00Z"}
         }));
         assert_eq!(status_patch(&current, &spoke, None, "now"), None);
@@ -379,8 +399,8 @@ mod tests {
             json!([
                 {"name": "healthStatus", "fieldValue": {"type": "Integer", "integer": 3}},
                 {"name": "syncStatus", "fieldValue": {"type": "String"}},
-                string("operationPhase", "Running"),
-                string("operationStartedAt", "yesterday")
+                string("operationStatePhase", "Running"),
+                string("operationStateStartedAt", "yesterday")
             ]),
             json!([]),
         );
@@ -395,7 +415,7 @@ mod tests {
             "{problem}"
         );
         assert!(
-            problem.contains("operationStartedAt=\"yesterday\""),
+            problem.contains("operationStateStartedAt=\"yesterday\""),
             "{problem}"
         );
         // Phase without a valid start time is not written (Argo CD requires startedAt).
