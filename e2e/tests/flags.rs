@@ -288,7 +288,7 @@ async fn principal_label_selector_limits_which_applications_reach_agents() -> an
     Ok(())
 }
 
-// ---- destination-based mapping: refused until implemented --------------------------------------
+// ---- destination-based mapping: the agent side is refused until implemented -------------------
 
 #[tokio::test]
 async fn destination_mapping_flags_are_refused_at_start_up() -> anyhow::Result<()> {
@@ -296,15 +296,6 @@ async fn destination_mapping_flags_are_refused_at_start_up() -> anyhow::Result<(
     let pki = Pki::create(&ctx.dir.join("pki"))?;
     pki.issue_agent("agent")?;
     let (cert, key) = pki.agent_files("agent");
-    let principal = |extra: &str| {
-        std::process::Command::new(project_binary("argocd-principal").expect("built"))
-            .args(pki.principal_args())
-            .arg("--namespace=argocd")
-            .arg(extra)
-            .env_clear()
-            .output()
-            .expect("runs")
-    };
     let agent = |extra: &[&str]| {
         std::process::Command::new(project_binary("argocd-agent").expect("built"))
             .arg("--server-address=127.0.0.1:1")
@@ -326,10 +317,6 @@ async fn destination_mapping_flags_are_refused_at_start_up() -> anyhow::Result<(
             "{flag}: {stderr}"
         );
     };
-    refused(
-        principal("--destination-based-mapping"),
-        "--destination-based-mapping",
-    );
     refused(
         agent(&["--destination-based-mapping", "--create-namespace"]),
         "--destination-based-mapping",

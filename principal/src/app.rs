@@ -316,6 +316,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             resync_interval: config.resync_interval,
             allowed_namespaces: config.allowed_namespaces.clone(),
             label_selector: config.label_selector.clone(),
+            mapping: crate::hub::AppMapping::from_flag(config.destination_based_mapping),
             mirror_collisions: metrics.mirror_collisions.clone(),
         },
     );
