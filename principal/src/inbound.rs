@@ -37,7 +37,10 @@ use serde_json::{json, Value};
 
 use argocd_agent_kube::errors::handle_error;
 
-use crate::hub::{queue, request_object, to_value, uid_of, Hub, MirrorKind, Mirrored};
+use crate::hub::{
+    queue, request_object, request_object_in, to_value, uid_of, AppMapping, Hub, MirrorKind,
+    Mirrored,
+};
 use crate::routing::{
     application_payload, operation_already_started, repository_payload, requests_carried_out,
 };
@@ -341,7 +344,19 @@ impl AgentInbound {
             hub_app.operation().is_some() && operation_already_started(hub_app);
         if hub_status != spoke_status || leftover_operation {
             tracing::debug!(agent = self.agent(), app = %req.name, "hub status differs from the spoke's; asking the agent for it");
-            request_object(&self.session, &req.kind, &req.name, hub_uid, hub_status);
+            // Under destination mapping the agent needs the hub namespace to find its copy.
+            let namespace = match self.hub.mapping() {
+                AppMapping::Namespace => "",
+                AppMapping::Destination => hub_app.namespace_str(),
+            };
+            request_object_in(
+                &self.session,
+                &req.kind,
+                namespace,
+                &req.name,
+                hub_uid,
+                hub_status,
+            );
         }
     }
 

@@ -387,15 +387,32 @@ pub fn request_object(
     uid: &str,
     checksum: Vec<u8>,
 ) {
+    request_object_in(session, kind, "", name, uid, checksum)
+}
+
+/// [`request_object`] naming the object's hub namespace too (destination-based mapping, where an
+/// agent's Applications live in several namespaces).
+pub fn request_object_in(
+    session: &AgentSession,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    checksum: Vec<u8>,
+) {
     let req = RequestUpdate {
         name: name.to_string(),
-        namespace: String::new(),
+        namespace: namespace.to_string(),
         uid: uid.to_string(),
         kind: kind.to_string(),
         checksum,
     };
+    let key = match namespace {
+        "" => request_update_key(kind, name),
+        ns => request_update_key(kind, &format!("{ns}/{name}")),
+    };
     match Event::request_update(SOURCE, &req) {
-        Ok(ev) => push(session, keyed_request(ev, request_update_key(kind, name))),
+        Ok(ev) => push(session, keyed_request(ev, key)),
         Err(e) => tracing::error!(error = %e, "cannot build a request-update"),
     }
 }
