@@ -6,7 +6,8 @@
 //! Application in its own namespace. Two agents on two spokes prove the routing: each gets only
 //! the Applications destined to it; a new destination moves an Application from one agent to the
 //! other; an agent restarted while the hub changed catches up; a delete with Argo CD's cascade
-//! finalizer removes the deployed resources and then the hub Application. Run for our principal
+//! finalizer removes the deployed resources and then the hub Application (with our agents: an
+//! upstream agent's Foreground deletion needs a garbage collector the test planes do not run). Run for our principal
 //! with our agents and with upstream's Go agents, and for our agents on upstream's Go principal.
 //! A hostile agent (valid certificate, hand-made events) can neither write nor read another
 //! agent's Application by naming its namespace. The refused flag combinations exit 2 naming the
@@ -302,7 +303,12 @@ async fn applications_follow_their_destination(principal: Side, agent: Side) -> 
     .await?;
 
     // A delete with the cascade finalizer: the spoke's Argo CD removes what it deployed, then
-    // the hub Application goes.
+    // the hub Application goes. Not for upstream's agent: it deletes the spoke copy with
+    // Foreground propagation, whose finalizer only a garbage collector (kube-controller-manager)
+    // removes, and the test planes run none (as `managed_app_delete_cascades` in real_peers.rs).
+    if agent == Side::Upstream {
+        return Ok(());
+    }
     cell.hub_apps
         .delete("demo-b", &DeleteParams::default())
         .await?;
