@@ -10,8 +10,9 @@
 //! upstream agent's Foreground deletion needs a garbage collector the test planes do not run). Run for our principal
 //! with our agents and with upstream's Go agents, and for our agents on upstream's Go principal.
 //! A hostile agent (valid certificate, hand-made events) can neither write nor read another
-//! agent's Application by naming its namespace. The refused flag combinations exit 2 naming the
-//! flags.
+//! agent's Application by naming its namespace. The hub's real ApplicationSet controller
+//! generates Applications in the principal's namespace that span both agents. The refused flag
+//! combinations exit 2 naming the flags.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -25,7 +26,9 @@ use e2e::gateway::{
 };
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::raw_agent::{next_matching, send_for_ack, try_authenticate, LonePrincipal};
-use e2e::scenario::{demo_application, wait_greeting, wait_synced, SYNC_WAIT};
+use e2e::scenario::{
+    demo_application, register_agent_cluster, wait_greeting, wait_synced, SYNC_WAIT,
+};
 use e2e::sides::{AnyAgent, AnyPrincipal, Mode, Side};
 use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
 use k8s_openapi::api::core::v1::Namespace;
@@ -51,6 +54,8 @@ struct DestAgent {
 struct DestCell {
     ctx: TestContext,
     principal: AnyPrincipal,
+    /// The principal's namespace (hub AppProjects, cluster Secrets).
+    principal_ns: String,
     apps_ns: String,
     /// Hub Applications in `apps_ns`.
     hub_apps: Api<DynamicObject>,
@@ -155,6 +160,7 @@ impl DestCell {
             hub_apps: Api::namespaced_with(hub_client, &apps_ns, &application_resource()),
             ctx,
             principal,
+            principal_ns,
             apps_ns,
             git,
             first,
@@ -351,6 +357,102 @@ async fn applications_follow_their_destination_ours_principal_upstream_agents() 
 async fn applications_follow_their_destination_upstream_principal_ours_agents() -> anyhow::Result<()>
 {
     applications_follow_their_destination(Side::Upstream, Side::Ours).await
+}
+
+/// The hub's real ApplicationSet controller generates, from one ApplicationSet in the principal's
+/// namespace, one Application per agent (destination name = the agent): each reaches only its
+/// agent, which keeps it in its own namespace (marked remapped, as upstream's agent does), where
+/// the spoke's Argo CD syncs it; each hub Application shows its own spoke's status.
+#[tokio::test]
+async fn an_applicationset_spans_agents_each_application_synced_by_its_own_spoke(
+) -> anyhow::Result<()> {
+    let cell = DestCell::start("dest_appset", Side::Ours, Side::Ours).await?;
+    let hub = shared_planes().await.hub.client().await?;
+    for a in &cell.agents {
+        register_agent_cluster(&hub, &cell.principal_ns, &a.name).await?;
+    }
+    let _appset_controller = ArgoCd::start_applicationset_controller(
+        &cell.ctx.suffix,
+        &cell.ctx.dir,
+        &shared_planes().await.hub,
+        &cell.principal_ns,
+    )
+    .await?;
+    let elements: Vec<Value> = cell
+        .agents
+        .iter()
+        .zip(["demo-a", "demo-b"])
+        .map(|(a, app)| json!({"agent": a.name, "dest": dest(&cell.ctx, app)}))
+        .collect();
+    let template = demo_application(
+        "{{agent}}-demo",
+        &cell.principal_ns,
+        &cell.git.url("apps"),
+        json!({"name": "{{agent}}", "namespace": "{{dest}}"}),
+    );
+    let mut template = serde_json::to_value(template)?;
+    template["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("namespace");
+    let appsets: Api<DynamicObject> = Api::namespaced_with(
+        hub.clone(),
+        &cell.principal_ns,
+        &kube::discovery::ApiResource {
+            group: "argoproj.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "argoproj.io/v1alpha1".into(),
+            kind: "ApplicationSet".into(),
+            plural: "applicationsets".into(),
+        },
+    );
+    appsets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet",
+                "metadata": {"name": "demo", "namespace": cell.principal_ns},
+                "spec": {"generators": [{"list": {"elements": elements}}],
+                         "template": {"metadata": template["metadata"], "spec": template["spec"]}},
+            }))?,
+        )
+        .await?;
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub, &cell.principal_ns, &application_resource());
+    for (i, (a, app)) in cell.agents.iter().zip(["demo-a", "demo-b"]).enumerate() {
+        let name = format!("{}-demo", a.name);
+        cell.wait_greeting(i, app, "v1").await?;
+        wait_synced(
+            &hub_apps,
+            &name,
+            &cell.first,
+            &format!("{name} Synced on the hub"),
+            || cell.logs(),
+        )
+        .await?;
+        // Kept in the agent's own namespace, marked as moved from the principal's.
+        let spoke_apps: Api<DynamicObject> = Api::namespaced_with(
+            a.spoke.client().await?,
+            &a.argocd.namespace,
+            &application_resource(),
+        );
+        let names: BTreeSet<String> = spoke_apps
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .map(|o| o.name_any())
+            .collect();
+        assert_eq!(names, BTreeSet::from([name.clone()]), "{}", cell.logs());
+        let copy = spoke_apps.get(&name).await?;
+        assert_eq!(
+            copy.annotations()
+                .get("argocd.argoproj.io/namespace-remapped")
+                .map(String::as_str),
+            Some("true")
+        );
+    }
+    Ok(())
 }
 
 /// A managed agent logged in with a valid certificate, speaking by hand.
