@@ -192,6 +192,16 @@ impl Hub {
         self.view.mapping()
     }
 
+    /// The agent that answers live-view requests about hub Application `namespace`/`name`: an
+    /// autonomous agent for its namespace's mirrors, else the agent the Application maps to.
+    pub fn agent_answering_for(&self, namespace: &str, name: &str) -> Option<String> {
+        if self.autonomous_session(namespace).is_some() {
+            return Some(namespace.to_string());
+        }
+        let app = self.view.application_in(namespace, name)?;
+        self.mapping().agent_of(&app).map(str::to_string)
+    }
+
     /// The hub AppProject `name`, if it applies to `agent`.
     pub fn project_for(&self, agent: &str, name: &str) -> Option<Arc<AppProject>> {
         self.view
@@ -592,6 +602,16 @@ mod tests {
             keys,
             vec!["Application apps/guestbook", "Application team-a/other"]
         );
+        // Live-view keys follow the destination; an autonomous agent answers for its namespace.
+        assert_eq!(
+            f.hub.agent_answering_for("apps", "guestbook").as_deref(),
+            Some("team-b")
+        );
+        assert_eq!(
+            f.hub.agent_answering_for("auto", "anything").as_deref(),
+            Some("auto")
+        );
+        assert_eq!(f.hub.agent_answering_for("apps", "missing"), None);
         // No destination name: no agent. (One informer task routes in order, so once the
         // marker after it arrived, nothing of it is still on its way.)
         apply(&f.feeds.0, app("apps", "unrouted", "v1"));
