@@ -1,7 +1,8 @@
 //! Managed agents: hub changes routed into the right agent's outbox, and their checksum resync.
 //!
 //! Owns, for agents in managed mode (the hub owns spec): which events a change of a hub
-//! Application (namespace == agent), AppProject or repository Secret produces for which agent (a
+//! Application (to the agent it maps to, [`super::mapping`]; a new agent = delete on the old one,
+//! create on the new), AppProject or repository Secret produces for which agent (a
 //! repository Secret goes to every managed agent the AppProject in its `data.project` applies to,
 //! and is re-routed whenever that AppProject changes); the resync after this principal (re)started
 //! ([`ManagedRouter::principal_restart_resync`]: AppProjects and repository Secrets in full, the
