@@ -4,8 +4,8 @@
 //! namespace on its spoke, creating the namespace (`--create-namespace`), where the spoke's real
 //! Argo CD (watching that namespace) syncs it from Git and its status comes back to the hub
 //! Application in its own namespace. Two agents on two spokes prove the routing: each gets only
-//! the Applications destined to it; a new destination moves an Application from one agent to the
-//! other; an agent restarted while the hub changed catches up; a delete with Argo CD's cascade
+//! the Applications destined to it; a spoke edit is reverted; a new destination moves an
+//! Application from one agent to the other; an agent restarted while the hub changed catches up; a delete with Argo CD's cascade
 //! finalizer removes the deployed resources and then the hub Application (with our agents: an
 //! upstream agent's Foreground deletion needs a garbage collector the test planes do not run). Run for our principal
 //! with our agents and with upstream's Go agents, and for our agents on upstream's Go principal.
@@ -246,8 +246,8 @@ fn dest(ctx: &TestContext, app: &str) -> String {
 }
 
 /// Routing by destination across two agents, namespace kept and created, status back to the hub
-/// Application in its own namespace, a move between agents, catching up after an agent restart,
-/// and a cascading delete.
+/// Application in its own namespace, a spoke edit reverted, catching up after an agent restart, a
+/// move between agents, and a cascading delete.
 async fn applications_follow_their_destination(principal: Side, agent: Side) -> anyhow::Result<()> {
     let mut cell = DestCell::start("dest_routing", principal, agent).await?;
     cell.hub_apps
@@ -273,6 +273,28 @@ async fn applications_follow_their_destination(principal: Side, agent: Side) -> 
         cell.spoke_names(1).await?,
         BTreeSet::from(["demo-b".into()])
     );
+
+    // Drift: an edit of the spoke copy (in the hub namespace) is reverted to the hub's spec.
+    cell.agents[0]
+        .apps
+        .patch(
+            "demo-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"path": "drifted"}}})),
+        )
+        .await?;
+    wait_until(
+        "the spoke edit reverted to the hub's path",
+        SYNC_WAIT,
+        || async {
+            let app = serde_json::to_value(cell.agents[0].apps.get("demo-a").await?)?;
+            Ok::<_, anyhow::Error>(
+                (app.pointer("/spec/source/path") == Some(&json!("demo"))).then_some(()),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
 
     // Agent 0 restarts while the hub changes its Application: the resync catches it up.
     cell.agents[0].agent.process_mut().kill();
