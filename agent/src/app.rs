@@ -27,6 +27,7 @@ use crate::config::{AgentConfig, KubeClientConfig};
 use crate::connection::{Connection, ConnectionSettings};
 use crate::managed::{ManagedSettings, ManagedSync};
 use crate::metrics::AgentMetrics;
+use crate::placement::{AppPlacement, PrincipalNamespace};
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::sync::resync::jittered;
 
@@ -96,21 +97,29 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
     let full_resync = opened.damage.is_some();
     let (stop_tx, stop_rx) = watch::channel(false);
+    let principal_namespace = Arc::new(PrincipalNamespace::default());
     let connection = Connection::new(
         ConnectionSettings::from_config(&config, outbox_capacity),
         tls,
         outbox.clone(),
         metrics.clone(),
         health.clone(),
-    );
+    )
+    .report_principal_namespace(principal_namespace.clone());
     let live = crate::live::LiveService::start(&config, client.clone(), outbox.clone());
     // Managed agents only, as upstream: the spoke's cache counts for the hub's cluster list.
     let mut cache_info = None;
     let (watchers, resync, mut connection) = match config.mode {
         AgentMode::Managed => {
-            let sync = ManagedSync::new(
+            let placement = Arc::new(AppPlacement::from_config(
+                &config,
+                client.clone(),
+                principal_namespace,
+            ));
+            let sync = ManagedSync::placed(
                 client,
                 ManagedSettings::from_config(&config),
+                placement,
                 outbox.clone(),
             );
             let watchers = tokio::spawn(sync.clone().run_watchers());

@@ -110,8 +110,8 @@ pub struct AgentArgs {
     pub namespace: String,
 
     /// Further local namespaces Applications may live in, comma-separated; '*' and '?' globs
-    /// allowed. As upstream, only used with --destination-based-mapping, which is not implemented
-    /// yet: a non-empty value is refused at start-up.
+    /// allowed. As upstream, only used with --destination-based-mapping (an Application whose hub
+    /// namespace is neither --namespace nor matched here is refused and reported to the hub).
     #[arg(
         long,
         env = "ARGOCD_AGENT_ALLOWED_NAMESPACES",
@@ -246,14 +246,15 @@ pub struct AgentArgs {
     pub log_endpoint: Option<String>,
 
     /// Keep each Application's hub namespace locally (the principal maps by destination; managed
-    /// only). Not implemented yet: `true` is refused at start-up.
+    /// only): it must be --namespace or match --allowed-namespaces; an Application of the
+    /// principal's own namespace is kept in --namespace, as upstream.
     #[arg(long, env = "ARGOCD_AGENT_DESTINATION_BASED_MAPPING", default_value_t = false,
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub destination_based_mapping: bool,
 
     /// Create an Application's namespace locally when it is missing (managed only; requires
-    /// --destination-based-mapping, as upstream, so it is refused at start-up for now).
+    /// --destination-based-mapping, as upstream).
     #[arg(long, env = "ARGOCD_AGENT_CREATE_NAMESPACE", default_value_t = false,
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
@@ -562,20 +563,14 @@ impl AgentArgs {
                  (destination-based mapping); without it every Application lives in --namespace",
             ));
         }
-        if self.destination_based_mapping || self.create_namespace {
-            return Err(FLAGS.invalid(
-                "destination-based-mapping",
-                "is not implemented yet (and --create-namespace with it): Applications are kept in \
-                 --namespace; drop the flags",
-            ));
-        }
         FLAGS.namespace(&self.namespace)?;
         let allowed_namespaces = FLAGS.allowed_namespaces(self.allowed_namespaces)?;
-        if !allowed_namespaces.is_empty() {
-            return Err(FLAGS.invalid(
+        if !allowed_namespaces.is_empty() && !self.destination_based_mapping {
+            return Err(FLAGS.conflict(
                 "allowed-namespaces",
-                "only admits Applications outside --namespace under destination-based mapping, \
-                 which is not implemented yet; drop it (every Application lives in --namespace)",
+                "destination-based-mapping",
+                "further namespaces only hold Applications that keep their hub namespace \
+                 (destination-based mapping); without it every Application lives in --namespace",
             ));
         }
 
@@ -825,28 +820,33 @@ mod tests {
     }
 
     #[test]
-    fn destination_mapping_flags_are_refused_until_destination_mapping_is_implemented() {
+    fn destination_mapping_flags_take_effect_together_and_are_refused_alone() {
         let files = Files::new();
-        let err = files.validate(&["--create-namespace"]).unwrap_err();
-        assert_eq!(err.flag(), "create-namespace");
-        assert!(
-            err.to_string()
-                .contains("ARGOCD_AGENT_DESTINATION_BASED_MAPPING"),
-            "{err}"
-        );
-        for flags in [
-            &["--destination-based-mapping"][..],
-            &["--destination-based-mapping", "--create-namespace"][..],
+        for alone in [
+            &["--create-namespace"][..],
+            &["--allowed-namespaces=team-*"][..],
         ] {
-            let err = files.validate(flags).unwrap_err();
-            assert_eq!(err.flag(), "destination-based-mapping");
-            assert!(err.to_string().contains("not implemented yet"), "{err}");
+            let err = files.validate(alone).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("ARGOCD_AGENT_DESTINATION_BASED_MAPPING"),
+                "{alone:?}: {err}"
+            );
         }
+        let config = files
+            .validate(&[
+                "--destination-based-mapping",
+                "--create-namespace",
+                "--allowed-namespaces=team-*,apps",
+            ])
+            .unwrap();
+        assert!(config.destination_based_mapping && config.create_namespace);
+        assert_eq!(config.allowed_namespaces, vec!["team-*", "apps"]);
         let err = files
-            .validate(&["--allowed-namespaces=team-*"])
+            .validate(&["--mode=autonomous", "--destination-based-mapping"])
             .unwrap_err();
-        assert_eq!(err.flag(), "allowed-namespaces");
-        assert!(err.to_string().contains("not implemented yet"), "{err}");
+        assert_eq!(err.flag(), "destination-based-mapping");
+        assert!(err.to_string().contains("managed agents only"), "{err}");
         let config = files
             .validate(&[
                 "--destination-based-mapping=false",

@@ -46,6 +46,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{AgentConfig, KeepaliveConfig};
 use crate::metrics::AgentMetrics;
+use crate::placement::PrincipalNamespace;
 pub use backoff::ReconnectBackoff;
 pub use token::{jwt_expiry, SessionTokens, TokenStep};
 
@@ -294,6 +295,8 @@ pub struct Connection {
     health: HealthState,
     tokens: Option<SessionTokens>,
     principal_version: Option<String>,
+    /// Where the principal's namespace from login answers goes, if anyone needs it.
+    principal_namespace: Option<Arc<PrincipalNamespace>>,
 }
 
 impl Connection {
@@ -313,7 +316,15 @@ impl Connection {
             health,
             tokens: None,
             principal_version: None,
+            principal_namespace: None,
         }
+    }
+
+    /// Records the principal's namespace from every login answer in `into` (destination-based
+    /// mapping moves Applications of that namespace into the agent's).
+    pub fn report_principal_namespace(mut self, into: Arc<PrincipalNamespace>) -> Self {
+        self.principal_namespace = Some(into);
+        self
     }
 
     /// Connects, streams, and reconnects until `shutdown` becomes true (or its sender is
@@ -621,6 +632,9 @@ impl Connection {
                     "the principal's version may not be compatible with this agent"),
             }
             self.principal_version = Some(resp.version.clone());
+        }
+        if let Some(into) = &self.principal_namespace {
+            into.set(&resp.principal_namespace);
         }
         let tokens = SessionTokens::new(resp.access_token, resp.refresh_token);
         let access = tokens.access().to_string();

@@ -10,5 +10,6 @@ pub mod drift;
 pub mod live;
 pub mod managed;
 pub mod metrics;
+pub mod placement;
 pub mod spoke_copy;
 pub mod spoke_watch;

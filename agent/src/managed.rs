@@ -7,8 +7,10 @@
 //! namespace's informers ([`crate::spoke_watch`], whose stores say what the spoke holds) that
 //! keeps the spoke honest: it reverts local drift, recreates objects deleted without the hub
 //! asking, reports status changes as `status-update`, and confirms deletions the hub asked for
-//! with a `delete` event. Also owns the in-memory cache of the last hub copy per object (by kind
-//! and name) and the set of deletions the hub asked for. Every write is idempotent: events may be
+//! with a `delete` event. Also owns the in-memory cache of the last hub copy per object (by kind,
+//! namespace and name) and the set of deletions the hub asked for. Which spoke namespace an
+//! Application is kept in (the agent's, or under destination-based mapping its hub namespace) is
+//! [`crate::placement`]'s decision. Every write is idempotent: events may be
 //! redelivered. Pure decisions live in [`crate::drift`], the spoke copy in [`crate::spoke_copy`].
 //!
 //! Resync (reference §2.5): after the process starts, once every kind was listed, the hub copy
@@ -47,6 +49,7 @@ use crate::config::{AdoptionPolicy, AgentConfig, SourceUidMismatchPolicy};
 use crate::drift::{
     needs_revert, on_deleted, status_report, CachedCopy, DeletedAction, StatusReport,
 };
+use crate::placement::{AppPlacement, Placed, NAMESPACE_REMAPPED_ANNOTATION};
 use crate::spoke_copy::{
     is_terminating, managed_view, matches_desired, object_name, object_uid, replacement_body,
     reported_view, source_uid, spoke_copy, SyncedKind,
@@ -97,20 +100,33 @@ impl ManagedSettings {
     }
 }
 
-/// Identity of a spoke object within the agent namespace.
+/// Identity of a spoke object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ObjectKey {
     kind: SyncedKind,
+    namespace: String,
     name: String,
 }
 
 impl ObjectKey {
-    fn new(kind: SyncedKind, name: &str) -> Self {
+    fn new(kind: SyncedKind, namespace: &str, name: &str) -> Self {
         ObjectKey {
             kind,
+            namespace: namespace.to_string(),
             name: name.to_string(),
         }
     }
+
+    /// The key of spoke object `obj` (JSON) of `kind`.
+    fn of(kind: SyncedKind, obj: &Value) -> Self {
+        ObjectKey::new(kind, object_namespace(obj), object_name(obj))
+    }
+}
+
+fn object_namespace(obj: &Value) -> &str {
+    obj.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
 }
 
 #[derive(Debug, Default)]
@@ -119,8 +135,8 @@ struct SpokeState {
     cache: HashMap<ObjectKey, CachedCopy>,
     /// Deletions the hub asked for and the watcher has not seen complete yet.
     expected_deletions: HashSet<ObjectKey>,
-    /// Status/operation view last reported per Application name.
-    reported: HashMap<String, Value>,
+    /// Status/operation view last reported per Application.
+    reported: HashMap<ObjectKey, Value>,
     /// Kinds whose first list since start completed.
     listed: HashSet<SyncedKind>,
 }
@@ -175,6 +191,8 @@ fn hub_copy_of_live(kind: SyncedKind, live: &Value) -> Value {
 /// The spoke side of managed mode (see the module docs). Share it as `Arc<ManagedSync>`.
 pub struct ManagedSync {
     settings: ManagedSettings,
+    client: kube::Client,
+    placement: Arc<AppPlacement>,
     apps: Api<DynamicObject>,
     projects: Api<DynamicObject>,
     repositories: Api<DynamicObject>,
@@ -213,8 +231,20 @@ pub(crate) fn patch_params() -> PatchParams {
 }
 
 impl ManagedSync {
-    /// Managed sync over `client`, queueing outbound events into `outbox`.
+    /// Managed sync over `client`, queueing outbound events into `outbox`; every Application in
+    /// the agent namespace.
     pub fn new(client: kube::Client, settings: ManagedSettings, outbox: Arc<Outbox>) -> Arc<Self> {
+        let placement = Arc::new(AppPlacement::namespaced(&settings.namespace));
+        ManagedSync::placed(client, settings, placement, outbox)
+    }
+
+    /// [`ManagedSync::new`] keeping Applications where `placement` says.
+    pub fn placed(
+        client: kube::Client,
+        settings: ManagedSettings,
+        placement: Arc<AppPlacement>,
+        outbox: Arc<Outbox>,
+    ) -> Arc<Self> {
         let apps = Api::namespaced_with(
             client.clone(),
             &settings.namespace,
@@ -230,13 +260,16 @@ impl ManagedSync {
             &settings.namespace,
             &SyncedKind::Repository.api_resource(),
         );
-        let spoke = SpokeInformers::new(
+        let spoke = SpokeInformers::placed(
             &client,
             &settings.namespace,
             ALL_KINDS.map(|kind| (kind, settings.selector(kind))),
+            Some(placement.clone()),
         );
         Arc::new(ManagedSync {
             settings,
+            client,
+            placement,
             apps,
             projects,
             repositories,
@@ -250,7 +283,7 @@ impl ManagedSync {
     pub fn cached_copy(&self, kind: SyncedKind, name: &str) -> Option<Value> {
         self.lock()
             .cache
-            .get(&ObjectKey::new(kind, name))
+            .get(&ObjectKey::new(kind, &self.settings.namespace, name))
             .map(|c| c.desired.clone())
     }
 
@@ -264,6 +297,73 @@ impl ManagedSync {
             SyncedKind::Application => &self.apps,
             SyncedKind::AppProject => &self.projects,
             SyncedKind::Repository => &self.repositories,
+        }
+    }
+
+    /// The API of `kind` in spoke namespace `namespace`.
+    fn api_in(&self, kind: SyncedKind, namespace: &str) -> Api<DynamicObject> {
+        if namespace == self.settings.namespace {
+            return self.api(kind).clone();
+        }
+        Api::namespaced_with(self.client.clone(), namespace, &kind.api_resource())
+    }
+
+    /// The API listing every spoke object of `kind` the agent keeps (Applications under
+    /// destination-based mapping: every namespace; the caller keeps those placement admits).
+    fn list_api(&self, kind: SyncedKind) -> Api<DynamicObject> {
+        if kind == SyncedKind::Application && self.placement.destination_mapping() {
+            return Api::all_with(self.client.clone(), &kind.api_resource());
+        }
+        self.api(kind).clone()
+    }
+
+    /// Where the spoke copy of hub object `hub` of `kind` is kept, or why it may not be.
+    fn place(&self, kind: SyncedKind, hub: &Value) -> Result<Placed, String> {
+        match kind {
+            SyncedKind::Application => self.placement.place(object_namespace(hub)),
+            _ => Ok(Placed {
+                namespace: self.settings.namespace.clone(),
+                remapped: false,
+            }),
+        }
+    }
+
+    /// The spoke copy of `hub` where `placed` says, marked when it was remapped.
+    fn desired_copy(
+        &self,
+        kind: SyncedKind,
+        hub: &Value,
+        placed: &Placed,
+    ) -> Result<Value, HandleError> {
+        let mut desired = spoke_copy(kind, hub, &placed.namespace)
+            .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        if placed.remapped {
+            if let Some(annotations) = desired
+                .pointer_mut("/metadata/annotations")
+                .and_then(Value::as_object_mut)
+            {
+                annotations.insert(NAMESPACE_REMAPPED_ANNOTATION.into(), json!("true"));
+            }
+        }
+        Ok(desired)
+    }
+
+    /// The namespace a request about spoke object `obj` of `kind` names (the hub's, see
+    /// [`AppPlacement::hub_namespace_of`]).
+    fn request_namespace(&self, kind: SyncedKind, obj: &Value) -> String {
+        match kind {
+            SyncedKind::Application => self.placement.hub_namespace_of(obj),
+            _ => self.settings.namespace.clone(),
+        }
+    }
+
+    /// The outbox key of a request-update about `kind` `namespace`/`name` (Applications in
+    /// several namespaces may share a name).
+    fn request_key(&self, kind: SyncedKind, namespace: &str, name: &str) -> String {
+        if kind == SyncedKind::Application && self.placement.destination_mapping() {
+            request_update_key(kind.kind(), &format!("{namespace}/{name}"))
+        } else {
+            request_update_key(kind.kind(), name)
         }
     }
 
@@ -282,9 +382,26 @@ impl ManagedSync {
         if is_terminating(hub) {
             return self.delete_for_hub(kind, hub).await;
         }
-        let desired = spoke_copy(kind, hub, &self.settings.namespace)
-            .map_err(|e| HandleError::Rejected(e.to_string()))?;
-        let key = ObjectKey::new(kind, object_name(&desired));
+        let placed = self.place(kind, hub).map_err(HandleError::Rejected);
+        let placed = match placed {
+            Ok(p) if kind == SyncedKind::Application => self
+                .placement
+                .ensure_namespace(&p.namespace)
+                .await
+                .map(|()| p),
+            other => other,
+        };
+        let placed = match placed {
+            Ok(p) => p,
+            Err(e) => {
+                if let (HandleError::Rejected(reason), SyncedKind::Application) = (&e, kind) {
+                    self.report_error(hub, reason);
+                }
+                return Err(e);
+            }
+        };
+        let desired = self.desired_copy(kind, hub, &placed)?;
+        let key = ObjectKey::of(kind, &desired);
         {
             let mut st = self.lock();
             st.expected_deletions.remove(&key);
@@ -331,13 +448,13 @@ impl ManagedSync {
 
     /// Creates the spoke copy, or replaces a live one while keeping its status and operation.
     async fn upsert(&self, kind: SyncedKind, desired: &Value) -> Result<(), HandleError> {
-        let api = self.api(kind);
-        let ns = &self.settings.namespace;
+        let ns = object_namespace(desired);
+        let api = self.api_in(kind, ns);
         let name = object_name(desired);
         // A bulk of new objects (e.g. after a long disconnect) costs one write each, not a read
         // and a write: when the watch knows of no copy, try to create first.
-        let believed_absent =
-            self.lock().listed.contains(&kind) && self.spoke.source_uid(kind, name).is_none();
+        let believed_absent = self.lock().listed.contains(&kind)
+            && self.spoke.source_uid_in(kind, ns, name).is_none();
         if believed_absent && self.create_copy(kind, desired).await? {
             return Ok(());
         }
@@ -422,9 +539,9 @@ impl ManagedSync {
 
     /// Creates the spoke copy `desired`; false if an object of that name already exists.
     async fn create_copy(&self, kind: SyncedKind, desired: &Value) -> Result<bool, HandleError> {
-        let (ns, name) = (&self.settings.namespace, object_name(desired));
+        let (ns, name) = (object_namespace(desired), object_name(desired));
         match self
-            .api(kind)
+            .api_in(kind, ns)
             .create(&write_params(), &from_json(desired)?)
             .await
         {
@@ -444,10 +561,7 @@ impl ManagedSync {
     /// Remembers what the apiserver stored for `desired` (if it is still the current hub copy).
     fn record_applied(&self, kind: SyncedKind, desired: &Value, stored: &Value) {
         let mut st = self.lock();
-        if let Some(c) = st
-            .cache
-            .get_mut(&ObjectKey::new(kind, object_name(desired)))
-        {
+        if let Some(c) = st.cache.get_mut(&ObjectKey::of(kind, desired)) {
             if c.desired == *desired {
                 c.applied = Some(managed_view(stored));
             }
@@ -462,17 +576,16 @@ impl ManagedSync {
             return Ok(());
         }
         let name = object_name(hub);
-        let ns = &self.settings.namespace;
+        let placed = self
+            .place(SyncedKind::Application, hub)
+            .map_err(HandleError::Rejected)?;
+        let ns = &placed.namespace;
+        let apps = self.api_in(SyncedKind::Application, ns);
         let what = || format!("setting the operation of spoke Application {ns}/{name}");
-        let live = self
-            .apps
-            .get(name)
-            .await
-            .map_err(|e| handle_error(what(), e))?;
+        let live = apps.get(name).await.map_err(|e| handle_error(what(), e))?;
         let body = crate::spoke_copy::with_requested_operation(&to_json(&live), &operation);
         // An update of what was read: a concurrent write is a conflict, retried.
-        self.apps
-            .replace(name, &write_params(), &from_json(&body)?)
+        apps.replace(name, &write_params(), &from_json(&body)?)
             .await
             .map_err(|e| handle_error(what(), e))?;
         info!(namespace = %ns, name, "started the operation the hub requested");
@@ -482,10 +595,14 @@ impl ManagedSync {
     /// terminate-operation: mark the running operation Terminating.
     async fn terminate_operation(&self, hub: &Value) -> Result<(), HandleError> {
         let name = object_name(hub);
-        let ns = &self.settings.namespace;
+        let Ok(placed) = self.place(SyncedKind::Application, hub) else {
+            // Never kept here, so nothing runs here.
+            return Ok(());
+        };
+        let ns = &placed.namespace;
         let patch = json!({"status": {"operationState": {"phase": "Terminating"}}});
         match self
-            .apps
+            .api_in(SyncedKind::Application, ns)
             .patch(name, &patch_params(), &Patch::Merge(patch))
             .await
         {
@@ -509,15 +626,22 @@ impl ManagedSync {
                 "the {kind} payload has no metadata.name"
             )));
         }
-        let ns = &self.settings.namespace;
         let hub_uid = object_uid(hub);
-        let key = ObjectKey::new(kind, name);
-        let api = self.api(kind);
-        let live = api
-            .get_opt(name)
-            .await
-            .map_err(|e| handle_error(format!("reading spoke {kind} {ns}/{name}"), e))?
-            .map(|o| to_json(&o));
+        // Not permitted here: never kept here, so nothing to delete.
+        let placed = self.place(kind, hub).ok();
+        let ns = placed
+            .as_ref()
+            .map_or(object_namespace(hub), |p| p.namespace.as_str());
+        let key = ObjectKey::new(kind, ns, name);
+        let api = self.api_in(kind, ns);
+        let live = match placed {
+            Some(_) => api
+                .get_opt(name)
+                .await
+                .map_err(|e| handle_error(format!("reading spoke {kind} {ns}/{name}"), e))?
+                .map(|o| to_json(&o)),
+            None => None,
+        };
         let ours = live
             .as_ref()
             .is_some_and(|l| source_uid(l).is_some_and(|u| hub_uid.is_empty() || u == hub_uid));
@@ -536,7 +660,7 @@ impl ManagedSync {
             }
             debug!(kind = %kind, namespace = %ns, name, "no spoke copy of the deleted hub object");
             if kind == SyncedKind::Application {
-                let gone = json!({
+                let mut gone = json!({
                     "apiVersion": "argoproj.io/v1alpha1",
                     "kind": kind.kind(),
                     "metadata": {
@@ -545,6 +669,9 @@ impl ManagedSync {
                         "annotations": {argocd_agent_proto::event::SOURCE_UID_ANNOTATION: hub_uid},
                     },
                 });
+                if placed.as_ref().is_some_and(|p| p.remapped) {
+                    gone["metadata"]["annotations"][NAMESPACE_REMAPPED_ANNOTATION] = json!("true");
+                }
                 self.confirm_deletion(&gone)?;
             }
             return Ok(());
@@ -603,13 +730,16 @@ impl ManagedSync {
             if let Some(sel) = self.settings.selector(kind) {
                 params = params.labels(&sel);
             }
-            let list = self.api(kind).list(&params).await.map_err(|e| {
+            let list = self.list_api(kind).list(&params).await.map_err(|e| {
                 handle_error(
                     format!("listing spoke {kind}s in {}", self.settings.namespace),
                     e,
                 )
             })?;
             for obj in list.items.iter().map(to_json) {
+                if !self.placement.admits(object_namespace(&obj)) {
+                    continue;
+                }
                 let Some(uid) = source_uid(&obj) else {
                     continue;
                 };
@@ -622,7 +752,7 @@ impl ManagedSync {
                 };
                 let req = RequestUpdate {
                     name: object_name(&obj).to_string(),
-                    namespace: self.settings.namespace.clone(),
+                    namespace: self.request_namespace(kind, &obj),
                     uid: uid.to_string(),
                     kind: kind.kind().to_string(),
                     checksum,
@@ -633,7 +763,7 @@ impl ManagedSync {
                 if kind == SyncedKind::Application {
                     ev = with_checksum(ev, STATUS_CHECKSUM, &status_checksum(&obj));
                 }
-                let key = request_update_key(kind.kind(), &req.name);
+                let key = self.request_key(kind, &req.namespace, &req.name);
                 self.push(keyed_request(ev, key))?;
                 keys.push(ResourceKey::new(kind.kind(), &req.name, "", uid));
                 sent += 1;
@@ -667,13 +797,22 @@ impl ManagedSync {
                 "response-synced-resource without a name".into(),
             ));
         }
+        let hub = json!({"metadata": {"namespace": key.namespace}});
+        let placed = match self.place(kind, &hub) {
+            Ok(p) => p,
+            Err(reason) => {
+                debug!(kind = %kind, name = %key.name, %reason, "the hub lists an object this agent may not keep");
+                return Ok(());
+            }
+        };
+        let ns = placed.namespace.as_str();
         let listed = self.lock().listed.contains(&kind);
-        let local = listed.then(|| self.spoke.source_uid(kind, &key.name));
+        let local = listed.then(|| self.spoke.source_uid_in(kind, ns, &key.name));
         let local = match local {
             Some(known) => known,
             // Not listed yet: ask the apiserver.
             None => self
-                .api(kind)
+                .api_in(kind, ns)
                 .get_opt(&key.name)
                 .await
                 .map_err(|e| handle_error(format!("reading spoke {kind} {}", key.name), e))?
@@ -683,19 +822,22 @@ impl ManagedSync {
             return Ok(());
         }
         debug!(kind = %kind, name = %key.name, "the hub has an object the spoke lacks; asking for it");
+        let namespace = if kind == SyncedKind::Application && self.placement.destination_mapping() {
+            key.namespace.clone()
+        } else {
+            self.settings.namespace.clone()
+        };
         let req = RequestUpdate {
             name: key.name.clone(),
-            namespace: self.settings.namespace.clone(),
+            namespace,
             uid: key.uid.clone(),
             kind: kind.kind().to_string(),
             checksum: Vec::new(),
         };
         let ev = Event::request_update(AGENT_SOURCE, &req)
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
-        self.push(keyed_request(
-            ev,
-            request_update_key(kind.kind(), &key.name),
-        ))
+        let outbox_key = self.request_key(kind, &req.namespace, &key.name);
+        self.push(keyed_request(ev, outbox_key))
     }
 
     /// After the first list of a kind since start: seeds the hub copy cache from the spoke copies
@@ -706,7 +848,7 @@ impl ManagedSync {
             let mut st = self.lock();
             let mut seeded = 0usize;
             for live in listed.iter().filter(|l| source_uid(l).is_some()) {
-                let key = ObjectKey::new(kind, object_name(live));
+                let key = ObjectKey::of(kind, live);
                 if !st.cache.contains_key(&key) && !is_terminating(live) {
                     let copy = CachedCopy {
                         desired: hub_copy_of_live(kind, live),
@@ -747,18 +889,18 @@ impl ManagedSync {
 
     /// A spoke object was added or changed: report its status, revert drift.
     async fn on_applied(&self, kind: SyncedKind, live: &Value) {
-        let name = object_name(live);
-        let ns = &self.settings.namespace;
+        let (ns, name) = (object_namespace(live), object_name(live));
+        let key = ObjectKey::of(kind, live);
         let (revert, report) = {
             let st = self.lock();
-            let cached = st.cache.get(&ObjectKey::new(kind, name));
+            let cached = st.cache.get(&key);
             let revert = needs_revert(live, cached).then(|| cached.map(|c| c.desired.clone()));
-            let report = match status_report(kind, live, st.reported.get(name)) {
+            let report = match status_report(kind, live, st.reported.get(&key)) {
                 // The first list since start: the resync after it carries each status checksum
                 // and the principal asks for the statuses the hub lacks, so a restart with
                 // nothing changed sends no status.
                 StatusReport::Send(view)
-                    if !st.listed.contains(&kind) && !st.reported.contains_key(name) =>
+                    if !st.listed.contains(&kind) && !st.reported.contains_key(&key) =>
                 {
                     StatusReport::RecordOnly(view)
                 }
@@ -769,7 +911,7 @@ impl ManagedSync {
         match report {
             StatusReport::Unchanged => {}
             StatusReport::RecordOnly(view) => {
-                self.lock().reported.insert(name.to_string(), view);
+                self.lock().reported.insert(key, view);
             }
             StatusReport::Send(view) => self.send_status(live, view),
         }
@@ -784,7 +926,7 @@ impl ManagedSync {
 
     /// Queues a `status-update` with live Application `live` and remembers `view` as reported.
     fn send_status(&self, live: &Value, view: Value) {
-        let (ns, name) = (&self.settings.namespace, object_name(live));
+        let (ns, name) = (object_namespace(live), object_name(live));
         match Event::for_object(
             EventType::StatusUpdate,
             SyncedKind::Application.target(),
@@ -794,7 +936,9 @@ impl ManagedSync {
             Ok(ev) => {
                 if self.push(ev).is_ok() {
                     debug!(namespace = %ns, name, "queued status-update for the principal");
-                    self.lock().reported.insert(name.to_string(), view);
+                    self.lock()
+                        .reported
+                        .insert(ObjectKey::of(SyncedKind::Application, live), view);
                 }
             }
             Err(e) => warn!(namespace = %ns, name, error = %e, "cannot build a status-update"),
@@ -810,8 +954,13 @@ impl ManagedSync {
                 req.kind
             )));
         }
+        let hub = json!({"metadata": {"namespace": req.namespace}});
+        let Ok(placed) = self.place(SyncedKind::Application, &hub) else {
+            debug!(name = %req.name, namespace = %req.namespace, "status asked for an Application this agent may not keep");
+            return Ok(());
+        };
         let live = self
-            .apps
+            .api_in(SyncedKind::Application, &placed.namespace)
             .get_opt(&req.name)
             .await
             .map_err(|e| handle_error(format!("reading spoke Application {}", req.name), e))?
@@ -830,12 +979,11 @@ impl ManagedSync {
 
     /// A spoke object is gone: confirm an expected deletion, recreate an unexpected one.
     async fn on_gone(&self, kind: SyncedKind, gone: &Value) {
-        let name = object_name(gone);
-        let ns = &self.settings.namespace;
-        let key = ObjectKey::new(kind, name);
+        let (ns, name) = (object_namespace(gone), object_name(gone));
+        let key = ObjectKey::of(kind, gone);
         let (expected, cached) = {
             let mut st = self.lock();
-            st.reported.remove(name);
+            st.reported.remove(&key);
             (
                 st.expected_deletions.remove(&key),
                 st.cache.get(&key).cloned(),
@@ -962,7 +1110,7 @@ mod tests {
         {
             let mut st = sync.lock();
             for name in ["b", "d"] {
-                let key = ObjectKey::new(SyncedKind::Application, name);
+                let key = ObjectKey::new(SyncedKind::Application, "argocd", name);
                 st.expected_deletions.insert(key);
             }
         }
@@ -983,6 +1131,79 @@ mod tests {
         assert!(
             sync.cached_copy(SyncedKind::Application, "a").is_some(),
             "seeded by the first list"
+        );
+    }
+
+    /// An Application in spoke namespace `ns`, made from hub Application `hub-{ns}-{name}`.
+    fn app_in(ns: &str, name: &str, health: &str) -> DynamicObject {
+        object(json!({
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Application",
+            "metadata": {"name": name, "namespace": ns, "uid": format!("spoke-{ns}-{name}"),
+                "resourceVersion": "1",
+                "annotations": {SOURCE_UID_ANNOTATION: format!("hub-{ns}-{name}")}},
+            "spec": {"project": "default"},
+            "status": {"health": {"status": health}},
+        }))
+    }
+
+    #[tokio::test]
+    async fn under_destination_mapping_applications_of_allowed_namespaces_report_their_status_each()
+    {
+        use kube::runtime::watcher::Event::{Apply, Init, InitApply, InitDone};
+        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
+        let settings = ManagedSettings {
+            namespace: "argocd".into(),
+            adoption_policy: AdoptionPolicy::Always,
+            source_uid_mismatch_policy: SourceUidMismatchPolicy::Recreate,
+            label_selector: None,
+        };
+        let placement = Arc::new(AppPlacement::destination_for_tests(
+            "argocd",
+            &["team-*"],
+            "hub-argocd",
+        ));
+        let sync = ManagedSync::placed(unreachable_client(), settings, placement, outbox.clone());
+        let history = vec![
+            Init,
+            InitApply(app_in("team-a", "app", "Healthy")),
+            InitApply(app_in("team-b", "app", "Healthy")),
+            InitApply(app_in("kube-system", "app", "Healthy")),
+            InitDone,
+            Apply(app_in("team-a", "app", "Degraded")),
+            Apply(app_in("kube-system", "app", "Degraded")),
+            Apply(app_in("team-b", "app", "Degraded")),
+        ];
+        sync.spoke
+            .feed(&sync, SyncedKind::Application, history)
+            .await;
+        outbox.set_connected(true);
+        let mut sent = Vec::new();
+        while let Some(ev) = outbox.take_next(std::time::Instant::now()) {
+            outbox.ack(&ev.ack());
+            let obj: Value = ev.data_as().unwrap();
+            sent.push(format!(
+                "{} {}/{}",
+                ev.event_type.name(),
+                object_namespace(&obj),
+                object_name(&obj)
+            ));
+        }
+        // Same name in two allowed namespaces: two Applications; kube-system is not the agent's.
+        assert_eq!(
+            sent,
+            ["status-update team-a/app", "status-update team-b/app"]
+        );
+        assert_eq!(
+            sync.spoke
+                .source_uid_in(SyncedKind::Application, "team-b", "app")
+                .as_deref(),
+            Some("hub-team-b-app")
+        );
+        assert_eq!(
+            sync.spoke
+                .source_uid_in(SyncedKind::Application, "kube-system", "app"),
+            None
         );
     }
 

@@ -1,6 +1,7 @@
 //! The agent's watch of its namespace: one [`Informer`] per spoke kind a mode syncs
 //! (Applications and AppProjects, and in managed mode repository Secrets), whose stores are the
-//! agent's one copy of what the spoke holds.
+//! agent's one copy of what the spoke holds. Under destination-based mapping the Application
+//! informer watches every spoke namespace and keeps those [`AppPlacement`] admits.
 //!
 //! Owns [`SpokeInformers`] (built with a mode's sync, so the sync reads the stores from the start;
 //! run once, by the mode's `run_watchers`) and [`SpokeObserver`], what a mode implements to hear
@@ -21,6 +22,7 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::managed::to_json;
+use crate::placement::AppPlacement;
 use crate::spoke_copy::SyncedKind;
 
 /// What a mode does when spoke objects change. Calls for one kind come one at a time, in watch
@@ -75,20 +77,45 @@ impl SpokeInformers {
         namespace: &str,
         kinds: impl IntoIterator<Item = (SyncedKind, Option<String>)>,
     ) -> Self {
+        SpokeInformers::placed(client, namespace, kinds, None)
+    }
+
+    /// [`SpokeInformers::new`] whose Application informer, under destination-based mapping,
+    /// watches every namespace `placement` admits.
+    pub fn placed(
+        client: &kube::Client,
+        namespace: &str,
+        kinds: impl IntoIterator<Item = (SyncedKind, Option<String>)>,
+        placement: Option<Arc<AppPlacement>>,
+    ) -> Self {
         let mut readers = Vec::new();
         let mut pending = Vec::new();
+        let across = placement.filter(|p| p.destination_mapping());
         for (kind, selector) in kinds {
-            let api = Api::namespaced_with(client.clone(), namespace, &kind.api_resource());
             let mut config = watcher::Config::default();
             if let Some(sel) = &selector {
                 config = config.labels(sel);
             }
-            let informer = Informer::new_with(
-                format!("spoke {kind}s in {namespace}"),
-                api,
-                config,
-                kind.api_resource(),
-            );
+            let informer = match (&across, kind) {
+                (Some(placement), SyncedKind::Application) => {
+                    let placement = placement.clone();
+                    Informer::new_with(
+                        format!("spoke {kind}s in the allowed namespaces"),
+                        Api::all_with(client.clone(), &kind.api_resource()),
+                        config,
+                        kind.api_resource(),
+                    )
+                    .scope(move |o: &DynamicObject| {
+                        placement.admits(o.metadata.namespace.as_deref().unwrap_or_default())
+                    })
+                }
+                _ => Informer::new_with(
+                    format!("spoke {kind}s in {namespace}"),
+                    Api::namespaced_with(client.clone(), namespace, &kind.api_resource()),
+                    config,
+                    kind.api_resource(),
+                ),
+            };
             readers.push((kind, informer.reader()));
             pending.push((kind, informer));
         }
@@ -113,9 +140,15 @@ impl SpokeInformers {
             .unwrap_or_default()
     }
 
-    /// The hub object uid (source-uid annotation) of the stored `kind`/`name`, if it has one.
+    /// The hub object uid (source-uid annotation) of the stored `kind`/`name` in the agent
+    /// namespace, if it has one.
     pub fn source_uid(&self, kind: SyncedKind, name: &str) -> Option<String> {
-        let obj = self.reader(kind)?.get(Some(&self.namespace), name)?;
+        self.source_uid_in(kind, &self.namespace, name)
+    }
+
+    /// [`SpokeInformers::source_uid`] of the object in spoke namespace `namespace`.
+    pub fn source_uid_in(&self, kind: SyncedKind, namespace: &str, name: &str) -> Option<String> {
+        let obj = self.reader(kind)?.get(Some(namespace), name)?;
         obj.annotations()
             .get(SOURCE_UID_ANNOTATION)
             .filter(|uid| !uid.is_empty())

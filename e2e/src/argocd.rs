@@ -6,7 +6,8 @@
 //!   by a password, as Argo CD's default install configures it (secret `argocd-redis`, key `auth`);
 //! - on the hub, [`ArgoCd::start_server`]: argocd-server (API, CLI and UI) and a repo-server (as
 //!   upstream argocd-agent's hub runs them), their Redis address and password chosen by the caller
-//!   (the principal's Redis proxy in front of the hub Redis, as upstream argocd-agent documents).
+//!   (the principal's Redis proxy in front of the hub Redis, as upstream argocd-agent documents);
+//!   and [`ArgoCd::start_applicationset_controller`], which generates hub Applications.
 //!
 //! Owns the objects Argo CD needs in its namespace before it starts (labelled `argocd-cm`,
 //! `argocd-rbac-cm`, `argocd-secret` with a bcrypt admin password, `argocd-redis`, the `default`
@@ -148,6 +149,53 @@ impl ArgoCd {
             processes: vec![repo_server, server],
         };
         wait_http_ok(port, "/healthz", Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd.log_tails(30)))?;
+        Ok(argocd)
+    }
+
+    /// Starts the ApplicationSet controller on `plane` for ApplicationSets in `namespace` (Argo
+    /// CD's objects prepared there as for the other components; the multi-call binary run under
+    /// that name); waits until its metrics server answers. No repo-server: list generators need none.
+    pub async fn start_applicationset_controller(
+        name: &str,
+        dir: &Path,
+        plane: &ControlPlane,
+        namespace: &str,
+    ) -> anyhow::Result<ArgoCd> {
+        const COMPONENT: &str = "argocd-applicationset-controller";
+        let dir = dir.join(format!("argocd-appset-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        let no_redis = RedisEndpoint {
+            address: String::new(),
+            password: None,
+        };
+        prepare_namespace(plane, namespace, &no_redis).await?;
+        let metrics = free_port();
+        let spec = ProcessSpec::new(
+            format!("{COMPONENT}-{name}"),
+            Peer::ArgoCd.binary("argocd")?,
+            dir.join(format!("{COMPONENT}.log")),
+        )
+        .env("ARGOCD_BINARY_NAME", COMPONENT)
+        .env("KUBECONFIG", &plane.kubeconfig)
+        .arg(format!("--kubeconfig={}", plane.kubeconfig.display()))
+        .arg(format!("--namespace={namespace}"))
+        .args(["--loglevel", "info", "--logformat", "text"])
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
+        .arg(format!("--probe-addr=127.0.0.1:{}", free_port()))
+        .arg(format!("--webhook-addr=127.0.0.1:{}", free_port()));
+        let controller = ManagedProcess::spawn(spec)?;
+        let argocd = ArgoCd {
+            namespace: namespace.to_string(),
+            redis: None,
+            repo_server_port: None,
+            server_port: None,
+            dir,
+            processes: vec![controller],
+        };
+        // Its metrics server starts with the manager (the probe server answers no path by default).
+        wait_http_ok(metrics, "/metrics", Duration::from_secs(60))
             .await
             .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd.log_tails(30)))?;
         Ok(argocd)

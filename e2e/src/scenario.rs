@@ -1,8 +1,8 @@
 //! Building blocks of the user stories run against real Argo CD: the demo Application a hub
 //! creates for an agent (its manifests from [`crate::git_server::demo_manifests`]), and waiting
-//! for Argo CD to report it Synced and Healthy and for its ConfigMap to carry a greeting. Tests
-//! compose these with the processes of [`crate::gateway`] and [`crate::argocd`]; nothing here
-//! writes what Argo CD or an agent would.
+//! for Argo CD to report it Synced and Healthy and for its ConfigMap to carry a greeting, and the
+//! cluster Secret that names an agent on the hub. Tests compose these with the processes of
+//! [`crate::gateway`] and [`crate::argocd`]; nothing here writes what Argo CD or an agent would.
 
 use std::time::Duration;
 
@@ -123,4 +123,34 @@ pub async fn wait_greeting(
         },
     )
     .await
+}
+
+/// The Argo CD cluster Secret that maps agent `agent` to a destination on the hub (what
+/// `argocd-agentctl agent create` writes): the hub's Argo CD (e.g. the ApplicationSet controller,
+/// which refuses a destination name no cluster has) and upstream's principal (which refuses an
+/// autonomous agent's Applications without one) need it.
+pub async fn register_agent_cluster(
+    hub: &kube::Client,
+    principal_ns: &str,
+    agent: &str,
+) -> anyhow::Result<()> {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(hub.clone(), principal_ns);
+    secrets
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": format!("cluster-{agent}"), "labels": {
+                    "argocd.argoproj.io/secret-type": "cluster",
+                    "argocd-agent.argoproj-labs.io/agent-name": agent}},
+                "stringData": {
+                    "name": agent,
+                    "server": format!("https://127.0.0.1:9090?agentName={agent}"),
+                    "config": "{\"tlsClientConfig\":{\"insecure\":true}}",
+                },
+            }))?,
+        )
+        .await?;
+    Ok(())
 }

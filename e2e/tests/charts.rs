@@ -162,6 +162,10 @@ fn rules_beside_code(path: &str) -> Value {
 
 const AGENT_VALUES: &str = "agent: {serverAddress: \"principal.example.com:443\"}\n";
 
+/// An agent keeping Applications in their hub namespaces, creating missing ones.
+const DESTINATION_AGENT_VALUES: &str = "agent: {serverAddress: \"principal.example.com:443\", \
+    destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [\"apps-*\"]}\n";
+
 #[tokio::test]
 async fn charts_pass_a_server_side_dry_run_on_a_real_control_plane() -> anyhow::Result<()> {
     let planes = shared_planes().await;
@@ -181,6 +185,17 @@ async fn charts_pass_a_server_side_dry_run_on_a_real_control_plane() -> anyhow::
             "replicaCount: 3\nservice: {type: ClusterIP}\nresourceProxy: {enabled: false}\nredisProxy: {enabled: false}\n".to_string(),
         ),
         (AGENT_CHART, "managed, persistent queue", AGENT_VALUES.to_string()),
+        (
+            AGENT_CHART,
+            "managed, destination-based mapping",
+            DESTINATION_AGENT_VALUES.to_string(),
+        ),
+        (
+            PRINCIPAL_CHART,
+            "destination-based mapping",
+            "principal: {destinationBasedMapping: true, allowedNamespaces: [\"apps-*\"]}\n"
+                .to_string(),
+        ),
         (
             AGENT_CHART,
             "autonomous, emptyDir queue",
@@ -241,6 +256,27 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
         rendered_grants(&agent, "Role"),
         grants(&listed["namespace"]),
         "agent Role differs from agent/rbac.yaml `namespace`"
+    );
+    // Destination-based mapping: the same Role, and cluster-wide Applications and namespaces.
+    let placed = objects(
+        &render(
+            &ctx.dir,
+            AGENT_CHART,
+            "argocd",
+            DESTINATION_AGENT_VALUES,
+            None,
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        rendered_grants(&placed, "Role"),
+        grants(&listed["namespace"]),
+        "agent Role differs from agent/rbac.yaml `namespace`"
+    );
+    assert_eq!(
+        rendered_grants(&placed, "ClusterRole"),
+        grants(&listed["destinationMapping"]),
+        "agent ClusterRole differs from agent/rbac.yaml `destinationMapping`"
     );
     // No wildcard anywhere.
     for (g, r, v, n) in rendered_grants(&principal, "ClusterRole")
@@ -1138,10 +1174,10 @@ fn env_names_in_help(name: &str) -> BTreeSet<String> {
 async fn every_rendered_variable_is_one_the_binary_reads() {
     let ctx = TestContext::new("charts-env-names").unwrap();
     // Every optional setting set, so every variable the templates can emit is rendered.
-    let principal = "principal: {allowedNamespaces: [team-a], labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
+    let principal = "principal: {allowedNamespaces: [team-a], destinationBasedMapping: true, labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
         operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
-    let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b}\n\
+    let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
     for (chart, values, binary) in [
         (PRINCIPAL_CHART, principal, "argocd-principal"),

@@ -3,16 +3,14 @@
 //! `too_many_pings`, a well-behaved one keeps its connection), `--allowed-namespaces` (only
 //! Applications in matching hub namespaces reach agents) and `--label-selector` (only matching
 //! Applications reach agents; one that stops matching is removed from the spoke, one that starts
-//! matching arrives); and the destination-mapping flags of both binaries, refused at start-up
-//! until destination-based mapping is implemented.
+//! matching arrives). Destination-based mapping has its own file, `destination_mapping.rs`.
 
 use std::time::Duration;
 
-use e2e::binaries::project_binary;
 use e2e::fleet::{Fleet, FleetAgent};
 use e2e::gateway::{agent_identity, application, client_tls, text, tls_connect, Pki};
 use e2e::raw_agent::LonePrincipal;
-use e2e::{shared_planes, wait_until, TestContext};
+use e2e::{shared_planes, wait_until};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -284,66 +282,6 @@ async fn principal_label_selector_limits_which_applications_reach_agents() -> an
     assert!(
         get_json(&hub, "labelled").await?.is_some(),
         "the hub keeps it"
-    );
-    Ok(())
-}
-
-// ---- destination-based mapping: refused until implemented --------------------------------------
-
-#[tokio::test]
-async fn destination_mapping_flags_are_refused_at_start_up() -> anyhow::Result<()> {
-    let ctx = TestContext::new("flags_destination_mapping")?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
-    pki.issue_agent("agent")?;
-    let (cert, key) = pki.agent_files("agent");
-    let principal = |extra: &str| {
-        std::process::Command::new(project_binary("argocd-principal").expect("built"))
-            .args(pki.principal_args())
-            .arg("--namespace=argocd")
-            .arg(extra)
-            .env_clear()
-            .output()
-            .expect("runs")
-    };
-    let agent = |extra: &[&str]| {
-        std::process::Command::new(project_binary("argocd-agent").expect("built"))
-            .arg("--server-address=127.0.0.1:1")
-            .arg(format!("--tls-client-cert={}", cert.display()))
-            .arg(format!("--tls-client-key={}", key.display()))
-            .arg(format!("--tls-ca={}", pki.ca().display()))
-            .arg("--namespace=argocd")
-            .arg(format!("--queue-dir={}", ctx.dir.join("queue").display()))
-            .args(extra)
-            .env_clear()
-            .output()
-            .expect("runs")
-    };
-    let refused = |out: std::process::Output, flag: &str| {
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
-        assert!(
-            stderr.contains(flag) && stderr.contains("not implemented yet"),
-            "{flag}: {stderr}"
-        );
-    };
-    refused(
-        principal("--destination-based-mapping"),
-        "--destination-based-mapping",
-    );
-    refused(
-        agent(&["--destination-based-mapping", "--create-namespace"]),
-        "--destination-based-mapping",
-    );
-    refused(
-        agent(&["--allowed-namespaces=team-*"]),
-        "--allowed-namespaces",
-    );
-    let out = agent(&["--create-namespace"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("--create-namespace") && stderr.contains("--destination-based-mapping"),
-        "{stderr}"
     );
     Ok(())
 }

@@ -40,6 +40,8 @@ struct LiveFleet {
 /// How a [`LiveFleet`] differs from the default one.
 #[derive(Default)]
 struct FleetOptions {
+    /// Extra flags of the principal.
+    principal_args: Vec<String>,
     /// Extra flags of every agent.
     agent_args: Vec<String>,
     /// Agents (by index) that get no `argocd-agentctl agent create` cluster secret: the principal
@@ -86,6 +88,7 @@ impl LiveFleet {
                 "--self-registration-client-cert-secret={SHARED_CLIENT_SECRET}"
             ));
         }
+        principal_args.extend(options.principal_args.iter().cloned());
         let principal_args: Vec<&str> = principal_args.iter().map(String::as_str).collect();
         let principal = Principal::start(
             "p",
@@ -444,6 +447,64 @@ async fn an_agent_that_is_away_gets_502_and_its_waiting_redis_clients_an_error(
     // Agent 1 is unaffected.
     let (ok, _, err) = fleet.kubectl(0, &["get", "--raw", "/version"])?;
     assert!(ok, "{err}");
+    Ok(())
+}
+
+/// Destination-based mapping: an Application's live-view key names its hub namespace, which is no
+/// agent's; the Redis proxy asks the agent its destination names, which reads the key as its Argo
+/// CD names an Application kept in that namespace.
+#[tokio::test]
+async fn redis_keys_follow_the_destination_under_destination_based_mapping_with_cache_written_by_the_test_since_it_tells_the_spokes_apart_by_value(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let apps_ns = format!("apps-{}", uuid::Uuid::new_v4().simple());
+    let apps_ns = &apps_ns[..20];
+    let options = FleetOptions {
+        principal_args: vec!["--destination-based-mapping".into()],
+        agent_args: vec![
+            "--destination-based-mapping".into(),
+            "--create-namespace".into(),
+            format!("--allowed-namespaces={apps_ns}"),
+        ],
+        ..FleetOptions::default()
+    };
+    let fleet = LiveFleet::start_with("live_redis_dest", planes, options).await?;
+    let hub = planes.hub.client().await?;
+    ensure_namespace(&hub, apps_ns).await?;
+    let mut app = serde_json::to_value(e2e::gateway::application("guestbook", apps_ns, "main"))?;
+    app["spec"]["destination"]["name"] = json!(fleet.agents[1].name);
+    Api::<DynamicObject>::namespaced_with(hub, apps_ns, &e2e::gateway::application_resource())
+        .create(&PostParams::default(), &serde_json::from_value(app)?)
+        .await?;
+    // The principal routed it: the second agent keeps it in the hub namespace on its spoke.
+    let spoke_apps: Api<DynamicObject> = Api::namespaced_with(
+        planes.spokes[1].client().await?,
+        apps_ns,
+        &e2e::gateway::application_resource(),
+    );
+    wait_until(
+        "the Application on the spoke its destination names",
+        Duration::from_secs(30),
+        || async { spoke_apps.get_opt("guestbook").await },
+    )
+    .await?;
+    let key = format!("app|resources-tree|{apps_ns}_guestbook|1.8.3");
+    for (i, value) in ["tree-from-spoke1", "tree-from-spoke2"]
+        .into_iter()
+        .enumerate()
+    {
+        let out = Command::new(system_binary("redis-cli", "redis-tools")?)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &fleet.spoke_redis[i].port.to_string(),
+            ])
+            .args(["SET", &key, value])
+            .output()?;
+        assert!(out.status.success());
+    }
+    assert_eq!(fleet.redis_cli(&["GET", &key])?, "tree-from-spoke2");
     Ok(())
 }
 

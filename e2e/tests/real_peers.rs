@@ -15,7 +15,7 @@ use e2e::argocd::ArgoCd;
 use e2e::gateway::{application_resource, appproject_resource, ensure_namespace, text, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::kubelet::FakeKubelet;
-use e2e::scenario::{self, wait_greeting, wait_synced, SYNC_WAIT};
+use e2e::scenario::{self, register_agent_cluster, wait_greeting, wait_synced, SYNC_WAIT};
 use e2e::sides::{AnyAgent, AnyPrincipal, Mode, Side};
 use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
 use futures::StreamExt;
@@ -322,35 +322,6 @@ impl Cell {
 /// before the Application itself.
 const BACKGROUND_CASCADE: &str = "resources-finalizer.argocd.argoproj.io/background";
 const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
-
-/// The Argo CD cluster secret that maps autonomous agent `agent` to a destination on the hub
-/// (what `argocd-agentctl agent create` writes). Upstream's principal refuses an autonomous
-/// agent's Applications without one ("cluster mapping not found for agent"); ours does not need
-/// it but the user flow is the same for both.
-async fn register_agent_cluster(
-    hub: &kube::Client,
-    principal_ns: &str,
-    agent: &str,
-) -> anyhow::Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(hub.clone(), principal_ns);
-    secrets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": format!("cluster-{agent}"), "labels": {
-                    "argocd.argoproj.io/secret-type": "cluster",
-                    "argocd-agent.argoproj-labs.io/agent-name": agent}},
-                "stringData": {
-                    "name": agent,
-                    "server": format!("https://127.0.0.1:9090?agentName={agent}"),
-                    "config": "{\"tlsClientConfig\":{\"insecure\":true}}",
-                },
-            }))?,
-        )
-        .await?;
-    Ok(())
-}
 
 /// Runs `$scenario(principal, agent, mode)` in the four cells, one test each, named
 /// `<test>_<principal>_principal_<agent>_agent`; attributes before a cell apply to its test.

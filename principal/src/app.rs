@@ -70,6 +70,7 @@ fn token_issuer(config: &PrincipalConfig) -> anyhow::Result<TokenIssuer> {
 
 /// Starts the resource proxy and the Redis proxy when configured; returns the resource proxy's
 /// certificate watchers (reload, and the expiry gauge `certificate="resource-proxy"`).
+#[allow(clippy::too_many_arguments)]
 async fn start_live_view(
     config: &PrincipalConfig,
     registry: &Arc<AgentRegistry>,
@@ -78,6 +79,7 @@ async fn start_live_view(
     tokens: &Arc<TokenIssuer>,
     metrics: &PrincipalMetrics,
     certificate_expiry: &CertificateExpiry,
+    destination_mapping: Option<Arc<Hub>>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut watchers = Vec::new();
     if let Some(rp) = &config.resource_proxy {
@@ -114,6 +116,7 @@ async fn start_live_view(
             max_connections_per_ip: config.redis_proxy_max_connections_per_ip,
             max_subscriptions_per_connection: config.redis_proxy_max_subscriptions_per_connection,
             metrics: metrics.redis_proxy.clone(),
+            destination_mapping,
         });
         let addr = crate::redis_proxy::serve(addr, proxy, policy.request_header_timeout)
             .await
@@ -243,16 +246,6 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         );
         live.on_agent_connected(reg.on_connect());
     }
-    let _live_view_tls_watchers = start_live_view(
-        &config,
-        &registry,
-        &live,
-        &policy,
-        &issuer,
-        &metrics,
-        &certificate_expiry,
-    )
-    .await?;
     let stop_operator = argocd_agent_kube::CancellationToken::new();
     let operator_stopped = stop_operator.clone();
     let leadership = crate::leadership::Leadership::start(
@@ -312,10 +305,24 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             resync_interval: config.resync_interval,
             allowed_namespaces: config.allowed_namespaces.clone(),
             label_selector: config.label_selector.clone(),
+            mapping: crate::hub::AppMapping::from_flag(config.destination_based_mapping),
             mirror_collisions: metrics.mirror_collisions.clone(),
         },
     );
     tokio::spawn(hub.clone().run());
+    // After the hub: under destination-based mapping the Redis proxy asks it which agent an
+    // application's key goes to.
+    let _live_view_tls_watchers = start_live_view(
+        &config,
+        &registry,
+        &live,
+        &policy,
+        &issuer,
+        &metrics,
+        &certificate_expiry,
+        config.destination_based_mapping.then(|| hub.clone()),
+    )
+    .await?;
 
     let listener = tokio::net::TcpListener::bind(config.listen_address)
         .await

@@ -156,8 +156,10 @@ pub struct PrincipalArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub namespace_create_enable: bool,
 
-    /// Route Applications to agents by `spec.destination.name` instead of by namespace (not
-    /// implemented yet: `true` is refused at start-up).
+    /// Route Applications to agents by `spec.destination.name` instead of by namespace: a hub
+    /// Application in any namespace --allowed-namespaces admits goes to the agent its destination
+    /// names (agents run with --destination-based-mapping too, and keep its namespace). Autonomous
+    /// agents still map by namespace.
     #[arg(long, env = "ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING", default_value_t = false,
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
@@ -515,7 +517,7 @@ pub struct PrincipalConfig {
     pub allowed_namespaces: Vec<String>,
     /// Create autonomous agents' hub namespaces.
     pub namespace_create_enable: bool,
-    /// Route Applications by `spec.destination.name` (always false: refused until implemented).
+    /// Route managed agents' Applications by `spec.destination.name` instead of by namespace.
     pub destination_based_mapping: bool,
     /// Modes agents may connect with (no duplicates, never empty).
     pub allowed_agent_modes: Vec<AgentMode>,
@@ -615,13 +617,6 @@ impl PrincipalArgs {
 
         FLAGS.namespace(&self.namespace)?;
         let allowed_namespaces = FLAGS.allowed_namespaces(self.allowed_namespaces)?;
-        if self.destination_based_mapping {
-            return Err(FLAGS.invalid(
-                "destination-based-mapping",
-                "is not implemented yet: Applications are routed by namespace (hub namespace = \
-                 agent name); drop the flag or set it to false",
-            ));
-        }
 
         let mut allowed_agent_modes = Vec::new();
         for mode in self.allowed_agent_modes {
@@ -1038,19 +1033,19 @@ mod tests {
     }
 
     #[test]
-    fn destination_based_mapping_is_refused_until_it_is_implemented() {
+    fn destination_based_mapping_is_taken_from_the_flag_and_its_env_var() {
         let files = Files::new();
         for flag in [
             "--destination-based-mapping",
             "--destination-based-mapping=true",
         ] {
-            let err = files.validate(&[flag]).unwrap_err().to_string();
-            assert!(
-                err.contains("ARGOCD_PRINCIPAL_DESTINATION_BASED_MAPPING")
-                    && err.contains("not implemented yet"),
-                "{flag}: {err}"
-            );
+            let config = files.validate(&[flag]).unwrap();
+            assert!(config.destination_based_mapping, "{flag}");
         }
+        let config = files
+            .validate(&["--destination-based-mapping=false"])
+            .unwrap();
+        assert!(!config.destination_based_mapping);
     }
 
     #[test]

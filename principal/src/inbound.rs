@@ -6,9 +6,12 @@
 //! key sets differ.
 //! Autonomous agents: the spoke's Applications and AppProjects (`create`/`spec-update` = write the
 //! mirror, `delete` = remove it), and their resync answers (`response-synced-resource` for a key
-//! the hub may lack, `request-resource-resync`). An agent can only ever touch objects in its own
-//! hub namespace (and its own `<agent>-` AppProjects): the namespace is taken from the
-//! authenticated agent, never from the event; and within those names only the objects the
+//! the hub may lack, `request-resource-resync`). A managed agent can only ever read or write the
+//! hub Applications mapped to it ([`crate::hub::AppMapping`]: by namespace, the namespace is taken
+//! from the authenticated agent, never from the event; by destination, the event names the hub
+//! namespace and the Application found there must have the agent as `spec.destination.name`).
+//! An autonomous agent only touches objects in its own hub namespace (and its own `<agent>-`
+//! AppProjects), the namespace taken from the authenticated agent; and within those names only the objects the
 //! principal marked as its mirrors ([`crate::hub::check_mirror_owner`]), whatever uid the event
 //! carries. Every name an event carries is checked as a
 //! Kubernetes name before it is used (`argocd_agent_proto::event::names`).
@@ -35,10 +38,12 @@ use serde_json::{json, Value};
 
 use argocd_agent_kube::errors::handle_error;
 
-use crate::hub::{queue, request_object, to_value, uid_of, Hub, MirrorKind, Mirrored};
+use crate::hub::{
+    queue, request_object, request_object_in, to_value, uid_of, AppMapping, Hub, MirrorKind,
+    Mirrored,
+};
 use crate::routing::{
-    application_payload, operation_already_started, project_for_agent, repository_payload,
-    requests_carried_out,
+    application_payload, operation_already_started, repository_payload, requests_carried_out,
 };
 use crate::sessions::AgentSession;
 use argocd_agent_proto::mode::AgentMode;
@@ -103,8 +108,26 @@ impl AgentInbound {
         self.session.name.as_str()
     }
 
-    fn apps(&self) -> Api<Application> {
-        Api::namespaced(self.hub.client.clone(), self.agent())
+    /// Hub Applications in `namespace`.
+    fn apps(&self, namespace: &str) -> Api<Application> {
+        Api::namespaced(self.hub.client.clone(), namespace)
+    }
+
+    /// The hub namespace of the Application spoke copy `spoke` (as this agent sent it).
+    fn hub_namespace_of<'a>(&'a self, spoke: &'a Application) -> &'a str {
+        self.hub
+            .mapping()
+            .hub_namespace_of(self.agent(), spoke, &self.hub.principal_namespace)
+    }
+
+    /// The hub namespace of an Application this agent named as `namespace`/… in a request.
+    fn hub_namespace<'a>(&'a self, namespace: &'a str) -> &'a str {
+        self.hub.mapping().hub_namespace(
+            self.agent(),
+            namespace,
+            false,
+            &self.hub.principal_namespace,
+        )
     }
 
     async fn status_update(&self, ev: &Event) -> Result<(), HandleError> {
@@ -112,9 +135,10 @@ impl AgentInbound {
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
         let name = required_name(&spoke)?;
-        let Some(hub_app) = self.hub.application(self.agent(), name) else {
+        let namespace = self.hub_namespace_of(&spoke);
+        let Some(hub_app) = self.hub.application(self.agent(), namespace, name) else {
             return Err(HandleError::Rejected(format!(
-                "no Application {}/{name} on the hub",
+                "no Application {namespace}/{name} of agent {} on the hub",
                 self.agent()
             )));
         };
@@ -143,7 +167,7 @@ impl AgentInbound {
         {
             let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))
                 .map_err(|e| HandleError::Rejected(e.to_string()))?;
-            self.apps()
+            self.apps(namespace)
                 .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
                 .await
                 .map_err(|e| handle_error("writing the hub Application", e))?;
@@ -155,7 +179,7 @@ impl AgentInbound {
             let annotations: serde_json::Map<String, Value> =
                 done.iter().map(|k| (k.to_string(), Value::Null)).collect();
             let patch = json!({"metadata": {"annotations": annotations}});
-            self.apps()
+            self.apps(namespace)
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map_err(|e| handle_error("writing the hub Application", e))?;
@@ -168,7 +192,8 @@ impl AgentInbound {
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
         let name = required_name(&spoke)?;
-        let Some(hub_app) = self.hub.application(self.agent(), name) else {
+        let namespace = self.hub_namespace_of(&spoke);
+        let Some(hub_app) = self.hub.application(self.agent(), namespace, name) else {
             return Ok(());
         };
         if !hub_app.is_terminating() {
@@ -181,7 +206,7 @@ impl AgentInbound {
         }
         let patch = json!({"metadata": {"finalizers": null}});
         match self
-            .apps()
+            .apps(namespace)
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
@@ -200,7 +225,11 @@ impl AgentInbound {
         let report: ErrorData = ev
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
-        let Some(hub_app) = self.hub.application(self.agent(), &report.resource_name) else {
+        let namespace = self.hub_namespace(&report.resource_namespace);
+        let Some(hub_app) = self
+            .hub
+            .application(self.agent(), namespace, &report.resource_name)
+        else {
             return Err(HandleError::Rejected(format!(
                 "error report for unknown Application {:?}",
                 report.resource_name
@@ -233,7 +262,7 @@ impl AgentInbound {
         };
         let patch: json_patch::Patch = serde_json::from_value(json!([op]))
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
-        self.apps()
+        self.apps(namespace)
             .patch(
                 &report.resource_name,
                 &PatchParams::default(),
@@ -250,7 +279,10 @@ impl AgentInbound {
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
         // The hub's object of that name (as the agent would receive it), if it still applies.
         let hub_app = match req.kind.as_str() {
-            "Application" => self.hub.application(self.agent(), &req.name),
+            "Application" => {
+                let namespace = self.hub_namespace(&req.namespace);
+                self.hub.application(self.agent(), namespace, &req.name)
+            }
             _ => None,
         };
         let (target, hub_uid, payload, terminating) = match req.kind.as_str() {
@@ -266,7 +298,7 @@ impl AgentInbound {
                 let obj = self.hub.project_for(self.agent(), &req.name);
                 let payload = obj
                     .as_ref()
-                    .map(|o| to_value(&project_for_agent(o, self.agent())));
+                    .map(|o| to_value(&self.hub.mapping().project_copy(o, self.agent())));
                 let terminating = obj.as_ref().is_some_and(|o| o.is_terminating());
                 (
                     Target::AppProject,
@@ -347,7 +379,19 @@ impl AgentInbound {
             hub_app.operation().is_some() && operation_already_started(hub_app);
         if hub_status != spoke_status || leftover_operation {
             tracing::debug!(agent = self.agent(), app = %req.name, "hub status differs from the spoke's; asking the agent for it");
-            request_object(&self.session, &req.kind, &req.name, hub_uid, hub_status);
+            // Under destination mapping the agent needs the hub namespace to find its copy.
+            let namespace = match self.hub.mapping() {
+                AppMapping::Namespace => "",
+                AppMapping::Destination => hub_app.namespace_str(),
+            };
+            request_object_in(
+                &self.session,
+                &req.kind,
+                namespace,
+                &req.name,
+                hub_uid,
+                hub_status,
+            );
         }
     }
 

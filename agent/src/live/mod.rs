@@ -66,6 +66,16 @@ pub struct LiveSettings {
     pub namespace: String,
     /// The local Argo CD Redis: address, credentials, TLS.
     pub redis: redis::RedisTarget,
+    /// Applications keep their hub namespace (`--destination-based-mapping`), and so do the
+    /// Redis keys that name them.
+    pub destination_mapping: bool,
+}
+
+impl LiveSettings {
+    /// What [`redis::local_key`] needs: the agent's namespace under destination-based mapping.
+    pub fn key_namespace(&self) -> Option<&str> {
+        self.destination_mapping.then_some(self.namespace.as_str())
+    }
 }
 
 /// Runs live requests (see the module docs). Share it as `Arc<LiveService>`.
@@ -148,6 +158,7 @@ impl LiveService {
         let settings = LiveSettings {
             namespace: config.namespace.clone(),
             redis: redis::RedisTarget::from_config(config),
+            destination_mapping: config.destination_based_mapping,
         };
         Some(LiveService::new(client, outbox, settings, logs))
     }

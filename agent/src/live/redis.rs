@@ -3,7 +3,8 @@
 //! Owns [`RedisTarget`] (how every connection to the local Redis is opened: TCP, TLS when
 //! `--redis-tls-enabled`, then `AUTH` with the configured credentials, as Argo CD's own
 //! components do against its password-protected Redis; the password is never logged), the key mapping (the hub names an application `<agent>_<app>`; the local Argo CD, running
-//! the app in its own namespace, names it `<app>`), `GET` (one short connection per request),
+//! the app in its own namespace, names it `<app>`; under destination-based mapping an
+//! Application keeps its namespace and its key too, see [`local_key`]), `GET` (one short connection per request),
 //! and `SUBSCRIBE`: one local subscriber connection per hub redis connection, whose messages go
 //! back as `pushFromSubscribe`. It ends as soon as the principal says the hub client's connection
 //! ended (`closeConnection`, our extension, which our subscribe answers announce with
@@ -37,13 +38,19 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(600);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The local name of a hub live-view key: the `<namespace>_` prefix of the application segment
-/// is dropped (`app|resources-tree|agent-a_guestbook|1.8` → `app|resources-tree|guestbook|1.8`).
-pub fn local_key(key: &str) -> String {
+/// The local name of a hub live-view key. Namespace mapping (`destination_mapping` = `None`): the
+/// `<namespace>_` prefix of the application segment is dropped (`app|resources-tree|agent-a_guestbook|1.8`
+/// → `app|resources-tree|guestbook|1.8`), every Application being in the agent's namespace.
+/// Destination-based mapping (`Some(agent namespace)`): Applications keep their hub namespace, so
+/// the key is the local one as it is, except a prefix naming the agent's own namespace, which the
+/// local Argo CD (running there) leaves out.
+pub fn local_key(key: &str, destination_mapping: Option<&str>) -> String {
     let mut parts: Vec<&str> = key.split('|').collect();
     if parts.len() >= 3 {
-        if let Some((_, app)) = parts[2].split_once('_') {
-            parts[2] = app;
+        if let Some((namespace, app)) = parts[2].split_once('_') {
+            if destination_mapping.is_none_or(|own| own == namespace) {
+                parts[2] = app;
+            }
         }
     }
     parts.join("|")
@@ -435,7 +442,8 @@ impl Subscriptions {
             body: RedisResponseBody::default(),
         };
         if let Some(g) = &req.body.get {
-            resp.body.get = Some(get(&live.settings.redis, &local_key(&g.key)).await);
+            let key = local_key(&g.key, live.settings.key_namespace());
+            resp.body.get = Some(get(&live.settings.redis, &key).await);
             debug!(request = %req.uuid, hit = resp.body.get.as_ref().is_some_and(|g| g.cache_hit), "redis GET answered");
         } else if let Some(s) = &req.body.subscribe {
             let error = match self
@@ -509,7 +517,11 @@ impl Subscriptions {
         };
         let (done, confirmed) = oneshot::channel();
         commands
-            .send((local_key(channel), channel.to_string(), done))
+            .send((
+                local_key(channel, live.settings.key_namespace()),
+                channel.to_string(),
+                done,
+            ))
             .await
             .map_err(|_| "the local subscription connection ended".to_string())?;
         match tokio::time::timeout(REPLY_TIMEOUT, confirmed).await {
@@ -527,16 +539,34 @@ mod tests {
     #[test]
     fn hub_keys_map_to_local_keys() {
         assert_eq!(
-            local_key("app|resources-tree|agent-a_guestbook|1.8.3"),
+            local_key("app|resources-tree|agent-a_guestbook|1.8.3", None),
             "app|resources-tree|guestbook|1.8.3"
         );
         assert_eq!(
-            local_key("app|managed-resources|agent-a_my_app"),
+            local_key("app|managed-resources|agent-a_my_app", None),
             "app|managed-resources|my_app"
         );
         assert_eq!(
-            local_key("app|resources-tree|guestbook"),
+            local_key("app|resources-tree|guestbook", None),
             "app|resources-tree|guestbook"
+        );
+    }
+
+    #[test]
+    fn under_destination_mapping_hub_keys_keep_their_namespace_but_the_agents_own() {
+        let own = Some("argocd");
+        assert_eq!(
+            local_key("app|resources-tree|team-a_guestbook|1.8.3", own),
+            "app|resources-tree|team-a_guestbook|1.8.3"
+        );
+        assert_eq!(
+            local_key("app|managed-resources|argocd_guestbook", own),
+            "app|managed-resources|guestbook"
+        );
+        // The principal's namespace (no prefix on the hub) is the agent's own on the spoke.
+        assert_eq!(
+            local_key("app|resources-tree|guestbook|1.8.3", own),
+            "app|resources-tree|guestbook|1.8.3"
         );
     }
 

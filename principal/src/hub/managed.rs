@@ -1,7 +1,8 @@
 //! Managed agents: hub changes routed into the right agent's outbox, and their checksum resync.
 //!
 //! Owns, for agents in managed mode (the hub owns spec): which events a change of a hub
-//! Application (namespace == agent), AppProject or repository Secret produces for which agent (a
+//! Application (to the agent it maps to, [`super::mapping`]; a new agent = delete on the old one,
+//! create on the new), AppProject or repository Secret produces for which agent (a
 //! repository Secret goes to every managed agent the AppProject in its `data.project` applies to,
 //! and is re-routed whenever that AppProject changes); the resync after this principal (re)started
 //! ([`ManagedRouter::principal_restart_resync`]: AppProjects and repository Secrets in full, the
@@ -21,11 +22,12 @@ use argocd_agent_proto::sync::keyed_request;
 use argocd_agent_proto::sync::resync::{keys_to_announce, synced_resource_key, RESYNC_REQUEST_KEY};
 use serde_json::Value;
 
+use super::mapping::AppMapping;
 use super::view::{HubView, Kind};
 use super::{name_of, push, queue, uid_of, SOURCE};
 use crate::routing::{
-    application_change_events, application_payload, operation_already_started, project_for_agent,
-    project_matches_agent, repository_payload, repository_project, repository_routes_to,
+    application_change_events, application_payload, operation_already_started, repository_payload,
+    repository_project,
 };
 use crate::sessions::{AgentRegistry, AgentSession};
 
@@ -48,18 +50,42 @@ impl ManagedRouter {
             .filter(|s| s.mode() == AgentMode::Managed)
     }
 
-    fn managed_session(&self, namespace: &str) -> Option<Arc<AgentSession>> {
+    fn managed_session(&self, agent: &str) -> Option<Arc<AgentSession>> {
         self.registry
-            .get(namespace)
+            .get(agent)
             .filter(|s| s.mode() == AgentMode::Managed)
     }
 
-    /// Hub Application `new` (namespace == agent) appeared or changed from `old`.
+    /// The managed agent's session hub Application `app` belongs to.
+    fn session_of(&self, app: &Application) -> Option<Arc<AgentSession>> {
+        self.view
+            .mapping()
+            .agent_of(app)
+            .and_then(|agent| self.managed_session(agent))
+    }
+
+    /// Hub Application `new` appeared or changed from `old`. When it moved to another agent
+    /// (destination mapping: a new `spec.destination.name`), the old agent deletes its copy and
+    /// the new one creates it.
     pub fn application_applied(&self, old: Option<&Application>, new: &Application) {
         if !self.view.is_listed(Kind::Application) {
             return;
         }
-        let Some(session) = self.managed_session(new.namespace_str()) else {
+        let mapping = self.view.mapping();
+        let old = match old {
+            Some(o) if mapping.agent_of(o) != mapping.agent_of(new) => {
+                tracing::info!(
+                    app = %format!("{}/{}", new.namespace_str(), new.name_str()),
+                    from = mapping.agent_of(o),
+                    to = mapping.agent_of(new),
+                    "the Application moved to another agent"
+                );
+                self.application_deleted(o);
+                None
+            }
+            other => other,
+        };
+        let Some(session) = self.session_of(new) else {
             return;
         };
         for t in application_change_events(old, new) {
@@ -75,7 +101,7 @@ impl ManagedRouter {
 
     /// Hub Application `last` was deleted.
     pub fn application_deleted(&self, last: &Application) {
-        if let Some(session) = self.managed_session(last.namespace_str()) {
+        if let Some(session) = self.session_of(last) {
             queue(
                 &session,
                 EventType::Delete,
@@ -92,12 +118,13 @@ impl ManagedRouter {
         if !self.view.is_listed(Kind::AppProject) {
             return;
         }
+        let mapping = self.view.mapping();
         for session in self.managed_sessions() {
             let agent = session.name.as_str();
-            let was = old.is_some_and(|o| project_matches_agent(o, agent));
-            let copy = project_for_agent(new, agent);
-            if project_matches_agent(new, agent) {
-                let changed = old.map(|o| project_for_agent(o, agent)).as_ref() != Some(&copy);
+            let was = old.is_some_and(|o| mapping.project_applies(o, agent));
+            let copy = mapping.project_copy(new, agent);
+            if mapping.project_applies(new, agent) {
+                let changed = old.map(|o| mapping.project_copy(o, agent)).as_ref() != Some(&copy);
                 if !was {
                     queue(&session, EventType::Create, Target::AppProject, &copy);
                 } else if changed {
@@ -112,13 +139,14 @@ impl ManagedRouter {
 
     /// Hub AppProject `last` was deleted.
     pub fn project_deleted(&self, last: &AppProject) {
+        let mapping = self.view.mapping();
         for session in self.managed_sessions() {
-            if project_matches_agent(last, session.name.as_str()) {
+            if mapping.project_applies(last, session.name.as_str()) {
                 queue(
                     &session,
                     EventType::Delete,
                     Target::AppProject,
-                    &project_for_agent(last, session.name.as_str()),
+                    &mapping.project_copy(last, session.name.as_str()),
                 );
             }
         }
@@ -165,8 +193,8 @@ impl ManagedRouter {
     ) {
         for session in self.managed_sessions() {
             let agent = session.name.as_str();
-            let was = old.filter(|o| repository_routes_to(o, old_project, agent));
-            let is = new.filter(|n| repository_routes_to(n, new_project, agent));
+            let was = old.filter(|o| self.view.repository_routes_to(o, old_project, agent));
+            let is = new.filter(|n| self.view.repository_routes_to(n, new_project, agent));
             let (event, secret) = match (was, is) {
                 (None, Some(n)) => (EventType::Create, n),
                 (Some(o), Some(n)) if repository_payload(o) != repository_payload(n) => {
@@ -196,12 +224,13 @@ impl ManagedRouter {
     /// `request-resource-resync`, which the agent answers with checksums.
     pub fn principal_restart_resync(&self, session: &AgentSession) {
         let agent = session.name.as_str();
+        let mapping = self.view.mapping();
         let projects: Vec<AppProject> = self
             .view
             .projects()
             .iter()
-            .filter(|p| project_matches_agent(p, agent))
-            .map(|p| project_for_agent(p, agent))
+            .filter(|p| mapping.project_applies(p, agent))
+            .map(|p| mapping.project_copy(p, agent))
             .collect();
         for p in &projects {
             queue(session, EventType::SpecUpdate, Target::AppProject, p);
@@ -242,20 +271,28 @@ impl ManagedRouter {
         );
     }
 
-    /// The keys of everything managed agent `agent` should have: its Applications, the
-    /// AppProjects and repository Secrets that apply to it (uid = the hub object's).
+    /// The keys of everything managed agent `agent` should have: its Applications (in their hub
+    /// namespace), the AppProjects and repository Secrets that apply to it (uid = the hub
+    /// object's).
     pub fn managed_keys(&self, agent: &str) -> Vec<ResourceKey> {
         let mut keys: Vec<ResourceKey> = self
             .view
             .applications_of(agent)
             .iter()
-            .map(|app| ResourceKey::new("Application", app.name_str(), agent, app.uid_str()))
+            .map(|app| {
+                ResourceKey::new(
+                    "Application",
+                    app.name_str(),
+                    app.namespace_str(),
+                    app.uid_str(),
+                )
+            })
             .collect();
         keys.extend(
             self.view
                 .projects()
                 .iter()
-                .filter(|p| project_matches_agent(p, agent))
+                .filter(|p| self.view.project_applies(p, agent))
                 .map(|p| ResourceKey::new("AppProject", p.name_str(), "", p.uid_str())),
         );
         keys.extend(
@@ -291,9 +328,14 @@ impl ManagedRouter {
             objects = announce.len(),
             "the agent's keys differ from the hub's; listing the hub's keys for it"
         );
+        let mapping = self.view.mapping();
         for key in announce {
             let mut synced = SyncedResource::from(key);
-            synced.namespace.clear();
+            // Under destination mapping the agent keeps each Application in its hub namespace
+            // and needs it to look its copy up; otherwise everything lives in its own namespace.
+            if mapping == AppMapping::Namespace || key.kind != "Application" {
+                synced.namespace.clear();
+            }
             match Event::synced_resource(SOURCE, &synced) {
                 Ok(ev) => push(
                     session,

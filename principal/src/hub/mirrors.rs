@@ -203,7 +203,7 @@ impl Mirrored for Application {
     }
 
     fn in_view(view: &HubView, agent: &str, mirror_name: &str) -> Option<Arc<Self>> {
-        view.application(agent, mirror_name)
+        view.application_in(agent, mirror_name)
     }
 
     fn requested_operation(&self) -> Option<&Value> {
@@ -666,7 +666,7 @@ impl Mirrors {
         let agent = session.name.as_str();
         let apps: Vec<Arc<Application>> = self
             .view
-            .applications_of(agent)
+            .applications_in(agent)
             .into_iter()
             .filter(|a| mirrored_by(&**a, agent))
             .collect();

@@ -1,13 +1,15 @@
 //! Hub-side sync: the principal's view of the hub and what it does when hub objects change.
 //!
 //! `Hub` wires its parts together and is what the rest of the principal calls:
-//! - [`view`]: the informers of hub Applications (every namespace `--allowed-namespaces` admits;
-//!   namespace == agent), AppProjects and repository / repo-creds Secrets (principal namespace),
+//! - [`view`]: the informers of hub Applications (every namespace `--allowed-namespaces` admits),
+//!   AppProjects and repository / repo-creds Secrets (principal namespace),
 //!   all narrowed by `--label-selector` — the one store per kind in the principal;
 //! - [`managed`]: routing of hub changes into managed agents' outboxes and their checksum resync
 //!   (reference §2.5, so a resync of N unchanged objects costs O(N) messages of O(1) size);
 //! - [`mirrors`]: autonomous agents' hub mirrors, their protection and their checksum resync;
-//! - [`namespaces`]: the hub namespaces of autonomous agents.
+//! - [`namespaces`]: the hub namespaces of autonomous agents;
+//! - [`mapping`]: which agent a hub Application belongs to (namespace, or `spec.destination.name`
+//!   with `--destination-based-mapping`) and which hub Application an agent's event names.
 //!
 //! Each informer event goes to the part that owns it: a change of an Application in an autonomous
 //! agent's namespace, or of a remembered AppProject mirror, to [`mirrors`]; everything else to
@@ -17,6 +19,7 @@
 //! `--resync-interval` (jittered) each connected agent gets one again.
 
 mod managed;
+pub mod mapping;
 mod mirrors;
 mod namespaces;
 pub(crate) mod view;
@@ -39,6 +42,7 @@ pub use argocd_agent_kube::resources::{
     application as application_resource, appproject as appproject_resource,
 };
 pub use managed::ManagedRouter;
+pub use mapping::AppMapping;
 pub use mirrors::{
     check_mirror_owner, MirrorCollision, MirrorCollisions, MirrorKind, Mirrored, Mirrors,
 };
@@ -65,6 +69,8 @@ pub struct HubOptions {
     pub allowed_namespaces: Vec<String>,
     /// Only Applications, AppProjects and repository Secrets matching it (`--label-selector`).
     pub label_selector: Option<String>,
+    /// How hub Applications map to agents (`--destination-based-mapping`).
+    pub mapping: AppMapping,
     /// Where refused mirror writes are counted.
     pub mirror_collisions: MirrorCollisions,
 }
@@ -129,6 +135,7 @@ impl Hub {
             &principal_namespace,
             options.allowed_namespaces.clone(),
             options.label_selector.as_deref(),
+            options.mapping,
         );
         Hub::from_informers(client, principal_namespace, registry, options, informers)
     }
@@ -170,16 +177,36 @@ impl Hub {
         self.view.wait_listed().await;
     }
 
-    /// The hub Application `name` in agent namespace `agent`.
-    pub fn application(&self, agent: &str, name: &str) -> Option<Arc<Application>> {
-        self.view.application(agent, name)
+    /// The hub Application `namespace`/`name`, if it belongs to `agent`.
+    pub fn application(
+        &self,
+        agent: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<Application>> {
+        self.view.application(agent, namespace, name)
+    }
+
+    /// How hub Applications map to agents.
+    pub fn mapping(&self) -> AppMapping {
+        self.view.mapping()
+    }
+
+    /// The agent that answers live-view requests about hub Application `namespace`/`name`: an
+    /// autonomous agent for its namespace's mirrors, else the agent the Application maps to.
+    pub fn agent_answering_for(&self, namespace: &str, name: &str) -> Option<String> {
+        if self.autonomous_session(namespace).is_some() {
+            return Some(namespace.to_string());
+        }
+        let app = self.view.application_in(namespace, name)?;
+        self.mapping().agent_of(&app).map(str::to_string)
     }
 
     /// The hub AppProject `name`, if it applies to `agent`.
     pub fn project_for(&self, agent: &str, name: &str) -> Option<Arc<AppProject>> {
         self.view
             .project(name)
-            .filter(|p| crate::routing::project_matches_agent(p, agent))
+            .filter(|p| self.view.project_applies(p, agent))
     }
 
     /// The hub repository Secret `name`, if the AppProject it names applies to `agent`.
@@ -370,15 +397,32 @@ pub fn request_object(
     uid: &str,
     checksum: Vec<u8>,
 ) {
+    request_object_in(session, kind, "", name, uid, checksum)
+}
+
+/// [`request_object`] naming the object's hub namespace too (destination-based mapping, where an
+/// agent's Applications live in several namespaces).
+pub fn request_object_in(
+    session: &AgentSession,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    checksum: Vec<u8>,
+) {
     let req = RequestUpdate {
         name: name.to_string(),
-        namespace: String::new(),
+        namespace: namespace.to_string(),
         uid: uid.to_string(),
         kind: kind.to_string(),
         checksum,
     };
+    let key = match namespace {
+        "" => request_update_key(kind, name),
+        ns => request_update_key(kind, &format!("{ns}/{name}")),
+    };
     match Event::request_update(SOURCE, &req) {
-        Ok(ev) => push(session, keyed_request(ev, request_update_key(kind, name))),
+        Ok(ev) => push(session, keyed_request(ev, key)),
         Err(e) => tracing::error!(error = %e, "cannot build a request-update"),
     }
 }
@@ -468,15 +512,31 @@ mod tests {
     }
 
     async fn fixture(apps: Vec<Value>, projects: Vec<Value>) -> Fixture {
+        fixture_mapped(AppMapping::Namespace, apps, projects)
+            .await
+            .0
+    }
+
+    /// [`fixture`] with `mapping`, and a second managed agent `team-b`.
+    async fn fixture_mapped(
+        mapping: AppMapping,
+        apps: Vec<Value>,
+        projects: Vec<Value>,
+    ) -> (Fixture, Arc<AgentSession>) {
         let registry = Arc::new(AgentRegistry::new(
             OutboxConfig::default(),
             Default::default(),
         ));
         let managed =
             registry.get_or_create(&AgentName::new("team-a").unwrap(), AgentMode::Managed);
+        let team_b = registry.get_or_create(&AgentName::new("team-b").unwrap(), AgentMode::Managed);
         let autonomous =
             registry.get_or_create(&AgentName::new("auto").unwrap(), AgentMode::Autonomous);
-        let hub = Hub::new(offline_client(), "argocd".into(), registry);
+        let options = HubOptions {
+            mapping,
+            ..HubOptions::default()
+        };
+        let hub = Hub::with_options(offline_client(), "argocd".into(), registry, options);
         let feeds = drive(hub.take_informers().unwrap());
         feeds.0.list(apps);
         feeds.1.list(projects);
@@ -484,12 +544,83 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), hub.wait_synced())
             .await
             .unwrap();
-        Fixture {
-            hub,
-            feeds,
-            managed,
-            autonomous,
-        }
+        (
+            Fixture {
+                hub,
+                feeds,
+                managed,
+                autonomous,
+            },
+            team_b,
+        )
+    }
+
+    /// An Application in hub namespace `ns` whose destination names `agent`.
+    fn app_to(ns: &str, name: &str, agent: &str) -> Value {
+        let mut v = app(ns, name, "v1");
+        v["spec"]["destination"] = json!({"name": agent, "namespace": "guestbook"});
+        v
+    }
+
+    #[tokio::test]
+    async fn under_destination_mapping_an_application_reaches_the_agent_its_destination_names() {
+        let (f, team_b) = fixture_mapped(
+            AppMapping::Destination,
+            vec![app_to("apps", "guestbook", "team-a")],
+            vec![project("p", &["team-a"])],
+        )
+        .await;
+        assert!(f.hub.application("team-a", "apps", "guestbook").is_some());
+        assert!(
+            f.hub.application("team-b", "apps", "guestbook").is_none(),
+            "another agent cannot reach it by naming its namespace"
+        );
+        // In namespace "team-a" but destined to team-b: only team-b gets it.
+        apply(&f.feeds.0, app_to("team-a", "other", "team-b"));
+        assert_eq!(received(&team_b, 1).await, vec!["create Application other"]);
+        assert!(drained(&f.managed).is_empty());
+        // A new destination moves it: the old agent deletes its copy, the new one creates it.
+        apply(&f.feeds.0, app_to("apps", "guestbook", "team-b"));
+        assert_eq!(
+            received(&f.managed, 1).await,
+            vec!["delete Application guestbook"]
+        );
+        assert_eq!(
+            received(&team_b, 1).await,
+            vec!["create Application guestbook"]
+        );
+        let keys: Vec<String> = f
+            .hub
+            .managed()
+            .managed_keys("team-b")
+            .iter()
+            .map(|k| format!("{} {}/{}", k.kind, k.namespace, k.name))
+            .collect();
+        let mut keys = keys;
+        keys.sort();
+        assert_eq!(
+            keys,
+            vec!["Application apps/guestbook", "Application team-a/other"]
+        );
+        // Live-view keys follow the destination; an autonomous agent answers for its namespace.
+        assert_eq!(
+            f.hub.agent_answering_for("apps", "guestbook").as_deref(),
+            Some("team-b")
+        );
+        assert_eq!(
+            f.hub.agent_answering_for("auto", "anything").as_deref(),
+            Some("auto")
+        );
+        assert_eq!(f.hub.agent_answering_for("apps", "missing"), None);
+        // No destination name: no agent. (One informer task routes in order, so once the
+        // marker after it arrived, nothing of it is still on its way.)
+        apply(&f.feeds.0, app("apps", "unrouted", "v1"));
+        apply(&f.feeds.0, app_to("apps", "marker", "team-b"));
+        assert_eq!(
+            received(&team_b, 1).await,
+            vec!["create Application marker"]
+        );
+        assert!(drained(&f.managed).is_empty());
     }
 
     /// The next `n` events for `session` (the informers run on their own tasks).
@@ -521,7 +652,7 @@ mod tests {
             drained(&f.managed).is_empty(),
             "the resync on connect covers the first list"
         );
-        assert!(f.hub.application("team-a", "guestbook").is_some());
+        assert!(f.hub.application("team-a", "team-a", "guestbook").is_some());
 
         apply(&f.feeds.0, app("team-a", "guestbook", "v2"));
         apply(&f.feeds.0, app("team-b", "unrelated", "v1"));

@@ -15,9 +15,8 @@ use kube::core::ApiResource;
 use kube::runtime::watcher;
 use serde_json::Value;
 
-use crate::routing::{
-    combined_selector, namespace_allowed, repository_project, repository_routes_to,
-};
+use super::mapping::AppMapping;
+use crate::routing::{combined_selector, namespace_allowed, repository_project};
 
 /// The hub Secrets synced to managed agents: Argo CD repositories and repository credentials.
 pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
@@ -47,6 +46,7 @@ impl Kind {
 /// The three informers of the hub view, before handlers are attached.
 pub struct HubInformers {
     principal_namespace: String,
+    mapping: AppMapping,
     /// Applications.
     pub apps: Informer<Application>,
     /// AppProjects.
@@ -57,12 +57,14 @@ pub struct HubInformers {
 
 impl HubInformers {
     /// The informers for `client`: Applications in every namespace `allowed_namespaces` admits,
-    /// AppProjects and repository Secrets in `principal_namespace`, narrowed by `label_selector`.
+    /// AppProjects and repository Secrets in `principal_namespace`, narrowed by `label_selector`;
+    /// Applications map to agents by `mapping`.
     pub fn new(
         client: &kube::Client,
         principal_namespace: &str,
         allowed_namespaces: Vec<String>,
         label_selector: Option<&str>,
+        mapping: AppMapping,
     ) -> HubInformers {
         let config = |fixed: Option<&str>| match combined_selector(fixed, label_selector) {
             Some(selector) => watcher::Config::default().labels(&selector),
@@ -90,6 +92,7 @@ impl HubInformers {
         );
         HubInformers {
             principal_namespace: principal_namespace.to_string(),
+            mapping,
             apps,
             projects,
             repositories,
@@ -113,6 +116,7 @@ impl HubInformers {
     pub fn view(&self) -> HubView {
         HubView {
             principal_namespace: self.principal_namespace.clone(),
+            mapping: self.mapping,
             apps: self.apps.reader(),
             projects: self.projects.reader(),
             repositories: self.repositories.reader(),
@@ -125,6 +129,8 @@ impl HubInformers {
 pub struct HubView {
     /// Where AppProjects and repository Secrets live.
     principal_namespace: String,
+    /// How Applications (and AppProjects) map to agents.
+    mapping: AppMapping,
     apps: InformerReader<Application>,
     projects: InformerReader<AppProject>,
     repositories: InformerReader<DynamicObject>,
@@ -153,18 +159,67 @@ impl HubView {
         self.repositories.wait_listed().await;
     }
 
-    /// The hub Application `name` in agent namespace `agent`.
-    pub fn application(&self, agent: &str, name: &str) -> Option<Arc<Application>> {
-        self.apps.get(Some(agent), name)
+    /// How Applications map to agents.
+    pub fn mapping(&self) -> AppMapping {
+        self.mapping
     }
 
-    /// Every hub Application in namespace `agent`.
+    /// The namespace AppProjects and repository Secrets live in.
+    pub fn principal_namespace(&self) -> &str {
+        &self.principal_namespace
+    }
+
+    /// The hub Application `namespace`/`name`, if it belongs to `agent`.
+    pub fn application(
+        &self,
+        agent: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<Application>> {
+        self.apps
+            .get(Some(namespace), name)
+            .filter(|app| self.mapping.owns(agent, app))
+    }
+
+    /// The hub Application `namespace`/`name`, whoever it belongs to (autonomous agents' mirrors
+    /// live in the agent's namespace under either mapping).
+    pub fn application_in(&self, namespace: &str, name: &str) -> Option<Arc<Application>> {
+        self.apps.get(Some(namespace), name)
+    }
+
+    /// Every hub Application in `namespace`, whoever it belongs to.
+    pub fn applications_in(&self, namespace: &str) -> Vec<Arc<Application>> {
+        self.apps
+            .state()
+            .into_iter()
+            .filter(|a| a.metadata.namespace.as_deref() == Some(namespace))
+            .collect()
+    }
+
+    /// Every hub Application that belongs to `agent`.
     pub fn applications_of(&self, agent: &str) -> Vec<Arc<Application>> {
         self.apps
             .state()
             .into_iter()
-            .filter(|a| a.metadata.namespace.as_deref() == Some(agent))
+            .filter(|a| self.mapping.owns(agent, a))
             .collect()
+    }
+
+    /// Whether hub AppProject `project` applies to `agent`.
+    pub fn project_applies(&self, project: &AppProject, agent: &str) -> bool {
+        self.mapping.project_applies(project, agent)
+    }
+
+    /// Whether repository Secret `secret` goes to `agent`, given `project`, the hub AppProject
+    /// its `data.project` names (if it exists).
+    pub fn repository_routes_to(
+        &self,
+        secret: &Value,
+        project: Option<&AppProject>,
+        agent: &str,
+    ) -> bool {
+        repository_project(secret).is_some()
+            && project.is_some_and(|p| self.project_applies(p, agent))
     }
 
     /// The hub AppProject `name`.
@@ -198,7 +253,8 @@ impl HubView {
             .get(Some(&self.principal_namespace), name)
             .map(|s| to_value(&*s))?;
         let project = self.project_of(&secret);
-        repository_routes_to(&secret, project.as_deref(), agent).then_some(secret)
+        self.repository_routes_to(&secret, project.as_deref(), agent)
+            .then_some(secret)
     }
 
     /// Every repository Secret that applies to `agent`.
@@ -207,7 +263,7 @@ impl HubView {
             .into_iter()
             .filter(|s| {
                 let project = self.project_of(s);
-                repository_routes_to(s, project.as_deref(), agent)
+                self.repository_routes_to(s, project.as_deref(), agent)
             })
             .collect()
     }
@@ -290,7 +346,13 @@ mod tests {
 
     #[tokio::test]
     async fn the_view_serves_what_the_informers_stored_within_the_allowed_namespaces() {
-        let informers = HubInformers::new(&offline_client(), "argocd", vec!["team-*".into()], None);
+        let informers = HubInformers::new(
+            &offline_client(),
+            "argocd",
+            vec!["team-*".into()],
+            None,
+            AppMapping::Namespace,
+        );
         let view = informers.view();
         let (apps, projects, repositories) = drive(informers);
         apps.list(vec![
@@ -311,9 +373,10 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), view.wait_listed())
             .await
             .unwrap();
-        assert!(view.application("team-a", "guestbook").is_some());
+        assert!(view.application("team-a", "team-a", "guestbook").is_some());
         assert!(
-            view.application("elsewhere", "other").is_none(),
+            view.application("elsewhere", "elsewhere", "other")
+                .is_none(),
             "outside --allowed-namespaces"
         );
         assert_eq!(view.applications_of("team-a").len(), 1);

@@ -58,6 +58,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::{Decoder, FramedRead, FramedWrite};
 
 use crate::config::RedisCredentials;
+use crate::hub::Hub;
 use crate::listener::{ConnectionLimit, ConnectionSlot};
 use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
 use crate::metrics::ProxyMetrics;
@@ -105,6 +106,9 @@ pub struct RedisProxy {
     pub max_subscriptions_per_connection: usize,
     /// Commands, errors and latency.
     pub metrics: ProxyMetrics,
+    /// Under destination-based mapping, the hub that says which agent an application's key goes
+    /// to (its `spec.destination.name`); `None`: the key's namespace is the agent.
+    pub destination_mapping: Option<Arc<Hub>>,
 }
 
 /// The `command` label of a command name: the commands Argo CD and the proxy use, others as
@@ -138,15 +142,30 @@ pub fn command_label(name: &str) -> &'static str {
         .unwrap_or("OTHER")
 }
 
-/// The agent whose application a live-view key is about: the `<namespace>_<app>` segment names
-/// the hub namespace, which is the agent's name. `None` for every other key.
+/// The agent whose application a live-view key is about (namespace mapping): the
+/// `<namespace>_<app>` segment names the hub namespace, which is the agent's name. `None` for
+/// every other key.
 pub fn agent_of_key(key: &str) -> Option<&str> {
+    match app_of_key(key)? {
+        (Some(namespace), _) => Some(namespace),
+        (None, _) => None,
+    }
+}
+
+/// The application a live-view key is about: (`Some(namespace)` for `<namespace>_<app>`, `None`
+/// for an application in the hub Argo CD's own namespace, which Argo CD names `<app>`; the name).
+/// `None` for every other key. Kubernetes names hold no `_`, so the split is unambiguous.
+pub fn app_of_key(key: &str) -> Option<(Option<&str>, &str)> {
     let rest = AGENT_KEY_PREFIXES
         .iter()
         .find_map(|p| key.strip_prefix(p))?;
     let app = rest.split('|').next()?;
-    let (namespace, name) = app.split_once('_')?;
-    (!namespace.is_empty() && !name.is_empty()).then_some(namespace)
+    match app.split_once('_') {
+        Some((namespace, name)) => {
+            (!namespace.is_empty() && !name.is_empty()).then_some((Some(namespace), name))
+        }
+        None => (!app.is_empty()).then_some((None, app)),
+    }
 }
 
 fn error(msg: impl AsRef<str>) -> Frame {
@@ -521,8 +540,14 @@ impl ClientConnection {
     /// Agent that answers `key`, if it is a live-view key of an agent the principal knows.
     fn agent_for(&self, key: &[u8]) -> Option<String> {
         let key = std::str::from_utf8(key).ok()?;
-        let agent = agent_of_key(key)?;
-        self.proxy.registry.get(agent).map(|_| agent.to_string())
+        let agent = match &self.proxy.destination_mapping {
+            None => agent_of_key(key)?.to_string(),
+            Some(hub) => {
+                let (namespace, name) = app_of_key(key)?;
+                hub.agent_answering_for(namespace.unwrap_or(&hub.principal_namespace), name)?
+            }
+        };
+        self.proxy.registry.get(&agent).map(|_| agent)
     }
 
     /// An error reply for the client, remembered (the first one) as the command's failure.
@@ -1228,6 +1253,16 @@ mod tests {
             "hub-namespace app"
         );
         assert_eq!(agent_of_key("mfst|agent-a_guestbook"), None);
+        assert_eq!(
+            app_of_key("app|resources-tree|team-a_guestbook|1.8.3"),
+            Some((Some("team-a"), "guestbook"))
+        );
+        assert_eq!(
+            app_of_key("app|managed-resources|guestbook"),
+            Some((None, "guestbook")),
+            "an application in the hub Argo CD's namespace (destination-based mapping)"
+        );
+        assert_eq!(app_of_key("mfst|guestbook"), None);
         assert_eq!(agent_of_key("app|resources-tree|_x"), None);
     }
 
