@@ -284,6 +284,56 @@ enum Attempt {
     Shutdown,
 }
 
+/// What another part of the agent needs to make calls of its own to the principal over the
+/// current connection (the web terminal's `StreamTerminal`): the channel, the access token of the
+/// current stream, and whether to send gzip.
+#[derive(Clone)]
+pub struct LinkState {
+    /// The HTTP/2 connection of the current stream.
+    pub channel: Channel,
+    /// The access token `Subscribe` was opened with.
+    pub token: MetadataValue<tonic::metadata::Ascii>,
+    /// `--enable-compression`.
+    pub compression: bool,
+}
+
+impl LinkState {
+    /// `message` as a request carrying the access token (raw JWT in `authorization`).
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request
+            .metadata_mut()
+            .insert("authorization", self.token.clone());
+        request
+    }
+
+    /// `client` sending gzip when the agent does on its stream, and accepting it.
+    pub fn terminal_client(
+        &self,
+    ) -> argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_client::TerminalStreamServiceClient<Channel>{
+        use argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_client::TerminalStreamServiceClient;
+        with_gzip!(
+            TerminalStreamServiceClient::new(self.channel.clone()),
+            self.compression
+        )
+    }
+}
+
+/// The current [`LinkState`], `None` while the agent is not connected. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct PrincipalLink(Arc<std::sync::Mutex<Option<LinkState>>>);
+
+impl PrincipalLink {
+    /// The link of the current stream, if any.
+    pub fn current(&self) -> Option<LinkState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, state: Option<LinkState>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = state;
+    }
+}
+
 /// The agent's connection to the principal. One per process; [`Connection::run`] loops until
 /// shutdown, reconnecting as needed. The [`Outbox`] outlives every stream.
 pub struct Connection {
@@ -294,6 +344,7 @@ pub struct Connection {
     health: HealthState,
     tokens: Option<SessionTokens>,
     principal_version: Option<String>,
+    link: PrincipalLink,
 }
 
 impl Connection {
@@ -313,7 +364,13 @@ impl Connection {
             health,
             tokens: None,
             principal_version: None,
+            link: PrincipalLink::default(),
         }
+    }
+
+    /// The link other parts of the agent make their own calls over.
+    pub fn link(&self) -> PrincipalLink {
+        self.link.clone()
     }
 
     /// Connects, streams, and reconnects until `shutdown` becomes true (or its sender is
@@ -438,6 +495,17 @@ impl Connection {
             }
         };
 
+        if let Some(token) = self
+            .tokens
+            .as_ref()
+            .and_then(|t| MetadataValue::try_from(t.access()).ok())
+        {
+            self.link.set(Some(LinkState {
+                channel: channel.clone(),
+                token,
+                compression: self.settings.compression,
+            }));
+        }
         self.metrics.connections.inc();
         self.metrics.connection_status.set(1);
         self.health.set_ready(true, "");
@@ -491,6 +559,7 @@ impl Connection {
         drop(control_rx);
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, lanes.drain()).await;
         self.metrics.connection_status.set(0);
+        self.link.set(None);
 
         let shutting_down = *shutdown.borrow() || shutdown.has_changed().is_err();
         let reason = match end {
