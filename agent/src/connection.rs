@@ -293,17 +293,30 @@ pub struct LinkState {
     pub channel: Channel,
     /// The access token `Subscribe` was opened with.
     pub token: MetadataValue<tonic::metadata::Ascii>,
+    /// The session's refresh token: access tokens last minutes (`--access-token-lifetime`), a
+    /// stream far longer.
+    pub refresh: String,
     /// `--enable-compression`.
     pub compression: bool,
 }
 
 impl LinkState {
-    /// `message` as a request carrying the access token (raw JWT in `authorization`).
-    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+    /// `message` as a request carrying a current access token (raw JWT in `authorization`): one
+    /// refreshed for it, or the stream's when the refresh fails (the call then says why).
+    pub async fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let auth = AuthenticationClient::new(self.channel.clone());
+        let mut auth = with_gzip!(auth, self.compression);
+        let req = RefreshTokenRequest {
+            refresh_token: self.refresh.clone(),
+        };
+        let token = match tokio::time::timeout(RPC_TIMEOUT, auth.refresh_token(req)).await {
+            Ok(Ok(resp)) => MetadataValue::try_from(resp.into_inner().access_token).ok(),
+            _ => None,
+        };
         let mut request = tonic::Request::new(message);
         request
             .metadata_mut()
-            .insert("authorization", self.token.clone());
+            .insert("authorization", token.unwrap_or_else(|| self.token.clone()));
         request
     }
 
@@ -495,14 +508,14 @@ impl Connection {
             }
         };
 
-        if let Some(token) = self
-            .tokens
-            .as_ref()
-            .and_then(|t| MetadataValue::try_from(t.access()).ok())
-        {
+        if let Some((token, refresh)) = self.tokens.as_ref().and_then(|t| {
+            let access = MetadataValue::try_from(t.access()).ok()?;
+            Some((access, t.refresh().to_string()))
+        }) {
             self.link.set(Some(LinkState {
                 channel: channel.clone(),
                 token,
+                refresh,
                 compression: self.settings.compression,
             }));
         }

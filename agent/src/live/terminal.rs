@@ -1,7 +1,8 @@
 //! Web terminal sessions the principal asks for with a `terminal-request` event, run as upstream
 //! v0.9.0's agent runs them: one `terminalstreamapi.TerminalStreamService/StreamTerminal` call per
-//! session, opened over the agent's current connection ([`PrincipalLink`]) with its access
-//! token, whose first message carries only the session UUID; then the process's output goes up
+//! session, opened over the agent's current connection ([`PrincipalLink`]) with an access token
+//! refreshed for it (the stream's may have run out), whose first message carries only the
+//! session UUID; then the process's output goes up
 //! (`stream_type` stdout/stderr) and stdin and resizes come down, until `eof` or `error`.
 //!
 //! Owns what a session may reach and how it ends. Only a container of a pod Argo CD manages
@@ -51,7 +52,7 @@ pub async fn run(live: Arc<LiveService>, link: PrincipalLink, req: ContainerTerm
     }
     let mut client = state.terminal_client();
     let mut down = match client
-        .stream_terminal(state.request(ReceiverStream::new(up_rx)))
+        .stream_terminal(state.request(ReceiverStream::new(up_rx)).await)
         .await
     {
         Ok(resp) => resp.into_inner(),
