@@ -91,6 +91,15 @@ struct LiveView {
 
 impl LiveView {
     async fn start(test: &str, app: &str) -> anyhow::Result<LiveView> {
+        LiveView::start_with(test, app, &[]).await
+    }
+
+    /// [`LiveView::start`] with `principal_flags` added to our principal's.
+    async fn start_with(
+        test: &str,
+        app: &str,
+        principal_flags: &[&str],
+    ) -> anyhow::Result<LiveView> {
         let planes = shared_planes().await;
         let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
         let ctx = TestContext::new(test)?;
@@ -109,17 +118,19 @@ impl LiveView {
         let principal_ns = ctx.unique("hub-argocd");
         let hub_client = hub.client().await?;
         ensure_namespace(&hub_client, &agent_name).await?;
+        let mut flags = vec![
+            format!("--redis-server-address={}", hub_redis.address()),
+            format!("--redis-creds-dir-path={}", creds_dir.display()),
+            format!("--terminal-idle-timeout={}s", TERMINAL_IDLE.as_secs()),
+        ];
+        flags.extend(principal_flags.iter().map(|f| f.to_string()));
         let principal = Principal::start(
             &ctx.suffix,
             &ctx.dir,
             hub,
             &pki,
             &principal_ns,
-            &[
-                &format!("--redis-server-address={}", hub_redis.address()),
-                &format!("--redis-creds-dir-path={}", creds_dir.display()),
-                &format!("--terminal-idle-timeout={}s", TERMINAL_IDLE.as_secs()),
-            ],
+            &flags.iter().map(String::as_str).collect::<Vec<&str>>(),
         )
         .await?;
         // The agent's Argo CD cluster secret on the hub: its server is our resource proxy.
@@ -763,7 +774,10 @@ impl LiveView {
 #[tokio::test]
 async fn hub_web_terminal_runs_a_shell_in_a_pod_on_the_spoke_through_our_principal_and_agent(
 ) -> anyhow::Result<()> {
-    let mut lv = LiveView::start("real_terminal", "term").await?;
+    // Access tokens last 2 s: the agent's stream outlives its token long before the first
+    // terminal opens, so each StreamTerminal call needs a token refreshed for it.
+    let mut lv =
+        LiveView::start_with("real_terminal", "term", &["--access-token-lifetime=2s"]).await?;
     let planes = shared_planes().await;
     let kubelet = FakeKubelet::start(&planes.spokes[0], &lv._ctx.unique("node")).await?;
     let mut files = demo_manifests(GREETING);
