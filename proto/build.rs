@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "version.proto",
     "eventstream.proto",
     "logstream.proto",
+    "terminalstream.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -106,7 +106,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         health.clone(),
     )
     .report_principal_namespace(principal_namespace.clone());
-    let live = crate::live::LiveService::start(&config, client.clone(), outbox.clone());
+    let live =
+        crate::live::LiveService::start(&config, client.clone(), outbox.clone(), connection.link());
     // Managed agents only, as upstream: the spoke's cache counts for the hub's cluster list.
     let mut cache_info = None;
     let (watchers, resync, mut connection) = match config.mode {

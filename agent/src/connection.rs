@@ -285,6 +285,69 @@ enum Attempt {
     Shutdown,
 }
 
+/// What another part of the agent needs to make calls of its own to the principal over the
+/// current connection (the web terminal's `StreamTerminal`): the channel, the access token of the
+/// current stream, and whether to send gzip.
+#[derive(Clone)]
+pub struct LinkState {
+    /// The HTTP/2 connection of the current stream.
+    pub channel: Channel,
+    /// The access token `Subscribe` was opened with.
+    pub token: MetadataValue<tonic::metadata::Ascii>,
+    /// The session's refresh token: access tokens last minutes (`--access-token-lifetime`), a
+    /// stream far longer.
+    pub refresh: String,
+    /// `--enable-compression`.
+    pub compression: bool,
+}
+
+impl LinkState {
+    /// `message` as a request carrying a current access token (raw JWT in `authorization`): one
+    /// refreshed for it, or the stream's when the refresh fails (the call then says why).
+    pub async fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let auth = AuthenticationClient::new(self.channel.clone());
+        let mut auth = with_gzip!(auth, self.compression);
+        let req = RefreshTokenRequest {
+            refresh_token: self.refresh.clone(),
+        };
+        let token = match tokio::time::timeout(RPC_TIMEOUT, auth.refresh_token(req)).await {
+            Ok(Ok(resp)) => MetadataValue::try_from(resp.into_inner().access_token).ok(),
+            _ => None,
+        };
+        let mut request = tonic::Request::new(message);
+        request
+            .metadata_mut()
+            .insert("authorization", token.unwrap_or_else(|| self.token.clone()));
+        request
+    }
+
+    /// `client` sending gzip when the agent does on its stream, and accepting it.
+    pub fn terminal_client(
+        &self,
+    ) -> argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_client::TerminalStreamServiceClient<Channel>{
+        use argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_client::TerminalStreamServiceClient;
+        with_gzip!(
+            TerminalStreamServiceClient::new(self.channel.clone()),
+            self.compression
+        )
+    }
+}
+
+/// The current [`LinkState`], `None` while the agent is not connected. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct PrincipalLink(Arc<std::sync::Mutex<Option<LinkState>>>);
+
+impl PrincipalLink {
+    /// The link of the current stream, if any.
+    pub fn current(&self) -> Option<LinkState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, state: Option<LinkState>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = state;
+    }
+}
+
 /// The agent's connection to the principal. One per process; [`Connection::run`] loops until
 /// shutdown, reconnecting as needed. The [`Outbox`] outlives every stream.
 pub struct Connection {
@@ -297,6 +360,7 @@ pub struct Connection {
     principal_version: Option<String>,
     /// Where the principal's namespace from login answers goes, if anyone needs it.
     principal_namespace: Option<Arc<PrincipalNamespace>>,
+    link: PrincipalLink,
 }
 
 impl Connection {
@@ -317,6 +381,7 @@ impl Connection {
             tokens: None,
             principal_version: None,
             principal_namespace: None,
+            link: PrincipalLink::default(),
         }
     }
 
@@ -325,6 +390,11 @@ impl Connection {
     pub fn report_principal_namespace(mut self, into: Arc<PrincipalNamespace>) -> Self {
         self.principal_namespace = Some(into);
         self
+    }
+
+    /// The link other parts of the agent make their own calls over.
+    pub fn link(&self) -> PrincipalLink {
+        self.link.clone()
     }
 
     /// Connects, streams, and reconnects until `shutdown` becomes true (or its sender is
@@ -449,6 +519,17 @@ impl Connection {
             }
         };
 
+        if let Some((token, refresh)) = self.tokens.as_ref().and_then(|t| {
+            let access = MetadataValue::try_from(t.access()).ok()?;
+            Some((access, t.refresh().to_string()))
+        }) {
+            self.link.set(Some(LinkState {
+                channel: channel.clone(),
+                token,
+                refresh,
+                compression: self.settings.compression,
+            }));
+        }
         self.metrics.connections.inc();
         self.metrics.connection_status.set(1);
         self.health.set_ready(true, "");
@@ -502,6 +583,7 @@ impl Connection {
         drop(control_rx);
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, lanes.drain()).await;
         self.metrics.connection_status.set(0);
+        self.link.set(None);
 
         let shutting_down = *shutdown.borrow() || shutdown.has_changed().is_err();
         let reason = match end {

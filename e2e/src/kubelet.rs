@@ -1,6 +1,8 @@
-//! A kubelet's container-log endpoint for the test planes, which run no kubelet: a Node object
-//! whose status points the real kube-apiserver at an HTTPS server of this process, which answers
-//! `GET /containerLogs/{namespace}/{pod}/{container}` as a kubelet does. Pods bound to that node
+//! A kubelet's container-log and exec endpoints for the test planes, which run no kubelet: a Node
+//! object whose status points the real kube-apiserver at an HTTPS server of this process, which
+//! answers `GET /containerLogs/{namespace}/{pod}/{container}` as a kubelet does, and
+//! `/exec/{namespace}/{pod}/{container}` ([`crate::kubelet_exec`]; the Node declares
+//! `ExtendWebSocketsToKubelet`, so the apiserver hands it the client's exec WebSocket). Pods bound to that node
 //! (`spec.nodeName`) then have working `pods/{pod}/log` on the real apiserver, so any agent (ours,
 //! or upstream's Go agent, which can only read logs through its apiserver) serves real logs.
 //!
@@ -36,6 +38,18 @@ pub struct KubeletStats {
     pub follows_open: AtomicUsize,
     /// Follow streams whose client went away.
     pub follows_closed: AtomicUsize,
+    /// Every exec, in order.
+    pub execs: Mutex<Vec<crate::kubelet_exec::ExecSeen>>,
+    /// Exec processes running now.
+    pub execs_open: AtomicUsize,
+    /// Exec processes that ended (exited or killed).
+    pub execs_ended: AtomicUsize,
+    /// Exec processes killed because their client went away.
+    pub execs_killed: AtomicUsize,
+    /// Execs whose client closed their stdin (v5 close signal).
+    pub stdin_closed: AtomicUsize,
+    /// Terminal resizes received, (width, height).
+    pub resizes: Mutex<Vec<(u16, u16)>>,
 }
 
 /// The fake kubelet; its Node is deleted when dropped (best effort).
@@ -86,6 +100,8 @@ impl FakeKubelet {
                     "status": {
                         "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
                         "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+                        // The apiserver then passes exec WebSockets through (Kubernetes 1.36).
+                        "declaredFeatures": ["ExtendWebSocketsToKubelet"],
                     },
                 }))?,
             )
@@ -95,6 +111,46 @@ impl FakeKubelet {
             stats,
             nodes,
         })
+    }
+
+    /// Reports pod `namespace/name` (bound to this node) Running with every container started and
+    /// ready, as a kubelet writes its status once the containers run (Argo CD's web terminal only
+    /// opens into a running container).
+    pub async fn report_running(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<()> {
+        use k8s_openapi::api::core::v1::Pod;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let pod = pods.get(name).await?;
+        let now = time::OffsetDateTime::now_utc();
+        let started = kubelet_time(now);
+        let statuses: Vec<serde_json::Value> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .map(|c| {
+                json!({"name": c.name, "image": c.image, "imageID": "", "ready": true,
+                       "restartCount": 0, "started": true,
+                       "state": {"running": {"startedAt": started}}})
+            })
+            .collect();
+        let conditions = ["PodScheduled", "Initialized", "ContainersReady", "Ready"]
+            .map(|t| json!({"type": t, "status": "True"}));
+        let status = json!({"status": {
+            "phase": "Running", "hostIP": "127.0.0.1", "podIP": "127.0.0.1",
+            "conditions": conditions,
+            "containerStatuses": statuses,
+        }});
+        pods.patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(status),
+        )
+        .await?;
+        Ok(())
     }
 
     /// Number of `containerLogs` requests so far.
@@ -133,18 +189,25 @@ async fn accept(
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
             };
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn(move |mut req| {
                 let stats = stats.clone();
-                async move { Ok::<_, std::convert::Infallible>(serve(&stats, &req)) }
+                async move {
+                    Ok::<_, std::convert::Infallible>(if req.uri().path().starts_with("/exec/") {
+                        crate::kubelet_exec::upgrade(&stats, &mut req)
+                    } else {
+                        serve(&stats, &req)
+                    })
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .with_upgrades()
                 .await;
         });
     }
 }
 
-fn response(status: u16, body: LogBody) -> http::Response<LogBody> {
+pub(crate) fn response(status: u16, body: LogBody) -> http::Response<LogBody> {
     http::Response::builder()
         .status(status)
         .header(http::header::CONTENT_TYPE, "text/plain")
@@ -152,7 +215,7 @@ fn response(status: u16, body: LogBody) -> http::Response<LogBody> {
         .expect("valid response")
 }
 
-fn full(text: String) -> LogBody {
+pub(crate) fn full(text: String) -> LogBody {
     Full::new(Bytes::from(text)).boxed()
 }
 

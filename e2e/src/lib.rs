@@ -9,6 +9,7 @@
 //! exception, [`pull_model`], runs the operator's pull-model controllers in-process).
 
 pub mod argocd;
+pub mod argocd_terminal;
 pub mod bench;
 pub mod binaries;
 pub mod control_plane;
@@ -18,6 +19,7 @@ pub mod gateway;
 pub mod git_server;
 pub mod helm;
 pub mod kubelet;
+pub mod kubelet_exec;
 pub mod metrics;
 pub mod ocm;
 pub mod otlp_collector;

@@ -250,7 +250,22 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
     let listed = rules_beside_code("agent/rbac.yaml");
     assert!(
         of_kind(&agent, "ClusterRole").is_empty(),
-        "the agent needs nothing cluster-wide"
+        "the agent needs nothing cluster-wide unless the web terminal is enabled"
+    );
+    let with_terminal = objects(
+        &render(
+            &ctx.dir,
+            AGENT_CHART,
+            "argocd",
+            &format!("{AGENT_VALUES}terminal: {{enabled: true}}\n"),
+            None,
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        rendered_grants(&with_terminal, "ClusterRole"),
+        grants(&listed["terminal"]),
+        "agent terminal ClusterRole differs from agent/rbac.yaml `terminal`"
     );
     assert_eq!(
         rendered_grants(&agent, "Role"),

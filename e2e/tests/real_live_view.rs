@@ -22,8 +22,10 @@
 use std::time::{Duration, Instant};
 
 use e2e::argocd::{ArgoCd, RedisEndpoint};
+use e2e::argocd_terminal::{enable_exec, Terminal, TerminalTarget};
 use e2e::gateway::{agentctl, application_resource, ensure_namespace, Agent, Pki, Principal};
 use e2e::git_server::{demo_manifests, GitServer, PRESYNC_HOOK_JOB};
+use e2e::kubelet::FakeKubelet;
 use e2e::redis::resp_exchange;
 use e2e::scenario::{demo_application, operation_state, sync_state, wait_synced, SYNC_WAIT};
 use e2e::{shared_planes, wait_until, Redis, TestContext};
@@ -37,6 +39,8 @@ use serde_json::{json, Value};
 const GREETING: &str = "live-from-the-spoke";
 /// The greeting of the next Git revision (synced manually from the hub).
 const CHANGED_GREETING: &str = "changed-in-git";
+/// Our principal ends a web terminal with no data either way for this long.
+const TERMINAL_IDLE: Duration = Duration::from_secs(6);
 /// How long one CLI call that waits on the spoke may take.
 const CLI_WAIT: Duration = Duration::from_secs(150);
 
@@ -66,6 +70,7 @@ spec:
 /// Argo CD, our managed agent) of one test, wired as the module docs say.
 struct LiveView {
     agent_name: String,
+    pki: Pki,
     git: GitServer,
     hub_password: String,
     principal: Principal,
@@ -86,6 +91,15 @@ struct LiveView {
 
 impl LiveView {
     async fn start(test: &str, app: &str) -> anyhow::Result<LiveView> {
+        LiveView::start_with(test, app, &[]).await
+    }
+
+    /// [`LiveView::start`] with `principal_flags` added to our principal's.
+    async fn start_with(
+        test: &str,
+        app: &str,
+        principal_flags: &[&str],
+    ) -> anyhow::Result<LiveView> {
         let planes = shared_planes().await;
         let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
         let ctx = TestContext::new(test)?;
@@ -102,17 +116,19 @@ impl LiveView {
         let principal_ns = ctx.unique("hub-argocd");
         let hub_client = hub.client().await?;
         ensure_namespace(&hub_client, &agent_name).await?;
+        let mut flags = hub_redis.principal_flags();
+        flags.push(format!(
+            "--terminal-idle-timeout={}s",
+            TERMINAL_IDLE.as_secs()
+        ));
+        flags.extend(principal_flags.iter().map(|f| f.to_string()));
         let principal = Principal::start(
             &ctx.suffix,
             &ctx.dir,
             hub,
             &pki,
             &principal_ns,
-            &hub_redis
-                .principal_flags()
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
+            &flags.iter().map(String::as_str).collect::<Vec<&str>>(),
         )
         .await?;
         // The agent's Argo CD cluster secret on the hub: its server is our resource proxy.
@@ -171,6 +187,7 @@ impl LiveView {
         let hub_apps = Api::namespaced_with(hub_client, &agent_name, &application_resource());
         Ok(LiveView {
             agent_name,
+            pki,
             git,
             hub_password,
             principal,
@@ -696,5 +713,223 @@ async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
     println!("hub operations on a spoke's app: {:?}", started.elapsed());
+    Ok(())
+}
+
+// The web terminal. Exec runs for real from argocd-server to the spoke's real kube-apiserver:
+// argocd-server's client-go WebSocket executor → our principal's resource proxy
+// (`pods/{pod}/exec`, `v5.channel.k8s.io`) → `TerminalStreamService.StreamTerminal` → our agent →
+// the spoke apiserver's `pods/{pod}/exec` → a kubelet. The one stand-in is that kubelet
+// (`e2e::kubelet`: the planes run none): it runs the shell as a host process instead of in a
+// container, and reports the pod Running, as a kubelet writes.
+
+/// A pod of the demo app bound to the fake kubelet's node `node` (its health is left out of the
+/// app's: the app is Healthy before the kubelet reports it).
+fn demo_pod(name: &str, node: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations:
+    argocd.argoproj.io/ignore-healthcheck: \"true\"
+spec:
+  nodeName: {node}
+  serviceAccountName: demo
+  automountServiceAccountToken: false
+  containers:
+  - name: web
+    image: registry.invalid/web:1
+"
+    )
+}
+
+impl LiveView {
+    /// A client of our principal's resource proxy as the agent's cluster, authenticated as the
+    /// hub's cluster Secret is (the agent's client certificate): what argocd-server uses.
+    async fn proxy_client(&self) -> anyhow::Result<kube::Client> {
+        let (cert, key) = self.pki.agent_files(&self.agent_name);
+        let kubeconfig = json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "proxy",
+            "clusters": [{"name": "proxy", "cluster": {
+                "server": format!("https://127.0.0.1:{}", self.principal.resource_proxy_port),
+                "certificate-authority": self.pki.ca()}}],
+            "users": [{"name": "argocd", "user": {"client-certificate": cert, "client-key": key}}],
+            "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "argocd"}}],
+        });
+        let kubeconfig: kube::config::Kubeconfig = serde_json::from_value(kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+}
+
+/// The hub's argocd-server opens a web terminal into a pod of an app on the spoke: a command's
+/// output comes back, stderr too, a resize reaches the kubelet, and closing the browser's socket
+/// ends the shell on the spoke. A terminal left idle is ended by our principal (and its shell).
+/// An exec into a pod Argo CD does not manage, asked of the resource proxy directly, is refused
+/// (403, the agent's read of the pod) before any kubelet sees it; with the agent gone, the
+/// principal refuses at once.
+#[tokio::test]
+async fn hub_web_terminal_runs_a_shell_in_a_pod_on_the_spoke_through_our_principal_and_agent(
+) -> anyhow::Result<()> {
+    // Access tokens last 2 s: the agent's stream outlives its token long before the first
+    // terminal opens, so each StreamTerminal call needs a token refreshed for it.
+    let mut lv =
+        LiveView::start_with("real_terminal", "term", &["--access-token-lifetime=2s"]).await?;
+    let planes = shared_planes().await;
+    let kubelet = FakeKubelet::start(&planes.spokes[0], &lv._ctx.unique("node")).await?;
+    let mut files = demo_manifests(GREETING);
+    files.push(("pod.yaml", demo_pod("web-1", &kubelet.node)));
+    let revision = lv.git.commit("apps", "demo", &files, "demo with a pod")?;
+    lv.create_demo_app(&revision).await?;
+    kubelet
+        .report_running(&lv.spoke_client, &lv.dest, "web-1")
+        .await?;
+    enable_exec(&planes.hub.client().await?, &lv.server).await?;
+    let token = lv.server.session_token().await?;
+    let port = lv.server.server_port.expect("argocd-server has a port");
+    let target = TerminalTarget {
+        pod: "web-1".into(),
+        container: "web".into(),
+        namespace: lv.dest.clone(),
+        app: lv.app.clone(),
+        app_namespace: lv.agent_name.clone(),
+        project: "default".into(),
+        shell: "bash".into(),
+    };
+    // argocd-server picks `exec.enabled` up from its settings watch: retry the first open.
+    let last_error = std::sync::Mutex::new(String::new());
+    let open = || async {
+        let t = Terminal::open(port, &token, &target).await;
+        if let Err(e) = &t {
+            *last_error.lock().unwrap() = e.to_string();
+        }
+        Ok::<_, anyhow::Error>(t.ok())
+    };
+    let mut term = wait_until("the terminal opens", Duration::from_secs(60), open)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}: {}\n{}", last_error.lock().unwrap(), lv.logs()))?;
+
+    let marker = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    term.resize(100, 30).await?;
+    term.input(&format!("echo hello-$((6*7))-{marker}\n"))
+        .await?;
+    let wait = Duration::from_secs(30);
+    term.read_until(&format!("hello-42-{marker}"), wait)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", lv.logs()))?;
+    term.input("echo to-stderr-$((1+1)) >&2\n").await?;
+    term.read_until("to-stderr-2", wait).await?;
+    let execs = kubelet.stats.execs.lock().unwrap().clone();
+    assert_eq!(execs.len(), 1, "{execs:?}");
+    assert_eq!(execs[0].target, format!("{}/web-1/web", lv.dest));
+    assert_eq!(execs[0].command, ["bash"]);
+    assert!(execs[0].tty, "the web terminal asks for a TTY");
+    wait_until("the resize at the kubelet", wait, || async {
+        let resizes = kubelet.stats.resizes.lock().unwrap().clone();
+        Ok::<_, anyhow::Error>(resizes.contains(&(100, 30)).then_some(()))
+    })
+    .await?;
+
+    // The browser goes away: the shell on the spoke ends (argocd-server closes its stdin).
+    term.close().await;
+    let ended = |n: usize| {
+        let stats = kubelet.stats.clone();
+        move || {
+            let stats = stats.clone();
+            async move {
+                use std::sync::atomic::Ordering::SeqCst;
+                Ok::<_, anyhow::Error>(
+                    (stats.execs_ended.load(SeqCst) == n && stats.execs_open.load(SeqCst) == 0)
+                        .then_some(()),
+                )
+            }
+        }
+    };
+    wait_until("the shell ended after the browser left", wait, ended(1))
+        .await
+        .map_err(|e| {
+            let closed = kubelet
+                .stats
+                .stdin_closed
+                .load(std::sync::atomic::Ordering::SeqCst);
+            anyhow::anyhow!("{e} (stdin closed {closed} times)\n{}", lv.logs())
+        })?;
+
+    // Idle: after the last output, nothing either way; the principal ends the session.
+    let mut term = Terminal::open(port, &token, &target).await?;
+    term.input("echo still-here\n").await?;
+    term.read_until("still-here", wait).await?;
+    let quiet_since = Instant::now();
+    term.wait_closed(TERMINAL_IDLE + wait).await?;
+    let quiet = quiet_since.elapsed();
+    assert!(
+        quiet >= TERMINAL_IDLE - Duration::from_millis(500),
+        "closed after {quiet:?}, before the idle timeout {TERMINAL_IDLE:?}"
+    );
+    wait_until("the idle shell ended on the spoke", wait, ended(2)).await?;
+    assert!(
+        kubelet
+            .stats
+            .execs_killed
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 1,
+        "the idle shell was killed: its session ended with the process still running"
+    );
+
+    // A pod Argo CD does not manage, in the same namespace: the agent refuses the exec.
+    let stray: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(serde_norway::from_str::<Value>(&demo_pod(
+            "stray-1",
+            &kubelet.node,
+        ))?)?;
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(lv.spoke_client.clone(), &lv.dest)
+        .create(&PostParams::default(), &stray)
+        .await?;
+    kubelet
+        .report_running(&lv.spoke_client, &lv.dest, "stray-1")
+        .await?;
+    let proxy = lv.proxy_client().await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(proxy, &lv.dest);
+    let params = kube::api::AttachParams::default()
+        .container("web")
+        .stdout(true)
+        .stderr(false);
+    let refused = match pods
+        .exec("stray-1", ["sh", "-c", "echo leaked"], &params)
+        .await
+    {
+        Ok(_) => anyhow::bail!("an exec into a pod Argo CD does not manage was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        refused.contains("not managed by Argo CD") && refused.contains("403"),
+        "the refusal says why: {refused}"
+    );
+    assert_eq!(
+        kubelet.stats.execs.lock().unwrap().len(),
+        2,
+        "no exec reached the kubelet for the stray pod"
+    );
+
+    // The agent is gone: the resource proxy refuses the exec before upgrading.
+    lv.agent.process.stop();
+    // (While its stream is going down, an exec may still be sent and fail otherwise.)
+    let last = std::sync::Mutex::new(String::new());
+    wait_until(
+        "the exec refused as the agent is not connected",
+        wait,
+        || async {
+            let e = match pods.exec("web-1", ["true"], &params).await {
+                Err(e) => e.to_string(),
+                Ok(_) => "the exec was accepted".to_string(),
+            };
+            let refused = e.contains("not connected");
+            *last.lock().unwrap() = e;
+            Ok::<_, anyhow::Error>(refused.then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: {}", last.lock().unwrap()))?;
     Ok(())
 }

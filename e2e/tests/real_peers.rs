@@ -915,6 +915,132 @@ async fn pod_logs_through_our_principal_upstream_agent() -> anyhow::Result<()> {
     pod_logs_through_our_principal(Side::Upstream).await
 }
 
+/// `kubectl exec` (client-go's WebSocket executor, `v5.channel.k8s.io`) through our principal into
+/// a tracked pod of the agent's cluster: the agent opens `TerminalStreamService.StreamTerminal`
+/// and execs through the spoke's real apiserver, whose fake kubelet runs the command (the one
+/// stand-in: a host process instead of a container). Stdin goes in and is closed, output and the
+/// exit status come back. An exec into a pod Argo CD does not manage is refused (403) by the
+/// principal, which reads the pod through the agent first (upstream's Go agent itself would exec
+/// into any pod its ServiceAccount reaches); no exec reaches the kubelet.
+async fn exec_through_our_principal(agent: Side) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let cell = Cell::start("exec", Side::Ours, agent, Mode::Managed, false).await?;
+    let (kubelet, kubeconfig) = cell.pod_on_fake_kubelet().await?;
+    let ns = cell.dest.as_str();
+    let exec = |pod: &str| {
+        tokio::process::Command::new(e2e::binaries::kubectl().expect("kubectl"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["exec", "-i", "-n", ns, pod, "-c", "web", "--", "sh", "-c"])
+            .arg("read line; echo got-$line-$((6*7)); echo oops >&2; cat >/dev/null; exit 3")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+    };
+    let marker = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let mut child = exec("web-1")?;
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin.write_all(format!("{marker}\n").as_bytes()).await?;
+    // Stdin is closed only once the line was answered: upstream's Go agent may drop stdin that
+    // arrives together with its close (its reader picks either at random).
+    let mut stdout_pipe = child.stdout.take().expect("piped");
+    let mut seen = Vec::new();
+    let answer = format!("got-{marker}-42");
+    tokio::time::timeout(Duration::from_secs(60), async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains(&answer) {
+            match stdout_pipe.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("no {answer:?} from kubectl exec\n{}", cell.logs()))?;
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .map_err(|_| anyhow::anyhow!("kubectl exec did not end\n{}", cell.logs()))??;
+    seen.extend_from_slice(&out.stdout);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&seen).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    let printed = format!("{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("got-{marker}-42")),
+        "the command's output: {stdout:?} / {stderr:?}\n{}",
+        cell.logs()
+    );
+    // Ours keeps stderr apart. Upstream's agent sends stderr as stdout, from the stdout and stderr
+    // copiers at once on one gRPC stream (grpc-go does not allow concurrent sends): its stderr line
+    // was seen lost (PROTOCOL.md (8)), so it is not asserted there.
+    if agent == Side::Ours {
+        assert!(stderr.contains("oops"), "{printed}");
+    }
+    assert!(!out.status.success(), "the command exited 3: {printed}");
+    // Ours passes the kubelet's Status message on; the Go agent sends client-go's error text.
+    assert!(
+        stderr.contains("exit status 3") || stderr.contains("exit code 3"),
+        "the exit status came back: {stderr}"
+    );
+    let execs = kubelet.stats.execs.lock().unwrap().clone();
+    assert_eq!(execs.len(), 1, "{execs:?}");
+    assert_eq!(execs[0].target, format!("{ns}/web-1/web"));
+    assert!(!execs[0].tty);
+
+    // A pod Argo CD does not manage: refused before any exec.
+    let spoke = cell.spoke.client().await?;
+    let mut stray = tracked_pod(ns, &kubelet.node)?;
+    stray.metadata.name = Some("stray-1".into());
+    stray.metadata.labels = None;
+    stray.metadata.annotations = None;
+    Api::<Pod>::namespaced(spoke, ns)
+        .create(&PostParams::default(), &stray)
+        .await?;
+    // Asked directly (kubectl would read the pod first and be refused by that read): the
+    // principal's read of the pod through the agent refuses the exec.
+    let kubeconfig = kube::config::Kubeconfig::read_from(&kubeconfig)?;
+    let proxy = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?,
+    )?;
+    let params = kube::api::AttachParams::default()
+        .container("web")
+        .stdout(true)
+        .stderr(false);
+    let refused = match Api::<Pod>::namespaced(proxy, ns)
+        .exec("stray-1", ["sh", "-c", "echo leaked"], &params)
+        .await
+    {
+        Ok(_) => anyhow::bail!("an exec into a pod Argo CD does not manage was accepted"),
+        Err(e) => e.to_string(),
+    };
+    // (Upstream's agent answers 403 with a body that is no Kubernetes `Status`.)
+    assert!(
+        refused.contains("code: 403"),
+        "refused as the agent refuses to read the pod: {refused}\n{}",
+        cell.logs()
+    );
+    assert_eq!(
+        kubelet.stats.execs.lock().unwrap().len(),
+        1,
+        "no exec reached the kubelet"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn exec_through_our_principal_ours_agent() -> anyhow::Result<()> {
+    exec_through_our_principal(Side::Ours).await
+}
+
+#[tokio::test]
+async fn exec_through_our_principal_upstream_agent() -> anyhow::Result<()> {
+    exec_through_our_principal(Side::Upstream).await
+}
+
 // ---- gzip on the wire -----------------------------------------------------------------------------
 
 /// An agent started with `--enable-compression` (gzip on every call, upstream's flag) works with

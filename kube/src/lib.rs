@@ -3,7 +3,8 @@
 //! Owns how this project talks to Kubernetes, once: typed Argo CD objects ([`argocd`]), building a
 //! client from flags ([`client`]), the entries of Argo CD's Redis cache this project reads and
 //! writes ([`argocd_cache`]),
-//! the one rule for which failed requests are retried and which rejected ([`errors`]), informers
+//! the one rule for which failed requests are retried and which rejected ([`errors`]), the server
+//! side of the exec stream's WebSocket channel framing ([`exec_channels`]), informers
 //! that keep one store per watched kind and call add/update/delete handlers ([`informer`]), the
 //! Argo CD resource kinds ([`resources`]) and Lease-based leader election ([`lease`]). Stopping is
 //! a `tokio_util::sync::CancellationToken` throughout.
@@ -12,6 +13,7 @@ pub mod argocd;
 pub mod argocd_cache;
 pub mod client;
 pub mod errors;
+pub mod exec_channels;
 pub mod informer;
 pub mod lease;
 pub mod resources;

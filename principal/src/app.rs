@@ -12,6 +12,7 @@ use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::pb::authapi::authentication_server::AuthenticationServer;
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStreamServer;
 use argocd_agent_proto::pb::logstreamapi::log_stream_service_server::LogStreamServiceServer;
+use argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_server::TerminalStreamServiceServer;
 use argocd_agent_proto::pb::versionapi::version_server::VersionServer;
 use argocd_agent_proto::sync::OutboxConfig;
 use argocd_agent_runtime::telemetry::{
@@ -100,6 +101,7 @@ async fn start_live_view(
             metrics: metrics.resource_proxy.clone(),
             body_timeout: config.request_body_timeout,
             body_budget: Default::default(),
+            terminal_idle_timeout: config.terminal_idle_timeout,
         });
         let addr = crate::resource_proxy::serve(rp.address, tls, proxy, policy.clone())
             .await
@@ -365,6 +367,11 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         live: live.clone(),
     };
+    let terminal_stream = crate::terminal::TerminalStreamRelay {
+        issuer: issuer.clone(),
+        metrics: metrics.clone(),
+        sessions: live.terminals().clone(),
+    };
     let events = EventStreamService {
         issuer,
         registry,
@@ -420,6 +427,17 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         .add_service(tonic::service::interceptor::InterceptedService::new(
             LogStreamServiceServer::new(log_stream)
                 .max_decoding_message_size(max)
+                .accept_compressed(Gzip)
+                .send_compressed(Gzip),
+            {
+                let leadership = leadership.clone();
+                move |req| leadership.admit(req)
+            },
+        ))
+        // Web terminal sessions, which every agent opens per terminal-request event.
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            TerminalStreamServiceServer::new(terminal_stream)
+                .max_decoding_message_size(crate::terminal::MAX_MESSAGE + 1024)
                 .accept_compressed(Gzip)
                 .send_compressed(Gzip),
             {

@@ -104,6 +104,17 @@ pub struct PrincipalArgs {
     )]
     pub request_body_timeout: Duration,
 
+    /// A web terminal (pods/exec through the resource proxy) with no data in either direction
+    /// this long is ended, and with it the exec on the spoke.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_TERMINAL_IDLE_TIMEOUT",
+        default_value = "15m",
+        value_name = "DURATION",
+        value_parser = flags::parse_duration
+    )]
+    pub terminal_idle_timeout: Duration,
+
     /// Private key (PEM, RSA or EC) that signs agents' session tokens (JWT).
     #[arg(
         long,
@@ -507,6 +518,8 @@ pub struct PrincipalConfig {
     pub request_header_timeout: Duration,
     /// Longest a resource proxy request body may take to arrive.
     pub request_body_timeout: Duration,
+    /// A web terminal idle this long is ended.
+    pub terminal_idle_timeout: Duration,
     /// JWT signing key.
     pub jwt_key: JwtKeySource,
     /// Where agent names come from in client certificates.
@@ -783,9 +796,10 @@ impl PrincipalArgs {
             ("tls-handshake-timeout", self.tls_handshake_timeout),
             ("request-header-timeout", self.request_header_timeout),
             ("request-body-timeout", self.request_body_timeout),
+            ("terminal-idle-timeout", self.terminal_idle_timeout),
         ] {
             if value < Duration::from_millis(100) {
-                return Err(FLAGS.invalid(flag, "must be at least 100ms (default 10s)"));
+                return Err(FLAGS.invalid(flag, "must be at least 100ms"));
             }
         }
 
@@ -799,6 +813,7 @@ impl PrincipalArgs {
             tls_handshake_timeout: self.tls_handshake_timeout,
             request_header_timeout: self.request_header_timeout,
             request_body_timeout: self.request_body_timeout,
+            terminal_idle_timeout: self.terminal_idle_timeout,
             jwt_key,
             auth: self.auth,
             namespace: self.namespace,

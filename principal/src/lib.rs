@@ -28,5 +28,6 @@ pub mod resource_proxy;
 pub mod routing;
 pub mod self_registration;
 pub mod sessions;
+pub mod terminal;
 pub mod tokens;
 pub mod write_limit;

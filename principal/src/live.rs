@@ -13,7 +13,9 @@
 //! agent's last stream ends, every caller still waiting on it is answered with
 //! [`LiveReply::AgentGone`] at once. Hooks registered with
 //! [`LiveRequests::on_agent_connected`] run when an agent's stream starts, those registered with
-//! [`LiveRequests::on_agent_disconnected`] when its last stream ends.
+//! [`LiveRequests::on_agent_disconnected`] when its last stream ends. Web terminal sessions
+//! waiting for their agent's call are kept beside them ([`LiveRequests::terminals`], owned by
+//! [`crate::terminal`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -110,6 +112,7 @@ pub struct LiveRequests {
     state: Mutex<State>,
     connect_hooks: Mutex<Vec<ConnectHook>>,
     disconnect_hooks: Mutex<Vec<ConnectHook>>,
+    terminals: Arc<crate::terminal::TerminalSessions>,
 }
 
 /// A registered caller: receives the answers for its key; unregisters itself when dropped.
@@ -178,6 +181,11 @@ impl LiveRequests {
     /// An empty tracker.
     pub fn new() -> Arc<LiveRequests> {
         Arc::new(LiveRequests::default())
+    }
+
+    /// Web terminal sessions waiting for their agent's `StreamTerminal` call.
+    pub fn terminals(&self) -> &Arc<crate::terminal::TerminalSessions> {
+        &self.terminals
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

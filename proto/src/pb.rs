@@ -1,7 +1,7 @@
 //! Generated protobuf messages and tonic clients/servers for the upstream-compatible wire contract.
 //!
 //! Owns the Rust view of `proto/*.proto`: `authapi`, `versionapi`, `eventstreamapi`,
-//! `principal.apis.logstreamapi` and the CloudEvents 1.0 envelope `io.cloudevents.v1`. Module
+//! `principal.apis.logstreamapi`, `terminalstreamapi` and the CloudEvents 1.0 envelope `io.cloudevents.v1`. Module
 //! nesting mirrors the protobuf packages (the generated code refers to sibling packages through
 //! `super::`); the short aliases [`cloudevents`] and [`logstreamapi`] are what callers use.
 //!
@@ -9,7 +9,8 @@
 //! `/authapi.Authentication/Authenticate`, `/authapi.Authentication/RefreshToken`,
 //! `/versionapi.Version/Version`, `/eventstreamapi.EventStream/Subscribe`,
 //! `/eventstreamapi.EventStream/Push`, `/eventstreamapi.EventStream/Ping`,
-//! `/principal.apis.logstreamapi.LogStreamService/StreamLogs`.
+//! `/principal.apis.logstreamapi.LogStreamService/StreamLogs`,
+//! `/terminalstreamapi.TerminalStreamService/StreamTerminal`.
 
 #![allow(missing_docs)]
 #![allow(clippy::all, clippy::pedantic)]
@@ -51,6 +52,11 @@ pub mod principal {
     }
 }
 
+/// Package `terminalstreamapi`: `TerminalStreamService.StreamTerminal` (web terminal sessions).
+pub mod terminalstreamapi {
+    tonic::include_proto!("terminalstreamapi");
+}
+
 /// Short alias for `io.cloudevents.v1`.
 pub use io::cloudevents::v1 as cloudevents;
 /// Short alias for `principal.apis.logstreamapi`.
@@ -65,6 +71,7 @@ pub mod paths {
     pub const PUSH: &str = "/eventstreamapi.EventStream/Push";
     pub const PING: &str = "/eventstreamapi.EventStream/Ping";
     pub const STREAM_LOGS: &str = "/principal.apis.logstreamapi.LogStreamService/StreamLogs";
+    pub const STREAM_TERMINAL: &str = "/terminalstreamapi.TerminalStreamService/StreamTerminal";
 
     /// Methods that must be reachable without a JWT (the auth interceptor skips them).
     pub const UNAUTHENTICATED: &[&str] = &[AUTHENTICATE, REFRESH_TOKEN, VERSION];

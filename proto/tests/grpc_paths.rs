@@ -5,7 +5,9 @@
 //! answers `Unimplemented` (12) from tonic's router.
 
 use argocd_agent_proto::pb;
-use argocd_agent_proto::pb::{authapi, eventstreamapi, logstreamapi, versionapi};
+use argocd_agent_proto::pb::{
+    authapi, eventstreamapi, logstreamapi, terminalstreamapi, versionapi,
+};
 use tonic::codegen::{http, BoxStream, Service};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -74,6 +76,17 @@ impl logstreamapi::log_stream_service_server::LogStreamService for Fail {
     }
 }
 
+#[tonic::async_trait]
+impl terminalstreamapi::terminal_stream_service_server::TerminalStreamService for Fail {
+    type StreamTerminalStream = BoxStream<terminalstreamapi::TerminalStreamData>;
+    async fn stream_terminal(
+        &self,
+        _: Request<Streaming<terminalstreamapi::TerminalStreamData>>,
+    ) -> Result<Response<Self::StreamTerminalStream>, Status> {
+        fail()
+    }
+}
+
 fn request(path: &str) -> http::Request<tonic::body::Body> {
     http::Request::builder()
         .method("POST")
@@ -115,6 +128,10 @@ fn service_names_match_upstream() {
         logstreamapi::log_stream_service_server::SERVICE_NAME,
         "principal.apis.logstreamapi.LogStreamService"
     );
+    assert_eq!(
+        terminalstreamapi::terminal_stream_service_server::SERVICE_NAME,
+        "terminalstreamapi.TerminalStreamService"
+    );
     use tonic::server::NamedService;
     assert_eq!(
         <authapi::authentication_server::AuthenticationServer<Fail> as NamedService>::NAME,
@@ -143,6 +160,10 @@ fn path_constants() {
         pb::paths::STREAM_LOGS,
         "/principal.apis.logstreamapi.LogStreamService/StreamLogs"
     );
+    assert_eq!(
+        pb::paths::STREAM_TERMINAL,
+        "/terminalstreamapi.TerminalStreamService/StreamTerminal"
+    );
 }
 
 #[tokio::test]
@@ -160,6 +181,10 @@ async fn servers_route_exact_upstream_paths() {
     assert_eq!(grpc_status(events(), PUSH).await, "6");
     assert_eq!(grpc_status(events(), PING).await, "6");
     assert_eq!(grpc_status(logs(), STREAM_LOGS).await, "6");
+    let terminal = || {
+        terminalstreamapi::terminal_stream_service_server::TerminalStreamServiceServer::new(Fail)
+    };
+    assert_eq!(grpc_status(terminal(), STREAM_TERMINAL).await, "6");
 
     // Near misses are not routed.
     assert_eq!(

@@ -1,18 +1,19 @@
-//! The agent's side of the hub's live view: answers the principal's resource-proxy, redis-proxy
-//! and container-log requests from the spoke.
+//! The agent's side of the hub's live view: answers the principal's resource-proxy, redis-proxy,
+//! container-log and web-terminal requests from the spoke.
 //!
 //! Owns [`LiveService`] (accepts a request event, runs it in its own task so the stream is never
 //! held up, and queues the answer — split into ordered parts carrying our `livechunk`/`liveend`
-//! extensions — in the outbox), [`LiveDispatch`] (routes `resource`/`redis`/`containerlog`
-//! events to it and everything else to the mode's handler), the duplicate filter (a request
+//! extensions — in the outbox), [`LiveDispatch`] (routes `resource`/`redis`/`containerlog`/
+//! `terminal` events to it and everything else to the mode's handler), the duplicate filter (a request
 //! resent after a reconnect runs once) and the staleness rule (a request older than the
 //! principal's wait is dropped: its caller has gone). What a request may touch is decided in
-//! [`resource`] (tracked objects only), [`redis`] (the local Argo CD Redis) and [`logs`] (a
-//! [`logs::LogSource`]).
+//! [`resource`] (tracked objects only), [`redis`] (the local Argo CD Redis), [`logs`] (a
+//! [`logs::LogSource`]) and [`terminal`] (exec into tracked pods, streamed over its own call).
 
 pub mod logs;
 pub mod redis;
 pub mod resource;
+pub mod terminal;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use argocd_agent_proto::event::{Event, EventType, ExtensionValue, Target, AGENT_SOURCE};
 use argocd_agent_proto::payload::{
-    ContainerLogRequest, RedisRequest, RedisResponse, ResourceRequest, ResourceResponse,
+    ContainerLogRequest, ContainerTerminalRequest, RedisRequest, RedisResponse, ResourceRequest,
+    ResourceResponse,
 };
 use argocd_agent_proto::sync::{EventHandler, HandleError, Outbox};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -88,6 +90,7 @@ pub struct LiveService {
     seen: Mutex<HashMap<String, Instant>>,
     log_streams: Mutex<HashMap<String, oneshot::Sender<()>>>,
     redis: redis::Subscriptions,
+    link: crate::connection::PrincipalLink,
 }
 
 /// An answer body split into parts of at most `max` bytes at character boundaries.
@@ -114,6 +117,7 @@ impl LiveService {
         outbox: Arc<Outbox>,
         settings: LiveSettings,
         logs: Arc<dyn LogSource>,
+        link: crate::connection::PrincipalLink,
     ) -> Arc<Self> {
         Arc::new(LiveService {
             tracking: resource::TrackingRules::new(client.clone(), settings.namespace.clone()),
@@ -124,6 +128,7 @@ impl LiveService {
             seen: Mutex::new(HashMap::new()),
             log_streams: Mutex::new(HashMap::new()),
             redis: redis::Subscriptions::default(),
+            link,
         })
     }
 
@@ -133,6 +138,7 @@ impl LiveService {
         config: &crate::config::AgentConfig,
         client: kube::Client,
         outbox: Arc<Outbox>,
+        link: crate::connection::PrincipalLink,
     ) -> Option<Arc<Self>> {
         if !config.enable_resource_proxy {
             info!("live view disabled (--enable-resource-proxy=false): resource, redis and log requests are refused");
@@ -160,7 +166,7 @@ impl LiveService {
             redis: redis::RedisTarget::from_config(config),
             destination_mapping: config.destination_based_mapping,
         };
-        Some(LiveService::new(client, outbox, settings, logs))
+        Some(LiveService::new(client, outbox, settings, logs, link))
     }
 
     /// Queues answer part `seq` of request `uuid`.
@@ -301,6 +307,12 @@ impl LiveService {
                     me.lock_logs().remove(&req.uuid);
                 });
             }
+            Target::Terminal => {
+                let req: ContainerTerminalRequest = ev
+                    .data_as()
+                    .map_err(|e| HandleError::Rejected(e.to_string()))?;
+                tokio::spawn(terminal::run(me, self.link.clone(), req));
+            }
             _ => {
                 return Err(HandleError::Rejected(format!(
                     "target {} is not a live request",
@@ -340,9 +352,10 @@ impl<H> LiveDispatch<H> {
 impl<H: EventHandler> EventHandler for LiveDispatch<H> {
     async fn handle(&self, event: Event) -> Result<(), HandleError> {
         match (&event.target, &self.live) {
-            (Target::Resource | Target::Redis | Target::ContainerLog, Some(live)) => {
-                live.accept(event)
-            }
+            (
+                Target::Resource | Target::Redis | Target::ContainerLog | Target::Terminal,
+                Some(live),
+            ) => live.accept(event),
             _ => self.inner.handle(event).await,
         }
     }

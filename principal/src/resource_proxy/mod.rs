@@ -1,5 +1,7 @@
 //! The resource proxy: a Kubernetes-API-shaped HTTPS endpoint the hub's Argo CD uses as the
 //! "cluster" of each agent, answered by the agent over its event stream.
+//! An exec (`pods/{pod}/exec`, a WebSocket) is handed to [`crate::terminal`] once the agent
+//! answered a read of the pod.
 //!
 //! Owns the listener (TLS, client certificate required, HTTP/1.1 and HTTP/2), who the caller is
 //! (a bearer JWT's `sub` for self-registered clusters, else the client certificate's common name;
@@ -20,6 +22,7 @@
 
 pub mod route;
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -124,6 +127,8 @@ pub struct ResourceProxy {
     pub body_timeout: Duration,
     /// Room for request bodies being read.
     pub body_budget: BodyBudget,
+    /// A web terminal with no data either way this long is ended (`--terminal-idle-timeout`).
+    pub terminal_idle_timeout: Duration,
 }
 
 /// Marks a response the proxy made itself instead of relaying the agent's answer: the Kubernetes
@@ -195,6 +200,11 @@ pub fn status_response(
     );
     resp.extensions_mut().insert(ProxyFailure(reason));
     resp
+}
+
+/// An empty body (e.g. of a `101 Switching Protocols`).
+pub fn empty_body() -> ProxyBody {
+    full(Vec::new())
 }
 
 fn full(bytes: Vec<u8>) -> ProxyBody {
@@ -289,6 +299,8 @@ impl ResourceProxy {
         let method = req.method().clone();
         let allowed = match &route {
             ApiRoute::Discovery(_) | ApiRoute::ContainerLog { .. } => method == Method::GET,
+            // GET: WebSocket; POST: SPDY, which is refused with a message saying so.
+            ApiRoute::Exec { .. } => matches!(method, Method::GET | Method::POST),
             ApiRoute::Resource { .. } => matches!(
                 method,
                 Method::GET | Method::POST | Method::PATCH | Method::PUT | Method::DELETE
@@ -323,6 +335,44 @@ impl ResourceProxy {
                 format!("agent {agent} is not connected"),
             );
         };
+        if let ApiRoute::Exec { namespace, pod } = &route {
+            let offer = match crate::terminal::websocket_offer(&req) {
+                Ok(offer) => offer,
+                Err(refused) => return refused,
+            };
+            // Only into a pod the agent lets the hub read (one Argo CD manages): upstream's Go
+            // agent execs into any pod its ServiceAccount reaches, so the principal asks first.
+            let read = ApiRoute::Resource {
+                group: String::new(),
+                version: "v1".into(),
+                resource: "pods".into(),
+                namespace: namespace.clone(),
+                name: pod.clone(),
+                subresource: String::new(),
+            };
+            let probe = self
+                .relay(
+                    agent,
+                    &session,
+                    &read,
+                    Method::GET,
+                    BTreeMap::new(),
+                    Vec::new(),
+                )
+                .await;
+            if !probe.status().is_success() {
+                return probe;
+            }
+            return crate::terminal::upgrade(
+                agent,
+                &session,
+                self.live.terminals(),
+                self.terminal_idle_timeout,
+                (namespace, pod),
+                offer,
+                req,
+            );
+        }
         let content_type = req
             .headers()
             .get(http::header::CONTENT_TYPE)
@@ -332,8 +382,29 @@ impl ResourceProxy {
             Ok(body) => body,
             Err(refused) => return refused,
         };
+        let mut params = params;
+        if method == Method::PATCH {
+            params.insert(
+                PATCH_TYPE_PARAM.to_string(),
+                content_type.unwrap_or_else(|| "application/merge-patch+json".into()),
+            );
+        }
+        self.relay(agent, &session, &route, method, params, body)
+            .await
+    }
+
+    /// Sends `route` as a request event to `agent` (connected, with `session`) and relays its answer.
+    async fn relay(
+        &self,
+        agent: &AgentName,
+        session: &Arc<crate::sessions::AgentSession>,
+        route: &ApiRoute,
+        method: Method,
+        params: BTreeMap<String, String>,
+        body: Vec<u8>,
+    ) -> Response<ProxyBody> {
         let uuid = uuid::Uuid::new_v4().to_string();
-        let (event, waiter, content, idle) = match &route {
+        let (event, waiter, content, idle) = match route {
             ApiRoute::ContainerLog { namespace, pod } => {
                 let log = ContainerLogRequest::from_params(&uuid, namespace, pod, &params);
                 let follow = log.follow;
@@ -354,14 +425,7 @@ impl ResourceProxy {
                 )
             }
             _ => {
-                let mut params = params;
-                if method == Method::PATCH {
-                    params.insert(
-                        PATCH_TYPE_PARAM.to_string(),
-                        content_type.unwrap_or_else(|| "application/merge-patch+json".into()),
-                    );
-                }
-                let rr = resource_request(&uuid, method.as_str(), &route, params, body);
+                let rr = resource_request(&uuid, method.as_str(), route, params, body);
                 let waiter = self.live.register(
                     agent.as_str(),
                     &uuid,
@@ -582,7 +646,7 @@ pub async fn serve(
                     .initial_stream_window_size(READ_QUANTUM as u32)
                     .initial_connection_window_size(READ_QUANTUM as u32);
                 if let Err(e) = builder
-                    .serve_connection(TokioIo::new(stream), service)
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
                     .await
                 {
                     tracing::debug!(%remote, error = %e, "resource proxy connection ended with an error");

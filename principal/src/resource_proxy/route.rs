@@ -1,5 +1,5 @@
 //! What a Kubernetes API path asks for: discovery, `/version`, an object or a list (with its
-//! subresource), or a container's logs. Pure parsing, no I/O.
+//! subresource), a container's logs, or an exec into a container. Pure parsing, no I/O.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +34,13 @@ pub enum ApiRoute {
     },
     /// `/api/v1/namespaces/<ns>/pods/<pod>/log`.
     ContainerLog {
+        /// Namespace.
+        namespace: String,
+        /// Pod.
+        pod: String,
+    },
+    /// `/api/v1/namespaces/<ns>/pods/<pod>/exec` (a web terminal or `kubectl exec`).
+    Exec {
         /// Namespace.
         namespace: String,
         /// Pod.
@@ -82,15 +89,17 @@ pub fn parse_api_path(path: &str) -> Option<ApiRoute> {
         [r, n, s] => ("", *r, *n, *s),
         _ => return None,
     };
-    if group.is_empty() && version == "v1" && resource == "pods" && subresource == "log" {
+    if group.is_empty() && version == "v1" && resource == "pods" {
         // Pods are namespaced: `/api/v1/pods/<pod>/log` names no pod.
-        if namespace.is_empty() {
-            return None;
+        let (namespace, pod) = (namespace.to_string(), name.to_string());
+        match subresource {
+            "log" if !namespace.is_empty() => {
+                return Some(ApiRoute::ContainerLog { namespace, pod })
+            }
+            "exec" if !namespace.is_empty() => return Some(ApiRoute::Exec { namespace, pod }),
+            "log" | "exec" => return None,
+            _ => {}
         }
-        return Some(ApiRoute::ContainerLog {
-            namespace: namespace.to_string(),
-            pod: name.to_string(),
-        });
     }
     Some(ApiRoute::Resource {
         group: group.to_string(),
@@ -114,6 +123,18 @@ pub fn parse_query(query: Option<&str>) -> BTreeMap<String, String> {
         out.insert(decode_query_component(k), decode_query_component(v));
     }
     out
+}
+
+/// Every value of the repeated query parameter `key`, in order (e.g. an exec's `command`).
+pub fn query_values(query: Option<&str>, key: &str) -> Vec<String> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode_query_component(k) == key).then(|| decode_query_component(v))
+        })
+        .collect()
 }
 
 /// One query key or value as a form encodes it: `+` is a space, then `%XX` escapes are decoded
@@ -165,7 +186,7 @@ pub fn resource_request(
             req.name = name.clone();
             req.subresource = subresource.clone();
         }
-        ApiRoute::ContainerLog { .. } => {}
+        ApiRoute::ContainerLog { .. } | ApiRoute::Exec { .. } => {}
     }
     req.params = params;
     req
@@ -238,7 +259,14 @@ mod tests {
             namespace: "g".into(),
             pod: "p".into(),
         };
-        let logs = [("/api/v1/namespaces/g/pods/p/log", Some(log))];
+        let exec = ApiRoute::Exec {
+            namespace: "g".into(),
+            pod: "p".into(),
+        };
+        let logs = [
+            ("/api/v1/namespaces/g/pods/p/log", Some(log)),
+            ("/api/v1/namespaces/g/pods/p/exec", Some(exec)),
+        ];
         for (path, expected) in discovery.into_iter().chain(resources).chain(logs) {
             assert_eq!(parse_api_path(path), expected, "{path}");
         }
@@ -275,6 +303,14 @@ mod tests {
     fn logs_of_a_pod_without_namespace_are_refused() {
         // proxy_path fuzz crash: this became a log request for pod "p" in namespace "".
         assert_eq!(parse_api_path("/api/v1/pods/p/log"), None);
+        assert_eq!(parse_api_path("/api/v1/pods/p/exec"), None);
+    }
+
+    #[test]
+    fn repeated_query_parameters_keep_every_value_in_order() {
+        let q = Some("container=web&command=sh&command=-c&command=echo+a%26b&tty=true");
+        assert_eq!(query_values(q, "command"), ["sh", "-c", "echo a&b"]);
+        assert!(query_values(q, "stdin").is_empty());
     }
 
     #[test]
