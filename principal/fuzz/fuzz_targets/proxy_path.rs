@@ -66,6 +66,14 @@ fn check(path: &str, query: Option<&str>) {
             let _ = serde_json::to_vec(&log).expect("a log request serialises");
             return;
         }
+        ApiRoute::Exec { namespace, pod } => {
+            assert!(
+                !namespace.is_empty() && !pod.is_empty(),
+                "{path:?} → {route:?}"
+            );
+            assert!(plain(namespace) && plain(pod), "{path:?} → {route:?}");
+            return;
+        }
     }
     let req = resource_request("uuid", "GET", &route, params, Vec::new());
     let _ = (req.is_valid(), req.is_list(), req.is_cluster_scoped());
