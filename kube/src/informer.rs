@@ -304,6 +304,16 @@ where
         self.store.state()
     }
 
+    /// The store itself, for readers that take a `kube::runtime` store (e.g. a `Controller`).
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// Becomes true once the first complete list has been applied.
+    pub fn listed_signal(&self) -> watch::Receiver<bool> {
+        self.listed.clone()
+    }
+
     /// Whether the first complete list has been applied.
     pub fn is_listed(&self) -> bool {
         *self.listed.borrow()

@@ -4,7 +4,9 @@
 //! client from flags ([`client`]), the entries of Argo CD's Redis cache this project reads and
 //! writes ([`argocd_cache`]),
 //! the one rule for which failed requests are retried and which rejected ([`errors`]), informers
-//! that keep one store per watched kind and call add/update/delete handlers ([`informer`]), the
+//! that keep one store per watched kind and call add/update/delete handlers ([`informer`]), an
+//! informer's changes handed on as watcher events to `Controller`s of the same process
+//! ([`fanout`]), the
 //! Argo CD resource kinds ([`resources`]) and Lease-based leader election ([`lease`]). Stopping is
 //! a `tokio_util::sync::CancellationToken` throughout.
 
@@ -12,6 +14,7 @@ pub mod argocd;
 pub mod argocd_cache;
 pub mod client;
 pub mod errors;
+pub mod fanout;
 pub mod informer;
 pub mod lease;
 pub mod resources;

@@ -10,11 +10,11 @@ use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_agent_kube::argocd::{Application, StatusOf};
+use argocd_agent_kube::argocd::{Application, ApplicationStatus, OperationState, StatusOf};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::ResourceExt;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::application::{
     conditions, now_rfc3339, pull_intent, with_condition, WORK_ERROR_CONDITION,
@@ -170,20 +170,24 @@ pub fn status_patch(
     fn word(of: Option<&StatusOf>) -> Option<&str> {
         of.and_then(|o| o.status.as_deref())
     }
-    let mut status = Map::new();
+    let status_of = |word: &str| StatusOf {
+        status: Some(word.to_string()),
+        ..StatusOf::default()
+    };
+    let mut status = ApplicationStatus::default();
     if let Some(h) = spoke
         .health
         .as_deref()
         .filter(|h| word(current.and_then(|c| c.health.as_ref())) != Some(h))
     {
-        status.insert("health".into(), json!({"status": h}));
+        status.health = Some(status_of(h));
     }
     if let Some(s) = spoke
         .sync
         .as_deref()
         .filter(|s| word(current.and_then(|c| c.sync.as_ref())) != Some(s))
     {
-        status.insert("sync".into(), json!({"status": s}));
+        status.sync = Some(status_of(s));
     }
     if let (Some(phase), Some(started)) = (&spoke.operation_phase, &spoke.operation_started_at) {
         let state = current.and_then(|c| c.operation_state.as_ref());
@@ -192,18 +196,19 @@ pub fn status_patch(
             || (spoke.operation_message.is_some()
                 && state.and_then(|o| o.message.as_ref()) != spoke.operation_message.as_ref());
         if changed {
-            // Argo CD's schema requires `operation`; an empty object merges into an existing one.
-            let mut op = json!({"operation": {}, "phase": phase, "startedAt": started});
-            if let Some(m) = &spoke.operation_message {
-                op["message"] = json!(m);
-            }
-            status.insert("operationState".into(), op);
+            status.operation_state = Some(OperationState {
+                // Argo CD's schema requires `operation`; an empty object merges into an
+                // existing one.
+                operation: Some(json!({})),
+                phase: Some(phase.clone()),
+                started_at: Some(started.clone()),
+                message: spoke.operation_message.clone(),
+                ..OperationState::default()
+            });
         }
     }
-    if let Some(next) = with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now) {
-        status.insert("conditions".into(), json!(next));
-    }
-    if status.is_empty() {
+    status.conditions = with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now);
+    if status == ApplicationStatus::default() {
         return None;
     }
     Some(json!({"metadata": {"resourceVersion": app.metadata.resource_version}, "status": status}))
