@@ -432,13 +432,8 @@ mod tests {
         let mut out = Vec::new();
         while let Some(ev) = session.outbox.take_next(Instant::now()) {
             let name = ev
-                .data_as::<Value>()
-                .ok()
-                .and_then(|v| {
-                    v.pointer("/metadata/name")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                })
+                .data_as::<DynamicObject>()
+                .map(|o| o.name_str().to_string())
                 .unwrap_or_default();
             out.push(format!("{} {:?} {name}", ev.event_type.name(), ev.target));
             session.outbox.ack(&ev.ack());
