@@ -92,26 +92,15 @@ impl<K: Watched> Handler<K> for EventFanout<K> {
 mod tests {
     use futures::StreamExt;
     use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::api::{Api, ObjectMeta};
+    use kube::api::Api;
     use kube::runtime::watcher;
 
     use super::*;
+    use crate::informer::tests::{cm as configmap, offline_client};
     use crate::informer::Informer;
 
     fn cm(name: &str) -> ConfigMap {
-        ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("ns".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
-    }
-
-    fn offline_client() -> kube::Client {
-        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("static uri"));
-        kube::Client::try_from(config).expect("client")
+        configmap(name, "1")
     }
 
     /// `event` as "Event name".

@@ -345,7 +345,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Mutex;
 
     use k8s_openapi::api::core::v1::ConfigMap;
@@ -353,7 +353,8 @@ mod tests {
 
     use super::*;
 
-    fn cm(name: &str, value: &str) -> ConfigMap {
+    /// A ConfigMap `name` in namespace `ns` holding `v: value`.
+    pub(crate) fn cm(name: &str, value: &str) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -418,13 +419,16 @@ mod tests {
         }
     }
 
-    fn informer(recorder: &Arc<Recorder>) -> Informer<ConfigMap> {
-        // A client that is never used: `consume` gets the events directly.
+    /// A client that is never used: `consume` gets the events directly.
+    pub(crate) fn offline_client() -> kube::Client {
         let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
-        let client = kube::Client::try_from(config).unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    fn informer(recorder: &Arc<Recorder>) -> Informer<ConfigMap> {
         let informer = Informer::new(
             "test",
-            Api::namespaced(client, "ns"),
+            Api::namespaced(offline_client(), "ns"),
             watcher::Config::default(),
         )
         .scope(|c: &ConfigMap| c.metadata.name.as_deref() != Some("ignored"))
