@@ -22,23 +22,24 @@ use argocd_agent_proto::event::{set_checksum, Event, EventType, ResourceKey, AGE
 use argocd_agent_proto::payload::{RequestSyncedResourceList, RequestUpdate, SyncedResource};
 use argocd_agent_proto::sync::resync::{owned_checksum, synced_resource_key, RESYNC_REQUEST_KEY};
 use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
-use kube::api::{Api, DynamicObject, ListParams, Patch};
-use serde_json::{json, Value};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams, Patch};
+use serde_json::json;
 use tracing::{debug, info, warn};
 
 use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
 
-use crate::managed::{patch_params, to_json};
-use crate::spoke_copy::{object_name, object_uid, SyncedKind, REFRESH_ANNOTATION};
+use crate::managed::patch_params;
+use crate::spoke_copy::{SpokeObject, SyncedKind, REFRESH_ANNOTATION};
 use crate::spoke_watch::{SpokeInformers, SpokeObserver};
 
 /// The spoke side of autonomous mode (see the module docs). Share it as `Arc<AutonomousSync>`.
 pub struct AutonomousSync {
     namespace: String,
     label_selector: Option<String>,
-    apps: Api<DynamicObject>,
-    projects: Api<DynamicObject>,
+    apps: Api<SpokeObject>,
+    projects: Api<SpokeObject>,
     /// What the spoke holds, per kind, as the watch last saw it.
     spoke: SpokeInformers,
     outbox: Arc<Outbox>,
@@ -57,9 +58,10 @@ struct SentState {
 }
 
 /// `metadata.resourceVersion` as a number (etcd revisions are; `None` when it is not).
-fn resource_version(obj: &Value) -> Option<u64> {
-    obj.pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
+fn resource_version(obj: &SpokeObject) -> Option<u64> {
+    obj.metadata
+        .resource_version
+        .as_deref()
         .and_then(|v| v.parse().ok())
 }
 
@@ -107,7 +109,7 @@ impl AutonomousSync {
 
     /// The spoke API of a kind this agent owns; repositories are never synced in autonomous mode,
     /// so an event about one (from a confused or hostile peer) is refused, not acted on.
-    fn api(&self, kind: SyncedKind) -> Result<&Api<DynamicObject>, HandleError> {
+    fn api(&self, kind: SyncedKind) -> Result<&Api<SpokeObject>, HandleError> {
         match kind {
             SyncedKind::Application => Ok(&self.apps),
             SyncedKind::AppProject => Ok(&self.projects),
@@ -135,7 +137,7 @@ impl AutonomousSync {
     fn report(
         &self,
         kind: SyncedKind,
-        obj: &Value,
+        obj: &SpokeObject,
         checksum: Vec<u8>,
         new: bool,
     ) -> Result<(), HandleError> {
@@ -146,8 +148,8 @@ impl AutonomousSync {
         };
         let ev =
             Event::for_object(event_type, kind.target(), AGENT_SOURCE, obj).map_err(rejected)?;
-        let key = (kind, object_name(obj).to_string());
-        let (uid, version) = (object_uid(obj).to_string(), resource_version(obj));
+        let key = (kind, obj.name_str().to_string());
+        let (uid, version) = (obj.uid_str().to_string(), resource_version(obj));
         let mut st = self.lock();
         if let (Some((newest_uid, newest)), Some(v)) = (st.newest.get(&key), version) {
             if *newest_uid == uid && v < *newest {
@@ -164,11 +166,16 @@ impl AutonomousSync {
     }
 
     fn report_deleted(&self, kind: SyncedKind, name: &str, uid: &str) -> Result<(), HandleError> {
-        let stub = json!({
-            "apiVersion": "argoproj.io/v1alpha1",
-            "kind": kind.kind(),
-            "metadata": {"name": name, "namespace": self.namespace, "uid": uid},
-        });
+        let stub = SpokeObject {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(self.namespace.clone()),
+                uid: Some(uid.to_string()),
+                ..ObjectMeta::default()
+            },
+            other: kind.type_meta(),
+            ..SpokeObject::default()
+        };
         let ev = Event::for_object(EventType::Delete, kind.target(), AGENT_SOURCE, &stub)
             .map_err(rejected)?;
         self.push(ev)?;
@@ -185,9 +192,9 @@ impl AutonomousSync {
         self.spoke.run(&self).await
     }
 
-    fn on_applied(&self, kind: SyncedKind, live: &Value) {
-        let name = object_name(live);
-        let checksum = owned_checksum(live);
+    fn on_applied(&self, kind: SyncedKind, live: &SpokeObject) {
+        let name = live.name_str();
+        let checksum = owned_checksum(&live.to_json());
         let (record_only, new) = {
             let mut st = self.lock();
             let sent = st.sent.get(&(kind, name.to_string()));
@@ -223,11 +230,11 @@ impl AutonomousSync {
 
     // ---- principal -> spoke -------------------------------------------------------------
 
-    async fn live(&self, kind: SyncedKind, name: &str) -> Result<Option<Value>, HandleError> {
+    async fn live(&self, kind: SyncedKind, name: &str) -> Result<Option<SpokeObject>, HandleError> {
         self.api(kind)?
             .get_opt(name)
             .await
-            .map(|o| o.as_ref().map(to_json))
+            .map(|o| o.map(SpokeObject::without_managed_fields))
             .map_err(|e| handle_error(format!("reading spoke {kind} {}/{name}", self.namespace), e))
     }
 
@@ -244,8 +251,8 @@ impl AutonomousSync {
             }
         };
         match self.live(kind, &req.name).await? {
-            Some(live) if object_uid(&live) == req.uid || req.uid.is_empty() => {
-                let checksum = owned_checksum(&live);
+            Some(live) if live.uid_str() == req.uid || req.uid.is_empty() => {
+                let checksum = owned_checksum(&live.to_json());
                 if checksum != req.checksum {
                     debug!(kind = %kind, name = %req.name, "hub mirror differs; sending the spoke's object");
                     // No uid in the request: the principal has no mirror of it (it asked after
@@ -273,10 +280,11 @@ impl AutonomousSync {
             let list = self.api(kind)?.list(&params).await.map_err(|e| {
                 handle_error(format!("listing spoke {kind}s in {}", self.namespace), e)
             })?;
-            keys.extend(list.items.iter().map(|o| {
-                let o = to_json(o);
-                ResourceKey::new(kind.kind(), object_name(&o), "", object_uid(&o))
-            }));
+            keys.extend(
+                list.items
+                    .iter()
+                    .map(|o| ResourceKey::new(kind.kind(), o.name_str(), "", o.uid_str())),
+            );
         }
         if set_checksum(&keys) == req.checksum {
             debug!(
@@ -374,12 +382,12 @@ impl AutonomousSync {
 }
 
 impl SpokeObserver for AutonomousSync {
-    async fn applied(self: &Arc<Self>, kind: SyncedKind, live: Value) {
+    async fn applied(self: &Arc<Self>, kind: SyncedKind, live: SpokeObject) {
         self.on_applied(kind, &live)
     }
 
-    async fn gone(self: &Arc<Self>, kind: SyncedKind, last: Value) {
-        self.on_gone(kind, object_name(&last), object_uid(&last))
+    async fn gone(self: &Arc<Self>, kind: SyncedKind, last: SpokeObject) {
+        self.on_gone(kind, last.name_str(), last.uid_str())
     }
 
     /// The first list since start is over: from now on every change is reported.
@@ -432,20 +440,20 @@ mod tests {
     use crate::spoke_watch::seam::{drain, object, unreachable_client, watch_history};
     use argocd_agent_proto::sync::OutboxConfig;
 
-    fn app(rev: &str, resource_version: &str) -> Value {
-        json!({
+    fn app(rev: &str, resource_version: &str) -> SpokeObject {
+        object(json!({
             "apiVersion": "argoproj.io/v1alpha1",
             "kind": "Application",
             "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": resource_version},
             "spec": {"source": {"targetRevision": rev}},
-        })
+        }))
     }
 
-    fn named(name: &str, rev: &str) -> DynamicObject {
+    fn named(name: &str, rev: &str) -> SpokeObject {
         let mut obj = app(rev, "1");
-        obj["metadata"]["name"] = json!(name);
-        obj["metadata"]["uid"] = json!(format!("u-{name}"));
-        object(obj)
+        obj.metadata.name = Some(name.to_string());
+        obj.metadata.uid = Some(format!("u-{name}"));
+        obj
     }
 
     #[tokio::test]
@@ -478,21 +486,21 @@ mod tests {
         sync.report(
             SyncedKind::Application,
             &newer,
-            owned_checksum(&newer),
+            owned_checksum(&newer.to_json()),
             false,
         )
         .unwrap();
         sync.report(
             SyncedKind::Application,
             &older,
-            owned_checksum(&older),
+            owned_checksum(&older.to_json()),
             false,
         )
         .unwrap();
         outbox.set_connected(true);
         let queued = outbox.take_next(std::time::Instant::now()).expect("queued");
-        let data: Value = queued.data_as().expect("object");
-        assert_eq!(data["spec"]["source"]["targetRevision"], "r3");
+        let data: SpokeObject = queued.data_as().expect("object");
+        assert_eq!(data, newer);
         assert!(outbox.take_next(std::time::Instant::now()).is_none());
     }
 

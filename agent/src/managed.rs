@@ -29,6 +29,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
 use argocd_agent_proto::event::{
     set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
@@ -39,10 +40,9 @@ use argocd_agent_proto::sync::resync::{
     METADATA_CHECKSUM, RESYNC_REQUEST_KEY, STATUS_CHECKSUM,
 };
 use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
-use kube::api::{
-    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
-};
-use serde_json::{json, Value};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::config::{AdoptionPolicy, AgentConfig, SourceUidMismatchPolicy};
@@ -51,8 +51,8 @@ use crate::drift::{
 };
 use crate::placement::{AppPlacement, Placed, NAMESPACE_REMAPPED_ANNOTATION};
 use crate::spoke_copy::{
-    is_terminating, managed_view, matches_desired, object_name, object_uid, replacement_body,
-    reported_view, source_uid, spoke_copy, SyncedKind,
+    managed_view, matches_desired, replacement_body, reported_view, spoke_copy,
+    with_requested_operation, ReportedView, SpokeObject, SyncedKind,
 };
 use crate::spoke_watch::{SpokeInformers, SpokeObserver};
 
@@ -117,16 +117,10 @@ impl ObjectKey {
         }
     }
 
-    /// The key of spoke object `obj` (JSON) of `kind`.
-    fn of(kind: SyncedKind, obj: &Value) -> Self {
-        ObjectKey::new(kind, object_namespace(obj), object_name(obj))
+    /// The key of spoke object `obj` of `kind`.
+    fn of(kind: SyncedKind, obj: &SpokeObject) -> Self {
+        ObjectKey::new(kind, obj.namespace_str(), obj.name_str())
     }
-}
-
-fn object_namespace(obj: &Value) -> &str {
-    obj.pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
 }
 
 #[derive(Debug, Default)]
@@ -136,7 +130,7 @@ struct SpokeState {
     /// Deletions the hub asked for and the watcher has not seen complete yet.
     expected_deletions: HashSet<ObjectKey>,
     /// Status/operation view last reported per Application.
-    reported: HashMap<ObjectKey, Value>,
+    reported: HashMap<ObjectKey, ReportedView>,
     /// Kinds whose first list since start completed.
     listed: HashSet<SyncedKind>,
 }
@@ -149,43 +143,8 @@ const ALL_KINDS: [SyncedKind; 3] = [
 
 /// The hub copy a live spoke copy was written from (what [`spoke_copy`] produced): seeds the cache
 /// after a restart, when the hub does not resend objects whose checksums match.
-fn hub_copy_of_live(kind: SyncedKind, live: &Value) -> Value {
-    let mut metadata = serde_json::Map::new();
-    metadata.insert("name".into(), json!(object_name(live)));
-    if let Some(ns) = live.pointer("/metadata/namespace") {
-        metadata.insert("namespace".into(), ns.clone());
-    }
-    if let Some(Value::Object(labels)) = live.pointer("/metadata/labels") {
-        if !labels.is_empty() {
-            metadata.insert("labels".into(), Value::Object(labels.clone()));
-        }
-    }
-    let mut annotations = match live.pointer("/metadata/annotations") {
-        Some(Value::Object(a)) => a.clone(),
-        _ => serde_json::Map::new(),
-    };
-    annotations.remove(crate::spoke_copy::LAST_APPLIED_ANNOTATION);
-    metadata.insert("annotations".into(), Value::Object(annotations));
-    if let Some(Value::Array(finalizers)) = live.pointer("/metadata/finalizers") {
-        if !finalizers.is_empty() {
-            metadata.insert("finalizers".into(), Value::Array(finalizers.clone()));
-        }
-    }
-    let mut copy = json!({
-        "apiVersion": kind.api_version(),
-        "kind": kind.kind(),
-        "metadata": Value::Object(metadata),
-    });
-    let fields: &[&str] = match kind {
-        SyncedKind::Repository => &["type", "data"],
-        _ => &["spec"],
-    };
-    for field in fields {
-        if let Some(v) = live.get(*field).filter(|v| !v.is_null()) {
-            copy[*field] = v.clone();
-        }
-    }
-    copy
+fn hub_copy_of_live(kind: SyncedKind, live: &SpokeObject) -> SpokeObject {
+    live.kept_parts(kind, live.metadata.namespace.clone())
 }
 
 /// The spoke side of managed mode (see the module docs). Share it as `Arc<ManagedSync>`.
@@ -193,27 +152,16 @@ pub struct ManagedSync {
     settings: ManagedSettings,
     client: kube::Client,
     placement: Arc<AppPlacement>,
-    apps: Api<DynamicObject>,
-    projects: Api<DynamicObject>,
-    repositories: Api<DynamicObject>,
+    apps: Api<SpokeObject>,
+    projects: Api<SpokeObject>,
+    repositories: Api<SpokeObject>,
+    /// The Applications of the agent namespace again, typed, for the operations only an
+    /// Application has.
+    applications: Api<Application>,
     /// What the spoke holds, per kind, as the watch last saw it.
     spoke: SpokeInformers,
     outbox: Arc<Outbox>,
     state: Mutex<SpokeState>,
-}
-
-pub(crate) fn to_json(obj: &DynamicObject) -> Value {
-    let mut v = serde_json::to_value(obj).unwrap_or(Value::Null);
-    // Bulky, and nothing the principal uses.
-    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("managedFields");
-    }
-    v
-}
-
-fn from_json(v: &Value) -> Result<DynamicObject, HandleError> {
-    serde_json::from_value(v.clone())
-        .map_err(|e| HandleError::Rejected(format!("not a Kubernetes object: {e}")))
 }
 
 fn write_params() -> PostParams {
@@ -260,6 +208,7 @@ impl ManagedSync {
             &settings.namespace,
             &SyncedKind::Repository.api_resource(),
         );
+        let applications = Api::namespaced(client.clone(), &settings.namespace);
         let spoke = SpokeInformers::placed(
             &client,
             &settings.namespace,
@@ -273,6 +222,7 @@ impl ManagedSync {
             apps,
             projects,
             repositories,
+            applications,
             spoke,
             outbox,
             state: Mutex::new(SpokeState::default()),
@@ -280,7 +230,7 @@ impl ManagedSync {
     }
 
     /// The last hub copy received for `kind`/`name` (the spoke copy the agent keeps in place).
-    pub fn cached_copy(&self, kind: SyncedKind, name: &str) -> Option<Value> {
+    pub fn cached_copy(&self, kind: SyncedKind, name: &str) -> Option<SpokeObject> {
         self.lock()
             .cache
             .get(&ObjectKey::new(kind, &self.settings.namespace, name))
@@ -292,7 +242,7 @@ impl ManagedSync {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn api(&self, kind: SyncedKind) -> &Api<DynamicObject> {
+    fn api(&self, kind: SyncedKind) -> &Api<SpokeObject> {
         match kind {
             SyncedKind::Application => &self.apps,
             SyncedKind::AppProject => &self.projects,
@@ -301,16 +251,24 @@ impl ManagedSync {
     }
 
     /// The API of `kind` in spoke namespace `namespace`.
-    fn api_in(&self, kind: SyncedKind, namespace: &str) -> Api<DynamicObject> {
+    fn api_in(&self, kind: SyncedKind, namespace: &str) -> Api<SpokeObject> {
         if namespace == self.settings.namespace {
             return self.api(kind).clone();
         }
         Api::namespaced_with(self.client.clone(), namespace, &kind.api_resource())
     }
 
+    /// The typed Applications of spoke namespace `namespace`.
+    fn applications_in(&self, namespace: &str) -> Api<Application> {
+        if namespace == self.settings.namespace {
+            return self.applications.clone();
+        }
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
     /// The API listing every spoke object of `kind` the agent keeps (Applications under
     /// destination-based mapping: every namespace; the caller keeps those placement admits).
-    fn list_api(&self, kind: SyncedKind) -> Api<DynamicObject> {
+    fn list_api(&self, kind: SyncedKind) -> Api<SpokeObject> {
         if kind == SyncedKind::Application && self.placement.destination_mapping() {
             return Api::all_with(self.client.clone(), &kind.api_resource());
         }
@@ -318,9 +276,14 @@ impl ManagedSync {
     }
 
     /// Where the spoke copy of hub object `hub` of `kind` is kept, or why it may not be.
-    fn place(&self, kind: SyncedKind, hub: &Value) -> Result<Placed, String> {
+    fn place(&self, kind: SyncedKind, hub: &SpokeObject) -> Result<Placed, String> {
+        self.place_from(kind, hub.namespace_str())
+    }
+
+    /// [`ManagedSync::place`] of a hub object in hub namespace `hub_namespace`.
+    fn place_from(&self, kind: SyncedKind, hub_namespace: &str) -> Result<Placed, String> {
         match kind {
-            SyncedKind::Application => self.placement.place(object_namespace(hub)),
+            SyncedKind::Application => self.placement.place(hub_namespace),
             _ => Ok(Placed {
                 namespace: self.settings.namespace.clone(),
                 remapped: false,
@@ -332,25 +295,24 @@ impl ManagedSync {
     fn desired_copy(
         &self,
         kind: SyncedKind,
-        hub: &Value,
+        hub: &SpokeObject,
         placed: &Placed,
-    ) -> Result<Value, HandleError> {
+    ) -> Result<SpokeObject, HandleError> {
         let mut desired = spoke_copy(kind, hub, &placed.namespace)
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
         if placed.remapped {
-            if let Some(annotations) = desired
-                .pointer_mut("/metadata/annotations")
-                .and_then(Value::as_object_mut)
-            {
-                annotations.insert(NAMESPACE_REMAPPED_ANNOTATION.into(), json!("true"));
-            }
+            desired
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(NAMESPACE_REMAPPED_ANNOTATION.into(), "true".into());
         }
         Ok(desired)
     }
 
     /// The namespace a request about spoke object `obj` of `kind` names (the hub's, see
     /// [`AppPlacement::hub_namespace_of`]).
-    fn request_namespace(&self, kind: SyncedKind, obj: &Value) -> String {
+    fn request_namespace(&self, kind: SyncedKind, obj: &serde_json::Value) -> String {
         match kind {
             SyncedKind::Application => self.placement.hub_namespace_of(obj),
             _ => self.settings.namespace.clone(),
@@ -378,8 +340,12 @@ impl ManagedSync {
 
     /// create / spec-update: keep the hub copy and make the spoke match it; a payload with a
     /// deletionTimestamp means the hub is deleting the object.
-    async fn apply_hub_object(&self, kind: SyncedKind, hub: &Value) -> Result<(), HandleError> {
-        if is_terminating(hub) {
+    async fn apply_hub_object(
+        &self,
+        kind: SyncedKind,
+        hub: &SpokeObject,
+    ) -> Result<(), HandleError> {
+        if hub.is_terminating() {
             return self.delete_for_hub(kind, hub).await;
         }
         let placed = self.place(kind, hub).map_err(HandleError::Rejected);
@@ -426,14 +392,10 @@ impl ManagedSync {
 
     /// Tells the principal that a hub Application could not be applied here (it shows the message
     /// on the hub object as an `AgentError` condition). Other objects keep flowing.
-    fn report_error(&self, hub: &Value, reason: &str) {
+    fn report_error(&self, hub: &SpokeObject, reason: &str) {
         let err = ErrorData {
-            resource_name: object_name(hub).to_string(),
-            resource_namespace: hub
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string(),
+            resource_name: hub.name_str().to_string(),
+            resource_namespace: hub.namespace_str().to_string(),
             message: reason.to_string(),
         };
         match Event::error_report(AGENT_SOURCE, SyncedKind::Application.target(), &err) {
@@ -447,10 +409,10 @@ impl ManagedSync {
     }
 
     /// Creates the spoke copy, or replaces a live one while keeping its status and operation.
-    async fn upsert(&self, kind: SyncedKind, desired: &Value) -> Result<(), HandleError> {
-        let ns = object_namespace(desired);
+    async fn upsert(&self, kind: SyncedKind, desired: &SpokeObject) -> Result<(), HandleError> {
+        let ns = desired.namespace_str();
         let api = self.api_in(kind, ns);
-        let name = object_name(desired);
+        let name = desired.name_str();
         // A bulk of new objects (e.g. after a long disconnect) costs one write each, not a read
         // and a write: when the watch knows of no copy, try to create first.
         let believed_absent = self.lock().listed.contains(&kind)
@@ -470,14 +432,14 @@ impl ManagedSync {
                 ))),
             };
         };
-        let live = to_json(&live);
-        if is_terminating(&live) {
+        let live = live.without_managed_fields();
+        if live.is_terminating() {
             // Writing to it would not stop the deletion; the watcher recreates it once gone.
             debug!(kind = %kind, namespace = %ns, name, "spoke object is being deleted; it is recreated once gone");
             return Ok(());
         }
-        let wanted_uid = source_uid(desired).unwrap_or_default();
-        match source_uid(&live) {
+        let wanted_uid = desired.source_uid().unwrap_or_default();
+        match live.source_uid() {
             None => match self.settings.adoption_policy {
                 AdoptionPolicy::Never => {
                     return Err(HandleError::Rejected(format!(
@@ -494,7 +456,7 @@ impl ManagedSync {
                     info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; deleting it to recreate it from the current one");
                     let params = DeleteParams {
                         preconditions: Some(Preconditions {
-                            uid: Some(object_uid(&live).to_string()),
+                            uid: Some(live.uid_str().to_string()),
                             resource_version: None,
                         }),
                         ..DeleteParams::background()
@@ -521,9 +483,9 @@ impl ManagedSync {
             return Ok(());
         }
         let body = replacement_body(&live, desired);
-        match api.replace(name, &write_params(), &from_json(&body)?).await {
+        match api.replace(name, &write_params(), &body).await {
             Ok(updated) => {
-                self.record_applied(kind, desired, &to_json(&updated));
+                self.record_applied(kind, desired, &updated);
                 info!(kind = %kind, namespace = %ns, name, "updated spoke copy to the hub's");
                 Ok(())
             }
@@ -538,15 +500,15 @@ impl ManagedSync {
     }
 
     /// Creates the spoke copy `desired`; false if an object of that name already exists.
-    async fn create_copy(&self, kind: SyncedKind, desired: &Value) -> Result<bool, HandleError> {
-        let (ns, name) = (object_namespace(desired), object_name(desired));
-        match self
-            .api_in(kind, ns)
-            .create(&write_params(), &from_json(desired)?)
-            .await
-        {
+    async fn create_copy(
+        &self,
+        kind: SyncedKind,
+        desired: &SpokeObject,
+    ) -> Result<bool, HandleError> {
+        let (ns, name) = (desired.namespace_str(), desired.name_str());
+        match self.api_in(kind, ns).create(&write_params(), desired).await {
             Ok(created) => {
-                self.record_applied(kind, desired, &to_json(&created));
+                self.record_applied(kind, desired, &created);
                 info!(kind = %kind, namespace = %ns, name, "created spoke copy of the hub's object");
                 Ok(true)
             }
@@ -559,7 +521,7 @@ impl ManagedSync {
     }
 
     /// Remembers what the apiserver stored for `desired` (if it is still the current hub copy).
-    fn record_applied(&self, kind: SyncedKind, desired: &Value, stored: &Value) {
+    fn record_applied(&self, kind: SyncedKind, desired: &SpokeObject, stored: &SpokeObject) {
         let mut st = self.lock();
         if let Some(c) = st.cache.get_mut(&ObjectKey::of(kind, desired)) {
             if c.desired == *desired {
@@ -569,23 +531,25 @@ impl ManagedSync {
     }
 
     /// set-operation: make sure the spoke copy exists, then set its `.operation`.
-    async fn set_operation(&self, hub: &Value) -> Result<(), HandleError> {
+    async fn set_operation(&self, hub: &SpokeObject) -> Result<(), HandleError> {
         self.apply_hub_object(SyncedKind::Application, hub).await?;
-        let operation = hub.get("operation").cloned().unwrap_or(Value::Null);
-        if operation.is_null() || is_terminating(hub) {
+        let Some(operation) = hub.operation.as_ref().filter(|op| !op.is_null()) else {
+            return Ok(());
+        };
+        if hub.is_terminating() {
             return Ok(());
         }
-        let name = object_name(hub);
+        let name = hub.name_str();
         let placed = self
             .place(SyncedKind::Application, hub)
             .map_err(HandleError::Rejected)?;
         let ns = &placed.namespace;
-        let apps = self.api_in(SyncedKind::Application, ns);
+        let apps = self.applications_in(ns);
         let what = || format!("setting the operation of spoke Application {ns}/{name}");
         let live = apps.get(name).await.map_err(|e| handle_error(what(), e))?;
-        let body = crate::spoke_copy::with_requested_operation(&to_json(&live), &operation);
+        let body = with_requested_operation(live, operation);
         // An update of what was read: a concurrent write is a conflict, retried.
-        apps.replace(name, &write_params(), &from_json(&body)?)
+        apps.replace(name, &write_params(), &body)
             .await
             .map_err(|e| handle_error(what(), e))?;
         info!(namespace = %ns, name, "started the operation the hub requested");
@@ -593,8 +557,8 @@ impl ManagedSync {
     }
 
     /// terminate-operation: mark the running operation Terminating.
-    async fn terminate_operation(&self, hub: &Value) -> Result<(), HandleError> {
-        let name = object_name(hub);
+    async fn terminate_operation(&self, hub: &SpokeObject) -> Result<(), HandleError> {
+        let name = hub.name_str();
         let Ok(placed) = self.place(SyncedKind::Application, hub) else {
             // Never kept here, so nothing runs here.
             return Ok(());
@@ -619,19 +583,19 @@ impl ManagedSync {
     }
 
     /// delete (or spec-update with deletionTimestamp): delete the spoke copy, expecting it.
-    async fn delete_for_hub(&self, kind: SyncedKind, hub: &Value) -> Result<(), HandleError> {
-        let name = object_name(hub);
+    async fn delete_for_hub(&self, kind: SyncedKind, hub: &SpokeObject) -> Result<(), HandleError> {
+        let name = hub.name_str();
         if name.is_empty() {
             return Err(HandleError::Rejected(format!(
                 "the {kind} payload has no metadata.name"
             )));
         }
-        let hub_uid = object_uid(hub);
+        let hub_uid = hub.uid_str();
         // Not permitted here: never kept here, so nothing to delete.
         let placed = self.place(kind, hub).ok();
         let ns = placed
             .as_ref()
-            .map_or(object_namespace(hub), |p| p.namespace.as_str());
+            .map_or(hub.namespace_str(), |p| p.namespace.as_str());
         let key = ObjectKey::new(kind, ns, name);
         let api = self.api_in(kind, ns);
         let live = match placed {
@@ -639,12 +603,13 @@ impl ManagedSync {
                 .get_opt(name)
                 .await
                 .map_err(|e| handle_error(format!("reading spoke {kind} {ns}/{name}"), e))?
-                .map(|o| to_json(&o)),
+                .map(SpokeObject::without_managed_fields),
             None => None,
         };
-        let ours = live
-            .as_ref()
-            .is_some_and(|l| source_uid(l).is_some_and(|u| hub_uid.is_empty() || u == hub_uid));
+        let ours = live.as_ref().is_some_and(|l| {
+            l.source_uid()
+                .is_some_and(|u| hub_uid.is_empty() || u == hub_uid)
+        });
         if !ours {
             // Nothing of this hub object exists here: the deletion is complete as far as the
             // spoke is concerned. Keep the cache if it describes another (newer) hub object.
@@ -653,25 +618,30 @@ impl ManagedSync {
                 let stale = st
                     .cache
                     .get(&key)
-                    .is_none_or(|c| hub_uid.is_empty() || source_uid(&c.desired) == Some(hub_uid));
+                    .is_none_or(|c| hub_uid.is_empty() || c.desired.source_uid() == Some(hub_uid));
                 if stale {
                     st.cache.remove(&key);
                 }
             }
             debug!(kind = %kind, namespace = %ns, name, "no spoke copy of the deleted hub object");
             if kind == SyncedKind::Application {
-                let mut gone = json!({
-                    "apiVersion": "argoproj.io/v1alpha1",
-                    "kind": kind.kind(),
-                    "metadata": {
-                        "name": name,
-                        "namespace": ns,
-                        "annotations": {argocd_agent_proto::event::SOURCE_UID_ANNOTATION: hub_uid},
-                    },
-                });
+                let mut annotations = std::collections::BTreeMap::from([(
+                    argocd_agent_proto::event::SOURCE_UID_ANNOTATION.to_string(),
+                    hub_uid.to_string(),
+                )]);
                 if placed.as_ref().is_some_and(|p| p.remapped) {
-                    gone["metadata"]["annotations"][NAMESPACE_REMAPPED_ANNOTATION] = json!("true");
+                    annotations.insert(NAMESPACE_REMAPPED_ANNOTATION.to_string(), "true".into());
                 }
+                let gone = SpokeObject {
+                    metadata: ObjectMeta {
+                        name: Some(name.to_string()),
+                        namespace: Some(ns.to_string()),
+                        annotations: Some(annotations),
+                        ..ObjectMeta::default()
+                    },
+                    other: kind.type_meta(),
+                    ..SpokeObject::default()
+                };
                 self.confirm_deletion(&gone)?;
             }
             return Ok(());
@@ -682,12 +652,12 @@ impl ManagedSync {
             st.cache.remove(&key);
             st.expected_deletions.insert(key.clone());
         }
-        if is_terminating(&live) {
+        if live.is_terminating() {
             return Ok(());
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: Some(object_uid(&live).to_string()),
+                uid: Some(live.uid_str().to_string()),
                 resource_version: None,
             }),
             ..DeleteParams::background()
@@ -708,7 +678,7 @@ impl ManagedSync {
         }
     }
 
-    fn confirm_deletion(&self, gone: &Value) -> Result<(), HandleError> {
+    fn confirm_deletion(&self, gone: &SpokeObject) -> Result<(), HandleError> {
         let ev = Event::for_object(
             EventType::Delete,
             SyncedKind::Application.target(),
@@ -736,14 +706,19 @@ impl ManagedSync {
                     e,
                 )
             })?;
-            for obj in list.items.iter().map(to_json) {
-                if !self.placement.admits(object_namespace(&obj)) {
+            for obj in list
+                .items
+                .into_iter()
+                .map(SpokeObject::without_managed_fields)
+            {
+                if !self.placement.admits(obj.namespace_str()) {
                     continue;
                 }
-                let Some(uid) = source_uid(&obj) else {
+                let Some(uid) = obj.source_uid() else {
                     continue;
                 };
-                let checksum = match spec_checksum(&obj, Some(kind.kind())) {
+                let json = obj.to_json();
+                let checksum = match spec_checksum(&json, Some(kind.kind())) {
                     Ok(c) => c,
                     Err(e) => {
                         warn!(error = %e, "cannot checksum a spoke object for resync; skipping it");
@@ -751,17 +726,17 @@ impl ManagedSync {
                     }
                 };
                 let req = RequestUpdate {
-                    name: object_name(&obj).to_string(),
-                    namespace: self.request_namespace(kind, &obj),
+                    name: obj.name_str().to_string(),
+                    namespace: self.request_namespace(kind, &json),
                     uid: uid.to_string(),
                     kind: kind.kind().to_string(),
                     checksum,
                 };
                 let mut ev = Event::request_update(AGENT_SOURCE, &req)
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
-                ev = with_checksum(ev, METADATA_CHECKSUM, &metadata_checksum(&obj));
+                ev = with_checksum(ev, METADATA_CHECKSUM, &metadata_checksum(&json));
                 if kind == SyncedKind::Application {
-                    ev = with_checksum(ev, STATUS_CHECKSUM, &status_checksum(&obj));
+                    ev = with_checksum(ev, STATUS_CHECKSUM, &status_checksum(&json));
                 }
                 let key = self.request_key(kind, &req.namespace, &req.name);
                 self.push(keyed_request(ev, key))?;
@@ -797,8 +772,7 @@ impl ManagedSync {
                 "response-synced-resource without a name".into(),
             ));
         }
-        let hub = json!({"metadata": {"namespace": key.namespace}});
-        let placed = match self.place(kind, &hub) {
+        let placed = match self.place_from(kind, &key.namespace) {
             Ok(p) => p,
             Err(reason) => {
                 debug!(kind = %kind, name = %key.name, %reason, "the hub lists an object this agent may not keep");
@@ -816,7 +790,7 @@ impl ManagedSync {
                 .get_opt(&key.name)
                 .await
                 .map_err(|e| handle_error(format!("reading spoke {kind} {}", key.name), e))?
-                .and_then(|o| source_uid(&to_json(&o)).map(str::to_string)),
+                .and_then(|o| o.source_uid().map(str::to_string)),
         };
         if !needs_object(local.as_deref(), &key.uid) {
             return Ok(());
@@ -843,13 +817,18 @@ impl ManagedSync {
     /// After the first list of a kind since start: seeds the hub copy cache from the spoke copies
     /// found; once every kind is listed, starts the resync after start.
     fn first_list_done(self: &Arc<Self>, kind: SyncedKind) {
-        let listed: Vec<Value> = self.spoke.state(kind).iter().map(|o| to_json(o)).collect();
+        let listed: Vec<SpokeObject> = self
+            .spoke
+            .state(kind)
+            .iter()
+            .map(|o| SpokeObject::clone(o).without_managed_fields())
+            .collect();
         let all_listed = {
             let mut st = self.lock();
             let mut seeded = 0usize;
-            for live in listed.iter().filter(|l| source_uid(l).is_some()) {
+            for live in listed.iter().filter(|l| l.source_uid().is_some()) {
                 let key = ObjectKey::of(kind, live);
-                if !st.cache.contains_key(&key) && !is_terminating(live) {
+                if !st.cache.contains_key(&key) && !live.is_terminating() {
                     let copy = CachedCopy {
                         desired: hub_copy_of_live(kind, live),
                         applied: Some(managed_view(live)),
@@ -888,8 +867,8 @@ impl ManagedSync {
     }
 
     /// A spoke object was added or changed: report its status, revert drift.
-    async fn on_applied(&self, kind: SyncedKind, live: &Value) {
-        let (ns, name) = (object_namespace(live), object_name(live));
+    async fn on_applied(&self, kind: SyncedKind, live: &SpokeObject) {
+        let (ns, name) = (live.namespace_str(), live.name_str());
         let key = ObjectKey::of(kind, live);
         let (revert, report) = {
             let st = self.lock();
@@ -925,8 +904,8 @@ impl ManagedSync {
     }
 
     /// Queues a `status-update` with live Application `live` and remembers `view` as reported.
-    fn send_status(&self, live: &Value, view: Value) {
-        let (ns, name) = (object_namespace(live), object_name(live));
+    fn send_status(&self, live: &SpokeObject, view: ReportedView) {
+        let (ns, name) = (live.namespace_str(), live.name_str());
         match Event::for_object(
             EventType::StatusUpdate,
             SyncedKind::Application.target(),
@@ -954,8 +933,7 @@ impl ManagedSync {
                 req.kind
             )));
         }
-        let hub = json!({"metadata": {"namespace": req.namespace}});
-        let Ok(placed) = self.place(SyncedKind::Application, &hub) else {
+        let Ok(placed) = self.place_from(SyncedKind::Application, &req.namespace) else {
             debug!(name = %req.name, namespace = %req.namespace, "status asked for an Application this agent may not keep");
             return Ok(());
         };
@@ -964,9 +942,9 @@ impl ManagedSync {
             .get_opt(&req.name)
             .await
             .map_err(|e| handle_error(format!("reading spoke Application {}", req.name), e))?
-            .map(|o| to_json(&o));
+            .map(SpokeObject::without_managed_fields);
         match live {
-            Some(live) if source_uid(&live) == Some(req.uid.as_str()) => {
+            Some(live) if live.source_uid() == Some(req.uid.as_str()) => {
                 let view = reported_view(&live);
                 self.send_status(&live, view);
             }
@@ -978,8 +956,8 @@ impl ManagedSync {
     }
 
     /// A spoke object is gone: confirm an expected deletion, recreate an unexpected one.
-    async fn on_gone(&self, kind: SyncedKind, gone: &Value) {
-        let (ns, name) = (object_namespace(gone), object_name(gone));
+    async fn on_gone(&self, kind: SyncedKind, gone: &SpokeObject) {
+        let (ns, name) = (gone.namespace_str(), gone.name_str());
         let key = ObjectKey::of(kind, gone);
         let (expected, cached) = {
             let mut st = self.lock();
@@ -1010,11 +988,11 @@ impl ManagedSync {
 }
 
 impl SpokeObserver for ManagedSync {
-    async fn applied(self: &Arc<Self>, kind: SyncedKind, live: Value) {
+    async fn applied(self: &Arc<Self>, kind: SyncedKind, live: SpokeObject) {
         self.on_applied(kind, &live).await
     }
 
-    async fn gone(self: &Arc<Self>, kind: SyncedKind, last: Value) {
+    async fn gone(self: &Arc<Self>, kind: SyncedKind, last: SpokeObject) {
         self.on_gone(kind, &last).await
     }
 
@@ -1057,7 +1035,7 @@ impl EventHandler for ManagedSync {
                 event.target.as_str()
             )));
         };
-        let obj: Value = event
+        let obj: SpokeObject = event
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
         match (&event.event_type, kind) {
@@ -1085,7 +1063,7 @@ mod tests {
     use argocd_agent_proto::sync::OutboxConfig;
 
     /// A spoke copy of hub Application `hub-{name}` as the watch delivers it.
-    fn spoke_app(name: &str, health: &str) -> DynamicObject {
+    fn spoke_app(name: &str, health: &str) -> SpokeObject {
         object(json!({
             "apiVersion": "argoproj.io/v1alpha1",
             "kind": "Application",
@@ -1135,7 +1113,7 @@ mod tests {
     }
 
     /// An Application in spoke namespace `ns`, made from hub Application `hub-{ns}-{name}`.
-    fn app_in(ns: &str, name: &str, health: &str) -> DynamicObject {
+    fn app_in(ns: &str, name: &str, health: &str) -> SpokeObject {
         object(json!({
             "apiVersion": "argoproj.io/v1alpha1",
             "kind": "Application",
@@ -1181,12 +1159,12 @@ mod tests {
         let mut sent = Vec::new();
         while let Some(ev) = outbox.take_next(std::time::Instant::now()) {
             outbox.ack(&ev.ack());
-            let obj: Value = ev.data_as().unwrap();
+            let obj: serde_json::Value = ev.data_as().unwrap();
             sent.push(format!(
                 "{} {}/{}",
                 ev.event_type.name(),
-                object_namespace(&obj),
-                object_name(&obj)
+                obj["metadata"]["namespace"].as_str().unwrap_or_default(),
+                obj["metadata"]["name"].as_str().unwrap_or_default()
             ));
         }
         // Same name in two allowed namespaces: two Applications; kube-system is not the agent's.
@@ -1207,15 +1185,18 @@ mod tests {
         );
     }
 
-    fn live_from(kind: SyncedKind, hub: &Value) -> (Value, Value) {
-        let desired = spoke_copy(kind, hub, "argocd").unwrap();
+    fn live_from(kind: SyncedKind, hub: &serde_json::Value) -> (SpokeObject, SpokeObject) {
+        let desired = spoke_copy(kind, &object(hub.clone()), "argocd").unwrap();
         let mut live = desired.clone();
-        live["metadata"]["uid"] = json!("spoke-uid");
-        live["metadata"]["resourceVersion"] = json!("42");
-        live["metadata"]["annotations"][crate::spoke_copy::LAST_APPLIED_ANNOTATION] = json!("{}");
+        live.metadata.uid = Some("spoke-uid".into());
+        live.metadata.resource_version = Some("42".into());
+        live.metadata.annotations.as_mut().unwrap().insert(
+            crate::spoke_copy::LAST_APPLIED_ANNOTATION.into(),
+            "{}".into(),
+        );
         if kind == SyncedKind::Application {
-            live["status"] = json!({"health": {"status": "Healthy"}});
-            live["operation"] = json!({"sync": {}});
+            live.status = Some(json!({"health": {"status": "Healthy"}}));
+            live.operation = Some(json!({"sync": {}}));
         }
         (desired, live)
     }
@@ -1250,12 +1231,16 @@ mod tests {
                 "source": {"repoURL": "https://git", "targetRevision": "v1"}}
         });
         let (_, live) = live_from(SyncedKind::Application, &app);
+        let live = live.to_json();
         assert_eq!(
             spec_checksum(&live, Some("Application")).unwrap(),
             spec_checksum(&app, Some("Application")).unwrap()
         );
-        let mut changed = app.clone();
-        changed["spec"]["source"]["targetRevision"] = json!("v2");
+        let changed = json!({
+            "metadata": {"name": "app", "uid": "hub-1"},
+            "spec": {"project": "default", "destination": {"server": "https://x", "namespace": "ns"},
+                "source": {"repoURL": "https://git", "targetRevision": "v2"}}
+        });
         assert_ne!(
             spec_checksum(&live, Some("Application")).unwrap(),
             spec_checksum(&changed, Some("Application")).unwrap()

@@ -2,17 +2,27 @@
 //! AppProject the principal sent, and the views of a live object the sync logic compares.
 //!
 //! Owns: [`SyncedKind`] (the kinds a managed agent keeps: Application, AppProject and repository
-//! Secrets, with their API coordinates and event
-//! targets), [`spoke_copy`] (hub JSON → spoke JSON, a pure function), [`replacement_body`] (the PUT
-//! body that replaces everything but the live status and operation), and the comparison views
-//! [`managed_view`] (what drift revert protects) and [`reported_view`] (what status reporting
-//! watches). It does not talk to Kubernetes.
+//! Secrets, with their API coordinates and event targets), [`SpokeObject`] (an object of any of
+//! those kinds as read, written and sent: metadata typed, each kind's parts whole),
+//! [`spoke_copy`] (hub object → spoke object, a pure function), [`replacement_body`] (the PUT
+//! body that replaces everything but the live status and operation), [`with_requested_operation`]
+//! (a spoke Application with the hub's operation), and the comparison views [`managed_view`]
+//! (what drift revert protects) and [`reported_view`] (what status reporting watches). It does
+//! not talk to Kubernetes.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt;
 
+use argocd_agent_kube::argocd::{
+    type_meta, AppProject, Application, ApplicationDestination, ApplicationSpec, ObjectMetaExt,
+    Other,
+};
 use argocd_agent_proto::event::{Target, SOURCE_UID_ANNOTATION};
-use kube::core::{ApiResource, GroupVersionKind};
-use serde_json::{json, Map, Value};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::{ApiResource, DynamicResourceScope, GroupVersionKind};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// Annotation `kubectl apply` leaves behind; never copied and never a reason to revert.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -63,6 +73,15 @@ impl SyncedKind {
         }
     }
 
+    /// `apiVersion` and `kind` of this kind, for the `other` map of an object built here.
+    pub fn type_meta(self) -> Other {
+        match self {
+            SyncedKind::Application => type_meta::<Application>(),
+            SyncedKind::AppProject => type_meta::<AppProject>(),
+            SyncedKind::Repository => type_meta::<k8s_openapi::api::core::v1::Secret>(),
+        }
+    }
+
     /// API coordinates for a dynamic client.
     pub fn api_resource(self) -> ApiResource {
         let gvk = match self {
@@ -101,12 +120,6 @@ impl fmt::Display for SyncedKind {
 /// Why a hub object cannot be turned into a spoke copy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CopyError {
-    /// The payload is not a JSON object.
-    #[error("the {kind} payload is not a JSON object")]
-    NotAnObject {
-        /// The kind expected.
-        kind: SyncedKind,
-    },
     /// A required metadata field is missing or empty.
     #[error("the {kind} payload has no metadata.{field}")]
     MissingField {
@@ -123,34 +136,128 @@ pub enum CopyError {
         /// The object's name.
         name: String,
     },
+    /// `spec` is not what Argo CD's type of the kind allows.
+    #[error("{kind} {name:?} has an invalid spec: {reason}")]
+    InvalidSpec {
+        /// The kind expected.
+        kind: SyncedKind,
+        /// The object's name.
+        name: String,
+        /// What the decoder said.
+        reason: String,
+    },
 }
 
-/// `metadata.name` of an object ("" when absent).
-pub fn object_name(obj: &Value) -> &str {
-    obj.pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
+/// An object of any [`SyncedKind`] as the agent reads, writes and sends it: metadata typed, and
+/// each kind's parts whole, since the managed agent copies and compares them without looking
+/// inside (what it reads of an Application, it reads through
+/// [`argocd_agent_kube::argocd::Application`]). Every other field (`apiVersion`, `kind`, ...) is
+/// kept as read, so nothing is lost between the apiserver and the principal.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpokeObject {
+    /// Standard object metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// An Application's or AppProject's desired state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<Value>,
+    /// What the spoke's Argo CD observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Value>,
+    /// An Application's requested operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Value>,
+    /// A Secret's type.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    /// A Secret's data (base64 values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<BTreeMap<String, Value>>,
+    /// Everything else (`apiVersion`, `kind`, ...).
+    #[serde(flatten)]
+    pub other: Other,
 }
 
-/// `metadata.uid` of an object ("" when absent).
-pub fn object_uid(obj: &Value) -> &str {
-    obj.pointer("/metadata/uid")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
+impl kube::Resource for SpokeObject {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
 }
 
-/// The source-uid annotation of a spoke object, if it carries one (i.e. a hub object created it).
-pub fn source_uid(obj: &Value) -> Option<&str> {
-    obj.pointer("/metadata/annotations")
-        .and_then(|a| a.get(SOURCE_UID_ANNOTATION))
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-}
+impl SpokeObject {
+    /// The source-uid annotation, if the object carries one (i.e. a hub object created it).
+    pub fn source_uid(&self) -> Option<&str> {
+        self.annotation(SOURCE_UID_ANNOTATION)
+            .filter(|s| !s.is_empty())
+    }
 
-/// Whether the object is being deleted (`metadata.deletionTimestamp` is set).
-pub fn is_terminating(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null())
+    /// The object as read, without `managedFields` (bulky, and nothing the principal uses).
+    pub fn without_managed_fields(mut self) -> Self {
+        self.metadata.managed_fields = None;
+        self
+    }
+
+    /// The object as JSON, for the checksums of the wire contract.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// The copy of `self` an upsert writes: the metadata it keeps (name, `namespace`, labels,
+    /// annotations minus `kubectl.kubernetes.io/last-applied-configuration`, finalizers) and
+    /// `kind`'s parts (spec; type and data for a Secret) as they are.
+    pub fn kept_parts(&self, kind: SyncedKind, namespace: Option<String>) -> SpokeObject {
+        let meta = &self.metadata;
+        let mut annotations = meta.annotations.clone().unwrap_or_default();
+        annotations.remove(LAST_APPLIED_ANNOTATION);
+        let metadata = ObjectMeta {
+            name: Some(self.name_str().to_string()),
+            namespace,
+            labels: meta.labels.clone().filter(|l| !l.is_empty()),
+            annotations: Some(annotations),
+            finalizers: meta.finalizers.clone().filter(|f| !f.is_empty()),
+            ..ObjectMeta::default()
+        };
+        let mut copy = SpokeObject {
+            metadata,
+            other: kind.type_meta(),
+            ..SpokeObject::default()
+        };
+        match kind {
+            SyncedKind::Repository => {
+                copy.type_ = self.type_.clone();
+                copy.data = self.data.clone();
+            }
+            _ => copy.spec = self.spec.clone(),
+        }
+        copy
+    }
 }
 
 /// The spoke copy of hub object `hub`, kept in `namespace` under the same name.
@@ -159,147 +266,98 @@ pub fn is_terminating(obj: &Value) -> bool {
 /// plus `argocd.argoproj.io/source-uid` = the hub uid) and finalizers. The spec is the hub's; for an
 /// Application its destination becomes `{"name": "in-cluster", "namespace": <hub destination namespace>}`
 /// (an AppProject arrives already rewritten by the principal). Status and operation are never copied.
-pub fn spoke_copy(kind: SyncedKind, hub: &Value, namespace: &str) -> Result<Value, CopyError> {
-    let Value::Object(_) = hub else {
-        return Err(CopyError::NotAnObject { kind });
-    };
-    let name = object_name(hub);
+pub fn spoke_copy(
+    kind: SyncedKind,
+    hub: &SpokeObject,
+    namespace: &str,
+) -> Result<SpokeObject, CopyError> {
+    let name = hub.name_str();
     if name.is_empty() {
         return Err(CopyError::MissingField {
             kind,
             field: "name",
         });
     }
-    let uid = object_uid(hub);
+    let uid = hub.uid_str();
     if uid.is_empty() {
         return Err(CopyError::MissingField { kind, field: "uid" });
     }
-    let hub_spec = match (kind, hub.get("spec")) {
-        (SyncedKind::Repository, _) => None,
-        (_, Some(Value::Object(spec))) => Some(spec),
-        _ => {
-            return Err(CopyError::MissingSpec {
-                kind,
-                name: name.to_string(),
-            })
-        }
-    };
-
-    let mut annotations = match hub.pointer("/metadata/annotations") {
-        Some(Value::Object(a)) => a.clone(),
-        _ => Map::new(),
-    };
-    annotations.remove(LAST_APPLIED_ANNOTATION);
-    annotations.insert(SOURCE_UID_ANNOTATION.to_string(), json!(uid));
-
-    let mut metadata = Map::new();
-    metadata.insert("name".into(), json!(name));
-    metadata.insert("namespace".into(), json!(namespace));
-    if let Some(Value::Object(labels)) = hub.pointer("/metadata/labels") {
-        if !labels.is_empty() {
-            metadata.insert("labels".into(), Value::Object(labels.clone()));
-        }
-    }
-    metadata.insert("annotations".into(), Value::Object(annotations));
-    if let Some(Value::Array(finalizers)) = hub.pointer("/metadata/finalizers") {
-        if !finalizers.is_empty() {
-            metadata.insert("finalizers".into(), Value::Array(finalizers.clone()));
-        }
-    }
-
-    let Some(hub_spec) = hub_spec else {
-        // A repository Secret: its type and data, nothing else.
-        let mut copy = json!({
-            "apiVersion": kind.api_version(),
-            "kind": kind.kind(),
-            "metadata": Value::Object(metadata),
+    if kind != SyncedKind::Repository && !matches!(hub.spec, Some(Value::Object(_))) {
+        return Err(CopyError::MissingSpec {
+            kind,
+            name: name.to_string(),
         });
-        for field in ["type", "data"] {
-            if let Some(v) = hub.get(field).filter(|v| !v.is_null()) {
-                copy[field] = v.clone();
-            }
-        }
-        return Ok(copy);
-    };
-    let mut spec = hub_spec.clone();
-    if kind == SyncedKind::Application {
-        let mut destination = Map::new();
-        destination.insert("name".into(), json!(IN_CLUSTER));
-        if let Some(ns) = hub_spec
-            .get("destination")
-            .and_then(|d| d.get("namespace"))
-            .filter(|v| !v.is_null())
-        {
-            destination.insert("namespace".into(), ns.clone());
-        }
-        spec.insert("destination".into(), Value::Object(destination));
     }
-
-    Ok(json!({
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": kind.kind(),
-        "metadata": Value::Object(metadata),
-        "spec": Value::Object(spec),
-    }))
+    let mut copy = hub.kept_parts(kind, Some(namespace.to_string()));
+    copy.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(SOURCE_UID_ANNOTATION.to_string(), uid.to_string());
+    if kind == SyncedKind::Application {
+        let invalid = |e: serde_json::Error| CopyError::InvalidSpec {
+            kind,
+            name: name.to_string(),
+            reason: e.to_string(),
+        };
+        let mut spec: ApplicationSpec =
+            serde_json::from_value(copy.spec.take().unwrap_or_default()).map_err(invalid)?;
+        spec.destination = Some(ApplicationDestination {
+            name: Some(IN_CLUSTER.to_string()),
+            namespace: spec.destination.and_then(|d| d.namespace),
+            ..ApplicationDestination::default()
+        });
+        copy.spec = Some(serde_json::to_value(spec).map_err(invalid)?);
+    }
+    Ok(copy)
 }
 
 /// The body of a PUT that makes `live` look like `desired` while keeping what the spoke owns: the
 /// live `status` and `operation`, and the live `resourceVersion` (so a concurrent write conflicts).
-pub fn replacement_body(live: &Value, desired: &Value) -> Value {
+pub fn replacement_body(live: &SpokeObject, desired: &SpokeObject) -> SpokeObject {
     let mut body = desired.clone();
-    if let Some(rv) = live.pointer("/metadata/resourceVersion") {
-        body["metadata"]["resourceVersion"] = rv.clone();
+    if let Some(rv) = &live.metadata.resource_version {
+        body.metadata.resource_version = Some(rv.clone());
     }
-    for field in ["status", "operation"] {
-        match live.get(field) {
-            Some(v) if !v.is_null() => body[field] = v.clone(),
-            _ => {
-                if let Value::Object(map) = &mut body {
-                    map.remove(field);
-                }
-            }
-        }
-    }
+    body.status = live.status.clone();
+    body.operation = live.operation.clone();
     body
+}
+
+/// What drift revert protects of an object (see [`managed_view`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManagedView {
+    spec: Option<Value>,
+    data: BTreeMap<String, Value>,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
 }
 
 /// What drift revert protects: spec (data for a Secret), labels and annotations (minus the ones the
 /// spoke may change on its own: last-applied-configuration and refresh). Absent
 /// labels/annotations/data equal empty ones.
-pub fn managed_view(obj: &Value) -> Value {
-    let map_or_empty = |ptr: &str| match obj.pointer(ptr) {
-        Some(Value::Object(m)) => m.clone(),
-        _ => Map::new(),
-    };
-    let mut annotations = map_or_empty("/metadata/annotations");
+pub fn managed_view(obj: &SpokeObject) -> ManagedView {
+    let mut annotations = obj.metadata.annotations.clone().unwrap_or_default();
     annotations.remove(LAST_APPLIED_ANNOTATION);
     annotations.remove(REFRESH_ANNOTATION);
     annotations.remove(HYDRATE_ANNOTATION);
-    json!({
-        "spec": obj.get("spec").cloned().unwrap_or(Value::Null),
-        "data": Value::Object(map_or_empty("/data")),
-        "labels": Value::Object(map_or_empty("/metadata/labels")),
-        "annotations": Value::Object(annotations),
-    })
+    ManagedView {
+        spec: obj.spec.clone(),
+        data: obj.data.clone().unwrap_or_default(),
+        labels: obj.metadata.labels.clone().unwrap_or_default(),
+        annotations,
+    }
 }
 
 /// Whether `live` already matches `desired` in everything an upsert writes (managed view and
 /// finalizers), so no write is needed.
-pub fn matches_desired(live: &Value, desired: &Value) -> bool {
-    let finalizers = |o: &Value| match o.pointer("/metadata/finalizers") {
-        Some(Value::Array(a)) => a.clone(),
-        _ => Vec::new(),
-    };
+pub fn matches_desired(live: &SpokeObject, desired: &SpokeObject) -> bool {
+    let finalizers = |o: &SpokeObject| o.metadata.finalizers.clone().unwrap_or_default();
     // The refresh annotation is excluded from the drift view, but a hub request for a refresh
     // must still reach the spoke.
-    let refresh = |o: &Value| {
-        o.pointer("/metadata/annotations")
-            .and_then(|a| a.get(REFRESH_ANNOTATION))
-            .cloned()
-    };
+    let refresh = desired.annotation(REFRESH_ANNOTATION);
     managed_view(live) == managed_view(desired)
         && finalizers(live) == finalizers(desired)
-        && (refresh(desired).is_none() || refresh(live) == refresh(desired))
+        && (refresh.is_none() || live.annotation(REFRESH_ANNOTATION) == refresh)
 }
 
 /// Spoke Application `live` with `operation` requested, as argocd-server's `SetAppOperation`
@@ -307,29 +365,44 @@ pub fn matches_desired(live: &Value, desired: &Value) -> bool {
 /// of the spoke's own) and the last `status.operationState` cleared (Argo CD's controller merges
 /// the new state into the old one, so a leftover automated sync's fields would show up in the
 /// state of the hub's sync, and the hub could not tell that its operation ran).
-pub fn with_requested_operation(live: &Value, operation: &Value) -> Value {
-    let mut out = live.clone();
-    out["operation"] = operation.clone();
-    if let Some(status) = out.get_mut("status").and_then(Value::as_object_mut) {
-        status.remove("operationState");
+pub fn with_requested_operation(mut live: Application, operation: &Value) -> Application {
+    live.operation = Some(operation.clone());
+    if let Some(status) = live.status.as_mut() {
+        status.operation_state = None;
     }
-    out
+    live
+}
+
+/// What status reporting watches on a spoke Application (see [`reported_view`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportedView {
+    /// The live `status`.
+    pub status: Option<Value>,
+    /// The live `operation`.
+    pub operation: Option<Value>,
 }
 
 /// What status reporting watches on a spoke Application: its `status` and `operation`.
-pub fn reported_view(obj: &Value) -> Value {
-    json!({
-        "status": obj.get("status").cloned().unwrap_or(Value::Null),
-        "operation": obj.get("operation").cloned().unwrap_or(Value::Null),
-    })
+pub fn reported_view(obj: &SpokeObject) -> ReportedView {
+    ReportedView {
+        status: obj.status.clone(),
+        operation: obj.operation.clone(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
-    fn hub_app() -> Value {
-        json!({
+    /// `v` (JSON) as the agent would read it.
+    fn object(v: Value) -> SpokeObject {
+        serde_json::from_value(v).expect("a Kubernetes object")
+    }
+
+    fn hub_app() -> SpokeObject {
+        object(json!({
             "apiVersion": "argoproj.io/v1alpha1",
             "kind": "Application",
             "metadata": {
@@ -355,14 +428,21 @@ mod tests {
             },
             "status": {"sync": {"status": "Synced"}},
             "operation": {"sync": {"revision": "abc"}}
-        })
+        }))
+    }
+
+    fn annotate(obj: &mut SpokeObject, key: &str, value: &str) {
+        obj.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.to_string(), value.to_string());
     }
 
     #[test]
     fn hub_application_becomes_an_in_cluster_spoke_copy_with_source_uid() {
         let copy = spoke_copy(SyncedKind::Application, &hub_app(), "argocd").unwrap();
         assert_eq!(
-            copy,
+            copy.to_json(),
             json!({
                 "apiVersion": "argoproj.io/v1alpha1",
                 "kind": "Application",
@@ -387,34 +467,35 @@ mod tests {
 
     #[test]
     fn destination_without_namespace_and_minimal_metadata() {
-        let hub = json!({
+        let hub = object(json!({
             "metadata": {"name": "a", "uid": "u"},
             "spec": {"destination": {"name": "agent-a"}}
-        });
+        }));
         let copy = spoke_copy(SyncedKind::Application, &hub, "argocd").unwrap();
-        assert_eq!(copy["spec"]["destination"], json!({"name": "in-cluster"}));
         assert_eq!(
-            copy["metadata"],
-            json!({"name": "a", "namespace": "argocd",
-                   "annotations": {"argocd.argoproj.io/source-uid": "u"}})
+            copy.to_json(),
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                   "metadata": {"name": "a", "namespace": "argocd",
+                                "annotations": {"argocd.argoproj.io/source-uid": "u"}},
+                   "spec": {"destination": {"name": "in-cluster"}}})
         );
     }
 
     #[test]
     fn appproject_spec_is_kept_as_the_principal_sent_it() {
-        let hub = json!({
+        let hub = object(json!({
             "metadata": {"name": "default", "namespace": "argocd", "uid": "p1"},
             "spec": {"destinations": [{"name": "in-cluster", "namespace": "*", "server": "*"}]}
-        });
+        }));
         let copy = spoke_copy(SyncedKind::AppProject, &hub, "argocd").unwrap();
-        assert_eq!(copy["kind"], "AppProject");
-        assert_eq!(copy["spec"], hub["spec"]);
-        assert_eq!(source_uid(&copy), Some("p1"));
+        assert_eq!(copy.other, SyncedKind::AppProject.type_meta());
+        assert_eq!(copy.spec, hub.spec);
+        assert_eq!(copy.source_uid(), Some("p1"));
     }
 
     #[test]
     fn repository_secret_keeps_type_data_and_labels_only() {
-        let hub = json!({
+        let hub = object(json!({
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": "repo-1", "namespace": "argocd", "uid": "s1",
@@ -422,10 +503,10 @@ mod tests {
                          "labels": {"argocd.argoproj.io/secret-type": "repository"}},
             "type": "Opaque",
             "data": {"url": "aHR0cHM6Ly9leGFtcGxlLmNvbQ==", "project": "dGVhbS1h"}
-        });
+        }));
         let copy = spoke_copy(SyncedKind::Repository, &hub, "spoke-ns").unwrap();
         assert_eq!(
-            copy,
+            copy.to_json(),
             json!({
                 "apiVersion": "v1",
                 "kind": "Secret",
@@ -433,11 +514,14 @@ mod tests {
                              "labels": {"argocd.argoproj.io/secret-type": "repository"},
                              "annotations": {"argocd.argoproj.io/source-uid": "s1"}},
                 "type": "Opaque",
-                "data": hub["data"]
+                "data": {"url": "aHR0cHM6Ly9leGFtcGxlLmNvbQ==", "project": "dGVhbS1h"}
             })
         );
         let mut edited = copy.clone();
-        edited["data"]["url"] = json!("ZXZpbA==");
+        edited
+            .data
+            .get_or_insert_with(BTreeMap::new)
+            .insert("url".into(), json!("ZXZpbA=="));
         assert!(!matches_desired(&edited, &copy), "a data edit is drift");
         assert_eq!(SyncedKind::Repository.api_resource().group, "");
         assert_eq!(
@@ -449,95 +533,115 @@ mod tests {
     #[test]
     fn payload_without_name_uid_or_spec_is_refused() {
         let k = SyncedKind::Application;
+        assert!(serde_json::from_value::<SpokeObject>(json!([])).is_err());
         assert_eq!(
-            spoke_copy(k, &json!([]), "argocd"),
-            Err(CopyError::NotAnObject { kind: k })
-        );
-        assert_eq!(
-            spoke_copy(k, &json!({"metadata": {"uid": "u"}, "spec": {}}), "argocd"),
+            spoke_copy(
+                k,
+                &object(json!({"metadata": {"uid": "u"}, "spec": {}})),
+                "argocd"
+            ),
             Err(CopyError::MissingField {
                 kind: k,
                 field: "name"
             })
         );
         assert_eq!(
-            spoke_copy(k, &json!({"metadata": {"name": "a"}, "spec": {}}), "argocd"),
+            spoke_copy(
+                k,
+                &object(json!({"metadata": {"name": "a"}, "spec": {}})),
+                "argocd"
+            ),
             Err(CopyError::MissingField {
                 kind: k,
                 field: "uid"
             })
         );
         assert!(matches!(
-            spoke_copy(k, &json!({"metadata": {"name": "a", "uid": "u"}}), "argocd"),
+            spoke_copy(
+                k,
+                &object(json!({"metadata": {"name": "a", "uid": "u"}})),
+                "argocd"
+            ),
             Err(CopyError::MissingSpec { .. })
+        ));
+        assert!(matches!(
+            spoke_copy(
+                k,
+                &object(json!({"metadata": {"name": "a", "uid": "u"},
+                               "spec": {"destination": {"namespace": 7}}})),
+                "argocd"
+            ),
+            Err(CopyError::InvalidSpec { .. })
         ));
     }
 
     #[test]
     fn replacement_keeps_live_status_operation_and_resource_version() {
         let desired = spoke_copy(SyncedKind::Application, &hub_app(), "argocd").unwrap();
-        let live = json!({
+        let live = object(json!({
             "metadata": {"name": "guestbook", "resourceVersion": "7"},
             "spec": {"project": "old"},
             "status": {"health": {"status": "Healthy"}},
             "operation": {"sync": {}}
-        });
+        }));
         let body = replacement_body(&live, &desired);
-        assert_eq!(body["metadata"]["resourceVersion"], "7");
-        assert_eq!(body["status"], live["status"]);
-        assert_eq!(body["operation"], live["operation"]);
-        assert_eq!(body["spec"], desired["spec"]);
+        assert_eq!(body.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(body.status, live.status);
+        assert_eq!(body.operation, live.operation);
+        assert_eq!(body.spec, desired.spec);
 
         let mut with_op = desired.clone();
-        with_op["operation"] = json!({"sync": {}});
-        let body = replacement_body(&json!({"metadata": {"resourceVersion": "8"}}), &with_op);
-        assert!(
-            body.get("operation").is_none(),
-            "no live operation: none written"
+        with_op.operation = Some(json!({"sync": {}}));
+        let body = replacement_body(
+            &object(json!({"metadata": {"resourceVersion": "8"}})),
+            &with_op,
         );
+        assert!(body.operation.is_none(), "no live operation: none written");
     }
 
     #[test]
     fn managed_view_ignores_status_and_spoke_owned_annotations() {
         let desired = spoke_copy(SyncedKind::Application, &hub_app(), "argocd").unwrap();
         let mut live = desired.clone();
-        live["status"] = json!({"health": {"status": "Degraded"}});
-        live["metadata"]["resourceVersion"] = json!("9");
-        live["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = json!("{}");
+        live.status = Some(json!({"health": {"status": "Degraded"}}));
+        live.metadata.resource_version = Some("9".into());
+        annotate(&mut live, LAST_APPLIED_ANNOTATION, "{}");
         assert!(matches_desired(&live, &desired));
-        live["spec"]["project"] = json!("other");
+        live.spec = Some(json!({"project": "other"}));
         assert!(!matches_desired(&live, &desired));
     }
 
     #[test]
     fn the_hubs_operation_replaces_a_pending_one_and_clears_the_last_state() {
-        let live = json!({"metadata": {"name": "a", "resourceVersion": "7"},
+        let live: Application = serde_json::from_value(json!({
+            "metadata": {"name": "a", "resourceVersion": "7"},
             "operation": {"initiatedBy": {"automated": true}, "retry": {"limit": 5},
                           "sync": {"prune": true}},
             "status": {"sync": {"status": "Synced"},
                        "operationState": {"phase": "Succeeded",
-                                          "operation": {"initiatedBy": {"automated": true}}}}});
+                                          "operation": {"initiatedBy": {"automated": true}}}}}))
+        .unwrap();
         let hub_op = json!({"initiatedBy": {"username": "admin"}, "sync": {"revision": "abc"}});
-        let out = with_requested_operation(&live, &hub_op);
-        assert_eq!(out["operation"], hub_op);
-        assert!(out.pointer("/status/operationState").is_none());
-        assert_eq!(out["status"]["sync"], live["status"]["sync"]);
-        assert_eq!(
-            out["metadata"], live["metadata"],
-            "an update of what was read"
-        );
-        let fresh = with_requested_operation(&json!({"metadata": {"name": "a"}}), &hub_op);
-        assert_eq!(fresh["operation"], hub_op);
+        let out = with_requested_operation(live.clone(), &hub_op);
+        assert_eq!(out.operation(), Some(&hub_op));
+        let status = out.status.as_ref().unwrap();
+        assert!(status.operation_state.is_none());
+        assert_eq!(status.sync, live.status.as_ref().unwrap().sync);
+        assert_eq!(out.metadata, live.metadata, "an update of what was read");
+        let fresh = with_requested_operation(Application::default(), &hub_op);
+        assert_eq!(fresh.operation(), Some(&hub_op));
+        assert!(fresh.status.is_none());
     }
 
     #[test]
     fn a_dropped_hydrate_request_is_not_drift() {
         let mut hub = hub_app();
-        hub["metadata"]["annotations"][HYDRATE_ANNOTATION] = json!("normal");
+        annotate(&mut hub, HYDRATE_ANNOTATION, "normal");
         let desired = spoke_copy(SyncedKind::Application, &hub, "argocd").unwrap();
         let mut live = desired.clone();
-        live["metadata"]["annotations"]
-            .as_object_mut()
+        live.metadata
+            .annotations
+            .as_mut()
             .unwrap()
             .remove(HYDRATE_ANNOTATION);
         assert_eq!(managed_view(&live), managed_view(&desired));
@@ -546,11 +650,12 @@ mod tests {
     #[test]
     fn refresh_request_from_the_hub_is_written_but_its_removal_is_not_drift() {
         let mut hub = hub_app();
-        hub["metadata"]["annotations"][REFRESH_ANNOTATION] = json!("normal");
+        annotate(&mut hub, REFRESH_ANNOTATION, "normal");
         let desired = spoke_copy(SyncedKind::Application, &hub, "argocd").unwrap();
         let mut live = desired.clone();
-        live["metadata"]["annotations"]
-            .as_object_mut()
+        live.metadata
+            .annotations
+            .as_mut()
             .unwrap()
             .remove(REFRESH_ANNOTATION);
         assert_eq!(managed_view(&live), managed_view(&desired));
@@ -558,5 +663,18 @@ mod tests {
             !matches_desired(&live, &desired),
             "the refresh must be written"
         );
+    }
+
+    #[test]
+    fn spoke_objects_keep_what_they_do_not_model() {
+        let app = json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": "a", "namespace": "n", "uid": "u", "labels": {},
+                         "finalizers": []},
+            "spec": {"project": "", "sources": [{"repoURL": "r"}]},
+            "status": {"health": {"status": "Healthy"}}, "operation": {"sync": {}},
+            "future": {"field": [1, 2.5]}});
+        assert_eq!(object(app.clone()).to_json(), app);
+        let typed: Application = serde_json::from_value(object(app.clone()).to_json()).unwrap();
+        assert_eq!(serde_json::to_value(typed).unwrap(), app);
     }
 }

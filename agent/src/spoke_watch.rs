@@ -5,7 +5,7 @@
 //!
 //! Owns [`SpokeInformers`] (built with a mode's sync, so the sync reads the stores from the start;
 //! run once, by the mode's `run_watchers`) and [`SpokeObserver`], what a mode implements to hear
-//! of spoke objects as JSON: `applied` for an object added or changed (and for every object of a
+//! of spoke objects (as [`SpokeObject`]s): `applied` for an object added or changed (and for every object of a
 //! relist), `gone` for one deleted or vanished while the watch was down, `listed` after every
 //! complete (re)list. Following the watch, backing off, logging its failures and the relist diff
 //! are [`argocd_agent_kube::informer`]'s.
@@ -14,25 +14,29 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
-use argocd_agent_proto::event::SOURCE_UID_ANNOTATION;
 use futures::future::BoxFuture;
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::runtime::watcher;
-use kube::ResourceExt;
-use serde_json::Value;
 
-use crate::managed::to_json;
 use crate::placement::AppPlacement;
-use crate::spoke_copy::SyncedKind;
+use crate::spoke_copy::{SpokeObject, SyncedKind};
 
 /// What a mode does when spoke objects change. Calls for one kind come one at a time, in watch
 /// order; the store already holds (or no longer holds) the object when they come.
 pub trait SpokeObserver: Send + Sync + 'static {
-    /// `live` (as JSON, without managedFields) was added or changed, or seen again by a relist.
-    fn applied(self: &Arc<Self>, kind: SyncedKind, live: Value) -> impl Future<Output = ()> + Send;
+    /// `live` (without managedFields) was added or changed, or seen again by a relist.
+    fn applied(
+        self: &Arc<Self>,
+        kind: SyncedKind,
+        live: SpokeObject,
+    ) -> impl Future<Output = ()> + Send;
 
     /// `last` (the last copy seen) was deleted, or vanished while the watch was down.
-    fn gone(self: &Arc<Self>, kind: SyncedKind, last: Value) -> impl Future<Output = ()> + Send;
+    fn gone(
+        self: &Arc<Self>,
+        kind: SyncedKind,
+        last: SpokeObject,
+    ) -> impl Future<Output = ()> + Send;
 
     /// A complete (re)list of `kind` is in the store.
     fn listed(self: &Arc<Self>, kind: SyncedKind) -> impl Future<Output = ()> + Send;
@@ -44,17 +48,15 @@ struct KindHandler<O> {
     observer: Arc<O>,
 }
 
-impl<O: SpokeObserver> Handler<DynamicObject> for KindHandler<O> {
-    fn applied(
-        &self,
-        _old: Option<Arc<DynamicObject>>,
-        new: Arc<DynamicObject>,
-    ) -> BoxFuture<'_, ()> {
-        Box::pin(self.observer.applied(self.kind, to_json(&new)))
+impl<O: SpokeObserver> Handler<SpokeObject> for KindHandler<O> {
+    fn applied(&self, _old: Option<Arc<SpokeObject>>, new: Arc<SpokeObject>) -> BoxFuture<'_, ()> {
+        let live = SpokeObject::clone(&new).without_managed_fields();
+        Box::pin(self.observer.applied(self.kind, live))
     }
 
-    fn deleted(&self, last: Arc<DynamicObject>) -> BoxFuture<'_, ()> {
-        Box::pin(self.observer.gone(self.kind, to_json(&last)))
+    fn deleted(&self, last: Arc<SpokeObject>) -> BoxFuture<'_, ()> {
+        let last = SpokeObject::clone(&last).without_managed_fields();
+        Box::pin(self.observer.gone(self.kind, last))
     }
 
     fn listed(&self) -> BoxFuture<'_, ()> {
@@ -65,9 +67,9 @@ impl<O: SpokeObserver> Handler<DynamicObject> for KindHandler<O> {
 /// The informers of the spoke kinds one mode watches in the agent namespace (see the module docs).
 pub struct SpokeInformers {
     namespace: String,
-    readers: Vec<(SyncedKind, InformerReader<DynamicObject>)>,
+    readers: Vec<(SyncedKind, InformerReader<SpokeObject>)>,
     /// Taken, with their handlers added, when the watch starts.
-    pending: Mutex<Vec<(SyncedKind, Informer<DynamicObject>)>>,
+    pending: Mutex<Vec<(SyncedKind, Informer<SpokeObject>)>>,
 }
 
 impl SpokeInformers {
@@ -105,7 +107,7 @@ impl SpokeInformers {
                         config,
                         kind.api_resource(),
                     )
-                    .scope(move |o: &DynamicObject| {
+                    .scope(move |o: &SpokeObject| {
                         placement.admits(o.metadata.namespace.as_deref().unwrap_or_default())
                     })
                 }
@@ -126,7 +128,7 @@ impl SpokeInformers {
         }
     }
 
-    fn reader(&self, kind: SyncedKind) -> Option<&InformerReader<DynamicObject>> {
+    fn reader(&self, kind: SyncedKind) -> Option<&InformerReader<SpokeObject>> {
         self.readers
             .iter()
             .find(|(k, _)| *k == kind)
@@ -134,7 +136,7 @@ impl SpokeInformers {
     }
 
     /// Every stored object of `kind`.
-    pub fn state(&self, kind: SyncedKind) -> Vec<Arc<DynamicObject>> {
+    pub fn state(&self, kind: SyncedKind) -> Vec<Arc<SpokeObject>> {
         self.reader(kind)
             .map(InformerReader::state)
             .unwrap_or_default()
@@ -149,10 +151,7 @@ impl SpokeInformers {
     /// [`SpokeInformers::source_uid`] of the object in spoke namespace `namespace`.
     pub fn source_uid_in(&self, kind: SyncedKind, namespace: &str, name: &str) -> Option<String> {
         let obj = self.reader(kind)?.get(Some(namespace), name)?;
-        obj.annotations()
-            .get(SOURCE_UID_ANNOTATION)
-            .filter(|uid| !uid.is_empty())
-            .cloned()
+        obj.source_uid().map(str::to_string)
     }
 
     /// The informers with `observer`'s handlers, ready to run; empty after the first call (each
@@ -160,7 +159,7 @@ impl SpokeInformers {
     pub fn start<O: SpokeObserver>(
         &self,
         observer: &Arc<O>,
-    ) -> Vec<(SyncedKind, Informer<DynamicObject>)> {
+    ) -> Vec<(SyncedKind, Informer<SpokeObject>)> {
         let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
         pending
             .into_iter()
@@ -188,8 +187,10 @@ pub(crate) mod seam {
 
     use argocd_agent_proto::sync::Outbox;
 
+    use argocd_agent_kube::argocd::ObjectMetaExt;
+    use serde_json::Value;
+
     use super::*;
-    use crate::spoke_copy::object_name;
 
     /// A client nothing answers: the syncs under test must not need the apiserver.
     pub(crate) fn unreachable_client() -> kube::Client {
@@ -198,7 +199,7 @@ pub(crate) mod seam {
     }
 
     /// `obj` (JSON) as the watch would deliver it.
-    pub(crate) fn object(obj: Value) -> DynamicObject {
+    pub(crate) fn object(obj: Value) -> SpokeObject {
         serde_json::from_value(obj).expect("a Kubernetes object")
     }
 
@@ -209,7 +210,7 @@ pub(crate) mod seam {
             &self,
             observer: &Arc<O>,
             kind: SyncedKind,
-            events: Vec<watcher::Event<DynamicObject>>,
+            events: Vec<watcher::Event<SpokeObject>>,
         ) {
             let (_, informer) = self
                 .start(observer)
@@ -226,8 +227,8 @@ pub(crate) mod seam {
     /// (version 2), c added, b deleted, and, after the watch broke, a relist (a and c unchanged)
     /// from which d is missing. `object(name, version)` builds the objects.
     pub(crate) fn watch_history(
-        object: impl Fn(&str, usize) -> DynamicObject,
-    ) -> Vec<watcher::Event<DynamicObject>> {
+        object: impl Fn(&str, usize) -> SpokeObject,
+    ) -> Vec<watcher::Event<SpokeObject>> {
         use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
         vec![
             Init,
@@ -251,8 +252,8 @@ pub(crate) mod seam {
         let mut out = Vec::new();
         while let Some(ev) = outbox.take_next(Instant::now()) {
             outbox.ack(&ev.ack());
-            let obj: Value = ev.data_as().expect("an object");
-            out.push(format!("{} {}", ev.event_type.name(), object_name(&obj)));
+            let obj: SpokeObject = ev.data_as().expect("an object");
+            out.push(format!("{} {}", ev.event_type.name(), obj.name_str()));
         }
         out
     }

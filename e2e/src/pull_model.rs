@@ -1,12 +1,17 @@
 //! The operator's OCM pull-model controllers (`argocd_agent_operator::pull`) run in-process against
 //! the shared hub, once per test binary, with the `MulticlusterApplicationSetReport` CRD installed
 //! from the principal chart. Tests that meet them with real OCM and Argo CD (`real_ocm`) and tests
-//! that drive them directly (`pull_model`) start them the same way.
+//! that drive them directly (`pull_model`) start them the same way. They read Applications the way
+//! they do in `argocd-principal` by default: through an informer of every Application and its
+//! fanout (`ApplicationSource::Informer`), not through a watch of their own.
 
 use std::time::Duration;
 
+use argocd_agent_kube::argocd::Application;
+use argocd_agent_kube::fanout::EventFanout;
+use argocd_agent_kube::informer::Informer;
 use argocd_agent_kube::CancellationToken;
-use argocd_agent_operator::pull::{run_pull_model, PullModelOptions};
+use argocd_agent_operator::pull::{run_pull_model_from, ApplicationSource, PullModelOptions};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
@@ -42,7 +47,16 @@ pub async fn start_controllers(planes: &'static SharedPlanes) -> anyhow::Result<
                         retry_after: Duration::from_secs(1),
                         ..Default::default()
                     };
-                    if let Err(e) = run_pull_model(client, opts, CancellationToken::new()).await {
+                    let informer = Informer::new(
+                        "hub Applications",
+                        Api::<Application>::all(client.clone()),
+                        kube::runtime::watcher::Config::default(),
+                    );
+                    let applications = EventFanout::new(informer.reader());
+                    tokio::spawn(informer.handler(applications.clone()).run(None));
+                    let source = ApplicationSource::Informer(applications);
+                    let stop = CancellationToken::new();
+                    if let Err(e) = run_pull_model_from(client, opts, source, stop).await {
                         eprintln!("[e2e] pull-model controllers stopped: {e}");
                     }
                 });

@@ -1,7 +1,7 @@
 //! Typed Argo CD objects (`argoproj.io/v1alpha1`), lossless for the fields not modelled.
 //!
-//! Owns the Rust types of the Argo CD kinds this project reads — [`AppProject`] and
-//! [`Application`] — with the fields its decisions use typed, and every other field (at each
+//! Owns the Rust types of the Argo CD kinds this project reads — [`AppProject`],
+//! [`Application`] and [`ApplicationSet`] — with the fields its decisions use typed, and every other field (at each
 //! level) kept in an `other` map, so an object read, changed and written back loses nothing, also
 //! fields of Argo CD versions newer than this code. Each kind implements [`kube::Resource`], so it
 //! can be watched by an informer and written with `Api<T>` directly. [`ObjectMetaExt`] reads the
@@ -227,6 +227,20 @@ pub struct OperationState {
     pub other: Other,
 }
 
+/// An Argo CD ApplicationSet. Only its metadata is read here (the pull model's report is named
+/// after it and owned by it); the rest is kept as read.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApplicationSet {
+    /// Standard object metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// Everything else (`apiVersion`, `kind`, `spec`, `status`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+argoproj_resource!(ApplicationSet, "ApplicationSet", "applicationsets");
+
 impl Application {
     /// The requested operation, if any.
     pub fn operation(&self) -> Option<&Value> {
@@ -400,5 +414,21 @@ mod tests {
         assert_eq!(AppProject::plural(&()), "appprojects");
         assert_eq!(Application::kind(&()), "Application");
         assert_eq!(Application::plural(&()), "applications");
+        assert_eq!(ApplicationSet::kind(&()), "ApplicationSet");
+        assert_eq!(ApplicationSet::plural(&()), "applicationsets");
+    }
+
+    #[test]
+    fn application_sets_keep_what_is_not_modelled() {
+        let appset = json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet",
+            "metadata": {"name": "fleet", "namespace": "apps", "uid": "u"},
+            "spec": {"generators": [{"clusterDecisionResource": {"configMapRef": "ocm"}}],
+                     "template": {"metadata": {"name": "{{name}}"}, "spec": {"project": "default"}}},
+            "status": {"conditions": []}
+        });
+        let typed: ApplicationSet = serde_json::from_value(appset.clone()).unwrap();
+        assert_eq!((typed.name_str(), typed.uid_str()), ("fleet", "u"));
+        assert_eq!(serde_json::to_value(&typed).unwrap(), appset);
     }
 }

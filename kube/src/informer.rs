@@ -12,7 +12,8 @@
 //! The store is never stale behind the callbacks: an object is in the store (or gone from it)
 //! before its callback runs, also during a relist. Handlers run one at a time, in watch order, on
 //! the informer's task; a slow handler slows only its own kind. [`InformerReader::wait_listed`]
-//! waits for the first complete list. [`Informer::consume`] takes the events from any stream, so
+//! waits for the first complete list; from then on the store is also ready in kube's sense
+//! (`Store::wait_until_ready`), so a `kube::runtime::Controller` can run off it. [`Informer::consume`] takes the events from any stream, so
 //! a component's handlers can be unit-tested without an apiserver.
 
 use std::collections::HashSet;
@@ -256,6 +257,9 @@ where
                             handler.deleted(last.clone()).await;
                         }
                     }
+                    if !*self.listed.borrow() {
+                        self.mark_store_ready();
+                    }
                     for handler in &self.handlers {
                         handler.listed().await;
                     }
@@ -281,6 +285,20 @@ where
         }
     }
 
+    /// Marks the store ready the way kube's reflector does (a `Controller` reading it waits for
+    /// that): kube's writer becomes ready only at an `InitDone` of a list it buffered itself,
+    /// which this informer, applying listed objects as they come, never sends. So at the first
+    /// complete list the store's content is handed to the writer once more as a list.
+    fn mark_store_ready(&mut self) {
+        let listed = self.writer.as_reader().state();
+        self.writer.apply_watcher_event(&watcher::Event::Init);
+        for obj in listed {
+            self.writer
+                .apply_watcher_event(&watcher::Event::InitApply(obj.as_ref().clone()));
+        }
+        self.writer.apply_watcher_event(&watcher::Event::InitDone);
+    }
+
     fn in_scope(&self, obj: &K) -> bool {
         self.scope.as_ref().is_none_or(|scope| scope(obj))
     }
@@ -304,6 +322,16 @@ where
         self.store.state()
     }
 
+    /// The store itself, for readers that take a `kube::runtime` store (e.g. a `Controller`).
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// Becomes true once the first complete list has been applied.
+    pub fn listed_signal(&self) -> watch::Receiver<bool> {
+        self.listed.clone()
+    }
+
     /// Whether the first complete list has been applied.
     pub fn is_listed(&self) -> bool {
         *self.listed.borrow()
@@ -317,7 +345,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Mutex;
 
     use k8s_openapi::api::core::v1::ConfigMap;
@@ -325,7 +353,8 @@ mod tests {
 
     use super::*;
 
-    fn cm(name: &str, value: &str) -> ConfigMap {
+    /// A ConfigMap `name` in namespace `ns` holding `v: value`.
+    pub(crate) fn cm(name: &str, value: &str) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -390,13 +419,16 @@ mod tests {
         }
     }
 
-    fn informer(recorder: &Arc<Recorder>) -> Informer<ConfigMap> {
-        // A client that is never used: `consume` gets the events directly.
+    /// A client that is never used: `consume` gets the events directly.
+    pub(crate) fn offline_client() -> kube::Client {
         let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
-        let client = kube::Client::try_from(config).unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    fn informer(recorder: &Arc<Recorder>) -> Informer<ConfigMap> {
         let informer = Informer::new(
             "test",
-            Api::namespaced(client, "ns"),
+            Api::namespaced(offline_client(), "ns"),
             watcher::Config::default(),
         )
         .scope(|c: &ConfigMap| c.metadata.name.as_deref() != Some("ignored"))
@@ -446,6 +478,30 @@ mod tests {
         let mut names: Vec<String> = reader.state().iter().map(|c| value(c)).collect();
         names.sort();
         assert_eq!(names, vec!["a=3"]);
+    }
+
+    #[tokio::test]
+    async fn the_store_is_ready_for_kube_controllers_once_listed_and_keeps_its_objects() {
+        let recorder = Arc::new(Recorder::default());
+        let informer = informer(&recorder);
+        let store = informer.reader().store();
+        use watcher::Event::*;
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let task = tokio::spawn(informer.consume(rx));
+        tx.unbounded_send(Ok(Init)).unwrap();
+        tx.unbounded_send(Ok(InitApply(cm("a", "1")))).unwrap();
+        tx.unbounded_send(Ok(InitApply(cm("b", "1")))).unwrap();
+        tx.unbounded_send(Ok(InitDone)).unwrap();
+        // What `Controller` waits for before it reconciles anything.
+        tokio::time::timeout(std::time::Duration::from_secs(5), store.wait_until_ready())
+            .await
+            .expect("ready after the first list")
+            .unwrap();
+        let mut names: Vec<String> = store.state().iter().map(|c| value(c)).collect();
+        names.sort();
+        assert_eq!(names, vec!["a=1", "b=1"]);
+        drop(tx);
+        task.await.unwrap();
     }
 
     #[tokio::test]

@@ -5,7 +5,9 @@
 //! writes ([`argocd_cache`]),
 //! the one rule for which failed requests are retried and which rejected ([`errors`]), the server
 //! side of the exec stream's WebSocket channel framing ([`exec_channels`]), informers
-//! that keep one store per watched kind and call add/update/delete handlers ([`informer`]), the
+//! that keep one store per watched kind and call add/update/delete handlers ([`informer`]), an
+//! informer's changes handed on as watcher events to `Controller`s of the same process
+//! ([`fanout`]), the
 //! Argo CD resource kinds ([`resources`]) and Lease-based leader election ([`lease`]). Stopping is
 //! a `tokio_util::sync::CancellationToken` throughout.
 
@@ -14,6 +16,7 @@ pub mod argocd_cache;
 pub mod client;
 pub mod errors;
 pub mod exec_channels;
+pub mod fanout;
 pub mod informer;
 pub mod lease;
 pub mod resources;

@@ -25,8 +25,3 @@ pub fn application() -> ApiResource {
 pub fn appproject() -> ApiResource {
     argoproj("AppProject", "appprojects")
 }
-
-/// `argoproj.io/v1alpha1` ApplicationSet.
-pub fn applicationset() -> ApiResource {
-    argoproj("ApplicationSet", "applicationsets")
-}

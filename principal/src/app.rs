@@ -248,6 +248,19 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         );
         live.on_agent_connected(reg.on_connect());
     }
+    let hub = Hub::with_options(
+        crate::write_limit::limit_writes(client.clone(), crate::write_limit::HUB_WRITE_CONCURRENCY),
+        config.namespace.clone(),
+        registry.clone(),
+        HubOptions {
+            namespace_create: config.namespace_create_enable,
+            resync_interval: config.resync_interval,
+            allowed_namespaces: config.allowed_namespaces.clone(),
+            label_selector: config.label_selector.clone(),
+            mapping: crate::hub::AppMapping::from_flag(config.destination_based_mapping),
+            mirror_collisions: metrics.mirror_collisions.clone(),
+        },
+    );
     let stop_operator = argocd_agent_kube::CancellationToken::new();
     let operator_stopped = stop_operator.clone();
     let leadership = crate::leadership::Leadership::start(
@@ -272,6 +285,12 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             ..Default::default()
         };
         let pull_stopped = operator_stopped.clone();
+        // The hub's Application informer, when it holds every Application, is the pull model's
+        // too: one Application watch and store in the process.
+        let applications = match hub.application_events() {
+            Some(events) => argocd_agent_operator::pull::ApplicationSource::Informer(events),
+            None => argocd_agent_operator::pull::ApplicationSource::OwnWatch,
+        };
         let (client, leadership) = (client.clone(), leadership.clone());
         async move {
             // Only the active replica runs the operator and the pull model.
@@ -279,9 +298,10 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
                 () = leadership.active() => {}
                 () = operator_stopped.cancelled() => return,
             }
-            let pull_model = tokio::spawn(argocd_agent_operator::pull::run_pull_model(
+            let pull_model = tokio::spawn(argocd_agent_operator::pull::run_pull_model_from(
                 client.clone(),
                 pull,
+                applications,
                 pull_stopped,
             ));
             let gitops = tokio::spawn(argocd_agent_operator::gitops::run_operator(
@@ -298,19 +318,6 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     });
     let operator = operator.map(tokio::spawn);
     let client_for_identity = client.clone();
-    let hub = Hub::with_options(
-        crate::write_limit::limit_writes(client, crate::write_limit::HUB_WRITE_CONCURRENCY),
-        config.namespace.clone(),
-        registry.clone(),
-        HubOptions {
-            namespace_create: config.namespace_create_enable,
-            resync_interval: config.resync_interval,
-            allowed_namespaces: config.allowed_namespaces.clone(),
-            label_selector: config.label_selector.clone(),
-            mapping: crate::hub::AppMapping::from_flag(config.destination_based_mapping),
-            mirror_collisions: metrics.mirror_collisions.clone(),
-        },
-    );
     tokio::spawn(hub.clone().run());
     // After the hub: under destination-based mapping the Redis proxy asks it which agent an
     // application's key goes to.

@@ -380,6 +380,15 @@ mod tests {
         serde_json::from_value(v.clone()).unwrap()
     }
 
+    fn annotations(pairs: &[(&str, &str)]) -> Option<std::collections::BTreeMap<String, String>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
     #[test]
     fn allowed_namespaces_are_globs_and_none_allows_every_namespace() {
         assert!(namespace_allowed(&[], "agent-a"));
@@ -408,9 +417,11 @@ mod tests {
         );
     }
 
-    fn app(spec_rev: &str) -> Value {
-        json!({"metadata": {"name": "a", "namespace": "agent1", "uid": "u1", "resourceVersion": "1"},
-               "spec": {"source": {"targetRevision": spec_rev}}})
+    fn app(spec_rev: &str) -> Application {
+        typed(
+            &json!({"metadata": {"name": "a", "namespace": "agent1", "uid": "u1", "resourceVersion": "1"},
+                    "spec": {"source": {"targetRevision": spec_rev}}}),
+        )
     }
 
     #[test]
@@ -418,19 +429,21 @@ mod tests {
         let mut hub = app("v1");
         let spoke = app("v1");
         assert!(
-            requests_carried_out(&typed(&hub), &typed(&spoke)).is_empty(),
+            requests_carried_out(&hub, &spoke).is_empty(),
             "nothing was requested"
         );
-        hub["metadata"]["annotations"] =
-            json!({REFRESH_ANNOTATION: "normal", HYDRATE_ANNOTATION: "normal"});
+        hub.metadata.annotations = annotations(&[
+            (REFRESH_ANNOTATION, "normal"),
+            (HYDRATE_ANNOTATION, "normal"),
+        ]);
         assert_eq!(
-            requests_carried_out(&typed(&hub), &typed(&spoke)),
+            requests_carried_out(&hub, &spoke),
             [REFRESH_ANNOTATION, HYDRATE_ANNOTATION]
         );
         let mut pending = spoke.clone();
-        pending["metadata"]["annotations"] = json!({REFRESH_ANNOTATION: "normal"});
+        pending.metadata.annotations = annotations(&[(REFRESH_ANNOTATION, "normal")]);
         assert_eq!(
-            requests_carried_out(&typed(&hub), &typed(&pending)),
+            requests_carried_out(&hub, &pending),
             [HYDRATE_ANNOTATION],
             "the spoke's controller has not refreshed yet"
         );
@@ -439,13 +452,13 @@ mod tests {
     #[test]
     fn new_app_is_a_create_and_its_operation_follows() {
         assert_eq!(
-            application_change_events(None, &typed(&app("v1"))),
+            application_change_events(None, &app("v1")),
             [EventType::Create]
         );
         let mut with_op = app("v1");
-        with_op["operation"] = json!({"sync": {}});
+        with_op.operation = Some(json!({"sync": {}}));
         assert_eq!(
-            application_change_events(None, &typed(&with_op)),
+            application_change_events(None, &with_op),
             [EventType::Create, EventType::SetOperation]
         );
     }
@@ -454,55 +467,60 @@ mod tests {
     fn spec_change_and_operation_are_separate_events_and_status_alone_is_none() {
         let old = app("v1");
         let mut new = app("v2");
-        new["operation"] = json!({"sync": {"revision": "abc"}});
+        new.operation = Some(json!({"sync": {"revision": "abc"}}));
         assert_eq!(
-            application_change_events(Some(&typed(&old)), &typed(&new)),
+            application_change_events(Some(&old), &new),
             [EventType::SpecUpdate, EventType::SetOperation]
         );
         let mut status_only = app("v1");
-        status_only["status"] = json!({"sync": {"status": "Synced"}});
-        assert!(application_change_events(Some(&typed(&old)), &typed(&status_only)).is_empty());
+        status_only.status = serde_json::from_value(json!({"sync": {"status": "Synced"}})).unwrap();
+        assert!(application_change_events(Some(&old), &status_only).is_empty());
     }
 
     #[test]
     fn deletion_timestamp_is_a_spec_update_and_terminating_a_terminate() {
         let old = app("v1");
         let mut deleting = app("v1");
-        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        deleting.metadata.deletion_timestamp =
+            serde_json::from_value(json!("2026-01-01T00:00:00Z")).unwrap();
         assert_eq!(
-            application_change_events(Some(&typed(&old)), &typed(&deleting)),
+            application_change_events(Some(&old), &deleting),
             [EventType::SpecUpdate]
         );
         let mut term = app("v1");
-        term["status"] = json!({"operationState": {"phase": "Terminating"}});
+        term.status =
+            serde_json::from_value(json!({"operationState": {"phase": "Terminating"}})).unwrap();
         assert_eq!(
-            application_change_events(Some(&typed(&old)), &typed(&term)),
+            application_change_events(Some(&old), &term),
             [EventType::TerminateOperation]
         );
-        assert!(application_change_events(Some(&typed(&term)), &typed(&term)).is_empty());
+        assert!(application_change_events(Some(&term), &term).is_empty());
     }
 
     #[test]
     fn payload_drops_status_managed_fields_and_last_applied() {
         let mut a = app("v1");
-        a["status"] = json!({"x": 1});
-        a["operation"] = json!({"sync": {}});
-        a["metadata"]["managedFields"] = json!([]);
-        a["metadata"]["annotations"] = json!({LAST_APPLIED: "{}", "keep": "me"});
-        let p = to_value(&application_payload(&typed(&a), false));
-        assert!(p.get("status").is_none() && p.get("operation").is_none());
-        assert!(p["metadata"].get("managedFields").is_none());
-        assert_eq!(p["metadata"]["annotations"], json!({"keep": "me"}));
-        assert!(application_payload(&typed(&a), true).operation.is_some());
+        a.status = serde_json::from_value(json!({"x": 1})).unwrap();
+        a.operation = Some(json!({"sync": {}}));
+        a.metadata.managed_fields = Some(Vec::new());
+        a.metadata.annotations = annotations(&[(LAST_APPLIED, "{}"), ("keep", "me")]);
+        let p = application_payload(&a, false);
+        assert!(p.status.is_none() && p.operation.is_none());
+        assert!(p.metadata.managed_fields.is_none());
+        assert_eq!(p.metadata.annotations, annotations(&[("keep", "me")]));
+        assert!(application_payload(&a, true).operation.is_some());
     }
 
     #[test]
     fn operation_already_started_compares_with_operation_state() {
         let mut a = app("v1");
-        a["operation"] = json!({"sync": {"revision": "r1"}});
-        assert!(!operation_already_started(&typed(&a)));
-        a["status"] = json!({"operationState": {"operation": {"sync": {"revision": "r1"}}, "phase": "Running"}});
-        assert!(operation_already_started(&typed(&a)));
+        a.operation = Some(json!({"sync": {"revision": "r1"}}));
+        assert!(!operation_already_started(&a));
+        a.status = serde_json::from_value(
+            json!({"operationState": {"operation": {"sync": {"revision": "r1"}}, "phase": "Running"}}),
+        )
+        .unwrap();
+        assert!(operation_already_started(&a));
     }
 
     #[test]
@@ -530,14 +548,14 @@ mod tests {
         let p = project(json!({"metadata": {"name": "p"}, "spec": {
             "destinations": [{"name": "agent-1", "namespace": "gb"}, {"name": "other", "namespace": "x"}],
             "roles": [{"name": "r"}], "sourceNamespaces": ["agent-1"]}, "status": {"x": 1}}));
-        let c = to_value(&project_for_agent(&p, "agent-1"));
+        let c = project_for_agent(&p, "agent-1");
         assert_eq!(
-            c["spec"]["destinations"],
+            to_value(&c.spec.destinations),
             json!([{"name": "in-cluster", "server": "https://kubernetes.default.svc", "namespace": "gb"}])
         );
-        assert!(c["spec"].get("roles").is_none() && c["spec"].get("sourceNamespaces").is_none());
-        assert!(c.get("status").is_none());
-        assert_eq!(c["metadata"]["name"], "p");
+        assert!(c.spec.roles.is_none() && c.spec.source_namespaces.is_empty());
+        assert!(c.status.is_none());
+        assert_eq!(c.metadata.name.as_deref(), Some("p"));
     }
 
     #[test]
@@ -546,19 +564,16 @@ mod tests {
             "finalizers": ["x"], "labels": {"a": "1"}},
             "spec": {"project": "team", "destination": {"server": "https://kubernetes.default.svc", "namespace": "web"}},
             "status": {"sync": {"status": "Synced"}}});
-        let m = to_value(&mirror_application(&typed(&spoke), "ship1"));
-        assert_eq!(m["metadata"]["namespace"], "ship1");
+        let m = mirror_application(&typed(&spoke), "ship1");
+        assert_eq!(m.namespace_str(), "ship1");
+        assert_eq!(m.annotation("argocd.argoproj.io/source-uid"), Some("s1"));
+        assert_eq!(m.spec.project.as_deref(), Some("ship1-team"));
         assert_eq!(
-            m["metadata"]["annotations"]["argocd.argoproj.io/source-uid"],
-            "s1"
-        );
-        assert_eq!(m["spec"]["project"], "ship1-team");
-        assert_eq!(
-            m["spec"]["destination"],
+            to_value(&m.spec.destination),
             json!({"name": "ship1", "namespace": "web"})
         );
-        assert_eq!(m["status"], spoke["status"]);
-        assert!(m["metadata"].get("finalizers").is_none());
+        assert_eq!(m.status, typed(&spoke).status);
+        assert!(m.metadata.finalizers.is_none());
     }
 
     #[test]
@@ -566,16 +581,15 @@ mod tests {
         let spoke = json!({"metadata": {"name": "team", "uid": "p1"},
             "spec": {"destinations": [{"server": "*", "namespace": "web"}],
                      "roles": [{"name": "ci", "policies": ["p, proj:team:ci, applications, sync, team/*, allow"]}]}});
-        let m = to_value(&mirror_project(&project(spoke), "ship1", "argocd"));
-        assert_eq!(m["metadata"]["name"], "ship1-team");
-        assert_eq!(m["metadata"]["namespace"], "argocd");
-        assert_eq!(m["spec"]["sourceNamespaces"], json!(["ship1"]));
+        let m = mirror_project(&project(spoke), "ship1", "argocd");
+        assert_eq!((m.name_str(), m.namespace_str()), ("ship1-team", "argocd"));
+        assert_eq!(m.spec.source_namespaces, ["ship1"]);
         assert_eq!(
-            m["spec"]["destinations"],
+            to_value(&m.spec.destinations),
             json!([{"name": "ship1", "server": "*", "namespace": "*"}])
         );
         assert_eq!(
-            m["spec"]["roles"][0]["policies"][0],
+            m.spec.roles.as_ref().unwrap()[0].policies.as_ref().unwrap()[0],
             "p, proj:ship1-team:ci, applications, sync, ship1-team/ship1/*, allow"
         );
     }

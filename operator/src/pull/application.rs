@@ -8,10 +8,8 @@
 
 use std::fmt;
 
-pub use argocd_agent_kube::argocd::{Application, ApplicationCondition};
-pub use argocd_agent_kube::resources::{
-    application as application_resource, applicationset as applicationset_resource,
-};
+pub use argocd_agent_kube::argocd::{Application, ApplicationCondition, ApplicationSet};
+pub use argocd_agent_kube::resources::application as application_resource;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};

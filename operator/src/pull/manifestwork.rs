@@ -597,6 +597,7 @@ fn json_contains(have: &Value, want: &Value) -> bool {
 mod tests {
     use super::*;
     use crate::pull::application::{pull_intent, PullIntent};
+    use argocd_agent_kube::argocd::ObjectMetaExt;
 
     fn hub_app() -> Application {
         serde_json::from_value(json!({
@@ -654,26 +655,28 @@ mod tests {
     #[test]
     fn payload_is_cleaned_of_hub_only_fields_and_points_in_cluster() {
         let app = hub_app();
-        let payload = payload_application(&app, &target(&app));
-        let meta = &payload["metadata"];
-        assert_eq!(meta["name"], "guestbook");
+        let payload: Application =
+            serde_json::from_value(payload_application(&app, &target(&app))).unwrap();
+        let meta = &payload.metadata;
+        assert_eq!(meta.name.as_deref(), Some("guestbook"));
         assert_eq!(
-            meta["namespace"], "argocd",
+            meta.namespace.as_deref(),
+            Some("argocd"),
             "namespace comes from the app-namespace annotation"
         );
-        for gone in [
-            "uid",
-            "resourceVersion",
-            "generation",
-            "creationTimestamp",
-            "ownerReferences",
-            "managedFields",
-        ] {
-            assert!(meta.get(gone).is_none(), "{gone} must not reach the spoke");
-        }
-        assert!(meta["labels"].get(PULL_LABEL).is_none());
-        assert_eq!(meta["labels"]["team"], "web");
-        assert_eq!(meta["labels"][APPSET_LABEL], "true");
+        assert!(
+            meta.uid.is_none()
+                && meta.resource_version.is_none()
+                && meta.generation.is_none()
+                && meta.creation_timestamp.is_none()
+                && meta.owner_references.is_none()
+                && meta.managed_fields.is_none(),
+            "hub-only metadata must not reach the spoke: {meta:?}"
+        );
+        let labels = meta.labels.clone().unwrap_or_default();
+        assert!(!labels.contains_key(PULL_LABEL));
+        assert_eq!(labels["team"], "web");
+        assert_eq!(labels[APPSET_LABEL], "true");
         for gone in [
             CLUSTER_ANNOTATION,
             APP_NAMESPACE_ANNOTATION,
@@ -681,23 +684,32 @@ mod tests {
             "kubectl.kubernetes.io/last-applied-configuration",
         ] {
             assert!(
-                meta["annotations"].get(gone).is_none(),
+                payload.annotation(gone).is_none(),
                 "{gone} must not reach the spoke"
             );
         }
-        assert_eq!(meta["annotations"]["notes"], "kept");
-        assert_eq!(meta["annotations"][HOSTING_APPSET_ANNOTATION], "apps/fleet");
+        assert_eq!(payload.annotation("notes"), Some("kept"));
         assert_eq!(
-            meta["finalizers"],
-            json!(["resources-finalizer.argocd.argoproj.io"])
+            payload.annotation(HOSTING_APPSET_ANNOTATION),
+            Some("apps/fleet")
         );
         assert_eq!(
-            payload["spec"]["destination"],
+            meta.finalizers,
+            Some(vec!["resources-finalizer.argocd.argoproj.io".to_string()])
+        );
+        assert_eq!(
+            serde_json::to_value(&payload.spec.destination).unwrap(),
             json!({"server": IN_CLUSTER_SERVER, "namespace": "guestbook"})
         );
-        assert_eq!(payload["spec"]["source"]["path"], "guestbook");
-        assert_eq!(payload["operation"], json!({"sync": {"revision": "HEAD"}}));
-        assert!(payload.get("status").is_none());
+        assert_eq!(
+            payload.spec.other, app.spec.other,
+            "the source and the rest of the spec as on the hub"
+        );
+        assert_eq!(
+            payload.operation(),
+            Some(&json!({"sync": {"revision": "HEAD"}}))
+        );
+        assert!(payload.status.is_none());
     }
 
     #[test]

@@ -30,7 +30,9 @@ pub mod report;
 pub mod status;
 pub mod watches;
 
+use argocd_agent_kube::fanout::EventFanout;
 use argocd_agent_kube::CancellationToken;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -38,9 +40,9 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::task::JoinSet;
 
-use application::{applicationset_resource, managed_cluster_resource, Application, PULL_LABEL};
+use application::{managed_cluster_resource, Application, ApplicationSet, PULL_LABEL};
 use manifestwork::ManifestWork;
-use watches::SharedWatch;
+use watches::{SharedWatch, Subscription};
 
 /// Field manager of the Application → ManifestWork controller (and of the Application
 /// conditions it owns).
@@ -95,13 +97,49 @@ pub enum PullModelError {
     },
 }
 
-/// Runs every enabled pull-model controller against the hub until `shutdown` completes.
-///
-/// The principal embeds this; it returns `Ok(())` after a clean shutdown and an error if a
-/// controller task fails (the other controllers are then stopped too).
+/// Where the pull-model controllers read Applications from.
+pub enum ApplicationSource {
+    /// A watch and a store of their own.
+    OwnWatch,
+    /// An informer of every Application the process already runs (the principal's hub
+    /// Applications), through its fanout.
+    Informer(Arc<EventFanout<Application>>),
+}
+
+/// The pull model's Application watch, or the process's informer it subscribes to.
+enum ApplicationWatch {
+    Own(Box<SharedWatch<Application>>),
+    Informer(Arc<EventFanout<Application>>),
+}
+
+impl ApplicationWatch {
+    fn subscribe(&mut self) -> Subscription<Application> {
+        match self {
+            ApplicationWatch::Own(watch) => watch.subscribe(),
+            ApplicationWatch::Informer(fanout) => Subscription::of_informer(fanout),
+        }
+    }
+}
+
+/// Runs every enabled pull-model controller against the hub until `shutdown` completes, with an
+/// Application watch of their own.
 pub async fn run_pull_model(
     client: kube::Client,
     opts: PullModelOptions,
+    shutdown: CancellationToken,
+) -> Result<(), PullModelError> {
+    run_pull_model_from(client, opts, ApplicationSource::OwnWatch, shutdown).await
+}
+
+/// Runs every enabled pull-model controller against the hub until `shutdown` completes, reading
+/// Applications from `applications`.
+///
+/// The principal embeds this; it returns `Ok(())` after a clean shutdown and an error if a
+/// controller task fails (the other controllers are then stopped too).
+pub async fn run_pull_model_from(
+    client: kube::Client,
+    opts: PullModelOptions,
+    applications: ApplicationSource,
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
     // Stopping one controller (after another failed) does not stop the caller's process.
@@ -109,12 +147,15 @@ pub async fn run_pull_model(
     let mut tasks = JoinSet::new();
     let cluster_resource = managed_cluster_resource();
     let all = watcher::Config::default;
-    let mut apps = SharedWatch::new(
-        "Application",
-        Api::<Application>::all(client.clone()),
-        all(),
-        (),
-    );
+    let mut apps = match applications {
+        ApplicationSource::OwnWatch => ApplicationWatch::Own(Box::new(SharedWatch::new(
+            "Application",
+            Api::<Application>::all(client.clone()),
+            all(),
+            (),
+        ))),
+        ApplicationSource::Informer(fanout) => ApplicationWatch::Informer(fanout),
+    };
     let mut works = SharedWatch::new(
         "ManifestWork",
         Api::<ManifestWork>::all(client.clone()),
@@ -165,12 +206,11 @@ pub async fn run_pull_model(
         tasks.spawn(follow(secrets, signal.clone()));
     }
     if opts.appset_report {
-        let appset_resource = applicationset_resource();
         let mut appsets = SharedWatch::new(
             "ApplicationSet",
-            Api::all_with(client.clone(), &appset_resource),
+            Api::<ApplicationSet>::all(client.clone()),
             all(),
-            appset_resource,
+            (),
         );
         let mut reports = SharedWatch::new(
             "ApplicationSet report",
@@ -190,7 +230,9 @@ pub async fn run_pull_model(
         tasks.spawn(follow(appsets, signal.clone()));
         tasks.spawn(follow(reports, signal.clone()));
     }
-    tasks.spawn(follow(apps, signal.clone()));
+    if let ApplicationWatch::Own(apps) = apps {
+        tasks.spawn(follow(*apps, signal.clone()));
+    }
     tasks.spawn(follow(works, signal.clone()));
     tasks.spawn(follow(clusters, signal.clone()));
     tracing::info!(argocd_namespace = %opts.argocd_namespace, "pull-model controllers started");

@@ -20,12 +20,13 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
+use kube::Resource;
 use kube::{CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::application::{applicationset_resource, hosting_appset, pull_intent, AppSetKey};
+use super::application::{hosting_appset, pull_intent, AppSetKey, ApplicationSet};
 use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, REPORT_MANAGER};
 use argocd_agent_kube::argocd::{Application, StatusOf};
@@ -362,7 +363,7 @@ pub fn report_label_value(appset: &AppSetKey) -> String {
 
 /// The report object for an ApplicationSet (owned by it, so a garbage collector also removes it).
 pub fn build_report(
-    appset: &DynamicObject,
+    appset: &ApplicationSet,
     statuses: AppConditions,
 ) -> MulticlusterApplicationSetReport {
     let key = AppSetKey {
@@ -370,8 +371,8 @@ pub fn build_report(
         name: appset.name_any(),
     };
     let owner = appset.metadata.uid.as_ref().map(|uid| OwnerReference {
-        api_version: "argoproj.io/v1alpha1".into(),
-        kind: "ApplicationSet".into(),
+        api_version: ApplicationSet::api_version(&()).into(),
+        kind: ApplicationSet::kind(&()).into(),
         name: key.name.clone(),
         uid: uid.clone(),
         ..Default::default()
@@ -443,10 +444,9 @@ struct Context {
     client: kube::Client,
     opts: PullModelOptions,
     apps: Store<Application>,
-    appsets: Store<DynamicObject>,
+    appsets: Store<ApplicationSet>,
     clusters: Store<DynamicObject>,
     reports: Store<MulticlusterApplicationSetReport>,
-    appset_resource: kube::core::ApiResource,
     membership: Mutex<Membership>,
 }
 
@@ -455,8 +455,8 @@ impl Context {
         self.membership.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn appset_ref(&self, key: &AppSetKey) -> ObjectRef<DynamicObject> {
-        ObjectRef::new_with(&key.name, self.appset_resource.clone()).within(&key.namespace)
+    fn appset_ref(&self, key: &AppSetKey) -> ObjectRef<ApplicationSet> {
+        ObjectRef::new(&key.name).within(&key.namespace)
     }
 
     fn desired(&self, key: &AppSetKey) -> Option<MulticlusterApplicationSetReport> {
@@ -547,7 +547,7 @@ fn key_of(object: &impl ResourceExt) -> AppSetKey {
 }
 
 async fn reconcile_appset(
-    appset: Arc<DynamicObject>,
+    appset: Arc<ApplicationSet>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReportError> {
     ctx.reconcile(&key_of(appset.as_ref()), false).await
@@ -572,7 +572,7 @@ fn appsets_touched<K>(
     ctx: &Arc<Context>,
     events: impl Stream<Item = Event<K>> + Send + 'static,
     concerns: impl Fn(&Context, Event<K>) -> Vec<AppSetKey> + Send + 'static,
-) -> impl Stream<Item = ObjectRef<DynamicObject>> + Send + 'static
+) -> impl Stream<Item = ObjectRef<ApplicationSet>> + Send + 'static
 where
     K: Send + 'static,
 {
@@ -583,7 +583,7 @@ where
                 .appsets
                 .state()
                 .iter()
-                .map(|a| ObjectRef::from_obj_with(a.as_ref(), ctx.appset_resource.clone()))
+                .map(|a| ObjectRef::from_obj(a.as_ref()))
                 .collect(),
             event => concerns(&ctx, event)
                 .iter()
@@ -599,12 +599,11 @@ pub async fn run(
     client: kube::Client,
     opts: PullModelOptions,
     apps: Subscription<Application>,
-    appsets: [Subscription<DynamicObject>; 2],
+    appsets: [Subscription<ApplicationSet>; 2],
     clusters: Subscription<DynamicObject>,
     reports: [Subscription<MulticlusterApplicationSetReport>; 2],
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
-    let appset_resource = applicationset_resource();
     let [appsets, appsets_too] = appsets;
     let [reports, reports_too] = reports;
     let ctx = Arc::new(Context {
@@ -614,7 +613,6 @@ pub async fn run(
         appsets: appsets.store.clone(),
         clusters: clusters.store,
         reports: reports.store.clone(),
-        appset_resource: appset_resource.clone(),
         membership: Mutex::default(),
     });
     let config = controller_config(1, DEBOUNCE);
@@ -624,45 +622,44 @@ pub async fn run(
         clusters.ready.clone(),
         reports.ready.clone(),
     ];
-    let appset_controller =
-        Controller::for_stream_with(touched(appsets.events), appsets.store, appset_resource)
-            .reconcile_on(appsets_touched(
-                &ctx,
-                apps.events,
-                |ctx, event| match event {
-                    Event::Apply(app) | Event::InitApply(app) => {
-                        ctx.membership().track_app(&app, false)
-                    }
-                    Event::Delete(app) => ctx.membership().track_app(&app, true),
-                    Event::Init | Event::InitDone => Vec::new(),
-                },
-            ))
-            // Agent-mode membership depends on which namespaces are clusters.
-            .reconcile_on(appsets_touched(
-                &ctx,
-                clusters.events,
-                |ctx, event| match event {
-                    Event::Apply(c) | Event::Delete(c) => ctx
-                        .membership()
-                        .in_cluster_namespace(&c.name_any())
-                        .into_iter()
-                        .collect(),
-                    _ => Vec::new(),
-                },
-            ))
-            // Our own writes come back here too; re-computing finds nothing to do.
-            .reconcile_on(appsets_touched(
-                &ctx,
-                reports_too.events,
-                |_, event| match event {
-                    Event::Apply(r) | Event::Delete(r) => vec![key_of(&r)],
-                    _ => Vec::new(),
-                },
-            ));
+    let appset_controller = Controller::for_stream(touched(appsets.events), appsets.store)
+        .reconcile_on(appsets_touched(
+            &ctx,
+            apps.events,
+            |ctx, event| match event {
+                Event::Apply(app) | Event::InitApply(app) => {
+                    ctx.membership().track_app(&app, false)
+                }
+                Event::Delete(app) => ctx.membership().track_app(&app, true),
+                Event::Init | Event::InitDone => Vec::new(),
+            },
+        ))
+        // Agent-mode membership depends on which namespaces are clusters.
+        .reconcile_on(appsets_touched(
+            &ctx,
+            clusters.events,
+            |ctx, event| match event {
+                Event::Apply(c) | Event::Delete(c) => ctx
+                    .membership()
+                    .in_cluster_namespace(&c.name_any())
+                    .into_iter()
+                    .collect(),
+                _ => Vec::new(),
+            },
+        ))
+        // Our own writes come back here too; re-computing finds nothing to do.
+        .reconcile_on(appsets_touched(
+            &ctx,
+            reports_too.events,
+            |_, event| match event {
+                Event::Apply(r) | Event::Delete(r) => vec![key_of(&r)],
+                _ => Vec::new(),
+            },
+        ));
     // A deleted ApplicationSet's report goes; after a relist, every report is checked.
     let reports_of = {
         let ctx = ctx.clone();
-        move |event: Event<DynamicObject>| match event {
+        move |event: Event<ApplicationSet>| match event {
             Event::Apply(a) | Event::InitApply(a) | Event::Delete(a) => {
                 vec![ObjectRef::new(&a.name_any()).within(&a.namespace().unwrap_or_default())]
             }
@@ -847,7 +844,7 @@ mod tests {
 
     #[test]
     fn report_wire_form_matches_upstream_field_names() {
-        let appset: DynamicObject = serde_json::from_value(json!({
+        let appset: ApplicationSet = serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet",
             "metadata": {"name": "guestbook", "namespace": "apps", "uid": "u-1"}, "spec": {}
         }))

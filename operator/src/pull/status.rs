@@ -10,11 +10,11 @@ use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_agent_kube::argocd::{Application, StatusOf};
+use argocd_agent_kube::argocd::{Application, ApplicationStatus, OperationState, StatusOf};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::ResourceExt;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::application::{
     conditions, now_rfc3339, pull_intent, with_condition, WORK_ERROR_CONDITION,
@@ -173,22 +173,26 @@ pub fn status_patch(
     fn word(of: Option<&StatusOf>) -> Option<&str> {
         of.and_then(|o| o.status.as_deref())
     }
-    let mut status = Map::new();
+    let status_of = |word: &str| StatusOf {
+        status: Some(word.to_string()),
+        ..StatusOf::default()
+    };
+    let mut status = ApplicationStatus::default();
     if let Some(h) = spoke
         .health
         .as_deref()
         .filter(|h| word(current.and_then(|c| c.health.as_ref())) != Some(h))
     {
-        status.insert("health".into(), json!({"status": h}));
+        status.health = Some(status_of(h));
     }
     let current_sync = current.and_then(|c| c.sync.as_ref());
-    let mut sync = Map::new();
+    let mut sync = StatusOf::default();
     if let Some(s) = spoke
         .sync
         .as_deref()
         .filter(|s| word(current_sync) != Some(s))
     {
-        sync.insert("status".into(), json!(s));
+        sync.status = Some(s.to_string());
     }
     let current_revision = current_sync.and_then(|s| s.other.get("revision"));
     if let Some(r) = spoke
@@ -196,10 +200,10 @@ pub fn status_patch(
         .as_deref()
         .filter(|r| current_revision.and_then(Value::as_str) != Some(r))
     {
-        sync.insert("revision".into(), json!(r));
+        sync.other.insert("revision".into(), json!(r));
     }
-    if !sync.is_empty() {
-        status.insert("sync".into(), Value::Object(sync));
+    if sync != StatusOf::default() {
+        status.sync = Some(sync);
     }
     if let (Some(phase), Some(started)) = (&spoke.operation_phase, &spoke.operation_started_at) {
         let state = current.and_then(|c| c.operation_state.as_ref());
@@ -208,18 +212,19 @@ pub fn status_patch(
             || (spoke.operation_message.is_some()
                 && state.and_then(|o| o.message.as_ref()) != spoke.operation_message.as_ref());
         if changed {
-            // Argo CD's schema requires `operation`; an empty object merges into an existing one.
-            let mut op = json!({"operation": {}, "phase": phase, "startedAt": started});
-            if let Some(m) = &spoke.operation_message {
-                op["message"] = json!(m);
-            }
-            status.insert("operationState".into(), op);
+            status.operation_state = Some(OperationState {
+                // Argo CD's schema requires `operation`; an empty object merges into an
+                // existing one.
+                operation: Some(json!({})),
+                phase: Some(phase.clone()),
+                started_at: Some(started.clone()),
+                message: spoke.operation_message.clone(),
+                ..OperationState::default()
+            });
         }
     }
-    if let Some(next) = with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now) {
-        status.insert("conditions".into(), json!(next));
-    }
-    if status.is_empty() {
+    status.conditions = with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now);
+    if status == ApplicationStatus::default() {
         return None;
     }
     Some(json!({"metadata": {"resourceVersion": app.metadata.resource_version}, "status": status}))
@@ -376,15 +381,14 @@ mod tests {
         assert_eq!(spoke.health.as_deref(), Some("Healthy"));
         assert_eq!(spoke.sync.as_deref(), Some("Synced"));
         let patch = status_patch(&app(json!({})), &spoke, None, "now").expect("a change");
-        assert_eq!(patch["metadata"]["resourceVersion"], "7");
-        assert_eq!(patch["status"]["health"], json!({"status": "Healthy"}));
         assert_eq!(
-            patch["status"]["sync"],
-            json!({"status": "Synced", "revision": "4f1c2d"})
+            patch,
+            json!({"metadata": {"resourceVersion": "7"},
+                   "status": {"health": {"status": "Healthy"},
+                              "sync": {"status": "Synced", "revision": "4f1c2d"},
+                              "operationState": {"operation": {}, "phase": "Succeeded",
+                                                 "startedAt": "2024-05-01T10:00:00Z"}}})
         );
-        assert_eq!(patch["status"]["operationState"]["phase"], "Succeeded");
-        assert_eq!(patch["status"]["operationState"]["operation"], json!({}));
-        assert!(patch["status"].get("conditions").is_none());
         // Already up to date: nothing to write.
         let current = app(json!({
             "health": {"status": "Healthy"}, "sync": {"status": "Synced", "revision": "4f1c2d"},
@@ -421,10 +425,11 @@ mod tests {
         // Phase without a valid start time is not written (Argo CD requires startedAt).
         let patch =
             status_patch(&app(json!({})), &spoke, Some(&problem), "now").expect("condition");
-        assert!(patch["status"].get("operationState").is_none());
         assert_eq!(
-            patch["status"]["conditions"][0]["type"],
-            WORK_ERROR_CONDITION
+            patch,
+            json!({"metadata": {"resourceVersion": "7"},
+                   "status": {"conditions": [{"type": WORK_ERROR_CONDITION, "message": problem,
+                                              "lastTransitionTime": "now"}]}})
         );
     }
 
@@ -453,6 +458,9 @@ mod tests {
         );
         let cleared =
             status_patch(&with_condition, &SpokeStatus::default(), None, "now").expect("cleared");
-        assert_eq!(cleared["status"]["conditions"], json!([]));
+        assert_eq!(
+            cleared,
+            json!({"metadata": {"resourceVersion": "7"}, "status": {"conditions": []}})
+        );
     }
 }

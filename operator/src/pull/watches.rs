@@ -3,7 +3,9 @@
 //!
 //! Owns one watch and one reflector store per watched kind ([`SharedWatch`]) for all pull
 //! controllers together, so the principal keeps one pull-model cache of every Application,
-//! ManifestWork and ManagedCluster however many controllers read them. Every controller
+//! ManifestWork and ManagedCluster however many controllers read them; where the process already
+//! runs an informer of every object of a kind (the principal's hub Applications), the controllers
+//! subscribe to it instead ([`Subscription::of_informer`]) and no second watch or store exists. Every controller
 //! [`subscribe`](SharedWatch::subscribe)s before the watch starts and receives every event
 //! (applies, deletes, relists) after the store has taken it; kube's own shared stores
 //! (`store_shared`) do not hand on deletions, which drift repair and finalization need. A failing
@@ -21,6 +23,8 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
+use argocd_agent_kube::fanout::EventFanout;
+use argocd_agent_kube::informer::Watched;
 use argocd_agent_kube::CancellationToken;
 use futures::channel::mpsc;
 use futures::{Stream, StreamExt, TryFuture};
@@ -132,6 +136,21 @@ where
     pub ready: Ready,
     /// The watch's events.
     pub events: mpsc::UnboundedReceiver<Event<K>>,
+}
+
+impl<K> Subscription<K>
+where
+    K: Watched,
+{
+    /// A subscription to an informer the process already runs, through its `fanout`: its store
+    /// and its changes, with no watch of its own.
+    pub fn of_informer(fanout: &EventFanout<K>) -> Self {
+        Subscription {
+            store: fanout.reader().store(),
+            ready: Ready(fanout.reader().listed_signal()),
+            events: fanout.subscribe(),
+        }
+    }
 }
 
 /// Whether a [`SharedWatch`]'s store is filled: set at the watch's first complete list, and

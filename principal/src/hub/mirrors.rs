@@ -748,11 +748,18 @@ mod tests {
     use serde_json::json;
 
     fn hub_object(name: &str, owner: Option<&str>) -> AppProject {
-        let mut v = json!({"metadata": {"name": name, "annotations": {"note": "x"}}});
+        let mut project: AppProject = serde_json::from_value(
+            json!({"metadata": {"name": name, "annotations": {"note": "x"}}}),
+        )
+        .unwrap();
         if let Some(owner) = owner {
-            v["metadata"]["annotations"][MIRROR_AGENT_ANNOTATION] = json!(owner);
+            project
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(MIRROR_AGENT_ANNOTATION.to_string(), owner.to_string());
         }
-        serde_json::from_value(v).unwrap()
+        project
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! `Hub` wires its parts together and is what the rest of the principal calls:
 //! - [`view`]: the informers of hub Applications (every namespace `--allowed-namespaces` admits),
 //!   AppProjects and repository / repo-creds Secrets (principal namespace),
-//!   all narrowed by `--label-selector` — the one store per kind in the principal;
+//!   all narrowed by `--label-selector` — the one store per kind in the principal (the embedded
+//!   operator's pull model reads the Application store too, when it holds every Application);
 //! - [`managed`]: routing of hub changes into managed agents' outboxes and their checksum resync
 //!   (reference §2.5, so a resync of N unchanged objects costs O(N) messages of O(1) size);
 //! - [`mirrors`]: autonomous agents' hub mirrors, their protection and their checksum resync;
@@ -28,6 +29,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use argocd_agent_kube::argocd::{AppProject, Application, ObjectMetaExt};
+use argocd_agent_kube::fanout::EventFanout;
 use argocd_agent_kube::informer::Handler;
 use argocd_agent_proto::event::{Event, EventType, Target};
 use argocd_agent_proto::mode::AgentMode;
@@ -88,6 +90,8 @@ pub struct Hub {
     mirrors: Arc<Mirrors>,
     namespaces: Namespaces,
     resync_interval: Option<Duration>,
+    /// The Application informer's changes for the pull model, when it selects every Application.
+    app_events: Option<Arc<EventFanout<Application>>>,
     /// Taken by [`Hub::run`].
     informers: Mutex<Option<HubInformers>>,
 }
@@ -168,6 +172,7 @@ impl Hub {
             mirrors,
             namespaces,
             resync_interval: options.resync_interval,
+            app_events: informers.app_events.clone(),
             informers: Mutex::new(Some(informers)),
         })
     }
@@ -212,6 +217,12 @@ impl Hub {
     /// The hub repository Secret `name`, if the AppProject it names applies to `agent`.
     pub fn repository_for(&self, agent: &str, name: &str) -> Option<Value> {
         self.view.repository_for(agent, name)
+    }
+
+    /// The hub Applications' changes, for the embedded operator's pull model, when the hub's
+    /// Application informer selects every Application (see [`view`]); `None` otherwise.
+    pub fn application_events(&self) -> Option<Arc<EventFanout<Application>>> {
+        self.app_events.clone()
     }
 
     /// The informers, with this hub's handlers attached; `None` once taken.
@@ -465,13 +476,8 @@ mod tests {
         let mut out = Vec::new();
         while let Some(ev) = session.outbox.take_next(Instant::now()) {
             let name = ev
-                .data_as::<Value>()
-                .ok()
-                .and_then(|v| {
-                    v.pointer("/metadata/name")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                })
+                .data_as::<DynamicObject>()
+                .map(|o| o.name_str().to_string())
                 .unwrap_or_default();
             out.push(format!("{} {:?} {name}", ev.event_type.name(), ev.target));
             session.outbox.ack(&ev.ack());

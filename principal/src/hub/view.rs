@@ -4,11 +4,15 @@
 //! admits), AppProjects and repository / repo-creds Secrets (principal namespace), all narrowed by
 //! `--label-selector`, and answers "what does the hub hold": an agent's Application and an
 //! AppProject (typed), a repository Secret (as JSON) and the AppProject it names. It holds no copy
-//! of its own: the informer stores are the only cache of these kinds in the principal.
+//! of its own: the informer stores are the only cache of these kinds in the principal. When the
+//! Application informer selects every Application (neither `--allowed-namespaces` nor
+//! `--label-selector` narrows it), its changes are also handed on ([`HubInformers::app_events`])
+//! to the embedded operator's pull model, which then keeps no Application watch of its own.
 
 use std::sync::Arc;
 
 use argocd_agent_kube::argocd::{AppProject, Application};
+use argocd_agent_kube::fanout::EventFanout;
 use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
@@ -53,6 +57,8 @@ pub struct HubInformers {
     pub projects: Informer<AppProject>,
     /// Repository Secrets.
     pub repositories: Informer<DynamicObject>,
+    /// The Applications' changes for other parts of the process, when `apps` selects every one.
+    pub app_events: Option<Arc<EventFanout<Application>>>,
 }
 
 impl HubInformers {
@@ -71,6 +77,8 @@ impl HubInformers {
             None => watcher::Config::default(),
         };
         let secret = ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
+        let selects_all =
+            allowed_namespaces.is_empty() && combined_selector(None, label_selector).is_none();
         let apps = Informer::new("hub Applications", Api::all(client.clone()), config(None)).scope(
             move |app: &Application| {
                 namespace_allowed(
@@ -93,6 +101,7 @@ impl HubInformers {
         HubInformers {
             principal_namespace: principal_namespace.to_string(),
             mapping,
+            app_events: selects_all.then(|| EventFanout::new(apps.reader())),
             apps,
             projects,
             repositories,
@@ -107,6 +116,9 @@ impl HubInformers {
         repositories: Arc<dyn Handler<DynamicObject>>,
     ) -> HubInformers {
         self.apps = self.apps.handler(apps);
+        if let Some(events) = &self.app_events {
+            self.apps = self.apps.handler(events.clone());
+        }
         self.projects = self.projects.handler(projects);
         self.repositories = self.repositories.handler(repositories);
         self
