@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use argocd_agent_proto::event::Target;
-use argocd_agent_proto::payload::{ContainerLogRequest, ResourceRequest};
+use argocd_agent_proto::payload::ContainerLogRequest;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -220,17 +220,15 @@ pub async fn stream(
         );
         return;
     }
-    // The pod must be Argo CD's (through its owners): ask the resource rules with a GET.
-    let probe = ResourceRequest {
-        uuid: uuid.to_string(),
-        method: "GET".into(),
-        namespace: req.namespace.clone(),
-        name: req.pod_name.clone(),
-        version: "v1".into(),
-        resource: "pods".into(),
-        ..ResourceRequest::default()
-    };
-    let (status, body) = resource::execute(&live.client, &live.tracking, &probe).await;
+    // The pod must be Argo CD's (through its owners).
+    let (status, body) = resource::read_tracked_pod(
+        &live.client,
+        &live.tracking,
+        uuid,
+        &req.namespace,
+        &req.pod_name,
+    )
+    .await;
     if status != 200 {
         live.answer(Target::ContainerLog, uuid, status, &body);
         return;

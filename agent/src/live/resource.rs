@@ -324,6 +324,27 @@ fn discovery_path(req: &ResourceRequest, named: Option<String>) -> String {
     })
 }
 
+/// Reads pod `namespace`/`pod` under the tracking rules (a GET through [`execute`]): 200 only for
+/// a pod Argo CD manages (through its owners). Logs and terminals ask this before they open.
+pub async fn read_tracked_pod(
+    client: &kube::Client,
+    rules: &TrackingRules,
+    uuid: &str,
+    namespace: &str,
+    pod: &str,
+) -> (u16, Vec<u8>) {
+    let probe = ResourceRequest {
+        uuid: uuid.to_string(),
+        method: "GET".into(),
+        namespace: namespace.to_string(),
+        name: pod.to_string(),
+        version: "v1".into(),
+        resource: "pods".into(),
+        ..ResourceRequest::default()
+    };
+    execute(client, rules, &probe).await
+}
+
 /// Runs `req` against the spoke apiserver; returns the HTTP status and body to send back.
 pub async fn execute(
     client: &kube::Client,

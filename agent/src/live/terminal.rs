@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use argocd_agent_proto::payload::{ContainerTerminalRequest, ResourceRequest};
+use argocd_agent_proto::payload::ContainerTerminalRequest;
 use argocd_agent_proto::pb::terminalstreamapi::TerminalStreamData;
 use futures::SinkExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -117,17 +117,15 @@ async fn start(
     if req.command.is_empty() {
         return Err("no command to run".into());
     }
-    // The pod must be Argo CD's (through its owners): ask the resource rules with a GET.
-    let probe = ResourceRequest {
-        uuid: req.uuid.clone(),
-        method: "GET".into(),
-        namespace: req.namespace.clone(),
-        name: req.pod_name.clone(),
-        version: "v1".into(),
-        resource: "pods".into(),
-        ..ResourceRequest::default()
-    };
-    let (status, body) = resource::execute(&live.client, &live.tracking, &probe).await;
+    // The pod must be Argo CD's (through its owners).
+    let (status, body) = resource::read_tracked_pod(
+        &live.client,
+        &live.tracking,
+        &req.uuid,
+        &req.namespace,
+        &req.pod_name,
+    )
+    .await;
     if status != 200 {
         return Err(status_message(status, &body));
     }
