@@ -286,7 +286,7 @@ enum Attempt {
 }
 
 /// What another part of the agent needs to make calls of its own to the principal over the
-/// current connection (the web terminal's `StreamTerminal`): the channel, the access token of the
+/// current connection (the web terminal's `StreamTerminal`, container logs' `StreamLogs`): the channel, the access token of the
 /// current stream, and whether to send gzip.
 #[derive(Clone)]
 pub struct LinkState {
@@ -319,6 +319,19 @@ impl LinkState {
             .metadata_mut()
             .insert("authorization", token.unwrap_or_else(|| self.token.clone()));
         request
+    }
+
+    /// The `StreamLogs` client, sending gzip when the agent does on its stream, and accepting it.
+    pub fn log_client(
+        &self,
+    ) -> argocd_agent_proto::pb::logstreamapi::log_stream_service_client::LogStreamServiceClient<
+        Channel,
+    > {
+        use argocd_agent_proto::pb::logstreamapi::log_stream_service_client::LogStreamServiceClient;
+        with_gzip!(
+            LogStreamServiceClient::new(self.channel.clone()),
+            self.compression
+        )
     }
 
     /// `client` sending gzip when the agent does on its stream, and accepting it.

@@ -4,8 +4,9 @@
 //! mix of upstream and our principal and agents can be put together in one test.
 //!
 //! Constraints of upstream v0.9.0 that shape this: its resource proxy and Redis proxy listen on the
-//! fixed addresses 0.0.0.0:9090 and 0.0.0.0:6379, so they are switched off here (one principal per
-//! machine could keep them); its health port must be below 32768 ([`free_low_port`]); and grpc-go's
+//! fixed addresses 0.0.0.0:9090 and 0.0.0.0:6379, so they are switched off here, except that a
+//! test holding [`hold_resource_proxy_port`] may switch the resource proxy on
+//! ([`resource_proxy_args`]); its health port must be below 32768 ([`free_low_port`]); and grpc-go's
 //! server refuses HTTP/2 pings more often than every 5 minutes unless `--keepalive-min-interval`
 //! allows them, which upstream's docs tell users to set for agents that ping.
 
@@ -17,6 +18,36 @@ use crate::control_plane::ControlPlane;
 use crate::gateway::{agentctl, ensure_namespace, wait_http_ok, Pki};
 use crate::ports::{free_low_port, free_port};
 use crate::process::{ManagedProcess, ProcessSpec};
+
+/// The port upstream v0.9.0's resource proxy listens on, on every interface (no flag sets it).
+pub const RESOURCE_PROXY_PORT: u16 = 9090;
+
+static RESOURCE_PROXY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits until no other test of this process runs an upstream principal with its resource proxy,
+/// and holds the port until the guard is dropped.
+pub async fn hold_resource_proxy_port() -> tokio::sync::MutexGuard<'static, ()> {
+    RESOURCE_PROXY.lock().await
+}
+
+/// Flags (given after [`UpstreamPrincipal::start`]'s own) that switch an upstream principal's
+/// resource proxy on at [`RESOURCE_PROXY_PORT`], serving the PKI's principal certificate (valid
+/// for 127.0.0.1) and accepting client certificates of the agent CA (upstream takes the agent's
+/// name from their CN).
+pub fn resource_proxy_args(pki: &Pki) -> Vec<String> {
+    vec![
+        "--enable-resource-proxy=true".into(),
+        format!(
+            "--resource-proxy-cert-path={}",
+            pki.dir.join("principal.crt").display()
+        ),
+        format!(
+            "--resource-proxy-key-path={}",
+            pki.dir.join("principal.key").display()
+        ),
+        format!("--resource-proxy-ca-path={}", pki.ca().display()),
+    ]
+}
 
 /// A running upstream `argocd-agent principal`.
 pub struct UpstreamPrincipal {

@@ -5,11 +5,10 @@
 //! waiting for the answer, which agents currently have a live stream, and the rules for answers:
 //! only the agent a request was sent to may answer it; a response split into parts (our
 //! `livechunk`/`liveend` extensions) is delivered in order and exactly once, even when the agent
-//! resends a part; a caller that went away gets its agent told to stop (container logs: by a
-//! cancel event to an agent that answers with events, i.e. ours, once it sent a part, and
-//! otherwise in answer to its next part; for logs an upstream agent pushes over `StreamLogs`
-//! ([`LiveRequests::attach_log_stream`], relayed by [`crate::log_stream`]), by that call ending,
-//! never by a cancel event, which an upstream agent would take for a new log request). When an
+//! resends a part. Container logs come over the agent's `StreamLogs` call instead (ours and
+//! upstream's agents alike: [`LiveRequests::attach_log_stream`], relayed by
+//! [`crate::log_stream`]); a log reader that went away stops its agent by that call ending, never
+//! by an event (upstream's agent would take any `containerlog` event for a new request). When an
 //! agent's last stream ends, every caller still waiting on it is answered with
 //! [`LiveReply::AgentGone`] at once. Hooks registered with
 //! [`LiveRequests::on_agent_connected`] run when an agent's stream starts, those registered with
@@ -22,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use argocd_agent_proto::event::{Event, EventType, ExtensionValue, Target};
-use argocd_agent_proto::payload::{ContainerLogRequest, RedisResponse, ResourceResponse};
+use argocd_agent_proto::payload::{RedisResponse, ResourceResponse};
 use argocd_agent_proto::sync::HandleError;
 use tokio::sync::mpsc;
 
@@ -33,9 +32,6 @@ use crate::sessions::AgentSession;
 pub const CHUNK_SEQ: &str = "livechunk";
 /// Extension on a response part: `"true"` on the last part.
 pub const CHUNK_END: &str = "liveend";
-/// Method of a `containerlog` event that tells the agent to stop streaming the logs of the
-/// request with that UUID (the client went away). The agent's side uses the same string.
-pub const LOG_CANCEL_METHOD: &str = "CANCEL";
 /// How long an inbound part may wait for room in a slow caller's buffer before the agent is made
 /// to resend it (backpressure through the stream's resend).
 const DELIVERY_WAIT: Duration = Duration::from_secs(2);
@@ -63,8 +59,8 @@ pub enum LiveReply {
 pub enum WaitKind {
     /// A resource-proxy request.
     Resource,
-    /// A container-log stream; the agent is told to stop when the caller goes away. `timestamps`:
-    /// the caller asked for each line's timestamp (upstream agents always send them).
+    /// A container-log stream, fed by the agent's `StreamLogs` call. `timestamps`: the caller asked
+    /// for each line's timestamp (agents always send them).
     ContainerLog {
         /// The caller asked for timestamps.
         timestamps: bool,
@@ -78,11 +74,6 @@ struct Waiter {
     kind: WaitKind,
     tx: mpsc::Sender<LiveReply>,
     next_seq: u64,
-    /// Fed by a `LogStreamService.StreamLogs` call (upstream's agents): the agent learns that the
-    /// caller left from that call ending, not from a cancel event.
-    log_stream_attached: bool,
-    /// A part came as an event: the agent is one that understands a cancel event (ours).
-    answered_by_events: bool,
 }
 
 #[derive(Default)]
@@ -120,7 +111,6 @@ pub struct LiveWaiter {
     key: String,
     rx: mpsc::Receiver<LiveReply>,
     tracker: Arc<LiveRequests>,
-    cancel_on_drop: Option<Arc<AgentSession>>,
 }
 
 impl LiveWaiter {
@@ -145,27 +135,7 @@ impl LiveWaiter {
 
 impl Drop for LiveWaiter {
     fn drop(&mut self) {
-        let removed = self.tracker.lock().waiters.remove(&self.key);
-        let cancel_by_event =
-            removed.is_some_and(|w| w.answered_by_events && !w.log_stream_attached);
-        if let (true, Some(session)) = (cancel_by_event, &self.cancel_on_drop) {
-            push_log_cancel(session, &self.key);
-        }
-    }
-}
-
-fn push_log_cancel(session: &AgentSession, uuid: &str) {
-    let req = ContainerLogRequest {
-        uuid: uuid.to_string(),
-        ..ContainerLogRequest::default()
-    };
-    match Event::container_log_request("", LOG_CANCEL_METHOD, &req) {
-        Ok(ev) => {
-            if let Err(e) = session.outbox.push(ev) {
-                tracing::warn!(agent = session.name.as_str(), error = %e, "cannot queue a log-stream cancel");
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "cannot build a log-stream cancel"),
+        self.tracker.lock().waiters.remove(&self.key);
     }
 }
 
@@ -274,15 +244,13 @@ impl LiveRequests {
     }
 
     /// Registers a caller waiting on `key` (a request or connection UUID) answered by `agent`.
-    /// `depth` bounds the answers buffered for a slow caller. For container logs, pass the
-    /// agent's session so that the agent is told to stop when the caller goes away.
+    /// `depth` bounds the answers buffered for a slow caller.
     pub fn register(
         self: &Arc<Self>,
         agent: &str,
         key: &str,
         kind: WaitKind,
         depth: usize,
-        session: Option<Arc<AgentSession>>,
     ) -> LiveWaiter {
         let (tx, rx) = mpsc::channel(depth.max(1));
         self.lock().waiters.insert(
@@ -292,15 +260,12 @@ impl LiveRequests {
                 kind,
                 tx,
                 next_seq: 0,
-                log_stream_attached: false,
-                answered_by_events: false,
             },
         );
         LiveWaiter {
             key: key.to_string(),
             rx,
             tracker: self.clone(),
-            cancel_on_drop: session.filter(|_| matches!(kind, WaitKind::ContainerLog { .. })),
         }
     }
 
@@ -321,13 +286,12 @@ impl LiveRequests {
             tracing::warn!(agent, request = %key, expected = %w.agent, "refusing a log stream from an agent that was not asked");
             return Err(AttachRefused::NotYours);
         }
-        w.log_stream_attached = true;
         Ok((w.tx.clone(), timestamps))
     }
 
-    /// Handles an answer event from `session`'s agent (`response` for resources and container
-    /// logs, `redis-response`). Answers for callers that are gone are dropped (a container-log
-    /// part then makes the agent stop); answers from another agent than the one asked are refused.
+    /// Handles an answer event from `session`'s agent (`response` for resources, `redis-response`).
+    /// Answers for callers that are gone are dropped; answers from another agent than the one
+    /// asked are refused.
     pub async fn handle_reply(
         &self,
         session: &AgentSession,
@@ -346,7 +310,11 @@ impl LiveRequests {
                 };
                 (key, LiveReply::Redis(resp), None)
             }
-            (EventType::Response, target) => {
+            (EventType::Response, Target::ContainerLog) => return Err(HandleError::Rejected(
+                "container logs are sent over LogStreamService.StreamLogs, not as response events"
+                    .into(),
+            )),
+            (EventType::Response, _) => {
                 let resp: ResourceResponse = ev.data_as().map_err(rejected)?;
                 let (seq, end) = part_position(ev);
                 let status = u16::try_from(resp.status)
@@ -354,13 +322,6 @@ impl LiveRequests {
                     .filter(|s| (100..600).contains(s))
                     .unwrap_or(502);
                 let key = resp.uuid;
-                if *target == Target::ContainerLog && !self.lock().waiters.contains_key(&key) {
-                    // Nobody reads these logs any more (client gone, or we restarted).
-                    if !end {
-                        push_log_cancel(session, &key);
-                    }
-                    return Ok(());
-                }
                 let body = resp.resource.into_bytes();
                 (key, LiveReply::Part { status, body, end }, Some(seq))
             }
@@ -405,7 +366,6 @@ impl LiveRequests {
         if let (Some(seq), Some(w)) = (seq, st.waiters.get_mut(&key)) {
             // After the last part every resend finds nothing left to deliver.
             w.next_seq = if end { u64::MAX } else { seq + 1 };
-            w.answered_by_events = true;
         }
         Ok(())
     }
@@ -447,7 +407,7 @@ mod tests {
     async fn parts_arrive_once_and_in_order_even_when_resent() {
         let t = LiveRequests::new();
         let a = session("a");
-        let mut w = t.register("a", "u1", WaitKind::Resource, 8, None);
+        let mut w = t.register("a", "u1", WaitKind::Resource, 8);
         for (seq, end, body) in [
             (0, false, "x"),
             (0, false, "x"),
@@ -482,7 +442,7 @@ mod tests {
     #[tokio::test]
     async fn another_agent_cannot_answer_a_request() {
         let t = LiveRequests::new();
-        let _w = t.register("a", "u1", WaitKind::Resource, 8, None);
+        let _w = t.register("a", "u1", WaitKind::Resource, 8);
         let err = t
             .handle_reply(&session("b"), &part("u1", Target::Resource, None, "{}"))
             .await
@@ -495,7 +455,7 @@ mod tests {
         let t = LiveRequests::new();
         t.agent_connected("a");
         t.agent_connected("a"); // a new stream superseding the old one
-        let mut w = t.register("a", "u1", WaitKind::Redis, 8, None);
+        let mut w = t.register("a", "u1", WaitKind::Redis, 8);
         t.agent_disconnected("a");
         assert!(t.is_connected("a"));
         assert!(w.rx.try_recv().is_err(), "the agent still has a stream");
@@ -524,8 +484,8 @@ mod tests {
         let a = session("a");
         a.outbox.set_connected(true);
         let log = WaitKind::ContainerLog { timestamps: true };
-        let w = t.register("a", "log1", log, 8, Some(a.clone()));
-        let _res = t.register("a", "res1", WaitKind::Resource, 8, None);
+        let w = t.register("a", "log1", log, 8);
+        let _res = t.register("a", "res1", WaitKind::Resource, 8);
         assert_eq!(
             t.attach_log_stream("a", "nope").err(),
             Some(AttachRefused::Unknown)
@@ -540,69 +500,25 @@ mod tests {
         );
         let (_tx, timestamps) = t.attach_log_stream("a", "log1").unwrap();
         assert!(timestamps);
-        // The agent's StreamLogs call, not a cancel event, tells it that the reader left.
+        // The agent's StreamLogs call, not an event, tells it that the reader left.
         drop(w);
         assert!(a.outbox.is_empty());
     }
 
     #[tokio::test]
-    async fn a_log_reader_that_leaves_makes_the_agent_stop() {
+    async fn log_parts_as_events_are_refused() {
         let t = LiveRequests::new();
         let a = session("a");
-        a.outbox.set_connected(true);
-        let log = WaitKind::ContainerLog { timestamps: false };
-        let w = t.register("a", "log1", log, 8, Some(a.clone()));
-        t.handle_reply(
-            &a,
-            &part("log1", Target::ContainerLog, Some((0, false)), ""),
-        )
-        .await
-        .unwrap();
-        drop(w);
-        let cancel = a.outbox.take_next(std::time::Instant::now()).unwrap();
-        assert_eq!(
-            cancel.event_type,
-            EventType::HttpMethod(LOG_CANCEL_METHOD.into())
-        );
-        assert_eq!(cancel.target, Target::ContainerLog);
-        // A late part for the gone reader makes the agent stop again rather than pile up.
-        t.handle_reply(
-            &a,
-            &part("log1", Target::ContainerLog, Some((3, false)), "z"),
-        )
-        .await
-        .unwrap();
+        let _w = t.register("a", "log1", WaitKind::ContainerLog { timestamps: false }, 8);
+        let refused = t
+            .handle_reply(
+                &a,
+                &part("log1", Target::ContainerLog, Some((0, false)), ""),
+            )
+            .await;
         assert!(
-            !a.outbox.is_empty(),
-            "a late part for a gone reader queues another cancel"
-        );
-    }
-
-    #[tokio::test]
-    async fn an_agent_that_sent_no_part_by_event_is_not_sent_a_cancel() {
-        // Upstream's Go agent answers over StreamLogs and reads every containerlog event,
-        // whatever its method, as a new log request (v0.9.0 agent/log.go): a cancel for a reader
-        // that left before the agent's call attached would start a request for no pod.
-        let t = LiveRequests::new();
-        let a = session("a");
-        a.outbox.set_connected(true);
-        let log = WaitKind::ContainerLog { timestamps: true };
-        drop(t.register("a", "log1", log, 8, Some(a.clone())));
-        assert!(
-            a.outbox.is_empty(),
-            "a cancel went to an agent that never answered by event"
-        );
-        // Our agent's first part (sent as soon as its source opens) still makes it stop.
-        t.handle_reply(
-            &a,
-            &part("log1", Target::ContainerLog, Some((0, false)), ""),
-        )
-        .await
-        .unwrap();
-        let cancel = a.outbox.take_next(std::time::Instant::now()).unwrap();
-        assert_eq!(
-            cancel.event_type,
-            EventType::HttpMethod(LOG_CANCEL_METHOD.into())
+            matches!(&refused, Err(HandleError::Rejected(m)) if m.contains("StreamLogs")),
+            "{refused:?}"
         );
     }
 }

@@ -1,5 +1,6 @@
-//! The `principal.apis.logstreamapi.LogStreamService` service: container logs that upstream's Go
-//! agents push to the principal, relayed to the resource-proxy caller waiting for them.
+//! The `principal.apis.logstreamapi.LogStreamService` service: container logs that agents (ours
+//! and upstream's Go agents alike) push to the principal, relayed to the resource-proxy caller
+//! waiting for them.
 //!
 //! Upstream's contract (v0.9.0): the principal sends a `containerlog` request event; the agent
 //! opens one client-streaming `StreamLogs` call per request, whose messages carry the request's
@@ -13,9 +14,9 @@
 //! that an agent's error right after it still becomes an HTTP error status instead of an empty
 //! 200; an error after data aborts the HTTP body (a truncated log never looks complete); and,
 //! because upstream agents always ask the kubelet for timestamps, each line's leading timestamp
-//! is removed when the caller did not ask for timestamps ([`StampStripper`]). Our own agent
-//! answers with ordered `response` events instead ([`crate::live`]); both end the same way at
-//! the caller.
+//! is removed when the caller did not ask for timestamps ([`StampStripper`]); ours does the same.
+//! An agent's error that is a Kubernetes `Status` (our agent's refusals, e.g. 403 for a pod Argo
+//! CD does not manage) is answered with its own code; any other error is a 500.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,24 +141,42 @@ impl LogSink {
     }
 
     /// The agent could not read the logs: an error status if nothing was answered yet, else an
-    /// aborted body.
+    /// aborted body. Our agent sends its refusal as a Kubernetes `Status` (e.g. 403 for a pod Argo
+    /// CD does not manage), which is answered as it is; upstream's sends a message (500).
     async fn fail(&mut self, message: &str) -> Result<(), Status> {
         let reply = if self.started {
             LiveReply::AgentGone
         } else {
-            let code = StatusCode::INTERNAL_SERVER_ERROR;
-            LiveReply::Part {
-                status: code.as_u16(),
-                body: status_body(
-                    code,
-                    "InternalError",
-                    format!("the agent could not read the logs: {message}"),
-                ),
-                end: true,
+            match kubernetes_refusal(message) {
+                Some(status) => LiveReply::Part {
+                    status,
+                    body: message.as_bytes().to_vec(),
+                    end: true,
+                },
+                None => {
+                    let code = StatusCode::INTERNAL_SERVER_ERROR;
+                    LiveReply::Part {
+                        status: code.as_u16(),
+                        body: status_body(
+                            code,
+                            "InternalError",
+                            format!("the agent could not read the logs: {message}"),
+                        ),
+                        end: true,
+                    }
+                }
             }
         };
         self.send(reply).await
     }
+}
+
+/// The HTTP status of an agent's error that is a Kubernetes `Status` with an error code.
+fn kubernetes_refusal(message: &str) -> Option<u16> {
+    let status: k8s_openapi::apimachinery::pkg::apis::meta::v1::Status =
+        serde_json::from_str(message).ok()?;
+    let code = u16::try_from(status.code?).ok()?;
+    (400..600).contains(&code).then_some(code)
 }
 
 /// What the relay waits for next.
@@ -425,6 +444,19 @@ mod tests {
             panic!("one error part, got {got:?}");
         };
         assert!(String::from_utf8_lossy(body).contains("pods \\\"x\\\" not found"));
+    }
+
+    #[tokio::test]
+    async fn a_kubernetes_status_as_the_error_keeps_its_code() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut sink = LogSink::new(tx, false);
+        let forbidden = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Forbidden","code":403,"message":"pod x is not managed by Argo CD"}"#;
+        let msg = error("u1", forbidden);
+        let _ = relay("u1", msg, futures::stream::empty(), &mut sink).await;
+        assert_eq!(drain(&mut rx), vec![part(403, forbidden, true)]);
+        // A Status with a success code or no code is a plain message.
+        assert_eq!(kubernetes_refusal(r#"{"kind":"Status","code":200}"#), None);
+        assert_eq!(kubernetes_refusal("pods \"x\" not found"), None);
     }
 
     #[tokio::test]

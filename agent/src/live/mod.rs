@@ -3,30 +3,29 @@
 //!
 //! Owns [`LiveService`] (accepts a request event, runs it in its own task so the stream is never
 //! held up, and queues the answer — split into ordered parts carrying our `livechunk`/`liveend`
-//! extensions — in the outbox), [`LiveDispatch`] (routes `resource`/`redis`/`containerlog`/
+//! extensions — in the outbox; container logs and terminals go over calls of their own), [`LiveDispatch`] (routes `resource`/`redis`/`containerlog`/
 //! `terminal` events to it and everything else to the mode's handler), the duplicate filter (a request
 //! resent after a reconnect runs once) and the staleness rule (a request older than the
 //! principal's wait is dropped: its caller has gone). What a request may touch is decided in
 //! [`resource`] (tracked objects only), [`redis`] (the local Argo CD Redis), [`logs`] (a
-//! [`logs::LogSource`]) and [`terminal`] (exec into tracked pods, streamed over its own call).
+//! [`logs::LogSource`], streamed over `StreamLogs`) and [`terminal`] (exec into tracked pods, streamed over its own call).
 
 pub mod logs;
 pub mod redis;
 pub mod resource;
 pub mod terminal;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use argocd_agent_proto::event::{Event, EventType, ExtensionValue, Target, AGENT_SOURCE};
+use argocd_agent_proto::event::{Event, ExtensionValue, Target, AGENT_SOURCE};
 use argocd_agent_proto::payload::{
     ContainerLogRequest, ContainerTerminalRequest, RedisRequest, RedisResponse, ResourceRequest,
     ResourceResponse,
 };
 use argocd_agent_proto::sync::{EventHandler, HandleError, Outbox};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 pub use logs::{ApiserverLogSource, LogSource};
@@ -48,8 +47,6 @@ fn encode_query_component(s: &str) -> String {
 pub const CHUNK_SEQ: &str = "livechunk";
 /// Extension set to `"true"` on an answer's last part.
 pub const CHUNK_END: &str = "liveend";
-/// `containerlog` method meaning "stop streaming the logs of this request".
-pub const LOG_CANCEL_METHOD: &str = "CANCEL";
 /// Largest part of an answer carried by one event.
 pub const PART_BYTES: usize = 512 << 10;
 /// Largest resource answer sent; bigger ones are refused with 413 (narrow the request).
@@ -88,7 +85,8 @@ pub struct LiveService {
     logs: Arc<dyn LogSource>,
     tracking: resource::TrackingRules,
     seen: Mutex<HashMap<String, Instant>>,
-    log_streams: Mutex<HashMap<String, oneshot::Sender<()>>>,
+    /// Log requests being streamed (a request the principal resends is not run twice).
+    log_streams: Mutex<HashSet<String>>,
     redis: redis::Subscriptions,
     link: crate::connection::PrincipalLink,
 }
@@ -126,7 +124,7 @@ impl LiveService {
             settings,
             logs,
             seen: Mutex::new(HashMap::new()),
-            log_streams: Mutex::new(HashMap::new()),
+            log_streams: Mutex::new(HashSet::new()),
             redis: redis::Subscriptions::default(),
             link,
         })
@@ -242,8 +240,7 @@ impl LiveService {
         if ev.event_id.is_empty() {
             return Err(HandleError::Rejected("live request without an id".into()));
         }
-        let is_cancel = ev.event_type == EventType::HttpMethod(LOG_CANCEL_METHOD.into());
-        if !is_cancel && self.already_seen(&ev) {
+        if self.already_seen(&ev) {
             debug!(request = %ev.event_id, "live request resent; already running");
             return Ok(());
         }
@@ -293,18 +290,15 @@ impl LiveService {
                 let req: ContainerLogRequest = ev
                     .data_as()
                     .map_err(|e| HandleError::Rejected(e.to_string()))?;
-                if is_cancel {
-                    if let Some(stop) = self.lock_logs().remove(&req.uuid) {
-                        info!(request = %req.uuid, "log stream cancelled by the principal");
-                        let _ = stop.send(());
-                    }
+                if !self.lock_logs().insert(req.uuid.clone()) {
+                    debug!(request = %req.uuid, "log request resent; already streaming");
                     return Ok(());
                 }
-                let (stop_tx, stop_rx) = oneshot::channel();
-                self.lock_logs().insert(req.uuid.clone(), stop_tx);
+                let link = self.link.clone();
                 tokio::spawn(async move {
-                    logs::stream(&me, &req, stop_rx).await;
-                    me.lock_logs().remove(&req.uuid);
+                    let uuid = req.uuid.clone();
+                    logs::run(me.clone(), link, req).await;
+                    me.lock_logs().remove(&uuid);
                 });
             }
             Target::Terminal => {
@@ -323,13 +317,8 @@ impl LiveService {
         Ok(())
     }
 
-    fn lock_logs(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<()>>> {
+    fn lock_logs(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.log_streams.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The outbox answers go to (log streams check its backlog).
-    pub fn outbox(&self) -> &Outbox {
-        &self.outbox
     }
 }
 

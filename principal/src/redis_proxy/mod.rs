@@ -575,7 +575,7 @@ impl ClientConnection {
         }
         let session = proxy.registry.get(agent).ok_or_else(not_connected)?;
         let uuid = uuid::Uuid::new_v4().to_string();
-        let mut waiter = proxy.live.register(agent, &uuid, WaitKind::Redis, 4, None);
+        let mut waiter = proxy.live.register(agent, &uuid, WaitKind::Redis, 4);
         let req = RedisRequest {
             uuid: uuid.clone(),
             connection_uuid: connection_uuid.to_string(),
@@ -783,7 +783,7 @@ impl ClientConnection {
         let pushes = self
             .proxy
             .live
-            .register(&agent, &connection_uuid, WaitKind::Redis, 64, None);
+            .register(&agent, &connection_uuid, WaitKind::Redis, 64);
         let body = RedisCommandBody {
             subscribe: Some(RedisCommandBodySubscribe {
                 channel_name: channel.clone(),

@@ -415,7 +415,6 @@ impl ResourceProxy {
                         timestamps: log.timestamps,
                     },
                     PART_BUFFER,
-                    Some(session.clone()),
                 );
                 (
                     Event::container_log_request("", method.as_str(), &log),
@@ -426,13 +425,9 @@ impl ResourceProxy {
             }
             _ => {
                 let rr = resource_request(&uuid, method.as_str(), route, params, body);
-                let waiter = self.live.register(
-                    agent.as_str(),
-                    &uuid,
-                    WaitKind::Resource,
-                    PART_BUFFER,
-                    None,
-                );
+                let waiter =
+                    self.live
+                        .register(agent.as_str(), &uuid, WaitKind::Resource, PART_BUFFER);
                 (
                     Event::resource_request("", &rr),
                     waiter,
