@@ -85,16 +85,27 @@ pub struct AgentArgs {
     pub mode: AgentMode,
 
     /// Client certificate (PEM) presented to the principal; its subject/SAN names this agent.
+    /// Required unless --insecure-plaintext.
     #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_CERT", value_name = "PATH")]
-    pub tls_client_cert: PathBuf,
+    pub tls_client_cert: Option<PathBuf>,
 
-    /// Private key (PEM) of the client certificate.
+    /// Private key (PEM) of the client certificate. Required unless --insecure-plaintext.
     #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_KEY", value_name = "PATH")]
-    pub tls_client_key: PathBuf,
+    pub tls_client_key: Option<PathBuf>,
 
-    /// CA bundle (PEM) the principal's server certificate must chain to.
+    /// CA bundle (PEM) the principal's server certificate must chain to. Required unless
+    /// --insecure-plaintext.
     #[arg(long, env = "ARGOCD_AGENT_TLS_CA", value_name = "PATH")]
-    pub tls_ca: PathBuf,
+    pub tls_ca: Option<PathBuf>,
+
+    /// INSECURE: Connect to the principal without TLS, for a service mesh (e.g. Istio) whose
+    /// sidecar provides mTLS and tells the principal who this agent is (the principal runs with
+    /// --insecure-plaintext and --auth=header:...); the agent logs in with auth method "header".
+    /// Refused together with the --tls-client-cert/--tls-client-key/--tls-ca files.
+    #[arg(long, env = "ARGOCD_AGENT_INSECURE_PLAINTEXT", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub insecure_plaintext: bool,
 
     #[command(flatten)]
     pub tls_policy: TlsPolicyArgs,
@@ -341,8 +352,8 @@ pub struct AgentConfig {
     pub tls_server_name: String,
     /// Operating mode.
     pub mode: AgentMode,
-    /// TLS files.
-    pub tls: ClientTlsFiles,
+    /// TLS files (`None` = `--insecure-plaintext`, behind a service mesh).
+    pub tls: Option<ClientTlsFiles>,
     /// TLS versions and cipher suites.
     pub tls_policy: TlsPolicy,
     /// Local Argo CD namespace.
@@ -522,10 +533,38 @@ impl AgentArgs {
             self.redis_tls_ca_path.clone(),
             self.redis_tls_insecure,
         )?;
-        let tls = ClientTlsFiles {
-            cert: FLAGS.readable_file("tls-client-cert", &self.tls_client_cert)?,
-            key: FLAGS.readable_file("tls-client-key", &self.tls_client_key)?,
-            ca: FLAGS.readable_file("tls-ca", &self.tls_ca)?,
+        let tls_files = [
+            ("tls-client-cert", non_empty(self.tls_client_cert)),
+            ("tls-client-key", non_empty(self.tls_client_key)),
+            ("tls-ca", non_empty(self.tls_ca)),
+        ];
+        let tls = if self.insecure_plaintext {
+            if let Some((flag, _)) = tls_files.iter().find(|(_, path)| path.is_some()) {
+                return Err(FLAGS.conflict(
+                    flag,
+                    "insecure-plaintext",
+                    "--insecure-plaintext connects without TLS, so no certificate would be used: \
+                     drop --tls-client-cert/--tls-client-key/--tls-ca behind a service mesh, or \
+                     drop --insecure-plaintext to connect with mutual TLS",
+                ));
+            }
+            None
+        } else {
+            let [cert, key, ca] = tls_files.map(|(flag, path)| {
+                path.ok_or_else(|| {
+                    FLAGS.invalid(
+                        flag,
+                        "is required: point it at a readable PEM file (or, only behind a service \
+                         mesh that provides mTLS, pass --insecure-plaintext)",
+                    )
+                })
+                .and_then(|path| FLAGS.readable_file(flag, &path))
+            });
+            Some(ClientTlsFiles {
+                cert: cert?,
+                key: key?,
+                ca: ca?,
+            })
         };
         let tls_server_name = match non_empty(self.tls_server_name) {
             Some(name) => {

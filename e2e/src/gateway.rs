@@ -282,8 +282,50 @@ impl Agent {
         namespace: &str,
         extra: &[&str],
     ) -> anyhow::Result<Agent> {
-        ensure_namespace(&spoke.client().await?, namespace).await?;
         let (cert, key) = pki.agent_files(name);
+        let transport = [
+            "--tls-server-name=localhost".to_string(),
+            format!("--tls-client-cert={}", cert.display()),
+            format!("--tls-client-key={}", key.display()),
+            format!("--tls-ca={}", pki.ca().display()),
+        ];
+        Self::start_with_transport(
+            name,
+            dir,
+            spoke,
+            principal_address,
+            namespace,
+            &transport,
+            extra,
+        )
+        .await
+    }
+
+    /// [`Agent::start`] without TLS (`--insecure-plaintext`), for a principal behind a service
+    /// mesh sidecar at `sidecar_address` that names the agent.
+    pub async fn start_plaintext(
+        name: &str,
+        dir: &Path,
+        spoke: &ControlPlane,
+        sidecar_address: &str,
+        namespace: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Agent> {
+        let transport = ["--insecure-plaintext".to_string()];
+        Self::start_with_transport(name, dir, spoke, sidecar_address, namespace, &transport, extra)
+            .await
+    }
+
+    async fn start_with_transport(
+        name: &str,
+        dir: &Path,
+        spoke: &ControlPlane,
+        principal_address: &str,
+        namespace: &str,
+        transport: &[String],
+        extra: &[&str],
+    ) -> anyhow::Result<Agent> {
+        ensure_namespace(&spoke.client().await?, namespace).await?;
         let ops_port = free_port();
         let spec = ProcessSpec::new(
             format!("agent-{name}"),
@@ -291,11 +333,8 @@ impl Agent {
             dir.join(format!("agent-{name}.log")),
         )
         .arg(format!("--server-address={principal_address}"))
-        .arg("--tls-server-name=localhost")
         .arg("--mode=managed")
-        .arg(format!("--tls-client-cert={}", cert.display()))
-        .arg(format!("--tls-client-key={}", key.display()))
-        .arg(format!("--tls-ca={}", pki.ca().display()))
+        .args(transport.iter().cloned())
         .arg(format!("--namespace={namespace}"))
         .arg(format!(
             "--queue-dir={}",

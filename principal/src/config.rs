@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use argocd_agent_proto::identity::{IdentityPattern, IdentitySource};
+use argocd_agent_proto::identity::{HeaderIdentity, IdentityPattern, IdentitySource};
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, AgentMode, HostPort};
 use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs, TlsPolicyArgs};
@@ -130,8 +130,10 @@ pub struct PrincipalArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub insecure_jwt_generate: bool,
 
-    /// Where the agent name comes from in its client certificate: `mtls` or `mtls:subject:CN`
-    /// (subject common name), or `mtls:uri:<prefix>` (URI SAN starting with prefix, SPIFFE style).
+    /// How agents are identified: `mtls` or `mtls:subject:CN` (client certificate subject common
+    /// name), `mtls:subject:<regex>` / `mtls:uri:<regex>` (first capture group), `mtls:uri:<prefix>`
+    /// (URI SAN starting with prefix, SPIFFE style), or `header:<header-name>:<regex>` (first
+    /// capture group of a request header a service mesh sets; requires --insecure-plaintext).
     #[arg(
         long,
         env = "ARGOCD_PRINCIPAL_AUTH",
@@ -139,7 +141,15 @@ pub struct PrincipalArgs {
         value_name = "METHOD",
         value_parser = parse_auth
     )]
-    pub auth: IdentitySource,
+    pub auth: AuthMethod,
+
+    /// INSECURE: Run the gRPC server without TLS, for a service mesh (e.g. Istio) whose sidecar
+    /// terminates the agents' mTLS and sets the identity header of --auth=header:...; only that
+    /// sidecar may be able to reach --listen-address. The resource proxy keeps its TLS.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_INSECURE_PLAINTEXT", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub insecure_plaintext: bool,
 
     /// Namespace of Argo CD on the hub.
     #[arg(
@@ -432,7 +442,59 @@ impl PrincipalArgs {
 /// is the regex's first capture group; upstream's default `CN=([^,]+)` and plain `mtls` read the
 /// common name), the deprecated `mtls:<regex>` (subject), and our `mtls:uri:<prefix>` (a prefix
 /// without a capture group: the name is the URI's last path segment).
-fn parse_auth(value: &str) -> Result<IdentitySource, String> {
+fn parse_auth(value: &str) -> Result<AuthMethod, String> {
+    if let Some(config) = value.strip_prefix("header:") {
+        return HeaderIdentity::parse(config).map(AuthMethod::Header);
+    }
+    parse_mtls_auth(value).map(AuthMethod::Mtls)
+}
+
+/// How the principal identifies agents (`--auth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// From the verified client certificate of a mutual-TLS connection.
+    Mtls(IdentitySource),
+    /// From a request header a service mesh sets (plaintext listener only).
+    Header(HeaderIdentity),
+}
+
+impl AuthMethod {
+    /// The method name agents send in `AuthRequest.method` (upstream's names).
+    pub fn name(&self) -> &'static str {
+        match self {
+            AuthMethod::Mtls(_) => "mtls",
+            AuthMethod::Header(_) => "header",
+        }
+    }
+}
+
+/// Upstream's `validateAuthTLSPairing`, with its messages: header auth only behind a plaintext
+/// listener (the mesh sidecar terminates mTLS), mtls auth only with TLS.
+fn check_auth_transport(auth: &AuthMethod, insecure_plaintext: bool) -> Result<(), ConfigError> {
+    match (auth, insecure_plaintext) {
+        (AuthMethod::Header(_), false) => Err(FLAGS.conflict(
+            "auth",
+            "insecure-plaintext",
+            "invalid configuration: header-based authentication requires --insecure-plaintext=true. \
+             Header authentication is designed for service mesh environments (e.g., Istio) where \
+             the sidecar terminates mTLS and injects identity headers. Either add \
+             --insecure-plaintext when using header auth behind a service mesh, or use \
+             --auth=mtls:<regex> for direct TLS connections without a service mesh",
+        )),
+        (AuthMethod::Mtls(_), true) => Err(FLAGS.conflict(
+            "auth",
+            "insecure-plaintext",
+            "invalid configuration: mtls authentication cannot be used with --insecure-plaintext. \
+             mTLS authentication requires TLS to be enabled to receive client certificates. \
+             Either remove --insecure-plaintext to enable TLS for mTLS authentication, or use \
+             --auth=header:<header>:<regex> for service mesh environments with plaintext mode",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The `mtls:` forms of `--auth`.
+fn parse_mtls_auth(value: &str) -> Result<IdentitySource, String> {
     let pattern = |re: &str| IdentityPattern::new(re).map_err(|e| format!("{value}: {e}"));
     match value {
         "mtls"
@@ -467,7 +529,8 @@ fn parse_auth(value: &str) -> Result<IdentitySource, String> {
                 "use mtls (agent name = subject CN), mtls:subject:<regex> or mtls:uri:<regex> \
                  (agent name = the regex's first capture group, as upstream), or \
                  mtls:uri:<prefix> (agent name = last path segment of a URI SAN starting with \
-                 <prefix>); header and userpass auth are not supported"
+                 <prefix>), or header:<header-name>:<regex> behind a service mesh \
+                 (with --insecure-plaintext); userpass auth is not supported"
                     .to_string(),
             )
         }
@@ -522,8 +585,10 @@ pub struct PrincipalConfig {
     pub terminal_idle_timeout: Duration,
     /// JWT signing key.
     pub jwt_key: JwtKeySource,
-    /// Where agent names come from in client certificates.
-    pub auth: IdentitySource,
+    /// How agents are identified.
+    pub auth: AuthMethod,
+    /// The gRPC listener serves without TLS (`--insecure-plaintext`, behind a service mesh).
+    pub insecure_plaintext: bool,
     /// Argo CD namespace on the hub.
     pub namespace: String,
     /// Hub namespaces whose Applications are synced (globs); empty = every namespace.
@@ -805,6 +870,8 @@ impl PrincipalArgs {
 
         let label_selector = FLAGS.label_selector(self.label_selector)?;
 
+        check_auth_transport(&self.auth, self.insecure_plaintext)?;
+
         let ha = self.ha.validate(&self.namespace)?;
         Ok(PrincipalConfig {
             listen_address: self.listen_address,
@@ -816,6 +883,7 @@ impl PrincipalArgs {
             terminal_idle_timeout: self.terminal_idle_timeout,
             jwt_key,
             auth: self.auth,
+            insecure_plaintext: self.insecure_plaintext,
             namespace: self.namespace,
             allowed_namespaces,
             namespace_create_enable: self.namespace_create_enable,
@@ -931,7 +999,8 @@ mod tests {
         let config = files.validate(&[]).unwrap();
         assert_eq!(config.listen_address, "0.0.0.0:8443".parse().unwrap());
         assert_eq!(config.tls_policy, TlsPolicy::default());
-        assert_eq!(config.auth, IdentitySource::CommonName);
+        assert_eq!(config.auth, AuthMethod::Mtls(IdentitySource::CommonName));
+        assert!(!config.insecure_plaintext, "plaintext is never the default");
         assert_eq!(
             config.allowed_agent_modes,
             vec![AgentMode::Managed, AgentMode::Autonomous]
@@ -1065,36 +1134,62 @@ mod tests {
 
     #[test]
     fn auth_methods() {
-        assert_eq!(parse_auth("mtls").unwrap(), IdentitySource::CommonName);
+        assert_eq!(parse_mtls_auth("mtls").unwrap(), IdentitySource::CommonName);
         assert_eq!(
-            parse_auth("mtls:CN=([^,]+)").unwrap(),
+            parse_mtls_auth("mtls:CN=([^,]+)").unwrap(),
             IdentitySource::CommonName
         );
         assert_eq!(
-            parse_auth("mtls:uri:spiffe://example.org/agents/").unwrap(),
+            parse_mtls_auth("mtls:uri:spiffe://example.org/agents/").unwrap(),
             IdentitySource::UriSan {
                 prefix: "spiffe://example.org/agents/".to_string()
             }
         );
-        assert!(parse_auth("mtls:uri:").is_err());
-        assert!(parse_auth("userpass:/etc/users").is_err());
+        assert!(parse_mtls_auth("mtls:uri:").is_err());
+        assert!(parse_mtls_auth("userpass:/etc/users").is_err());
         // Upstream's regex forms: the first capture group names the agent.
         assert_eq!(
-            parse_auth("mtls:uri:spiffe://example\\.org/sa/(.+)").unwrap(),
+            parse_mtls_auth("mtls:uri:spiffe://example\\.org/sa/(.+)").unwrap(),
             IdentitySource::UriRegex(
                 IdentityPattern::new("spiffe://example\\.org/sa/(.+)").unwrap()
             )
         );
         assert_eq!(
-            parse_auth("mtls:subject:O=([^,]+)").unwrap(),
+            parse_mtls_auth("mtls:subject:O=([^,]+)").unwrap(),
             IdentitySource::SubjectRegex(IdentityPattern::new("O=([^,]+)").unwrap())
         );
         assert_eq!(
-            parse_auth("mtls:OU=([^,]+)").unwrap(),
+            parse_mtls_auth("mtls:OU=([^,]+)").unwrap(),
             IdentitySource::SubjectRegex(IdentityPattern::new("OU=([^,]+)").unwrap())
         );
-        let err = parse_auth("mtls:subject:CN=.+").unwrap_err();
+        let err = parse_mtls_auth("mtls:subject:CN=.+").unwrap_err();
         assert!(err.contains("no capture group"), "{err}");
+    }
+
+    #[test]
+    fn header_auth_needs_plaintext_and_mtls_refuses_it_as_upstream() {
+        let files = Files::new();
+        let config = files
+            .validate(&["--auth=header:x-agent-id:^(.+)$", "--insecure-plaintext"])
+            .unwrap();
+        assert!(config.insecure_plaintext);
+        assert_eq!(config.auth.name(), "header");
+        let err = files
+            .validate(&["--auth=header:x-agent-id:^(.+)$"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("header-based authentication requires --insecure-plaintext=true"),
+            "{err}"
+        );
+        let err = files
+            .validate(&["--insecure-plaintext=true"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("mtls authentication cannot be used with --insecure-plaintext"),
+            "{err}"
+        );
     }
 
     #[test]
