@@ -28,6 +28,7 @@ use crate::connection::{Connection, ConnectionSettings};
 use crate::managed::{ManagedSettings, ManagedSync};
 use crate::metrics::AgentMetrics;
 use crate::placement::{AppPlacement, PrincipalNamespace};
+use argocd_agent_kube::secret_files;
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::sync::resync::jittered;
 
@@ -71,6 +72,17 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         "argocd-agent started"
     );
 
+    let client = kube_client(&config.kube).await?;
+    // TLS files that come from Secrets are written before they are loaded.
+    let _tls_secrets = secret_files::keep(
+        client.clone(),
+        &config.namespace,
+        &config.tls_secret_dir,
+        config.tls_secrets.clone(),
+        TLS_RELOAD_INTERVAL,
+    )
+    .await
+    .map_err(|e| ConfigProblem(e.to_string()))?;
     let tls = match &config.tls {
         Some(files) => Some(load_tls(files, &config)?),
         None => {
@@ -82,7 +94,6 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             None
         }
     };
-    let client = kube_client(&config.kube).await?;
     let tls_watcher = tls.as_ref().map(|t| t.spawn_watcher(TLS_RELOAD_INTERVAL));
     let expiry_watcher = tls
         .as_ref()

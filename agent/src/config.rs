@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use argocd_agent_kube::secret_files::{self, SecretContent, SecretFile};
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, check_host_name, AgentMode, HostPort};
 use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs, TlsPolicyArgs};
@@ -84,19 +85,40 @@ pub struct AgentArgs {
     )]
     pub mode: AgentMode,
 
-    /// Client certificate (PEM) presented to the principal; its subject/SAN names this agent.
-    /// Required unless --insecure-plaintext.
+    /// Client certificate (PEM) presented to the principal; its subject/SAN names this agent
+    /// [default: tls.crt of --tls-secret-name].
     #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_CERT", value_name = "PATH")]
     pub tls_client_cert: Option<PathBuf>,
 
-    /// Private key (PEM) of the client certificate. Required unless --insecure-plaintext.
+    /// Private key (PEM) of the client certificate [default: tls.key of --tls-secret-name].
     #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_KEY", value_name = "PATH")]
     pub tls_client_key: Option<PathBuf>,
 
-    /// CA bundle (PEM) the principal's server certificate must chain to. Required unless
-    /// --insecure-plaintext.
+    /// CA bundle (PEM) the principal's server certificate must chain to [default: the
+    /// certificates in --root-ca-secret-name].
     #[arg(long, env = "ARGOCD_AGENT_TLS_CA", value_name = "PATH")]
     pub tls_ca: Option<PathBuf>,
+
+    /// kubernetes.io/tls Secret in --namespace holding this agent's client certificate (tls.crt,
+    /// tls.key), read when --tls-client-cert and --tls-client-key are not given; re-read every few
+    /// seconds, so a rotated certificate is used for the next connection.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_TLS_SECRET_NAME",
+        default_value = "argocd-agent-client-tls",
+        value_name = "NAME"
+    )]
+    pub tls_secret_name: String,
+
+    /// Secret in --namespace holding the CA the principal's certificate must chain to (every field
+    /// holding certificates), read when --tls-ca is not given; re-read every few seconds.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_TLS_ROOT_CA_SECRET_NAME",
+        default_value = "argocd-agent-ca",
+        value_name = "NAME"
+    )]
+    pub root_ca_secret_name: String,
 
     /// INSECURE: Connect to the principal without TLS, for a service mesh (e.g. Istio) whose
     /// sidecar provides mTLS and tells the principal who this agent is (the principal runs with
@@ -354,6 +376,11 @@ pub struct AgentConfig {
     pub mode: AgentMode,
     /// TLS files (`None` = `--insecure-plaintext`, behind a service mesh).
     pub tls: Option<ClientTlsFiles>,
+    /// Those of the TLS files that are kept from Secrets (`--tls-secret-name`,
+    /// `--root-ca-secret-name`), written under [`Self::tls_secret_dir`] before they are loaded.
+    pub tls_secrets: Vec<SecretFile>,
+    /// The private directory the Secret-backed files live in.
+    pub tls_secret_dir: PathBuf,
     /// TLS versions and cipher suites.
     pub tls_policy: TlsPolicy,
     /// Local Argo CD namespace.
@@ -538,6 +565,8 @@ impl AgentArgs {
             ("tls-client-key", non_empty(self.tls_client_key)),
             ("tls-ca", non_empty(self.tls_ca)),
         ];
+        let tls_secret_dir = secret_files::private_dir_for("argocd-agent");
+        let mut tls_secrets = Vec::new();
         let tls = if self.insecure_plaintext {
             if let Some((flag, _)) = tls_files.iter().find(|(_, path)| path.is_some()) {
                 return Err(FLAGS.conflict(
@@ -550,21 +579,53 @@ impl AgentArgs {
             }
             None
         } else {
-            let [cert, key, ca] = tls_files.map(|(flag, path)| {
-                path.ok_or_else(|| {
-                    FLAGS.invalid(
+            let [(_, cert), (_, key), (_, ca)] = tls_files;
+            let mut from_secret = |flag: &'static str, name: &str, content: SecretContent| {
+                if name.trim().is_empty() {
+                    return Err(FLAGS.invalid(
                         flag,
-                        "is required: point it at a readable PEM file (or, only behind a service \
-                         mesh that provides mTLS, pass --insecure-plaintext)",
-                    )
-                })
-                .and_then(|path| FLAGS.readable_file(flag, &path))
-            });
-            Some(ClientTlsFiles {
-                cert: cert?,
-                key: key?,
-                ca: ca?,
-            })
+                        "is empty: name the Secret holding the TLS material, or give the PEM files",
+                    ));
+                }
+                let file = SecretFile::new(&tls_secret_dir, flag, name, content);
+                let path = file.path.clone();
+                tls_secrets.push(file);
+                Ok(path)
+            };
+            let (cert, key) =
+                match (cert, key) {
+                    (Some(cert), Some(key)) => (
+                        FLAGS.readable_file("tls-client-cert", &cert)?,
+                        FLAGS.readable_file("tls-client-key", &key)?,
+                    ),
+                    (None, None) => (
+                        from_secret(
+                            "tls-secret-name",
+                            &self.tls_secret_name,
+                            SecretContent::TlsCert,
+                        )?,
+                        from_secret(
+                            "tls-secret-name",
+                            &self.tls_secret_name,
+                            SecretContent::TlsKey,
+                        )?,
+                    ),
+                    _ => return Err(FLAGS.conflict(
+                        "tls-client-cert",
+                        "tls-client-key",
+                        "both --tls-client-cert and --tls-client-key have to be given, or neither \
+                         to read them from the Secret --tls-secret-name",
+                    )),
+                };
+            let ca = match ca {
+                Some(ca) => FLAGS.readable_file("tls-ca", &ca)?,
+                None => from_secret(
+                    "root-ca-secret-name",
+                    &self.root_ca_secret_name,
+                    SecretContent::CaBundle(vec![]),
+                )?,
+            };
+            Some(ClientTlsFiles { cert, key, ca })
         };
         let tls_server_name = match non_empty(self.tls_server_name) {
             Some(name) => {
@@ -680,6 +741,8 @@ impl AgentArgs {
             tls_server_name,
             mode: self.mode,
             tls,
+            tls_secrets,
+            tls_secret_dir,
             tls_policy: self.tls_policy.check(&FLAGS)?,
             namespace: self.namespace,
             allowed_namespaces,

@@ -113,8 +113,13 @@ impl Pki {
             format!("--tls-cert={}", self.dir.join("principal.crt").display()),
             format!("--tls-key={}", self.dir.join("principal.key").display()),
             format!("--tls-ca={}", self.ca().display()),
-            format!("--jwt-key={}", self.dir.join("jwt.key").display()),
+            self.jwt_key_arg(),
         ]
+    }
+
+    /// `--jwt-key` naming this PKI's signing key.
+    pub fn jwt_key_arg(&self) -> String {
+        format!("--jwt-key={}", self.dir.join("jwt.key").display())
     }
 
     /// The CA certificate.
@@ -211,6 +216,19 @@ impl Principal {
         namespace: &str,
         extra: &[&str],
     ) -> anyhow::Result<Principal> {
+        Self::spawn_with_credentials(name, dir, hub, &pki.principal_args(), namespace, extra)
+    }
+
+    /// [`Principal::spawn`] with `credentials` in place of the PKI's file flags (e.g. only
+    /// `--jwt-key`, for a principal that reads its TLS material from Secrets).
+    pub fn spawn_with_credentials(
+        name: &str,
+        dir: &Path,
+        hub: &ControlPlane,
+        credentials: &[String],
+        namespace: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Principal> {
         let grpc_port = free_port();
         let ops_port = free_port();
         let (resource_proxy_port, redis_proxy_port) = (free_port(), free_port());
@@ -228,7 +246,7 @@ impl Principal {
         .arg(format!(
             "--redis-proxy-address=127.0.0.1:{redis_proxy_port}"
         ))
-        .args(pki.principal_args())
+        .args(credentials.iter().cloned())
         .arg(format!("--namespace={namespace}"))
         .arg(format!("--kubeconfig={}", hub.kubeconfig.display()))
         .arg("--enable-operator=false")
@@ -312,11 +330,20 @@ impl Agent {
         extra: &[&str],
     ) -> anyhow::Result<Agent> {
         let transport = ["--insecure-plaintext".to_string()];
-        Self::start_with_transport(name, dir, spoke, sidecar_address, namespace, &transport, extra)
-            .await
+        Self::start_with_transport(
+            name,
+            dir,
+            spoke,
+            sidecar_address,
+            namespace,
+            &transport,
+            extra,
+        )
+        .await
     }
 
-    async fn start_with_transport(
+    /// [`Agent::start`] with `transport` flags in place of the PKI's TLS files and server name.
+    pub async fn start_with_transport(
         name: &str,
         dir: &Path,
         spoke: &ControlPlane,

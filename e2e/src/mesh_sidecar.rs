@@ -51,8 +51,12 @@ impl MeshSidecar {
             // Connections end with the sidecar: dropping the set aborts them.
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((tcp, _)) = listener.accept().await {
-                let (client, header, value, principal) =
-                    (client.clone(), header.clone(), value.clone(), principal.clone());
+                let (client, header, value, principal) = (
+                    client.clone(),
+                    header.clone(),
+                    value.clone(),
+                    principal.clone(),
+                );
                 connections.spawn(async move {
                     let forward = service_fn(move |mut req: Request<Incoming>| {
                         let client = client.clone();

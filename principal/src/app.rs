@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use argocd_agent_kube::secret_files;
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::pb::authapi::authentication_server::AuthenticationServer;
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStreamServer;
@@ -26,10 +27,10 @@ use tonic::codec::CompressionEncoding::Gzip;
 use tracing::{info, warn};
 
 use crate::auth::{AuthPolicy, AuthService, VersionService};
+use crate::config::AuthMethod;
 use crate::config::{JwtKeySource, KubeClientConfig, PrincipalConfig};
 use crate::eventstream::EventStreamService;
 use crate::hub::{Hub, HubOptions};
-use crate::config::AuthMethod;
 use crate::listener::{accept_loop, plaintext_accept_loop};
 use crate::metrics::PrincipalMetrics;
 use crate::sessions::AgentRegistry;
@@ -191,6 +192,15 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
 
     let client = kube_client(&config.kube).await?;
     let issuer = Arc::new(token_issuer(&config)?);
+    // TLS files that come from Secrets are written before anything below loads them.
+    let _tls_secrets = secret_files::keep(
+        client.clone(),
+        &config.namespace,
+        &config.tls_secret_dir,
+        config.tls_secrets.clone(),
+        TLS_RELOAD_INTERVAL,
+    )
+    .await?;
     let tls = if config.insecure_plaintext {
         tracing::warn!(
             listen_address = %config.listen_address,
@@ -375,7 +385,11 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         _ => anyhow::bail!(
             "--auth={} cannot be served {} TLS",
             config.auth.name(),
-            if config.insecure_plaintext { "without" } else { "with" }
+            if config.insecure_plaintext {
+                "without"
+            } else {
+                "with"
+            }
         ),
     };
 

@@ -77,7 +77,11 @@ pub fn caller_agent<T>(req: &Request<T>) -> Result<AgentName, Status> {
 
 /// The auth method name an agent must send in `AuthRequest.method` on `req`'s connection.
 fn expected_method<T>(req: &Request<T>) -> &'static str {
-    match req.extensions().get::<PeerIdentity>().map(|p| &p.credential) {
+    match req
+        .extensions()
+        .get::<PeerIdentity>()
+        .map(|p| &p.credential)
+    {
         Some(PeerCredential::MeshHeader(_)) => "header",
         _ => "mtls",
     }
@@ -152,8 +156,7 @@ impl Authentication for AuthService {
         &self,
         req: Request<AuthRequest>,
     ) -> Result<Response<AuthResponse>, Status> {
-        let agent =
-            caller_agent(&req).inspect_err(|_| self.metrics.auth_failure("certificate"))?;
+        let agent = caller_agent(&req).inspect_err(|_| self.metrics.auth_failure("certificate"))?;
         let body = req.get_ref();
         let expected = expected_method(&req);
         if body.method != expected {
@@ -197,8 +200,7 @@ impl Authentication for AuthService {
         &self,
         req: Request<RefreshTokenRequest>,
     ) -> Result<Response<AuthResponse>, Status> {
-        let agent =
-            caller_agent(&req).inspect_err(|_| self.metrics.auth_failure("certificate"))?;
+        let agent = caller_agent(&req).inspect_err(|_| self.metrics.auth_failure("certificate"))?;
         let subject = self
             .issuer
             .validate(&req.get_ref().refresh_token, AUDIENCE_REFRESH)

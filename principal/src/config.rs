@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use argocd_agent_kube::secret_files::{self, SecretContent, SecretFile};
 use argocd_agent_proto::identity::{HeaderIdentity, IdentityPattern, IdentitySource};
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, AgentMode, HostPort};
@@ -57,17 +58,40 @@ pub struct PrincipalArgs {
     )]
     pub listen_address: SocketAddr,
 
-    /// Server certificate (PEM) of the gRPC listener.
+    /// Server certificate (PEM) of the gRPC listener [default: tls.crt of --tls-secret-name].
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CERT", value_name = "PATH")]
-    pub tls_cert: PathBuf,
+    pub tls_cert: Option<PathBuf>,
 
-    /// Private key (PEM) of the gRPC listener's certificate.
+    /// Private key (PEM) of the gRPC listener's certificate [default: tls.key of
+    /// --tls-secret-name].
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_KEY", value_name = "PATH")]
-    pub tls_key: PathBuf,
+    pub tls_key: Option<PathBuf>,
 
-    /// CA bundle (PEM) that agents' client certificates must chain to.
+    /// CA bundle (PEM) that agents' client certificates must chain to [default: tls.crt and
+    /// ca.crt of --tls-ca-secret-name].
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CA", value_name = "PATH")]
-    pub tls_ca: PathBuf,
+    pub tls_ca: Option<PathBuf>,
+
+    /// kubernetes.io/tls Secret in --namespace holding the gRPC listener's certificate (tls.crt,
+    /// tls.key), read when --tls-cert and --tls-key are not given; re-read every few seconds, so a
+    /// rotated certificate serves new connections.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_TLS_SECRET_NAME",
+        default_value = "argocd-agent-principal-tls",
+        value_name = "NAME"
+    )]
+    pub tls_secret_name: String,
+
+    /// Secret in --namespace holding the CA agents' certificates must chain to (fields tls.crt
+    /// and/or ca.crt), read when --tls-ca is not given; re-read every few seconds.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_SECRET_NAME",
+        default_value = "argocd-agent-ca",
+        value_name = "NAME"
+    )]
+    pub tls_ca_secret_name: String,
 
     #[command(flatten)]
     pub tls_policy: TlsPolicyArgs,
@@ -573,6 +597,11 @@ pub struct PrincipalConfig {
     pub listen_address: SocketAddr,
     /// gRPC listener TLS files.
     pub tls: ServerTlsFiles,
+    /// Those of the TLS files that are kept from Secrets (`--tls-secret-name`,
+    /// `--tls-ca-secret-name`), written under [`Self::tls_secret_dir`] before anything loads them.
+    pub tls_secrets: Vec<SecretFile>,
+    /// The private directory the Secret-backed files live in.
+    pub tls_secret_dir: PathBuf,
     /// TLS versions and cipher suites of every listener.
     pub tls_policy: TlsPolicy,
     /// Longest TLS handshake.
@@ -668,10 +697,57 @@ impl PrincipalArgs {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<PrincipalConfig, ConfigError> {
         let redis_credentials = self.redis.resolve(&FLAGS, env)?;
+        let tls_secret_dir = secret_files::private_dir_for("argocd-principal");
+        let mut tls_secrets = Vec::new();
+        let mut from_secret = |flag: &'static str, name: &str, content: SecretContent| {
+            if name.trim().is_empty() {
+                return Err(FLAGS.invalid(
+                    flag,
+                    "is empty: name the Secret holding the TLS material, or give the PEM files",
+                ));
+            }
+            let file = SecretFile::new(&tls_secret_dir, flag, name, content);
+            let path = file.path.clone();
+            tls_secrets.push(file);
+            Ok::<_, ConfigError>(path)
+        };
+        let (cert, key) =
+            match (non_empty(self.tls_cert), non_empty(self.tls_key)) {
+                (Some(cert), Some(key)) => (
+                    FLAGS.readable_file("tls-cert", &cert)?,
+                    FLAGS.readable_file("tls-key", &key)?,
+                ),
+                (None, None) => (
+                    from_secret(
+                        "tls-secret-name",
+                        &self.tls_secret_name,
+                        SecretContent::TlsCert,
+                    )?,
+                    from_secret(
+                        "tls-secret-name",
+                        &self.tls_secret_name,
+                        SecretContent::TlsKey,
+                    )?,
+                ),
+                _ => return Err(FLAGS.conflict(
+                    "tls-cert",
+                    "tls-key",
+                    "both --tls-cert and --tls-key have to be given, or neither to read them from \
+                     the Secret --tls-secret-name",
+                )),
+            };
+        let client_ca = match non_empty(self.tls_ca) {
+            Some(ca) => FLAGS.readable_file("tls-ca", &ca)?,
+            None => from_secret(
+                "tls-ca-secret-name",
+                &self.tls_ca_secret_name,
+                SecretContent::CaBundle(vec!["tls.crt".into(), "ca.crt".into()]),
+            )?,
+        };
         let tls = ServerTlsFiles {
-            cert: FLAGS.readable_file("tls-cert", &self.tls_cert)?,
-            key: FLAGS.readable_file("tls-key", &self.tls_key)?,
-            client_ca: FLAGS.readable_file("tls-ca", &self.tls_ca)?,
+            cert,
+            key,
+            client_ca,
         };
 
         let jwt_key = match (non_empty(self.jwt_key), self.insecure_jwt_generate) {
@@ -876,6 +952,8 @@ impl PrincipalArgs {
         Ok(PrincipalConfig {
             listen_address: self.listen_address,
             tls,
+            tls_secrets,
+            tls_secret_dir,
             tls_policy: self.tls_policy.check(&FLAGS)?,
             tls_handshake_timeout: self.tls_handshake_timeout,
             request_header_timeout: self.request_header_timeout,

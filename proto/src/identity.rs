@@ -570,7 +570,10 @@ mod tests {
         );
         let e = xfcc.agent_of(Some("Hash=ab")).unwrap_err();
         assert!(matches!(e, HeaderIdentityError::NoMatch { .. }), "{e}");
-        assert!(!e.to_string().contains("Hash=ab"), "the value is not echoed: {e}");
+        assert!(
+            !e.to_string().contains("Hash=ab"),
+            "the value is not echoed: {e}"
+        );
         let plain = HeaderIdentity::parse("x-agent-id:^(.+)$").unwrap();
         assert!(matches!(
             plain.agent_of(Some("Not_A_Label")).unwrap_err(),
