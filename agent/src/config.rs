@@ -30,6 +30,12 @@ pub const ENV_PREFIX: &str = "ARGOCD_AGENT_";
 /// The agent's flags and the env vars mirroring them.
 const FLAGS: FlagEnv = FlagEnv::new(ENV_PREFIX);
 
+/// Upstream's env var for `--root-ca-secret-name`, read when ours is not set.
+pub const UPSTREAM_ROOT_CA_SECRET_ENV: &str = "ARGOCD_AGENT_TLS_ROOT_CA_SECRET_NAME";
+
+/// Default `--root-ca-secret-name` (upstream's).
+pub const DEFAULT_CA_SECRET_NAME: &str = "argocd-agent-ca";
+
 /// Default `--grpc-max-message-size`: 16 MiB (upstream: 200 MB). Must be at least as large as
 /// the largest message the principal sends; raise both together if "message too large" appears.
 pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = binary_config::DEFAULT_GRPC_MAX_MESSAGE_SIZE;
@@ -112,13 +118,10 @@ pub struct AgentArgs {
 
     /// Secret in --namespace holding the CA the principal's certificate must chain to (every field
     /// holding certificates), read when --tls-ca is not given; re-read every few seconds.
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_TLS_ROOT_CA_SECRET_NAME",
-        default_value = "argocd-agent-ca",
-        value_name = "NAME"
-    )]
-    pub root_ca_secret_name: String,
+    /// Upstream's env var ARGOCD_AGENT_TLS_ROOT_CA_SECRET_NAME is read too [default:
+    /// argocd-agent-ca].
+    #[arg(long, env = "ARGOCD_AGENT_ROOT_CA_SECRET_NAME", value_name = "NAME")]
+    pub root_ca_secret_name: Option<String>,
 
     /// INSECURE: Connect to the principal without TLS, for a service mesh (e.g. Istio) whose
     /// sidecar provides mTLS and tells the principal who this agent is (the principal runs with
@@ -554,7 +557,7 @@ impl AgentArgs {
         self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<AgentConfig, ConfigError> {
-        let redis_credentials = self.redis.resolve(&FLAGS, env)?;
+        let redis_credentials = self.redis.resolve(&FLAGS, &env)?;
         let redis_tls = redis_tls(
             self.redis_tls_enabled,
             self.redis_tls_ca_path.clone(),
@@ -565,6 +568,9 @@ impl AgentArgs {
             ("tls-client-key", non_empty(self.tls_client_key)),
             ("tls-ca", non_empty(self.tls_ca)),
         ];
+        let root_ca_secret_name = non_empty(self.root_ca_secret_name)
+            .or_else(|| non_empty(env(UPSTREAM_ROOT_CA_SECRET_ENV)))
+            .unwrap_or_else(|| DEFAULT_CA_SECRET_NAME.to_string());
         let tls_secret_dir = secret_files::private_dir_for("argocd-agent");
         let mut tls_secrets = Vec::new();
         let tls = if self.insecure_plaintext {
@@ -621,7 +627,7 @@ impl AgentArgs {
                 Some(ca) => FLAGS.readable_file("tls-ca", &ca)?,
                 None => from_secret(
                     "root-ca-secret-name",
-                    &self.root_ca_secret_name,
+                    &root_ca_secret_name,
                     SecretContent::CaBundle(vec![]),
                 )?,
             };
@@ -812,6 +818,51 @@ mod tests {
         fn validate(&self, extra: &[&str]) -> Result<AgentConfig, ConfigError> {
             self.args(extra).expect("clap accepts").validate()
         }
+    }
+
+    #[test]
+    fn tls_from_upstreams_secrets_unless_files_and_none_in_plaintext() {
+        let files = Files::new();
+        let bare = |extra: &[&str], env: &[(&str, &str)]| {
+            let mut argv = vec![
+                "argocd-agent".to_string(),
+                "--server-address=principal.example.com:8443".to_string(),
+                format!("--queue-dir={}", files.path("queue")),
+            ];
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            AgentArgs::try_parse_from(argv)
+                .unwrap()
+                .validate_with_env(env_of(env))
+        };
+        let config = bare(&[], &[]).unwrap();
+        let secrets: Vec<(&str, &str)> = config
+            .tls_secrets
+            .iter()
+            .map(|f| (f.flag, f.secret.as_str()))
+            .collect();
+        assert_eq!(
+            secrets,
+            [
+                ("tls-secret-name", "argocd-agent-client-tls"),
+                ("tls-secret-name", "argocd-agent-client-tls"),
+                ("root-ca-secret-name", "argocd-agent-ca"),
+            ]
+        );
+        let upstream = [(UPSTREAM_ROOT_CA_SECRET_ENV, "upstream-ca")];
+        assert_eq!(
+            bare(&[], &upstream).unwrap().tls_secrets[2].secret,
+            "upstream-ca"
+        );
+        assert!(files.validate(&[]).unwrap().tls_secrets.is_empty());
+        // Plaintext behind a mesh: no TLS at all, and never by default.
+        assert!(config.tls.is_some());
+        let plaintext = bare(&["--insecure-plaintext"], &[]).unwrap();
+        assert!(plaintext.tls.is_none() && plaintext.tls_secrets.is_empty());
+        let err = files
+            .validate(&["--insecure-plaintext"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("drop --tls-client-cert"), "{err}");
     }
 
     #[test]

@@ -247,3 +247,49 @@ impl Version for VersionService {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use argocd_agent_proto::identity::{AgentIdentity, HeaderIdentity};
+
+    fn request(credential: PeerCredential, header: Option<&str>) -> Request<()> {
+        let mut req = Request::new(());
+        if let Some(value) = header {
+            req.metadata_mut()
+                .insert("x-agent-id", value.parse().unwrap());
+        }
+        req.extensions_mut().insert(PeerIdentity {
+            credential,
+            remote: None,
+        });
+        req
+    }
+
+    #[test]
+    fn the_header_names_the_agent_only_on_the_mesh_listener() {
+        let rule = Arc::new(HeaderIdentity::parse("x-agent-id:^(.+)$").unwrap());
+        let mesh = request(PeerCredential::MeshHeader(rule.clone()), Some("agent-b"));
+        assert_eq!(caller_agent(&mesh).unwrap().as_str(), "agent-b");
+        assert_eq!(expected_method(&mesh), "header");
+        let missing = request(PeerCredential::MeshHeader(rule), None);
+        assert_eq!(
+            caller_agent(&missing).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        // On a TLS connection the certificate decides, whatever header the client sends.
+        let cert = AgentIdentity {
+            name: AgentName::new("agent-a").unwrap(),
+            fingerprint: "AA".into(),
+            not_after: chrono::Utc::now(),
+        };
+        let tls = request(PeerCredential::Certificate(Ok(cert)), Some("agent-b"));
+        assert_eq!(caller_agent(&tls).unwrap().as_str(), "agent-a");
+        assert_eq!(expected_method(&tls), "mtls");
+        let refused = request(
+            PeerCredential::Certificate(Err("no client certificate presented".into())),
+            Some("agent-b"),
+        );
+        assert!(caller_agent(&refused).is_err());
+    }
+}

@@ -36,6 +36,12 @@ const FLAGS: FlagEnv = FlagEnv::new(ENV_PREFIX);
 /// room for large Applications. Raise it if agents report "message too large".
 pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = binary_config::DEFAULT_GRPC_MAX_MESSAGE_SIZE;
 
+/// Upstream's env var for `--tls-ca-secret-name`, read when ours is not set.
+pub const UPSTREAM_TLS_CA_SECRET_ENV: &str = "ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_SECRET_NAME";
+
+/// Default `--tls-ca-secret-name` (upstream's).
+pub const DEFAULT_CA_SECRET_NAME: &str = "argocd-agent-ca";
+
 /// The env var that mirrors `--<flag>`.
 pub fn env_var_for(flag: &str) -> String {
     FLAGS.env_var_for(flag)
@@ -84,14 +90,10 @@ pub struct PrincipalArgs {
     pub tls_secret_name: String,
 
     /// Secret in --namespace holding the CA agents' certificates must chain to (fields tls.crt
-    /// and/or ca.crt), read when --tls-ca is not given; re-read every few seconds.
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_SECRET_NAME",
-        default_value = "argocd-agent-ca",
-        value_name = "NAME"
-    )]
-    pub tls_ca_secret_name: String,
+    /// and/or ca.crt), read when --tls-ca is not given; re-read every few seconds. Upstream's env
+    /// var ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_SECRET_NAME is read too [default: argocd-agent-ca].
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CA_SECRET_NAME", value_name = "NAME")]
+    pub tls_ca_secret_name: Option<String>,
 
     #[command(flatten)]
     pub tls_policy: TlsPolicyArgs,
@@ -696,7 +698,10 @@ impl PrincipalArgs {
         self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<PrincipalConfig, ConfigError> {
-        let redis_credentials = self.redis.resolve(&FLAGS, env)?;
+        let redis_credentials = self.redis.resolve(&FLAGS, &env)?;
+        let tls_ca_secret_name = non_empty(self.tls_ca_secret_name)
+            .or_else(|| non_empty(env(UPSTREAM_TLS_CA_SECRET_ENV)))
+            .unwrap_or_else(|| DEFAULT_CA_SECRET_NAME.to_string());
         let tls_secret_dir = secret_files::private_dir_for("argocd-principal");
         let mut tls_secrets = Vec::new();
         let mut from_secret = |flag: &'static str, name: &str, content: SecretContent| {
@@ -740,7 +745,7 @@ impl PrincipalArgs {
             Some(ca) => FLAGS.readable_file("tls-ca", &ca)?,
             None => from_secret(
                 "tls-ca-secret-name",
-                &self.tls_ca_secret_name,
+                &tls_ca_secret_name,
                 SecretContent::CaBundle(vec!["tls.crt".into(), "ca.crt".into()]),
             )?,
         };
@@ -1242,6 +1247,60 @@ mod tests {
         );
         let err = parse_mtls_auth("mtls:subject:CN=.+").unwrap_err();
         assert!(err.contains("no capture group"), "{err}");
+    }
+
+    #[test]
+    fn tls_comes_from_upstreams_secrets_unless_files_are_given() {
+        let files = Files::new();
+        let from_secrets = |extra: &[&str], env: &[(&str, &str)]| {
+            let mut argv = vec![
+                "argocd-principal".to_string(),
+                format!("--jwt-key={}", files.path("jwt.key")),
+                "--namespace=argocd".to_string(),
+            ];
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            PrincipalArgs::try_parse_from(argv)
+                .unwrap()
+                .validate_with_env(env_of(env))
+        };
+        let config = from_secrets(&[], &[]).unwrap();
+        let secrets: Vec<(&str, &str)> = config
+            .tls_secrets
+            .iter()
+            .map(|f| (f.flag, f.secret.as_str()))
+            .collect();
+        assert_eq!(
+            secrets,
+            [
+                ("tls-secret-name", "argocd-agent-principal-tls"),
+                ("tls-secret-name", "argocd-agent-principal-tls"),
+                ("tls-ca-secret-name", "argocd-agent-ca"),
+            ]
+        );
+        assert!(config.tls.cert.starts_with(&config.tls_secret_dir));
+        assert_eq!(
+            config.resource_proxy.unwrap().tls,
+            config.tls,
+            "the resource proxy falls back to the same material"
+        );
+        // Upstream's env var for the CA Secret is honoured; ours wins over it.
+        let upstream = [(UPSTREAM_TLS_CA_SECRET_ENV, "upstream-ca")];
+        let config = from_secrets(&[], &upstream).unwrap();
+        assert_eq!(config.tls_secrets[2].secret, "upstream-ca");
+        let config = from_secrets(&["--tls-ca-secret-name=ours-ca"], &upstream).unwrap();
+        assert_eq!(config.tls_secrets[2].secret, "ours-ca");
+        // Files given: no Secret for them.
+        let config = from_secrets(&[&format!("--tls-ca={}", files.path("ca.crt"))], &[]).unwrap();
+        assert_eq!(config.tls_secrets.len(), 2);
+        assert!(files.validate(&[]).unwrap().tls_secrets.is_empty());
+        // Half a key pair is refused as upstream does.
+        let err = from_secrets(&[&format!("--tls-cert={}", files.path("tls.crt"))], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("both --tls-cert and --tls-key have to be given"),
+            "{err}"
+        );
     }
 
     #[test]
