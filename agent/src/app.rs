@@ -23,11 +23,12 @@ use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
 
 use crate::autonomous::AutonomousSync;
-use crate::config::{AgentConfig, KubeClientConfig};
+use crate::config::{AgentConfig, ClientTlsFiles, KubeClientConfig};
 use crate::connection::{Connection, ConnectionSettings};
 use crate::managed::{ManagedSettings, ManagedSync};
 use crate::metrics::AgentMetrics;
 use crate::placement::{AppPlacement, PrincipalNamespace};
+use argocd_agent_kube::secret_files;
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::sync::resync::jittered;
 
@@ -71,10 +72,32 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         "argocd-agent started"
     );
 
-    let tls = load_tls(&config)?;
     let client = kube_client(&config.kube).await?;
-    let tls_watcher = tls.spawn_watcher(TLS_RELOAD_INTERVAL);
-    let expiry_watcher = certificate_expiry.watch("client", &tls, expiry::CHECK_INTERVAL);
+    // TLS files that come from Secrets are written before they are loaded.
+    let _tls_secrets = secret_files::keep(
+        client.clone(),
+        &config.namespace,
+        &config.tls_secret_dir,
+        config.tls_secrets.clone(),
+        TLS_RELOAD_INTERVAL,
+    )
+    .await
+    .map_err(|e| ConfigProblem(e.to_string()))?;
+    let tls = match &config.tls {
+        Some(files) => Some(load_tls(files, &config)?),
+        None => {
+            warn!(
+                principal = %config.server_address,
+                "INSECURE: connecting to the principal WITHOUT TLS (--insecure-plaintext); ensure \
+                 Istio or a similar service mesh provides mTLS and names this agent to the principal"
+            );
+            None
+        }
+    };
+    let tls_watcher = tls.as_ref().map(|t| t.spawn_watcher(TLS_RELOAD_INTERVAL));
+    let expiry_watcher = tls
+        .as_ref()
+        .map(|t| certificate_expiry.watch("client", t, expiry::CHECK_INTERVAL));
 
     let outbox_config = OutboxConfig {
         resends: metrics.event_resends.clone(),
@@ -194,8 +217,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     if let Some(c) = cache_info {
         c.abort();
     }
-    tls_watcher.abort();
-    expiry_watcher.abort();
+    for watcher in tls_watcher.into_iter().chain(expiry_watcher) {
+        watcher.abort();
+    }
     let _ = stop_ops.send(());
     ops.wait().await?;
     outcome
@@ -228,9 +252,12 @@ fn timed<H: EventHandler>(handler: Arc<H>, metrics: &AgentMetrics) -> Arc<Instru
     ))
 }
 
-fn load_tls(config: &AgentConfig) -> Result<ReloadingClientConfig, ConfigProblem> {
-    let options = ClientTlsOptions::new(&config.tls.ca)
-        .with_client_cert(&config.tls.cert, &config.tls.key)
+fn load_tls(
+    files: &ClientTlsFiles,
+    config: &AgentConfig,
+) -> Result<ReloadingClientConfig, ConfigProblem> {
+    let options = ClientTlsOptions::new(&files.ca)
+        .with_client_cert(&files.cert, &files.key)
         .with_alpn(&[ALPN_H2])
         .with_policy(config.tls_policy.clone());
     ReloadingClientConfig::load(options).map_err(|e| {

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use argocd_agent_kube::secret_files::{self, SecretContent, SecretFile};
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, check_host_name, AgentMode, HostPort};
 use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs, TlsPolicyArgs};
@@ -28,6 +29,12 @@ pub const ENV_PREFIX: &str = "ARGOCD_AGENT_";
 
 /// The agent's flags and the env vars mirroring them.
 const FLAGS: FlagEnv = FlagEnv::new(ENV_PREFIX);
+
+/// Upstream's env var for `--root-ca-secret-name`, read when ours is not set.
+pub const UPSTREAM_ROOT_CA_SECRET_ENV: &str = "ARGOCD_AGENT_TLS_ROOT_CA_SECRET_NAME";
+
+/// Default `--root-ca-secret-name` (upstream's).
+pub const DEFAULT_CA_SECRET_NAME: &str = "argocd-agent-ca";
 
 /// Default `--grpc-max-message-size`: 16 MiB (upstream: 200 MB). Must be at least as large as
 /// the largest message the principal sends; raise both together if "message too large" appears.
@@ -84,17 +91,46 @@ pub struct AgentArgs {
     )]
     pub mode: AgentMode,
 
-    /// Client certificate (PEM) presented to the principal; its subject/SAN names this agent.
+    /// Client certificate (PEM) presented to the principal; its subject/SAN names this agent
+    /// [default: tls.crt of --tls-secret-name].
     #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_CERT", value_name = "PATH")]
-    pub tls_client_cert: PathBuf,
+    pub tls_client_cert: Option<PathBuf>,
 
-    /// Private key (PEM) of the client certificate.
+    /// Private key (PEM) of the client certificate [default: tls.key of --tls-secret-name].
     #[arg(long, env = "ARGOCD_AGENT_TLS_CLIENT_KEY", value_name = "PATH")]
-    pub tls_client_key: PathBuf,
+    pub tls_client_key: Option<PathBuf>,
 
-    /// CA bundle (PEM) the principal's server certificate must chain to.
+    /// CA bundle (PEM) the principal's server certificate must chain to [default: the
+    /// certificates in --root-ca-secret-name].
     #[arg(long, env = "ARGOCD_AGENT_TLS_CA", value_name = "PATH")]
-    pub tls_ca: PathBuf,
+    pub tls_ca: Option<PathBuf>,
+
+    /// kubernetes.io/tls Secret in --namespace holding this agent's client certificate (tls.crt,
+    /// tls.key), read when --tls-client-cert and --tls-client-key are not given; re-read every few
+    /// seconds, so a rotated certificate is used for the next connection.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_TLS_SECRET_NAME",
+        default_value = "argocd-agent-client-tls",
+        value_name = "NAME"
+    )]
+    pub tls_secret_name: String,
+
+    /// Secret in --namespace holding the CA the principal's certificate must chain to (every field
+    /// holding certificates), read when --tls-ca is not given; re-read every few seconds.
+    /// Upstream's env var ARGOCD_AGENT_TLS_ROOT_CA_SECRET_NAME is read too [default:
+    /// argocd-agent-ca].
+    #[arg(long, env = "ARGOCD_AGENT_ROOT_CA_SECRET_NAME", value_name = "NAME")]
+    pub root_ca_secret_name: Option<String>,
+
+    /// INSECURE: Connect to the principal without TLS, for a service mesh (e.g. Istio) whose
+    /// sidecar provides mTLS and tells the principal who this agent is (the principal runs with
+    /// --insecure-plaintext and --auth=header:...); the agent logs in with auth method "header".
+    /// Refused together with the --tls-client-cert/--tls-client-key/--tls-ca files.
+    #[arg(long, env = "ARGOCD_AGENT_INSECURE_PLAINTEXT", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub insecure_plaintext: bool,
 
     #[command(flatten)]
     pub tls_policy: TlsPolicyArgs,
@@ -341,8 +377,13 @@ pub struct AgentConfig {
     pub tls_server_name: String,
     /// Operating mode.
     pub mode: AgentMode,
-    /// TLS files.
-    pub tls: ClientTlsFiles,
+    /// TLS files (`None` = `--insecure-plaintext`, behind a service mesh).
+    pub tls: Option<ClientTlsFiles>,
+    /// Those of the TLS files that are kept from Secrets (`--tls-secret-name`,
+    /// `--root-ca-secret-name`), written under [`Self::tls_secret_dir`] before they are loaded.
+    pub tls_secrets: Vec<SecretFile>,
+    /// The private directory the Secret-backed files live in.
+    pub tls_secret_dir: PathBuf,
     /// TLS versions and cipher suites.
     pub tls_policy: TlsPolicy,
     /// Local Argo CD namespace.
@@ -516,16 +557,81 @@ impl AgentArgs {
         self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<AgentConfig, ConfigError> {
-        let redis_credentials = self.redis.resolve(&FLAGS, env)?;
+        let redis_credentials = self.redis.resolve(&FLAGS, &env)?;
         let redis_tls = redis_tls(
             self.redis_tls_enabled,
             self.redis_tls_ca_path.clone(),
             self.redis_tls_insecure,
         )?;
-        let tls = ClientTlsFiles {
-            cert: FLAGS.readable_file("tls-client-cert", &self.tls_client_cert)?,
-            key: FLAGS.readable_file("tls-client-key", &self.tls_client_key)?,
-            ca: FLAGS.readable_file("tls-ca", &self.tls_ca)?,
+        let tls_files = [
+            ("tls-client-cert", non_empty(self.tls_client_cert)),
+            ("tls-client-key", non_empty(self.tls_client_key)),
+            ("tls-ca", non_empty(self.tls_ca)),
+        ];
+        let root_ca_secret_name = non_empty(self.root_ca_secret_name)
+            .or_else(|| non_empty(env(UPSTREAM_ROOT_CA_SECRET_ENV)))
+            .unwrap_or_else(|| DEFAULT_CA_SECRET_NAME.to_string());
+        let tls_secret_dir = secret_files::private_dir_for("argocd-agent");
+        let mut tls_secrets = Vec::new();
+        let tls = if self.insecure_plaintext {
+            if let Some((flag, _)) = tls_files.iter().find(|(_, path)| path.is_some()) {
+                return Err(FLAGS.conflict(
+                    flag,
+                    "insecure-plaintext",
+                    "--insecure-plaintext connects without TLS, so no certificate would be used: \
+                     drop --tls-client-cert/--tls-client-key/--tls-ca behind a service mesh, or \
+                     drop --insecure-plaintext to connect with mutual TLS",
+                ));
+            }
+            None
+        } else {
+            let [(_, cert), (_, key), (_, ca)] = tls_files;
+            let mut from_secret = |flag: &'static str, name: &str, content: SecretContent| {
+                if name.trim().is_empty() {
+                    return Err(FLAGS.invalid(
+                        flag,
+                        "is empty: name the Secret holding the TLS material, or give the PEM files",
+                    ));
+                }
+                let file = SecretFile::new(&tls_secret_dir, flag, name, content);
+                let path = file.path.clone();
+                tls_secrets.push(file);
+                Ok(path)
+            };
+            let (cert, key) =
+                match (cert, key) {
+                    (Some(cert), Some(key)) => (
+                        FLAGS.readable_file("tls-client-cert", &cert)?,
+                        FLAGS.readable_file("tls-client-key", &key)?,
+                    ),
+                    (None, None) => (
+                        from_secret(
+                            "tls-secret-name",
+                            &self.tls_secret_name,
+                            SecretContent::TlsCert,
+                        )?,
+                        from_secret(
+                            "tls-secret-name",
+                            &self.tls_secret_name,
+                            SecretContent::TlsKey,
+                        )?,
+                    ),
+                    _ => return Err(FLAGS.conflict(
+                        "tls-client-cert",
+                        "tls-client-key",
+                        "both --tls-client-cert and --tls-client-key have to be given, or neither \
+                         to read them from the Secret --tls-secret-name",
+                    )),
+                };
+            let ca = match ca {
+                Some(ca) => FLAGS.readable_file("tls-ca", &ca)?,
+                None => from_secret(
+                    "root-ca-secret-name",
+                    &root_ca_secret_name,
+                    SecretContent::CaBundle(vec![]),
+                )?,
+            };
+            Some(ClientTlsFiles { cert, key, ca })
         };
         let tls_server_name = match non_empty(self.tls_server_name) {
             Some(name) => {
@@ -641,6 +747,8 @@ impl AgentArgs {
             tls_server_name,
             mode: self.mode,
             tls,
+            tls_secrets,
+            tls_secret_dir,
             tls_policy: self.tls_policy.check(&FLAGS)?,
             namespace: self.namespace,
             allowed_namespaces,
@@ -710,6 +818,51 @@ mod tests {
         fn validate(&self, extra: &[&str]) -> Result<AgentConfig, ConfigError> {
             self.args(extra).expect("clap accepts").validate()
         }
+    }
+
+    #[test]
+    fn tls_from_upstreams_secrets_unless_files_and_none_in_plaintext() {
+        let files = Files::new();
+        let bare = |extra: &[&str], env: &[(&str, &str)]| {
+            let mut argv = vec![
+                "argocd-agent".to_string(),
+                "--server-address=principal.example.com:8443".to_string(),
+                format!("--queue-dir={}", files.path("queue")),
+            ];
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            AgentArgs::try_parse_from(argv)
+                .unwrap()
+                .validate_with_env(env_of(env))
+        };
+        let config = bare(&[], &[]).unwrap();
+        let secrets: Vec<(&str, &str)> = config
+            .tls_secrets
+            .iter()
+            .map(|f| (f.flag, f.secret.as_str()))
+            .collect();
+        assert_eq!(
+            secrets,
+            [
+                ("tls-secret-name", "argocd-agent-client-tls"),
+                ("tls-secret-name", "argocd-agent-client-tls"),
+                ("root-ca-secret-name", "argocd-agent-ca"),
+            ]
+        );
+        let upstream = [(UPSTREAM_ROOT_CA_SECRET_ENV, "upstream-ca")];
+        assert_eq!(
+            bare(&[], &upstream).unwrap().tls_secrets[2].secret,
+            "upstream-ca"
+        );
+        assert!(files.validate(&[]).unwrap().tls_secrets.is_empty());
+        // Plaintext behind a mesh: no TLS at all, and never by default.
+        assert!(config.tls.is_some());
+        let plaintext = bare(&["--insecure-plaintext"], &[]).unwrap();
+        assert!(plaintext.tls.is_none() && plaintext.tls_secrets.is_empty());
+        let err = files
+            .validate(&["--insecure-plaintext"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("drop --tls-client-cert"), "{err}");
     }
 
     #[test]

@@ -29,7 +29,9 @@ use argocd_agent_proto::pb::versionapi::version_client::VersionClient;
 use argocd_agent_proto::pb::versionapi::VersionRequest;
 use argocd_agent_proto::sync::{run_stream, EventHandler, Lanes, Outbox, StreamEnd};
 use argocd_agent_proto::version::{auth_version_for, check_compatible};
-use argocd_agent_runtime::dial::{dial_grpc, rustls_error_in, GrpcDialOptions, TlsTarget};
+use argocd_agent_runtime::dial::{
+    dial_grpc, dial_grpc_plaintext, rustls_error_in, GrpcDialOptions, TlsTarget,
+};
 use argocd_agent_runtime::flags::{format_duration, AgentMode, HostPort};
 use argocd_agent_runtime::telemetry::HealthState;
 use argocd_agent_runtime::tls::ReloadingClientConfig;
@@ -52,6 +54,9 @@ pub use token::{jwt_expiry, SessionTokens, TokenStep};
 
 /// Authentication method sent in `AuthRequest.method` (the credential is the client certificate).
 pub const AUTH_METHOD_MTLS: &str = "mtls";
+/// `AuthRequest.method` behind a service mesh (`--insecure-plaintext`): the principal reads this
+/// agent's name from the header the mesh sidecar sets (upstream agents' `--creds=header:`).
+pub const AUTH_METHOD_HEADER: &str = "header";
 /// Limit on TCP connect + TLS handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// Limit on each unary auth call and on opening the stream.
@@ -365,7 +370,8 @@ impl PrincipalLink {
 /// shutdown, reconnecting as needed. The [`Outbox`] outlives every stream.
 pub struct Connection {
     settings: ConnectionSettings,
-    tls: ReloadingClientConfig,
+    /// Client TLS; `None` = `--insecure-plaintext` (a service mesh secures the link).
+    tls: Option<ReloadingClientConfig>,
     outbox: Arc<Outbox>,
     metrics: AgentMetrics,
     health: HealthState,
@@ -380,7 +386,7 @@ impl Connection {
     /// A connection that has not dialled yet.
     pub fn new(
         settings: ConnectionSettings,
-        tls: ReloadingClientConfig,
+        tls: Option<ReloadingClientConfig>,
         outbox: Arc<Outbox>,
         metrics: AgentMetrics,
         health: HealthState,
@@ -618,9 +624,19 @@ impl Connection {
         }
     }
 
-    /// Opens the HTTP/2 connection: TCP, TLS (ALPN h2, SNI), keepalive.
+    /// Opens the HTTP/2 connection: TCP, TLS (ALPN h2, SNI), keepalive; without TLS under
+    /// `--insecure-plaintext`.
     async fn dial(&self) -> Result<Channel, Failure> {
         let s = &self.settings;
+        let options = GrpcDialOptions {
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            keepalive: s.keepalive,
+        };
+        let Some(tls) = &self.tls else {
+            return dial_grpc_plaintext(&s.server.to_string(), options)
+                .await
+                .map_err(|e| classify_transport(&e));
+        };
         let server_name = ServerName::try_from(s.server_name.clone()).map_err(|e| {
             Failure::transient(
                 Stage::Connect,
@@ -628,11 +644,7 @@ impl Connection {
             )
         })?;
         let target = TlsTarget::new(s.server.to_string(), server_name);
-        let options = GrpcDialOptions {
-            connect_timeout: Some(CONNECT_TIMEOUT),
-            keepalive: s.keepalive,
-        };
-        dial_grpc(&target, self.tls.clone(), options)
+        dial_grpc(&target, tls.clone(), options)
             .await
             .map_err(|e| classify_transport(&e))
     }
@@ -689,7 +701,12 @@ impl Connection {
         // (the Version RPC needs no authentication). No answer: send ours.
         let principal_version = principal_version(channel, self.settings.compression).await;
         let req = AuthRequest {
-            method: AUTH_METHOD_MTLS.to_string(),
+            method: if self.tls.is_some() {
+                AUTH_METHOD_MTLS
+            } else {
+                AUTH_METHOD_HEADER
+            }
+            .to_string(),
             credentials: Default::default(),
             mode: self.settings.mode.as_str().to_string(),
             version: auth_version_for(principal_version.as_deref()),

@@ -113,8 +113,13 @@ impl Pki {
             format!("--tls-cert={}", self.dir.join("principal.crt").display()),
             format!("--tls-key={}", self.dir.join("principal.key").display()),
             format!("--tls-ca={}", self.ca().display()),
-            format!("--jwt-key={}", self.dir.join("jwt.key").display()),
+            self.jwt_key_arg(),
         ]
+    }
+
+    /// `--jwt-key` naming this PKI's signing key.
+    pub fn jwt_key_arg(&self) -> String {
+        format!("--jwt-key={}", self.dir.join("jwt.key").display())
     }
 
     /// The CA certificate.
@@ -211,6 +216,19 @@ impl Principal {
         namespace: &str,
         extra: &[&str],
     ) -> anyhow::Result<Principal> {
+        Self::spawn_with_credentials(name, dir, hub, &pki.principal_args(), namespace, extra)
+    }
+
+    /// [`Principal::spawn`] with `credentials` in place of the PKI's file flags (e.g. only
+    /// `--jwt-key`, for a principal that reads its TLS material from Secrets).
+    pub fn spawn_with_credentials(
+        name: &str,
+        dir: &Path,
+        hub: &ControlPlane,
+        credentials: &[String],
+        namespace: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Principal> {
         let grpc_port = free_port();
         let ops_port = free_port();
         let (resource_proxy_port, redis_proxy_port) = (free_port(), free_port());
@@ -228,7 +246,7 @@ impl Principal {
         .arg(format!(
             "--redis-proxy-address=127.0.0.1:{redis_proxy_port}"
         ))
-        .args(pki.principal_args())
+        .args(credentials.iter().cloned())
         .arg(format!("--namespace={namespace}"))
         .arg(format!("--kubeconfig={}", hub.kubeconfig.display()))
         .arg("--enable-operator=false")
@@ -282,8 +300,59 @@ impl Agent {
         namespace: &str,
         extra: &[&str],
     ) -> anyhow::Result<Agent> {
-        ensure_namespace(&spoke.client().await?, namespace).await?;
         let (cert, key) = pki.agent_files(name);
+        let transport = [
+            "--tls-server-name=localhost".to_string(),
+            format!("--tls-client-cert={}", cert.display()),
+            format!("--tls-client-key={}", key.display()),
+            format!("--tls-ca={}", pki.ca().display()),
+        ];
+        Self::start_with_transport(
+            name,
+            dir,
+            spoke,
+            principal_address,
+            namespace,
+            &transport,
+            extra,
+        )
+        .await
+    }
+
+    /// [`Agent::start`] without TLS (`--insecure-plaintext`), for a principal behind a service
+    /// mesh sidecar at `sidecar_address` that names the agent.
+    pub async fn start_plaintext(
+        name: &str,
+        dir: &Path,
+        spoke: &ControlPlane,
+        sidecar_address: &str,
+        namespace: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Agent> {
+        let transport = ["--insecure-plaintext".to_string()];
+        Self::start_with_transport(
+            name,
+            dir,
+            spoke,
+            sidecar_address,
+            namespace,
+            &transport,
+            extra,
+        )
+        .await
+    }
+
+    /// [`Agent::start`] with `transport` flags in place of the PKI's TLS files and server name.
+    pub async fn start_with_transport(
+        name: &str,
+        dir: &Path,
+        spoke: &ControlPlane,
+        principal_address: &str,
+        namespace: &str,
+        transport: &[String],
+        extra: &[&str],
+    ) -> anyhow::Result<Agent> {
+        ensure_namespace(&spoke.client().await?, namespace).await?;
         let ops_port = free_port();
         let spec = ProcessSpec::new(
             format!("agent-{name}"),
@@ -291,11 +360,8 @@ impl Agent {
             dir.join(format!("agent-{name}.log")),
         )
         .arg(format!("--server-address={principal_address}"))
-        .arg("--tls-server-name=localhost")
         .arg("--mode=managed")
-        .arg(format!("--tls-client-cert={}", cert.display()))
-        .arg(format!("--tls-client-key={}", key.display()))
-        .arg(format!("--tls-ca={}", pki.ca().display()))
+        .args(transport.iter().cloned())
         .arg(format!("--namespace={namespace}"))
         .arg(format!(
             "--queue-dir={}",

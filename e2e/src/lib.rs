@@ -20,6 +20,7 @@ pub mod git_server;
 pub mod helm;
 pub mod kubelet;
 pub mod kubelet_exec;
+pub mod mesh_sidecar;
 pub mod metrics;
 pub mod ocm;
 pub mod otlp_collector;

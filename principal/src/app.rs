@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use argocd_agent_kube::secret_files;
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::pb::authapi::authentication_server::AuthenticationServer;
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStreamServer;
@@ -26,10 +27,11 @@ use tonic::codec::CompressionEncoding::Gzip;
 use tracing::{info, warn};
 
 use crate::auth::{AuthPolicy, AuthService, VersionService};
+use crate::config::AuthMethod;
 use crate::config::{JwtKeySource, KubeClientConfig, PrincipalConfig};
 use crate::eventstream::EventStreamService;
 use crate::hub::{Hub, HubOptions};
-use crate::listener::accept_loop;
+use crate::listener::{accept_loop, plaintext_accept_loop};
 use crate::metrics::PrincipalMetrics;
 use crate::sessions::AgentRegistry;
 use crate::tokens::TokenIssuer;
@@ -190,15 +192,38 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
 
     let client = kube_client(&config.kube).await?;
     let issuer = Arc::new(token_issuer(&config)?);
-    let tls = ReloadingServerConfig::load(
-        ServerTlsOptions::new(&config.tls.cert, &config.tls.key)
-            .require_client_certs(&config.tls.client_ca)
-            .with_alpn(&[b"h2"])
-            .with_policy(config.tls_policy.clone()),
+    // TLS files that come from Secrets are written before anything below loads them.
+    let _tls_secrets = secret_files::keep(
+        client.clone(),
+        &config.namespace,
+        &config.tls_secret_dir,
+        config.tls_secrets.clone(),
+        TLS_RELOAD_INTERVAL,
     )
-    .context("loading the gRPC listener's TLS files")?;
-    let _tls_watcher = tls.spawn_watcher(TLS_RELOAD_INTERVAL);
-    let _tls_expiry = certificate_expiry.watch("grpc", &tls, expiry::CHECK_INTERVAL);
+    .await?;
+    let tls = if config.insecure_plaintext {
+        tracing::warn!(
+            listen_address = %config.listen_address,
+            "INSECURE: the agent gRPC listener runs WITHOUT TLS (--insecure-plaintext): agents are \
+             named by the service mesh's identity header, so nothing but the mesh sidecar may be \
+             able to reach this address; ensure Istio or a similar service mesh provides mTLS"
+        );
+        None
+    } else {
+        Some(
+            ReloadingServerConfig::load(
+                ServerTlsOptions::new(&config.tls.cert, &config.tls.key)
+                    .require_client_certs(&config.tls.client_ca)
+                    .with_alpn(&[b"h2"])
+                    .with_policy(config.tls_policy.clone()),
+            )
+            .context("loading the gRPC listener's TLS files")?,
+        )
+    };
+    let _tls_watcher = tls.as_ref().map(|t| t.spawn_watcher(TLS_RELOAD_INTERVAL));
+    let _tls_expiry = tls
+        .as_ref()
+        .map(|t| certificate_expiry.watch("grpc", t, expiry::CHECK_INTERVAL));
 
     let registry = Arc::new(AgentRegistry::new(
         OutboxConfig {
@@ -207,11 +232,9 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         },
         metrics.outbox_resources.clone(),
     ));
-    let _trust_rotation = end_streams_on_client_ca_rotation(
-        tls.clone(),
-        config.tls.client_ca.clone(),
-        registry.clone(),
-    );
+    let _trust_rotation = tls.clone().map(|tls| {
+        end_streams_on_client_ca_rotation(tls, config.tls.client_ca.clone(), registry.clone())
+    });
     let live = crate::live::LiveRequests::new();
     let cluster_info = crate::cluster_info::ClusterInfoWriter::start(
         client.clone(),
@@ -342,15 +365,33 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             )
         })?;
     let grpc_addr = listener.local_addr()?;
-    let incoming = accept_loop(
-        listener,
-        tls,
-        config.auth.clone(),
-        metrics.clone(),
-        policy,
-        config.keepalive_min_interval,
-        crate::listener::ConnectionLimit::new(config.max_connections_per_agent),
-    );
+    let incoming = match (tls, &config.auth) {
+        (Some(tls), AuthMethod::Mtls(source)) => accept_loop(
+            listener,
+            tls,
+            source.clone(),
+            metrics.clone(),
+            policy,
+            config.keepalive_min_interval,
+            crate::listener::ConnectionLimit::new(config.max_connections_per_agent),
+        ),
+        (None, AuthMethod::Header(header)) => plaintext_accept_loop(
+            listener,
+            header.clone(),
+            policy,
+            config.keepalive_min_interval,
+        ),
+        // PrincipalConfig::validate refuses the other pairings.
+        _ => anyhow::bail!(
+            "--auth={} cannot be served {} TLS",
+            config.auth.name(),
+            if config.insecure_plaintext {
+                "without"
+            } else {
+                "with"
+            }
+        ),
+    };
 
     let max = config.grpc_max_message_size;
     let pins = crate::mode_pin::ModePins::spawn(client_for_identity.clone(), &config.namespace);

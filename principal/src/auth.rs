@@ -1,6 +1,6 @@
 //! The `authapi.Authentication` and `versionapi.Version` services, and the check every stream
-//! passes: the caller's client certificate names an agent, and the access token was issued to that
-//! same agent; an agent's mode is the one pinned for it ([`crate::mode_pin`]).
+//! passes: the caller's client certificate (or, behind a service mesh, the mesh's identity header)
+//! names an agent, and the access token was issued to that same agent; an agent's mode is the one pinned for it ([`crate::mode_pin`]).
 
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use argocd_agent_proto::pb::versionapi::{VersionRequest, VersionResponse};
 use argocd_agent_proto::version::{check_compatible, version_string};
 use tonic::{Request, Response, Status};
 
-use crate::listener::PeerIdentity;
+use crate::listener::{PeerCredential, PeerIdentity};
 use crate::metrics::PrincipalMetrics;
 use crate::mode_pin::ModePins;
 use crate::tokens::{Subject, TokenIssuer, AUDIENCE_ACCESS, AUDIENCE_REFRESH};
@@ -51,17 +51,39 @@ pub struct AuthService {
     pub pins: Arc<ModePins>,
 }
 
-/// The agent named by the verified client certificate of the connection carrying `req`.
-pub fn certificate_agent<T>(req: &Request<T>) -> Result<AgentName, Status> {
+/// The agent that sent `req`: the one the verified client certificate of its connection names,
+/// or, on the `--insecure-plaintext` listener behind a service mesh, the one the mesh's identity
+/// header names ([`PeerCredential`]; the listener decides which, never the request).
+pub fn caller_agent<T>(req: &Request<T>) -> Result<AgentName, Status> {
     let peer = req
         .extensions()
         .get::<PeerIdentity>()
         .ok_or_else(|| Status::unauthenticated("no client certificate: connect with mutual TLS"))?;
-    match &peer.identity {
-        Ok(id) => Ok(id.name.clone()),
-        Err(reason) => Err(Status::unauthenticated(format!(
+    match &peer.credential {
+        PeerCredential::Certificate(Ok(id)) => Ok(id.name.clone()),
+        PeerCredential::Certificate(Err(reason)) => Err(Status::unauthenticated(format!(
             "client certificate refused: {reason}"
         ))),
+        PeerCredential::MeshHeader(rule) => {
+            let value = req
+                .metadata()
+                .get(rule.header.as_str())
+                .and_then(|v| v.to_str().ok());
+            rule.agent_of(value)
+                .map_err(|e| Status::unauthenticated(e.to_string()))
+        }
+    }
+}
+
+/// The auth method name an agent must send in `AuthRequest.method` on `req`'s connection.
+fn expected_method<T>(req: &Request<T>) -> &'static str {
+    match req
+        .extensions()
+        .get::<PeerIdentity>()
+        .map(|p| &p.credential)
+    {
+        Some(PeerCredential::MeshHeader(_)) => "header",
+        _ => "mtls",
     }
 }
 
@@ -72,7 +94,7 @@ pub fn authorize_stream<T>(
     issuer: &TokenIssuer,
     metrics: &PrincipalMetrics,
 ) -> Result<(AgentName, AgentMode), Status> {
-    let cert_agent = certificate_agent(req).inspect_err(|_| metrics.auth_failure("certificate"))?;
+    let cert_agent = caller_agent(req).inspect_err(|_| metrics.auth_failure("certificate"))?;
     let token = req
         .metadata()
         .get("authorization")
@@ -134,13 +156,13 @@ impl Authentication for AuthService {
         &self,
         req: Request<AuthRequest>,
     ) -> Result<Response<AuthResponse>, Status> {
-        let agent =
-            certificate_agent(&req).inspect_err(|_| self.metrics.auth_failure("certificate"))?;
+        let agent = caller_agent(&req).inspect_err(|_| self.metrics.auth_failure("certificate"))?;
         let body = req.get_ref();
-        if body.method != "mtls" {
+        let expected = expected_method(&req);
+        if body.method != expected {
             self.metrics.auth_failure("method");
             return Err(Status::unauthenticated(format!(
-                "auth method {:?} is not supported: this principal accepts \"mtls\"",
+                "auth method {:?} is not supported: this principal accepts {expected:?}",
                 body.method
             )));
         }
@@ -178,8 +200,7 @@ impl Authentication for AuthService {
         &self,
         req: Request<RefreshTokenRequest>,
     ) -> Result<Response<AuthResponse>, Status> {
-        let agent =
-            certificate_agent(&req).inspect_err(|_| self.metrics.auth_failure("certificate"))?;
+        let agent = caller_agent(&req).inspect_err(|_| self.metrics.auth_failure("certificate"))?;
         let subject = self
             .issuer
             .validate(&req.get_ref().refresh_token, AUDIENCE_REFRESH)
@@ -224,5 +245,51 @@ impl Version for VersionService {
         Ok(Response::new(VersionResponse {
             version: version_string(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use argocd_agent_proto::identity::{AgentIdentity, HeaderIdentity};
+
+    fn request(credential: PeerCredential, header: Option<&str>) -> Request<()> {
+        let mut req = Request::new(());
+        if let Some(value) = header {
+            req.metadata_mut()
+                .insert("x-agent-id", value.parse().unwrap());
+        }
+        req.extensions_mut().insert(PeerIdentity {
+            credential,
+            remote: None,
+        });
+        req
+    }
+
+    #[test]
+    fn the_header_names_the_agent_only_on_the_mesh_listener() {
+        let rule = Arc::new(HeaderIdentity::parse("x-agent-id:^(.+)$").unwrap());
+        let mesh = request(PeerCredential::MeshHeader(rule.clone()), Some("agent-b"));
+        assert_eq!(caller_agent(&mesh).unwrap().as_str(), "agent-b");
+        assert_eq!(expected_method(&mesh), "header");
+        let missing = request(PeerCredential::MeshHeader(rule), None);
+        assert_eq!(
+            caller_agent(&missing).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        // On a TLS connection the certificate decides, whatever header the client sends.
+        let cert = AgentIdentity {
+            name: AgentName::new("agent-a").unwrap(),
+            fingerprint: "AA".into(),
+            not_after: chrono::Utc::now(),
+        };
+        let tls = request(PeerCredential::Certificate(Ok(cert)), Some("agent-b"));
+        assert_eq!(caller_agent(&tls).unwrap().as_str(), "agent-a");
+        assert_eq!(expected_method(&tls), "mtls");
+        let refused = request(
+            PeerCredential::Certificate(Err("no client certificate presented".into())),
+            Some("agent-b"),
+        );
+        assert!(caller_agent(&refused).is_err());
     }
 }

@@ -10,7 +10,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use argocd_agent_proto::identity::{IdentityPattern, IdentitySource};
+use argocd_agent_kube::secret_files::{self, SecretContent, SecretFile};
+use argocd_agent_proto::identity::{HeaderIdentity, IdentityPattern, IdentitySource};
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, AgentMode, HostPort};
 use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs, TlsPolicyArgs};
@@ -35,6 +36,12 @@ const FLAGS: FlagEnv = FlagEnv::new(ENV_PREFIX);
 /// room for large Applications. Raise it if agents report "message too large".
 pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = binary_config::DEFAULT_GRPC_MAX_MESSAGE_SIZE;
 
+/// Upstream's env var for `--tls-ca-secret-name`, read when ours is not set.
+pub const UPSTREAM_TLS_CA_SECRET_ENV: &str = "ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_SECRET_NAME";
+
+/// Default `--tls-ca-secret-name` (upstream's).
+pub const DEFAULT_CA_SECRET_NAME: &str = "argocd-agent-ca";
+
 /// The env var that mirrors `--<flag>`.
 pub fn env_var_for(flag: &str) -> String {
     FLAGS.env_var_for(flag)
@@ -57,17 +64,36 @@ pub struct PrincipalArgs {
     )]
     pub listen_address: SocketAddr,
 
-    /// Server certificate (PEM) of the gRPC listener.
+    /// Server certificate (PEM) of the gRPC listener [default: tls.crt of --tls-secret-name].
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CERT", value_name = "PATH")]
-    pub tls_cert: PathBuf,
+    pub tls_cert: Option<PathBuf>,
 
-    /// Private key (PEM) of the gRPC listener's certificate.
+    /// Private key (PEM) of the gRPC listener's certificate [default: tls.key of
+    /// --tls-secret-name].
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_KEY", value_name = "PATH")]
-    pub tls_key: PathBuf,
+    pub tls_key: Option<PathBuf>,
 
-    /// CA bundle (PEM) that agents' client certificates must chain to.
+    /// CA bundle (PEM) that agents' client certificates must chain to [default: tls.crt and
+    /// ca.crt of --tls-ca-secret-name].
     #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CA", value_name = "PATH")]
-    pub tls_ca: PathBuf,
+    pub tls_ca: Option<PathBuf>,
+
+    /// kubernetes.io/tls Secret in --namespace holding the gRPC listener's certificate (tls.crt,
+    /// tls.key), read when --tls-cert and --tls-key are not given; re-read every few seconds, so a
+    /// rotated certificate serves new connections.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_TLS_SECRET_NAME",
+        default_value = "argocd-agent-principal-tls",
+        value_name = "NAME"
+    )]
+    pub tls_secret_name: String,
+
+    /// Secret in --namespace holding the CA agents' certificates must chain to (fields tls.crt
+    /// and/or ca.crt), read when --tls-ca is not given; re-read every few seconds. Upstream's env
+    /// var ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_SECRET_NAME is read too [default: argocd-agent-ca].
+    #[arg(long, env = "ARGOCD_PRINCIPAL_TLS_CA_SECRET_NAME", value_name = "NAME")]
+    pub tls_ca_secret_name: Option<String>,
 
     #[command(flatten)]
     pub tls_policy: TlsPolicyArgs,
@@ -130,8 +156,10 @@ pub struct PrincipalArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub insecure_jwt_generate: bool,
 
-    /// Where the agent name comes from in its client certificate: `mtls` or `mtls:subject:CN`
-    /// (subject common name), or `mtls:uri:<prefix>` (URI SAN starting with prefix, SPIFFE style).
+    /// How agents are identified: `mtls` or `mtls:subject:CN` (client certificate subject common
+    /// name), `mtls:subject:<regex>` / `mtls:uri:<regex>` (first capture group), `mtls:uri:<prefix>`
+    /// (URI SAN starting with prefix, SPIFFE style), or `header:<header-name>:<regex>` (first
+    /// capture group of a request header a service mesh sets; requires --insecure-plaintext).
     #[arg(
         long,
         env = "ARGOCD_PRINCIPAL_AUTH",
@@ -139,7 +167,15 @@ pub struct PrincipalArgs {
         value_name = "METHOD",
         value_parser = parse_auth
     )]
-    pub auth: IdentitySource,
+    pub auth: AuthMethod,
+
+    /// INSECURE: Run the gRPC server without TLS, for a service mesh (e.g. Istio) whose sidecar
+    /// terminates the agents' mTLS and sets the identity header of --auth=header:...; only that
+    /// sidecar may be able to reach --listen-address. The resource proxy keeps its TLS.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_INSECURE_PLAINTEXT", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub insecure_plaintext: bool,
 
     /// Namespace of Argo CD on the hub.
     #[arg(
@@ -432,7 +468,59 @@ impl PrincipalArgs {
 /// is the regex's first capture group; upstream's default `CN=([^,]+)` and plain `mtls` read the
 /// common name), the deprecated `mtls:<regex>` (subject), and our `mtls:uri:<prefix>` (a prefix
 /// without a capture group: the name is the URI's last path segment).
-fn parse_auth(value: &str) -> Result<IdentitySource, String> {
+fn parse_auth(value: &str) -> Result<AuthMethod, String> {
+    if let Some(config) = value.strip_prefix("header:") {
+        return HeaderIdentity::parse(config).map(AuthMethod::Header);
+    }
+    parse_mtls_auth(value).map(AuthMethod::Mtls)
+}
+
+/// How the principal identifies agents (`--auth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// From the verified client certificate of a mutual-TLS connection.
+    Mtls(IdentitySource),
+    /// From a request header a service mesh sets (plaintext listener only).
+    Header(HeaderIdentity),
+}
+
+impl AuthMethod {
+    /// The method name agents send in `AuthRequest.method` (upstream's names).
+    pub fn name(&self) -> &'static str {
+        match self {
+            AuthMethod::Mtls(_) => "mtls",
+            AuthMethod::Header(_) => "header",
+        }
+    }
+}
+
+/// Upstream's `validateAuthTLSPairing`, with its messages: header auth only behind a plaintext
+/// listener (the mesh sidecar terminates mTLS), mtls auth only with TLS.
+fn check_auth_transport(auth: &AuthMethod, insecure_plaintext: bool) -> Result<(), ConfigError> {
+    match (auth, insecure_plaintext) {
+        (AuthMethod::Header(_), false) => Err(FLAGS.conflict(
+            "auth",
+            "insecure-plaintext",
+            "invalid configuration: header-based authentication requires --insecure-plaintext=true. \
+             Header authentication is designed for service mesh environments (e.g., Istio) where \
+             the sidecar terminates mTLS and injects identity headers. Either add \
+             --insecure-plaintext when using header auth behind a service mesh, or use \
+             --auth=mtls:<regex> for direct TLS connections without a service mesh",
+        )),
+        (AuthMethod::Mtls(_), true) => Err(FLAGS.conflict(
+            "auth",
+            "insecure-plaintext",
+            "invalid configuration: mtls authentication cannot be used with --insecure-plaintext. \
+             mTLS authentication requires TLS to be enabled to receive client certificates. \
+             Either remove --insecure-plaintext to enable TLS for mTLS authentication, or use \
+             --auth=header:<header>:<regex> for service mesh environments with plaintext mode",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The `mtls:` forms of `--auth`.
+fn parse_mtls_auth(value: &str) -> Result<IdentitySource, String> {
     let pattern = |re: &str| IdentityPattern::new(re).map_err(|e| format!("{value}: {e}"));
     match value {
         "mtls"
@@ -467,7 +555,8 @@ fn parse_auth(value: &str) -> Result<IdentitySource, String> {
                 "use mtls (agent name = subject CN), mtls:subject:<regex> or mtls:uri:<regex> \
                  (agent name = the regex's first capture group, as upstream), or \
                  mtls:uri:<prefix> (agent name = last path segment of a URI SAN starting with \
-                 <prefix>); header and userpass auth are not supported"
+                 <prefix>), or header:<header-name>:<regex> behind a service mesh \
+                 (with --insecure-plaintext); userpass auth is not supported"
                     .to_string(),
             )
         }
@@ -510,6 +599,11 @@ pub struct PrincipalConfig {
     pub listen_address: SocketAddr,
     /// gRPC listener TLS files.
     pub tls: ServerTlsFiles,
+    /// Those of the TLS files that are kept from Secrets (`--tls-secret-name`,
+    /// `--tls-ca-secret-name`), written under [`Self::tls_secret_dir`] before anything loads them.
+    pub tls_secrets: Vec<SecretFile>,
+    /// The private directory the Secret-backed files live in.
+    pub tls_secret_dir: PathBuf,
     /// TLS versions and cipher suites of every listener.
     pub tls_policy: TlsPolicy,
     /// Longest TLS handshake.
@@ -522,8 +616,10 @@ pub struct PrincipalConfig {
     pub terminal_idle_timeout: Duration,
     /// JWT signing key.
     pub jwt_key: JwtKeySource,
-    /// Where agent names come from in client certificates.
-    pub auth: IdentitySource,
+    /// How agents are identified.
+    pub auth: AuthMethod,
+    /// The gRPC listener serves without TLS (`--insecure-plaintext`, behind a service mesh).
+    pub insecure_plaintext: bool,
     /// Argo CD namespace on the hub.
     pub namespace: String,
     /// Hub namespaces whose Applications are synced (globs); empty = every namespace.
@@ -602,11 +698,61 @@ impl PrincipalArgs {
         self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<PrincipalConfig, ConfigError> {
-        let redis_credentials = self.redis.resolve(&FLAGS, env)?;
+        let redis_credentials = self.redis.resolve(&FLAGS, &env)?;
+        let tls_ca_secret_name = non_empty(self.tls_ca_secret_name)
+            .or_else(|| non_empty(env(UPSTREAM_TLS_CA_SECRET_ENV)))
+            .unwrap_or_else(|| DEFAULT_CA_SECRET_NAME.to_string());
+        let tls_secret_dir = secret_files::private_dir_for("argocd-principal");
+        let mut tls_secrets = Vec::new();
+        let mut from_secret = |flag: &'static str, name: &str, content: SecretContent| {
+            if name.trim().is_empty() {
+                return Err(FLAGS.invalid(
+                    flag,
+                    "is empty: name the Secret holding the TLS material, or give the PEM files",
+                ));
+            }
+            let file = SecretFile::new(&tls_secret_dir, flag, name, content);
+            let path = file.path.clone();
+            tls_secrets.push(file);
+            Ok::<_, ConfigError>(path)
+        };
+        let (cert, key) =
+            match (non_empty(self.tls_cert), non_empty(self.tls_key)) {
+                (Some(cert), Some(key)) => (
+                    FLAGS.readable_file("tls-cert", &cert)?,
+                    FLAGS.readable_file("tls-key", &key)?,
+                ),
+                (None, None) => (
+                    from_secret(
+                        "tls-secret-name",
+                        &self.tls_secret_name,
+                        SecretContent::TlsCert,
+                    )?,
+                    from_secret(
+                        "tls-secret-name",
+                        &self.tls_secret_name,
+                        SecretContent::TlsKey,
+                    )?,
+                ),
+                _ => return Err(FLAGS.conflict(
+                    "tls-cert",
+                    "tls-key",
+                    "both --tls-cert and --tls-key have to be given, or neither to read them from \
+                     the Secret --tls-secret-name",
+                )),
+            };
+        let client_ca = match non_empty(self.tls_ca) {
+            Some(ca) => FLAGS.readable_file("tls-ca", &ca)?,
+            None => from_secret(
+                "tls-ca-secret-name",
+                &tls_ca_secret_name,
+                SecretContent::CaBundle(vec!["tls.crt".into(), "ca.crt".into()]),
+            )?,
+        };
         let tls = ServerTlsFiles {
-            cert: FLAGS.readable_file("tls-cert", &self.tls_cert)?,
-            key: FLAGS.readable_file("tls-key", &self.tls_key)?,
-            client_ca: FLAGS.readable_file("tls-ca", &self.tls_ca)?,
+            cert,
+            key,
+            client_ca,
         };
 
         let jwt_key = match (non_empty(self.jwt_key), self.insecure_jwt_generate) {
@@ -805,10 +951,14 @@ impl PrincipalArgs {
 
         let label_selector = FLAGS.label_selector(self.label_selector)?;
 
+        check_auth_transport(&self.auth, self.insecure_plaintext)?;
+
         let ha = self.ha.validate(&self.namespace)?;
         Ok(PrincipalConfig {
             listen_address: self.listen_address,
             tls,
+            tls_secrets,
+            tls_secret_dir,
             tls_policy: self.tls_policy.check(&FLAGS)?,
             tls_handshake_timeout: self.tls_handshake_timeout,
             request_header_timeout: self.request_header_timeout,
@@ -816,6 +966,7 @@ impl PrincipalArgs {
             terminal_idle_timeout: self.terminal_idle_timeout,
             jwt_key,
             auth: self.auth,
+            insecure_plaintext: self.insecure_plaintext,
             namespace: self.namespace,
             allowed_namespaces,
             namespace_create_enable: self.namespace_create_enable,
@@ -931,7 +1082,8 @@ mod tests {
         let config = files.validate(&[]).unwrap();
         assert_eq!(config.listen_address, "0.0.0.0:8443".parse().unwrap());
         assert_eq!(config.tls_policy, TlsPolicy::default());
-        assert_eq!(config.auth, IdentitySource::CommonName);
+        assert_eq!(config.auth, AuthMethod::Mtls(IdentitySource::CommonName));
+        assert!(!config.insecure_plaintext, "plaintext is never the default");
         assert_eq!(
             config.allowed_agent_modes,
             vec![AgentMode::Managed, AgentMode::Autonomous]
@@ -1065,36 +1217,116 @@ mod tests {
 
     #[test]
     fn auth_methods() {
-        assert_eq!(parse_auth("mtls").unwrap(), IdentitySource::CommonName);
+        assert_eq!(parse_mtls_auth("mtls").unwrap(), IdentitySource::CommonName);
         assert_eq!(
-            parse_auth("mtls:CN=([^,]+)").unwrap(),
+            parse_mtls_auth("mtls:CN=([^,]+)").unwrap(),
             IdentitySource::CommonName
         );
         assert_eq!(
-            parse_auth("mtls:uri:spiffe://example.org/agents/").unwrap(),
+            parse_mtls_auth("mtls:uri:spiffe://example.org/agents/").unwrap(),
             IdentitySource::UriSan {
                 prefix: "spiffe://example.org/agents/".to_string()
             }
         );
-        assert!(parse_auth("mtls:uri:").is_err());
-        assert!(parse_auth("userpass:/etc/users").is_err());
+        assert!(parse_mtls_auth("mtls:uri:").is_err());
+        assert!(parse_mtls_auth("userpass:/etc/users").is_err());
         // Upstream's regex forms: the first capture group names the agent.
         assert_eq!(
-            parse_auth("mtls:uri:spiffe://example\\.org/sa/(.+)").unwrap(),
+            parse_mtls_auth("mtls:uri:spiffe://example\\.org/sa/(.+)").unwrap(),
             IdentitySource::UriRegex(
                 IdentityPattern::new("spiffe://example\\.org/sa/(.+)").unwrap()
             )
         );
         assert_eq!(
-            parse_auth("mtls:subject:O=([^,]+)").unwrap(),
+            parse_mtls_auth("mtls:subject:O=([^,]+)").unwrap(),
             IdentitySource::SubjectRegex(IdentityPattern::new("O=([^,]+)").unwrap())
         );
         assert_eq!(
-            parse_auth("mtls:OU=([^,]+)").unwrap(),
+            parse_mtls_auth("mtls:OU=([^,]+)").unwrap(),
             IdentitySource::SubjectRegex(IdentityPattern::new("OU=([^,]+)").unwrap())
         );
-        let err = parse_auth("mtls:subject:CN=.+").unwrap_err();
+        let err = parse_mtls_auth("mtls:subject:CN=.+").unwrap_err();
         assert!(err.contains("no capture group"), "{err}");
+    }
+
+    #[test]
+    fn tls_comes_from_upstreams_secrets_unless_files_are_given() {
+        let files = Files::new();
+        let from_secrets = |extra: &[&str], env: &[(&str, &str)]| {
+            let mut argv = vec![
+                "argocd-principal".to_string(),
+                format!("--jwt-key={}", files.path("jwt.key")),
+                "--namespace=argocd".to_string(),
+            ];
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            PrincipalArgs::try_parse_from(argv)
+                .unwrap()
+                .validate_with_env(env_of(env))
+        };
+        let config = from_secrets(&[], &[]).unwrap();
+        let secrets: Vec<(&str, &str)> = config
+            .tls_secrets
+            .iter()
+            .map(|f| (f.flag, f.secret.as_str()))
+            .collect();
+        assert_eq!(
+            secrets,
+            [
+                ("tls-secret-name", "argocd-agent-principal-tls"),
+                ("tls-secret-name", "argocd-agent-principal-tls"),
+                ("tls-ca-secret-name", "argocd-agent-ca"),
+            ]
+        );
+        assert!(config.tls.cert.starts_with(&config.tls_secret_dir));
+        assert_eq!(
+            config.resource_proxy.unwrap().tls,
+            config.tls,
+            "the resource proxy falls back to the same material"
+        );
+        // Upstream's env var for the CA Secret is honoured; ours wins over it.
+        let upstream = [(UPSTREAM_TLS_CA_SECRET_ENV, "upstream-ca")];
+        let config = from_secrets(&[], &upstream).unwrap();
+        assert_eq!(config.tls_secrets[2].secret, "upstream-ca");
+        let config = from_secrets(&["--tls-ca-secret-name=ours-ca"], &upstream).unwrap();
+        assert_eq!(config.tls_secrets[2].secret, "ours-ca");
+        // Files given: no Secret for them.
+        let config = from_secrets(&[&format!("--tls-ca={}", files.path("ca.crt"))], &[]).unwrap();
+        assert_eq!(config.tls_secrets.len(), 2);
+        assert!(files.validate(&[]).unwrap().tls_secrets.is_empty());
+        // Half a key pair is refused as upstream does.
+        let err = from_secrets(&[&format!("--tls-cert={}", files.path("tls.crt"))], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("both --tls-cert and --tls-key have to be given"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn header_auth_needs_plaintext_and_mtls_refuses_it_as_upstream() {
+        let files = Files::new();
+        let config = files
+            .validate(&["--auth=header:x-agent-id:^(.+)$", "--insecure-plaintext"])
+            .unwrap();
+        assert!(config.insecure_plaintext);
+        assert_eq!(config.auth.name(), "header");
+        let err = files
+            .validate(&["--auth=header:x-agent-id:^(.+)$"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("header-based authentication requires --insecure-plaintext=true"),
+            "{err}"
+        );
+        let err = files
+            .validate(&["--insecure-plaintext=true"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("mtls authentication cannot be used with --insecure-plaintext"),
+            "{err}"
+        );
     }
 
     #[test]

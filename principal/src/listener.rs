@@ -1,7 +1,10 @@
 //! The agent-facing TCP/TLS listener: accepts connections, completes the mutual-TLS handshake
 //! (TLS 1.3 unless `--tls-min-version=tls1.2`, client certificate required, ALPN h2 only — an
 //! HTTP/1.1 client cannot negotiate), and attaches the agent identity read from the verified
-//! client certificate to the connection, where every RPC finds it as [`PeerIdentity`].
+//! client certificate to the connection, where every RPC finds it as [`PeerIdentity`]. Or, with
+//! `--insecure-plaintext` behind a service mesh ([`plaintext_accept_loop`]), accepts plain TCP and
+//! marks the connection's requests as named by the mesh's identity header
+//! ([`PeerCredential::MeshHeader`]); only that listener ever does.
 //!
 //! Also owns what every TLS listener of the principal (this one and the resource proxy) does
 //! around the handshake, [`ConnectionPolicy`]: a handshake that does not finish within
@@ -33,14 +36,17 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use argocd_agent_proto::identity::{cert_fingerprint, AgentIdentity, IdentitySource};
-use argocd_agent_runtime::accept::{serve_tls_connections, HandshakeFailure};
+use argocd_agent_proto::identity::{
+    cert_fingerprint, AgentIdentity, HeaderIdentity, IdentitySource,
+};
+use argocd_agent_runtime::accept::{serve_connections, serve_tls_connections, HandshakeFailure};
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tokio_rustls::server::TlsStream;
+use tokio_util::either::Either;
 use tonic::transport::server::Connected;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -193,6 +199,16 @@ impl<S> GuardedStream<S> {
     /// The wrapped stream.
     pub fn get_ref(&self) -> &S {
         &self.stream
+    }
+
+    /// The same guard around `f(stream)`.
+    pub fn map<T>(self, f: impl FnOnce(S) -> T) -> GuardedStream<T> {
+        GuardedStream {
+            stream: f(self.stream),
+            first_request: self.first_request,
+            revoked: self.revoked,
+            closed: self.closed,
+        }
     }
 
     fn check_revoked(&mut self, cx: &mut Context<'_>) -> Result<(), std::io::Error> {
@@ -725,21 +741,37 @@ pub fn agent_of_certificate(
     AgentIdentity::from_cert_der(der, source).map_err(|e| e.to_string())
 }
 
-/// The identity of the peer of a connection, as established by its certificate.
+/// Who the peer of a connection is, as far as the connection can tell.
 #[derive(Debug, Clone)]
 pub struct PeerIdentity {
-    /// The agent identity, or why the verified certificate does not name a valid agent.
-    pub identity: Result<AgentIdentity, String>,
+    /// How the agent is named.
+    pub credential: PeerCredential,
     /// Remote address.
     pub remote: Option<std::net::SocketAddr>,
 }
 
-/// An accepted mutual-TLS connection.
+/// Where the agent's name comes from. Which one a connection carries is decided by the listener
+/// that accepted it, never by the client: a TLS connection is only ever named by its certificate,
+/// so a header cannot name an agent there.
+#[derive(Debug, Clone)]
+pub enum PeerCredential {
+    /// A mutual-TLS connection: the agent identity its verified certificate names, or why it names
+    /// none.
+    Certificate(Result<AgentIdentity, String>),
+    /// A connection to the `--insecure-plaintext` listener behind a service mesh: each request
+    /// names its agent in the header the mesh sidecar sets.
+    MeshHeader(Arc<HeaderIdentity>),
+}
+
+/// The transport under an agent connection: mutual TLS, or plaintext behind a service mesh.
+type AgentTransport = Either<TlsStream<TcpStream>, TcpStream>;
+
+/// An accepted agent connection.
 pub struct AgentConnection {
-    stream: KeepaliveEnforced<GuardedStream<TlsStream<TcpStream>>>,
+    stream: KeepaliveEnforced<GuardedStream<AgentTransport>>,
     peer: PeerIdentity,
-    /// Its place under `--max-connections-per-agent`, freed when the server drops it.
-    _slot: ConnectionSlot<String>,
+    /// Its place under `--max-connections-per-agent` (TLS only), freed when the server drops it.
+    _slot: Option<ConnectionSlot<String>>,
 }
 
 impl Connected for AgentConnection {
@@ -844,17 +876,17 @@ pub fn accept_loop(
                             }
                         };
                         let peer = PeerIdentity {
-                            identity,
+                            credential: PeerCredential::Certificate(identity),
                             remote: Some(remote),
                         };
                         let _ = tx
                             .send(Ok(AgentConnection {
                                 stream: KeepaliveEnforced::new(
-                                    admitted.stream,
+                                    admitted.stream.map(Either::Left),
                                     keepalive_min_interval,
                                 ),
                                 peer,
-                                _slot: slot,
+                                _slot: Some(slot),
                             }))
                             .await;
                     }
@@ -867,6 +899,48 @@ pub fn accept_loop(
                         }
                     }
                 }
+            }
+        },
+    ));
+    rx
+}
+
+/// [`accept_loop`] for `--insecure-plaintext`: connections without TLS, as a service mesh sidecar
+/// forwards them, each under `--request-header-timeout` and `--keepalive-min-interval`. Every
+/// request on them names its agent in `header` ([`PeerCredential::MeshHeader`]). No
+/// `--max-connections-per-agent` here: the agent is not known per connection (and every
+/// connection comes from the sidecar), so the mesh is where connections are limited.
+pub fn plaintext_accept_loop(
+    listener: TcpListener,
+    header: HeaderIdentity,
+    policy: ConnectionPolicy,
+    keepalive_min_interval: Option<Duration>,
+) -> mpsc::Receiver<Result<AgentConnection, std::io::Error>> {
+    let (tx, rx) = mpsc::channel(64);
+    let header = Arc::new(header);
+    tokio::spawn(serve_connections(
+        listener,
+        "agent gRPC (plaintext)",
+        std::future::pending(),
+        move |tcp, remote| {
+            let tx = tx.clone();
+            let header = header.clone();
+            let request_header_timeout = policy.request_header_timeout;
+            async move {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(%remote, error = %e, "cannot disable Nagle's delay");
+                }
+                let stream = GuardedStream::new(Either::Right(tcp), request_header_timeout, None);
+                let _ = tx
+                    .send(Ok(AgentConnection {
+                        stream: KeepaliveEnforced::new(stream, keepalive_min_interval),
+                        peer: PeerIdentity {
+                            credential: PeerCredential::MeshHeader(header),
+                            remote: Some(remote),
+                        },
+                        _slot: None,
+                    }))
+                    .await;
             }
         },
     ));

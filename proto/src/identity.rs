@@ -1,4 +1,5 @@
-//! Agent identity: the validated [`AgentName`] and how it is read from a client certificate.
+//! Agent identity: the validated [`AgentName`] and how it is read from a client certificate, or
+//! from a request header a service mesh sets ([`HeaderIdentity`]).
 //!
 //! Owns: the DNS-1123 label rule for agent names (upstream requires agent ids to be DNS labels
 //! because the name doubles as the hub namespace), extracting the name from a certificate's
@@ -214,6 +215,95 @@ impl PartialEq for IdentityPattern {
 }
 
 impl Eq for IdentityPattern {}
+
+/// Upstream's `header:<header-name>:<regex>` auth: the agent name is the first capture group of
+/// `pattern` matched against the first value of request header `header`, which a service mesh
+/// sidecar sets after terminating the agent's mTLS (e.g. `x-forwarded-client-cert`). Trusting it
+/// is only sound on a listener nobody but the sidecar can reach; the principal only reads it on its
+/// `--insecure-plaintext` listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderIdentity {
+    /// Header name, lowercase (gRPC metadata keys are).
+    pub header: String,
+    /// Where the agent name sits in the header value.
+    pub pattern: IdentityPattern,
+}
+
+/// Why a request header names no agent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderIdentityError {
+    /// The header is absent (or not text).
+    #[error("header {0:?} not found in request: the service mesh must set it")]
+    Missing(String),
+    /// The value does not match (its text is not echoed: it may carry a client certificate).
+    #[error("header {header:?} does not match the extraction regex {pattern:?}")]
+    NoMatch {
+        /// Header name.
+        header: String,
+        /// The regex.
+        pattern: String,
+    },
+    /// The extracted value is not a valid agent name.
+    #[error("header {header:?} names an invalid agent: {source}")]
+    InvalidName {
+        /// Header name.
+        header: String,
+        /// Why the name is invalid.
+        #[source]
+        source: AgentNameError,
+    },
+}
+
+impl HeaderIdentity {
+    /// Parses upstream's `<header-name>:<extraction-regex>` (the part after `header:`).
+    pub fn parse(config: &str) -> Result<HeaderIdentity, String> {
+        let (header, pattern) = config.split_once(':').ok_or_else(|| {
+            format!(
+                "header auth config must be in format <header-name>:<extraction-regex>, got: {config}"
+            )
+        })?;
+        let header = header.trim();
+        if header.is_empty() {
+            return Err("header name cannot be empty".into());
+        }
+        if http_token(header).is_none() {
+            return Err(format!("{header:?} is not a valid HTTP header name"));
+        }
+        let pattern = pattern.trim();
+        if pattern.is_empty() {
+            return Err("extraction regex cannot be empty".into());
+        }
+        Ok(HeaderIdentity {
+            header: header.to_ascii_lowercase(),
+            pattern: IdentityPattern::new(pattern)
+                .map_err(|e| format!("invalid extraction regex: {e}"))?,
+        })
+    }
+
+    /// The agent named by `value`, the header's first value (`None` = header absent).
+    pub fn agent_of(&self, value: Option<&str>) -> Result<AgentName, HeaderIdentityError> {
+        let value = value.ok_or_else(|| HeaderIdentityError::Missing(self.header.clone()))?;
+        let raw = self
+            .pattern
+            .capture(value)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| HeaderIdentityError::NoMatch {
+                header: self.header.clone(),
+                pattern: self.pattern.as_str().to_owned(),
+            })?;
+        AgentName::new(raw).map_err(|source| HeaderIdentityError::InvalidName {
+            header: self.header.clone(),
+            source,
+        })
+    }
+}
+
+/// `name` if it is an RFC 9110 token (what a header name may be).
+fn http_token(name: &str) -> Option<&str> {
+    name.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        .then_some(name)
+}
 
 /// The identity of a connected agent, derived from its verified client certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -464,6 +554,47 @@ pub fn cert_fingerprint(der: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_identity_reads_the_first_capture_group_as_upstream_does() {
+        let xfcc = HeaderIdentity::parse(
+            "X-Forwarded-Client-Cert:^.*URI=spiffe://[^/]+/ns/[^/]+/sa/([^,;]+)",
+        )
+        .unwrap();
+        assert_eq!(xfcc.header, "x-forwarded-client-cert");
+        let value = "By=spiffe://c/ns/p/sa/principal;Hash=ab;URI=spiffe://c/ns/agents/sa/spoke-1";
+        assert_eq!(xfcc.agent_of(Some(value)).unwrap().as_str(), "spoke-1");
+        assert_eq!(
+            xfcc.agent_of(None).unwrap_err(),
+            HeaderIdentityError::Missing("x-forwarded-client-cert".into())
+        );
+        let e = xfcc.agent_of(Some("Hash=ab")).unwrap_err();
+        assert!(matches!(e, HeaderIdentityError::NoMatch { .. }), "{e}");
+        assert!(
+            !e.to_string().contains("Hash=ab"),
+            "the value is not echoed: {e}"
+        );
+        let plain = HeaderIdentity::parse("x-agent-id:^(.+)$").unwrap();
+        assert!(matches!(
+            plain.agent_of(Some("Not_A_Label")).unwrap_err(),
+            HeaderIdentityError::InvalidName { .. }
+        ));
+    }
+
+    #[test]
+    fn header_identity_config_errors_say_what_is_wrong() {
+        for (config, expected) in [
+            ("x-agent-id", "format <header-name>:<extraction-regex>"),
+            (" :(.+)", "header name cannot be empty"),
+            ("x-agent-id: ", "extraction regex cannot be empty"),
+            ("x-agent-id:(", "invalid extraction regex"),
+            ("x-agent-id:.+", "no capture group"),
+            ("x agent:(.+)", "not a valid HTTP header name"),
+        ] {
+            let e = HeaderIdentity::parse(config).unwrap_err();
+            assert!(e.contains(expected), "{config}: {e}");
+        }
+    }
     use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
 
     fn cert_with(cn: Option<&str>, uris: &[&str]) -> Vec<u8> {

@@ -3,7 +3,8 @@
 //!
 //! Owns: TCP connect (no Nagle delay) and the client side of the TLS handshake for a server name
 //! ([`connect_tls`]), refusing a server that negotiated an ALPN protocol other than h2 and
-//! building the tonic [`Channel`] with its connect timeout and HTTP/2 keepalive ([`dial_grpc`]),
+//! building the tonic [`Channel`] with its connect timeout and HTTP/2 keepalive ([`dial_grpc`];
+//! without TLS behind a service mesh, [`dial_grpc_plaintext`]),
 //! the client TLS config taken afresh for every connection so certificate reloads apply
 //! ([`ClientTlsSource`]), and finding the rustls error inside a transport error's chain
 //! ([`rustls_error_in`]) so callers classify TLS failures by their type, never by their text.
@@ -117,14 +118,9 @@ pub struct GrpcDialOptions {
     pub keepalive: Option<Http2Keepalive>,
 }
 
-/// Opens a gRPC channel to `target`: TCP, TLS with `tls` (h2, or no ALPN at all), HTTP/2.
-pub async fn dial_grpc(
-    target: &TlsTarget,
-    tls: impl ClientTlsSource,
-    options: GrpcDialOptions,
-) -> Result<Channel, tonic::transport::Error> {
-    let mut endpoint =
-        Endpoint::from_shared(format!("http://{}", target.address))?.tcp_nodelay(true);
+/// The tonic endpoint for `address` with `options` (the connector decides about TLS).
+fn endpoint(address: &str, options: GrpcDialOptions) -> Result<Endpoint, tonic::transport::Error> {
+    let mut endpoint = Endpoint::from_shared(format!("http://{address}"))?.tcp_nodelay(true);
     if let Some(limit) = options.connect_timeout {
         endpoint = endpoint.connect_timeout(limit);
     }
@@ -134,6 +130,25 @@ pub async fn dial_grpc(
             .keep_alive_timeout(k.timeout)
             .keep_alive_while_idle(true);
     }
+    Ok(endpoint)
+}
+
+/// Opens a gRPC channel to `address` WITHOUT TLS (HTTP/2 with prior knowledge), for a link whose
+/// transport security a service mesh sidecar provides (`--insecure-plaintext`).
+pub async fn dial_grpc_plaintext(
+    address: &str,
+    options: GrpcDialOptions,
+) -> Result<Channel, tonic::transport::Error> {
+    endpoint(address, options)?.connect().await
+}
+
+/// Opens a gRPC channel to `target`: TCP, TLS with `tls` (h2, or no ALPN at all), HTTP/2.
+pub async fn dial_grpc(
+    target: &TlsTarget,
+    tls: impl ClientTlsSource,
+    options: GrpcDialOptions,
+) -> Result<Channel, tonic::transport::Error> {
+    let endpoint = endpoint(&target.address, options)?;
     let target = target.clone();
     let connector = tower::service_fn(move |_: http::Uri| {
         let target = target.clone();
