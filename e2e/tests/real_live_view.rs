@@ -763,14 +763,15 @@ impl LiveView {
     }
 }
 
-/// The hub's argocd-server opens a web terminal into a pod of an app on the spoke: a command's
+/// `argocd app logs` on the hub shows the log of a pod of an app on the spoke. The hub's
+/// argocd-server opens a web terminal into that pod: a command's
 /// output comes back, stderr too, a resize reaches the kubelet, and closing the browser's socket
 /// ends the shell on the spoke. A terminal left idle is ended by our principal (and its shell).
 /// An exec into a pod Argo CD does not manage, asked of the resource proxy directly, is refused
 /// (403, the agent's read of the pod) before any kubelet sees it; with the agent gone, the
 /// principal refuses at once.
 #[tokio::test]
-async fn hub_web_terminal_runs_a_shell_in_a_pod_on_the_spoke_through_our_principal_and_agent(
+async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_principal_and_agent(
 ) -> anyhow::Result<()> {
     // Access tokens last 2 s: the agent's stream outlives its token long before the first
     // terminal opens, so each StreamTerminal call needs a token refreshed for it.
@@ -785,6 +786,29 @@ async fn hub_web_terminal_runs_a_shell_in_a_pod_on_the_spoke_through_our_princip
     kubelet
         .report_running(&lv.spoke_client, &lv.dest, "web-1")
         .await?;
+
+    // `argocd app logs` on the hub: argocd-server reads the pod's log through our principal's
+    // resource proxy and our agent's StreamLogs call (with the timestamps it asks for, which it
+    // removes for the CLI).
+    let app_ref = lv.app_ref();
+    let logs = lv
+        .cli(&[
+            "app", "logs", &app_ref, "--kind", "Pod", "--name", "web-1", "-c", "web", "--tail", "2",
+        ])
+        .await?;
+    assert_eq!(
+        logs.lines().collect::<Vec<_>>(),
+        ["web line 019", "web line 020"],
+        "{logs}"
+    );
+    assert!(
+        kubelet
+            .last_query()
+            .is_some_and(|q| q.contains("tailLines=2") && q.contains("timestamps=true")),
+        "{:?}",
+        kubelet.last_query()
+    );
+
     enable_exec(&planes.hub.client().await?, &lv.server).await?;
     let token = lv.server.session_token().await?;
     let port = lv.server.server_port.expect("argocd-server has a port");
