@@ -52,6 +52,7 @@ pub use view::{HubView, Kind, REPOSITORY_SELECTOR};
 
 use crate::sessions::{AgentRegistry, AgentSession};
 use mirrors::MirrorOptions;
+pub use namespaces::NamespaceCreation;
 use namespaces::Namespaces;
 pub(crate) use view::to_value;
 use view::HubInformers;
@@ -62,8 +63,9 @@ pub const SOURCE: &str = "argocd-principal";
 /// Hub-side behaviour the flags choose.
 #[derive(Debug, Clone, Default)]
 pub struct HubOptions {
-    /// Create the hub namespace of an autonomous agent when missing (`--namespace-create-enable`).
-    pub namespace_create: bool,
+    /// Whether and how the hub namespace of an autonomous agent is created when missing
+    /// (`--namespace-create-enable`, `--namespace-create-pattern`, `--namespace-create-labels`).
+    pub namespace_create: NamespaceCreation,
     /// Periodic resync of connected agents (`--resync-interval`); `None` = only on connect.
     pub resync_interval: Option<Duration>,
     /// Hub namespaces whose Applications are watched and served (`--allowed-namespaces`, globs);
@@ -152,7 +154,7 @@ impl Hub {
         informers: HubInformers,
     ) -> Arc<Hub> {
         let view = informers.view();
-        let namespaces = Namespaces::new(client.clone(), options.namespace_create);
+        let namespaces = Namespaces::new(client.clone(), options.namespace_create.clone());
         let mirrors = Mirrors::new(
             client.clone(),
             principal_namespace.clone(),
@@ -292,8 +294,8 @@ impl Hub {
         }
     }
 
-    /// Makes sure hub namespace `agent` exists for an autonomous agent's mirrors: creates it
-    /// with `--namespace-create-enable`, else says what is missing.
+    /// Makes sure hub namespace `agent` exists for an autonomous agent's mirrors: creates it when
+    /// the namespace-create flags allow, else says what is missing.
     pub async fn ensure_agent_namespace(&self, agent: &str) -> Result<(), String> {
         self.namespaces.ensure(agent).await
     }
