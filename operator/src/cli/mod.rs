@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod jwt;
 pub mod kubeconfig;
 pub mod pki;
+pub mod validate;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -65,6 +66,9 @@ pub enum Command {
     /// Refuse agents' client certificates (the principal's TLS blocklist).
     #[command(subcommand)]
     Blocklist(blocklist::BlocklistCommand),
+    /// Validate principal and agent installations against their clusters.
+    #[command(subcommand, visible_alias = "check-config")]
+    Validate(validate::ValidateCommand),
 }
 
 /// Where PKI material is read from and written to: a directory, or Secrets in a namespace.
@@ -225,6 +229,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Agent(cmd) => agent::run(cmd).await,
         Command::Fleet(cmd) => fleet::run(cmd).await,
         Command::Blocklist(cmd) => blocklist::run(cmd).await,
+        Command::Validate(cmd) => validate::run(cmd).await,
         Command::Wrap(_) => Err(CliError::Usage(
             "wrap runs without the async runtime: call wrap::run_wrap".into(),
         )),
