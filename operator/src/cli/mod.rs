@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod jwt;
 pub mod kubeconfig;
 pub mod pki;
+pub mod pki_ca;
 pub mod validate;
 
 use std::fmt;
@@ -234,6 +235,20 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             "wrap runs without the async runtime: call wrap::run_wrap".into(),
         )),
     }
+}
+
+/// Asks `prompt` on stdout and reads one line from stdin: whether it was `expected`.
+pub(crate) fn confirm(prompt: &str, expected: &str) -> Result<bool, CliError> {
+    use std::io::Write;
+    print!("{prompt}");
+    std::io::stdout()
+        .flush()
+        .map_err(|e| CliError::runtime(format!("writing the prompt: {e}")))?;
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| CliError::runtime(format!("reading the answer: {e}")))?;
+    Ok(answer.trim() == expected)
 }
 
 /// A timestamp as `YYYY-MM-DD HH:MM:SS UTC`, for summaries.

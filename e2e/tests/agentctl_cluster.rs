@@ -1,8 +1,9 @@
-//! `argocd-agentctl validate` against real kube-apiservers: a hub and a spoke set up with
-//! `argocd-agentctl` itself pass; a spoke whose agent has no hub namespace, and a hub whose CA was
-//! replaced after the certificates were issued, fail with the check, the reason and the command
-//! that fixes it. Both clusters are reached from one merged `$KUBECONFIG` by context, as a user
-//! with several hubs would.
+//! `argocd-agentctl` against real kube-apiservers, both clusters reached from one merged
+//! `$KUBECONFIG` by context, as a user with several hubs would: `validate` passes a hub and a spoke
+//! set up with `argocd-agentctl` itself, and fails a spoke whose agent has no hub namespace and a
+//! hub whose CA was replaced after the certificates were issued, with the check, the reason and
+//! the command that fixes it; `pki dump|propagate|delete` and `jwt delete-key` do what upstream's
+//! do, the deletions only once confirmed.
 
 use std::process::Output;
 
@@ -10,14 +11,32 @@ use e2e::binaries::project_binary;
 use e2e::gateway::{agentctl, ensure_namespace};
 use e2e::{shared_planes, TestContext};
 
-/// `argocd-agentctl validate <args>` with `kubeconfig` as `$KUBECONFIG` and `env` set.
-fn validate(kubeconfig: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+/// `argocd-agentctl <args>` with `kubeconfig` as `$KUBECONFIG`, `env` set and `stdin` typed in.
+fn run(kubeconfig: &str, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
     let mut cmd = std::process::Command::new(project_binary("argocd-agentctl").unwrap());
-    cmd.arg("validate").args(args).env("KUBECONFIG", kubeconfig);
+    cmd.args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().unwrap()
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// `argocd-agentctl validate <args>` with `kubeconfig` as `$KUBECONFIG` and `env` set.
+fn validate(kubeconfig: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    run(kubeconfig, &[&["validate"][..], args].concat(), env, "")
 }
 
 /// `plane`'s kubeconfig rewritten under `dir` with a user named after the plane, so that several
@@ -178,5 +197,122 @@ async fn validate_passes_a_good_install_and_names_what_is_wrong_in_a_bad_one() -
         assert!(failed.contains(expected), "{expected:?} in\n{failed}");
     }
     assert_eq!(failures(&out).len(), 3, "{}", text(&out));
+    Ok(())
+}
+
+/// The text of `key` in Secret `name` of `api`, if both exist.
+async fn secret_key(
+    api: &kube::Api<k8s_openapi::api::core::v1::Secret>,
+    name: &str,
+    key: &str,
+) -> anyhow::Result<Option<String>> {
+    Ok(api.get_opt(name).await?.and_then(|s| {
+        s.data.and_then(|d| {
+            d.get(key)
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        })
+    }))
+}
+
+#[tokio::test]
+async fn pki_dump_propagate_delete_and_jwt_delete_key_act_only_when_confirmed() -> anyhow::Result<()>
+{
+    let planes = shared_planes().await;
+    let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
+    let ctx = TestContext::new("agentctl_pki_ca")?;
+    let ns = ctx.unique("argocd");
+    let spoke_ns = ctx.unique("spoke-argocd");
+    ensure_namespace(&hub.client().await?, &ns).await?;
+    ensure_namespace(&spoke.client().await?, &spoke_ns).await?;
+    let merged = format!(
+        "{}:{}",
+        own_kubeconfig(&ctx.dir, hub)?,
+        own_kubeconfig(&ctx.dir, spoke)?
+    );
+    let on_hub = |args: &[&str], stdin: &str| {
+        run(
+            &merged,
+            &[args, &["--context", &hub.name, "-n", &ns][..]].concat(),
+            &[],
+            stdin,
+        )
+    };
+    for args in [&["pki", "init"][..], &["jwt", "create-key"][..]] {
+        let out = on_hub(args, "");
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let hub_secrets = kube::Api::namespaced(hub.client().await?, &ns);
+    let ca_cert = secret_key(&hub_secrets, "argocd-agent-ca", "tls.crt")
+        .await?
+        .expect("pki init wrote the CA");
+
+    // dump: what was asked for, nothing without asking.
+    let out = on_hub(&["pki", "dump", "--cert"], "");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), ca_cert);
+    let out = on_hub(&["pki", "dump", "--all"], "");
+    let all = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        all.starts_with(&ca_cert) && all.contains("PRIVATE KEY"),
+        "{all}"
+    );
+    let out = on_hub(&["pki", "dump"], "");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("one of --all, --key or --cert"),
+        "{}",
+        text(&out)
+    );
+
+    // propagate: the CA certificate, never its key, as the agent's CA secret on the spoke.
+    let spoke_secrets = kube::Api::namespaced(spoke.client().await?, &spoke_ns);
+    let propagate = [
+        "pki",
+        "propagate",
+        "--agent-context",
+        &spoke.name,
+        "--agent-namespace",
+        &spoke_ns,
+    ];
+    let out = on_hub(&propagate, "");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        secret_key(&spoke_secrets, "argocd-agent-ca", "ca.crt").await?,
+        Some(ca_cert.clone())
+    );
+    assert_eq!(
+        secret_key(&spoke_secrets, "argocd-agent-ca", "tls.key").await?,
+        None
+    );
+    let out = on_hub(&propagate, "");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("already exists"), "{}", text(&out));
+    let out = on_hub(&[&propagate[..], &["--force"]].concat(), "");
+    assert!(out.status.success(), "{}", text(&out));
+
+    // jwt delete-key: kept unless confirmed.
+    let out = on_hub(&["jwt", "delete-key"], "n\n");
+    assert!(text(&out).contains("Aborted."), "{}", text(&out));
+    assert!(hub_secrets.get_opt("argocd-agent-jwt").await?.is_some());
+    let out = on_hub(&["jwt", "delete-key"], "y\n");
+    assert!(
+        text(&out).contains("deleted successfully"),
+        "{}",
+        text(&out)
+    );
+    assert!(hub_secrets.get_opt("argocd-agent-jwt").await?.is_none());
+    let out = on_hub(&["jwt", "delete-key", "--force"], "");
+    assert!(text(&out).contains("does not exist"), "{}", text(&out));
+
+    // pki delete: only an uppercase YES deletes.
+    let out = on_hub(&["pki", "delete"], "yes\n");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(hub_secrets.get_opt("argocd-agent-ca").await?.is_some());
+    let out = on_hub(&["pki", "delete"], "YES\n");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(hub_secrets.get_opt("argocd-agent-ca").await?.is_none());
+    let out = on_hub(&["pki", "delete"], "YES\n");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("pki init"), "{}", text(&out));
     Ok(())
 }
