@@ -654,6 +654,35 @@ async fn managed_gpg_keys(principal: Side, agent: Side, mode: Mode) -> anyhow::R
         &Patch::Merge(json!({"data": second})),
     )
     .await?;
+    if agent == Side::Upstream {
+        // Upstream's agent (v0.9.0 agent/inbound.go updateGPGKey) drops an update whose hub
+        // resourceVersion equals the resourceVersion of its own last write on the spoke
+        // (IsChangeIgnored compares versions of two clusters); on planes of like age that
+        // happens. Once the update is known dropped, another hub change gets the keys there.
+        let follow = || async {
+            let want: std::collections::BTreeMap<String, String> =
+                serde_json::from_value(second.clone()).expect("string map");
+            wait_until(
+                "the key added on the hub on the spoke",
+                Duration::from_secs(15),
+                || async {
+                    Ok::<_, kube::Error>(spoke.get_opt(NAME).await?.filter(|cm| data(cm) == want))
+                },
+            )
+            .await
+        };
+        if follow().await.is_err() {
+            eprintln!("[e2e] upstream agent dropped the hub's update (resourceVersion clash); changing the hub object again");
+            hub.patch(
+                NAME,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"e2e.argocd-agent/nudge": "1"}}}),
+                ),
+            )
+            .await?;
+        }
+    }
     wait_data(second, "the key added on the hub on the spoke")
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
