@@ -316,3 +316,109 @@ async fn pki_dump_propagate_delete_and_jwt_delete_key_act_only_when_confirmed() 
     assert!(text(&out).contains("pki init"), "{}", text(&out));
     Ok(())
 }
+
+#[tokio::test]
+async fn agent_inspect_print_tls_and_reconfigure_read_and_rewrite_the_cluster_secret(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let hub = &planes.hub;
+    let ctx = TestContext::new("agentctl_agent_config")?;
+    let ns = ctx.unique("argocd");
+    let agent = ctx.unique("agent");
+    ensure_namespace(&hub.client().await?, &ns).await?;
+    let kubeconfig = own_kubeconfig(&ctx.dir, hub)?;
+    let on_hub = |args: &[&str]| {
+        run(
+            &kubeconfig,
+            &[
+                args,
+                &["--context", &hub.name, "--argocd-namespace", &ns][..],
+            ]
+            .concat(),
+            &[],
+            "",
+        )
+    };
+    let ok = |out: Output| {
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let in_ns = |args: &[&str]| {
+        run(
+            &kubeconfig,
+            &[args, &["--context", &hub.name, "-n", &ns][..]].concat(),
+            &[],
+            "",
+        )
+    };
+    ok(in_ns(&["pki", "init"]));
+    let ca = ok(in_ns(&["pki", "dump", "--cert"]));
+    ok(on_hub(&[
+        "agent",
+        "create",
+        &agent,
+        "--resource-proxy-server",
+        "proxy-a.example:9090",
+        "-n",
+        &ns,
+    ]));
+
+    let inspected: serde_json::Value =
+        serde_json::from_str(&ok(on_hub(&["agent", "inspect", &agent, "-o", "json"])))?;
+    assert_eq!(
+        inspected["server"],
+        format!("https://proxy-a.example:9090?agentName={agent}")
+    );
+    assert_eq!(inspected["name"], agent.as_str());
+    assert_eq!(ok(on_hub(&["agent", "print-tls", &agent, "-t", "ca"])), ca);
+    let first_cert = ok(on_hub(&["agent", "print-tls", &agent]));
+    assert!(
+        first_cert.starts_with("-----BEGIN CERTIFICATE-----"),
+        "{first_cert}"
+    );
+    assert!(ok(on_hub(&["agent", "print-tls", &agent, "--type", "key"])).contains("PRIVATE KEY"));
+
+    // A new server address: the certificate is kept.
+    ok(on_hub(&[
+        "agent",
+        "reconfigure",
+        &agent,
+        "--resource-proxy-server",
+        "proxy-b.example:9443",
+    ]));
+    let inspected: serde_json::Value =
+        serde_json::from_str(&ok(on_hub(&["agent", "inspect", &agent, "-o", "json"])))?;
+    assert_eq!(
+        inspected["server"],
+        format!("https://proxy-b.example:9443?agentName={agent}")
+    );
+    assert_eq!(ok(on_hub(&["agent", "print-tls", &agent])), first_cert);
+    // A reissued certificate: the server is kept.
+    ok(on_hub(&[
+        "agent",
+        "reconfigure",
+        &agent,
+        "--reissue-client-cert",
+        "-n",
+        &ns,
+    ]));
+    assert_ne!(ok(on_hub(&["agent", "print-tls", &agent])), first_cert);
+    let inspected: serde_json::Value =
+        serde_json::from_str(&ok(on_hub(&["agent", "inspect", &agent, "-o", "json"])))?;
+    assert_eq!(
+        inspected["server"],
+        format!("https://proxy-b.example:9443?agentName={agent}")
+    );
+
+    let out = on_hub(&["agent", "reconfigure", &agent]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("nothing to change"), "{}", text(&out));
+    let out = on_hub(&["agent", "inspect", "nobody"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("No such agent configured: nobody"),
+        "{}",
+        text(&out)
+    );
+    Ok(())
+}

@@ -7,6 +7,7 @@
 //! (blocklist, fleet, wrap, config) can be added beside them.
 
 pub mod agent;
+pub mod agent_config;
 pub mod blocklist;
 pub mod fleet;
 pub mod jwt;
