@@ -107,8 +107,9 @@ impl AutonomousSync {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The spoke API of a kind this agent owns; repositories are never synced in autonomous mode,
-    /// so an event about one (from a confused or hostile peer) is refused, not acted on.
+    /// The spoke API of a kind this agent owns; repositories and GPG keys are never synced in
+    /// autonomous mode, so an event about one (from a confused or hostile peer) is refused, not
+    /// acted on.
     fn api(&self, kind: SyncedKind) -> Result<&Api<SpokeObject>, HandleError> {
         match kind {
             SyncedKind::Application => Ok(&self.apps),
@@ -116,6 +117,9 @@ impl AutonomousSync {
             SyncedKind::Repository => Err(HandleError::Rejected(
                 "autonomous agents keep their own repositories; repository events are not accepted"
                     .into(),
+            )),
+            SyncedKind::GpgKey => Err(HandleError::Rejected(
+                "autonomous agents keep their own GPG keys; GPG key events are not accepted".into(),
             )),
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! Owns: [`ManagedSync`], which is both the [`EventHandler`] for what the principal sends
 //! (create / spec-update / set-operation / terminate-operation / delete of Applications, and
-//! create / spec-update / delete of AppProjects and repository Secrets, and the checksum resync:
+//! create / spec-update / delete of AppProjects, repository Secrets and the hub's GPG keys
+//! ConfigMap, and the checksum resync:
 //! `request-resource-resync`, `response-synced-resource`) and the observer of the agent
 //! namespace's informers ([`crate::spoke_watch`], whose stores say what the spoke holds) that
 //! keeps the spoke honest: it reverts local drift, recreates objects deleted without the hub
@@ -135,10 +136,11 @@ struct SpokeState {
     listed: HashSet<SyncedKind>,
 }
 
-const ALL_KINDS: [SyncedKind; 3] = [
+const ALL_KINDS: [SyncedKind; 4] = [
     SyncedKind::Application,
     SyncedKind::AppProject,
     SyncedKind::Repository,
+    SyncedKind::GpgKey,
 ];
 
 /// The hub copy a live spoke copy was written from (what [`spoke_copy`] produced): seeds the cache
@@ -155,6 +157,7 @@ pub struct ManagedSync {
     apps: Api<SpokeObject>,
     projects: Api<SpokeObject>,
     repositories: Api<SpokeObject>,
+    gpg_keys: Api<SpokeObject>,
     /// The Applications of the agent namespace again, typed, for the operations only an
     /// Application has.
     applications: Api<Application>,
@@ -208,6 +211,11 @@ impl ManagedSync {
             &settings.namespace,
             &SyncedKind::Repository.api_resource(),
         );
+        let gpg_keys = Api::namespaced_with(
+            client.clone(),
+            &settings.namespace,
+            &SyncedKind::GpgKey.api_resource(),
+        );
         let applications = Api::namespaced(client.clone(), &settings.namespace);
         let spoke = SpokeInformers::placed(
             &client,
@@ -222,6 +230,7 @@ impl ManagedSync {
             apps,
             projects,
             repositories,
+            gpg_keys,
             applications,
             spoke,
             outbox,
@@ -247,6 +256,7 @@ impl ManagedSync {
             SyncedKind::Application => &self.apps,
             SyncedKind::AppProject => &self.projects,
             SyncedKind::Repository => &self.repositories,
+            SyncedKind::GpgKey => &self.gpg_keys,
         }
     }
 
@@ -323,9 +333,9 @@ impl ManagedSync {
     /// several namespaces may share a name).
     fn request_key(&self, kind: SyncedKind, namespace: &str, name: &str) -> String {
         if kind == SyncedKind::Application && self.placement.destination_mapping() {
-            request_update_key(kind.kind(), &format!("{namespace}/{name}"))
+            request_update_key(kind.resync_kind(), &format!("{namespace}/{name}"))
         } else {
-            request_update_key(kind.kind(), name)
+            request_update_key(kind.resync_kind(), name)
         }
     }
 
@@ -700,6 +710,9 @@ impl ManagedSync {
             if let Some(sel) = self.settings.selector(kind) {
                 params = params.labels(&sel);
             }
+            if let Some(fields) = kind.field_selector() {
+                params = params.fields(&fields);
+            }
             let list = self.list_api(kind).list(&params).await.map_err(|e| {
                 handle_error(
                     format!("listing spoke {kind}s in {}", self.settings.namespace),
@@ -729,7 +742,7 @@ impl ManagedSync {
                     name: obj.name_str().to_string(),
                     namespace: self.request_namespace(kind, &json),
                     uid: uid.to_string(),
-                    kind: kind.kind().to_string(),
+                    kind: kind.resync_kind().to_string(),
                     checksum,
                 };
                 let mut ev = Event::request_update(AGENT_SOURCE, &req)
@@ -740,7 +753,7 @@ impl ManagedSync {
                 }
                 let key = self.request_key(kind, &req.namespace, &req.name);
                 self.push(keyed_request(ev, key))?;
-                keys.push(ResourceKey::new(kind.kind(), &req.name, "", uid));
+                keys.push(ResourceKey::new(kind.resync_kind(), &req.name, "", uid));
                 sent += 1;
             }
         }
@@ -757,15 +770,11 @@ impl ManagedSync {
     /// response-synced-resource: the hub has this key; ask for it (empty checksum) unless a spoke
     /// copy of that very hub object is here.
     async fn answer_synced_resource(&self, key: SyncedResource) -> Result<(), HandleError> {
-        let kind = match key.kind.as_str() {
-            "Application" => SyncedKind::Application,
-            "AppProject" => SyncedKind::AppProject,
-            "Secret" => SyncedKind::Repository,
-            other => {
-                return Err(HandleError::Rejected(format!(
-                    "response-synced-resource for unsupported kind {other:?}"
-                )))
-            }
+        let Some(kind) = SyncedKind::from_resync_kind(&key.kind) else {
+            return Err(HandleError::Rejected(format!(
+                "response-synced-resource for unsupported kind {:?}",
+                key.kind
+            )));
         };
         if key.name.is_empty() {
             return Err(HandleError::Rejected(
@@ -805,7 +814,7 @@ impl ManagedSync {
             name: key.name.clone(),
             namespace,
             uid: key.uid.clone(),
-            kind: kind.kind().to_string(),
+            kind: kind.resync_kind().to_string(),
             checksum: Vec::new(),
         };
         let ev = Event::request_update(AGENT_SOURCE, &req)

@@ -1,8 +1,9 @@
 //! The spoke copy of a hub object: what a managed agent writes locally for an Application or
 //! AppProject the principal sent, and the views of a live object the sync logic compares.
 //!
-//! Owns: [`SyncedKind`] (the kinds a managed agent keeps: Application, AppProject and repository
-//! Secrets, with their API coordinates and event targets), [`SpokeObject`] (an object of any of
+//! Owns: [`SyncedKind`] (the kinds a managed agent keeps: Application, AppProject, repository
+//! Secrets and the hub's GPG keys ConfigMap, with their API coordinates, event targets and resync
+//! kind names), [`SpokeObject`] (an object of any of
 //! those kinds as read, written and sent: metadata typed, each kind's parts whole),
 //! [`spoke_copy`] (hub object → spoke object, a pure function), [`replacement_body`] (the PUT
 //! body that replaces everything but the live status and operation), [`with_requested_operation`]
@@ -18,7 +19,9 @@ use argocd_agent_kube::argocd::{
     type_meta, AppProject, Application, ApplicationDestination, ApplicationSpec, ObjectMetaExt,
     Other,
 };
-use argocd_agent_proto::event::{Target, SOURCE_UID_ANNOTATION};
+use argocd_agent_proto::event::{
+    Target, GPG_KEYS_CONFIGMAP, GPG_KEY_RESYNC_KIND, SOURCE_UID_ANNOTATION,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ApiResource, DynamicResourceScope, GroupVersionKind};
 use serde::{Deserialize, Serialize};
@@ -44,6 +47,8 @@ pub enum SyncedKind {
     AppProject,
     /// `v1` Secret labelled `argocd.argoproj.io/secret-type: repository` or `repo-creds`.
     Repository,
+    /// `v1` ConfigMap `argocd-gpg-keys-cm`: the hub's GPG keys.
+    GpgKey,
 }
 
 impl SyncedKind {
@@ -53,7 +58,42 @@ impl SyncedKind {
             SyncedKind::Application => "Application",
             SyncedKind::AppProject => "AppProject",
             SyncedKind::Repository => "Secret",
+            SyncedKind::GpgKey => "ConfigMap",
         }
+    }
+
+    /// The `kind` of this kind's `request-update`s and resource keys in the resync: the
+    /// Kubernetes kind, except upstream's `GPGKey` for the GPG keys ConfigMap.
+    pub fn resync_kind(self) -> &'static str {
+        match self {
+            SyncedKind::GpgKey => GPG_KEY_RESYNC_KIND,
+            other => other.kind(),
+        }
+    }
+
+    /// The kind a resync `kind` names, if it is one a managed agent keeps.
+    pub fn from_resync_kind(kind: &str) -> Option<SyncedKind> {
+        [
+            SyncedKind::Application,
+            SyncedKind::AppProject,
+            SyncedKind::Repository,
+            SyncedKind::GpgKey,
+        ]
+        .into_iter()
+        .find(|k| k.resync_kind() == kind)
+    }
+
+    /// The field selector narrowing the watch of this kind to the one object it is about, if any.
+    pub fn field_selector(self) -> Option<String> {
+        match self {
+            SyncedKind::GpgKey => Some(format!("metadata.name={GPG_KEYS_CONFIGMAP}")),
+            _ => None,
+        }
+    }
+
+    /// Whether this kind is `data` (a Secret's or ConfigMap's) rather than `spec`.
+    pub fn is_data(self) -> bool {
+        matches!(self, SyncedKind::Repository | SyncedKind::GpgKey)
     }
 
     /// The resource plural.
@@ -62,13 +102,14 @@ impl SyncedKind {
             SyncedKind::Application => "applications",
             SyncedKind::AppProject => "appprojects",
             SyncedKind::Repository => "secrets",
+            SyncedKind::GpgKey => "configmaps",
         }
     }
 
     /// The `apiVersion` of this kind.
     pub fn api_version(self) -> &'static str {
         match self {
-            SyncedKind::Repository => "v1",
+            SyncedKind::Repository | SyncedKind::GpgKey => "v1",
             _ => "argoproj.io/v1alpha1",
         }
     }
@@ -79,13 +120,16 @@ impl SyncedKind {
             SyncedKind::Application => type_meta::<Application>(),
             SyncedKind::AppProject => type_meta::<AppProject>(),
             SyncedKind::Repository => type_meta::<k8s_openapi::api::core::v1::Secret>(),
+            SyncedKind::GpgKey => type_meta::<k8s_openapi::api::core::v1::ConfigMap>(),
         }
     }
 
     /// API coordinates for a dynamic client.
     pub fn api_resource(self) -> ApiResource {
         let gvk = match self {
-            SyncedKind::Repository => GroupVersionKind::gvk("", "v1", self.kind()),
+            SyncedKind::Repository | SyncedKind::GpgKey => {
+                GroupVersionKind::gvk("", "v1", self.kind())
+            }
             _ => GroupVersionKind::gvk("argoproj.io", "v1alpha1", self.kind()),
         };
         ApiResource::from_gvk_with_plural(&gvk, self.plural())
@@ -97,6 +141,7 @@ impl SyncedKind {
             SyncedKind::Application => Target::Application,
             SyncedKind::AppProject => Target::AppProject,
             SyncedKind::Repository => Target::Repository,
+            SyncedKind::GpgKey => Target::GpgKey,
         }
     }
 
@@ -106,6 +151,7 @@ impl SyncedKind {
             Target::Application => Some(SyncedKind::Application),
             Target::AppProject => Some(SyncedKind::AppProject),
             Target::Repository => Some(SyncedKind::Repository),
+            Target::GpgKey => Some(SyncedKind::GpgKey),
             _ => None,
         }
     }
@@ -170,9 +216,16 @@ pub struct SpokeObject {
     /// A Secret's type.
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub type_: Option<String>,
-    /// A Secret's data (base64 values).
+    /// A Secret's data (base64 values) or a ConfigMap's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<BTreeMap<String, Value>>,
+    /// A ConfigMap's binary data (base64 values).
+    #[serde(
+        rename = "binaryData",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub binary_data: Option<BTreeMap<String, Value>>,
     /// Everything else (`apiVersion`, `kind`, ...).
     #[serde(flatten)]
     pub other: Other,
@@ -231,7 +284,8 @@ impl SpokeObject {
 
     /// The copy of `self` an upsert writes: the metadata it keeps (name, `namespace`, labels,
     /// annotations minus `kubectl.kubernetes.io/last-applied-configuration`, finalizers) and
-    /// `kind`'s parts (spec; type and data for a Secret) as they are.
+    /// `kind`'s parts (spec; type and data for a Secret; data and binary data for a ConfigMap) as
+    /// they are.
     pub fn kept_parts(&self, kind: SyncedKind, namespace: Option<String>) -> SpokeObject {
         let meta = &self.metadata;
         let mut annotations = meta.annotations.clone().unwrap_or_default();
@@ -253,6 +307,10 @@ impl SpokeObject {
             SyncedKind::Repository => {
                 copy.type_ = self.type_.clone();
                 copy.data = self.data.clone();
+            }
+            SyncedKind::GpgKey => {
+                copy.data = self.data.clone();
+                copy.binary_data = self.binary_data.clone();
             }
             _ => copy.spec = self.spec.clone(),
         }
@@ -282,7 +340,7 @@ pub fn spoke_copy(
     if uid.is_empty() {
         return Err(CopyError::MissingField { kind, field: "uid" });
     }
-    if kind != SyncedKind::Repository && !matches!(hub.spec, Some(Value::Object(_))) {
+    if !kind.is_data() && !matches!(hub.spec, Some(Value::Object(_))) {
         return Err(CopyError::MissingSpec {
             kind,
             name: name.to_string(),
@@ -328,11 +386,12 @@ pub fn replacement_body(live: &SpokeObject, desired: &SpokeObject) -> SpokeObjec
 pub struct ManagedView {
     spec: Option<Value>,
     data: BTreeMap<String, Value>,
+    binary_data: BTreeMap<String, Value>,
     labels: BTreeMap<String, String>,
     annotations: BTreeMap<String, String>,
 }
 
-/// What drift revert protects: spec (data for a Secret), labels and annotations (minus the ones the
+/// What drift revert protects: spec (data for a Secret; data and binary data for a ConfigMap), labels and annotations (minus the ones the
 /// spoke may change on its own: last-applied-configuration and refresh). Absent
 /// labels/annotations/data equal empty ones.
 pub fn managed_view(obj: &SpokeObject) -> ManagedView {
@@ -343,6 +402,7 @@ pub fn managed_view(obj: &SpokeObject) -> ManagedView {
     ManagedView {
         spec: obj.spec.clone(),
         data: obj.data.clone().unwrap_or_default(),
+        binary_data: obj.binary_data.clone().unwrap_or_default(),
         labels: obj.metadata.labels.clone().unwrap_or_default(),
         annotations,
     }
@@ -491,6 +551,46 @@ mod tests {
         assert_eq!(copy.other, SyncedKind::AppProject.type_meta());
         assert_eq!(copy.spec, hub.spec);
         assert_eq!(copy.source_uid(), Some("p1"));
+    }
+
+    #[test]
+    fn gpg_keys_config_map_keeps_its_data_and_resyncs_as_upstream_names_it() {
+        let hub = object(json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "argocd-gpg-keys-cm", "namespace": "argocd", "uid": "g1",
+                         "resourceVersion": "7"},
+            "data": {"4AEE18F83AFDEB23": "-----BEGIN PGP PUBLIC KEY BLOCK-----"},
+            "binaryData": {"raw": "AAE="}
+        }));
+        let copy = spoke_copy(SyncedKind::GpgKey, &hub, "spoke-ns").unwrap();
+        assert_eq!(
+            copy.to_json(),
+            json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "argocd-gpg-keys-cm", "namespace": "spoke-ns",
+                             "annotations": {"argocd.argoproj.io/source-uid": "g1"}},
+                "data": {"4AEE18F83AFDEB23": "-----BEGIN PGP PUBLIC KEY BLOCK-----"},
+                "binaryData": {"raw": "AAE="}
+            })
+        );
+        let mut edited = copy.clone();
+        edited.binary_data = None;
+        assert_ne!(managed_view(&edited), managed_view(&copy));
+        assert_eq!(SyncedKind::GpgKey.resync_kind(), "GPGKey");
+        assert_eq!(
+            SyncedKind::from_resync_kind("GPGKey"),
+            Some(SyncedKind::GpgKey)
+        );
+        assert_eq!(
+            SyncedKind::from_target(&Target::GpgKey),
+            Some(SyncedKind::GpgKey)
+        );
+        assert_eq!(
+            SyncedKind::GpgKey.field_selector().as_deref(),
+            Some("metadata.name=argocd-gpg-keys-cm")
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The agent's watch of its namespace: one [`Informer`] per spoke kind a mode syncs
-//! (Applications and AppProjects, and in managed mode repository Secrets), whose stores are the
+//! (Applications and AppProjects, and in managed mode repository Secrets and the GPG keys
+//! ConfigMap, by field selector), whose stores are the
 //! agent's one copy of what the spoke holds. Under destination-based mapping the Application
 //! informer watches every spoke namespace and keeps those [`AppPlacement`] admits.
 //!
@@ -97,6 +98,9 @@ impl SpokeInformers {
             let mut config = watcher::Config::default();
             if let Some(sel) = &selector {
                 config = config.labels(sel);
+            }
+            if let Some(fields) = kind.field_selector() {
+                config = config.fields(&fields);
             }
             let informer = match (&across, kind) {
                 (Some(placement), SyncedKind::Application) => {

@@ -1189,7 +1189,7 @@ fn env_names_in_help(name: &str) -> BTreeSet<String> {
 async fn every_rendered_variable_is_one_the_binary_reads() {
     let ctx = TestContext::new("charts-env-names").unwrap();
     // Every optional setting set, so every variable the templates can emit is rendered.
-    let principal = "principal: {allowedNamespaces: [team-a], destinationBasedMapping: true, labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
+    let principal = "principal: {allowedNamespaces: [team-a], namespaceCreate: {enable: true, pattern: \"^edge-\", labels: {team: edge, tier: spoke}}, destinationBasedMapping: true, labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
         operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
     let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b}\n\
@@ -1218,4 +1218,13 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
             );
         }
     }
+    let objs = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", principal, None).unwrap());
+    assert_eq!(
+        env_value(&objs, "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS").map(|e| &e["value"]),
+        Some(&Value::from("team=edge,tier=spoke"))
+    );
+    assert_eq!(
+        env_value(&objs, "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_PATTERN").map(|e| &e["value"]),
+        Some(&Value::from("^edge-"))
+    );
 }

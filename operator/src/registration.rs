@@ -335,6 +335,37 @@ pub fn parse_cluster_secret(secret: &Secret) -> Result<RegisteredCluster, Regist
     })
 }
 
+/// The resource-proxy TLS material of an agent cluster Secret (certificate, key and CA, PEM).
+pub fn cluster_tls_material(secret: &Secret) -> Result<ClusterTlsMaterial, RegistrationError> {
+    let secret_name = secret.metadata.name.clone().unwrap_or_default();
+    let not_ours = |reason: String| RegistrationError::NotAClusterSecret {
+        name: secret_name.clone(),
+        reason,
+    };
+    let config = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("config"))
+        .ok_or_else(|| not_ours("no data key \"config\"".into()))?;
+    let config: ClusterConfig = serde_json::from_slice(&config.0)
+        .map_err(|e| not_ours(format!("config is not Argo CD cluster config JSON: {e}")))?;
+    let pem = |field: Option<String>, what: &str| -> Result<String, RegistrationError> {
+        let encoded =
+            field.ok_or_else(|| not_ours(format!("config has no tlsClientConfig.{what}")))?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map_err(|e| not_ours(format!("tlsClientConfig.{what} is not base64: {e}")))?;
+        String::from_utf8(bytes)
+            .map_err(|_| not_ours(format!("tlsClientConfig.{what} is not UTF-8")))
+    };
+    let tls = config.tls_client_config;
+    Ok(ClusterTlsMaterial {
+        cert_pem: pem(tls.cert_data, "certData")?,
+        key_pem: pem(tls.key_data, "keyData")?,
+        ca_pem: pem(tls.ca_data, "caData")?,
+    })
+}
+
 /// Result of [`AgentRegistry::create`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreatedAgent {
@@ -514,6 +545,43 @@ impl AgentRegistry {
             secret_deleted,
             namespace_deleted,
         })
+    }
+
+    /// The cluster Secret of `agent`, if registered.
+    pub async fn get(&self, agent: &AgentName) -> Result<Option<Secret>, RegistrationError> {
+        let name = cluster_secret_name(agent);
+        self.secrets().get_opt(&name).await.map_err(|source| {
+            self.kube_err(
+                format!("reading secret {}/{name}", self.argocd_namespace),
+                source,
+            )
+        })
+    }
+
+    /// Rewrites `agent`'s cluster Secret `secret` (as read by [`AgentRegistry::get`]) with
+    /// `server` and `tls`, keeping its labels and annotations; a concurrent change conflicts.
+    pub async fn reconfigure(
+        &self,
+        agent: &AgentName,
+        secret: &Secret,
+        server: &str,
+        tls: &ClusterTlsMaterial,
+    ) -> Result<(), RegistrationError> {
+        let mut rebuilt =
+            build_cluster_secret(agent, &self.argocd_namespace, server, tls, &BTreeMap::new());
+        rebuilt.metadata = secret.metadata.clone();
+        rebuilt.metadata.managed_fields = None;
+        let name = cluster_secret_name(agent);
+        self.secrets()
+            .replace(&name, &PostParams::default(), &rebuilt)
+            .await
+            .map_err(|source| {
+                self.kube_err(
+                    format!("replacing secret {}/{name}", self.argocd_namespace),
+                    source,
+                )
+            })?;
+        Ok(())
     }
 
     fn kube_err(&self, action: String, source: kube::Error) -> RegistrationError {

@@ -276,7 +276,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         config.namespace.clone(),
         registry.clone(),
         HubOptions {
-            namespace_create: config.namespace_create_enable,
+            namespace_create: config.namespace_create.clone(),
             resync_interval: config.resync_interval,
             allowed_namespaces: config.allowed_namespaces.clone(),
             label_selector: config.label_selector.clone(),

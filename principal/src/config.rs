@@ -203,6 +203,25 @@ pub struct PrincipalArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub namespace_create_enable: bool,
 
+    /// Only create hub namespaces whose name this regular expression matches (anywhere in the
+    /// name, as upstream: anchor it with ^...$ for a whole-name match); other autonomous agents
+    /// without a hub namespace are refused with that reason [default: any name].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_PATTERN",
+        value_name = "REGEX"
+    )]
+    pub namespace_create_pattern: Option<String>,
+
+    /// Labels put on the hub namespaces the principal creates, comma-separated key=value pairs.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE"
+    )]
+    pub namespace_create_labels: Vec<String>,
+
     /// Route Applications to agents by `spec.destination.name` instead of by namespace: a hub
     /// Application in any namespace --allowed-namespaces admits goes to the agent its destination
     /// names (agents run with --destination-based-mapping too, and keep its namespace). Autonomous
@@ -624,8 +643,8 @@ pub struct PrincipalConfig {
     pub namespace: String,
     /// Hub namespaces whose Applications are synced (globs); empty = every namespace.
     pub allowed_namespaces: Vec<String>,
-    /// Create autonomous agents' hub namespaces.
-    pub namespace_create_enable: bool,
+    /// Whether, which and how autonomous agents' hub namespaces are created.
+    pub namespace_create: crate::hub::NamespaceCreation,
     /// Route managed agents' Applications by `spec.destination.name` instead of by namespace.
     pub destination_based_mapping: bool,
     /// Modes agents may connect with (no duplicates, never empty).
@@ -776,6 +795,25 @@ impl PrincipalArgs {
 
         FLAGS.namespace(&self.namespace)?;
         let allowed_namespaces = FLAGS.allowed_namespaces(self.allowed_namespaces)?;
+        let namespace_create = crate::hub::NamespaceCreation {
+            enabled: self.namespace_create_enable,
+            pattern: match non_empty(self.namespace_create_pattern) {
+                Some(p) => Some(regex::Regex::new(&p).map_err(|e| {
+                    FLAGS.invalid(
+                        "namespace-create-pattern",
+                        format!("is not a regular expression: {e}"),
+                    )
+                })?),
+                None => None,
+            },
+            labels: self
+                .namespace_create_labels
+                .iter()
+                .filter(|l| !l.is_empty())
+                .map(|l| flags::parse_label(l))
+                .collect::<Result<_, _>>()
+                .map_err(|e| FLAGS.invalid_value("namespace-create-labels", e))?,
+        };
 
         let mut allowed_agent_modes = Vec::new();
         for mode in self.allowed_agent_modes {
@@ -969,7 +1007,7 @@ impl PrincipalArgs {
             insecure_plaintext: self.insecure_plaintext,
             namespace: self.namespace,
             allowed_namespaces,
-            namespace_create_enable: self.namespace_create_enable,
+            namespace_create,
             destination_based_mapping: self.destination_based_mapping,
             allowed_agent_modes,
             resource_proxy,
@@ -1064,6 +1102,47 @@ mod tests {
             .to_string();
         assert!(
             err.contains("ARGOCD_PRINCIPAL_OPERATOR_CERT_LIFETIME"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn namespace_create_flags_reach_the_config_and_bad_ones_are_refused() {
+        let files = Files::new();
+        let config = files
+            .validate(&[
+                "--namespace-create-enable",
+                "--namespace-create-pattern=^edge-",
+                "--namespace-create-labels=team=edge,example.com/tier=spoke",
+            ])
+            .unwrap();
+        let create = config.namespace_create;
+        assert!(create.enabled);
+        assert_eq!(create.pattern.unwrap().as_str(), "^edge-");
+        assert_eq!(
+            create.labels.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("example.com/tier".to_string(), "spoke".to_string()),
+                ("team".to_string(), "edge".to_string())
+            ]
+        );
+        let defaults = files.validate(&[]).unwrap().namespace_create;
+        assert!(!defaults.enabled && defaults.pattern.is_none() && defaults.labels.is_empty());
+        let err = files
+            .validate(&["--namespace-create-pattern=(unclosed"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ARGOCD_PRINCIPAL_NAMESPACE_CREATE_PATTERN")
+                && err.contains("not a regular expression"),
+            "{err}"
+        );
+        let err = files
+            .validate(&["--namespace-create-labels=team="])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS") && err.contains("no value"),
             "{err}"
         );
     }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use argocd_agent_kube::argocd::{AppProject, Application, ApplicationCondition, ObjectMetaExt};
 use argocd_agent_proto::event::{
-    names, spec_checksum, Event, EventType, Target, SOURCE_UID_ANNOTATION,
+    names, spec_checksum, Event, EventType, Target, GPG_KEY_RESYNC_KIND, SOURCE_UID_ANNOTATION,
 };
 use argocd_agent_proto::payload::{
     ClusterCacheInfo, ErrorData, RequestSyncedResourceList, RequestUpdate,
@@ -316,6 +316,17 @@ impl AgentInbound {
                     obj.as_ref().map(uid_of),
                     payload,
                     terminating,
+                )
+            }
+            GPG_KEY_RESYNC_KIND => {
+                let obj = self.hub.gpg_keys().filter(|cm| cm.name_str() == req.name);
+                (
+                    Target::GpgKey,
+                    obj.as_ref().map(|cm| cm.uid_str().to_string()),
+                    obj.as_ref()
+                        .map(|cm| to_value(&crate::hub::gpg_keys::payload(cm))),
+                    obj.as_ref()
+                        .is_some_and(|cm| cm.metadata.deletion_timestamp.is_some()),
                 )
             }
             other => {

@@ -13,6 +13,7 @@ use argocd_agent_proto::pb::cloudevents::{cloud_event, CloudEvent, CloudEventAtt
 use chrono::{TimeZone, Utc};
 use prost::Message;
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 fn hex_decode(s: &str) -> Vec<u8> {
     hex::decode(s).expect("fixture hex")
@@ -894,11 +895,20 @@ fn spec_checksum_matches_go_json_sha256() {
         hexs(&spec_checksum(&secret, None).unwrap()),
         "dd618aea4b856252ad4aa14ea108bac82b226505305558af1e3e9dda3c377eb4"
     );
-    // printf 'null' | sha256sum
+    // A ConfigMap without data checksums as `{}` (upstream's generateSpecChecksum), under its
+    // own kind and under the GPG keys ConfigMap's resync kind: printf '{}' | sha256sum
     let cm = json!({"metadata": {"name": "gpg"}});
+    for kind in ["ConfigMap", "GPGKey"] {
+        assert_eq!(
+            hexs(&spec_checksum(&cm, Some(kind)).unwrap()),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+    }
+    // printf '{"pub.asc":"k"}' | sha256sum
+    let cm = json!({"metadata": {"name": "gpg"}, "data": {"pub.asc": "k"}});
     assert_eq!(
-        hexs(&spec_checksum(&cm, Some("ConfigMap")).unwrap()),
-        "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b"
+        spec_checksum(&cm, Some("GPGKey")).unwrap(),
+        Sha256::digest(br#"{"pub.asc":"k"}"#).to_vec()
     );
     // printf '{}' | sha256sum
     let empty =

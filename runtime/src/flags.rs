@@ -88,6 +88,14 @@ pub enum FlagValueError {
         /// What is wrong.
         reason: String,
     },
+    /// Not a `key=value` Kubernetes label.
+    #[error("{value:?} is not a label ({reason}); use key=value, e.g. team=edge or example.com/tier=spoke")]
+    BadLabel {
+        /// The value as given.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// Drops the env fallback of every argument of `cmd` whose env var `lookup` finds set but empty,
@@ -358,9 +366,84 @@ pub fn check_label_selector(value: &str) -> Result<(), FlagValueError> {
     Ok(())
 }
 
+/// Whether `value` is a label name or value: at most 63 letters, digits, '-', '_' or '.',
+/// starting and ending with a letter or digit.
+fn is_label_name(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    let inner = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            bytes.len() <= 63
+                && first.is_ascii_alphanumeric()
+                && last.is_ascii_alphanumeric()
+                && bytes.iter().all(inner)
+        }
+        _ => false,
+    }
+}
+
+/// Parses one `key=value` label as upstream's `--namespace-create-labels` does (the value keeps
+/// any further '=' and may not be empty), and checks key and value against Kubernetes' rules
+/// (key: an optional DNS-subdomain prefix and '/', then a name; value: a name) so a bad label is
+/// refused at startup rather than by every create that carries it.
+pub fn parse_label(value: &str) -> Result<(String, String), FlagValueError> {
+    let bad = |reason: &str| FlagValueError::BadLabel {
+        value: value.to_string(),
+        reason: reason.to_string(),
+    };
+    let (key, val) = value.split_once('=').ok_or_else(|| bad("it has no '='"))?;
+    if val.is_empty() {
+        return Err(bad("it has no value"));
+    }
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        let ok = !prefix.is_empty() && prefix.len() <= 253 && prefix.split('.').all(is_dns_label);
+        if !ok {
+            return Err(bad("the key's prefix is not a DNS subdomain"));
+        }
+    }
+    if !is_label_name(name) {
+        return Err(bad(
+            "the key's name must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+        ));
+    }
+    if !is_label_name(val) {
+        return Err(bad(
+            "the value must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+        ));
+    }
+    Ok((key.to_string(), val.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_parse_like_upstream_and_follow_kubernetes_rules() {
+        assert_eq!(
+            parse_label("team=edge").unwrap(),
+            ("team".to_string(), "edge".to_string())
+        );
+        assert_eq!(
+            parse_label("example.com/tier=spoke-1").unwrap(),
+            ("example.com/tier".to_string(), "spoke-1".to_string())
+        );
+        for (bad, why) in [
+            ("team", "no '='"),
+            ("team=", "no value"),
+            ("=edge", "key's name"),
+            ("team=a=b", "the value"),
+            ("Bad_/x=y", "prefix"),
+            ("team=-edge", "the value"),
+        ] {
+            let err = parse_label(bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn empty_env_vars_fall_back_to_defaults() {

@@ -24,6 +24,14 @@ pub enum AgentCommand {
     List(ListArgs),
     /// Remove an agent's cluster secret (and optionally its hub namespace).
     Delete(DeleteArgs),
+    /// Show an agent's registration: server address and client certificate validity.
+    #[command(visible_alias = "show")]
+    Inspect(super::agent_config::InspectArgs),
+    /// Print an agent's resource-proxy client certificate, key or CA (PEM) to stdout.
+    #[command(visible_alias = "dump-tls")]
+    PrintTls(super::agent_config::PrintTlsArgs),
+    /// Change an agent's resource-proxy server address or reissue its client certificate.
+    Reconfigure(super::agent_config::ReconfigureArgs),
 }
 
 /// Connection to the hub cluster.
@@ -46,7 +54,7 @@ pub struct HubArgs {
 }
 
 impl HubArgs {
-    async fn registry(&self) -> Result<AgentRegistry, CliError> {
+    pub(crate) async fn registry(&self) -> Result<AgentRegistry, CliError> {
         let client =
             kubeconfig::client(self.kubeconfig.as_deref(), self.context.as_deref()).await?;
         Ok(AgentRegistry::new(client, &self.argocd_namespace))
@@ -130,10 +138,13 @@ pub async fn run(cmd: AgentCommand) -> Result<(), CliError> {
         AgentCommand::Create(args) => create(args).await,
         AgentCommand::List(args) => list(args).await,
         AgentCommand::Delete(args) => delete(args).await,
+        AgentCommand::Inspect(args) => super::agent_config::inspect(args).await,
+        AgentCommand::PrintTls(args) => super::agent_config::print_tls(args).await,
+        AgentCommand::Reconfigure(args) => super::agent_config::reconfigure(args).await,
     }
 }
 
-fn agent_name(name: &str) -> Result<AgentName, CliError> {
+pub(crate) fn agent_name(name: &str) -> Result<AgentName, CliError> {
     AgentName::new(name).map_err(|e| CliError::usage(format!("NAME: {e}")))
 }
 

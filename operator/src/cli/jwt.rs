@@ -13,6 +13,18 @@ pub enum JwtCommand {
     CreateKey(CreateKeyArgs),
     /// Show the type and public-key fingerprint of the signing key.
     InspectKey(InspectKeyArgs),
+    /// Delete the signing key (every issued token becomes invalid); asks unless --force.
+    DeleteKey(DeleteKeyArgs),
+}
+
+/// Arguments of `jwt delete-key`.
+#[derive(Args, Debug)]
+pub struct DeleteKeyArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Force deletion without confirmation.
+    #[arg(long, short = 'f', env = "ARGOCD_AGENTCTL_FORCE")]
+    force: bool,
 }
 
 /// Arguments of `jwt create-key`.
@@ -58,7 +70,47 @@ pub async fn run(cmd: JwtCommand) -> Result<(), CliError> {
     match cmd {
         JwtCommand::CreateKey(args) => create_key(args).await,
         JwtCommand::InspectKey(args) => inspect_key(args).await,
+        JwtCommand::DeleteKey(args) => delete_key(args).await,
     }
+}
+
+async fn delete_key(args: DeleteKeyArgs) -> Result<(), CliError> {
+    let store = args.store.open().await?;
+    if !args.force
+        && !super::confirm(
+            "Are you sure you want to delete the JWT signing key? [y/N]: ",
+            "y",
+        )?
+    {
+        println!("Aborted.");
+        return Ok(());
+    }
+    let (location, deleted) = match &store {
+        Store::Dir(dir) => {
+            let path = dir.jwt_key_path();
+            let deleted = match std::fs::remove_file(&path) {
+                Ok(()) => true,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => {
+                    return Err(CliError::runtime(format!(
+                        "cannot delete {}: {e}",
+                        path.display()
+                    )))
+                }
+            };
+            (path.display().to_string(), deleted)
+        }
+        Store::Secrets(s) => (
+            format!("secret {}/{}", s.namespace(), secrets::JWT_SECRET),
+            s.delete(secrets::JWT_SECRET).await?,
+        ),
+    };
+    if deleted {
+        println!("JWT signing key {location} deleted successfully.");
+    } else {
+        println!("JWT signing key {location} does not exist.");
+    }
+    Ok(())
 }
 
 async fn create_key(args: CreateKeyArgs) -> Result<(), CliError> {

@@ -7,11 +7,14 @@
 //! (blocklist, fleet, wrap, config) can be added beside them.
 
 pub mod agent;
+pub mod agent_config;
 pub mod blocklist;
 pub mod fleet;
 pub mod jwt;
 pub mod kubeconfig;
 pub mod pki;
+pub mod pki_ca;
+pub mod validate;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -65,6 +68,9 @@ pub enum Command {
     /// Refuse agents' client certificates (the principal's TLS blocklist).
     #[command(subcommand)]
     Blocklist(blocklist::BlocklistCommand),
+    /// Validate principal and agent installations against their clusters.
+    #[command(subcommand, visible_alias = "check-config")]
+    Validate(validate::ValidateCommand),
 }
 
 /// Where PKI material is read from and written to: a directory, or Secrets in a namespace.
@@ -225,10 +231,25 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Agent(cmd) => agent::run(cmd).await,
         Command::Fleet(cmd) => fleet::run(cmd).await,
         Command::Blocklist(cmd) => blocklist::run(cmd).await,
+        Command::Validate(cmd) => validate::run(cmd).await,
         Command::Wrap(_) => Err(CliError::Usage(
             "wrap runs without the async runtime: call wrap::run_wrap".into(),
         )),
     }
+}
+
+/// Asks `prompt` on stdout and reads one line from stdin: whether it was `expected`.
+pub(crate) fn confirm(prompt: &str, expected: &str) -> Result<bool, CliError> {
+    use std::io::Write;
+    print!("{prompt}");
+    std::io::stdout()
+        .flush()
+        .map_err(|e| CliError::runtime(format!("writing the prompt: {e}")))?;
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| CliError::runtime(format!("reading the answer: {e}")))?;
+    Ok(answer.trim() == expected)
 }
 
 /// A timestamp as `YYYY-MM-DD HH:MM:SS UTC`, for summaries.

@@ -26,6 +26,12 @@ pub enum PkiCommand {
     Issue(IssueCommand),
     /// Show the CA and issued certificates, or one certificate file.
     Inspect(InspectArgs),
+    /// Print the CA's certificate and/or private key (PEM) to stdout.
+    Dump(super::pki_ca::DumpArgs),
+    /// Delete the CA (asks to type YES).
+    Delete(super::pki_ca::DeleteArgs),
+    /// !!NON-PROD!! Copy the CA certificate to an agent's cluster as its CA secret.
+    Propagate(super::pki_ca::PropagateArgs),
 }
 
 /// Arguments of `pki init`.
@@ -160,6 +166,9 @@ pub async fn run(cmd: PkiCommand) -> Result<(), CliError> {
         }
         PkiCommand::Issue(IssueCommand::Agent(args)) => issue_agent(args).await,
         PkiCommand::Inspect(args) => inspect(args).await,
+        PkiCommand::Dump(args) => super::pki_ca::dump(args).await,
+        PkiCommand::Delete(args) => super::pki_ca::delete(args).await,
+        PkiCommand::Propagate(args) => super::pki_ca::propagate(args).await,
     }
 }
 
@@ -183,7 +192,7 @@ fn describe(info: &CertInfo) -> String {
     )
 }
 
-async fn load_ca(store: &Store) -> Result<CertificateAuthority, CliError> {
+pub(crate) async fn load_ca(store: &Store) -> Result<CertificateAuthority, CliError> {
     Ok(match store {
         Store::Dir(dir) => dir.load_ca()?,
         Store::Secrets(secrets) => secrets.load_ca().await?,

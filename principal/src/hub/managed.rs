@@ -2,10 +2,12 @@
 //!
 //! Owns, for agents in managed mode (the hub owns spec): which events a change of a hub
 //! Application (to the agent it maps to, [`super::mapping`]; a new agent = delete on the old one,
-//! create on the new), AppProject or repository Secret produces for which agent (a
-//! repository Secret goes to every managed agent the AppProject in its `data.project` applies to,
-//! and is re-routed whenever that AppProject changes); the resync after this principal (re)started
-//! ([`ManagedRouter::principal_restart_resync`]: AppProjects and repository Secrets in full, the
+//! create on the new), AppProject, repository Secret or GPG keys ConfigMap produces for which
+//! agent (a repository Secret goes to every managed agent the AppProject in its `data.project`
+//! applies to, and is re-routed whenever that AppProject changes; the GPG keys ConfigMap goes to
+//! every managed agent); the resync after this principal (re)started
+//! ([`ManagedRouter::principal_restart_resync`]: AppProjects, repository Secrets and the GPG
+//! keys ConfigMap in full, the
 //! operations the spoke has not started, then `request-resource-resync`, which the agent answers
 //! with checksums); and the answer to an agent's key-set checksum
 //! ([`ManagedRouter::answer_managed_key_list`]). Changes seen before a kind's first list are not
@@ -15,13 +17,16 @@
 use std::sync::Arc;
 
 use argocd_agent_kube::argocd::{AppProject, Application, ObjectMetaExt};
-use argocd_agent_proto::event::{Event, EventType, ResourceKey, Target};
+use argocd_agent_proto::event::{Event, EventType, ResourceKey, Target, GPG_KEY_RESYNC_KIND};
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::payload::SyncedResource;
 use argocd_agent_proto::sync::keyed_request;
 use argocd_agent_proto::sync::resync::{keys_to_announce, synced_resource_key, RESYNC_REQUEST_KEY};
 use serde_json::Value;
 
+use k8s_openapi::api::core::v1::ConfigMap;
+
+use super::gpg_keys;
 use super::mapping::AppMapping;
 use super::view::{HubView, Kind};
 use super::{name_of, push, queue, uid_of, SOURCE};
@@ -218,8 +223,34 @@ impl ManagedRouter {
         }
     }
 
-    /// The resync after this principal (re)started, for a managed agent: its AppProjects and
-    /// repository Secrets in full (few and small), the operations its spoke has not started yet
+    /// Routes a change of the hub's GPG keys ConfigMap (`old` → `new`, `None` = absent or not
+    /// synced) to every managed agent: create, spec-update when the payload changed, or delete.
+    pub fn gpg_keys_changed(&self, old: Option<&ConfigMap>, new: Option<&ConfigMap>) {
+        if new.is_some() && !self.view.is_listed(Kind::GpgKey) {
+            return;
+        }
+        let (old, new) = (gpg_keys::if_synced(old), gpg_keys::if_synced(new));
+        let (event, cm) = match (old, new) {
+            (None, Some(n)) => (EventType::Create, n),
+            (Some(o), Some(n)) if gpg_keys::payload(o) != gpg_keys::payload(n) => {
+                (EventType::SpecUpdate, n)
+            }
+            (Some(o), None) => (EventType::Delete, o),
+            _ => return,
+        };
+        let payload = gpg_keys::payload(cm);
+        for session in self.managed_sessions() {
+            tracing::info!(
+                agent = session.name.as_str(),
+                event_type = event.name(),
+                "routing the GPG keys ConfigMap to the agent"
+            );
+            queue(&session, event.clone(), Target::GpgKey, &payload);
+        }
+    }
+
+    /// The resync after this principal (re)started, for a managed agent: its AppProjects,
+    /// repository Secrets and the GPG keys ConfigMap in full (few and small), the operations its spoke has not started yet
     /// (the events that carried them may have been lost with the old process), then
     /// `request-resource-resync`, which the agent answers with checksums.
     pub fn principal_restart_resync(&self, session: &AgentSession) {
@@ -244,6 +275,15 @@ impl ManagedRouter {
         for r in &repositories {
             queue(session, EventType::SpecUpdate, Target::Repository, r);
         }
+        let gpg_keys = self.view.gpg_keys();
+        if let Some(cm) = &gpg_keys {
+            queue(
+                session,
+                EventType::SpecUpdate,
+                Target::GpgKey,
+                &gpg_keys::payload(cm),
+            );
+        }
         let pending: Vec<Arc<Application>> = self
             .view
             .applications_of(agent)
@@ -266,14 +306,15 @@ impl ManagedRouter {
             agent,
             projects = projects.len(),
             repositories = repositories.len(),
+            gpg_keys = gpg_keys.is_some(),
             pending_operations = pending.len(),
             "first connection since the principal started: checksum resync requested"
         );
     }
 
     /// The keys of everything managed agent `agent` should have: its Applications (in their hub
-    /// namespace), the AppProjects and repository Secrets that apply to it (uid = the hub
-    /// object's).
+    /// namespace), the AppProjects and repository Secrets that apply to it and the GPG keys
+    /// ConfigMap (uid = the hub object's).
     pub fn managed_keys(&self, agent: &str) -> Vec<ResourceKey> {
         let mut keys: Vec<ResourceKey> = self
             .view
@@ -300,6 +341,11 @@ impl ManagedRouter {
                 .repositories_for(agent)
                 .iter()
                 .map(|s| ResourceKey::new("Secret", name_of(s), "", uid_of(s))),
+        );
+        keys.extend(
+            self.view
+                .gpg_keys()
+                .map(|cm| ResourceKey::new(GPG_KEY_RESYNC_KIND, cm.name_str(), "", cm.uid_str())),
         );
         keys
     }

@@ -2,13 +2,14 @@
 //!
 //! `Hub` wires its parts together and is what the rest of the principal calls:
 //! - [`view`]: the informers of hub Applications (every namespace `--allowed-namespaces` admits),
-//!   AppProjects and repository / repo-creds Secrets (principal namespace),
+//!   AppProjects, repository / repo-creds Secrets and the GPG keys ConfigMap (principal namespace),
 //!   all narrowed by `--label-selector` — the one store per kind in the principal (the embedded
 //!   operator's pull model reads the Application store too, when it holds every Application);
 //! - [`managed`]: routing of hub changes into managed agents' outboxes and their checksum resync
 //!   (reference §2.5, so a resync of N unchanged objects costs O(N) messages of O(1) size);
 //! - [`mirrors`]: autonomous agents' hub mirrors, their protection and their checksum resync;
 //! - [`namespaces`]: the hub namespaces of autonomous agents;
+//! - [`gpg_keys`]: which ConfigMap is the hub's GPG keys and what is sent for it;
 //! - [`mapping`]: which agent a hub Application belongs to (namespace, or `spec.destination.name`
 //!   with `--destination-based-mapping`) and which hub Application an agent's event names.
 //!
@@ -19,6 +20,7 @@
 //! the outbox, which kept every undelivered event), an autonomous agent the checksum resync; every
 //! `--resync-interval` (jittered) each connected agent gets one again.
 
+pub mod gpg_keys;
 mod managed;
 pub mod mapping;
 mod mirrors;
@@ -37,6 +39,7 @@ use argocd_agent_proto::payload::RequestUpdate;
 use argocd_agent_proto::sync::keyed_request;
 use argocd_agent_proto::sync::resync::{jittered, request_update_key, RESYNC_REQUEST_KEY};
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
@@ -52,6 +55,7 @@ pub use view::{HubView, Kind, REPOSITORY_SELECTOR};
 
 use crate::sessions::{AgentRegistry, AgentSession};
 use mirrors::MirrorOptions;
+pub use namespaces::NamespaceCreation;
 use namespaces::Namespaces;
 pub(crate) use view::to_value;
 use view::HubInformers;
@@ -62,8 +66,9 @@ pub const SOURCE: &str = "argocd-principal";
 /// Hub-side behaviour the flags choose.
 #[derive(Debug, Clone, Default)]
 pub struct HubOptions {
-    /// Create the hub namespace of an autonomous agent when missing (`--namespace-create-enable`).
-    pub namespace_create: bool,
+    /// Whether and how the hub namespace of an autonomous agent is created when missing
+    /// (`--namespace-create-enable`, `--namespace-create-pattern`, `--namespace-create-labels`).
+    pub namespace_create: NamespaceCreation,
     /// Periodic resync of connected agents (`--resync-interval`); `None` = only on connect.
     pub resync_interval: Option<Duration>,
     /// Hub namespaces whose Applications are watched and served (`--allowed-namespaces`, globs);
@@ -152,7 +157,7 @@ impl Hub {
         informers: HubInformers,
     ) -> Arc<Hub> {
         let view = informers.view();
-        let namespaces = Namespaces::new(client.clone(), options.namespace_create);
+        let namespaces = Namespaces::new(client.clone(), options.namespace_create.clone());
         let mirrors = Mirrors::new(
             client.clone(),
             principal_namespace.clone(),
@@ -214,6 +219,11 @@ impl Hub {
             .filter(|p| self.view.project_applies(p, agent))
     }
 
+    /// The hub's GPG keys ConfigMap, if it exists and is synced (every managed agent gets it).
+    pub fn gpg_keys(&self) -> Option<Arc<ConfigMap>> {
+        self.view.gpg_keys()
+    }
+
     /// The hub repository Secret `name`, if the AppProject it names applies to `agent`.
     pub fn repository_for(&self, agent: &str, name: &str) -> Option<Value> {
         self.view.repository_for(agent, name)
@@ -233,7 +243,12 @@ impl Hub {
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
         let hub = || HubEvents { hub: self.clone() };
-        Some(informers.with_handlers(Arc::new(hub()), Arc::new(hub()), Arc::new(hub())))
+        Some(informers.with_handlers(
+            Arc::new(hub()),
+            Arc::new(hub()),
+            Arc::new(hub()),
+            Arc::new(hub()),
+        ))
     }
 
     /// Runs the watches (and the periodic resync) until the process ends. Call once.
@@ -247,6 +262,7 @@ impl Hub {
             informers.apps.run(None),
             informers.projects.run(None),
             informers.repositories.run(None),
+            informers.gpg_keys.run(None),
             periodic
         );
     }
@@ -292,8 +308,8 @@ impl Hub {
         }
     }
 
-    /// Makes sure hub namespace `agent` exists for an autonomous agent's mirrors: creates it
-    /// with `--namespace-create-enable`, else says what is missing.
+    /// Makes sure hub namespace `agent` exists for an autonomous agent's mirrors: creates it when
+    /// the namespace-create flags allow, else says what is missing.
     pub async fn ensure_agent_namespace(&self, agent: &str) -> Result<(), String> {
         self.namespaces.ensure(agent).await
     }
@@ -396,6 +412,21 @@ impl Handler<DynamicObject> for HubEvents {
         self.hub
             .managed
             .repository_changed(Some(&to_value(&*last)), None);
+        Box::pin(async {})
+    }
+}
+
+/// The GPG keys ConfigMap.
+impl Handler<ConfigMap> for HubEvents {
+    fn applied(&self, old: Option<Arc<ConfigMap>>, new: Arc<ConfigMap>) -> BoxFuture<'_, ()> {
+        self.hub
+            .managed
+            .gpg_keys_changed(old.as_deref(), Some(&new));
+        Box::pin(async {})
+    }
+
+    fn deleted(&self, last: Arc<ConfigMap>) -> BoxFuture<'_, ()> {
+        self.hub.managed.gpg_keys_changed(Some(&last), None);
         Box::pin(async {})
     }
 }

@@ -2,26 +2,71 @@
 //! `<agent>`.
 //!
 //! Owns making sure that namespace exists before mirrors are written into it: created with
-//! `--namespace-create-enable`, else a message saying what is missing.
+//! `--namespace-create-enable` when the name matches `--namespace-create-pattern` (if set),
+//! labelled with `--namespace-create-labels`; else a message saying what is missing.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
+use regex::Regex;
+
+/// Whether and how the principal creates autonomous agents' hub namespaces (upstream's
+/// `WithAutoNamespaceCreate`).
+#[derive(Debug, Clone, Default)]
+pub struct NamespaceCreation {
+    /// Create missing namespaces at all (`--namespace-create-enable`).
+    pub enabled: bool,
+    /// Only create names this regex matches anywhere in (`--namespace-create-pattern`; unanchored,
+    /// like upstream's Go `MatchString`); `None` = any name.
+    pub pattern: Option<Regex>,
+    /// Labels put on created namespaces (`--namespace-create-labels`).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NamespaceCreation {
+    /// Why namespace `name` may not be created, or `None` when it may.
+    fn refusal(&self, name: &str) -> Option<String> {
+        if !self.enabled {
+            return Some(format!(
+                "hub namespace {name:?} for autonomous agent {name:?} does not exist; create it or start the \
+                 principal with --namespace-create-enable"
+            ));
+        }
+        match &self.pattern {
+            Some(pattern) if !pattern.is_match(name) => Some(format!(
+                "hub namespace {name:?} for autonomous agent {name:?} does not exist and the name does not \
+                 match --namespace-create-pattern {:?}; create the namespace, or widen the pattern",
+                pattern.as_str()
+            )),
+            _ => None,
+        }
+    }
+}
+
+impl PartialEq for NamespaceCreation {
+    fn eq(&self, other: &Self) -> bool {
+        self.enabled == other.enabled
+            && self.pattern.as_ref().map(Regex::as_str) == other.pattern.as_ref().map(Regex::as_str)
+            && self.labels == other.labels
+    }
+}
 
 /// Creates (or not) the hub namespaces of autonomous agents.
 #[derive(Clone)]
 pub struct Namespaces {
     client: kube::Client,
-    create: bool,
+    creation: NamespaceCreation,
 }
 
 impl Namespaces {
-    /// Namespaces made with `client` when `create` (`--namespace-create-enable`).
-    pub fn new(client: kube::Client, create: bool) -> Namespaces {
-        Namespaces { client, create }
+    /// Namespaces made with `client` as `creation` allows.
+    pub fn new(client: kube::Client, creation: NamespaceCreation) -> Namespaces {
+        Namespaces { client, creation }
     }
 
-    /// Makes sure hub namespace `agent` exists for an autonomous agent's mirrors: creates it
-    /// with `--namespace-create-enable`, else says what is missing.
+    /// Makes sure hub namespace `agent` exists for an autonomous agent's mirrors: creates it when
+    /// the namespace-create flags allow, else says what is missing.
     pub async fn ensure(&self, agent: &str) -> Result<(), String> {
         let api: Api<Namespace> = Api::all(self.client.clone());
         match api.get_opt(agent).await {
@@ -29,15 +74,14 @@ impl Namespaces {
             Ok(None) => {}
             Err(e) => return Err(format!("cannot read hub namespace {agent:?}: {e}")),
         }
-        if !self.create {
-            return Err(format!(
-                "hub namespace {agent:?} for autonomous agent {agent:?} does not exist; create it or start the \
-                 principal with --namespace-create-enable"
-            ));
+        if let Some(refusal) = self.creation.refusal(agent) {
+            return Err(refusal);
         }
+        let labels = &self.creation.labels;
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(agent.to_string()),
+                labels: (!labels.is_empty()).then(|| labels.clone()),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()
@@ -50,5 +94,36 @@ impl Namespaces {
             Err(e) if argocd_agent_kube::errors::is_conflict(&e) => Ok(()),
             Err(e) => Err(format!("cannot create hub namespace {agent:?}: {e}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creation_is_refused_with_the_flag_to_change() {
+        let off = NamespaceCreation::default();
+        assert!(off
+            .refusal("ship")
+            .unwrap()
+            .contains("--namespace-create-enable"));
+        let on = NamespaceCreation {
+            enabled: true,
+            pattern: Some(Regex::new("^edge-").unwrap()),
+            ..NamespaceCreation::default()
+        };
+        assert_eq!(on.refusal("edge-1"), None);
+        let refused = on.refusal("core-1").unwrap();
+        assert!(
+            refused.contains("--namespace-create-pattern") && refused.contains("^edge-"),
+            "{refused}"
+        );
+        let unanchored = NamespaceCreation {
+            enabled: true,
+            pattern: Some(Regex::new("edge").unwrap()),
+            ..NamespaceCreation::default()
+        };
+        assert_eq!(unanchored.refusal("my-edge-1"), None);
     }
 }

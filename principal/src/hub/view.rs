@@ -1,9 +1,10 @@
 //! The hub view: the one store per watched hub kind, and the lookups every hub part makes in it.
 //!
 //! Owns the informers' read sides for hub Applications (every namespace `--allowed-namespaces`
-//! admits), AppProjects and repository / repo-creds Secrets (principal namespace), all narrowed by
-//! `--label-selector`, and answers "what does the hub hold": an agent's Application and an
-//! AppProject (typed), a repository Secret (as JSON) and the AppProject it names. It holds no copy
+//! admits), AppProjects, repository / repo-creds Secrets and the GPG keys ConfigMap (principal
+//! namespace), all narrowed by `--label-selector`, and answers "what does the hub hold": an
+//! agent's Application and an AppProject (typed), a repository Secret (as JSON) and the
+//! AppProject it names, the GPG keys ConfigMap (typed, if synced). It holds no copy
 //! of its own: the informer stores are the only cache of these kinds in the principal. When the
 //! Application informer selects every Application (neither `--allowed-namespaces` nor
 //! `--label-selector` narrows it), its changes are also handed on ([`HubInformers::app_events`])
@@ -14,6 +15,8 @@ use std::sync::Arc;
 use argocd_agent_kube::argocd::{AppProject, Application};
 use argocd_agent_kube::fanout::EventFanout;
 use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
+use argocd_agent_proto::event::GPG_KEYS_CONFIGMAP;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
 use kube::runtime::watcher;
@@ -34,6 +37,8 @@ pub enum Kind {
     AppProject,
     /// Repository and repo-creds Secrets, in the principal namespace.
     Repository,
+    /// The GPG keys ConfigMap, in the principal namespace.
+    GpgKey,
 }
 
 impl Kind {
@@ -43,11 +48,12 @@ impl Kind {
             Kind::Application => "Application",
             Kind::AppProject => "AppProject",
             Kind::Repository => "Secret",
+            Kind::GpgKey => "ConfigMap",
         }
     }
 }
 
-/// The three informers of the hub view, before handlers are attached.
+/// The informers of the hub view, before handlers are attached.
 pub struct HubInformers {
     principal_namespace: String,
     mapping: AppMapping,
@@ -57,6 +63,8 @@ pub struct HubInformers {
     pub projects: Informer<AppProject>,
     /// Repository Secrets.
     pub repositories: Informer<DynamicObject>,
+    /// The GPG keys ConfigMap.
+    pub gpg_keys: Informer<ConfigMap>,
     /// The Applications' changes for other parts of the process, when `apps` selects every one.
     pub app_events: Option<Arc<EventFanout<Application>>>,
 }
@@ -98,6 +106,11 @@ impl HubInformers {
             config(Some(REPOSITORY_SELECTOR)),
             secret,
         );
+        let gpg_keys = Informer::new(
+            "hub GPG keys ConfigMap",
+            Api::namespaced(client.clone(), principal_namespace),
+            config(None).fields(&super::gpg_keys::field_selector()),
+        );
         HubInformers {
             principal_namespace: principal_namespace.to_string(),
             mapping,
@@ -105,15 +118,17 @@ impl HubInformers {
             apps,
             projects,
             repositories,
+            gpg_keys,
         }
     }
 
-    /// The informers with one handler each (applications, projects, repositories).
+    /// The informers with one handler each (applications, projects, repositories, GPG keys).
     pub fn with_handlers(
         mut self,
         apps: Arc<dyn Handler<Application>>,
         projects: Arc<dyn Handler<AppProject>>,
         repositories: Arc<dyn Handler<DynamicObject>>,
+        gpg_keys: Arc<dyn Handler<ConfigMap>>,
     ) -> HubInformers {
         self.apps = self.apps.handler(apps);
         if let Some(events) = &self.app_events {
@@ -121,6 +136,7 @@ impl HubInformers {
         }
         self.projects = self.projects.handler(projects);
         self.repositories = self.repositories.handler(repositories);
+        self.gpg_keys = self.gpg_keys.handler(gpg_keys);
         self
     }
 
@@ -132,6 +148,7 @@ impl HubInformers {
             apps: self.apps.reader(),
             projects: self.projects.reader(),
             repositories: self.repositories.reader(),
+            gpg_keys: self.gpg_keys.reader(),
         }
     }
 }
@@ -146,6 +163,7 @@ pub struct HubView {
     apps: InformerReader<Application>,
     projects: InformerReader<AppProject>,
     repositories: InformerReader<DynamicObject>,
+    gpg_keys: InformerReader<ConfigMap>,
 }
 
 /// A stored object as JSON.
@@ -161,6 +179,7 @@ impl HubView {
             Kind::Application => self.apps.is_listed(),
             Kind::AppProject => self.projects.is_listed(),
             Kind::Repository => self.repositories.is_listed(),
+            Kind::GpgKey => self.gpg_keys.is_listed(),
         }
     }
 
@@ -169,6 +188,7 @@ impl HubView {
         self.apps.wait_listed().await;
         self.projects.wait_listed().await;
         self.repositories.wait_listed().await;
+        self.gpg_keys.wait_listed().await;
     }
 
     /// How Applications map to agents.
@@ -269,6 +289,13 @@ impl HubView {
             .then_some(secret)
     }
 
+    /// The hub's GPG keys ConfigMap, if it exists and is synced (every managed agent gets it).
+    pub fn gpg_keys(&self) -> Option<Arc<ConfigMap>> {
+        self.gpg_keys
+            .get(Some(&self.principal_namespace), GPG_KEYS_CONFIGMAP)
+            .filter(|cm| super::gpg_keys::if_synced(Some(cm)).is_some())
+    }
+
     /// Every repository Secret that applies to `agent`.
     pub fn repositories_for(&self, agent: &str) -> Vec<Value> {
         self.repositories()
@@ -340,8 +367,9 @@ pub mod testing {
     }
 
     /// Starts `informers` on hand-fed event streams; returns the feeds (apps, projects,
-    /// repositories).
+    /// repositories); the GPG keys ConfigMap is listed empty.
     pub fn drive(informers: HubInformers) -> (Feed, Feed, Feed) {
+        feed(informers.gpg_keys).list(vec![]);
         (
             feed(informers.apps),
             feed(informers.projects),

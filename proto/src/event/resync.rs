@@ -129,16 +129,33 @@ pub enum ChecksumError {
     SpecNotObject { kind: String, name: String },
 }
 
-/// Spec checksum of an object as upstream computes it: for `Secret` and `ConfigMap`
-/// sha256(Go-JSON of `data`, `null` when absent); for everything else sha256(Go-JSON of
-/// `spec` without its `destination` field, which the agent rewrites).
+/// Name of the hub's GPG keys ConfigMap (Argo CD's `argocd-gpg-keys-cm`), in the principal's
+/// namespace on the hub and the agent's on the spoke.
+pub const GPG_KEYS_CONFIGMAP: &str = "argocd-gpg-keys-cm";
+
+/// The resync kind (`kind` of `request-update` and of resource keys) upstream gives the GPG keys
+/// ConfigMap.
+pub const GPG_KEY_RESYNC_KIND: &str = "GPGKey";
+
+/// Spec checksum of an object as upstream computes it: for `Secret` sha256(Go-JSON of `data`,
+/// `null` when absent); for `ConfigMap` (or upstream's resync kind of the GPG keys ConfigMap,
+/// [`GPG_KEY_RESYNC_KIND`]) the same with `{}` when absent; for everything else sha256(Go-JSON
+/// of `spec` without its `destination` field, which the agent rewrites).
 /// `kind` overrides the object's own `kind` field when given.
 pub fn spec_checksum(obj: &Value, kind: Option<&str>) -> Result<Vec<u8>, ChecksumError> {
     let kind = kind
         .or_else(|| obj.get("kind").and_then(Value::as_str))
         .unwrap_or_default();
-    if kind == "Secret" || kind == "ConfigMap" {
+    if kind == "Secret" {
         return Ok(data_checksum(obj));
+    }
+    if kind == "ConfigMap" || kind == GPG_KEY_RESYNC_KIND {
+        let data = obj
+            .get("data")
+            .filter(|d| !d.is_null())
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Default::default()));
+        return Ok(Sha256::digest(go_json::to_vec(&data)).to_vec());
     }
     let name = || {
         obj.pointer("/metadata/name")
