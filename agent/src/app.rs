@@ -72,6 +72,23 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         "argocd-agent started"
     );
 
+    let client_tls = || match &config.tls {
+        Some(files) => load_tls(files, &config).map(Some),
+        None => {
+            warn!(
+                principal = %config.server_address,
+                "INSECURE: connecting to the principal WITHOUT TLS (--insecure-plaintext); ensure \
+                 Istio or a similar service mesh provides mTLS and names this agent to the principal"
+            );
+            Ok(None)
+        }
+    };
+    // TLS given as files is checked first: an unusable file is a configuration error (exit 2)
+    // even where no cluster can be reached.
+    let early_tls = match config.tls_secrets.is_empty() {
+        true => Some(client_tls()?),
+        false => None,
+    };
     let client = kube_client(&config.kube).await?;
     // TLS files that come from Secrets are written before they are loaded.
     let _tls_secrets = secret_files::keep(
@@ -83,16 +100,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     )
     .await
     .map_err(|e| ConfigProblem(e.to_string()))?;
-    let tls = match &config.tls {
-        Some(files) => Some(load_tls(files, &config)?),
-        None => {
-            warn!(
-                principal = %config.server_address,
-                "INSECURE: connecting to the principal WITHOUT TLS (--insecure-plaintext); ensure \
-                 Istio or a similar service mesh provides mTLS and names this agent to the principal"
-            );
-            None
-        }
+    let tls = match early_tls {
+        Some(tls) => tls,
+        None => client_tls()?,
     };
     let tls_watcher = tls.as_ref().map(|t| t.spawn_watcher(TLS_RELOAD_INTERVAL));
     let expiry_watcher = tls
