@@ -20,7 +20,7 @@ use argocd_agent_kube::argocd::{
     Other,
 };
 use argocd_agent_proto::event::{
-    Target, GPG_KEYS_CONFIGMAP, GPG_KEY_RESYNC_KIND, SOURCE_UID_ANNOTATION,
+    Target, GPG_KEYS_CONFIGMAP, GPG_KEY_RESYNC_KIND, REPOSITORY_RESYNC_KIND, SOURCE_UID_ANNOTATION,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ApiResource, DynamicResourceScope, GroupVersionKind};
@@ -63,16 +63,22 @@ impl SyncedKind {
     }
 
     /// The `kind` of this kind's `request-update`s and resource keys in the resync: the
-    /// Kubernetes kind, except upstream's `GPGKey` for the GPG keys ConfigMap.
+    /// Kubernetes kind, except upstream's `Repository` for repository Secrets and `GPGKey` for
+    /// the GPG keys ConfigMap.
     pub fn resync_kind(self) -> &'static str {
         match self {
+            SyncedKind::Repository => REPOSITORY_RESYNC_KIND,
             SyncedKind::GpgKey => GPG_KEY_RESYNC_KIND,
             other => other.kind(),
         }
     }
 
-    /// The kind a resync `kind` names, if it is one a managed agent keeps.
+    /// The kind a resync `kind` names, if it is one a managed agent keeps (`Secret` too: our
+    /// principals before upstream's `Repository` named repository Secrets so).
     pub fn from_resync_kind(kind: &str) -> Option<SyncedKind> {
+        if kind == "Secret" {
+            return Some(SyncedKind::Repository);
+        }
         [
             SyncedKind::Application,
             SyncedKind::AppProject,
@@ -579,6 +585,14 @@ mod tests {
         edited.binary_data = None;
         assert_ne!(managed_view(&edited), managed_view(&copy));
         assert_eq!(SyncedKind::GpgKey.resync_kind(), "GPGKey");
+        // Repository Secrets by upstream's resync kind; ours before it said `Secret`.
+        assert_eq!(SyncedKind::Repository.resync_kind(), "Repository");
+        for kind in ["Repository", "Secret"] {
+            assert_eq!(
+                SyncedKind::from_resync_kind(kind),
+                Some(SyncedKind::Repository)
+            );
+        }
         assert_eq!(
             SyncedKind::from_resync_kind("GPGKey"),
             Some(SyncedKind::GpgKey)

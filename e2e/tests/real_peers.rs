@@ -538,7 +538,8 @@ cells!(managed_app_delete_cascades, Mode::Managed, {
 });
 
 /// An AppProject created on the hub for the agent reaches its spoke, and so does a repository
-/// Secret scoped to that project.
+/// Secret scoped to that project; a change and the deletion of that Secret while the agent is
+/// down reach the spoke through the resync after the agent's restart.
 async fn managed_project_and_repository(
     principal: Side,
     agent: Side,
@@ -611,6 +612,48 @@ async fn managed_project_and_repository(
         url.as_deref() == Some(cell.git.url("apps").as_str()),
         "the spoke copy has the hub's repository URL: {url:?}"
     );
+
+    // Changed on the hub while the agent was down: the resync after its restart, which names
+    // repository Secrets by upstream's resync kind `Repository`, brings the new URL.
+    let mut cell = cell;
+    cell.agent.process_mut().kill();
+    let moved = format!("{}-moved", cell.git.url("apps"));
+    secrets
+        .patch(
+            &repo,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"url": moved}})),
+        )
+        .await?;
+    cell.agent.process_mut().start_again()?;
+    wait_until(
+        "the URL changed while the agent was down on the spoke",
+        SYNC_WAIT,
+        || async {
+            let copy = spoke_secrets.get_opt(&repo).await?;
+            let url = copy.and_then(|c| c.data).and_then(|d| {
+                d.get("url")
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            });
+            Ok::<_, kube::Error>((url.as_deref() == Some(moved.as_str())).then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+
+    // Deleted on the hub while the agent was down: the resync removes the spoke's copy.
+    cell.agent.process_mut().kill();
+    secrets.delete(&repo, &Default::default()).await?;
+    cell.agent.process_mut().start_again()?;
+    wait_until(
+        "the Secret deleted while the agent was down gone from the spoke",
+        SYNC_WAIT,
+        || async {
+            Ok::<_, kube::Error>(spoke_secrets.get_opt(&repo).await?.is_none().then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
     Ok(())
 }
 

@@ -23,7 +23,8 @@ use std::sync::Arc;
 
 use argocd_agent_kube::argocd::{AppProject, Application, ApplicationCondition, ObjectMetaExt};
 use argocd_agent_proto::event::{
-    names, spec_checksum, Event, EventType, Target, GPG_KEY_RESYNC_KIND, SOURCE_UID_ANNOTATION,
+    names, spec_checksum, Event, EventType, Target, GPG_KEY_RESYNC_KIND, REPOSITORY_RESYNC_KIND,
+    SOURCE_UID_ANNOTATION,
 };
 use argocd_agent_proto::payload::{
     ClusterCacheInfo, ErrorData, RequestSyncedResourceList, RequestUpdate,
@@ -307,7 +308,8 @@ impl AgentInbound {
                     terminating,
                 )
             }
-            "Secret" => {
+            // `Secret`: our agents before upstream's `Repository`.
+            REPOSITORY_RESYNC_KIND | "Secret" => {
                 let obj = self.hub.repository_for(self.agent(), &req.name);
                 let payload = obj.as_ref().map(repository_payload);
                 let terminating = obj.as_ref().is_some_and(secret_terminating);

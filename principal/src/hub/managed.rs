@@ -17,7 +17,9 @@
 use std::sync::Arc;
 
 use argocd_agent_kube::argocd::{AppProject, Application, ObjectMetaExt};
-use argocd_agent_proto::event::{Event, EventType, ResourceKey, Target, GPG_KEY_RESYNC_KIND};
+use argocd_agent_proto::event::{
+    Event, EventType, ResourceKey, Target, GPG_KEY_RESYNC_KIND, REPOSITORY_RESYNC_KIND,
+};
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::payload::SyncedResource;
 use argocd_agent_proto::sync::keyed_request;
@@ -340,7 +342,7 @@ impl ManagedRouter {
             self.view
                 .repositories_for(agent)
                 .iter()
-                .map(|s| ResourceKey::new("Secret", name_of(s), "", uid_of(s))),
+                .map(|s| ResourceKey::new(REPOSITORY_RESYNC_KIND, name_of(s), "", uid_of(s))),
         );
         keys.extend(
             self.view

@@ -137,7 +137,12 @@ pub const GPG_KEYS_CONFIGMAP: &str = "argocd-gpg-keys-cm";
 /// ConfigMap.
 pub const GPG_KEY_RESYNC_KIND: &str = "GPGKey";
 
-/// Spec checksum of an object as upstream computes it: for `Secret` sha256(Go-JSON of `data`,
+/// The resync kind (`kind` of `request-update` and of resource keys) upstream gives repository
+/// Secrets. Our agents and principals before it used `Secret`, which both still accept.
+pub const REPOSITORY_RESYNC_KIND: &str = "Repository";
+
+/// Spec checksum of an object as upstream computes it: for `Secret` (or the repository resync
+/// kind, [`REPOSITORY_RESYNC_KIND`]) sha256(Go-JSON of `data`,
 /// `null` when absent); for `ConfigMap` (or upstream's resync kind of the GPG keys ConfigMap,
 /// [`GPG_KEY_RESYNC_KIND`]) the same with `{}` when absent; for everything else sha256(Go-JSON
 /// of `spec` without its `destination` field, which the agent rewrites).
@@ -146,7 +151,7 @@ pub fn spec_checksum(obj: &Value, kind: Option<&str>) -> Result<Vec<u8>, Checksu
     let kind = kind
         .or_else(|| obj.get("kind").and_then(Value::as_str))
         .unwrap_or_default();
-    if kind == "Secret" {
+    if kind == "Secret" || kind == REPOSITORY_RESYNC_KIND {
         return Ok(data_checksum(obj));
     }
     if kind == "ConfigMap" || kind == GPG_KEY_RESYNC_KIND {
