@@ -8,7 +8,9 @@
 //! questions (`request-update` with the mirror's checksum, `request-synced-resource-list` with
 //! the checksum of the hub's key set) and the operations users request on a hub mirror
 //! (`set-operation`, `terminate-operation`, `spec-update` carrying the refresh annotation), which
-//! run here. Local objects are never overwritten from the hub: the owner wins.
+//! run here. Local objects are never overwritten from the hub: the owner wins. Objects labelled
+//! skip-sync ([`argocd_agent_kube::skip_sync`]) are not watched: one that gains the label is
+//! reported deleted, as upstream's agent does.
 //!
 //! Restart: what was queued survives in the durable outbox; what changed while the process was
 //! down is found by the principal's checksum resync on connect, so the first list after start
@@ -29,6 +31,7 @@ use tracing::{debug, info, warn};
 
 use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
+use argocd_agent_kube::skip_sync::without_skip_sync;
 
 use crate::managed::patch_params;
 use crate::spoke_copy::{SpokeObject, SyncedKind, REFRESH_ANNOTATION};
@@ -70,8 +73,9 @@ fn rejected(e: impl std::fmt::Display) -> HandleError {
 }
 
 impl AutonomousSync {
-    /// Autonomous sync of `namespace`; `full_resync` sends every object once after start (the
-    /// outbox of an earlier run was lost or damaged).
+    /// Autonomous sync of `namespace`, of the objects `label_selector` selects that are not
+    /// labelled skip-sync; `full_resync` sends every object once after start (the outbox of an
+    /// earlier run was lost or damaged).
     pub fn new(
         client: kube::Client,
         namespace: String,
@@ -79,6 +83,7 @@ impl AutonomousSync {
         outbox: Arc<Outbox>,
         full_resync: bool,
     ) -> Arc<Self> {
+        let label_selector = Some(without_skip_sync(label_selector.as_deref()));
         let api = |kind: SyncedKind| {
             Api::namespaced_with(client.clone(), &namespace, &kind.api_resource())
         };

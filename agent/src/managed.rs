@@ -31,8 +31,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
+use argocd_agent_kube::skip_sync::without_skip_sync;
 use argocd_agent_proto::event::{
     set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
+    PRINCIPAL_UID_ANNOTATION,
 };
 use argocd_agent_proto::payload::{ErrorData, RequestUpdate, SyncedResource};
 use argocd_agent_proto::sync::resync::{
@@ -45,9 +47,10 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::config::{AdoptionPolicy, AgentConfig, SourceUidMismatchPolicy};
+use crate::config::{AdoptionPolicy, AgentConfig, RecreateAction, SourceUidMismatchPolicy};
 use crate::drift::{
-    needs_revert, on_deleted, status_report, CachedCopy, DeletedAction, StatusReport,
+    mismatch_policy, needs_revert, on_deleted, recreated_from, status_report, CachedCopy,
+    DeletedAction, StatusReport,
 };
 use crate::placement::{AppPlacement, Placed, NAMESPACE_REMAPPED_ANNOTATION};
 use crate::spoke_copy::{
@@ -63,7 +66,7 @@ pub const FIELD_MANAGER: &str = "argocd-agent";
 pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
 
 /// What managed mode needs from the configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ManagedSettings {
     /// The agent's Argo CD namespace, where spoke copies live.
     pub namespace: String,
@@ -73,6 +76,10 @@ pub struct ManagedSettings {
     pub source_uid_mismatch_policy: SourceUidMismatchPolicy,
     /// Only watch local objects matching this selector.
     pub label_selector: Option<String>,
+    /// Leave local Applications the hub did not create alone (never adopt them).
+    pub ignore_unmanaged_apps: bool,
+    /// What follows the recreation of an Application deleted locally.
+    pub on_application_recreate: RecreateAction,
 }
 
 impl ManagedSettings {
@@ -82,7 +89,10 @@ impl ManagedSettings {
             namespace: config.namespace.clone(),
             adoption_policy: config.adoption_policy,
             source_uid_mismatch_policy: config.source_uid_mismatch_policy,
-            label_selector: config.label_selector.clone(),
+            // Objects labelled skip-sync are not watched, as upstream's agent does not.
+            label_selector: Some(without_skip_sync(config.label_selector.as_deref())),
+            ignore_unmanaged_apps: config.ignore_unmanaged_apps,
+            on_application_recreate: config.on_application_recreate,
         }
     }
 
@@ -129,6 +139,9 @@ struct SpokeState {
     cache: HashMap<ObjectKey, CachedCopy>,
     /// Deletions the hub asked for and the watcher has not seen complete yet.
     expected_deletions: HashSet<ObjectKey>,
+    /// Copies the agent deleted to create them again from a newer hub object (source-uid
+    /// mismatch, `recreate`): not an unauthorised deletion once gone.
+    replacing: HashSet<ObjectKey>,
     /// Status/operation view last reported per Application.
     reported: HashMap<ObjectKey, ReportedView>,
     /// Kinds whose first list since start completed.
@@ -297,9 +310,17 @@ impl ManagedSync {
         kind: SyncedKind,
         hub: &SpokeObject,
         placed: &Placed,
+        principal_uid: Option<&str>,
     ) -> Result<SpokeObject, HandleError> {
         let mut desired = spoke_copy(kind, hub, &placed.namespace)
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        if let Some(uid) = principal_uid.filter(|u| !u.is_empty()) {
+            desired
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(PRINCIPAL_UID_ANNOTATION.into(), uid.into());
+        }
         if placed.remapped {
             desired
                 .metadata
@@ -338,12 +359,14 @@ impl ManagedSync {
 
     // ---- principal -> spoke -------------------------------------------------------------
 
-    /// create / spec-update: keep the hub copy and make the spoke match it; a payload with a
-    /// deletionTimestamp means the hub is deleting the object.
+    /// create / spec-update: keep the hub copy (stamped with the sending principal's identity
+    /// `principal_uid`, if known) and make the spoke match it; a payload with a deletionTimestamp
+    /// means the hub is deleting the object.
     async fn apply_hub_object(
         &self,
         kind: SyncedKind,
         hub: &SpokeObject,
+        principal_uid: Option<&str>,
     ) -> Result<(), HandleError> {
         if hub.is_terminating() {
             return self.delete_for_hub(kind, hub).await;
@@ -366,7 +389,23 @@ impl ManagedSync {
                 return Err(e);
             }
         };
-        let desired = self.desired_copy(kind, hub, &placed)?;
+        let mut desired = self.desired_copy(kind, hub, &placed, principal_uid)?;
+        if principal_uid.is_none() {
+            // An event without the principal's identity keeps the one the copy has.
+            if let Some(known) = self
+                .spoke
+                .state(kind)
+                .iter()
+                .find(|o| o.namespace_str() == placed.namespace && o.name_str() == hub.name_str())
+                .and_then(|o| o.annotation(PRINCIPAL_UID_ANNOTATION).map(str::to_string))
+            {
+                desired
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(PRINCIPAL_UID_ANNOTATION.into(), known);
+            }
+        }
         let key = ObjectKey::of(kind, &desired);
         {
             let mut st = self.lock();
@@ -440,6 +479,13 @@ impl ManagedSync {
         }
         let wanted_uid = desired.source_uid().unwrap_or_default();
         match live.source_uid() {
+            None if self.settings.ignore_unmanaged_apps && kind == SyncedKind::Application => {
+                return Err(HandleError::Rejected(format!(
+                    "spoke {kind} {ns}/{name} exists but was not created from the hub, and \
+                     --ignore-unmanaged-apps leaves such Applications alone; delete or rename \
+                     it on the spoke, or rename the hub's"
+                )))
+            }
             None => match self.settings.adoption_policy {
                 AdoptionPolicy::Never => {
                     return Err(HandleError::Rejected(format!(
@@ -451,31 +497,34 @@ impl ManagedSync {
                     info!(kind = %kind, namespace = %ns, name, "adopting a local object of the same name as the hub's")
                 }
             },
-            Some(uid) if uid != wanted_uid => match self.settings.source_uid_mismatch_policy {
-                SourceUidMismatchPolicy::Recreate => {
-                    info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; deleting it to recreate it from the current one");
-                    let params = DeleteParams {
-                        preconditions: Some(Preconditions {
-                            uid: Some(live.uid_str().to_string()),
-                            resource_version: None,
-                        }),
-                        ..DeleteParams::background()
-                    };
-                    return match api.delete(name, &params).await {
-                        Ok(_) => Ok(()),
-                        Err(e) if is_not_found(&e) => Err(HandleError::Retryable(format!(
-                            "spoke {kind} {ns}/{name} vanished while replacing it"
-                        ))),
-                        Err(e) => Err(handle_error(
-                            format!("deleting stale spoke {kind} {ns}/{name}"),
-                            e,
-                        )),
-                    };
+            Some(uid) if uid != wanted_uid => {
+                match mismatch_policy(&live, desired, self.settings.source_uid_mismatch_policy) {
+                    SourceUidMismatchPolicy::Recreate => {
+                        info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; deleting it to recreate it from the current one");
+                        self.lock().replacing.insert(ObjectKey::new(kind, ns, name));
+                        let params = DeleteParams {
+                            preconditions: Some(Preconditions {
+                                uid: Some(live.uid_str().to_string()),
+                                resource_version: None,
+                            }),
+                            ..DeleteParams::background()
+                        };
+                        return match api.delete(name, &params).await {
+                            Ok(_) => Ok(()),
+                            Err(e) if is_not_found(&e) => Err(HandleError::Retryable(format!(
+                                "spoke {kind} {ns}/{name} vanished while replacing it"
+                            ))),
+                            Err(e) => Err(handle_error(
+                                format!("deleting stale spoke {kind} {ns}/{name}"),
+                                e,
+                            )),
+                        };
+                    }
+                    SourceUidMismatchPolicy::Upsert => {
+                        info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; updating it in place")
+                    }
                 }
-                SourceUidMismatchPolicy::Upsert => {
-                    info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; updating it in place")
-                }
-            },
+            }
             Some(_) => {}
         }
         if matches_desired(&live, desired) {
@@ -531,8 +580,13 @@ impl ManagedSync {
     }
 
     /// set-operation: make sure the spoke copy exists, then set its `.operation`.
-    async fn set_operation(&self, hub: &SpokeObject) -> Result<(), HandleError> {
-        self.apply_hub_object(SyncedKind::Application, hub).await?;
+    async fn set_operation(
+        &self,
+        hub: &SpokeObject,
+        principal_uid: Option<&str>,
+    ) -> Result<(), HandleError> {
+        self.apply_hub_object(SyncedKind::Application, hub, principal_uid)
+            .await?;
         let Some(operation) = hub.operation.as_ref().filter(|op| !op.is_null()) else {
             return Ok(());
         };
@@ -959,15 +1013,22 @@ impl ManagedSync {
     async fn on_gone(&self, kind: SyncedKind, gone: &SpokeObject) {
         let (ns, name) = (gone.namespace_str(), gone.name_str());
         let key = ObjectKey::of(kind, gone);
-        let (expected, cached) = {
+        let (expected, replacing, cached) = {
             let mut st = self.lock();
             st.reported.remove(&key);
             (
                 st.expected_deletions.remove(&key),
+                st.replacing.remove(&key),
                 st.cache.get(&key).cloned(),
             )
         };
         match on_deleted(gone, expected, cached.as_ref()) {
+            DeletedAction::Recreate(desired) if replacing => {
+                info!(kind = %kind, namespace = %ns, name, "creating the spoke copy of the current hub object");
+                if let Err(e) = self.upsert(kind, &desired).await {
+                    warn!(kind = %kind, namespace = %ns, name, error = %e, "cannot create the replacement; the principal's next resync will");
+                }
+            }
             DeletedAction::Ignore => {}
             DeletedAction::Confirm => {
                 info!(kind = %kind, namespace = %ns, name, "spoke copy deleted as the hub asked");
@@ -979,10 +1040,62 @@ impl ManagedSync {
             }
             DeletedAction::Recreate(desired) => {
                 info!(kind = %kind, namespace = %ns, name, "spoke copy was deleted locally; recreating it from the hub's copy");
-                if let Err(e) = self.upsert(kind, &desired).await {
-                    warn!(kind = %kind, namespace = %ns, name, error = %e, "cannot recreate a locally deleted object; the principal's next resync will");
+                // As upstream's agent, an Application comes back with the status it had.
+                let body = recreated_from(kind, &desired, gone);
+                match self.upsert(kind, &body).await {
+                    Ok(()) if kind == SyncedKind::Application => {
+                        self.after_recreate(ns, name).await
+                    }
+                    Ok(()) => {}
+                    Err(e) => {
+                        warn!(kind = %kind, namespace = %ns, name, error = %e, "cannot recreate a locally deleted object; the principal's next resync will")
+                    }
                 }
             }
+        }
+    }
+}
+
+impl ManagedSync {
+    /// `--on-application-recreate`: after Application `ns`/`name` was recreated with the
+    /// status it had, clear its stale operation state or request a sync, or leave it be.
+    async fn after_recreate(&self, ns: &str, name: &str) {
+        let apps = self.applications_in(ns);
+        let result = match self.settings.on_application_recreate {
+            RecreateAction::Ignore => return,
+            RecreateAction::ClearStatus => apps
+                .patch(
+                    name,
+                    &patch_params(),
+                    &Patch::Merge(json!({"status": {"operationState": null}})),
+                )
+                .await
+                .map(|_| "cleared the stale operation state of the recreated Application"),
+            RecreateAction::Resync => {
+                // Argo CD writes the new Application's status meanwhile: retry a conflict.
+                let mut attempt = 0;
+                loop {
+                    let written = match apps.get(name).await {
+                        Ok(live) => {
+                            let body = with_requested_operation(live, &json!({"sync": {}}));
+                            apps.replace(name, &write_params(), &body).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match written {
+                        Err(kube::Error::Api(s)) if s.is_conflict() && attempt < 5 => attempt += 1,
+                        other => {
+                            break other.map(|_| "requested a sync of the recreated Application")
+                        }
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(done) => info!(namespace = %ns, name, "{done}"),
+            Err(e) => warn!(namespace = %ns, name, error = %e,
+                action = ?self.settings.on_application_recreate,
+                "cannot apply --on-application-recreate to the recreated Application"),
         }
     }
 }
@@ -1038,12 +1151,15 @@ impl EventHandler for ManagedSync {
         let obj: SpokeObject = event
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        let principal_uid = event.principal_uid.as_deref();
         match (&event.event_type, kind) {
             (EventType::Create | EventType::SpecUpdate, _) => {
-                self.apply_hub_object(kind, &obj).await
+                self.apply_hub_object(kind, &obj, principal_uid).await
             }
             (EventType::Delete, _) => self.delete_for_hub(kind, &obj).await,
-            (EventType::SetOperation, SyncedKind::Application) => self.set_operation(&obj).await,
+            (EventType::SetOperation, SyncedKind::Application) => {
+                self.set_operation(&obj, principal_uid).await
+            }
             (EventType::TerminateOperation, SyncedKind::Application) => {
                 self.terminate_operation(&obj).await
             }
@@ -1083,6 +1199,7 @@ mod tests {
             adoption_policy: AdoptionPolicy::Always,
             source_uid_mismatch_policy: SourceUidMismatchPolicy::Recreate,
             label_selector: None,
+            ..ManagedSettings::default()
         };
         let sync = ManagedSync::new(unreachable_client(), settings, outbox.clone());
         {
@@ -1135,6 +1252,7 @@ mod tests {
             adoption_policy: AdoptionPolicy::Always,
             source_uid_mismatch_policy: SourceUidMismatchPolicy::Recreate,
             label_selector: None,
+            ..ManagedSettings::default()
         };
         let placement = Arc::new(AppPlacement::destination_for_tests(
             "argocd",

@@ -20,5 +20,6 @@ pub mod fanout;
 pub mod informer;
 pub mod lease;
 pub mod resources;
+pub mod skip_sync;
 
 pub use tokio_util::sync::CancellationToken;

@@ -31,7 +31,8 @@ use serde::Serialize;
 
 pub use self::kind::{EventType, Target, TYPE_PREFIX};
 pub use self::resync::{
-    data_checksum, set_checksum, spec_checksum, ChecksumError, ResourceKey, SOURCE_UID_ANNOTATION,
+    data_checksum, set_checksum, spec_checksum, ChecksumError, ResourceKey,
+    MISMATCH_POLICY_ANNOTATION, PRINCIPAL_UID_ANNOTATION, SOURCE_UID_ANNOTATION,
 };
 use crate::payload::{
     ClusterCacheInfo, ContainerLogRequest, ContainerTerminalRequest, ErrorData, RedisRequest,

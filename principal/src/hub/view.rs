@@ -2,7 +2,7 @@
 //!
 //! Owns the informers' read sides for hub Applications (every namespace `--allowed-namespaces`
 //! admits), AppProjects and repository / repo-creds Secrets (principal namespace), all narrowed by
-//! `--label-selector`, and answers "what does the hub hold": an agent's Application and an
+//! `--label-selector` (AppProjects and Secrets labelled skip-sync are not watched), and answers "what does the hub hold": an agent's Application and an
 //! AppProject (typed), a repository Secret (as JSON) and the AppProject it names. It holds no copy
 //! of its own: the informer stores are the only cache of these kinds in the principal. When the
 //! Application informer selects every Application (neither `--allowed-namespaces` nor
@@ -14,6 +14,7 @@ use std::sync::Arc;
 use argocd_agent_kube::argocd::{AppProject, Application};
 use argocd_agent_kube::fanout::EventFanout;
 use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
+use argocd_agent_kube::skip_sync::without_skip_sync;
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
 use kube::runtime::watcher;
@@ -76,6 +77,13 @@ impl HubInformers {
             Some(selector) => watcher::Config::default().labels(&selector),
             None => watcher::Config::default(),
         };
+        // AppProjects and repository Secrets labelled skip-sync are not watched at all (upstream's
+        // selector); Applications are, so the operator can share their store, and map to no agent
+        // instead ([`AppMapping::agent_of`]).
+        let synced = |fixed: Option<&str>| {
+            let selector = without_skip_sync(combined_selector(fixed, label_selector).as_deref());
+            watcher::Config::default().labels(&selector)
+        };
         let secret = ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
         let selects_all =
             allowed_namespaces.is_empty() && combined_selector(None, label_selector).is_none();
@@ -90,12 +98,12 @@ impl HubInformers {
         let projects = Informer::new(
             "hub AppProjects",
             Api::namespaced(client.clone(), principal_namespace),
-            config(None),
+            synced(None),
         );
         let repositories = Informer::new_with(
             "hub repository Secrets",
             Api::namespaced_with(client.clone(), principal_namespace, &secret),
-            config(Some(REPOSITORY_SELECTOR)),
+            synced(Some(REPOSITORY_SELECTOR)),
             secret,
         );
         HubInformers {
