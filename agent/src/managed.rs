@@ -13,6 +13,15 @@
 //! [`crate::placement`]'s decision. Every write is idempotent: events may be
 //! redelivered. Pure decisions live in [`crate::drift`], the spoke copy in [`crate::spoke_copy`].
 //!
+//! Upstream's identity rules: each copy carries its hub object's uid (source-uid) and the sending
+//! principal's identity (principal-uid, from the `principaluid` extension). A live copy with
+//! another source uid is replaced or updated in place as [`crate::drift::mismatch_policy`]
+//! decides; a local Application without a source uid is adopted per `--adoption-policy`, or never
+//! with `--ignore-unmanaged-apps`; an Application deleted locally comes back with the status it
+//! had, then `--on-application-recreate` clears its operation state or requests a sync. Objects
+//! labelled skip-sync are not watched (a copy so labelled locally is drift: it disappears from
+//! the watch, is found in place when recreated and reverted).
+//!
 //! Resync (reference §2.5): after the process starts, once every kind was listed, the hub copy
 //! cache is seeded from the spoke copies found (so drift revert and recreation work for objects
 //! the hub does not resend) and the agent sends a `request-update{spec checksum}` per object plus
@@ -394,9 +403,7 @@ impl ManagedSync {
             // An event without the principal's identity keeps the one the copy has.
             if let Some(known) = self
                 .spoke
-                .state(kind)
-                .iter()
-                .find(|o| o.namespace_str() == placed.namespace && o.name_str() == hub.name_str())
+                .stored(kind, &placed.namespace, hub.name_str())
                 .and_then(|o| o.annotation(PRINCIPAL_UID_ANNOTATION).map(str::to_string))
             {
                 desired
