@@ -15,7 +15,8 @@
 //! Restart: what was queued survives in the durable outbox; what changed while the process was
 //! down is found by the principal's checksum resync on connect, so the first list after start
 //! only records what it sees, unless the outbox was lost ([`AutonomousSync::new`]'s
-//! `full_resync`), in which case everything is sent once.
+//! `full_resync`), in which case everything is sent once; once every kind was listed, the agent
+//! asks for one more resync, which finds what was created while the first list ran.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -395,9 +396,17 @@ impl SpokeObserver for AutonomousSync {
         self.on_gone(kind, last.name_str(), last.uid_str())
     }
 
-    /// The first list since start is over: from now on every change is reported.
+    /// The first list since start is over: from now on every change is reported. Once every
+    /// kind's first list is over, one more resync is asked for: an object created after the
+    /// principal's resync on connect but before the first list ended was only recorded.
     async fn listed(self: &Arc<Self>, kind: SyncedKind) {
-        self.lock().record_only.remove(&kind);
+        let all_listed = {
+            let mut st = self.lock();
+            st.record_only.remove(&kind) && st.record_only.is_empty()
+        };
+        if all_listed {
+            self.request_resync();
+        }
     }
 }
 
