@@ -32,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
-use argocd_agent_kube::skip_sync::without_skip_sync;
+use argocd_agent_kube::skip_sync::{is_skip_sync, without_skip_sync};
 
 use crate::managed::patch_params;
 use crate::spoke_copy::{SpokeObject, SyncedKind, REFRESH_ANNOTATION};
@@ -236,11 +236,16 @@ impl AutonomousSync {
 
     // ---- principal -> spoke -------------------------------------------------------------
 
+    /// The live spoke object `kind`/`name`; one labelled skip-sync counts as absent, as the
+    /// watch does not see it either.
     async fn live(&self, kind: SyncedKind, name: &str) -> Result<Option<SpokeObject>, HandleError> {
         self.api(kind)?
             .get_opt(name)
             .await
-            .map(|o| o.map(SpokeObject::without_managed_fields))
+            .map(|o| {
+                o.filter(|o| !is_skip_sync(&o.metadata))
+                    .map(SpokeObject::without_managed_fields)
+            })
             .map_err(|e| handle_error(format!("reading spoke {kind} {}/{name}", self.namespace), e))
     }
 
