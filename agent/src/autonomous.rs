@@ -8,12 +8,15 @@
 //! questions (`request-update` with the mirror's checksum, `request-synced-resource-list` with
 //! the checksum of the hub's key set) and the operations users request on a hub mirror
 //! (`set-operation`, `terminate-operation`, `spec-update` carrying the refresh annotation), which
-//! run here. Local objects are never overwritten from the hub: the owner wins.
+//! run here. Local objects are never overwritten from the hub: the owner wins. Objects labelled
+//! skip-sync ([`argocd_agent_kube::skip_sync`]) are not watched: one that gains the label is
+//! reported deleted, as upstream's agent does.
 //!
 //! Restart: what was queued survives in the durable outbox; what changed while the process was
 //! down is found by the principal's checksum resync on connect, so the first list after start
 //! only records what it sees, unless the outbox was lost ([`AutonomousSync::new`]'s
-//! `full_resync`), in which case everything is sent once.
+//! `full_resync`), in which case everything is sent once; once every kind was listed, the agent
+//! asks for one more resync, which finds what was created while the first list ran.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,6 +32,7 @@ use tracing::{debug, info, warn};
 
 use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
+use argocd_agent_kube::skip_sync::{is_skip_sync, without_skip_sync};
 
 use crate::managed::patch_params;
 use crate::spoke_copy::{SpokeObject, SyncedKind, REFRESH_ANNOTATION};
@@ -70,8 +74,9 @@ fn rejected(e: impl std::fmt::Display) -> HandleError {
 }
 
 impl AutonomousSync {
-    /// Autonomous sync of `namespace`; `full_resync` sends every object once after start (the
-    /// outbox of an earlier run was lost or damaged).
+    /// Autonomous sync of `namespace`, of the objects `label_selector` selects that are not
+    /// labelled skip-sync; `full_resync` sends every object once after start (the outbox of an
+    /// earlier run was lost or damaged).
     pub fn new(
         client: kube::Client,
         namespace: String,
@@ -79,6 +84,7 @@ impl AutonomousSync {
         outbox: Arc<Outbox>,
         full_resync: bool,
     ) -> Arc<Self> {
+        let label_selector = Some(without_skip_sync(label_selector.as_deref()));
         let api = |kind: SyncedKind| {
             Api::namespaced_with(client.clone(), &namespace, &kind.api_resource())
         };
@@ -234,11 +240,16 @@ impl AutonomousSync {
 
     // ---- principal -> spoke -------------------------------------------------------------
 
+    /// The live spoke object `kind`/`name`; one labelled skip-sync counts as absent, as the
+    /// watch does not see it either.
     async fn live(&self, kind: SyncedKind, name: &str) -> Result<Option<SpokeObject>, HandleError> {
         self.api(kind)?
             .get_opt(name)
             .await
-            .map(|o| o.map(SpokeObject::without_managed_fields))
+            .map(|o| {
+                o.filter(|o| !is_skip_sync(&o.metadata))
+                    .map(SpokeObject::without_managed_fields)
+            })
             .map_err(|e| handle_error(format!("reading spoke {kind} {}/{name}", self.namespace), e))
     }
 
@@ -394,9 +405,17 @@ impl SpokeObserver for AutonomousSync {
         self.on_gone(kind, last.name_str(), last.uid_str())
     }
 
-    /// The first list since start is over: from now on every change is reported.
+    /// The first list since start is over: from now on every change is reported. Once every
+    /// kind's first list is over, one more resync is asked for: an object created after the
+    /// principal's resync on connect but before the first list ended was only recorded.
     async fn listed(self: &Arc<Self>, kind: SyncedKind) {
-        self.lock().record_only.remove(&kind);
+        let all_listed = {
+            let mut st = self.lock();
+            st.record_only.remove(&kind) && st.record_only.is_empty()
+        };
+        if all_listed {
+            self.request_resync();
+        }
     }
 }
 

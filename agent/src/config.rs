@@ -55,6 +55,23 @@ pub enum SourceUidMismatchPolicy {
     Upsert,
 }
 
+/// What a managed agent does after recreating an Application that was deleted on the spoke
+/// without the hub asking (upstream's `--on-application-recreate`). The recreated Application
+/// keeps the status it had, as upstream's does, so Argo CD's automated sync does not run again
+/// for a revision it already synced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum RecreateAction {
+    /// Nothing more: the Application may stay OutOfSync until someone syncs it (investigate why
+    /// it was deleted).
+    #[default]
+    Ignore,
+    /// Clear `status.operationState`, so Argo CD's automated sync (if the Application has one)
+    /// runs again.
+    ClearStatus,
+    /// Request a sync operation, whatever the Application's sync policy.
+    Resync,
+}
+
 /// Whether a managed agent takes over a same-named local Application that no hub object created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum AdoptionPolicy {
@@ -296,7 +313,10 @@ pub struct AgentArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub create_namespace: bool,
 
-    /// What to do when a local object's source UID differs from the hub object's (managed only).
+    /// What to do when a local object's source UID (annotation `argocd.argoproj.io/source-uid`)
+    /// differs from the hub object's: recreate (delete and create) or upsert (update in place);
+    /// a hub object's annotation `argocd.argoproj.io/source-uid-mismatch-policy` overrides it for
+    /// that object (managed only).
     #[arg(
         long,
         env = "ARGOCD_AGENT_SOURCE_UID_MISMATCH_POLICY",
@@ -315,6 +335,26 @@ pub struct AgentArgs {
         value_name = "POLICY"
     )]
     pub adoption_policy: AdoptionPolicy,
+
+    /// Leave local Applications without the source-uid annotation (not created from the hub)
+    /// alone: never adopted, whatever --adoption-policy says, and a hub Application of the same
+    /// name is refused and reported to the hub (managed only).
+    #[arg(long, env = "ARGOCD_AGENT_IGNORE_UNMANAGED_APPS", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub ignore_unmanaged_apps: bool,
+
+    /// What to do after recreating an Application deleted locally without the hub asking
+    /// (managed only): ignore, clear-status (clear the stale operationState so automated sync
+    /// runs again) or resync (request a sync).
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_ON_APPLICATION_RECREATE",
+        value_enum,
+        default_value_t = RecreateAction::Ignore,
+        value_name = "ACTION"
+    )]
+    pub on_application_recreate: RecreateAction,
 
     /// How often to compare local and hub state for missed changes (0 = only on (re)connect).
     #[arg(
@@ -425,6 +465,10 @@ pub struct AgentConfig {
     pub source_uid_mismatch_policy: SourceUidMismatchPolicy,
     /// Adoption of pre-existing Applications.
     pub adoption_policy: AdoptionPolicy,
+    /// Leave local Applications the hub did not create alone.
+    pub ignore_unmanaged_apps: bool,
+    /// What follows the recreation of an Application deleted locally.
+    pub on_application_recreate: RecreateAction,
     /// Periodic resync; `None` = only on (re)connect.
     pub resync_interval: Option<Duration>,
     /// Period of the cluster cache counts sent to the principal; `None` = never.
@@ -656,6 +700,23 @@ impl AgentArgs {
                     "creating Application namespaces is for managed agents only; drop it or use --mode=managed",
                 ));
             }
+            // Upstream accepts both and then filters every local Application out (none has a
+            // source uid in autonomous mode) or does nothing: refused instead.
+            if self.ignore_unmanaged_apps {
+                return Err(FLAGS.conflict(
+                    "ignore-unmanaged-apps",
+                    "mode",
+                    "an autonomous agent owns its local Applications, none of which the hub created; \
+                     ignoring them would sync nothing. Drop it or use --mode=managed",
+                ));
+            }
+            if self.on_application_recreate != RecreateAction::Ignore {
+                return Err(FLAGS.conflict(
+                    "on-application-recreate",
+                    "mode",
+                    "an autonomous agent never recreates Applications; drop it or use --mode=managed",
+                ));
+            }
         }
 
         // Upstream refuses --create-namespace without destination-based mapping (in namespace
@@ -769,6 +830,8 @@ impl AgentArgs {
             create_namespace: self.create_namespace,
             source_uid_mismatch_policy: self.source_uid_mismatch_policy,
             adoption_policy: self.adoption_policy,
+            ignore_unmanaged_apps: self.ignore_unmanaged_apps,
+            on_application_recreate: self.on_application_recreate,
             resync_interval,
             cache_refresh_interval,
             kube: process.kube,
@@ -1119,6 +1182,49 @@ mod tests {
         );
         assert_eq!(config.adoption_policy, AdoptionPolicy::Never);
         assert!(files.args(&["--adoption-policy=sometimes"]).is_err());
+    }
+
+    #[test]
+    fn upstreams_application_flags_default_as_upstream_and_refuse_unknown_values() {
+        let files = Files::new();
+        let config = files.validate(&[]).unwrap();
+        assert_eq!(
+            config.source_uid_mismatch_policy,
+            SourceUidMismatchPolicy::Recreate
+        );
+        assert_eq!(config.on_application_recreate, RecreateAction::Ignore);
+        assert!(!config.ignore_unmanaged_apps);
+        let config = files
+            .validate(&[
+                "--on-application-recreate=clear-status",
+                "--ignore-unmanaged-apps",
+            ])
+            .unwrap();
+        assert_eq!(config.on_application_recreate, RecreateAction::ClearStatus);
+        assert!(config.ignore_unmanaged_apps);
+        // Unknown values are refused with the valid ones named.
+        for (flag, valid) in [
+            (
+                "--on-application-recreate=restart",
+                "ignore, clear-status, resync",
+            ),
+            ("--source-uid-mismatch-policy=merge", "recreate, upsert"),
+        ] {
+            let err = files.args(&[flag]).unwrap_err().to_string();
+            assert!(err.contains(valid), "{flag}: {err}");
+        }
+        // Managed only: refused for autonomous agents, not silently without effect.
+        for flag in [
+            "--ignore-unmanaged-apps",
+            "--on-application-recreate=resync",
+        ] {
+            let err = files.validate(&["--mode=autonomous", flag]).unwrap_err();
+            assert!(flag.contains(err.flag()), "{flag}: {err}");
+            assert!(err.to_string().contains("--mode=managed"), "{err}");
+        }
+        assert!(files
+            .validate(&["--mode=autonomous", "--on-application-recreate=ignore"])
+            .is_ok());
     }
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {

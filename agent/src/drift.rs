@@ -1,10 +1,14 @@
 //! What a managed agent does when it observes a change of a spoke object: the pure decisions
-//! behind drift revert, unauthorised-delete recreation, deletion confirmation and status
-//! reporting. The watcher in [`crate::managed`] feeds observations in and carries the decisions
-//! out; nothing here talks to Kubernetes or the principal.
+//! behind drift revert, unauthorised-delete recreation (and what the recreated object carries),
+//! deletion confirmation, status reporting and the source-uid mismatch policy of one object.
+//! The watcher in [`crate::managed`] feeds observations in and carries the decisions out; nothing
+//! here talks to Kubernetes or the principal.
 
 use argocd_agent_kube::argocd::ObjectMetaExt;
+use argocd_agent_proto::event::{MISMATCH_POLICY_ANNOTATION, PRINCIPAL_UID_ANNOTATION};
+use clap::ValueEnum;
 
+use crate::config::SourceUidMismatchPolicy;
 use crate::spoke_copy::{
     managed_view, reported_view, ManagedView, ReportedView, SpokeObject, SyncedKind,
 };
@@ -78,6 +82,43 @@ pub fn status_report(
     }
 }
 
+/// The policy for a live copy whose source uid is not `desired`'s, as upstream's agent decides
+/// it: a copy written for another principal (its principal-uid differs from the one `desired`
+/// carries, or it has none: written before principals were told apart) is the same object after
+/// a principal failover and is updated in place; otherwise the hub object's annotation
+/// [`MISMATCH_POLICY_ANNOTATION`] (`recreate` or `upsert`), else `global`.
+pub fn mismatch_policy(
+    live: &SpokeObject,
+    desired: &SpokeObject,
+    global: SourceUidMismatchPolicy,
+) -> SourceUidMismatchPolicy {
+    if let Some(principal) = desired.annotation(PRINCIPAL_UID_ANNOTATION) {
+        if live.annotation(PRINCIPAL_UID_ANNOTATION) != Some(principal) {
+            return SourceUidMismatchPolicy::Upsert;
+        }
+    }
+    match desired.annotation(MISMATCH_POLICY_ANNOTATION) {
+        None => global,
+        Some(value) => SourceUidMismatchPolicy::from_str(value, false).unwrap_or_else(|_| {
+            tracing::warn!(namespace = desired.namespace_str(), name = desired.name_str(), value,
+                "unknown {MISMATCH_POLICY_ANNOTATION} (recreate or upsert); using --source-uid-mismatch-policy");
+            global
+        }),
+    }
+}
+
+/// The object that recreates an Application deleted locally: `desired` with the status `gone`
+/// had, as upstream's agent recreates it (Argo CD's automated sync then does not run again for
+/// a revision its last operation already synced; see `--on-application-recreate`). Other kinds
+/// have no status: `desired` as it is.
+pub fn recreated_from(kind: SyncedKind, desired: &SpokeObject, gone: &SpokeObject) -> SpokeObject {
+    let mut body = desired.clone();
+    if kind == SyncedKind::Application {
+        body.status = gone.status.clone();
+    }
+    body
+}
+
 /// What to do once a spoke object is gone.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeletedAction {
@@ -115,6 +156,74 @@ mod tests {
     use super::*;
     use crate::spoke_copy::spoke_copy;
     use serde_json::json;
+
+    fn annotated(pairs: &[(&str, &str)]) -> SpokeObject {
+        let mut obj = SpokeObject::default();
+        obj.metadata.annotations = Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        obj
+    }
+
+    #[test]
+    fn mismatch_policy_follows_the_principal_then_the_objects_annotation_then_the_flag() {
+        use SourceUidMismatchPolicy::{Recreate, Upsert};
+        let same_principal = annotated(&[(PRINCIPAL_UID_ANNOTATION, "p1")]);
+        let plain = annotated(&[(PRINCIPAL_UID_ANNOTATION, "p1")]);
+        assert_eq!(mismatch_policy(&same_principal, &plain, Recreate), Recreate);
+        assert_eq!(mismatch_policy(&same_principal, &plain, Upsert), Upsert);
+        let upsert = annotated(&[
+            (PRINCIPAL_UID_ANNOTATION, "p1"),
+            (MISMATCH_POLICY_ANNOTATION, "upsert"),
+        ]);
+        assert_eq!(mismatch_policy(&same_principal, &upsert, Recreate), Upsert);
+        let recreate = annotated(&[
+            (PRINCIPAL_UID_ANNOTATION, "p1"),
+            (MISMATCH_POLICY_ANNOTATION, "recreate"),
+        ]);
+        assert_eq!(
+            mismatch_policy(&same_principal, &recreate, Upsert),
+            Recreate
+        );
+        let unknown = annotated(&[
+            (PRINCIPAL_UID_ANNOTATION, "p1"),
+            (MISMATCH_POLICY_ANNOTATION, "merge"),
+        ]);
+        assert_eq!(
+            mismatch_policy(&same_principal, &unknown, Recreate),
+            Recreate
+        );
+        // Another principal (a failover), or a copy from before principals were told apart:
+        // the same object, taken over in place whatever the policy.
+        let other_principal = annotated(&[(PRINCIPAL_UID_ANNOTATION, "p0")]);
+        assert_eq!(
+            mismatch_policy(&other_principal, &recreate, Recreate),
+            Upsert
+        );
+        assert_eq!(mismatch_policy(&annotated(&[]), &plain, Recreate), Upsert);
+        // An event without the principal's identity: no transition to detect.
+        assert_eq!(
+            mismatch_policy(&other_principal, &annotated(&[]), Recreate),
+            Recreate
+        );
+    }
+
+    #[test]
+    fn a_recreated_application_keeps_the_status_it_had() {
+        let desired = desired();
+        let mut gone = desired.clone();
+        gone.status = Some(json!({"operationState": {"phase": "Succeeded"}}));
+        let body = recreated_from(SyncedKind::Application, &desired, &gone);
+        assert_eq!(body.status, gone.status);
+        assert_eq!(body.spec, desired.spec);
+        assert_eq!(
+            recreated_from(SyncedKind::AppProject, &desired, &gone).status,
+            None
+        );
+    }
 
     fn desired() -> SpokeObject {
         let hub = serde_json::from_value(json!({

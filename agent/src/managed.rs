@@ -14,6 +14,15 @@
 //! [`crate::placement`]'s decision. Every write is idempotent: events may be
 //! redelivered. Pure decisions live in [`crate::drift`], the spoke copy in [`crate::spoke_copy`].
 //!
+//! Upstream's identity rules: each copy carries its hub object's uid (source-uid) and the sending
+//! principal's identity (principal-uid, from the `principaluid` extension). A live copy with
+//! another source uid is replaced or updated in place as [`crate::drift::mismatch_policy`]
+//! decides; a local Application without a source uid is adopted per `--adoption-policy`, or never
+//! with `--ignore-unmanaged-apps`; an Application deleted locally comes back with the status it
+//! had, then `--on-application-recreate` clears its operation state or requests a sync. Objects
+//! labelled skip-sync are not watched (a copy so labelled locally is drift: it disappears from
+//! the watch, is found in place when recreated and reverted).
+//!
 //! Resync (reference §2.5): after the process starts, once every kind was listed, the hub copy
 //! cache is seeded from the spoke copies found (so drift revert and recreation work for objects
 //! the hub does not resend) and the agent sends a `request-update{spec checksum}` per object plus
@@ -32,8 +41,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
+use argocd_agent_kube::skip_sync::without_skip_sync;
 use argocd_agent_proto::event::{
     set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
+    PRINCIPAL_UID_ANNOTATION,
 };
 use argocd_agent_proto::payload::{ErrorData, RequestUpdate, SyncedResource};
 use argocd_agent_proto::sync::resync::{
@@ -46,9 +57,10 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::config::{AdoptionPolicy, AgentConfig, SourceUidMismatchPolicy};
+use crate::config::{AdoptionPolicy, AgentConfig, RecreateAction, SourceUidMismatchPolicy};
 use crate::drift::{
-    needs_revert, on_deleted, status_report, CachedCopy, DeletedAction, StatusReport,
+    mismatch_policy, needs_revert, on_deleted, recreated_from, status_report, CachedCopy,
+    DeletedAction, StatusReport,
 };
 use crate::placement::{AppPlacement, Placed, NAMESPACE_REMAPPED_ANNOTATION};
 use crate::spoke_copy::{
@@ -64,7 +76,7 @@ pub const FIELD_MANAGER: &str = "argocd-agent";
 pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
 
 /// What managed mode needs from the configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ManagedSettings {
     /// The agent's Argo CD namespace, where spoke copies live.
     pub namespace: String,
@@ -74,6 +86,10 @@ pub struct ManagedSettings {
     pub source_uid_mismatch_policy: SourceUidMismatchPolicy,
     /// Only watch local objects matching this selector.
     pub label_selector: Option<String>,
+    /// Leave local Applications the hub did not create alone (never adopt them).
+    pub ignore_unmanaged_apps: bool,
+    /// What follows the recreation of an Application deleted locally.
+    pub on_application_recreate: RecreateAction,
 }
 
 impl ManagedSettings {
@@ -83,7 +99,10 @@ impl ManagedSettings {
             namespace: config.namespace.clone(),
             adoption_policy: config.adoption_policy,
             source_uid_mismatch_policy: config.source_uid_mismatch_policy,
-            label_selector: config.label_selector.clone(),
+            // Objects labelled skip-sync are not watched, as upstream's agent does not.
+            label_selector: Some(without_skip_sync(config.label_selector.as_deref())),
+            ignore_unmanaged_apps: config.ignore_unmanaged_apps,
+            on_application_recreate: config.on_application_recreate,
         }
     }
 
@@ -130,6 +149,9 @@ struct SpokeState {
     cache: HashMap<ObjectKey, CachedCopy>,
     /// Deletions the hub asked for and the watcher has not seen complete yet.
     expected_deletions: HashSet<ObjectKey>,
+    /// Copies the agent deleted to create them again from a newer hub object (source-uid
+    /// mismatch, `recreate`): not an unauthorised deletion once gone.
+    replacing: HashSet<ObjectKey>,
     /// Status/operation view last reported per Application.
     reported: HashMap<ObjectKey, ReportedView>,
     /// Kinds whose first list since start completed.
@@ -307,9 +329,17 @@ impl ManagedSync {
         kind: SyncedKind,
         hub: &SpokeObject,
         placed: &Placed,
+        principal_uid: Option<&str>,
     ) -> Result<SpokeObject, HandleError> {
         let mut desired = spoke_copy(kind, hub, &placed.namespace)
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        if let Some(uid) = principal_uid.filter(|u| !u.is_empty()) {
+            desired
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(PRINCIPAL_UID_ANNOTATION.into(), uid.into());
+        }
         if placed.remapped {
             desired
                 .metadata
@@ -348,12 +378,14 @@ impl ManagedSync {
 
     // ---- principal -> spoke -------------------------------------------------------------
 
-    /// create / spec-update: keep the hub copy and make the spoke match it; a payload with a
-    /// deletionTimestamp means the hub is deleting the object.
+    /// create / spec-update: keep the hub copy (stamped with the sending principal's identity
+    /// `principal_uid`, if known) and make the spoke match it; a payload with a deletionTimestamp
+    /// means the hub is deleting the object.
     async fn apply_hub_object(
         &self,
         kind: SyncedKind,
         hub: &SpokeObject,
+        principal_uid: Option<&str>,
     ) -> Result<(), HandleError> {
         if hub.is_terminating() {
             return self.delete_for_hub(kind, hub).await;
@@ -376,7 +408,21 @@ impl ManagedSync {
                 return Err(e);
             }
         };
-        let desired = self.desired_copy(kind, hub, &placed)?;
+        let mut desired = self.desired_copy(kind, hub, &placed, principal_uid)?;
+        if principal_uid.is_none() {
+            // An event without the principal's identity keeps the one the copy has.
+            if let Some(known) = self
+                .spoke
+                .stored(kind, &placed.namespace, hub.name_str())
+                .and_then(|o| o.annotation(PRINCIPAL_UID_ANNOTATION).map(str::to_string))
+            {
+                desired
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(PRINCIPAL_UID_ANNOTATION.into(), known);
+            }
+        }
         let key = ObjectKey::of(kind, &desired);
         {
             let mut st = self.lock();
@@ -450,6 +496,13 @@ impl ManagedSync {
         }
         let wanted_uid = desired.source_uid().unwrap_or_default();
         match live.source_uid() {
+            None if self.settings.ignore_unmanaged_apps && kind == SyncedKind::Application => {
+                return Err(HandleError::Rejected(format!(
+                    "spoke {kind} {ns}/{name} exists but was not created from the hub, and \
+                     --ignore-unmanaged-apps leaves such Applications alone; delete or rename \
+                     it on the spoke, or rename the hub's"
+                )))
+            }
             None => match self.settings.adoption_policy {
                 AdoptionPolicy::Never => {
                     return Err(HandleError::Rejected(format!(
@@ -461,31 +514,34 @@ impl ManagedSync {
                     info!(kind = %kind, namespace = %ns, name, "adopting a local object of the same name as the hub's")
                 }
             },
-            Some(uid) if uid != wanted_uid => match self.settings.source_uid_mismatch_policy {
-                SourceUidMismatchPolicy::Recreate => {
-                    info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; deleting it to recreate it from the current one");
-                    let params = DeleteParams {
-                        preconditions: Some(Preconditions {
-                            uid: Some(live.uid_str().to_string()),
-                            resource_version: None,
-                        }),
-                        ..DeleteParams::background()
-                    };
-                    return match api.delete(name, &params).await {
-                        Ok(_) => Ok(()),
-                        Err(e) if is_not_found(&e) => Err(HandleError::Retryable(format!(
-                            "spoke {kind} {ns}/{name} vanished while replacing it"
-                        ))),
-                        Err(e) => Err(handle_error(
-                            format!("deleting stale spoke {kind} {ns}/{name}"),
-                            e,
-                        )),
-                    };
+            Some(uid) if uid != wanted_uid => {
+                match mismatch_policy(&live, desired, self.settings.source_uid_mismatch_policy) {
+                    SourceUidMismatchPolicy::Recreate => {
+                        info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; deleting it to recreate it from the current one");
+                        self.lock().replacing.insert(ObjectKey::new(kind, ns, name));
+                        let params = DeleteParams {
+                            preconditions: Some(Preconditions {
+                                uid: Some(live.uid_str().to_string()),
+                                resource_version: None,
+                            }),
+                            ..DeleteParams::background()
+                        };
+                        return match api.delete(name, &params).await {
+                            Ok(_) => Ok(()),
+                            Err(e) if is_not_found(&e) => Err(HandleError::Retryable(format!(
+                                "spoke {kind} {ns}/{name} vanished while replacing it"
+                            ))),
+                            Err(e) => Err(handle_error(
+                                format!("deleting stale spoke {kind} {ns}/{name}"),
+                                e,
+                            )),
+                        };
+                    }
+                    SourceUidMismatchPolicy::Upsert => {
+                        info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; updating it in place")
+                    }
                 }
-                SourceUidMismatchPolicy::Upsert => {
-                    info!(kind = %kind, namespace = %ns, name, "spoke object belongs to an older hub object; updating it in place")
-                }
-            },
+            }
             Some(_) => {}
         }
         if matches_desired(&live, desired) {
@@ -541,8 +597,13 @@ impl ManagedSync {
     }
 
     /// set-operation: make sure the spoke copy exists, then set its `.operation`.
-    async fn set_operation(&self, hub: &SpokeObject) -> Result<(), HandleError> {
-        self.apply_hub_object(SyncedKind::Application, hub).await?;
+    async fn set_operation(
+        &self,
+        hub: &SpokeObject,
+        principal_uid: Option<&str>,
+    ) -> Result<(), HandleError> {
+        self.apply_hub_object(SyncedKind::Application, hub, principal_uid)
+            .await?;
         let Some(operation) = hub.operation.as_ref().filter(|op| !op.is_null()) else {
             return Ok(());
         };
@@ -968,15 +1029,22 @@ impl ManagedSync {
     async fn on_gone(&self, kind: SyncedKind, gone: &SpokeObject) {
         let (ns, name) = (gone.namespace_str(), gone.name_str());
         let key = ObjectKey::of(kind, gone);
-        let (expected, cached) = {
+        let (expected, replacing, cached) = {
             let mut st = self.lock();
             st.reported.remove(&key);
             (
                 st.expected_deletions.remove(&key),
+                st.replacing.remove(&key),
                 st.cache.get(&key).cloned(),
             )
         };
         match on_deleted(gone, expected, cached.as_ref()) {
+            DeletedAction::Recreate(desired) if replacing => {
+                info!(kind = %kind, namespace = %ns, name, "creating the spoke copy of the current hub object");
+                if let Err(e) = self.upsert(kind, &desired).await {
+                    warn!(kind = %kind, namespace = %ns, name, error = %e, "cannot create the replacement; the principal's next resync will");
+                }
+            }
             DeletedAction::Ignore => {}
             DeletedAction::Confirm => {
                 info!(kind = %kind, namespace = %ns, name, "spoke copy deleted as the hub asked");
@@ -988,10 +1056,62 @@ impl ManagedSync {
             }
             DeletedAction::Recreate(desired) => {
                 info!(kind = %kind, namespace = %ns, name, "spoke copy was deleted locally; recreating it from the hub's copy");
-                if let Err(e) = self.upsert(kind, &desired).await {
-                    warn!(kind = %kind, namespace = %ns, name, error = %e, "cannot recreate a locally deleted object; the principal's next resync will");
+                // As upstream's agent, an Application comes back with the status it had.
+                let body = recreated_from(kind, &desired, gone);
+                match self.upsert(kind, &body).await {
+                    Ok(()) if kind == SyncedKind::Application => {
+                        self.after_recreate(ns, name).await
+                    }
+                    Ok(()) => {}
+                    Err(e) => {
+                        warn!(kind = %kind, namespace = %ns, name, error = %e, "cannot recreate a locally deleted object; the principal's next resync will")
+                    }
                 }
             }
+        }
+    }
+}
+
+impl ManagedSync {
+    /// `--on-application-recreate`: after Application `ns`/`name` was recreated with the
+    /// status it had, clear its stale operation state or request a sync, or leave it be.
+    async fn after_recreate(&self, ns: &str, name: &str) {
+        let apps = self.applications_in(ns);
+        let result = match self.settings.on_application_recreate {
+            RecreateAction::Ignore => return,
+            RecreateAction::ClearStatus => apps
+                .patch(
+                    name,
+                    &patch_params(),
+                    &Patch::Merge(json!({"status": {"operationState": null}})),
+                )
+                .await
+                .map(|_| "cleared the stale operation state of the recreated Application"),
+            RecreateAction::Resync => {
+                // Argo CD writes the new Application's status meanwhile: retry a conflict.
+                let mut attempt = 0;
+                loop {
+                    let written = match apps.get(name).await {
+                        Ok(live) => {
+                            let body = with_requested_operation(live, &json!({"sync": {}}));
+                            apps.replace(name, &write_params(), &body).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match written {
+                        Err(kube::Error::Api(s)) if s.is_conflict() && attempt < 5 => attempt += 1,
+                        other => {
+                            break other.map(|_| "requested a sync of the recreated Application")
+                        }
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(done) => info!(namespace = %ns, name, "{done}"),
+            Err(e) => warn!(namespace = %ns, name, error = %e,
+                action = ?self.settings.on_application_recreate,
+                "cannot apply --on-application-recreate to the recreated Application"),
         }
     }
 }
@@ -1047,12 +1167,15 @@ impl EventHandler for ManagedSync {
         let obj: SpokeObject = event
             .data_as()
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
+        let principal_uid = event.principal_uid.as_deref();
         match (&event.event_type, kind) {
             (EventType::Create | EventType::SpecUpdate, _) => {
-                self.apply_hub_object(kind, &obj).await
+                self.apply_hub_object(kind, &obj, principal_uid).await
             }
             (EventType::Delete, _) => self.delete_for_hub(kind, &obj).await,
-            (EventType::SetOperation, SyncedKind::Application) => self.set_operation(&obj).await,
+            (EventType::SetOperation, SyncedKind::Application) => {
+                self.set_operation(&obj, principal_uid).await
+            }
             (EventType::TerminateOperation, SyncedKind::Application) => {
                 self.terminate_operation(&obj).await
             }
@@ -1092,6 +1215,7 @@ mod tests {
             adoption_policy: AdoptionPolicy::Always,
             source_uid_mismatch_policy: SourceUidMismatchPolicy::Recreate,
             label_selector: None,
+            ..ManagedSettings::default()
         };
         let sync = ManagedSync::new(unreachable_client(), settings, outbox.clone());
         {
@@ -1144,6 +1268,7 @@ mod tests {
             adoption_policy: AdoptionPolicy::Always,
             source_uid_mismatch_policy: SourceUidMismatchPolicy::Recreate,
             label_selector: None,
+            ..ManagedSettings::default()
         };
         let placement = Arc::new(AppPlacement::destination_for_tests(
             "argocd",

@@ -154,8 +154,19 @@ impl SpokeInformers {
 
     /// [`SpokeInformers::source_uid`] of the object in spoke namespace `namespace`.
     pub fn source_uid_in(&self, kind: SyncedKind, namespace: &str, name: &str) -> Option<String> {
-        let obj = self.reader(kind)?.get(Some(namespace), name)?;
-        obj.source_uid().map(str::to_string)
+        self.stored(kind, namespace, name)?
+            .source_uid()
+            .map(str::to_string)
+    }
+
+    /// The stored `kind` object `namespace`/`name`, if any.
+    pub fn stored(
+        &self,
+        kind: SyncedKind,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<SpokeObject>> {
+        self.reader(kind)?.get(Some(namespace), name)
     }
 
     /// The informers with `observer`'s handlers, ready to run; empty after the first call (each

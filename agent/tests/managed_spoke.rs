@@ -69,6 +69,7 @@ impl Spoke {
                 adoption_policy: AdoptionPolicy::Always,
                 source_uid_mismatch_policy: SourceUidMismatchPolicy::Recreate,
                 label_selector: None,
+                ..ManagedSettings::default()
             },
             outbox.clone(),
         );

@@ -450,6 +450,16 @@ async fn bad_values_are_refused_naming_the_key() {
             "agent: {mode: hybrid, serverAddress: \"hub:443\"}\n",
             "mode",
         ),
+        (
+            AGENT_CHART,
+            "agent: {onApplicationRecreate: restart, serverAddress: \"hub:443\"}\n",
+            "onApplicationRecreate",
+        ),
+        (
+            AGENT_CHART,
+            "agent: {sourceUidMismatchPolicy: merge, serverAddress: \"hub:443\"}\n",
+            "sourceUidMismatchPolicy",
+        ),
     ];
     for (chart, values, key) in cases {
         match render(&ctx.dir, chart, "argocd", values, None) {
@@ -1192,7 +1202,7 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
     let principal = "principal: {allowedNamespaces: [team-a], namespaceCreate: {enable: true, pattern: \"^edge-\", labels: {team: edge, tier: spoke}}, destinationBasedMapping: true, labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
         operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
-    let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b}\n\
+    let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b, sourceUidMismatchPolicy: upsert, ignoreUnmanagedApps: true, onApplicationRecreate: resync}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
     for (chart, values, binary) in [
         (PRINCIPAL_CHART, principal, "argocd-principal"),

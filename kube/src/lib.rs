@@ -22,5 +22,6 @@ pub mod informer;
 pub mod lease;
 pub mod resources;
 pub mod secret_files;
+pub mod skip_sync;
 
 pub use tokio_util::sync::CancellationToken;

@@ -3,7 +3,7 @@
 //! ConfigMap as payload) so their Argo CD verifies commit signatures with the hub's keys.
 //!
 //! Owns which ConfigMap that is (the watch's field selector), whether it is synced at all
-//! ([`synced`], where the skip-sync label predicate goes) and the payload sent for it
+//! ([`synced`]: not when labelled skip-sync) and the payload sent for it
 //! ([`payload`]). Routing to agents is [`super::managed`]'s.
 
 use std::collections::BTreeMap;
@@ -16,14 +16,11 @@ pub fn field_selector() -> String {
     format!("metadata.name={GPG_KEYS_CONFIGMAP}")
 }
 
-/// Whether the hub's GPG keys ConfigMap with `labels` is sent to agents; one that is not counts
-/// as absent (agents delete their copy).
-///
-/// SKIP-SYNC: the skip-sync label predicate is wired here (upstream's `hasSkipSyncLabel`, which
-/// also filters the principal's GPG key informer); until then every GPG keys ConfigMap is synced.
+/// Whether the hub's GPG keys ConfigMap with `labels` is sent to agents: not when labelled
+/// skip-sync (upstream's `hasSkipSyncLabel`; the hub view's watch leaves such a ConfigMap out
+/// too). One that is not counts as absent (agents delete their copy).
 pub fn synced(labels: &BTreeMap<String, String>) -> bool {
-    let _ = labels;
-    true
+    !argocd_agent_kube::skip_sync::labels_skip_sync(Some(labels))
 }
 
 /// The ConfigMap `cm` if it is synced ([`synced`]).

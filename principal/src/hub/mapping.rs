@@ -9,6 +9,7 @@
 //!   and marks them with [`NAMESPACE_REMAPPED_ANNOTATION`], which maps back to the principal's
 //!   namespace here).
 //!
+//! An Application labelled skip-sync maps to no agent.
 //! Either way an agent only ever reaches the hub Applications mapped to it: [`AppMapping::owns`]
 //! is checked on every lookup an agent's event causes, whatever namespace the event claims.
 //! Also owns how AppProjects apply to agents under each mapping (destination mapping matches on
@@ -16,6 +17,7 @@
 //! spoke's Argo CD admits Applications outside its own namespace).
 
 use argocd_agent_kube::argocd::{AppProject, Application, ObjectMetaExt};
+use argocd_agent_kube::skip_sync::is_skip_sync;
 
 use crate::routing::{project_for_agent, project_matches_agent};
 
@@ -43,8 +45,14 @@ impl AppMapping {
         }
     }
 
-    /// The agent hub Application `app` belongs to (`None`: to no agent).
+    /// The agent hub Application `app` belongs to (`None`: to no agent). An Application labelled
+    /// skip-sync ([`argocd_agent_kube::skip_sync`]) belongs to none, as upstream's filter keeps it
+    /// from every agent: one that gains the label is deleted from its agent, one that loses it is
+    /// created there.
     pub fn agent_of(self, app: &Application) -> Option<&str> {
+        if is_skip_sync(&app.metadata) {
+            return None;
+        }
         let agent = match self {
             AppMapping::Namespace => app.metadata.namespace.as_deref(),
             AppMapping::Destination => app
@@ -143,6 +151,24 @@ mod tests {
         assert!(AppMapping::Destination.owns("agent-a", &a));
         assert!(!AppMapping::Destination.owns("team-x", &a));
         assert!(!AppMapping::Destination.owns("agent-b", &a));
+    }
+
+    #[test]
+    fn an_application_labelled_skip_sync_belongs_to_no_agent_under_either_mapping() {
+        let mut a = app(
+            "team-x",
+            json!({"name": "agent-a", "namespace": "guestbook"}),
+        );
+        a.metadata.labels = Some(
+            [(
+                argocd_agent_kube::skip_sync::SKIP_SYNC_LABEL.to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(AppMapping::Namespace.agent_of(&a), None);
+        assert_eq!(AppMapping::Destination.agent_of(&a), None);
+        assert!(!AppMapping::Namespace.owns("team-x", &a));
     }
 
     #[test]

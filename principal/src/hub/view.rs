@@ -2,9 +2,10 @@
 //!
 //! Owns the informers' read sides for hub Applications (every namespace `--allowed-namespaces`
 //! admits), AppProjects, repository / repo-creds Secrets and the GPG keys ConfigMap (principal
-//! namespace), all narrowed by `--label-selector`, and answers "what does the hub hold": an
-//! agent's Application and an AppProject (typed), a repository Secret (as JSON) and the
-//! AppProject it names, the GPG keys ConfigMap (typed, if synced). It holds no copy
+//! namespace), all narrowed by `--label-selector` (AppProjects, Secrets and the ConfigMap labelled
+//! skip-sync are not watched), and answers "what does the hub hold": an agent's Application and
+//! an AppProject (typed), a repository Secret (as JSON) and the AppProject it names, the GPG keys
+//! ConfigMap (typed, if synced). It holds no copy
 //! of its own: the informer stores are the only cache of these kinds in the principal. When the
 //! Application informer selects every Application (neither `--allowed-namespaces` nor
 //! `--label-selector` narrows it), its changes are also handed on ([`HubInformers::app_events`])
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use argocd_agent_kube::argocd::{AppProject, Application};
 use argocd_agent_kube::fanout::EventFanout;
 use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
+use argocd_agent_kube::skip_sync::without_skip_sync;
 use argocd_agent_proto::event::GPG_KEYS_CONFIGMAP;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject};
@@ -84,6 +86,14 @@ impl HubInformers {
             Some(selector) => watcher::Config::default().labels(&selector),
             None => watcher::Config::default(),
         };
+        // AppProjects, repository Secrets and the GPG keys ConfigMap labelled skip-sync are not
+        // watched at all (upstream's
+        // selector); Applications are, so the operator can share their store, and map to no agent
+        // instead ([`AppMapping::agent_of`]).
+        let synced = |fixed: Option<&str>| {
+            let selector = without_skip_sync(combined_selector(fixed, label_selector).as_deref());
+            watcher::Config::default().labels(&selector)
+        };
         let secret = ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
         let selects_all =
             allowed_namespaces.is_empty() && combined_selector(None, label_selector).is_none();
@@ -98,18 +108,18 @@ impl HubInformers {
         let projects = Informer::new(
             "hub AppProjects",
             Api::namespaced(client.clone(), principal_namespace),
-            config(None),
+            synced(None),
         );
         let repositories = Informer::new_with(
             "hub repository Secrets",
             Api::namespaced_with(client.clone(), principal_namespace, &secret),
-            config(Some(REPOSITORY_SELECTOR)),
+            synced(Some(REPOSITORY_SELECTOR)),
             secret,
         );
         let gpg_keys = Informer::new(
             "hub GPG keys ConfigMap",
             Api::namespaced(client.clone(), principal_namespace),
-            config(None).fields(&super::gpg_keys::field_selector()),
+            synced(None).fields(&super::gpg_keys::field_selector()),
         );
         HubInformers {
             principal_namespace: principal_namespace.to_string(),

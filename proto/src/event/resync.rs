@@ -13,6 +13,15 @@ use crate::payload::SyncedResource;
 /// Annotation that carries the source object's UID on the peer's copy.
 pub const SOURCE_UID_ANNOTATION: &str = "argocd.argoproj.io/source-uid";
 
+/// Annotation a managed agent stamps on its copy with the identity of the principal that sent
+/// it (the `principaluid` event extension), as upstream's agent does: a copy whose principal
+/// changed (a failover) is taken over in place rather than recreated.
+pub const PRINCIPAL_UID_ANNOTATION: &str = "argocd.argoproj.io/principal-uid";
+
+/// Annotation on a hub object overriding the agent's `--source-uid-mismatch-policy` for that
+/// object (`recreate` or `upsert`), as upstream's.
+pub const MISMATCH_POLICY_ANNOTATION: &str = "argocd.argoproj.io/source-uid-mismatch-policy";
+
 /// Identity of one synchronised object. `uid` is the *source* UID: the object's own UID on
 /// the source-of-truth side, the [`SOURCE_UID_ANNOTATION`] value on the peer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]

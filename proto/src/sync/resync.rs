@@ -17,7 +17,8 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::event::{
-    go_json, set_checksum, Event, ExtensionValue, ResourceKey, SOURCE_UID_ANNOTATION,
+    go_json, set_checksum, Event, ExtensionValue, ResourceKey, PRINCIPAL_UID_ANNOTATION,
+    SOURCE_UID_ANNOTATION,
 };
 
 /// Annotation on a hub mirror: hex [`owned_checksum`] of the spoke object it mirrors.
@@ -37,15 +38,20 @@ pub const METADATA_CHECKSUM: &str = "metadatachecksum";
 pub const STATUS_CHECKSUM: &str = "statuschecksum";
 
 /// sha256 over the Go-JSON of an object's labels and annotations as hub and spoke copy share
-/// them: without kubectl's last-applied copy, the refresh request and the source-uid annotation
-/// (only the spoke copy has it). Absent maps equal empty ones.
+/// them: without kubectl's last-applied copy, the refresh request and the source-uid and
+/// principal-uid annotations (only the spoke copy has them). Absent maps equal empty ones.
 pub fn metadata_checksum(obj: &Value) -> Vec<u8> {
     let map = |ptr: &str| match obj.pointer(ptr) {
         Some(Value::Object(m)) => m.clone(),
         _ => Map::new(),
     };
     let mut annotations = map("/metadata/annotations");
-    for a in [LAST_APPLIED, REFRESH, SOURCE_UID_ANNOTATION] {
+    for a in [
+        LAST_APPLIED,
+        REFRESH,
+        SOURCE_UID_ANNOTATION,
+        PRINCIPAL_UID_ANNOTATION,
+    ] {
         annotations.remove(a);
     }
     let meta = json!({
@@ -265,7 +271,8 @@ mod tests {
             "annotations": {"note": "x", LAST_APPLIED: "{}", REFRESH: "normal"}}});
         let spoke = json!({"metadata": {"name": "a", "uid": "2", "resourceVersion": "9",
             "labels": {"team": "a"},
-            "annotations": {"note": "x", SOURCE_UID_ANNOTATION: "1"}}, "status": {"s": 1}});
+            "annotations": {"note": "x", SOURCE_UID_ANNOTATION: "1",
+                PRINCIPAL_UID_ANNOTATION: "p"}}, "status": {"s": 1}});
         let same = metadata_checksum(&spoke);
         assert_eq!(metadata_checksum(&hub), same);
         let mut edited = spoke.clone();
