@@ -666,8 +666,9 @@ cells!(managed_project_and_repository, Mode::Managed, {
 
 /// The hub's GPG keys ConfigMap (`argocd-gpg-keys-cm` in the principal's namespace) reaches the
 /// managed agent's Argo CD namespace, replacing the empty one an Argo CD install ships there, with
-/// the hub object's uid as source; a key added on the hub follows; deleting it on the hub removes
-/// the spoke's copy.
+/// the hub object's uid as source; a key added on the hub follows; labelled skip-sync on the hub
+/// (our principal) it leaves the spoke and comes back once unlabelled; deleting it on the hub
+/// removes the spoke's copy.
 async fn managed_gpg_keys(principal: Side, agent: Side, mode: Mode) -> anyhow::Result<()> {
     const NAME: &str = "argocd-gpg-keys-cm";
     let cell = Cell::start("managed_gpg_keys", principal, agent, mode, false).await?;
@@ -764,9 +765,35 @@ async fn managed_gpg_keys(principal: Side, agent: Side, mode: Mode) -> anyhow::R
             .await?;
         }
     }
-    wait_data(second, "the key added on the hub on the spoke")
+    wait_data(second.clone(), "the key added on the hub on the spoke")
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+
+    if principal == Side::Ours {
+        // Labelled skip-sync on the hub: no longer synced, so the agents delete their copy (as
+        // upstream); unlabelled, it comes back.
+        let label = |value: Option<&str>| {
+            Patch::Merge(json!({"metadata": {"labels": {
+                argocd_agent_kube::skip_sync::SKIP_SYNC_LABEL: value}}}))
+        };
+        hub.patch(NAME, &PatchParams::default(), &label(Some("true")))
+            .await?;
+        wait_until(
+            "the spoke copy gone once the hub's GPG keys are labelled skip-sync",
+            SYNC_WAIT,
+            || async { Ok::<_, kube::Error>(spoke.get_opt(NAME).await?.is_none().then_some(())) },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+        hub.patch(NAME, &PatchParams::default(), &label(None))
+            .await?;
+        wait_data(
+            second,
+            "the GPG keys back on the spoke once the label is gone",
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    }
 
     hub.delete(NAME, &Default::default()).await?;
     wait_until(
