@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use argocd_agent_proto::identity::AgentName;
 use clap::{Args, Subcommand};
 
-use super::{date, kubeconfig, CliError, OutputFormat};
+use super::{date, kubeconfig, CliError, OutputArgs, OutputFormat};
 use crate::pki::days;
 use crate::pki::directory::PkiDirectory;
 use crate::pki::secrets::SecretStore;
@@ -108,15 +108,8 @@ pub struct CreateArgs {
 pub struct ListArgs {
     #[command(flatten)]
     hub: HubArgs,
-    /// Output format.
-    #[arg(
-        long,
-        short = 'o',
-        env = "ARGOCD_AGENTCTL_OUTPUT",
-        value_enum,
-        default_value_t
-    )]
-    output: OutputFormat,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 /// Arguments of `agent delete`.
@@ -211,7 +204,7 @@ async fn create(args: CreateArgs) -> Result<(), CliError> {
 async fn list(args: ListArgs) -> Result<(), CliError> {
     let registry = args.hub.registry().await?;
     let agents = registry.list().await?;
-    match args.output {
+    match args.out.output {
         OutputFormat::Json => println!(
             "{}",
             serde_json::to_string_pretty(&agents)

@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use super::agent::{agent_name, HubArgs};
-use super::{date, CliError, OutputFormat};
+use super::{date, CliError, OutputArgs, OutputFormat};
 use crate::pki::secrets::SecretStore;
 use crate::pki::{days, inspect_labelled};
 use crate::registration::{
@@ -24,15 +24,8 @@ pub struct InspectArgs {
     name: String,
     #[command(flatten)]
     hub: HubArgs,
-    /// Output format.
-    #[arg(
-        long,
-        short = 'o',
-        env = "ARGOCD_AGENTCTL_OUTPUT",
-        value_enum,
-        default_value_t
-    )]
-    output: OutputFormat,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 /// What `agent print-tls` prints.
@@ -141,7 +134,7 @@ pub async fn inspect(args: InspectArgs) -> Result<(), CliError> {
         not_valid_before: cert.not_before.to_rfc3339(),
         not_valid_after: cert.not_after.to_rfc3339(),
     };
-    match args.output {
+    match args.out.output {
         OutputFormat::Json => println!(
             "{}",
             serde_json::to_string_pretty(&out)

@@ -40,9 +40,8 @@ pub struct FleetStatusArgs {
         value_name = "URL"
     )]
     pub principal_metrics: Option<String>,
-    /// Output format.
-    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub out: super::OutputArgs,
 }
 
 /// One agent of the fleet.
@@ -331,7 +330,7 @@ pub async fn run(cmd: FleetCommand) -> Result<(), CliError> {
                 args.principal_metrics.as_deref(),
             )
             .await?;
-            match args.output {
+            match args.out.output {
                 OutputFormat::Text => print!("{}", render_text(&agents)),
                 OutputFormat::Json => println!(
                     "{}",

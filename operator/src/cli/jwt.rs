@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand};
 
-use super::{CliError, OutputFormat, Store, StoreArgs};
+use super::{CliError, OutputArgs, OutputFormat, Store, StoreArgs};
 use crate::pki::jwt::{generate_jwt_signing_key, inspect_jwt_key, JwtKeyAlgorithm};
 use crate::pki::secrets;
 
@@ -50,15 +50,8 @@ pub struct CreateKeyArgs {
 pub struct InspectKeyArgs {
     #[command(flatten)]
     store: StoreArgs,
-    /// Output format.
-    #[arg(
-        long,
-        short = 'o',
-        env = "ARGOCD_AGENTCTL_OUTPUT",
-        value_enum,
-        default_value_t
-    )]
-    output: OutputFormat,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 fn parse_algorithm(s: &str) -> Result<JwtKeyAlgorithm, String> {
@@ -171,7 +164,7 @@ async fn inspect_key(args: InspectKeyArgs) -> Result<(), CliError> {
         }
     };
     let info = inspect_jwt_key(&pem)?;
-    match args.output {
+    match args.out.output {
         OutputFormat::Json => println!(
             "{}",
             serde_json::to_string_pretty(&info)

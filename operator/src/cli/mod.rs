@@ -130,6 +130,20 @@ impl StoreArgs {
     }
 }
 
+/// The `--output` flag of read commands.
+#[derive(clap::Args, Debug)]
+pub struct OutputArgs {
+    /// Output format.
+    #[arg(
+        long,
+        short = 'o',
+        env = "ARGOCD_AGENTCTL_OUTPUT",
+        value_enum,
+        default_value_t
+    )]
+    pub output: OutputFormat,
+}
+
 /// Output format of read commands.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OutputFormat {

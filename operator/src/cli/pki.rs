@@ -8,7 +8,7 @@ use argocd_agent_proto::identity::AgentName;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use super::{date, kubeconfig, CliError, OutputFormat, Store, StoreArgs};
+use super::{date, kubeconfig, CliError, OutputArgs, OutputFormat, Store, StoreArgs};
 use crate::pki::directory::PkiDirectory;
 use crate::pki::secrets::{self, SecretStore, WriteOutcome};
 use crate::pki::{
@@ -138,15 +138,8 @@ pub struct InspectArgs {
     /// Inspect this PEM certificate file instead of the PKI.
     #[arg(long, env = "ARGOCD_AGENTCTL_CERT", value_name = "FILE")]
     cert: Option<PathBuf>,
-    /// Output format.
-    #[arg(
-        long,
-        short = 'o',
-        env = "ARGOCD_AGENTCTL_OUTPUT",
-        value_enum,
-        default_value_t
-    )]
-    output: OutputFormat,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 /// Run a `pki` subcommand.
@@ -352,7 +345,7 @@ async fn inspect(args: InspectArgs) -> Result<(), CliError> {
         let pem = std::fs::read_to_string(path)
             .map_err(|e| CliError::usage(format!("--cert {}: {e}", path.display())))?;
         let info = inspect_labelled(&pem, &path.display().to_string())?;
-        match args.output {
+        match args.out.output {
             OutputFormat::Json => print_json(&info)?,
             OutputFormat::Text => print!("{}", text_block(&path.display().to_string(), &info)),
         }
@@ -363,7 +356,7 @@ async fn inspect(args: InspectArgs) -> Result<(), CliError> {
         Store::Dir(dir) => summarise_dir(dir)?,
         Store::Secrets(s) => summarise_secrets(s).await?,
     };
-    match args.output {
+    match args.out.output {
         OutputFormat::Json => print_json(&summary)?,
         OutputFormat::Text => {
             let mut out = String::new();
