@@ -57,7 +57,7 @@ pub enum IssueCommand {
     Principal(ServerIssueArgs),
     /// Server certificate for the resource proxy (resource-proxy.crt/key or secret argocd-agent-resource-proxy-tls).
     ResourceProxy(ServerIssueArgs),
-    /// Client certificate for an agent, CN = NAME (agents/NAME.crt/key, or secrets argocd-agent-client-tls and argocd-agent-ca in the agent's namespace).
+    /// Client certificate for an agent, CN = NAME (agents/NAME.crt/key, or secrets argocd-agent-client-tls and argocd-agent-ca in the agent's namespace, on the agent's cluster when --agent-kubeconfig or --agent-context is given, else on the CA's).
     Agent(AgentIssueArgs),
 }
 
@@ -114,20 +114,47 @@ pub struct AgentIssueArgs {
         env = "ARGOCD_AGENTCTL_FORCE"
     )]
     force: bool,
-    /// Kubeconfig of the agent's cluster (secrets mode; default: same cluster as the CA).
+    /// The agent's cluster (secrets mode; default: the CA's).
+    #[command(flatten)]
+    agent: AgentClusterArgs,
+}
+
+/// The agent's cluster and namespace, for commands that write Secrets there.
+#[derive(Args, Debug)]
+pub struct AgentClusterArgs {
+    /// Kubeconfig of the agent's cluster (default: $KUBECONFIG, which may list several files).
     #[arg(long, env = "ARGOCD_AGENTCTL_AGENT_KUBECONFIG", value_name = "FILE")]
-    agent_kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context of the agent's cluster (secrets mode).
+    pub agent_kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context of the agent's cluster.
     #[arg(long, env = "ARGOCD_AGENTCTL_AGENT_CONTEXT", value_name = "NAME")]
-    agent_context: Option<String>,
-    /// Namespace the agent runs in on its cluster (secrets mode).
+    pub agent_context: Option<String>,
+    /// Namespace the agent runs in on its cluster.
     #[arg(
         long,
         env = "ARGOCD_AGENTCTL_AGENT_NAMESPACE",
         default_value = "argocd",
         value_name = "NS"
     )]
-    agent_namespace: String,
+    pub agent_namespace: String,
+}
+
+impl AgentClusterArgs {
+    /// Whether a kubeconfig or context of the agent's cluster was given.
+    pub fn given(&self) -> bool {
+        self.agent_kubeconfig.is_some() || self.agent_context.is_some()
+    }
+
+    /// The Secrets of the agent's namespace on its cluster.
+    pub async fn store(&self) -> Result<SecretStore, CliError> {
+        let client = kubeconfig::client_for(
+            "--agent-kubeconfig",
+            "--agent-context",
+            self.agent_kubeconfig.as_deref(),
+            self.agent_context.as_deref(),
+        )
+        .await?;
+        Ok(SecretStore::new(client, &self.agent_namespace))
+    }
 }
 
 /// Arguments of `pki inspect`.
@@ -288,23 +315,16 @@ async fn issue_agent(args: AgentIssueArgs) -> Result<(), CliError> {
     let target = match &store {
         Store::Dir(_) => store_issued(&store, &role, &issued, &ca, args.force).await?,
         Store::Secrets(hub) => {
-            let agent_store = if args.agent_kubeconfig.is_some() || args.agent_context.is_some() {
-                let client = kubeconfig::client_for(
-                    "--agent-kubeconfig",
-                    "--agent-context",
-                    args.agent_kubeconfig.as_deref(),
-                    args.agent_context.as_deref(),
-                )
-                .await?;
-                SecretStore::new(client, &args.agent_namespace)
+            let agent_store = if args.agent.given() {
+                args.agent.store().await?
             } else {
-                if args.agent_namespace == hub.namespace() {
+                if args.agent.agent_namespace == hub.namespace() {
                     return Err(CliError::usage(format!(
                         "--agent-namespace {} is the principal namespace on the same cluster; the agent's CA secret would replace the hub CA. Use --agent-kubeconfig/--agent-context for the agent's cluster or another --agent-namespace",
-                        args.agent_namespace
+                        args.agent.agent_namespace
                     )));
                 }
-                hub.with_namespace(&args.agent_namespace)
+                hub.with_namespace(&args.agent.agent_namespace)
             };
             let client_secret = secrets::role_secret(&role, agent_store.namespace(), &issued, &ca);
             let o1 = agent_store.write(&client_secret, args.force).await?;

@@ -4,13 +4,11 @@
 //!
 //! Owns those three commands; creating the CA and issuing from it are [`super::pki`]'s.
 
-use std::path::PathBuf;
-
 use clap::Args;
 
-use super::{confirm, kubeconfig, pki::load_ca, CliError, Store, StoreArgs};
+use super::{confirm, pki::load_ca, pki::AgentClusterArgs, CliError, Store, StoreArgs};
 use crate::pki::directory::{CA_CERT_FILE, CA_KEY_FILE};
-use crate::pki::secrets::{SecretStore, WriteOutcome, AGENT_CA_SECRET, CA_SECRET};
+use crate::pki::secrets::{WriteOutcome, AGENT_CA_SECRET, CA_SECRET};
 
 /// Arguments of `pki dump`.
 #[derive(Args, Debug)]
@@ -40,20 +38,8 @@ pub struct DeleteArgs {
 pub struct PropagateArgs {
     #[command(flatten)]
     store: StoreArgs,
-    /// Kubeconfig of the agent's cluster (default: $KUBECONFIG, which may list several files).
-    #[arg(long, env = "ARGOCD_AGENTCTL_AGENT_KUBECONFIG", value_name = "FILE")]
-    agent_kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context of the agent's cluster.
-    #[arg(long, env = "ARGOCD_AGENTCTL_AGENT_CONTEXT", value_name = "NAME")]
-    agent_context: Option<String>,
-    /// Namespace the agent runs in on its cluster.
-    #[arg(
-        long,
-        env = "ARGOCD_AGENTCTL_AGENT_NAMESPACE",
-        default_value = "argocd",
-        value_name = "NS"
-    )]
-    agent_namespace: String,
+    #[command(flatten)]
+    agent: AgentClusterArgs,
     /// Replace the agent's existing CA Secret.
     #[arg(long, short = 'f', env = "ARGOCD_AGENTCTL_FORCE")]
     force: bool,
@@ -115,34 +101,27 @@ pub async fn delete(args: DeleteArgs) -> Result<(), CliError> {
 pub async fn propagate(args: PropagateArgs) -> Result<(), CliError> {
     let store = args.store.open().await?;
     let ca = load_ca(&store).await?;
-    if args.agent_kubeconfig.is_none() && args.agent_context.is_none() {
+    if !args.agent.given() {
         return Err(CliError::usage(
             "give the agent's cluster with --agent-context (and --agent-kubeconfig unless $KUBECONFIG holds it); the CA and the agent cannot share a context",
         ));
     }
-    if args.agent_kubeconfig.is_none() && args.agent_context == args.store.context {
+    if args.agent.agent_kubeconfig.is_none() && args.agent.agent_context == args.store.context {
         return Err(CliError::usage(
             "PKI and agent cannot reside within the same context: --agent-context names the hub's",
         ));
     }
-    let client = kubeconfig::client_for(
-        "--agent-kubeconfig",
-        "--agent-context",
-        args.agent_kubeconfig.as_deref(),
-        args.agent_context.as_deref(),
-    )
-    .await?;
-    let agent = SecretStore::new(client, &args.agent_namespace);
+    let agent = args.agent.store().await?;
     if !args.force && agent.get(AGENT_CA_SECRET).await?.is_some() {
         return Err(CliError::usage(format!(
             "agent CA secret {}/{AGENT_CA_SECRET} already exists; delete it or pass --force to replace it",
-            args.agent_namespace
+            args.agent.agent_namespace
         )));
     }
     let outcome = agent.write_agent_ca(ca.cert_pem(), args.force).await?;
     println!(
         "Agent CA secret {}/{AGENT_CA_SECRET} {}",
-        args.agent_namespace,
+        args.agent.agent_namespace,
         match outcome {
             WriteOutcome::Created => "created",
             WriteOutcome::Replaced => "replaced",
