@@ -246,6 +246,47 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
         "principal Role differs from principal/rbac.yaml `namespace`"
     );
 
+    // No Secret is granted cluster-wide: the operator's cluster Secrets live in the release
+    // namespace and in a Role per further Argo CD namespace (duplicates and the release
+    // namespace itself get none), and only with the operator on.
+    assert!(
+        !rendered_grants(&principal, "ClusterRole")
+            .iter()
+            .any(|(_, r, _, _)| r == "secrets"),
+        "the principal's ClusterRole grants Secrets"
+    );
+    let argocd_roles = |values: &str| -> BTreeSet<(String, BTreeSet<Grant>)> {
+        let objs = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", values, None).unwrap());
+        of_kind(&objs, "Role")
+            .into_iter()
+            .filter(|r| r["metadata"]["namespace"] != "argocd")
+            .map(|r| {
+                (
+                    r["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    grants(&r["rules"]),
+                )
+            })
+            .collect()
+    };
+    let extra =
+        "operator: {argocdNamespace: gitops, extraArgocdNamespaces: [team-a, gitops, argocd]}\n";
+    let for_clusters = grants(&listed["argocdNamespaces"]);
+    assert_eq!(
+        argocd_roles(extra),
+        BTreeSet::from([
+            ("gitops".to_owned(), for_clusters.clone()),
+            ("team-a".to_owned(), for_clusters),
+        ]),
+        "a Role per further Argo CD namespace, as principal/rbac.yaml `argocdNamespaces`"
+    );
+    assert!(
+        argocd_roles("operator: {enabled: false, extraArgocdNamespaces: [team-a]}\n").is_empty(),
+        "no operator, no Role for its cluster Secrets"
+    );
+
     let agent = objects(&render(&ctx.dir, AGENT_CHART, "argocd", AGENT_VALUES, None).unwrap());
     let listed = rules_beside_code("agent/rbac.yaml");
     assert!(

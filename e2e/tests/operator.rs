@@ -43,7 +43,7 @@ use e2e::ports::free_port;
 use e2e::{shared_planes, wait_until, ManagedProcess, ProcessSpec, TestContext};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
@@ -944,6 +944,13 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
         .await?;
     gocs.create(&PostParams::default(), &bad("second", "all", "managed")?)
         .await?;
+    // An Argo CD namespace the operator has no Role in (the chart grants Secrets only in the
+    // principal's and the configured Argo CD namespaces).
+    let mut foreign = bad("foreign", "all", "managed")?;
+    foreign.spec.argo_server = Some(serde_json::from_value(
+        json!({"argoNamespace": "kube-system"}),
+    )?);
+    gocs.create(&PostParams::default(), &foreign).await?;
     let g = wait_goc(&gocs, "missing", "missing placement reported", |g| {
         condition(g, "PlacementResolved").is_some_and(|c| c.0 == "False")
     })
@@ -956,6 +963,29 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
     })
     .await?;
     assert!(condition(&g, "Ready").unwrap().2.contains("sideways"));
+    let g = wait_goc(&gocs, "foreign", "foreign Argo CD namespace refused", |g| {
+        condition(g, "Ready").is_some_and(|c| c.1 == "ArgoNamespaceNotAllowed")
+    })
+    .await?;
+    let (_, _, message) = condition(&g, "Ready").unwrap();
+    assert!(
+        message.contains("\"kube-system\"")
+            && message.contains("--operator-extra-argocd-namespaces"),
+        "{message}"
+    );
+    // Refused before anything was written: no cluster Secret of the operator in kube-system,
+    // while the accepted GitOpsCluster's cluster Secret is in the principal's namespace.
+    let managed_secrets = ListParams::default().labels(&format!(
+        "{}={}",
+        argocd_agent_operator::gitops::agent_work::MANAGED_BY_LABEL,
+        argocd_agent_operator::gitops::agent_work::MANAGED_BY_OPERATOR
+    ));
+    assert!(Api::<Secret>::namespaced(hub.clone(), "kube-system")
+        .list(&managed_secrets)
+        .await?
+        .items
+        .is_empty());
+    assert!(!secrets.list(&managed_secrets).await?.items.is_empty());
     let g = wait_goc(&gocs, "second", "conflict reported", |g| {
         condition(g, "ClustersRegistered").is_some_and(|c| c.1 == "ClusterConflict")
     })
@@ -986,7 +1016,7 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
         condition(&g, "ClustersRegistered").unwrap().1,
         "RegistrationFailed"
     );
-    for name in ["missing", "badmode", "second"] {
+    for name in ["missing", "badmode", "second", "foreign"] {
         gocs.delete(name, &DeleteParams::default()).await?;
     }
 

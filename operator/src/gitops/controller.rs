@@ -52,6 +52,33 @@ fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> OperatorEr
     move |source| OperatorError::Kube { action, source }
 }
 
+/// Reasons of a GitOpsCluster whose spec is refused before its Placement is evaluated: an
+/// unknown mode, an Argo CD namespace the operator has no Role in.
+const INVALID_MODE: &str = "InvalidMode";
+const NAMESPACE_NOT_ALLOWED: &str = "ArgoNamespaceNotAllowed";
+
+/// The hub namespace `goc`'s cluster Secrets go to (spec.argoServer.argoNamespace, else the
+/// operator's default), or why it is refused: only namespaces the operator has a Role in.
+fn argocd_namespace_of(goc: &GitOpsCluster, opts: &OperatorOptions) -> Result<String, String> {
+    let ns = goc
+        .spec
+        .argo_server
+        .as_ref()
+        .and_then(|a| a.argo_namespace.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| opts.argocd_namespace().to_owned());
+    let allowed = opts.argocd_namespaces();
+    if allowed.contains(&ns) {
+        return Ok(ns);
+    }
+    Err(format!(
+        "spec.argoServer.argoNamespace {ns:?} is not a namespace the operator keeps cluster \
+         Secrets in ({}); add it to --operator-extra-argocd-namespaces (Helm value \
+         operator.extraArgocdNamespaces, which also grants the operator a Role there)",
+        allowed.into_iter().collect::<Vec<_>>().join(", ")
+    ))
+}
+
 /// What happened to one selected cluster in this pass.
 struct ClusterOutcome {
     status: ClusterOnboardingStatus,
@@ -119,12 +146,13 @@ pub async fn reconcile_all(
         BTreeMap::new();
     for goc in &live {
         let key = goc_key(goc);
-        let selected = match goc.mode() {
-            "managed" | "autonomous" => resolve(client, goc)
+        let selected = match (goc.mode(), argocd_namespace_of(goc, opts)) {
+            (_, Err(refused)) => Err((NAMESPACE_NOT_ALLOWED.to_owned(), refused)),
+            ("managed" | "autonomous", Ok(_)) => resolve(client, goc)
                 .await
                 .map_err(|e: PlacementError| (e.reason().to_owned(), e.to_string())),
-            other => Err((
-                "InvalidMode".to_owned(),
+            (other, Ok(_)) => Err((
+                INVALID_MODE.to_owned(),
                 format!("spec.argoCDAgentAddon.mode is {other:?}; use managed or autonomous"),
             )),
         };
@@ -162,12 +190,17 @@ pub async fn reconcile_all(
         .await
         .map_err(kube_err("listing agent ManifestWorks"))?
         .items;
-    let secrets_api: Api<Secret> = Api::all(client.clone());
-    let cluster_secrets = secrets_api
-        .list(&managed)
-        .await
-        .map_err(kube_err("listing cluster secrets"))?
-        .items;
+    let mut cluster_secrets = Vec::new();
+    for ns in opts.argocd_namespaces() {
+        let secrets_api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        cluster_secrets.extend(
+            secrets_api
+                .list(&managed)
+                .await
+                .map_err(kube_err(format!("listing cluster secrets in {ns}")))?
+                .items,
+        );
+    }
 
     // PKI, only when there is something to onboard.
     let store = SecretStore::new(client.clone(), &opts.namespace);
@@ -356,13 +389,7 @@ pub async fn reconcile_all(
         let validity = opts.certs.leaf_validity(ca, now);
 
         // Argo CD cluster secret.
-        let argocd_ns = goc
-            .spec
-            .argo_server
-            .as_ref()
-            .and_then(|a| a.argo_namespace.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| opts.argocd_namespace().to_owned());
+        let argocd_ns = argocd_namespace_of(goc, opts).expect("checked with the spec");
         let server_url = resource_proxy_server_url(&opts.resource_proxy_address, &agent)?;
         let secret_name = cluster_secret_name(&agent);
         let existing_secret = cluster_secrets.iter().find(|s| {
@@ -726,7 +753,8 @@ fn goc_status(
     let mut conditions = Vec::new();
     match selection {
         Err((reason, message)) => {
-            let placement_failed = reason != "InvalidMode";
+            let placement_failed =
+                ![INVALID_MODE, NAMESPACE_NOT_ALLOWED].contains(&reason.as_str());
             conditions.push(if placement_failed {
                 cond(
                     CONDITION_PLACEMENT_RESOLVED,
@@ -1011,5 +1039,49 @@ mod tests {
         let mut none = ObjectMeta::default();
         carry_over(&ObjectMeta::default(), &mut none);
         assert_eq!(none.finalizers, None, "no empty finalizer list is written");
+    }
+}
+
+#[cfg(test)]
+mod argocd_namespace_tests {
+    use super::*;
+
+    fn goc(argo_namespace: Option<&str>) -> GitOpsCluster {
+        let mut spec = json!({"placementRef": {"name": "p"}, "argoCDAgentAddon": {}});
+        if let Some(ns) = argo_namespace {
+            spec["argoServer"] = json!({"argoNamespace": ns});
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "apps.open-cluster-management.io/v1alpha1",
+            "kind": "GitOpsCluster",
+            "metadata": {"name": "g", "namespace": "ns"},
+            "spec": spec,
+        }))
+        .expect("a GitOpsCluster")
+    }
+
+    #[test]
+    fn a_gitopscluster_may_name_only_namespaces_the_operator_has_a_role_in() {
+        let mut opts = OperatorOptions::new("agents");
+        opts.argocd_namespace = Some("argocd".into());
+        opts.extra_argocd_namespaces = vec!["gitops".into()];
+        assert_eq!(argocd_namespace_of(&goc(None), &opts).unwrap(), "argocd");
+        assert_eq!(
+            argocd_namespace_of(&goc(Some("")), &opts).unwrap(),
+            "argocd"
+        );
+        for allowed in ["agents", "argocd", "gitops"] {
+            assert_eq!(
+                argocd_namespace_of(&goc(Some(allowed)), &opts).unwrap(),
+                allowed
+            );
+        }
+        let refused = argocd_namespace_of(&goc(Some("kube-system")), &opts).unwrap_err();
+        assert!(refused.contains("\"kube-system\""), "{refused}");
+        assert!(refused.contains("agents, argocd, gitops"), "{refused}");
+        assert!(
+            refused.contains("--operator-extra-argocd-namespaces"),
+            "{refused}"
+        );
     }
 }

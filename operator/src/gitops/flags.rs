@@ -1,7 +1,8 @@
 //! The operator's settings as `argocd-principal` flags (flattened into its command line, each
 //! mirrored by an `ARGOCD_PRINCIPAL_OPERATOR_*` env var): certificate lifetimes and renewal, the
 //! principal/resource-proxy addresses agents and Argo CD are given (overriding server discovery),
-//! the default agent image, the hub Argo CD namespace and the agents' namespace on the spokes.
+//! the default agent image, the hub Argo CD namespace (and the further namespaces GitOpsClusters
+//! may register clusters in) and the agents' namespace on the spokes.
 //!
 //! Owns [`OperatorFlags`], their validation into [`OperatorSettings`], and how the settings fill
 //! [`OperatorOptions`]. A GitOpsCluster's own spec fields still win over these defaults.
@@ -97,6 +98,19 @@ pub struct OperatorFlags {
     )]
     pub operator_argocd_namespace: Option<String>,
 
+    /// Further hub namespaces a GitOpsCluster may name in spec.argoServer.argoNamespace, besides
+    /// --operator-argocd-namespace and the principal's --namespace (comma-separated). The
+    /// operator reads and writes cluster Secrets only in these namespaces, so it needs no
+    /// cluster-wide Secret grant (the chart's operator.extraArgocdNamespaces grants a Role in
+    /// each); a GitOpsCluster naming another namespace is refused in its status.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_EXTRA_ARGOCD_NAMESPACES",
+        value_name = "NS,...",
+        value_delimiter = ','
+    )]
+    pub operator_extra_argocd_namespaces: Vec<String>,
+
     /// Namespace of the agent on the managed clusters [default: argocd]. A GitOpsCluster's
     /// spec.argoCDAgentAddon.agentNamespace wins over it.
     #[arg(
@@ -122,6 +136,8 @@ pub struct OperatorSettings {
     pub agent_image: Option<String>,
     /// Hub Argo CD namespace.
     pub argocd_namespace: Option<String>,
+    /// Further namespaces GitOpsClusters may register clusters in.
+    pub extra_argocd_namespaces: Vec<String>,
     /// Agent namespace on the spokes.
     pub agent_namespace: Option<String>,
 }
@@ -188,6 +204,14 @@ impl OperatorFlags {
                 .optional_namespace("operator-argocd-namespace", self.operator_argocd_namespace)?,
             agent_namespace: env
                 .optional_namespace("operator-agent-namespace", self.operator_agent_namespace)?,
+            extra_argocd_namespaces: self
+                .operator_extra_argocd_namespaces
+                .into_iter()
+                .filter_map(|n| {
+                    env.optional_namespace("operator-extra-argocd-namespaces", Some(n))
+                        .transpose()
+                })
+                .collect::<Result<_, _>>()?,
         })
     }
 }
@@ -206,6 +230,7 @@ impl OperatorOptions {
             o.agent_image = i.clone();
         }
         o.argocd_namespace = s.argocd_namespace.clone();
+        o.extra_argocd_namespaces = s.extra_argocd_namespaces.clone();
         o.agent_namespace = s.agent_namespace.clone();
         o
     }

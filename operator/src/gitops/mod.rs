@@ -21,6 +21,7 @@ pub mod placement;
 pub mod server_discovery;
 pub mod upstream_conditions;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::{stream, StreamExt};
@@ -73,8 +74,11 @@ pub enum OperatorError {
 pub struct OperatorOptions {
     /// The principal's namespace: PKI Secrets, the Lease, server discovery.
     pub namespace: String,
-    /// Namespace of the hub Argo CD (default: `namespace`); a GitOpsCluster may override it.
+    /// Namespace of the hub Argo CD (default: `namespace`); a GitOpsCluster may override it
+    /// with one of [`OperatorOptions::argocd_namespaces`].
     pub argocd_namespace: Option<String>,
+    /// Further namespaces a GitOpsCluster may name as its Argo CD namespace.
+    pub extra_argocd_namespaces: Vec<String>,
     /// Address the hub Argo CD uses for the resource proxy (`host:port`).
     pub resource_proxy_address: String,
     /// Agent image when the GitOpsCluster names none.
@@ -106,6 +110,7 @@ impl OperatorOptions {
         OperatorOptions {
             namespace: namespace.to_owned(),
             argocd_namespace: None,
+            extra_argocd_namespaces: Vec::new(),
             resource_proxy_address: DEFAULT_RESOURCE_PROXY_ADDRESS.to_owned(),
             agent_image: format!(
                 "ghcr.io/argocd-agent-rs/argocd-agent:{}",
@@ -126,6 +131,18 @@ impl OperatorOptions {
     /// The hub Argo CD namespace.
     pub fn argocd_namespace(&self) -> &str {
         self.argocd_namespace.as_deref().unwrap_or(&self.namespace)
+    }
+
+    /// Every namespace the operator keeps cluster Secrets in, and so the only ones a
+    /// GitOpsCluster may name as its Argo CD namespace: the principal's, the default Argo CD
+    /// namespace and the extra ones. The operator lists and watches Secrets in these only (a Role
+    /// in each, no cluster-wide Secret grant).
+    pub fn argocd_namespaces(&self) -> BTreeSet<String> {
+        [self.namespace.as_str(), self.argocd_namespace()]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(self.extra_argocd_namespaces.iter().cloned())
+            .collect()
     }
 }
 
@@ -196,34 +213,43 @@ pub async fn run_operator(
         agent_work::MANAGED_BY_LABEL,
         agent_work::MANAGED_BY_OPERATOR
     ));
-    let mut events = stream::select_all([
+    let cluster_secrets = opts.argocd_namespaces().into_iter().map(|ns| {
         triggers(
-            Api::<GitOpsCluster>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-        triggers(
-            Api::<DynamicObject>::all_with(
-                client.clone(),
-                &placement::placement_decision_resource(),
+            Api::<Secret>::namespaced(client.clone(), &ns),
+            managed.clone(),
+        )
+    });
+    let mut events = stream::select_all(
+        [
+            triggers(
+                Api::<GitOpsCluster>::all(client.clone()),
+                watcher::Config::default(),
             ),
-            watcher::Config::default(),
-        ),
-        triggers(
-            Api::<DynamicObject>::all_with(client.clone(), &placement::placement_resource()),
-            watcher::Config::default(),
-        ),
-        triggers(Api::<ManifestWork>::all(client.clone()), managed.clone()),
-        triggers(Api::<Secret>::all(client.clone()), managed),
-        triggers(
-            Api::<Secret>::namespaced(client.clone(), &opts.namespace),
-            watcher::Config::default()
-                .fields(&format!("metadata.name={}", crate::pki::secrets::CA_SECRET)),
-        ),
-        triggers(
-            Api::<CertificateSigningRequest>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    ]);
+            triggers(
+                Api::<DynamicObject>::all_with(
+                    client.clone(),
+                    &placement::placement_decision_resource(),
+                ),
+                watcher::Config::default(),
+            ),
+            triggers(
+                Api::<DynamicObject>::all_with(client.clone(), &placement::placement_resource()),
+                watcher::Config::default(),
+            ),
+            triggers(Api::<ManifestWork>::all(client.clone()), managed.clone()),
+            triggers(
+                Api::<Secret>::namespaced(client.clone(), &opts.namespace),
+                watcher::Config::default()
+                    .fields(&format!("metadata.name={}", crate::pki::secrets::CA_SECRET)),
+            ),
+            triggers(
+                Api::<CertificateSigningRequest>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        ]
+        .into_iter()
+        .chain(cluster_secrets),
+    );
     tracing::info!(namespace = %opts.namespace, identity = %opts.identity, "GitOpsCluster operator started");
     let mut next_pass = NextPass::default();
     loop {
