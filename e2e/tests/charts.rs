@@ -1241,7 +1241,7 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
     let ctx = TestContext::new("charts-env-names").unwrap();
     // Every optional setting set, so every variable the templates can emit is rendered.
     let principal = "principal: {allowedNamespaces: [team-a], namespaceCreate: {enable: true, pattern: \"^edge-\", labels: {team: edge, tier: spoke}}, destinationBasedMapping: true, labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
-        operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd}\n\
+        operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd, extraArgocdNamespaces: [team-a, team-b]}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
     let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b, sourceUidMismatchPolicy: upsert, ignoreUnmanagedApps: true, onApplicationRecreate: resync}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
@@ -1270,6 +1270,10 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
         }
     }
     let objs = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", principal, None).unwrap());
+    assert_eq!(
+        env_value(&objs, "ARGOCD_PRINCIPAL_OPERATOR_EXTRA_ARGOCD_NAMESPACES").map(|e| &e["value"]),
+        Some(&Value::from("team-a,team-b"))
+    );
     assert_eq!(
         env_value(&objs, "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS").map(|e| &e["value"]),
         Some(&Value::from("team=edge,tier=spoke"))
