@@ -27,6 +27,7 @@ use crate::gateway::{appproject_resource, ensure_namespace, wait_http_ok};
 use crate::ports::free_port;
 use crate::process::{temp_dir, ManagedProcess, ProcessSpec};
 use crate::redis::Redis;
+use crate::wait_until;
 
 /// The admin password every test Argo CD is given.
 pub const ADMIN_PASSWORD: &str = "e2e-admin-password";
@@ -46,6 +47,8 @@ pub struct ArgoCd {
     /// argocd-server's API/UI port (hub), plaintext on 127.0.0.1.
     pub server_port: Option<u16>,
     dir: PathBuf,
+    /// Where repo-server looks for config management plugins' sockets (when one runs).
+    plugin_sockets: Option<PathBuf>,
     processes: Vec<ManagedProcess>,
 }
 
@@ -79,8 +82,9 @@ impl ArgoCd {
         };
         prepare_namespace(plane, namespace, &endpoint).await?;
         let repo_server_port = free_port();
-        let repo_server =
-            ManagedProcess::spawn(repo_server(&dir, name, plane, &endpoint, repo_server_port)?)?;
+        let (repo_server, plugin_sockets) =
+            repo_server(&dir, name, plane, &endpoint, repo_server_port)?;
+        let repo_server = ManagedProcess::spawn(repo_server)?;
         let controller = component(
             &dir,
             "argocd-application-controller",
@@ -109,6 +113,7 @@ impl ArgoCd {
             repo_server_port: Some(repo_server_port),
             server_port: None,
             dir,
+            plugin_sockets: Some(plugin_sockets),
             processes: vec![repo_server, controller],
         })
     }
@@ -127,8 +132,9 @@ impl ArgoCd {
         std::fs::create_dir_all(&dir)?;
         prepare_namespace(plane, namespace, &redis).await?;
         let repo_server_port = free_port();
-        let repo_server =
-            ManagedProcess::spawn(repo_server(&dir, name, plane, &redis, repo_server_port)?)?;
+        let (repo_server, plugin_sockets) =
+            repo_server(&dir, name, plane, &redis, repo_server_port)?;
+        let repo_server = ManagedProcess::spawn(repo_server)?;
         let port = free_port();
         let spec = component(&dir, "argocd-server", name, plane, &redis)?
             .arg(format!("--kubeconfig={}", plane.kubeconfig.display()))
@@ -146,12 +152,57 @@ impl ArgoCd {
             repo_server_port: Some(repo_server_port),
             server_port: Some(port),
             dir,
+            plugin_sockets: Some(plugin_sockets),
             processes: vec![repo_server, server],
         };
         wait_http_ok(port, "/healthz", Duration::from_secs(60))
             .await
             .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd.log_tails(30)))?;
         Ok(argocd)
+    }
+
+    /// Starts Argo CD's real `argocd-cmp-server` beside this instance's repo-server, as the
+    /// documented sidecar: the config management plugin `config` (a `plugin.yaml` file), its
+    /// generate command found on `path` (prepended to `PATH`); waits until the plugin's socket is
+    /// where repo-server looks for it.
+    pub async fn start_plugin(&mut self, config: &Path, path: &Path) -> anyhow::Result<()> {
+        let sockets = self
+            .plugin_sockets
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("no repo-server runs here to use a plugin"))?;
+        let own = self.dir.join("argocd-cmp-server");
+        let config_dir = own.join("config");
+        for sub in ["tmp", "config"] {
+            std::fs::create_dir_all(own.join(sub))?;
+        }
+        std::fs::copy(config, config_dir.join("plugin.yaml"))?;
+        let search = std::env::join_paths(std::iter::once(path.to_path_buf()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))?;
+        let spec = ProcessSpec::new(
+            format!("argocd-cmp-server-{}", self.namespace),
+            Peer::ArgoCd.binary("argocd-cmp-server")?,
+            self.dir.join("argocd-cmp-server.log"),
+        )
+        .arg("--config-dir-path")
+        .arg(&config_dir)
+        .args(["--loglevel", "info", "--logformat", "text"])
+        .env("ARGOCD_PLUGINSOCKFILEPATH", &sockets)
+        .env("PATH", search)
+        .env("TMPDIR", own.join("tmp"));
+        self.processes.push(ManagedProcess::spawn(spec)?);
+        wait_until(
+            "the config management plugin's socket",
+            Duration::from_secs(60),
+            || async {
+                let found = std::fs::read_dir(&sockets)?
+                    .flatten()
+                    .any(|e| e.path().extension().is_some_and(|x| x == "sock"));
+                Ok::<_, std::io::Error>(found.then_some(()))
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", self.log_tails(20)))
     }
 
     /// Starts the ApplicationSet controller on `plane` for ApplicationSets in `namespace` (Argo
@@ -192,6 +243,7 @@ impl ArgoCd {
             repo_server_port: None,
             server_port: None,
             dir,
+            plugin_sockets: None,
             processes: vec![controller],
         };
         // Its metrics server starts with the manager (the probe server answers no path by default).
@@ -407,19 +459,24 @@ fn component(
     })
 }
 
-/// repo-server on `port` (TLS with a self-signed certificate, as by default; clients accept it).
+/// repo-server on `port` (TLS with a self-signed certificate, as by default; clients accept it),
+/// and the directory it finds config management plugins' sockets in (short: a unix socket path
+/// must stay under 108 bytes).
 fn repo_server(
     dir: &Path,
     name: &str,
     plane: &ControlPlane,
     redis: &RedisEndpoint,
     port: u16,
-) -> anyhow::Result<ProcessSpec> {
-    Ok(component(dir, "argocd-repo-server", name, plane, redis)?
+) -> anyhow::Result<(ProcessSpec, PathBuf)> {
+    let plugin_sockets = temp_dir("cmp")?;
+    let spec = component(dir, "argocd-repo-server", name, plane, redis)?
         .args(["--address", "127.0.0.1", "--port"])
         .arg(port.to_string())
         .args(["--metrics-address", "127.0.0.1", "--metrics-port"])
-        .arg(free_port().to_string()))
+        .arg(free_port().to_string())
+        .env("ARGOCD_PLUGINSOCKFILEPATH", &plugin_sockets);
+    Ok((spec, plugin_sockets))
 }
 
 /// The objects Argo CD reads at start-up, created or updated with server-side apply.

@@ -6,7 +6,10 @@
 //! is back. Then the operator's pull model with all of it real: a hub Application opted into the
 //! pull model (controllers of `e2e::pull_model`) is applied on a spoke by the work agent, synced
 //! there by real Argo CD from the local Git server, and its status comes back to the hub through
-//! the work agent's feedback, and a sync requested on the hub runs exactly once there. Tests write
+//! the work agent's feedback, and a sync requested on the hub runs exactly once there. And the
+//! manifest-wrapping plugin (`charts/cmp/plugin.yaml`, `argocd-agentctl wrap`) run by Argo CD's
+//! real argocd-cmp-server beside the hub's repo-server: the hub's Argo CD applies the ManifestWork
+//! it renders, the work agent delivers it to a spoke without Argo CD. Tests write
 //! only what a user writes (Placements, bindings, ManifestWorks, Applications, an operation, a
 //! pre-created ManagedCluster's spec); every status, decision, namespace and taint checked here is
 //! OCM's or Argo CD's.
@@ -799,6 +802,122 @@ async fn sync_requested_on_the_hub_runs_exactly_once_on_the_spoke_across_a_work_
         Ok::<_, kube::Error>(hub_apps.get_opt("demo").await?.is_none().then_some(()))
     })
     .await?;
+    logs.passed();
+    Ok(())
+}
+
+/// Manifests of the plugin test's Git path: a ConfigMap that names its namespace (the work agent
+/// applies a ManifestWork's objects as written). No Namespace object: the planes run no namespace
+/// controller, so a deleted Namespace would stay Terminating and hold the work's cleanup.
+fn wrapped_manifests(namespace: &str, greeting: &str) -> Vec<(&'static str, String)> {
+    vec![(
+        "configmap.yaml",
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: demo-config\n  namespace: {namespace}\ndata:\n  greeting: {greeting}\n"
+        ),
+    )]
+}
+
+#[tokio::test]
+async fn hub_argocd_with_the_wrap_plugin_delivers_through_the_real_work_agent_without_argocd_on_the_spoke(
+) -> anyhow::Result<()> {
+    let (planes, ocm_hub) = ocm().await;
+    let mut logs = FailureLogs::new(ocm_hub);
+    let ctx = TestContext::new("ocm-cmp")?;
+    let cluster = ctx.unique("cmp");
+    let spoke = &planes.spokes[0];
+    let hub = planes.hub.client().await?;
+    let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
+    logs.watch(&klusterlet);
+    // Argo CD on the hub only, managing the hub itself; its repo-server has the shipped plugin
+    // (charts/cmp/plugin.yaml) run by the real argocd-cmp-server, with argocd-agentctl on PATH.
+    let (hub_argocd_ns, dest) = (ctx.unique("argocd"), ctx.unique("wrapped"));
+    let mut argocd =
+        ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, &planes.hub, &hub_argocd_ns, &[]).await?;
+    let agentctl = e2e::binaries::project_binary("argocd-agentctl")?;
+    argocd
+        .start_plugin(
+            &e2e::binaries::workspace_root().join("charts/cmp/plugin.yaml"),
+            agentctl.parent().expect("a binary's directory"),
+        )
+        .await?;
+    ensure_namespace(&spoke.client().await?, &dest).await?;
+    let git = GitServer::start(&ctx.unique("git"))?;
+    git.commit("apps", "wrapped", &wrapped_manifests(&dest, "v1"), "v1")?;
+    wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
+    let argocd_logs = || argocd.log_tails(20);
+
+    // The user's Application: the plugin with the cluster as its only parameter, the hub as its
+    // destination (where the ManifestWork goes), the cluster's namespace there.
+    let mut app = serde_json::to_value(demo_application(
+        "wrapped",
+        &hub_argocd_ns,
+        &git.url("apps"),
+        json!({"server": "https://kubernetes.default.svc", "namespace": cluster}),
+    ))?;
+    // Cascade delete as users ask for it; background, as no garbage collector runs here.
+    app["metadata"]["finalizers"] = json!(["resources-finalizer.argocd.argoproj.io/background"]);
+    app["spec"]["source"] = json!({
+        "repoURL": git.url("apps"), "path": "wrapped", "targetRevision": "main",
+        "plugin": {"name": "argocd-agent-wrap", "env": [{"name": "CLUSTER", "value": cluster}]},
+    });
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &hub_argocd_ns, &application_resource());
+    let started = Instant::now();
+    hub_apps
+        .create(&PostParams::default(), &serde_json::from_value(app)?)
+        .await?;
+
+    // Argo CD renders the ManifestWork (named after the Application) and applies it in the
+    // cluster's hub namespace; the real work agent applies what it carries on the spoke, where no
+    // Argo CD runs.
+    wait_greeting(spoke, &dest, "v1")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    eprintln!(
+        "[ocm] plugin-rendered ManifestWork applied on the spoke {:.1?} after the Application was created",
+        started.elapsed()
+    );
+    let works: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &cluster, &manifest_work_resource());
+    let work = serde_json::to_value(works.get("wrapped").await?)?;
+    let kinds: Vec<&str> = work
+        .pointer("/spec/workload/manifests")
+        .and_then(Value::as_array)
+        .map(|m| m.iter().filter_map(|o| o["kind"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(kinds, ["ConfigMap"], "{work}");
+    assert!(
+        work.pointer("/metadata/labels/app.kubernetes.io~1instance")
+            .is_some()
+            || work
+                .pointer("/metadata/annotations/argocd.argoproj.io~1tracking-id")
+                .is_some(),
+        "the ManifestWork is Argo CD's (tracked): {work}"
+    );
+    wait_until("the hub Application Synced", SYNC_WAIT, || async {
+        let app = serde_json::to_value(hub_apps.get("wrapped").await?)?;
+        Ok::<_, anyhow::Error>((sync_state(&app).0 == "Synced").then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+
+    // A new commit: Argo CD renders the changed work, the work agent updates the spoke.
+    git.commit("apps", "wrapped", &wrapped_manifests(&dest, "v2"), "v2")?;
+    wait_greeting(spoke, &dest, "v2")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+
+    // Deleting the Application (cascade) deletes the work; the work agent removes what it applied.
+    hub_apps.delete("wrapped", &DeleteParams::default()).await?;
+    let spoke_cms: Api<ConfigMap> = Api::namespaced(spoke.client().await?, &dest);
+    wait_until("work and the spoke's ConfigMap gone", SYNC_WAIT, || async {
+        let gone = works.get_opt("wrapped").await?.is_none()
+            && spoke_cms.get_opt("demo-config").await?.is_none();
+        Ok::<_, kube::Error>(gone.then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
     logs.passed();
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! `argocd-agentctl wrap`: renders every Kubernetes object in a folder (or in YAML piped on
 //! stdin, e.g. `kustomize build . | argocd-agentctl wrap --cluster c1 --name app -`) into one
 //! OCM ManifestWork on stdout. Usable as the `generate` command of an Argo CD config management
-//! plugin, so Argo CD on the hub creates ManifestWorks and no Argo CD runs on the spoke.
+//! plugin (argocd-cmp-server beside the hub's repo-server, `charts/cmp/plugin.yaml`), so Argo CD on
+//! the hub creates ManifestWorks and no Argo CD runs on the spoke: then the cluster and the work's
+//! name come from what Argo CD gives a plugin ([`PluginEnv`]) when no flag names them.
 //!
 //! Owns reading the input (nested folders in a stable order; `.yaml`, `.yml` and `.json` files;
 //! hidden entries and `kustomization.yaml` skipped), splitting multi-document YAML, checking that
@@ -115,6 +117,14 @@ pub enum WrapError {
     /// `--name` is not an object name.
     #[error("invalid --name {0:?}: a ManifestWork name must be a DNS-1123 subdomain (lowercase letters, digits, '-', '.', at most 253)")]
     InvalidName(String),
+    /// Neither a flag nor the plugin environment names it.
+    #[error("no {what} given: pass {how}")]
+    Missing {
+        /// What is missing.
+        what: &'static str,
+        /// Where it can come from.
+        how: &'static str,
+    },
     /// Over OCM's size limit.
     #[error("the manifests from {input} take {size} bytes; OCM accepts at most {MANIFEST_SIZE_LIMIT} bytes per ManifestWork: split the folder")]
     TooLarge {
@@ -433,25 +443,82 @@ pub fn wrap_manifests(input: WrapInput, cluster: &str, name: &str) -> Result<Str
     long_about = "Render every Kubernetes object in a folder (recursively; .yaml, .yml and .json files; \
                   hidden entries and kustomization.yaml skipped) or in YAML read from stdin ('-', e.g. the \
                   output of `kustomize build`) into one ManifestWork for the given cluster, printed on stdout. \
-                  Works as the generate command of an Argo CD config management plugin."
+                  Works as the generate command of an Argo CD config management plugin (argocd-cmp-server): \
+                  without flags it wraps the current directory (the Application's source path), for the \
+                  cluster named by the plugin env CLUSTER (spec.source.plugin.env, which Argo CD passes as \
+                  ARGOCD_ENV_CLUSTER), in a ManifestWork named by the plugin env WORK_NAME or else after \
+                  the Application (ARGOCD_APP_NAME)."
 )]
 pub struct WrapArgs {
-    /// ManagedCluster to deliver to (the ManifestWork's namespace).
+    /// ManagedCluster to deliver to (the ManifestWork's namespace) [default: Argo CD plugin env
+    /// ARGOCD_ENV_CLUSTER].
     #[arg(long, env = "ARGOCD_AGENTCTL_CLUSTER", value_name = "NAME")]
-    pub cluster: String,
-    /// Name of the ManifestWork.
+    pub cluster: Option<String>,
+    /// Name of the ManifestWork [default: Argo CD plugin env ARGOCD_ENV_WORK_NAME, else the
+    /// Application's name ARGOCD_APP_NAME].
     #[arg(long, env = "ARGOCD_AGENTCTL_WORK_NAME", value_name = "WORK")]
-    pub name: String,
+    pub name: Option<String>,
     /// Folder or file with the manifests, or '-' for stdin.
-    #[arg(value_name = "DIR|-")]
+    #[arg(value_name = "DIR|-", default_value = ".")]
     pub source: String,
+}
+
+/// What Argo CD gives a config management plugin's generate command, read from the environment
+/// (Argo CD prefixes an Application's `spec.source.plugin.env` entries with `ARGOCD_ENV_`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginEnv {
+    /// `ARGOCD_ENV_CLUSTER`.
+    pub cluster: Option<String>,
+    /// `ARGOCD_ENV_WORK_NAME`.
+    pub work_name: Option<String>,
+    /// `ARGOCD_APP_NAME`.
+    pub app_name: Option<String>,
+}
+
+impl PluginEnv {
+    /// The plugin environment of this process (unset and empty variables count as absent).
+    pub fn from_process() -> PluginEnv {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        PluginEnv {
+            cluster: var("ARGOCD_ENV_CLUSTER"),
+            work_name: var("ARGOCD_ENV_WORK_NAME"),
+            app_name: var("ARGOCD_APP_NAME"),
+        }
+    }
+}
+
+impl WrapArgs {
+    /// The cluster and ManifestWork name: the flags, else what Argo CD gives a plugin.
+    pub fn target(&self, plugin: &PluginEnv) -> Result<(String, String), WrapError> {
+        let given = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
+        let cluster = given(&self.cluster)
+            .or_else(|| plugin.cluster.clone())
+            .ok_or(WrapError::Missing {
+                what: "cluster",
+                how: "--cluster (or, as an Argo CD plugin, env CLUSTER in the Application's \
+                      spec.source.plugin.env)",
+            })?;
+        let name = given(&self.name)
+            .or_else(|| plugin.work_name.clone())
+            .or_else(|| plugin.app_name.clone())
+            .ok_or(WrapError::Missing {
+                what: "ManifestWork name",
+                how: "--name (or, as an Argo CD plugin, env WORK_NAME in spec.source.plugin.env; \
+                      Argo CD's ARGOCD_APP_NAME is used when set)",
+            })?;
+        Ok((cluster, name))
+    }
 }
 
 /// Runs `wrap`: the ManifestWork on stdout, or the error on stderr with exit code 2 (bad input)
 /// or 1 (I/O failure).
 pub fn run_wrap(args: WrapArgs) -> ExitCode {
-    let result = WrapInput::from_source(&args.source)
-        .and_then(|input| wrap_manifests(input, &args.cluster, &args.name));
+    let result = args
+        .target(&PluginEnv::from_process())
+        .and_then(|(cluster, name)| {
+            WrapInput::from_source(&args.source)
+                .and_then(|input| wrap_manifests(input, &cluster, &name))
+        });
     match result {
         Ok(yaml) => {
             let mut out = std::io::stdout().lock();
@@ -519,5 +586,42 @@ mod tests {
             Err(WrapError::InvalidName(_))
         ));
         assert!(wrap_manifests(input, "c1", "my.work").is_ok());
+    }
+
+    #[test]
+    fn flags_win_then_the_plugin_env_then_the_application_name() {
+        let args = |cluster: Option<&str>, name: Option<&str>| WrapArgs {
+            cluster: cluster.map(str::to_owned),
+            name: name.map(str::to_owned),
+            source: ".".into(),
+        };
+        let plugin = PluginEnv {
+            cluster: Some("spoke1".into()),
+            work_name: None,
+            app_name: Some("guestbook".into()),
+        };
+        assert_eq!(
+            args(None, None).target(&plugin).unwrap(),
+            ("spoke1".to_owned(), "guestbook".to_owned())
+        );
+        let named = PluginEnv {
+            work_name: Some("gb-work".into()),
+            ..plugin.clone()
+        };
+        assert_eq!(args(None, None).target(&named).unwrap().1, "gb-work");
+        assert_eq!(
+            args(Some("c2"), Some("w2")).target(&named).unwrap(),
+            ("c2".to_owned(), "w2".to_owned())
+        );
+        let err = args(None, Some("w"))
+            .target(&PluginEnv::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("--cluster"), "{err}");
+        assert!(err.to_string().contains("CLUSTER"), "{err}");
+        assert_eq!(err.exit_code(), 2);
+        let err = args(Some("c"), None)
+            .target(&PluginEnv::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("--name"), "{err}");
     }
 }

@@ -218,14 +218,18 @@ fn wrap_args_parse_like_the_cli() {
     let Command::Wrap(args) = cli.command;
     assert_eq!(
         (
-            args.cluster.as_str(),
-            args.name.as_str(),
+            args.cluster.as_deref(),
+            args.name.as_deref(),
             args.source.as_str()
         ),
-        ("c1", "guestbook", "-")
+        (Some("c1"), Some("guestbook"), "-")
     );
-    assert!(
-        Cli::try_parse_from(["argocd-agentctl", "wrap", "--name", "guestbook", "dir"]).is_err(),
-        "--cluster is required"
-    );
+    // As an Argo CD plugin's generate command: no flags, the current directory.
+    let Command::Wrap(plugin) = Cli::try_parse_from(["argocd-agentctl", "wrap"])
+        .unwrap()
+        .command;
+    assert_eq!(plugin.source, ".");
+    assert!(plugin
+        .target(&argocd_agent_operator::wrap::PluginEnv::default())
+        .is_err_and(|e| e.to_string().contains("--cluster")));
 }
