@@ -18,20 +18,28 @@
 //! rollout (it carries `argocd.argoproj.io/ignore-healthcheck` so the app stays Healthy), a Job
 //! never completes (which keeps a PreSync hook, and so a sync, running until terminated), and
 //! nothing garbage-collects (deletions use background propagation, which needs no collector).
+//!
+//! Our principal and agent run as the pods their Helm charts make (the pod runner), with the
+//! charts' ServiceAccounts and RBAC. The pods' port forwards run on the test's runtime, so the
+//! tests use a multi-threaded one: on a single thread a blocking call (a synchronous `argocd` CLI
+//! run) would stall the very traffic it waits for.
 
 use std::time::{Duration, Instant};
 
 use e2e::argocd::{ArgoCd, RedisEndpoint};
 use e2e::argocd_terminal::{enable_exec, Terminal, TerminalTarget};
-use e2e::gateway::{agentctl, application_resource, ensure_namespace, Agent, Pki, Principal};
+use e2e::binaries::workspace_root;
+use e2e::gateway::{agentctl, application_resource, ensure_namespace, Pki};
 use e2e::git_server::{demo_manifests, GitServer, PRESYNC_HOOK_JOB};
+use e2e::helm::{create_secret, installed_deployment, Helm, Release};
 use e2e::kubelet::FakeKubelet;
+use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::redis::resp_exchange;
 use e2e::scenario::{demo_application, operation_state, sync_state, wait_synced, SYNC_WAIT};
-use e2e::{shared_planes, wait_until, Redis, TestContext};
+use e2e::{shared_planes, wait_until, ControlPlane, Redis, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
 
@@ -41,6 +49,9 @@ const GREETING: &str = "live-from-the-spoke";
 const CHANGED_GREETING: &str = "changed-in-git";
 /// Our principal ends a web terminal with no data either way for this long.
 const TERMINAL_IDLE: Duration = Duration::from_secs(6);
+/// Our charts, as users install them.
+const PRINCIPAL_CHART: &str = "charts/argocd-agent-principal";
+const AGENT_CHART: &str = "charts/argocd-agent-agent";
 /// How long one CLI call that waits on the spoke may take.
 const CLI_WAIT: Duration = Duration::from_secs(150);
 
@@ -67,15 +78,19 @@ spec:
 ";
 
 /// The hub (our principal in front of a password Redis, real argocd-server) and the spoke (real
-/// Argo CD, our managed agent) of one test, wired as the module docs say.
+/// Argo CD, our managed agent) of one test, wired as the module docs say. Our principal and agent
+/// are installed with their Helm charts and run by the pod runner as their pods, with their
+/// ServiceAccounts' tokens: the RBAC the charts ship is the RBAC these tests exercise.
 struct LiveView {
     agent_name: String,
     pki: Pki,
     git: GitServer,
     hub_password: String,
-    principal: Principal,
+    /// Our principal's pod on the hub.
+    principal: Pod,
     spoke_argocd: ArgoCd,
-    agent: Agent,
+    /// Our agent's pod on the spoke.
+    agent: Pod,
     server: ArgoCd,
     /// The Application's destination namespace on the spoke.
     dest: String,
@@ -89,17 +104,59 @@ struct LiveView {
     _ctx: TestContext,
 }
 
+/// What a test sets in the charts' values beyond what every live view test sets.
+#[derive(Default)]
+struct ChartValues {
+    /// YAML lines added to the principal chart's values.
+    principal: &'static str,
+    /// YAML lines added to the agent chart's values.
+    agent: &'static str,
+}
+
+/// `helm install` of our `chart` as release `release` in `namespace` on `plane`, then the
+/// Deployment it created run by the pod runner (reaching the host ports `egress`); waits until the
+/// pod is Ready.
+async fn install_and_run(
+    ctx: &TestContext,
+    plane: &ControlPlane,
+    (chart, release, namespace): (&str, &str, &str),
+    values: &str,
+    egress: &[u16],
+) -> anyhow::Result<Pod> {
+    let client = plane.client().await?;
+    Helm::new(&ctx.dir, Some(&plane.kubeconfig))?.install(&Release::new(
+        release,
+        namespace,
+        workspace_root().join(chart),
+        values,
+    ))?;
+    let (deployment, _) = installed_deployment(&client, namespace).await?;
+    let mut pods = PodRunner::new(plane, &ctx.dir, Image::ours()?)
+        .await?
+        .run_deployment(namespace, &deployment, egress)
+        .await?;
+    anyhow::ensure!(pods.len() == 1, "{chart}: {} pods", pods.len());
+    let pod = pods.remove(0);
+    pod.wait_ready(Duration::from_secs(60)).await?;
+    Ok(pod)
+}
+
+/// The host port forwarded to `pod`'s container port `name`.
+fn pod_port(pod: &Pod, name: &str) -> u16 {
+    pod.port(name)
+        .unwrap_or_else(|| panic!("pod {} has no port {name}", pod.name))
+}
+
+/// Log filter of our pods: debug for our code, quiet for the libraries.
+const LOG_LEVEL: &str = "debug,kube_client=warn,hyper=info,h2=info,tower=info,rustls=info";
+
 impl LiveView {
     async fn start(test: &str, app: &str) -> anyhow::Result<LiveView> {
-        LiveView::start_with(test, app, &[]).await
+        LiveView::start_with(test, app, ChartValues::default()).await
     }
 
-    /// [`LiveView::start`] with `principal_flags` added to our principal's.
-    async fn start_with(
-        test: &str,
-        app: &str,
-        principal_flags: &[&str],
-    ) -> anyhow::Result<LiveView> {
+    /// [`LiveView::start`] with `values` added to the charts'.
+    async fn start_with(test: &str, app: &str, values: ChartValues) -> anyhow::Result<LiveView> {
         let planes = shared_planes().await;
         let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
         let ctx = TestContext::new(test)?;
@@ -108,27 +165,56 @@ impl LiveView {
         pki.issue_agent(&agent_name)?;
         let git = GitServer::start(&ctx.unique("git"))?;
 
-        // Hub: a password-protected Redis behind our principal, which reads the password from a
-        // creds directory laid out as the `argocd-redis` secret is mounted (file `auth`).
-        let hub_redis =
-            Redis::start_as_hub(&ctx.unique("hub-redis"), &ctx.dir.join("hub-redis-creds"))?;
-        let hub_password = hub_redis.password.clone().expect("password-protected");
+        // Hub: a password-protected Redis, and our principal installed by its chart in front of
+        // it, reading the password from Argo CD's `argocd-redis` Secret as the chart wires it.
+        let hub_password = format!("hub-{}", uuid::Uuid::new_v4().simple());
+        let hub_redis = Redis::start_with_password(&ctx.unique("hub-redis"), &hub_password)?;
         let principal_ns = ctx.unique("hub-argocd");
         let hub_client = hub.client().await?;
         ensure_namespace(&hub_client, &agent_name).await?;
-        let mut flags = hub_redis.principal_flags();
-        flags.push(format!(
-            "--terminal-idle-timeout={}s",
-            TERMINAL_IDLE.as_secs()
-        ));
-        flags.extend(principal_flags.iter().map(|f| f.to_string()));
-        let principal = Principal::start(
-            &ctx.suffix,
-            &ctx.dir,
+        ensure_namespace(&hub_client, &principal_ns).await?;
+        let password_file = ctx.dir.join("hub-redis-auth");
+        std::fs::write(&password_file, &hub_password)?;
+        let principal_tls = [
+            ("tls.crt", pki.dir.join("principal.crt")),
+            ("tls.key", pki.dir.join("principal.key")),
+        ];
+        for (name, type_, files) in [
+            (
+                "argocd-agent-principal-tls",
+                "kubernetes.io/tls",
+                &principal_tls[..],
+            ),
+            (
+                "argocd-agent-resource-proxy-tls",
+                "kubernetes.io/tls",
+                &principal_tls[..],
+            ),
+            ("argocd-agent-ca", "Opaque", &[("tls.crt", pki.ca())][..]),
+            (
+                "argocd-agent-jwt",
+                "Opaque",
+                &[("jwt.key", pki.dir.join("jwt.key"))][..],
+            ),
+            ("argocd-redis", "Opaque", &[("auth", password_file)][..]),
+        ] {
+            create_secret(&hub_client, &principal_ns, name, type_, files).await?;
+        }
+        let principal = install_and_run(
+            &ctx,
             hub,
-            &pki,
-            &principal_ns,
-            &flags.iter().map(String::as_str).collect::<Vec<&str>>(),
+            (PRINCIPAL_CHART, &ctx.unique("hub"), &principal_ns),
+            &format!(
+                "replicaCount: 1\nha: {{enabled: false}}\noperator: {{enabled: false}}\n\
+                 service: {{type: ClusterIP}}\n\
+                 redisProxy: {{redisServerAddress: \"{}\"}}\n\
+                 principal:\n  logFormat: text\n  logLevel: \"{LOG_LEVEL}\"\n  extraEnv:\n  \
+                 - {{name: ARGOCD_PRINCIPAL_TERMINAL_IDLE_TIMEOUT, value: \"{}s\"}}\n{}",
+                hub_redis.address(),
+                TERMINAL_IDLE.as_secs(),
+                values.principal,
+            ),
+            &[hub_redis.port],
         )
         .await?;
         // The agent's Argo CD cluster secret on the hub: its server is our resource proxy.
@@ -141,36 +227,65 @@ impl LiveView {
             "--kubeconfig",
             hub.kubeconfig.to_str().expect("utf-8 path"),
             "--resource-proxy-server",
-            &format!("127.0.0.1:{}", principal.resource_proxy_port),
+            &format!("127.0.0.1:{}", pod_port(&principal, "resource-proxy")),
             "--argocd-namespace",
             &principal_ns,
         ])?;
 
-        // Spoke: real Argo CD with its password-protected Redis, and our agent reading that Redis.
+        // Spoke: real Argo CD with its password-protected Redis, and our agent installed by its
+        // chart beside it, reading that Redis with the password from `argocd-redis`.
         let spoke_ns = ctx.unique("argocd");
         let spoke_argocd =
             ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
         let spoke_redis = spoke_argocd
-            .redis_endpoint()
+            .redis
+            .as_ref()
             .expect("a spoke Argo CD has a Redis");
-        let spoke_redis_password = spoke_redis.password.clone().expect("password-protected");
         let dest = ctx.unique("demo");
         let spoke_client = spoke.client().await?;
         ensure_namespace(&spoke_client, &dest).await?;
-        let agent = Agent::start(
-            &agent_name,
-            &ctx.dir,
-            spoke,
-            &pki,
-            &principal.address(),
+        let (cert, key) = pki.agent_files(&agent_name);
+        create_secret(
+            &spoke_client,
             &spoke_ns,
-            &[
-                &format!("--redis-address={}", spoke_redis.address),
-                &format!("--redis-password={spoke_redis_password}"),
-            ],
+            "argocd-agent-client-tls",
+            "kubernetes.io/tls",
+            &[("tls.crt", cert), ("tls.key", key)],
         )
         .await?;
-        agent.wait_connected().await?;
+        create_secret(
+            &spoke_client,
+            &spoke_ns,
+            "argocd-agent-ca",
+            "Opaque",
+            &[("ca.crt", pki.ca())],
+        )
+        .await?;
+        let grpc_port = pod_port(&principal, "grpc");
+        let agent = install_and_run(
+            &ctx,
+            spoke,
+            (AGENT_CHART, &ctx.unique("spoke"), &spoke_ns),
+            &format!(
+                "agent:\n  serverAddress: \"127.0.0.1:{grpc_port}\"\n  tlsServerName: localhost\n  \
+                 redisAddress: \"{}\"\n  reconnectBackoffMax: 2s\n  logFormat: text\n  \
+                 logLevel: \"{LOG_LEVEL}\"\nqueue: {{persistence: {{enabled: false}}}}\n{}",
+                spoke_redis.address(),
+                values.agent,
+            ),
+            &[grpc_port, spoke_redis.port],
+        )
+        .await?;
+        let metrics = pod_port(&agent, "metrics");
+        wait_until(
+            &format!("agent {agent_name} connected"),
+            Duration::from_secs(60),
+            || async move {
+                Ok::<_, anyhow::Error>(e2e::metrics::agent_connected(metrics).await?.then_some(()))
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.log_tail(30)))?;
 
         // Hub: real argocd-server whose Redis is our Redis proxy, with the hub Redis password.
         let server = ArgoCd::start_server(
@@ -179,7 +294,7 @@ impl LiveView {
             hub,
             &principal_ns,
             RedisEndpoint {
-                address: format!("127.0.0.1:{}", principal.redis_proxy_port),
+                address: format!("127.0.0.1:{}", pod_port(&principal, "redis-proxy")),
                 password: Some(hub_password.clone()),
             },
         )
@@ -206,8 +321,8 @@ impl LiveView {
     fn logs(&self) -> String {
         format!(
             "--- principal ---\n{}\n--- agent ---\n{}\n--- spoke argocd ---\n{}\n--- hub argocd ---\n{}",
-            self.principal.process.log_tail(30),
-            self.agent.process.log_tail(30),
+            self.principal.log_tail(30),
+            self.agent.log_tail(30),
             self.spoke_argocd.log_tails(15),
             self.server.log_tails(30)
         )
@@ -276,7 +391,7 @@ impl LiveView {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot_reach(
 ) -> anyhow::Result<()> {
     let lv = LiveView::start("real_live_view", "demo").await?;
@@ -394,9 +509,55 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
     );
     assert_eq!(manifest["data"]["greeting"], GREETING);
 
+    // With the RBAC the chart ships (get on every kind, cluster-wide), the hub still sees only
+    // what Argo CD tracks. Asked of the resource proxy directly, with the credentials argocd-server
+    // uses: a tracked object is served (the positive control), and untracked ones — a ConfigMap
+    // beside the app's, the spoke Argo CD's Redis password, a cluster-scoped Namespace — are
+    // refused by the agent, saying why, though its ServiceAccount could read them.
+    let untracked: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "untracked-config"}, "data": {"note": "not for the hub"},
+    }))?;
+    Api::<ConfigMap>::namespaced(lv.spoke_client.clone(), dest)
+        .create(&PostParams::default(), &untracked)
+        .await?;
+    let proxy = lv.proxy_client().await?;
+    let proxied_cms = Api::<ConfigMap>::namespaced(proxy.clone(), dest);
+    let seen = proxied_cms.get("demo-config").await?;
+    assert_eq!(seen.metadata.uid.as_deref(), Some(spoke_uid.as_str()));
+    let refusals = [
+        (
+            "an untracked ConfigMap",
+            proxied_cms.get("untracked-config").await.map(|_| ()),
+        ),
+        (
+            "the spoke Argo CD's Redis password Secret",
+            Api::<Secret>::namespaced(proxy.clone(), &lv.spoke_argocd.namespace)
+                .get("argocd-redis")
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "the app's destination Namespace",
+            Api::<Namespace>::all(proxy.clone())
+                .get(dest)
+                .await
+                .map(|_| ()),
+        ),
+    ];
+    for (what, result) in refusals {
+        match result {
+            Err(kube::Error::Api(status)) => assert!(
+                status.code == 403 && status.message.contains("not managed by Argo CD"),
+                "{what}: {status:?}"
+            ),
+            other => panic!("{what} through the resource proxy: {other:?}"),
+        }
+    }
+
     // The proxy is no way around the hub Redis password: without it, neither the hub's keys nor
     // the agent's cache are served.
-    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", principal.redis_proxy_port)).await?;
+    let mut raw =
+        tokio::net::TcpStream::connect(("127.0.0.1", pod_port(principal, "redis-proxy"))).await?;
     let tree_key = format!("app|resources-tree|{agent_name}_demo|1.8.3");
     let reply = resp_exchange(&mut raw, &["GET", &tree_key]).await?;
     assert!(reply.starts_with("-NOAUTH"), "{reply}");
@@ -428,11 +589,20 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
     Ok(())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_on_a_spoke(
 ) -> anyhow::Result<()> {
     let started = Instant::now();
-    let lv = LiveView::start("real_live_ops", "ops").await?;
+    // Resource actions and delete-resource change objects on the spoke: the chart's write grant.
+    let lv = LiveView::start_with(
+        "real_live_ops",
+        "ops",
+        ChartValues {
+            principal: "",
+            agent: "liveView: {write: true}\n",
+        },
+    )
+    .await?;
     let (agent_name, dest, server) = (&lv.agent_name, &lv.dest, &lv.server);
     let logs = || lv.logs();
     let files = |greeting: &str, hook: bool| {
@@ -752,7 +922,10 @@ impl LiveView {
         let kubeconfig = json!({
             "apiVersion": "v1", "kind": "Config", "current-context": "proxy",
             "clusters": [{"name": "proxy", "cluster": {
-                "server": format!("https://127.0.0.1:{}", self.principal.resource_proxy_port),
+                "server": format!(
+                    "https://127.0.0.1:{}",
+                    pod_port(&self.principal, "resource-proxy")
+                ),
                 "certificate-authority": self.pki.ca()}}],
             "users": [{"name": "argocd", "user": {"client-certificate": cert, "client-key": key}}],
             "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "argocd"}}],
@@ -770,13 +943,20 @@ impl LiveView {
 /// An exec into a pod Argo CD does not manage, asked of the resource proxy directly, is refused
 /// (403, the agent's read of the pod) before any kubelet sees it; with the agent gone, the
 /// principal refuses at once.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_principal_and_agent(
 ) -> anyhow::Result<()> {
     // Access tokens last 2 s: the agent's stream outlives its token long before the first
     // terminal opens, so each StreamTerminal call needs a token refreshed for it.
-    let mut lv =
-        LiveView::start_with("real_terminal", "term", &["--access-token-lifetime=2s"]).await?;
+    let mut lv = LiveView::start_with(
+        "real_terminal",
+        "term",
+        ChartValues {
+            principal: "  accessTokenLifetime: 2s\n",
+            agent: "terminal: {enabled: true}\n",
+        },
+    )
+    .await?;
     let planes = shared_planes().await;
     let kubelet = FakeKubelet::start(&planes.spokes[0], &lv._ctx.unique("node")).await?;
     let mut files = demo_manifests(GREETING);
