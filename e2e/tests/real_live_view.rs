@@ -7,6 +7,11 @@
 //! sync, a resource action, deleting one resource, managed resources and events, and cascade
 //! delete — and each takes effect on the spoke.
 //!
+//! And the hub's answers equal the spoke's own: a second argocd-server run directly on the spoke
+//! answers the same REST calls (Application, resource tree, managed resources, a live manifest, a
+//! resource's events), compared field by field, and the test prints the p50/p99 of `argocd app
+//! get` and of a resource-tree read on both, measured in the same run.
+//!
 //! Both Redis servers require a password, as Argo CD's default install configures them: the
 //! spoke's real application-controller writes its cache into a password-protected Redis that our
 //! agent reads with `--redis-password`; the hub Redis is protected too, and our principal reads
@@ -26,6 +31,7 @@
 
 use std::time::{Duration, Instant};
 
+use argocd_agent_proto::event::{PRINCIPAL_UID_ANNOTATION, SOURCE_UID_ANNOTATION};
 use e2e::argocd::{ArgoCd, RedisEndpoint};
 use e2e::argocd_terminal::{enable_exec, Terminal, TerminalTarget};
 use e2e::binaries::workspace_root;
@@ -1135,5 +1141,223 @@ async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_prin
     )
     .await
     .map_err(|e| anyhow::anyhow!("{e}: {}", last.lock().unwrap()))?;
+    Ok(())
+}
+
+// The hub's view against the spoke's own. A second argocd-server runs on the spoke, on the spoke's
+// own Argo CD (its Redis, its namespace, the Application's spoke copy): what a user of that cluster
+// would see without us. Both servers are asked the same questions through the same REST API and
+// their answers compared field by field.
+
+/// The fields of two answers that differ: the JSON patch operations turning `spoke` into `hub`,
+/// each with the spoke's value at its path (empty: the same).
+fn differences(spoke: &Value, hub: &Value) -> Vec<String> {
+    json_patch::diff(spoke, hub)
+        .0
+        .iter()
+        .map(|op| {
+            let op = serde_json::to_value(op).unwrap_or_default();
+            let path = op["path"].as_str().unwrap_or_default();
+            format!(
+                "{op} (spoke: {})",
+                spoke.pointer(path).unwrap_or(&Value::Null)
+            )
+        })
+        .collect()
+}
+
+/// What must differ between the hub's and the spoke's answer about the same Application, removed:
+/// - the object's identity and bookkeeping in `metadata` (`namespace`, `uid`, `resourceVersion`,
+///   `generation`, `creationTimestamp`, `managedFields`): the hub's Application and its spoke copy
+///   are two objects in two apiservers, written by different managers;
+/// - the annotations `argocd.argoproj.io/source-uid` and `argocd.argoproj.io/principal-uid`, which
+///   the agent puts on the spoke copy to name the hub object and the principal it copies from
+///   (upstream's protocol);
+/// - `spec.destination`: the hub's Application targets the agent's cluster by name, the spoke copy
+///   the spoke's own in-cluster server (the agent rewrites it so: destination mapping).
+///
+/// `status` is compared whole: the hub's is the spoke's, as the agent sent it.
+fn comparable_application(app: &Value) -> Value {
+    let mut app = app.clone();
+    if let Some(meta) = app.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in [
+            "namespace",
+            "uid",
+            "resourceVersion",
+            "generation",
+            "creationTimestamp",
+            "managedFields",
+        ] {
+            meta.remove(field);
+        }
+        if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            annotations.remove(SOURCE_UID_ANNOTATION);
+            annotations.remove(PRINCIPAL_UID_ANNOTATION);
+            if annotations.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+    }
+    if let Some(spec) = app.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("destination");
+    }
+    app
+}
+
+/// Makes one kind of answer comparable between hub and spoke.
+type Comparable = fn(&Value) -> Value;
+
+/// `GET /api/v1/applications/<app><path>` of `server` for the Application in `namespace`, as JSON.
+async fn ask_about(
+    server: &ArgoCd,
+    token: &str,
+    namespace: &str,
+    app: &str,
+    path: &str,
+) -> anyhow::Result<Value> {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let url = format!("/api/v1/applications/{app}{path}{sep}appNamespace={namespace}");
+    let (status, body) = server.api_get(&url, token).await?;
+    anyhow::ensure!(status == 200, "GET {url}: {status} {body}");
+    Ok(serde_json::from_str(&body)?)
+}
+
+/// The nearest-rank p50 and p99 of `samples`, for printing.
+fn p50_p99(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    (
+        e2e::bench::percentile(&samples, 0.5),
+        e2e::bench::percentile(&samples, 0.99),
+    )
+}
+
+/// The hub's argocd-server, through our principal and agent, answers for an Application on the
+/// spoke what the spoke's own argocd-server answers: the Application (sync, health, resources,
+/// operation), its resource tree, managed resources (live and target state), a live manifest and
+/// a resource's events — equal field by field, but for what must differ (see
+/// [`comparable_application`]). Prints the p50/p99 of a hub `argocd app get` and resource-tree
+/// read against the same calls on the spoke's own server, measured in this run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_argocd_answers_about_an_app_what_the_spokes_own_argocd_server_answers(
+) -> anyhow::Result<()> {
+    let lv = LiveView::start("real_live_same", "same").await?;
+    let revision = lv
+        .git
+        .commit("apps", "demo", &demo_manifests(GREETING), "demo")?;
+    lv.create_demo_app(&revision).await?;
+    let planes = shared_planes().await;
+    let spoke_server = ArgoCd::start_server(
+        &format!("{}-spoke", lv._ctx.suffix),
+        &lv._ctx.dir,
+        &planes.spokes[0],
+        &lv.spoke_argocd.namespace,
+        lv.spoke_argocd
+            .redis_endpoint()
+            .expect("a spoke Argo CD has a Redis"),
+    )
+    .await?;
+    let (hub_token, spoke_token) = (
+        lv.server.session_token().await?,
+        spoke_server.session_token().await?,
+    );
+    let (agent_name, dest, app) = (&lv.agent_name, &lv.dest, &lv.app);
+    let spoke_ns = &lv.spoke_argocd.namespace;
+    let uid = Api::<ConfigMap>::namespaced(lv.spoke_client.clone(), dest)
+        .get("demo-config")
+        .await?
+        .metadata
+        .uid
+        .expect("a live object has a uid");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "demo-config.same", "namespace": dest},
+        "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "name": "demo-config",
+                           "namespace": dest, "uid": uid},
+        "reason": "GreetingRead", "message": "read on the spoke", "type": "Normal",
+        "source": {"component": "e2e"},
+    }))?;
+    Api::<Event>::namespaced(lv.spoke_client.clone(), dest)
+        .create(&PostParams::default(), &event)
+        .await?;
+
+    // (what, path after /api/v1/applications/<app>, how to make an answer comparable)
+    let resource_query =
+        format!("namespace={dest}&resourceName=demo-config&version=v1&kind=ConfigMap&group=");
+    let questions: [(&str, String, Comparable); 5] = [
+        ("the Application", String::new(), comparable_application),
+        ("the resource tree", "/resource-tree".into(), Value::clone),
+        (
+            "the managed resources",
+            "/managed-resources".into(),
+            Value::clone,
+        ),
+        (
+            "a live manifest",
+            format!("/resource?{resource_query}"),
+            Value::clone,
+        ),
+        (
+            "a resource's events",
+            format!("/events?resourceNamespace={dest}&resourceName=demo-config&resourceUID={uid}"),
+            Value::clone,
+        ),
+    ];
+    let ask = |server, token, namespace, path| ask_about(server, token, namespace, app, path);
+    for (what, path, comparable) in &questions {
+        // The hub's status is a copy that follows the spoke's: wait until they agree.
+        let last = std::sync::Mutex::new(Vec::new());
+        let agreed = wait_until(
+            &format!("the hub and the spoke to agree on {what}"),
+            Duration::from_secs(60),
+            || async {
+                let spoke = comparable(&ask(&spoke_server, &spoke_token, spoke_ns, path).await?);
+                let hub = comparable(&ask(&lv.server, &hub_token, agent_name, path).await?);
+                let diff = differences(&spoke, &hub);
+                let same = diff.is_empty();
+                *last.lock().unwrap() = diff;
+                Ok::<_, anyhow::Error>(same.then_some(spoke))
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}: {:#?}\n{}", last.lock().unwrap(), lv.logs()))?;
+        // Not two empty answers: the positive control.
+        let text = agreed.to_string();
+        assert!(
+            text.contains("demo-config") || text.contains(GREETING),
+            "{what}: {agreed}"
+        );
+    }
+
+    // Timings, one run, hub against spoke: `argocd app get` (the CLI's whole round trip) and the
+    // resource-tree read.
+    const CALLS: usize = 50;
+    let mut report = Vec::new();
+    for (side, server, token, namespace) in [
+        ("spoke", &spoke_server, &spoke_token, spoke_ns),
+        ("hub", &lv.server, &hub_token, agent_name),
+    ] {
+        let app_ref = format!("{namespace}/{app}");
+        let (mut gets, mut trees) = (Vec::new(), Vec::new());
+        for _ in 0..CALLS {
+            let started = Instant::now();
+            server
+                .cli_run(&["app", "get", &app_ref], CLI_WAIT)
+                .await?
+                .success()?;
+            gets.push(started.elapsed());
+            let started = Instant::now();
+            ask(server, token, namespace, "/resource-tree").await?;
+            trees.push(started.elapsed());
+        }
+        let (get50, get99) = p50_p99(gets);
+        let (tree50, tree99) = p50_p99(trees);
+        report.push(format!(
+            "{side}: `argocd app get` p50 {get50:?} p99 {get99:?}; resource-tree p50 {tree50:?} \
+             p99 {tree99:?} (n={CALLS} each)"
+        ));
+    }
+    println!("hub (through our principal and agent) against the spoke's own argocd-server:");
+    for line in report {
+        println!("  {line}");
+    }
     Ok(())
 }
