@@ -942,7 +942,9 @@ impl LiveView {
     }
 }
 
-/// `argocd app logs` on the hub shows the log of a pod of an app on the spoke. The hub's
+/// `argocd app logs` on the hub shows the log of a pod of an app on the spoke, and with `--follow`
+/// the lines written while it runs, until the CLI is stopped (which ends the follow on the spoke).
+/// The hub's
 /// argocd-server opens a web terminal into that pod: a command's
 /// output comes back, stderr too, a resize reaches the kubelet, and closing the browser's socket
 /// ends the shell on the spoke. A terminal left idle is ended by our principal (and its shell).
@@ -995,6 +997,70 @@ async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_prin
         kubelet.last_query()
     );
 
+    // `argocd app logs --follow` on the hub: the history, then the lines the container writes
+    // while the user watches; stopping the CLI ends the follow at the spoke's kubelet.
+    let mut follow = lv
+        .server
+        .cli_command(&[
+            "app", "logs", &app_ref, "--kind", "Pod", "--name", "web-1", "-c", "web", "--tail",
+            "1", "--follow",
+        ])?
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut followed = tokio::io::BufReader::new(follow.stdout.take().expect("piped stdout"));
+    let mut seen = Vec::new();
+    let wait = Duration::from_secs(30);
+    let picked_up = tokio::time::timeout(wait, async {
+        use tokio::io::AsyncBufReadExt;
+        let mut line = String::new();
+        while followed.read_line(&mut line).await? > 0 {
+            seen.push(line.trim_end().to_string());
+            line.clear();
+            if seen.iter().any(|l| l == "web live 3") {
+                return Ok::<_, anyhow::Error>(());
+            }
+        }
+        anyhow::bail!("the CLI ended its follow by itself")
+    })
+    .await;
+    if !matches!(picked_up, Ok(Ok(()))) {
+        let _ = follow.kill().await;
+        let out = follow.wait_with_output().await?;
+        anyhow::bail!(
+            "{picked_up:?}: `argocd app logs --follow` printed {seen:?} ({})\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            lv.logs()
+        );
+    }
+    assert_eq!(
+        seen[..2],
+        ["web line 020", "web live 1"],
+        "the last line of history, then the new ones: {seen:?}"
+    );
+    assert_eq!(
+        kubelet
+            .stats
+            .follows_open
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    follow.kill().await?;
+    wait_until(
+        "the follow to end at the spoke's kubelet after the CLI stopped",
+        wait,
+        || async {
+            use std::sync::atomic::Ordering::SeqCst;
+            let stats = &kubelet.stats;
+            Ok::<_, anyhow::Error>(
+                (stats.follows_closed.load(SeqCst) == 1 && stats.follows_open.load(SeqCst) == 0)
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", lv.logs()))?;
+
     enable_exec(&planes.hub.client().await?, &lv.server).await?;
     let token = lv.server.session_token().await?;
     let port = lv.server.server_port.expect("argocd-server has a port");
@@ -1024,7 +1090,6 @@ async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_prin
     term.resize(100, 30).await?;
     term.input(&format!("echo hello-$((6*7))-{marker}\n"))
         .await?;
-    let wait = Duration::from_secs(30);
     term.read_until(&format!("hello-42-{marker}"), wait)
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", lv.logs()))?;
