@@ -560,6 +560,20 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
         }
     }
 
+    // Without the chart's `liveView.write` (off by default), even a tracked object cannot be
+    // changed from the hub: the spoke apiserver refuses the agent's ServiceAccount.
+    let patch = kube::api::Patch::Merge(json!({"data": {"greeting": "changed-from-the-hub"}}));
+    match proxied_cms
+        .patch("demo-config", &kube::api::PatchParams::default(), &patch)
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert!(
+            status.code == 403 && status.message.contains("cannot patch resource"),
+            "{status:?}"
+        ),
+        other => panic!("a patch without liveView.write: {other:?}"),
+    }
+
     // The proxy is no way around the hub Redis password: without it, neither the hub's keys nor
     // the agent's cache are served.
     let mut raw =
