@@ -233,10 +233,29 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
     let ctx = TestContext::new("charts-rbac").unwrap();
     let principal = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", "", None).unwrap());
     let listed = rules_beside_code("principal/rbac.yaml");
+    // The operator is on by default: its rules join the principal's own.
     assert_eq!(
         rendered_grants(&principal, "ClusterRole"),
+        grants(&listed["cluster"])
+            .union(&grants(&listed["operator"]))
+            .cloned()
+            .collect::<BTreeSet<Grant>>(),
+        "principal ClusterRole differs from principal/rbac.yaml `cluster` + `operator`"
+    );
+    let without_operator = objects(
+        &render(
+            &ctx.dir,
+            PRINCIPAL_CHART,
+            "argocd",
+            "operator: {enabled: false}\n",
+            None,
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        rendered_grants(&without_operator, "ClusterRole"),
         grants(&listed["cluster"]),
-        "principal ClusterRole differs from principal/rbac.yaml `cluster`"
+        "principal ClusterRole without the operator differs from principal/rbac.yaml `cluster`"
     );
     assert_eq!(
         rendered_grants(&principal, "Role"),
