@@ -1314,7 +1314,8 @@ fn p50_p99(mut samples: Vec<Duration>) -> (Duration, Duration) {
 /// spoke what the spoke's own argocd-server answers: the Application (sync, health, resources,
 /// operation), its resource tree, managed resources (live and target state), a live manifest and
 /// a resource's events — equal field by field, but for what must differ (see
-/// [`comparable_application`]). Prints the p50/p99 of a hub `argocd app get` and resource-tree
+/// [`comparable_application`]); and `argocd app manifests --source live` and `argocd app
+/// resources` print the same text. Prints the p50/p99 of a hub `argocd app get` and resource-tree
 /// read against the same calls on the spoke's own server, measured in this run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_argocd_answers_about_an_app_what_the_spokes_own_argocd_server_answers(
@@ -1403,6 +1404,26 @@ async fn hub_argocd_answers_about_an_app_what_the_spokes_own_argocd_server_answe
         assert!(
             text.contains("demo-config") || text.contains(GREETING),
             "{what}: {agreed}"
+        );
+    }
+
+    // What the CLI prints from those answers: the live manifests and the resource list, the same
+    // text on both servers.
+    for (command, flags) in [
+        ("manifests", &["--source", "live"][..]),
+        ("resources", &[][..]),
+    ] {
+        let mut printed = Vec::new();
+        for (server, namespace) in [(&spoke_server, spoke_ns), (&lv.server, agent_name)] {
+            let app_ref = format!("{namespace}/{app}");
+            let mut args = vec!["app", command, app_ref.as_str()];
+            args.extend(flags);
+            printed.push(server.cli_run(&args, CLI_WAIT).await?.success()?);
+        }
+        assert!(printed[0].contains("demo-config"), "{}", printed[0]);
+        assert_eq!(
+            printed[1], printed[0],
+            "`argocd app {command}` on the hub and on the spoke"
         );
     }
 
