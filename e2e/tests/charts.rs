@@ -354,6 +354,28 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
             );
         }
     }
+    // Cluster-scoped objects carry the release namespace in their names: the same release
+    // installed in two namespaces makes no clashing ClusterRole or ClusterRoleBinding.
+    for (chart, values) in [
+        (PRINCIPAL_CHART, String::new()),
+        (
+            AGENT_CHART,
+            format!("{DESTINATION_AGENT_VALUES}liveView: {{write: true}}\nterminal: {{enabled: true}}\n"),
+        ),
+    ] {
+        let cluster_scoped = |namespace: &str| -> BTreeSet<String> {
+            objects(&render(&ctx.dir, chart, namespace, &values, None).unwrap())
+                .iter()
+                .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "ClusterRoleBinding")
+                .map(|o| format!("{}/{}", o["kind"], o["metadata"]["name"]))
+                .collect()
+        };
+        let (a, b) = (cluster_scoped("team-a"), cluster_scoped("team-b"));
+        assert!(
+            !a.is_empty() && a.is_disjoint(&b),
+            "{chart}: cluster-scoped names shared between namespaces: {a:?} / {b:?}"
+        );
+    }
     // Bindings name the chart's ServiceAccount in the release namespace.
     for b in of_kind(&principal, "ClusterRoleBinding")
         .into_iter()
