@@ -280,13 +280,7 @@ impl ArgoCd {
     /// a non-zero exit (`argocd app diff` exits 1 when it finds a difference), and kills it after
     /// `timeout` (a CLI that waits on the hub, e.g. `app get --refresh`, would otherwise hang).
     pub async fn cli_run(&self, args: &[&str], timeout: Duration) -> anyhow::Result<CliRun> {
-        let child = tokio::process::Command::new(Peer::ArgoCd.binary("argocd")?)
-            .arg("--config")
-            .arg(self.cli_config()?)
-            .args(args)
-            .env_remove("ARGOCD_BINARY_NAME")
-            .kill_on_drop(true)
-            .output();
+        let child = self.cli_command(args)?.output();
         let out = tokio::time::timeout(timeout, child).await.map_err(|_| {
             anyhow::anyhow!("argocd {} did not end within {timeout:?}", args.join(" "))
         })??;
@@ -295,6 +289,19 @@ impl ArgoCd {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })
+    }
+
+    /// The `argocd` CLI with `args` against this server, logged in as admin, not yet started and
+    /// killed when dropped: for a run the caller reads while it goes (`argocd app logs --follow`).
+    pub fn cli_command(&self, args: &[&str]) -> anyhow::Result<tokio::process::Command> {
+        let mut command = tokio::process::Command::new(Peer::ArgoCd.binary("argocd")?);
+        command
+            .arg("--config")
+            .arg(self.cli_config()?)
+            .args(args)
+            .env_remove("ARGOCD_BINARY_NAME")
+            .kill_on_drop(true);
+        Ok(command)
     }
 
     /// The CLI's config file, logged in as admin (the first call logs in).

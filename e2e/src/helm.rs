@@ -4,10 +4,17 @@
 //! configuration live in a private directory, so no user or machine setting takes part.
 //!
 //! It does not interpret what Helm renders: callers parse the manifest or read what `install`
-//! created from the apiserver.
+//! created from the apiserver. Around an install it owns the two steps tests share: the Secrets a
+//! chart expects to exist ([`create_secret`]) and finding the Deployment it created
+//! ([`installed_deployment`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use kube::api::{Api, ListParams, PostParams};
 
 use crate::binaries::Peer;
 
@@ -182,4 +189,55 @@ impl Helm {
             })
         }
     }
+}
+
+/// Creates Secret `name` in `namespace` with `files` (key → file), as a user does before
+/// installing a chart (or as `argocd-agentctl pki` writes them).
+pub async fn create_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+    files: &[(&str, PathBuf)],
+) -> anyhow::Result<()> {
+    let mut data = std::collections::BTreeMap::new();
+    for (key, path) in files {
+        data.insert(key.to_string(), ByteString(std::fs::read(path)?));
+    }
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some(type_.into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    Ok(())
+}
+
+/// The one Deployment `helm install` created in `namespace`: its name and ServiceAccount.
+pub async fn installed_deployment(
+    client: &kube::Client,
+    namespace: &str,
+) -> anyhow::Result<(String, String)> {
+    let list = Api::<Deployment>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await?;
+    anyhow::ensure!(
+        list.items.len() == 1,
+        "helm created {} Deployments in {namespace}",
+        list.items.len()
+    );
+    let d = &list.items[0];
+    let sa = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    Ok((d.metadata.name.clone().unwrap_or_default(), sa))
 }

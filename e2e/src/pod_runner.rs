@@ -1309,8 +1309,11 @@ impl PodNetwork {
     }
 }
 
-/// Copies both ways until either side closes.
+/// Copies both ways until either side closes. Both sockets send at once (no Nagle): a Service's
+/// packet forwarding adds no coalescing delay, and a relay must not add one either (a small reply
+/// would wait for the peer's delayed ACK).
 async fn relay(mut a: tokio::net::TcpStream, mut b: tokio::net::TcpStream) {
+    let _ = (a.set_nodelay(true), b.set_nodelay(true));
     let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
 }
 

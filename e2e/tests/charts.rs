@@ -23,14 +23,12 @@ use e2e::argocd::ArgoCd;
 use e2e::binaries::workspace_root;
 use e2e::gateway::{application_resource, ensure_namespace, text, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
-use e2e::helm::{Helm, Release};
+use e2e::helm::{create_secret, installed_deployment, Helm, Release};
 use e2e::pod_runner::{service, Image, Pod, PodRunner, SERVICE_ACCOUNT_DIR};
 use e2e::scenario::{demo_application, wait_greeting, wait_synced};
 use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, PodTemplateSpec, Secret, ServiceAccount};
-use k8s_openapi::ByteString;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{json, Value};
 
@@ -235,10 +233,29 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
     let ctx = TestContext::new("charts-rbac").unwrap();
     let principal = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", "", None).unwrap());
     let listed = rules_beside_code("principal/rbac.yaml");
+    // The operator is on by default: its rules join the principal's own.
     assert_eq!(
         rendered_grants(&principal, "ClusterRole"),
+        grants(&listed["cluster"])
+            .union(&grants(&listed["operator"]))
+            .cloned()
+            .collect::<BTreeSet<Grant>>(),
+        "principal ClusterRole differs from principal/rbac.yaml `cluster` + `operator`"
+    );
+    let without_operator = objects(
+        &render(
+            &ctx.dir,
+            PRINCIPAL_CHART,
+            "argocd",
+            "operator: {enabled: false}\n",
+            None,
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        rendered_grants(&without_operator, "ClusterRole"),
         grants(&listed["cluster"]),
-        "principal ClusterRole differs from principal/rbac.yaml `cluster`"
+        "principal ClusterRole without the operator differs from principal/rbac.yaml `cluster`"
     );
     assert_eq!(
         rendered_grants(&principal, "Role"),
@@ -289,22 +306,42 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
 
     let agent = objects(&render(&ctx.dir, AGENT_CHART, "argocd", AGENT_VALUES, None).unwrap());
     let listed = rules_beside_code("agent/rbac.yaml");
-    assert!(
-        of_kind(&agent, "ClusterRole").is_empty(),
-        "the agent needs nothing cluster-wide unless the web terminal is enabled"
+    // By default the only cluster-wide grant is the live view's reads.
+    assert_eq!(
+        rendered_grants(&agent, "ClusterRole"),
+        grants(&listed["liveView"]),
+        "agent live view ClusterRole differs from agent/rbac.yaml `liveView`"
     );
-    let with_terminal = objects(
-        &render(
-            &ctx.dir,
-            AGENT_CHART,
-            "argocd",
-            &format!("{AGENT_VALUES}terminal: {{enabled: true}}\n"),
-            None,
+    let agent_values = |extra: &str| {
+        objects(
+            &render(
+                &ctx.dir,
+                AGENT_CHART,
+                "argocd",
+                &format!("{AGENT_VALUES}{extra}\n"),
+                None,
+            )
+            .unwrap(),
         )
-        .unwrap(),
+    };
+    assert!(
+        of_kind(&agent_values("liveView: {enabled: false}"), "ClusterRole").is_empty(),
+        "without the live view and the web terminal the agent needs nothing cluster-wide"
+    );
+    let with_writes: BTreeSet<Grant> = grants(&listed["liveView"])
+        .union(&grants(&listed["liveViewWrite"]))
+        .cloned()
+        .collect();
+    assert_eq!(
+        rendered_grants(&agent_values("liveView: {write: true}"), "ClusterRole"),
+        with_writes,
+        "agent live view ClusterRole with writes differs from agent/rbac.yaml `liveView` + `liveViewWrite`"
     );
     assert_eq!(
-        rendered_grants(&with_terminal, "ClusterRole"),
+        rendered_grants(
+            &agent_values("liveView: {enabled: false}\nterminal: {enabled: true}"),
+            "ClusterRole"
+        ),
         grants(&listed["terminal"]),
         "agent terminal ClusterRole differs from agent/rbac.yaml `terminal`"
     );
@@ -330,11 +367,15 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
         "agent Role differs from agent/rbac.yaml `namespace`"
     );
     assert_eq!(
-        rendered_grants(&placed, "ClusterRole"),
+        rendered_grants(&placed, "ClusterRole")
+            .difference(&grants(&listed["liveView"]))
+            .cloned()
+            .collect::<BTreeSet<Grant>>(),
         grants(&listed["destinationMapping"]),
         "agent ClusterRole differs from agent/rbac.yaml `destinationMapping`"
     );
-    // No wildcard anywhere.
+    // No wildcard anywhere but the live view's ClusterRole, whose reach the agent's code narrows
+    // to tracked objects.
     for (g, r, v, n) in rendered_grants(&principal, "ClusterRole")
         .into_iter()
         .chain(rendered_grants(&principal, "Role"))
@@ -353,6 +394,43 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
                 "signers/{v} granted beyond the add-on signer"
             );
         }
+    }
+    // Cluster-scoped objects, and those the chart puts in namespaces other than its own (the
+    // operator's Roles in further Argo CD namespaces), carry the release namespace in their names:
+    // the same release installed in two namespaces makes no clashing ClusterRole, Role or binding.
+    for (chart, values) in [
+        (
+            PRINCIPAL_CHART,
+            "operator: {extraArgocdNamespaces: [shared]}\n".to_string(),
+        ),
+        (
+            AGENT_CHART,
+            format!("{DESTINATION_AGENT_VALUES}liveView: {{write: true}}\nterminal: {{enabled: true}}\n"),
+        ),
+    ] {
+        let cluster_scoped = |namespace: &str| -> BTreeSet<String> {
+            objects(&render(&ctx.dir, chart, namespace, &values, None).unwrap())
+                .iter()
+                .filter(|o| {
+                    o["kind"] == "ClusterRole"
+                        || o["kind"] == "ClusterRoleBinding"
+                        || o["metadata"]["namespace"].as_str().is_some_and(|n| n != namespace)
+                })
+                .map(|o| {
+                    format!(
+                        "{}/{}/{}",
+                        o["kind"],
+                        o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                        o["metadata"]["name"]
+                    )
+                })
+                .collect()
+        };
+        let (a, b) = (cluster_scoped("team-a"), cluster_scoped("team-b"));
+        assert!(
+            !a.is_empty() && a.is_disjoint(&b),
+            "{chart}: cluster-scoped names shared between namespaces: {a:?} / {b:?}"
+        );
     }
     // Bindings name the chart's ServiceAccount in the release namespace.
     for b in of_kind(&principal, "ClusterRoleBinding")
@@ -692,57 +770,6 @@ async fn managed_round_trip(
     )
     .await?;
     Ok(())
-}
-
-/// Creates Secret `name` in `namespace` with `files` (key → file), as a user does before
-/// installing a chart (or as `argocd-agentctl pki` writes them).
-async fn create_secret(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    type_: &str,
-    files: &[(&str, PathBuf)],
-) -> anyhow::Result<()> {
-    let mut data = std::collections::BTreeMap::new();
-    for (key, path) in files {
-        data.insert(key.to_string(), ByteString(std::fs::read(path)?));
-    }
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        type_: Some(type_.into()),
-        data: Some(data),
-        ..Default::default()
-    };
-    Api::<Secret>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &secret)
-        .await?;
-    Ok(())
-}
-
-/// The one Deployment `helm install` created in `namespace`: its name and ServiceAccount.
-async fn installed_deployment(
-    client: &kube::Client,
-    namespace: &str,
-) -> anyhow::Result<(String, String)> {
-    let list = Api::<Deployment>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await?;
-    anyhow::ensure!(
-        list.items.len() == 1,
-        "helm created {} Deployments in {namespace}",
-        list.items.len()
-    );
-    let d = &list.items[0];
-    let sa = d
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|p| p.service_account_name.clone())
-        .unwrap_or_else(|| "default".into());
-    Ok((d.metadata.name.clone().unwrap_or_default(), sa))
 }
 
 /// Fails with every pod's log tail.

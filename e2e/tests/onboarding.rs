@@ -28,7 +28,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use argocd_agent_operator::gitops::agent_work::{
-    agent_role_rules, AGENT_DEPLOYMENT, AGENT_PARAMS_CONFIGMAP, AGENT_WORK_NAME,
+    agent_live_view_role, agent_live_view_rules, agent_role_rules, AGENT_DEPLOYMENT,
+    AGENT_PARAMS_CONFIGMAP, AGENT_WORK_NAME,
 };
 use argocd_agent_operator::gitops::crd::GitOpsCluster;
 use argocd_agent_operator::pki::jwt::inspect_jwt_key;
@@ -51,7 +52,7 @@ use e2e::process::{print_log_tail, temp_dir};
 use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -492,6 +493,15 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
         .get(AGENT_DEPLOYMENT)
         .await?;
     assert_eq!(binding.role_ref.name, AGENT_DEPLOYMENT);
+    // The live view's cluster-wide reads, applied by the work agent as agent/rbac.yaml lists them.
+    let live = Api::<ClusterRole>::all(spoke_client.clone())
+        .get(&agent_live_view_role(ns))
+        .await?;
+    assert_eq!(
+        serde_json::to_value(live.rules.unwrap_or_default())?,
+        Value::Array(agent_live_view_rules()),
+        "the applied ClusterRole grants what agent/rbac.yaml `liveView` lists"
+    );
     let spoke_secrets: Api<Secret> = Api::namespaced(spoke_client.clone(), ns);
     for name in [AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET] {
         assert!(

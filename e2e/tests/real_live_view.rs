@@ -7,6 +7,11 @@
 //! sync, a resource action, deleting one resource, managed resources and events, and cascade
 //! delete — and each takes effect on the spoke.
 //!
+//! And the hub's answers equal the spoke's own: a second argocd-server run directly on the spoke
+//! answers the same REST calls (Application, resource tree, managed resources, a live manifest, a
+//! resource's events), compared field by field, and the test prints the p50/p99 of `argocd app
+//! get` and of a resource-tree read on both, measured in the same run.
+//!
 //! Both Redis servers require a password, as Argo CD's default install configures them: the
 //! spoke's real application-controller writes its cache into a password-protected Redis that our
 //! agent reads with `--redis-password`; the hub Redis is protected too, and our principal reads
@@ -18,20 +23,29 @@
 //! rollout (it carries `argocd.argoproj.io/ignore-healthcheck` so the app stays Healthy), a Job
 //! never completes (which keeps a PreSync hook, and so a sync, running until terminated), and
 //! nothing garbage-collects (deletions use background propagation, which needs no collector).
+//!
+//! Our principal and agent run as the pods their Helm charts make (the pod runner), with the
+//! charts' ServiceAccounts and RBAC. The pods' port forwards run on the test's runtime, so the
+//! tests use a multi-threaded one: on a single thread a blocking call (a synchronous `argocd` CLI
+//! run) would stall the very traffic it waits for.
 
 use std::time::{Duration, Instant};
 
+use argocd_agent_proto::event::{PRINCIPAL_UID_ANNOTATION, SOURCE_UID_ANNOTATION};
 use e2e::argocd::{ArgoCd, RedisEndpoint};
 use e2e::argocd_terminal::{enable_exec, Terminal, TerminalTarget};
-use e2e::gateway::{agentctl, application_resource, ensure_namespace, Agent, Pki, Principal};
+use e2e::binaries::workspace_root;
+use e2e::gateway::{agentctl, application_resource, ensure_namespace, Pki};
 use e2e::git_server::{demo_manifests, GitServer, PRESYNC_HOOK_JOB};
+use e2e::helm::{create_secret, installed_deployment, Helm, Release};
 use e2e::kubelet::FakeKubelet;
+use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::redis::resp_exchange;
 use e2e::scenario::{demo_application, operation_state, sync_state, wait_synced, SYNC_WAIT};
-use e2e::{shared_planes, wait_until, Redis, TestContext};
+use e2e::{shared_planes, wait_until, ControlPlane, Redis, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
 
@@ -41,6 +55,9 @@ const GREETING: &str = "live-from-the-spoke";
 const CHANGED_GREETING: &str = "changed-in-git";
 /// Our principal ends a web terminal with no data either way for this long.
 const TERMINAL_IDLE: Duration = Duration::from_secs(6);
+/// Our charts, as users install them.
+const PRINCIPAL_CHART: &str = "charts/argocd-agent-principal";
+const AGENT_CHART: &str = "charts/argocd-agent-agent";
 /// How long one CLI call that waits on the spoke may take.
 const CLI_WAIT: Duration = Duration::from_secs(150);
 
@@ -67,15 +84,19 @@ spec:
 ";
 
 /// The hub (our principal in front of a password Redis, real argocd-server) and the spoke (real
-/// Argo CD, our managed agent) of one test, wired as the module docs say.
+/// Argo CD, our managed agent) of one test, wired as the module docs say. Our principal and agent
+/// are installed with their Helm charts and run by the pod runner as their pods, with their
+/// ServiceAccounts' tokens: the RBAC the charts ship is the RBAC these tests exercise.
 struct LiveView {
     agent_name: String,
     pki: Pki,
     git: GitServer,
     hub_password: String,
-    principal: Principal,
+    /// Our principal's pod on the hub.
+    principal: Pod,
     spoke_argocd: ArgoCd,
-    agent: Agent,
+    /// Our agent's pod on the spoke.
+    agent: Pod,
     server: ArgoCd,
     /// The Application's destination namespace on the spoke.
     dest: String,
@@ -89,17 +110,59 @@ struct LiveView {
     _ctx: TestContext,
 }
 
+/// What a test sets in the charts' values beyond what every live view test sets.
+#[derive(Default)]
+struct ChartValues {
+    /// YAML lines added to the principal chart's values.
+    principal: &'static str,
+    /// YAML lines added to the agent chart's values.
+    agent: &'static str,
+}
+
+/// `helm install` of our `chart` as release `release` in `namespace` on `plane`, then the
+/// Deployment it created run by the pod runner (reaching the host ports `egress`); waits until the
+/// pod is Ready.
+async fn install_and_run(
+    ctx: &TestContext,
+    plane: &ControlPlane,
+    (chart, release, namespace): (&str, &str, &str),
+    values: &str,
+    egress: &[u16],
+) -> anyhow::Result<Pod> {
+    let client = plane.client().await?;
+    Helm::new(&ctx.dir, Some(&plane.kubeconfig))?.install(&Release::new(
+        release,
+        namespace,
+        workspace_root().join(chart),
+        values,
+    ))?;
+    let (deployment, _) = installed_deployment(&client, namespace).await?;
+    let mut pods = PodRunner::new(plane, &ctx.dir, Image::ours()?)
+        .await?
+        .run_deployment(namespace, &deployment, egress)
+        .await?;
+    anyhow::ensure!(pods.len() == 1, "{chart}: {} pods", pods.len());
+    let pod = pods.remove(0);
+    pod.wait_ready(Duration::from_secs(60)).await?;
+    Ok(pod)
+}
+
+/// The host port forwarded to `pod`'s container port `name`.
+fn pod_port(pod: &Pod, name: &str) -> u16 {
+    pod.port(name)
+        .unwrap_or_else(|| panic!("pod {} has no port {name}", pod.name))
+}
+
+/// Log filter of our pods: debug for our code, quiet for the libraries.
+const LOG_LEVEL: &str = "debug,kube_client=warn,hyper=info,h2=info,tower=info,rustls=info";
+
 impl LiveView {
     async fn start(test: &str, app: &str) -> anyhow::Result<LiveView> {
-        LiveView::start_with(test, app, &[]).await
+        LiveView::start_with(test, app, ChartValues::default()).await
     }
 
-    /// [`LiveView::start`] with `principal_flags` added to our principal's.
-    async fn start_with(
-        test: &str,
-        app: &str,
-        principal_flags: &[&str],
-    ) -> anyhow::Result<LiveView> {
+    /// [`LiveView::start`] with `values` added to the charts'.
+    async fn start_with(test: &str, app: &str, values: ChartValues) -> anyhow::Result<LiveView> {
         let planes = shared_planes().await;
         let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
         let ctx = TestContext::new(test)?;
@@ -108,27 +171,56 @@ impl LiveView {
         pki.issue_agent(&agent_name)?;
         let git = GitServer::start(&ctx.unique("git"))?;
 
-        // Hub: a password-protected Redis behind our principal, which reads the password from a
-        // creds directory laid out as the `argocd-redis` secret is mounted (file `auth`).
-        let hub_redis =
-            Redis::start_as_hub(&ctx.unique("hub-redis"), &ctx.dir.join("hub-redis-creds"))?;
-        let hub_password = hub_redis.password.clone().expect("password-protected");
+        // Hub: a password-protected Redis, and our principal installed by its chart in front of
+        // it, reading the password from Argo CD's `argocd-redis` Secret as the chart wires it.
+        let hub_password = format!("hub-{}", uuid::Uuid::new_v4().simple());
+        let hub_redis = Redis::start_with_password(&ctx.unique("hub-redis"), &hub_password)?;
         let principal_ns = ctx.unique("hub-argocd");
         let hub_client = hub.client().await?;
         ensure_namespace(&hub_client, &agent_name).await?;
-        let mut flags = hub_redis.principal_flags();
-        flags.push(format!(
-            "--terminal-idle-timeout={}s",
-            TERMINAL_IDLE.as_secs()
-        ));
-        flags.extend(principal_flags.iter().map(|f| f.to_string()));
-        let principal = Principal::start(
-            &ctx.suffix,
-            &ctx.dir,
+        ensure_namespace(&hub_client, &principal_ns).await?;
+        let password_file = ctx.dir.join("hub-redis-auth");
+        std::fs::write(&password_file, &hub_password)?;
+        let principal_tls = [
+            ("tls.crt", pki.dir.join("principal.crt")),
+            ("tls.key", pki.dir.join("principal.key")),
+        ];
+        for (name, type_, files) in [
+            (
+                "argocd-agent-principal-tls",
+                "kubernetes.io/tls",
+                &principal_tls[..],
+            ),
+            (
+                "argocd-agent-resource-proxy-tls",
+                "kubernetes.io/tls",
+                &principal_tls[..],
+            ),
+            ("argocd-agent-ca", "Opaque", &[("tls.crt", pki.ca())][..]),
+            (
+                "argocd-agent-jwt",
+                "Opaque",
+                &[("jwt.key", pki.dir.join("jwt.key"))][..],
+            ),
+            ("argocd-redis", "Opaque", &[("auth", password_file)][..]),
+        ] {
+            create_secret(&hub_client, &principal_ns, name, type_, files).await?;
+        }
+        let principal = install_and_run(
+            &ctx,
             hub,
-            &pki,
-            &principal_ns,
-            &flags.iter().map(String::as_str).collect::<Vec<&str>>(),
+            (PRINCIPAL_CHART, &ctx.unique("hub"), &principal_ns),
+            &format!(
+                "replicaCount: 1\nha: {{enabled: false}}\noperator: {{enabled: false}}\n\
+                 service: {{type: ClusterIP}}\n\
+                 redisProxy: {{redisServerAddress: \"{}\"}}\n\
+                 principal:\n  logFormat: text\n  logLevel: \"{LOG_LEVEL}\"\n  extraEnv:\n  \
+                 - {{name: ARGOCD_PRINCIPAL_TERMINAL_IDLE_TIMEOUT, value: \"{}s\"}}\n{}",
+                hub_redis.address(),
+                TERMINAL_IDLE.as_secs(),
+                values.principal,
+            ),
+            &[hub_redis.port],
         )
         .await?;
         // The agent's Argo CD cluster secret on the hub: its server is our resource proxy.
@@ -141,36 +233,65 @@ impl LiveView {
             "--kubeconfig",
             hub.kubeconfig.to_str().expect("utf-8 path"),
             "--resource-proxy-server",
-            &format!("127.0.0.1:{}", principal.resource_proxy_port),
+            &format!("127.0.0.1:{}", pod_port(&principal, "resource-proxy")),
             "--argocd-namespace",
             &principal_ns,
         ])?;
 
-        // Spoke: real Argo CD with its password-protected Redis, and our agent reading that Redis.
+        // Spoke: real Argo CD with its password-protected Redis, and our agent installed by its
+        // chart beside it, reading that Redis with the password from `argocd-redis`.
         let spoke_ns = ctx.unique("argocd");
         let spoke_argocd =
             ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
         let spoke_redis = spoke_argocd
-            .redis_endpoint()
+            .redis
+            .as_ref()
             .expect("a spoke Argo CD has a Redis");
-        let spoke_redis_password = spoke_redis.password.clone().expect("password-protected");
         let dest = ctx.unique("demo");
         let spoke_client = spoke.client().await?;
         ensure_namespace(&spoke_client, &dest).await?;
-        let agent = Agent::start(
-            &agent_name,
-            &ctx.dir,
-            spoke,
-            &pki,
-            &principal.address(),
+        let (cert, key) = pki.agent_files(&agent_name);
+        create_secret(
+            &spoke_client,
             &spoke_ns,
-            &[
-                &format!("--redis-address={}", spoke_redis.address),
-                &format!("--redis-password={spoke_redis_password}"),
-            ],
+            "argocd-agent-client-tls",
+            "kubernetes.io/tls",
+            &[("tls.crt", cert), ("tls.key", key)],
         )
         .await?;
-        agent.wait_connected().await?;
+        create_secret(
+            &spoke_client,
+            &spoke_ns,
+            "argocd-agent-ca",
+            "Opaque",
+            &[("ca.crt", pki.ca())],
+        )
+        .await?;
+        let grpc_port = pod_port(&principal, "grpc");
+        let agent = install_and_run(
+            &ctx,
+            spoke,
+            (AGENT_CHART, &ctx.unique("spoke"), &spoke_ns),
+            &format!(
+                "agent:\n  serverAddress: \"127.0.0.1:{grpc_port}\"\n  tlsServerName: localhost\n  \
+                 redisAddress: \"{}\"\n  reconnectBackoffMax: 2s\n  logFormat: text\n  \
+                 logLevel: \"{LOG_LEVEL}\"\nqueue: {{persistence: {{enabled: false}}}}\n{}",
+                spoke_redis.address(),
+                values.agent,
+            ),
+            &[grpc_port, spoke_redis.port],
+        )
+        .await?;
+        let metrics = pod_port(&agent, "metrics");
+        wait_until(
+            &format!("agent {agent_name} connected"),
+            Duration::from_secs(60),
+            || async move {
+                Ok::<_, anyhow::Error>(e2e::metrics::agent_connected(metrics).await?.then_some(()))
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.log_tail(30)))?;
 
         // Hub: real argocd-server whose Redis is our Redis proxy, with the hub Redis password.
         let server = ArgoCd::start_server(
@@ -179,7 +300,7 @@ impl LiveView {
             hub,
             &principal_ns,
             RedisEndpoint {
-                address: format!("127.0.0.1:{}", principal.redis_proxy_port),
+                address: format!("127.0.0.1:{}", pod_port(&principal, "redis-proxy")),
                 password: Some(hub_password.clone()),
             },
         )
@@ -206,8 +327,8 @@ impl LiveView {
     fn logs(&self) -> String {
         format!(
             "--- principal ---\n{}\n--- agent ---\n{}\n--- spoke argocd ---\n{}\n--- hub argocd ---\n{}",
-            self.principal.process.log_tail(30),
-            self.agent.process.log_tail(30),
+            self.principal.log_tail(30),
+            self.agent.log_tail(30),
             self.spoke_argocd.log_tails(15),
             self.server.log_tails(30)
         )
@@ -276,7 +397,7 @@ impl LiveView {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot_reach(
 ) -> anyhow::Result<()> {
     let lv = LiveView::start("real_live_view", "demo").await?;
@@ -394,9 +515,69 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
     );
     assert_eq!(manifest["data"]["greeting"], GREETING);
 
+    // With the RBAC the chart ships (get on every kind, cluster-wide), the hub still sees only
+    // what Argo CD tracks. Asked of the resource proxy directly, with the credentials argocd-server
+    // uses: a tracked object is served (the positive control), and untracked ones — a ConfigMap
+    // beside the app's, the spoke Argo CD's Redis password, a cluster-scoped Namespace — are
+    // refused by the agent, saying why, though its ServiceAccount could read them.
+    let untracked: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "untracked-config"}, "data": {"note": "not for the hub"},
+    }))?;
+    Api::<ConfigMap>::namespaced(lv.spoke_client.clone(), dest)
+        .create(&PostParams::default(), &untracked)
+        .await?;
+    let proxy = lv.proxy_client().await?;
+    let proxied_cms = Api::<ConfigMap>::namespaced(proxy.clone(), dest);
+    let seen = proxied_cms.get("demo-config").await?;
+    assert_eq!(seen.metadata.uid.as_deref(), Some(spoke_uid.as_str()));
+    let refusals = [
+        (
+            "an untracked ConfigMap",
+            proxied_cms.get("untracked-config").await.map(|_| ()),
+        ),
+        (
+            "the spoke Argo CD's Redis password Secret",
+            Api::<Secret>::namespaced(proxy.clone(), &lv.spoke_argocd.namespace)
+                .get("argocd-redis")
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "the app's destination Namespace",
+            Api::<Namespace>::all(proxy.clone())
+                .get(dest)
+                .await
+                .map(|_| ()),
+        ),
+    ];
+    for (what, result) in refusals {
+        match result {
+            Err(kube::Error::Api(status)) => assert!(
+                status.code == 403 && status.message.contains("not managed by Argo CD"),
+                "{what}: {status:?}"
+            ),
+            other => panic!("{what} through the resource proxy: {other:?}"),
+        }
+    }
+
+    // Without the chart's `liveView.write` (off by default), even a tracked object cannot be
+    // changed from the hub: the spoke apiserver refuses the agent's ServiceAccount.
+    let patch = kube::api::Patch::Merge(json!({"data": {"greeting": "changed-from-the-hub"}}));
+    match proxied_cms
+        .patch("demo-config", &kube::api::PatchParams::default(), &patch)
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert!(
+            status.code == 403 && status.message.contains("cannot patch resource"),
+            "{status:?}"
+        ),
+        other => panic!("a patch without liveView.write: {other:?}"),
+    }
+
     // The proxy is no way around the hub Redis password: without it, neither the hub's keys nor
     // the agent's cache are served.
-    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", principal.redis_proxy_port)).await?;
+    let mut raw =
+        tokio::net::TcpStream::connect(("127.0.0.1", pod_port(principal, "redis-proxy"))).await?;
     let tree_key = format!("app|resources-tree|{agent_name}_demo|1.8.3");
     let reply = resp_exchange(&mut raw, &["GET", &tree_key]).await?;
     assert!(reply.starts_with("-NOAUTH"), "{reply}");
@@ -428,11 +609,20 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
     Ok(())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_on_a_spoke(
 ) -> anyhow::Result<()> {
     let started = Instant::now();
-    let lv = LiveView::start("real_live_ops", "ops").await?;
+    // Resource actions and delete-resource change objects on the spoke: the chart's write grant.
+    let lv = LiveView::start_with(
+        "real_live_ops",
+        "ops",
+        ChartValues {
+            principal: "",
+            agent: "liveView: {write: true}\n",
+        },
+    )
+    .await?;
     let (agent_name, dest, server) = (&lv.agent_name, &lv.dest, &lv.server);
     let logs = || lv.logs();
     let files = |greeting: &str, hook: bool| {
@@ -752,7 +942,10 @@ impl LiveView {
         let kubeconfig = json!({
             "apiVersion": "v1", "kind": "Config", "current-context": "proxy",
             "clusters": [{"name": "proxy", "cluster": {
-                "server": format!("https://127.0.0.1:{}", self.principal.resource_proxy_port),
+                "server": format!(
+                    "https://127.0.0.1:{}",
+                    pod_port(&self.principal, "resource-proxy")
+                ),
                 "certificate-authority": self.pki.ca()}}],
             "users": [{"name": "argocd", "user": {"client-certificate": cert, "client-key": key}}],
             "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "argocd"}}],
@@ -763,20 +956,29 @@ impl LiveView {
     }
 }
 
-/// `argocd app logs` on the hub shows the log of a pod of an app on the spoke. The hub's
+/// `argocd app logs` on the hub shows the log of a pod of an app on the spoke, and with `--follow`
+/// the lines written while it runs, until the CLI is stopped (which ends the follow on the spoke).
+/// The hub's
 /// argocd-server opens a web terminal into that pod: a command's
 /// output comes back, stderr too, a resize reaches the kubelet, and closing the browser's socket
 /// ends the shell on the spoke. A terminal left idle is ended by our principal (and its shell).
 /// An exec into a pod Argo CD does not manage, asked of the resource proxy directly, is refused
 /// (403, the agent's read of the pod) before any kubelet sees it; with the agent gone, the
 /// principal refuses at once.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_principal_and_agent(
 ) -> anyhow::Result<()> {
     // Access tokens last 2 s: the agent's stream outlives its token long before the first
     // terminal opens, so each StreamTerminal call needs a token refreshed for it.
-    let mut lv =
-        LiveView::start_with("real_terminal", "term", &["--access-token-lifetime=2s"]).await?;
+    let mut lv = LiveView::start_with(
+        "real_terminal",
+        "term",
+        ChartValues {
+            principal: "  accessTokenLifetime: 2s\n",
+            agent: "terminal: {enabled: true}\n",
+        },
+    )
+    .await?;
     let planes = shared_planes().await;
     let kubelet = FakeKubelet::start(&planes.spokes[0], &lv._ctx.unique("node")).await?;
     let mut files = demo_manifests(GREETING);
@@ -809,6 +1011,70 @@ async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_prin
         kubelet.last_query()
     );
 
+    // `argocd app logs --follow` on the hub: the history, then the lines the container writes
+    // while the user watches; stopping the CLI ends the follow at the spoke's kubelet.
+    let mut follow = lv
+        .server
+        .cli_command(&[
+            "app", "logs", &app_ref, "--kind", "Pod", "--name", "web-1", "-c", "web", "--tail",
+            "1", "--follow",
+        ])?
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut followed = tokio::io::BufReader::new(follow.stdout.take().expect("piped stdout"));
+    let mut seen = Vec::new();
+    let wait = Duration::from_secs(30);
+    let picked_up = tokio::time::timeout(wait, async {
+        use tokio::io::AsyncBufReadExt;
+        let mut line = String::new();
+        while followed.read_line(&mut line).await? > 0 {
+            seen.push(line.trim_end().to_string());
+            line.clear();
+            if seen.iter().any(|l| l == "web live 3") {
+                return Ok::<_, anyhow::Error>(());
+            }
+        }
+        anyhow::bail!("the CLI ended its follow by itself")
+    })
+    .await;
+    if !matches!(picked_up, Ok(Ok(()))) {
+        let _ = follow.kill().await;
+        let out = follow.wait_with_output().await?;
+        anyhow::bail!(
+            "{picked_up:?}: `argocd app logs --follow` printed {seen:?} ({})\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            lv.logs()
+        );
+    }
+    assert_eq!(
+        seen[..2],
+        ["web line 020", "web live 1"],
+        "the last line of history, then the new ones: {seen:?}"
+    );
+    assert_eq!(
+        kubelet
+            .stats
+            .follows_open
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    follow.kill().await?;
+    wait_until(
+        "the follow to end at the spoke's kubelet after the CLI stopped",
+        wait,
+        || async {
+            use std::sync::atomic::Ordering::SeqCst;
+            let stats = &kubelet.stats;
+            Ok::<_, anyhow::Error>(
+                (stats.follows_closed.load(SeqCst) == 1 && stats.follows_open.load(SeqCst) == 0)
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", lv.logs()))?;
+
     enable_exec(&planes.hub.client().await?, &lv.server).await?;
     let token = lv.server.session_token().await?;
     let port = lv.server.server_port.expect("argocd-server has a port");
@@ -838,7 +1104,6 @@ async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_prin
     term.resize(100, 30).await?;
     term.input(&format!("echo hello-$((6*7))-{marker}\n"))
         .await?;
-    let wait = Duration::from_secs(30);
     term.read_until(&format!("hello-42-{marker}"), wait)
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", lv.logs()))?;
@@ -955,5 +1220,244 @@ async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_prin
     )
     .await
     .map_err(|e| anyhow::anyhow!("{e}: {}", last.lock().unwrap()))?;
+    Ok(())
+}
+
+// The hub's view against the spoke's own. A second argocd-server runs on the spoke, on the spoke's
+// own Argo CD (its Redis, its namespace, the Application's spoke copy): what a user of that cluster
+// would see without us. Both servers are asked the same questions through the same REST API and
+// their answers compared field by field.
+
+/// The fields of two answers that differ: the JSON patch operations turning `spoke` into `hub`,
+/// each with the spoke's value at its path (empty: the same).
+fn differences(spoke: &Value, hub: &Value) -> Vec<String> {
+    json_patch::diff(spoke, hub)
+        .0
+        .iter()
+        .map(|op| {
+            let op = serde_json::to_value(op).unwrap_or_default();
+            let path = op["path"].as_str().unwrap_or_default();
+            format!(
+                "{op} (spoke: {})",
+                spoke.pointer(path).unwrap_or(&Value::Null)
+            )
+        })
+        .collect()
+}
+
+/// What must differ between the hub's and the spoke's answer about the same Application, removed:
+/// - the object's identity and bookkeeping in `metadata` (`namespace`, `uid`, `resourceVersion`,
+///   `generation`, `creationTimestamp`, `managedFields`): the hub's Application and its spoke copy
+///   are two objects in two apiservers, written by different managers;
+/// - the annotations `argocd.argoproj.io/source-uid` and `argocd.argoproj.io/principal-uid`, which
+///   the agent puts on the spoke copy to name the hub object and the principal it copies from
+///   (upstream's protocol);
+/// - `spec.destination`: the hub's Application targets the agent's cluster by name, the spoke copy
+///   the spoke's own in-cluster server (the agent rewrites it so: destination mapping).
+///
+/// `status` is compared whole: the hub's is the spoke's, as the agent sent it.
+fn comparable_application(app: &Value) -> Value {
+    let mut app = app.clone();
+    if let Some(meta) = app.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in [
+            "namespace",
+            "uid",
+            "resourceVersion",
+            "generation",
+            "creationTimestamp",
+            "managedFields",
+        ] {
+            meta.remove(field);
+        }
+        if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            annotations.remove(SOURCE_UID_ANNOTATION);
+            annotations.remove(PRINCIPAL_UID_ANNOTATION);
+            if annotations.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+    }
+    if let Some(spec) = app.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("destination");
+    }
+    app
+}
+
+/// Makes one kind of answer comparable between hub and spoke.
+type Comparable = fn(&Value) -> Value;
+
+/// `GET /api/v1/applications/<app><path>` of `server` for the Application in `namespace`, as JSON.
+async fn ask_about(
+    server: &ArgoCd,
+    token: &str,
+    namespace: &str,
+    app: &str,
+    path: &str,
+) -> anyhow::Result<Value> {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let url = format!("/api/v1/applications/{app}{path}{sep}appNamespace={namespace}");
+    let (status, body) = server.api_get(&url, token).await?;
+    anyhow::ensure!(status == 200, "GET {url}: {status} {body}");
+    Ok(serde_json::from_str(&body)?)
+}
+
+/// The nearest-rank p50 and p99 of `samples`, for printing.
+fn p50_p99(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    (
+        e2e::bench::percentile(&samples, 0.5),
+        e2e::bench::percentile(&samples, 0.99),
+    )
+}
+
+/// The hub's argocd-server, through our principal and agent, answers for an Application on the
+/// spoke what the spoke's own argocd-server answers: the Application (sync, health, resources,
+/// operation), its resource tree, managed resources (live and target state), a live manifest and
+/// a resource's events — equal field by field, but for what must differ (see
+/// [`comparable_application`]); and `argocd app manifests --source live` and `argocd app
+/// resources` print the same text. Prints the p50/p99 of a hub `argocd app get` and resource-tree
+/// read against the same calls on the spoke's own server, measured in this run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_argocd_answers_about_an_app_what_the_spokes_own_argocd_server_answers(
+) -> anyhow::Result<()> {
+    let lv = LiveView::start("real_live_same", "same").await?;
+    let revision = lv
+        .git
+        .commit("apps", "demo", &demo_manifests(GREETING), "demo")?;
+    lv.create_demo_app(&revision).await?;
+    let planes = shared_planes().await;
+    let spoke_server = ArgoCd::start_server(
+        &format!("{}-spoke", lv._ctx.suffix),
+        &lv._ctx.dir,
+        &planes.spokes[0],
+        &lv.spoke_argocd.namespace,
+        lv.spoke_argocd
+            .redis_endpoint()
+            .expect("a spoke Argo CD has a Redis"),
+    )
+    .await?;
+    let (hub_token, spoke_token) = (
+        lv.server.session_token().await?,
+        spoke_server.session_token().await?,
+    );
+    let (agent_name, dest, app) = (&lv.agent_name, &lv.dest, &lv.app);
+    let spoke_ns = &lv.spoke_argocd.namespace;
+    let uid = Api::<ConfigMap>::namespaced(lv.spoke_client.clone(), dest)
+        .get("demo-config")
+        .await?
+        .metadata
+        .uid
+        .expect("a live object has a uid");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "demo-config.same", "namespace": dest},
+        "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "name": "demo-config",
+                           "namespace": dest, "uid": uid},
+        "reason": "GreetingRead", "message": "read on the spoke", "type": "Normal",
+        "source": {"component": "e2e"},
+    }))?;
+    Api::<Event>::namespaced(lv.spoke_client.clone(), dest)
+        .create(&PostParams::default(), &event)
+        .await?;
+
+    // (what, path after /api/v1/applications/<app>, how to make an answer comparable)
+    let resource_query =
+        format!("namespace={dest}&resourceName=demo-config&version=v1&kind=ConfigMap&group=");
+    let questions: [(&str, String, Comparable); 5] = [
+        ("the Application", String::new(), comparable_application),
+        ("the resource tree", "/resource-tree".into(), Value::clone),
+        (
+            "the managed resources",
+            "/managed-resources".into(),
+            Value::clone,
+        ),
+        (
+            "a live manifest",
+            format!("/resource?{resource_query}"),
+            Value::clone,
+        ),
+        (
+            "a resource's events",
+            format!("/events?resourceNamespace={dest}&resourceName=demo-config&resourceUID={uid}"),
+            Value::clone,
+        ),
+    ];
+    let ask = |server, token, namespace, path| ask_about(server, token, namespace, app, path);
+    for (what, path, comparable) in &questions {
+        // The hub's status is a copy that follows the spoke's: wait until they agree.
+        let last = std::sync::Mutex::new(Vec::new());
+        let agreed = wait_until(
+            &format!("the hub and the spoke to agree on {what}"),
+            Duration::from_secs(60),
+            || async {
+                let spoke = comparable(&ask(&spoke_server, &spoke_token, spoke_ns, path).await?);
+                let hub = comparable(&ask(&lv.server, &hub_token, agent_name, path).await?);
+                let diff = differences(&spoke, &hub);
+                let same = diff.is_empty();
+                *last.lock().unwrap() = diff;
+                Ok::<_, anyhow::Error>(same.then_some(spoke))
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}: {:#?}\n{}", last.lock().unwrap(), lv.logs()))?;
+        // Not two empty answers: the positive control.
+        let text = agreed.to_string();
+        assert!(
+            text.contains("demo-config") || text.contains(GREETING),
+            "{what}: {agreed}"
+        );
+    }
+
+    // What the CLI prints from those answers: the live manifests and the resource list, the same
+    // text on both servers.
+    for (command, flags) in [
+        ("manifests", &["--source", "live"][..]),
+        ("resources", &[][..]),
+    ] {
+        let mut printed = Vec::new();
+        for (server, namespace) in [(&spoke_server, spoke_ns), (&lv.server, agent_name)] {
+            let app_ref = format!("{namespace}/{app}");
+            let mut args = vec!["app", command, app_ref.as_str()];
+            args.extend(flags);
+            printed.push(server.cli_run(&args, CLI_WAIT).await?.success()?);
+        }
+        assert!(printed[0].contains("demo-config"), "{}", printed[0]);
+        assert_eq!(
+            printed[1], printed[0],
+            "`argocd app {command}` on the hub and on the spoke"
+        );
+    }
+
+    // Timings, one run, hub against spoke: `argocd app get` (the CLI's whole round trip) and the
+    // resource-tree read.
+    const CALLS: usize = 50;
+    let mut report = Vec::new();
+    for (side, server, token, namespace) in [
+        ("spoke", &spoke_server, &spoke_token, spoke_ns),
+        ("hub", &lv.server, &hub_token, agent_name),
+    ] {
+        let app_ref = format!("{namespace}/{app}");
+        let (mut gets, mut trees) = (Vec::new(), Vec::new());
+        for _ in 0..CALLS {
+            let started = Instant::now();
+            server
+                .cli_run(&["app", "get", &app_ref], CLI_WAIT)
+                .await?
+                .success()?;
+            gets.push(started.elapsed());
+            let started = Instant::now();
+            ask(server, token, namespace, "/resource-tree").await?;
+            trees.push(started.elapsed());
+        }
+        let (get50, get99) = p50_p99(gets);
+        let (tree50, tree99) = p50_p99(trees);
+        report.push(format!(
+            "{side}: `argocd app get` p50 {get50:?} p99 {get99:?}; resource-tree p50 {tree50:?} \
+             p99 {tree99:?} (n={CALLS} each)"
+        ));
+    }
+    println!("hub (through our principal and agent) against the spoke's own argocd-server:");
+    for line in report {
+        println!("  {line}");
+    }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The agent ManifestWork: one per managed cluster, in the cluster's namespace on the hub,
 //! carrying everything the agent needs on its cluster — Namespace, ServiceAccount, a Role limited
-//! to the agent namespace, the CA (and, only as an opt-in fallback, the client certificate and
+//! to the agent namespace, the live view's ClusterRole (reads the hub's Argo CD needs), the CA (and, only as an opt-in fallback, the client certificate and
 //! key), the parameters ConfigMap and the Deployment — with feedback rules that bring the
 //! Deployment's readiness back into the ManifestWork status.
 //!
@@ -9,9 +9,9 @@
 //!
 //! The payload runs the agent as the agent chart does: the image's own entrypoint, a read-only
 //! root filesystem with writable `emptyDir`s for the offline queue and `/tmp`, the metrics and
-//! health ports with probes, and a Role granting exactly the rules of `agent/rbac.yaml` (the API
-//! calls the agent's code makes, also what the chart grants), read from that file at build time
-//! so the two cannot drift.
+//! health ports with probes, and a Role and a ClusterRole granting exactly the rules of
+//! `agent/rbac.yaml` `namespace` and `liveView` (the API calls the agent's code makes, also what the
+//! chart grants by default), read from that file at build time so the two cannot drift.
 
 use std::collections::BTreeMap;
 
@@ -65,16 +65,30 @@ pub const HEALTH_PORT: u16 = 8001;
 /// The API calls the agent's code makes, as RBAC rules (see its header).
 const AGENT_RBAC: &str = include_str!("../../../agent/rbac.yaml");
 
+/// The rules of one list of `agent/rbac.yaml` (`namespace`, `liveView`, ...).
+fn agent_rbac_rules(list: &str) -> Vec<Value> {
+    // The file is part of the build and parsed by a unit test, so this cannot fail at run time.
+    let mut lists: BTreeMap<String, Vec<Value>> =
+        serde_norway::from_str(AGENT_RBAC).expect("agent/rbac.yaml maps names to lists of rules");
+    lists
+        .remove(list)
+        .unwrap_or_else(|| panic!("agent/rbac.yaml has a `{list}` list of rules"))
+}
+
 /// The rules of `agent/rbac.yaml`'s `namespace` list: what the agent's Role grants in its namespace.
 pub fn agent_role_rules() -> Vec<Value> {
-    #[derive(serde::Deserialize)]
-    struct Rules {
-        namespace: Vec<Value>,
-    }
-    // The file is part of the build and parsed by a unit test, so this cannot fail at run time.
-    serde_norway::from_str::<Rules>(AGENT_RBAC)
-        .map(|r| r.namespace)
-        .expect("agent/rbac.yaml has a `namespace` list of rules")
+    agent_rbac_rules("namespace")
+}
+
+/// The rules of `agent/rbac.yaml`'s `liveView` list: what the agent's ClusterRole grants so the
+/// hub's Argo CD sees the live state of the cluster's applications (the chart's default too).
+pub fn agent_live_view_rules() -> Vec<Value> {
+    agent_rbac_rules("liveView")
+}
+
+/// Name of the agent's live view ClusterRole and ClusterRoleBinding on a spoke (as the chart's).
+pub fn agent_live_view_role(agent_namespace: &str) -> String {
+    format!("{AGENT_DEPLOYMENT}-{agent_namespace}-live")
 }
 
 /// Everything that decides the content of one cluster's agent ManifestWork.
@@ -145,6 +159,13 @@ pub fn agent_manifests(d: &AgentDeployment<'_>) -> Vec<Value> {
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AGENT_DEPLOYMENT},
+               "subjects": [{"kind": "ServiceAccount", "name": AGENT_DEPLOYMENT, "namespace": ns}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": agent_live_view_role(ns), "labels": labels},
+               "rules": agent_live_view_rules()}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": agent_live_view_role(ns), "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": agent_live_view_role(ns)},
                "subjects": [{"kind": "ServiceAccount", "name": AGENT_DEPLOYMENT, "namespace": ns}]}),
         json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                "metadata": {"name": AGENT_CA_SECRET, "namespace": ns, "labels": labels},
@@ -379,6 +400,8 @@ mod tests {
                 "ServiceAccount",
                 "Role",
                 "RoleBinding",
+                "ClusterRole",
+                "ClusterRoleBinding",
                 "Secret",
                 "ConfigMap",
                 "Deployment"
@@ -509,6 +532,14 @@ mod tests {
             );
         }
         let binding = payload(&work, "RoleBinding", AGENT_DEPLOYMENT).unwrap();
+        assert_eq!(binding["subjects"][0]["name"], AGENT_DEPLOYMENT);
+        assert_eq!(binding["subjects"][0]["namespace"], "argocd");
+        // The live view's reads, cluster-wide, bound to the same ServiceAccount.
+        let live = agent_live_view_role("argocd");
+        let cluster_role = payload(&work, "ClusterRole", &live).unwrap();
+        assert_eq!(cluster_role["rules"], Value::Array(agent_live_view_rules()));
+        let binding = payload(&work, "ClusterRoleBinding", &live).unwrap();
+        assert_eq!(binding["roleRef"]["name"], live.as_str());
         assert_eq!(binding["subjects"][0]["name"], AGENT_DEPLOYMENT);
         assert_eq!(binding["subjects"][0]["namespace"], "argocd");
     }
