@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
+use argocd_agent_kube::repository::REPOSITORY_SELECTOR;
 use argocd_agent_kube::skip_sync::without_skip_sync;
 use argocd_agent_proto::event::{
     set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
@@ -71,9 +72,6 @@ use crate::spoke_watch::{SpokeInformers, SpokeObserver};
 
 /// Field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "argocd-agent";
-
-/// The Secrets a managed agent keeps for the hub: Argo CD repositories and repository credentials.
-pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
 
 /// What managed mode needs from the configuration.
 #[derive(Debug, Clone, Default)]
