@@ -420,11 +420,7 @@ mod tests {
             ("team-b", AgentMode::Managed),
             ("auto", AgentMode::Autonomous),
         ]);
-        let (informers, view) = hub_informers(mapping);
-        let feeds = drive(informers);
-        feeds
-            .list_all(&view, apps, projects, repositories, gpg)
-            .await;
+        let (view, feeds) = listed(mapping, apps, projects, repositories, gpg).await;
         (ManagedRouter::new(view, registry.clone()), registry, feeds)
     }
 
@@ -560,14 +556,8 @@ mod tests {
         v2_touched.metadata.managed_fields = Some(vec![Default::default()]);
         router.gpg_keys_changed(Some(&v2), Some(&v2_touched));
         both(&[]);
-        let mut skipped = v2.clone();
-        skipped.metadata.labels = Some(
-            [(
-                argocd_agent_kube::skip_sync::SKIP_SYNC_LABEL.to_string(),
-                "true".to_string(),
-            )]
-            .into(),
-        );
+        let skipped: ConfigMap =
+            typed(skip_sync(gpg_keys(&[("k1", "key one"), ("k2", "key two")])));
         router.gpg_keys_changed(Some(&v2), Some(&skipped));
         both(&["delete GpgKey argocd-gpg-keys-cm"]);
         router.gpg_keys_changed(Some(&skipped), Some(&v2));
@@ -619,14 +609,7 @@ mod tests {
             assert!(sent(&registry, "auto").is_empty(), "{to}");
         }
         // Labelled skip-sync: it belongs to no agent any more.
-        let mut skipped = on_a.clone();
-        skipped.metadata.labels = Some(
-            [(
-                argocd_agent_kube::skip_sync::SKIP_SYNC_LABEL.to_string(),
-                "true".to_string(),
-            )]
-            .into(),
-        );
+        let skipped: Application = typed(skip_sync(app_to("apps", "guestbook", "team-a")));
         router.application_applied(Some(&on_a), &skipped);
         assert_eq!(
             sent(&registry, "team-a"),

@@ -875,9 +875,7 @@ mod tests {
 
         async fn fixture(apps: Vec<Value>, projects: Vec<Value>) -> Fixture {
             let registry = registry(&[("auto", AgentMode::Autonomous)]);
-            let (informers, view) = hub_informers(AppMapping::Namespace);
-            let feeds = drive(informers);
-            feeds.list_all(&view, apps, projects, vec![], None).await;
+            let (view, feeds) = listed(AppMapping::Namespace, apps, projects, vec![], None).await;
             let metrics = MetricsRegistry::empty();
             let options = MirrorOptions::default();
             options.collisions.register(&metrics);

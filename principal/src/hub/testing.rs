@@ -122,6 +122,29 @@ pub fn hub_informers(mapping: AppMapping) -> (HubInformers, HubView) {
     (informers, view)
 }
 
+/// A view with `mapping` whose informers listed `apps`, `projects`, `repositories` and the GPG
+/// keys ConfigMap `gpg`; the feeds keep it changing.
+pub async fn listed(
+    mapping: AppMapping,
+    apps: Vec<Value>,
+    projects: Vec<Value>,
+    repositories: Vec<Value>,
+    gpg: Option<Value>,
+) -> (HubView, Feeds) {
+    let (informers, view) = hub_informers(mapping);
+    let feeds = drive(informers);
+    feeds
+        .list_all(&view, apps, projects, repositories, gpg)
+        .await;
+    (view, feeds)
+}
+
+/// `v` labelled skip-sync.
+pub fn skip_sync(mut v: Value) -> Value {
+    v["metadata"]["labels"] = json!({argocd_agent_kube::skip_sync::SKIP_SYNC_LABEL: "true"});
+    v
+}
+
 /// A registry with one session per (agent, mode).
 pub fn registry(agents: &[(&str, AgentMode)]) -> Arc<AgentRegistry> {
     let registry = Arc::new(AgentRegistry::new(

@@ -311,7 +311,6 @@ impl HubView {
 #[cfg(test)]
 mod tests {
     use argocd_agent_kube::argocd::ObjectMetaExt;
-    use serde_json::json;
 
     use super::super::testing::*;
     use super::*;
@@ -365,27 +364,24 @@ mod tests {
 
     #[tokio::test]
     async fn a_repository_secret_goes_where_the_project_its_data_names_applies() {
-        let (informers, view) = hub_informers(AppMapping::Namespace);
-        let feeds = drive(informers);
         let mut no_project = repository("no-project", "p", "https://git/none");
         no_project["data"]
             .as_object_mut()
             .unwrap()
             .remove("project");
-        feeds
-            .list_all(
-                &view,
-                vec![],
-                vec![project("p", &["team-a"]), project("q", &["team-*"])],
-                vec![
-                    repository("repo-p", "p", "https://git/p"),
-                    repository("repo-q", "q", "https://git/q"),
-                    repository("repo-gone", "missing", "https://git/gone"),
-                    no_project,
-                ],
-                None,
-            )
-            .await;
+        let (view, _feeds) = listed(
+            AppMapping::Namespace,
+            vec![],
+            vec![project("p", &["team-a"]), project("q", &["team-*"])],
+            vec![
+                repository("repo-p", "p", "https://git/p"),
+                repository("repo-q", "q", "https://git/q"),
+                repository("repo-gone", "missing", "https://git/gone"),
+                no_project,
+            ],
+            None,
+        )
+        .await;
         let names = |agent: &str| {
             let mut names: Vec<String> = view
                 .repositories_for(agent)
@@ -405,25 +401,19 @@ mod tests {
 
     #[tokio::test]
     async fn under_destination_mapping_applications_belong_to_the_agent_their_destination_names() {
-        let (informers, view) = hub_informers(AppMapping::Destination);
-        let feeds = drive(informers);
-        let mut skipped = app_to("apps", "skipped", "team-a");
-        skipped["metadata"]["labels"] =
-            json!({"argocd-agent.argoproj-labs.io/ignore-sync": "true"});
-        feeds
-            .list_all(
-                &view,
-                vec![
-                    app_to("apps", "one", "team-a"),
-                    app_to("team-b", "two", "team-a"),
-                    app_to("apps", "three", "team-b"),
-                    skipped,
-                ],
-                vec![],
-                vec![],
-                None,
-            )
-            .await;
+        let (view, _feeds) = listed(
+            AppMapping::Destination,
+            vec![
+                app_to("apps", "one", "team-a"),
+                app_to("team-b", "two", "team-a"),
+                app_to("apps", "three", "team-b"),
+                skip_sync(app_to("apps", "skipped", "team-a")),
+            ],
+            vec![],
+            vec![],
+            None,
+        )
+        .await;
         let mut of_a: Vec<String> = view
             .applications_of("team-a")
             .iter()
@@ -439,16 +429,16 @@ mod tests {
 
     #[tokio::test]
     async fn the_gpg_keys_configmap_is_served_unless_labelled_skip_sync() {
-        let (informers, view) = hub_informers(AppMapping::Namespace);
-        let feeds = drive(informers);
-        feeds
-            .list_all(&view, vec![], vec![], vec![], Some(gpg_keys(&[("k", "v")])))
-            .await;
+        let (view, feeds) = listed(
+            AppMapping::Namespace,
+            vec![],
+            vec![],
+            vec![],
+            Some(gpg_keys(&[("k", "v")])),
+        )
+        .await;
         assert!(view.gpg_keys().is_some());
-        let mut skipped = gpg_keys(&[("k", "v")]);
-        skipped["metadata"]["labels"] =
-            json!({"argocd-agent.argoproj-labs.io/ignore-sync": "true"});
-        feeds.gpg_keys.apply(skipped);
+        feeds.gpg_keys.apply(skip_sync(gpg_keys(&[("k", "v")])));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while view.gpg_keys().is_some() {
             assert!(std::time::Instant::now() < deadline, "still served");
