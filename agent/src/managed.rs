@@ -350,9 +350,9 @@ impl ManagedSync {
 
     /// The namespace a request about spoke object `obj` of `kind` names (the hub's, see
     /// [`AppPlacement::hub_namespace_of`]).
-    fn request_namespace(&self, kind: SyncedKind, obj: &serde_json::Value) -> String {
+    fn request_namespace(&self, kind: SyncedKind, obj: &SpokeObject) -> String {
         match kind {
-            SyncedKind::Application => self.placement.hub_namespace_of(obj),
+            SyncedKind::Application => self.placement.hub_namespace_of(&obj.metadata),
             _ => self.settings.namespace.clone(),
         }
     }
@@ -799,7 +799,7 @@ impl ManagedSync {
                 };
                 let req = RequestUpdate {
                     name: obj.name_str().to_string(),
-                    namespace: self.request_namespace(kind, &json),
+                    namespace: self.request_namespace(kind, &obj),
                     uid: uid.to_string(),
                     kind: kind.resync_kind().to_string(),
                     checksum,
