@@ -874,10 +874,22 @@ mod tests {
         }
 
         async fn fixture(apps: Vec<Value>, projects: Vec<Value>) -> Fixture {
+            fixture_allowing(vec![], apps, projects).await
+        }
+
+        /// [`fixture`] with `--allowed-namespaces` `allowed`.
+        async fn fixture_allowing(
+            allowed: Vec<String>,
+            apps: Vec<Value>,
+            projects: Vec<Value>,
+        ) -> Fixture {
             let registry = registry(&[("auto", AgentMode::Autonomous)]);
             let (view, feeds) = listed(AppMapping::Namespace, apps, projects, vec![], None).await;
             let metrics = MetricsRegistry::empty();
-            let options = MirrorOptions::default();
+            let options = MirrorOptions {
+                allowed_namespaces: allowed,
+                ..MirrorOptions::default()
+            };
             options.collisions.register(&metrics);
             let mirrors = Mirrors::new(
                 offline_client(),
@@ -1093,6 +1105,80 @@ mod tests {
                 text.lines()
                     .any(|l| l == "argocd_principal_mirror_collisions_total{agent_name=\"auto\"} 1"),
                 "{text}"
+            );
+        }
+
+        /// What agent `agent` sends for its spoke object `name`.
+        fn spoke<K: Mirrored>(name: &str) -> K {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "argocd",
+                "uid": format!("spoke-{name}")}, "spec": {}}))
+            .unwrap()
+        }
+
+        fn rejected(r: Result<(), HandleError>, reason: &str) {
+            assert!(
+                matches!(&r, Err(HandleError::Rejected(m)) if m.contains(reason)),
+                "{r:?}"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_mirror_write_onto_a_name_that_is_not_the_agents_is_refused_before_any_request() {
+            // Made on the hub in the agent's namespace; agent `team-b`'s mirror of its project
+            // `x`, whose hub name agent `team`'s project `b-x` would take too.
+            let f = fixture(
+                vec![app("auto", "hub-made", "v1")],
+                vec![project_mirror("team-b", "x", "team-b", "00")],
+            )
+            .await;
+            // (The client reaches no apiserver: a request would fail as retryable, not refused.)
+            rejected(
+                f.mirrors
+                    .upsert_mirror("auto", &spoke::<Application>("hub-made"))
+                    .await,
+                "not this agent's mirror",
+            );
+            rejected(
+                f.mirrors
+                    .upsert_mirror("team", &spoke::<AppProject>("b-x"))
+                    .await,
+                "not this agent's mirror",
+            );
+            rejected(
+                f.mirrors
+                    .upsert_mirror("auto", &spoke::<Application>(""))
+                    .await,
+                "no metadata.name",
+            );
+            let text = f.collisions.encode().unwrap();
+            for agent in ["auto", "team"] {
+                let line =
+                    format!("argocd_principal_mirror_collisions_total{{agent_name=\"{agent}\"}} 1");
+                assert!(text.lines().any(|l| l == line), "{text}");
+            }
+            // Nothing refused is remembered (so never restored over the hub's object).
+            assert!(read(&f.mirrors.app_mirrors).is_empty());
+            assert!(read(&f.mirrors.project_mirrors).is_empty());
+        }
+
+        #[tokio::test]
+        async fn an_application_mirror_outside_the_allowed_namespaces_is_refused_naming_the_flag() {
+            let f = fixture_allowing(vec!["edge-*".into()], vec![], vec![]).await;
+            rejected(
+                f.mirrors
+                    .upsert_mirror("auto", &spoke::<Application>("guestbook"))
+                    .await,
+                "--allowed-namespaces",
+            );
+            // A positive control: an allowed namespace gets past the check to the write, which
+            // here has no apiserver to reach and so fails as retryable.
+            let allowed = f
+                .mirrors
+                .upsert_mirror("edge-1", &spoke::<Application>("guestbook"))
+                .await;
+            assert!(
+                matches!(allowed, Err(HandleError::Retryable(_))),
+                "{allowed:?}"
             );
         }
     }
