@@ -16,8 +16,9 @@ use serde::Serialize;
 use serde_json::Value;
 use wildmatch::WildMatch;
 
-/// Annotation upstream strips from every copy.
-pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub use argocd_agent_proto::event::{
+    HYDRATE_ANNOTATION, LAST_APPLIED_ANNOTATION, REFRESH_ANNOTATION,
+};
 
 /// Events a change of a hub Application (in a managed agent's namespace) produces, in order.
 pub fn application_change_events(old: Option<&Application>, new: &Application) -> Vec<EventType> {
@@ -61,9 +62,6 @@ pub fn operation_already_started(app: &Application) -> bool {
     }
 }
 
-/// Annotation asking Argo CD to hydrate (argocd-server sets it with every refresh request).
-pub const HYDRATE_ANNOTATION: &str = "argocd.argoproj.io/hydrate";
-
 /// The requests on hub Application `hub_app` (refresh, hydrate) that a managed agent's
 /// status-update `spoke` shows carried out: the hub copy asks and the spoke copy no longer does
 /// (Argo CD's controller removes the refresh annotation in the same write as the refreshed
@@ -100,7 +98,7 @@ pub fn without_bookkeeping<K: kube::Resource + Clone>(obj: &K) -> K {
 fn strip_metadata(meta: &mut ObjectMeta) {
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
+        annotations.remove(LAST_APPLIED_ANNOTATION);
     }
 }
 
@@ -191,9 +189,6 @@ pub fn repository_payload(secret: &Secret) -> Secret {
     without_bookkeeping(secret)
 }
 
-/// Annotation asking Argo CD for a refresh (a hub request that flows to the spoke).
-pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
-
 fn mirror_metadata<K: kube::Resource + Serialize>(
     spoke: &K,
     agent: &str,
@@ -206,7 +201,7 @@ fn mirror_metadata<K: kube::Resource + Serialize>(
     };
     let spoke_json = serde_json::to_value(spoke).unwrap_or(Value::Null);
     let mut annotations = spoke.meta().annotations.clone().unwrap_or_default();
-    annotations.remove(LAST_APPLIED);
+    annotations.remove(LAST_APPLIED_ANNOTATION);
     annotations.insert(SOURCE_UID_ANNOTATION.into(), spoke.uid_str().into());
     annotations.insert(MIRROR_AGENT_ANNOTATION.into(), agent.into());
     annotations.insert(
@@ -311,7 +306,7 @@ pub fn mirror_project(spoke: &AppProject, agent: &str, principal_namespace: &str
 pub fn mirror_view<K: MirrorObject>(obj: &K) -> K {
     let meta = obj.meta();
     let mut annotations = meta.annotations.clone().unwrap_or_default();
-    annotations.remove(LAST_APPLIED);
+    annotations.remove(LAST_APPLIED_ANNOTATION);
     annotations.remove(REFRESH_ANNOTATION);
     let metadata = ObjectMeta {
         labels: meta.labels.clone().filter(|l| !l.is_empty()),
@@ -489,7 +484,7 @@ mod tests {
         a.status = serde_json::from_value(json!({"x": 1})).unwrap();
         a.operation = Some(json!({"sync": {}}));
         a.metadata.managed_fields = Some(Vec::new());
-        a.metadata.annotations = annotations(&[(LAST_APPLIED, "{}"), ("keep", "me")]);
+        a.metadata.annotations = annotations(&[(LAST_APPLIED_ANNOTATION, "{}"), ("keep", "me")]);
         let p = application_payload(&a, false);
         assert!(p.status.is_none() && p.operation.is_none());
         assert!(p.metadata.managed_fields.is_none());
@@ -603,7 +598,7 @@ mod tests {
     fn a_repository_payload_drops_managed_fields_and_last_applied_only() {
         let secret: Secret = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "repo", "managedFields": [{}],
-                         "annotations": {LAST_APPLIED: "{}", "keep": "me"}},
+                         "annotations": {LAST_APPLIED_ANNOTATION: "{}", "keep": "me"}},
             "type": "Opaque",
             "data": {"project": "dGVhbS1h", "url": "eA=="}
         }))

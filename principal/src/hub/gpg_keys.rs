@@ -65,7 +65,7 @@ mod tests {
     fn the_payload_keeps_the_keys_and_drops_bookkeeping() {
         let cm = configmap(json!({"metadata": {"name": GPG_KEYS_CONFIGMAP, "uid": "u",
             "managedFields": [{"manager": "kubectl"}],
-            "annotations": {crate::routing::LAST_APPLIED: "{}", "team": "a"}},
+            "annotations": {crate::routing::LAST_APPLIED_ANNOTATION: "{}", "team": "a"}},
             "data": {"4AEE18F83AFDEB23": "-----BEGIN PGP PUBLIC KEY BLOCK-----"}}));
         let payload = payload(&cm);
         assert_eq!(payload.data, cm.data);

@@ -487,7 +487,8 @@ mod tests {
         let mut v = repository("r1", "p", "https://git/one");
         v["type"] = json!("Opaque");
         v["metadata"]["managedFields"] = json!([{"manager": "kubectl"}]);
-        v["metadata"]["annotations"] = json!({crate::routing::LAST_APPLIED: "{}", "team": "a"});
+        v["metadata"]["annotations"] =
+            json!({crate::routing::LAST_APPLIED_ANNOTATION: "{}", "team": "a"});
         router.repository_changed(None, Some(&typed(v.clone())));
         let events = drained_events(&registry.get("team-a").unwrap());
         assert_eq!(events.len(), 1);
