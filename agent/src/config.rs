@@ -13,7 +13,9 @@ use std::time::Duration;
 use argocd_agent_kube::secret_files::{self, SecretContent, SecretFile};
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, check_host_name, AgentMode, HostPort};
-use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs, TlsPolicyArgs};
+use argocd_agent_runtime::process_args::{
+    GrpcMessageArgs, OpsAddressArgs, ProcessArgs, RedisCredentialArgs, TlsPolicyArgs,
+};
 use argocd_agent_runtime::telemetry::LogFormat;
 use argocd_agent_runtime::tls::TlsPolicy;
 use clap::builder::BoolishValueParser;
@@ -35,10 +37,6 @@ pub const UPSTREAM_ROOT_CA_SECRET_ENV: &str = "ARGOCD_AGENT_TLS_ROOT_CA_SECRET_N
 
 /// Default `--root-ca-secret-name` (upstream's).
 pub const DEFAULT_CA_SECRET_NAME: &str = "argocd-agent-ca";
-
-/// Default `--grpc-max-message-size`: 16 MiB (upstream: 200 MB). Must be at least as large as
-/// the largest message the principal sends; raise both together if "message too large" appears.
-pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = binary_config::DEFAULT_GRPC_MAX_MESSAGE_SIZE;
 
 /// The env var that mirrors `--<flag>`.
 pub fn env_var_for(flag: &str) -> String {
@@ -89,6 +87,7 @@ pub enum AdoptionPolicy {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "argocd-agent", version, about, long_about = None, args_override_self = true)]
 #[command(mut_args = FLAGS.mirror_env())]
+#[command(mut_args = OpsAddressArgs::defaults("0.0.0.0:8181", "0.0.0.0:8001"))]
 pub struct AgentArgs {
     /// The principal's gRPC endpoint.
     #[arg(long, env = "ARGOCD_AGENT_SERVER_ADDRESS", value_name = "HOST:PORT")]
@@ -212,23 +211,9 @@ pub struct AgentArgs {
     )]
     pub queue_dir: PathBuf,
 
-    /// Address `/metrics` is served on.
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_METRICS_ADDRESS",
-        default_value = "0.0.0.0:8181",
-        value_name = "IP:PORT"
-    )]
-    pub metrics_address: SocketAddr,
-
-    /// Address `/healthz` and `/readyz` are served on (may equal --metrics-address).
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_HEALTH_ADDRESS",
-        default_value = "0.0.0.0:8001",
-        value_name = "IP:PORT"
-    )]
-    pub health_address: SocketAddr,
+    /// Where metrics and health are served.
+    #[command(flatten)]
+    pub ops: OpsAddressArgs,
 
     /// Interval of HTTP/2 keepalive pings to the principal (0 = off).
     #[arg(
@@ -270,15 +255,9 @@ pub struct AgentArgs {
     )]
     pub reconnect_backoff_max: Duration,
 
-    /// Largest gRPC message sent or received, in bytes (units such as 16MiB or 200MB accepted).
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_GRPC_MAX_MESSAGE_SIZE",
-        default_value = DEFAULT_GRPC_MAX_MESSAGE_SIZE,
-        value_name = "BYTES",
-        value_parser = flags::parse_byte_size
-    )]
-    pub grpc_max_message_size: usize,
+    /// The gRPC message size limit.
+    #[command(flatten)]
+    pub grpc: GrpcMessageArgs,
 
     /// Answer the principal's resource proxy requests (live resources for the hub's Argo CD UI).
     #[arg(long, env = "ARGOCD_AGENT_ENABLE_RESOURCE_PROXY", default_value_t = true,
@@ -744,15 +723,8 @@ impl AgentArgs {
         check_queue_dir(&self.queue_dir)?;
 
         // Metrics and health may share one address (one server then serves both).
-        if self.metrics_address != self.health_address {
-            FLAGS.listeners_distinct(
-                &[
-                    ("metrics-address", self.metrics_address),
-                    ("health-address", self.health_address),
-                ],
-                "use one address for both or two ports",
-            )?;
-        }
+        self.ops
+            .check(&FLAGS, "use one address for both or two ports")?;
 
         let keepalive = match FLAGS.optional_interval(
             "keepalive-interval",
@@ -784,7 +756,7 @@ impl AgentArgs {
                 "must be at least 1s so a down principal is not hammered (default 60s)",
             ));
         }
-        let grpc_max_message_size = FLAGS.grpc_max_message_size(self.grpc_max_message_size)?;
+        let grpc_max_message_size = self.grpc.check(&FLAGS)?;
         let resync_interval = FLAGS.optional_interval(
             "resync-interval",
             self.resync_interval,
@@ -817,8 +789,8 @@ impl AgentArgs {
             redis_credentials,
             redis_tls,
             queue_dir: self.queue_dir,
-            metrics_address: self.metrics_address,
-            health_address: self.health_address,
+            metrics_address: self.ops.metrics_address,
+            health_address: self.ops.health_address,
             keepalive,
             heartbeat_interval,
             reconnect_backoff_max: self.reconnect_backoff_max,

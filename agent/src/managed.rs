@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
+use argocd_agent_kube::repository::REPOSITORY_SELECTOR;
 use argocd_agent_kube::skip_sync::without_skip_sync;
 use argocd_agent_proto::event::{
     set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
@@ -71,9 +72,6 @@ use crate::spoke_watch::{SpokeInformers, SpokeObserver};
 
 /// Field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "argocd-agent";
-
-/// The Secrets a managed agent keeps for the hub: Argo CD repositories and repository credentials.
-pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
 
 /// What managed mode needs from the configuration.
 #[derive(Debug, Clone, Default)]
@@ -352,9 +350,9 @@ impl ManagedSync {
 
     /// The namespace a request about spoke object `obj` of `kind` names (the hub's, see
     /// [`AppPlacement::hub_namespace_of`]).
-    fn request_namespace(&self, kind: SyncedKind, obj: &serde_json::Value) -> String {
+    fn request_namespace(&self, kind: SyncedKind, obj: &SpokeObject) -> String {
         match kind {
-            SyncedKind::Application => self.placement.hub_namespace_of(obj),
+            SyncedKind::Application => self.placement.hub_namespace_of(&obj.metadata),
             _ => self.settings.namespace.clone(),
         }
     }
@@ -801,7 +799,7 @@ impl ManagedSync {
                 };
                 let req = RequestUpdate {
                     name: obj.name_str().to_string(),
-                    namespace: self.request_namespace(kind, &json),
+                    namespace: self.request_namespace(kind, &obj),
                     uid: uid.to_string(),
                     kind: kind.resync_kind().to_string(),
                     checksum,

@@ -17,7 +17,6 @@ use argocd_agent_kube::errors::{handle_error, is_conflict};
 use argocd_agent_proto::sync::HandleError;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
-use serde_json::Value;
 use tracing::info;
 use wildmatch::WildMatch;
 
@@ -165,21 +164,20 @@ impl AppPlacement {
     /// The hub namespace that spoke Application `live` stands for, as the agent's events name it:
     /// the agent's namespace under namespace mapping (upstream's), else its own namespace, or the
     /// principal's when it was remapped.
-    pub fn hub_namespace_of(&self, live: &Value) -> String {
+    pub fn hub_namespace_of(&self, live: &ObjectMeta) -> String {
         if !self.destination_mapping {
             return self.agent_namespace.clone();
         }
         let remapped = live
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(NAMESPACE_REMAPPED_ANNOTATION))
-            .is_some();
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(NAMESPACE_REMAPPED_ANNOTATION));
         if remapped {
             return self.principal_namespace.get();
         }
-        live.pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or(&self.agent_namespace)
-            .to_string()
+        live.namespace
+            .clone()
+            .unwrap_or_else(|| self.agent_namespace.clone())
     }
 
     /// Makes sure spoke namespace `namespace` exists before an Application is written into it:
@@ -240,7 +238,20 @@ impl AppPlacement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+
+    /// Metadata of a spoke object in `namespace` with `annotations`.
+    fn meta(namespace: &str, annotations: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some(namespace.to_string()),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        }
+    }
 
     fn destination(allowed: &[&str], principal: &str) -> AppPlacement {
         AppPlacement::destination_for_tests("agent-ns", allowed, principal)
@@ -250,10 +261,7 @@ mod tests {
     fn namespace_mapping_keeps_everything_in_the_agent_namespace() {
         let p = AppPlacement::namespaced("agent-ns");
         assert_eq!(p.place("team-a").unwrap().namespace, "agent-ns");
-        assert_eq!(
-            p.hub_namespace_of(&json!({"metadata": {"namespace": "agent-ns"}})),
-            "agent-ns"
-        );
+        assert_eq!(p.hub_namespace_of(&meta("agent-ns", &[])), "agent-ns");
         assert!(!p.admits("team-a"));
     }
 
@@ -287,11 +295,9 @@ mod tests {
                 remapped: true
             }
         );
-        let live = json!({"metadata": {"namespace": "agent-ns",
-            "annotations": {NAMESPACE_REMAPPED_ANNOTATION: "true"}}});
+        let live = meta("agent-ns", &[(NAMESPACE_REMAPPED_ANNOTATION, "true")]);
         assert_eq!(p.hub_namespace_of(&live), "argocd");
-        let kept = json!({"metadata": {"namespace": "team-a"}});
-        assert_eq!(p.hub_namespace_of(&kept), "team-a");
+        assert_eq!(p.hub_namespace_of(&meta("team-a", &[])), "team-a");
         // Agent and principal share a namespace: nothing to move.
         let same = destination(&[], "agent-ns");
         assert!(!same.place("agent-ns").unwrap().remapped);

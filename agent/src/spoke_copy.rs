@@ -27,14 +27,9 @@ use kube::core::{ApiResource, DynamicResourceScope, GroupVersionKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Annotation `kubectl apply` leaves behind; never copied and never a reason to revert.
-pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
-/// Annotation that asks Argo CD for a refresh; the spoke's application controller removes it once
-/// done, which must not count as drift (or the agent would re-add it and refresh forever).
-pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
-/// Annotation that asks Argo CD to hydrate (argocd-server sets it with every refresh); the spoke's
-/// controller may drop it, which is no drift either.
-pub const HYDRATE_ANNOTATION: &str = "argocd.argoproj.io/hydrate";
+pub use argocd_agent_proto::event::{
+    HYDRATE_ANNOTATION, LAST_APPLIED_ANNOTATION, REFRESH_ANNOTATION,
+};
 /// Destination cluster name every spoke Application points at: the spoke's own cluster.
 pub const IN_CLUSTER: &str = "in-cluster";
 

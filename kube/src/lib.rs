@@ -8,7 +8,8 @@
 //! that keep one store per watched kind and call add/update/delete handlers ([`informer`]), an
 //! informer's changes handed on as watcher events to `Controller`s of the same process
 //! ([`fanout`]), the
-//! Argo CD resource kinds ([`resources`]), Lease-based leader election ([`lease`]) and TLS material
+//! Argo CD resource kinds ([`resources`]), Argo CD's repository Secrets typed ([`repository`]),
+//! Lease-based leader election ([`lease`]) and TLS material
 //! read from Secrets into files ([`secret_files`]). Stopping is
 //! a `tokio_util::sync::CancellationToken` throughout.
 
@@ -20,6 +21,7 @@ pub mod exec_channels;
 pub mod fanout;
 pub mod informer;
 pub mod lease;
+pub mod repository;
 pub mod resources;
 pub mod secret_files;
 pub mod skip_sync;

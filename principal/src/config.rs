@@ -14,7 +14,9 @@ use argocd_agent_kube::secret_files::{self, SecretContent, SecretFile};
 use argocd_agent_proto::identity::{HeaderIdentity, IdentityPattern, IdentitySource};
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, AgentMode, HostPort};
-use argocd_agent_runtime::process_args::{ProcessArgs, RedisCredentialArgs, TlsPolicyArgs};
+use argocd_agent_runtime::process_args::{
+    GrpcMessageArgs, OpsAddressArgs, ProcessArgs, RedisCredentialArgs, TlsPolicyArgs,
+};
 use argocd_agent_runtime::telemetry::LogFormat;
 use argocd_agent_runtime::tls::TlsPolicy;
 use clap::builder::BoolishValueParser;
@@ -30,11 +32,6 @@ pub const ENV_PREFIX: &str = "ARGOCD_PRINCIPAL_";
 
 /// The principal's flags and the env vars mirroring them.
 const FLAGS: FlagEnv = FlagEnv::new(ENV_PREFIX);
-
-/// Default `--grpc-max-message-size`: 16 MiB. Upstream defaults to 200 MB; 16 MiB bounds the
-/// memory one misbehaving agent can make the principal allocate per message while leaving ample
-/// room for large Applications. Raise it if agents report "message too large".
-pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = binary_config::DEFAULT_GRPC_MAX_MESSAGE_SIZE;
 
 /// Upstream's env var for `--tls-ca-secret-name`, read when ours is not set.
 pub const UPSTREAM_TLS_CA_SECRET_ENV: &str = "ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_SECRET_NAME";
@@ -54,6 +51,7 @@ pub fn env_var_for(flag: &str) -> String {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "argocd-principal", version, about, long_about = None, args_override_self = true)]
 #[command(mut_args = FLAGS.mirror_env())]
+#[command(mut_args = OpsAddressArgs::defaults("0.0.0.0:8000", "0.0.0.0:8003"))]
 pub struct PrincipalArgs {
     /// Address the agent-facing gRPC (mTLS) server listens on.
     #[arg(
@@ -371,23 +369,9 @@ pub struct PrincipalArgs {
     )]
     pub redis_proxy_max_subscriptions_per_connection: usize,
 
-    /// Address `/metrics` is served on.
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_METRICS_ADDRESS",
-        default_value = "0.0.0.0:8000",
-        value_name = "IP:PORT"
-    )]
-    pub metrics_address: SocketAddr,
-
-    /// Address `/healthz` and `/readyz` are served on (may equal --metrics-address).
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_HEALTH_ADDRESS",
-        default_value = "0.0.0.0:8003",
-        value_name = "IP:PORT"
-    )]
-    pub health_address: SocketAddr,
+    /// Where metrics and health are served.
+    #[command(flatten)]
+    pub ops: OpsAddressArgs,
 
     /// Run the embedded GitOpsCluster operator.
     #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_OPERATOR", default_value_t = true,
@@ -399,15 +383,9 @@ pub struct PrincipalArgs {
     #[command(flatten)]
     pub operator: argocd_agent_operator::gitops::OperatorFlags,
 
-    /// Largest gRPC message sent or received, in bytes (units such as 16MiB or 200MB accepted).
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_GRPC_MAX_MESSAGE_SIZE",
-        default_value = DEFAULT_GRPC_MAX_MESSAGE_SIZE,
-        value_name = "BYTES",
-        value_parser = flags::parse_byte_size
-    )]
-    pub grpc_max_message_size: usize,
+    /// The gRPC message size limit.
+    #[command(flatten)]
+    pub grpc: GrpcMessageArgs,
 
     /// gRPC connections one agent (one client certificate identity) may hold open at once; the
     /// next one gets HTTP/2 GOAWAY `ENHANCE_YOUR_CALM` naming this flag and is closed [at least 1].
@@ -935,24 +913,18 @@ impl PrincipalArgs {
         if let Some(addr) = redis_proxy_address {
             listeners.push(("redis-proxy-address", addr));
         }
-        listeners.push(("metrics-address", self.metrics_address));
+        listeners.push(("metrics-address", self.ops.metrics_address));
         FLAGS.listeners_distinct(&listeners, LISTENER_REMEDY)?;
         // Metrics and health may share one address (one server then serves both).
-        if self.health_address != self.metrics_address {
+        if self.ops.health_address != self.ops.metrics_address {
             listeners.pop();
-            listeners.push(("health-address", self.health_address));
+            listeners.push(("health-address", self.ops.health_address));
             FLAGS.listeners_distinct(&listeners, LISTENER_REMEDY)?;
-            FLAGS.listeners_distinct(
-                &[
-                    ("metrics-address", self.metrics_address),
-                    ("health-address", self.health_address),
-                ],
-                LISTENER_REMEDY,
-            )?;
         }
+        self.ops.check(&FLAGS, LISTENER_REMEDY)?;
 
         let process = self.process.check(&FLAGS)?;
-        let grpc_max_message_size = FLAGS.grpc_max_message_size(self.grpc_max_message_size)?;
+        let grpc_max_message_size = self.grpc.check(&FLAGS)?;
 
         let keepalive_min_interval =
             (!self.keepalive_min_interval.is_zero()).then_some(self.keepalive_min_interval);
@@ -1021,8 +993,8 @@ impl PrincipalArgs {
             redis_proxy_max_subscriptions_per_connection: self
                 .redis_proxy_max_subscriptions_per_connection,
             max_connections_per_agent: self.max_connections_per_agent,
-            metrics_address: self.metrics_address,
-            health_address: self.health_address,
+            metrics_address: self.ops.metrics_address,
+            health_address: self.ops.health_address,
             kube: process.kube,
             enable_operator: self.enable_operator,
             operator: self.operator.validate(&FLAGS)?,

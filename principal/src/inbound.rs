@@ -40,8 +40,7 @@ use serde_json::{json, Value};
 use argocd_agent_kube::errors::handle_error;
 
 use crate::hub::{
-    queue, request_object, request_object_in, to_value, uid_of, AppMapping, Hub, MirrorKind,
-    Mirrored,
+    queue, request_object, request_object_in, to_value, AppMapping, Hub, MirrorKind, Mirrored,
 };
 use crate::routing::{
     application_payload, operation_already_started, repository_payload, requests_carried_out,
@@ -89,13 +88,6 @@ impl StatusWrites {
     fn wrote(&self, name: &str, status: u64) {
         self.lock().insert(name.to_string(), status);
     }
-}
-
-/// Whether a repository Secret (as JSON) is being deleted.
-fn secret_terminating(secret: &Value) -> bool {
-    secret
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|t| !t.is_null())
 }
 
 fn required_name<K: kube::Resource>(obj: &K) -> Result<&str, HandleError> {
@@ -311,11 +303,11 @@ impl AgentInbound {
             // `Secret`: our agents before upstream's `Repository`.
             REPOSITORY_RESYNC_KIND | "Secret" => {
                 let obj = self.hub.repository_for(self.agent(), &req.name);
-                let payload = obj.as_ref().map(repository_payload);
-                let terminating = obj.as_ref().is_some_and(secret_terminating);
+                let payload = obj.as_deref().map(|s| to_value(&repository_payload(s)));
+                let terminating = obj.as_ref().is_some_and(|s| s.is_terminating());
                 (
                     Target::Repository,
-                    obj.as_ref().map(uid_of),
+                    obj.as_ref().map(|s| s.uid_str().to_string()),
                     payload,
                     terminating,
                 )

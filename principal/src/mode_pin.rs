@@ -401,7 +401,7 @@ mod tests {
         Informer<ConfigMap>,
         Informer<PartialObjectMeta<Secret>>,
     ) {
-        let client = crate::hub::view::testing::offline_client();
+        let client = crate::hub::testing::offline_client();
         let cms = Informer::new(
             "test ConfigMap",
             Api::<ConfigMap>::namespaced(client.clone(), "argocd"),

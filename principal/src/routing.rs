@@ -1,6 +1,7 @@
 //! Pure decisions of hub-side sync, kept free of I/O so each is unit-tested: which events a change of
-//! a hub Application produces, which agents an AppProject applies to, which AppProject a repository
-//! Secret belongs to ([`repository_project`]), and the copy of an object that an agent receives; for autonomous agents, the hub mirror of a spoke object
+//! a hub Application produces, which agents an AppProject applies to, and the copy of an object
+//! that an agent receives ([`without_bookkeeping`], [`repository_payload`], ...); for autonomous
+//! agents, the hub mirror of a spoke object
 //! ([`mirror_application`], [`mirror_project`]) and the view of a mirror that hub edits may not
 //! change ([`mirror_view`]); which hub namespaces are served ([`namespace_allowed`]) and the label
 //! selector of each hub watch ([`combined_selector`]).
@@ -9,13 +10,15 @@ use argocd_agent_kube::argocd::{
     type_meta, AppProject, Application, ApplicationDestination, ObjectMetaExt,
 };
 use argocd_agent_proto::event::EventType;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use serde_json::Value;
 use wildmatch::WildMatch;
 
-/// Annotation upstream strips from every copy.
-pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub use argocd_agent_proto::event::{
+    HYDRATE_ANNOTATION, LAST_APPLIED_ANNOTATION, REFRESH_ANNOTATION,
+};
 
 /// Events a change of a hub Application (in a managed agent's namespace) produces, in order.
 pub fn application_change_events(old: Option<&Application>, new: &Application) -> Vec<EventType> {
@@ -59,9 +62,6 @@ pub fn operation_already_started(app: &Application) -> bool {
     }
 }
 
-/// Annotation asking Argo CD to hydrate (argocd-server sets it with every refresh request).
-pub const HYDRATE_ANNOTATION: &str = "argocd.argoproj.io/hydrate";
-
 /// The requests on hub Application `hub_app` (refresh, hydrate) that a managed agent's
 /// status-update `spoke` shows carried out: the hub copy asks and the spoke copy no longer does
 /// (Argo CD's controller removes the refresh annotation in the same write as the refreshed
@@ -86,11 +86,19 @@ pub fn application_payload(app: &Application, with_operation: bool) -> Applicati
     out
 }
 
+/// `obj` without what upstream strips from every copy it sends: managed fields and kubectl's
+/// last-applied copy.
+pub fn without_bookkeeping<K: kube::Resource + Clone>(obj: &K) -> K {
+    let mut out = obj.clone();
+    strip_metadata(out.meta_mut());
+    out
+}
+
 /// Removes what upstream strips from every copy: managed fields and kubectl's last-applied copy.
 fn strip_metadata(meta: &mut ObjectMeta) {
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
+        annotations.remove(LAST_APPLIED_ANNOTATION);
     }
 }
 
@@ -176,37 +184,10 @@ pub fn project_for_agent(project: &AppProject, agent: &str) -> AppProject {
     copy
 }
 
-/// The AppProject a repository or repo-creds Secret belongs to: its base64 `data.project`.
-/// `None` when absent or not valid base64 UTF-8 (such a Secret goes to no agent).
-pub fn repository_project(secret: &Value) -> Option<String> {
-    use base64::Engine;
-    let encoded = secret.pointer("/data/project").and_then(Value::as_str)?;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .ok()?;
-    String::from_utf8(bytes).ok().filter(|p| !p.is_empty())
-}
-
-/// Whether repository Secret `secret` goes to `agent`, given `project`, the hub AppProject its
-/// `data.project` names (if it exists).
-pub fn repository_routes_to(secret: &Value, project: Option<&AppProject>, agent: &str) -> bool {
-    repository_project(secret).is_some() && project.is_some_and(|p| project_matches_agent(p, agent))
-}
-
 /// The payload of a repository event: the Secret without managed fields and last-applied.
-pub fn repository_payload(secret: &Value) -> Value {
-    let mut out = secret.clone();
-    if let Some(meta) = out.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("managedFields");
-        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            ann.remove(LAST_APPLIED);
-        }
-    }
-    out
+pub fn repository_payload(secret: &Secret) -> Secret {
+    without_bookkeeping(secret)
 }
-
-/// Annotation asking Argo CD for a refresh (a hub request that flows to the spoke).
-pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
 
 fn mirror_metadata<K: kube::Resource + Serialize>(
     spoke: &K,
@@ -220,7 +201,7 @@ fn mirror_metadata<K: kube::Resource + Serialize>(
     };
     let spoke_json = serde_json::to_value(spoke).unwrap_or(Value::Null);
     let mut annotations = spoke.meta().annotations.clone().unwrap_or_default();
-    annotations.remove(LAST_APPLIED);
+    annotations.remove(LAST_APPLIED_ANNOTATION);
     annotations.insert(SOURCE_UID_ANNOTATION.into(), spoke.uid_str().into());
     annotations.insert(MIRROR_AGENT_ANNOTATION.into(), agent.into());
     annotations.insert(
@@ -325,7 +306,7 @@ pub fn mirror_project(spoke: &AppProject, agent: &str, principal_namespace: &str
 pub fn mirror_view<K: MirrorObject>(obj: &K) -> K {
     let meta = obj.meta();
     let mut annotations = meta.annotations.clone().unwrap_or_default();
-    annotations.remove(LAST_APPLIED);
+    annotations.remove(LAST_APPLIED_ANNOTATION);
     annotations.remove(REFRESH_ANNOTATION);
     let metadata = ObjectMeta {
         labels: meta.labels.clone().filter(|l| !l.is_empty()),
@@ -503,7 +484,7 @@ mod tests {
         a.status = serde_json::from_value(json!({"x": 1})).unwrap();
         a.operation = Some(json!({"sync": {}}));
         a.metadata.managed_fields = Some(Vec::new());
-        a.metadata.annotations = annotations(&[(LAST_APPLIED, "{}"), ("keep", "me")]);
+        a.metadata.annotations = annotations(&[(LAST_APPLIED_ANNOTATION, "{}"), ("keep", "me")]);
         let p = application_payload(&a, false);
         assert!(p.status.is_none() && p.operation.is_none());
         assert!(p.metadata.managed_fields.is_none());
@@ -614,27 +595,21 @@ mod tests {
     }
 
     #[test]
-    fn repository_secret_follows_the_project_its_data_names() {
-        let secret = serde_json::json!({
+    fn a_repository_payload_drops_managed_fields_and_last_applied_only() {
+        let secret: Secret = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "repo", "managedFields": [{}],
-                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+                         "annotations": {LAST_APPLIED_ANNOTATION: "{}", "keep": "me"}},
+            "type": "Opaque",
             "data": {"project": "dGVhbS1h", "url": "eA=="}
-        });
-        assert_eq!(repository_project(&secret).as_deref(), Some("team-a"));
-        let project = project(serde_json::json!({"spec": {"destinations": [{"name": "agent-1"}]}}));
-        assert!(repository_routes_to(&secret, Some(&project), "agent-1"));
-        assert!(!repository_routes_to(&secret, Some(&project), "agent-2"));
-        assert!(!repository_routes_to(&secret, None, "agent-1"));
-        let no_project = serde_json::json!({"data": {"url": "eA=="}});
-        assert!(!repository_routes_to(
-            &no_project,
-            Some(&project),
-            "agent-1"
-        ));
-        let garbage = serde_json::json!({"data": {"project": "!!"}});
-        assert_eq!(repository_project(&garbage), None);
+        }))
+        .unwrap();
         let payload = repository_payload(&secret);
-        assert!(payload.pointer("/metadata/managedFields").is_none());
-        assert_eq!(payload["data"], secret["data"]);
+        assert!(payload.metadata.managed_fields.is_none());
+        assert_eq!(
+            payload.metadata.annotations,
+            Some([("keep".to_string(), "me".to_string())].into())
+        );
+        assert_eq!(payload.data, secret.data);
+        assert_eq!(payload.type_, secret.type_);
     }
 }

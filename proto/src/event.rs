@@ -32,8 +32,8 @@ use serde::Serialize;
 pub use self::kind::{EventType, Target, TYPE_PREFIX};
 pub use self::resync::{
     data_checksum, set_checksum, spec_checksum, ChecksumError, ResourceKey, GPG_KEYS_CONFIGMAP,
-    GPG_KEY_RESYNC_KIND, MISMATCH_POLICY_ANNOTATION, PRINCIPAL_UID_ANNOTATION,
-    REPOSITORY_RESYNC_KIND, SOURCE_UID_ANNOTATION,
+    GPG_KEY_RESYNC_KIND, HYDRATE_ANNOTATION, LAST_APPLIED_ANNOTATION, MISMATCH_POLICY_ANNOTATION,
+    PRINCIPAL_UID_ANNOTATION, REFRESH_ANNOTATION, REPOSITORY_RESYNC_KIND, SOURCE_UID_ANNOTATION,
 };
 use crate::payload::{
     ClusterCacheInfo, ContainerLogRequest, ContainerTerminalRequest, ErrorData, RedisRequest,

@@ -19,7 +19,9 @@ use crate::flags::{
 use crate::telemetry::parse_log_filter;
 
 /// Default `--grpc-max-message-size` of both binaries: 16 MiB (upstream: 200 MB). Both sides use
-/// the same value so neither sends a message the other refuses.
+/// the same value so neither sends a message the other refuses; on the principal it bounds the
+/// memory one misbehaving agent can make it allocate per message while leaving ample room for
+/// large Applications. Raise it on both if "message too large" appears.
 pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: &str = "16MiB";
 
 /// Smallest accepted `--grpc-max-message-size`, in bytes.

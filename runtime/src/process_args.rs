@@ -4,13 +4,18 @@
 //! `--log-level` / `--log-format`; where to export traces: `--otlp-address`),
 //! [`RedisCredentialArgs`] (`--redis-username` / `--redis-password` / `--redis-creds-dir-path` for
 //! the Argo CD Redis next to the process) and [`TlsPolicyArgs`] (`--tls-min-version` /
-//! `--tls-max-version` / `--tls-ciphersuites`, upstream's names), each with its checks. A binary flattens them into its
-//! own flags and mirrors them by its own env vars with [`FlagEnv::mirror_env`] (e.g.
-//! `ARGOCD_AGENT_KUBECONFIG`, `ARGOCD_PRINCIPAL_KUBECONFIG`).
+//! `--tls-max-version` / `--tls-ciphersuites`, upstream's names), [`OpsAddressArgs`]
+//! (`--metrics-address` / `--health-address`, whose defaults each binary gives with
+//! [`OpsAddressArgs::defaults`]) and [`GrpcMessageArgs`] (`--grpc-max-message-size`), each with
+//! its checks. A binary flattens them into its own flags and mirrors them by its own env vars
+//! with [`FlagEnv::mirror_env`] (e.g. `ARGOCD_AGENT_KUBECONFIG`, `ARGOCD_PRINCIPAL_KUBECONFIG`).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::binary_config::{non_empty, ConfigError, FlagEnv, KubeClientConfig};
+use crate::binary_config::{
+    non_empty, ConfigError, FlagEnv, KubeClientConfig, DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+};
 use crate::redis_credentials::{redis_credentials, RedisCredentials, RedisPassword};
 use crate::telemetry::LogFormat;
 use crate::tls::{TlsPolicy, TlsVersion};
@@ -166,6 +171,71 @@ impl TlsPolicyArgs {
     }
 }
 
+/// Where the ops server serves metrics and health (one server when both are the same address).
+#[derive(clap::Args, Debug, Clone)]
+pub struct OpsAddressArgs {
+    /// Address `/metrics` is served on.
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_address: SocketAddr,
+
+    /// Address `/healthz` and `/readyz` are served on (may equal --metrics-address).
+    #[arg(long, value_name = "IP:PORT")]
+    pub health_address: SocketAddr,
+}
+
+impl OpsAddressArgs {
+    /// For `Command::mut_args`: this binary's defaults of `--metrics-address` and
+    /// `--health-address` (the binaries serve them on different ports, as upstream's do).
+    pub fn defaults(
+        metrics: &'static str,
+        health: &'static str,
+    ) -> impl FnMut(clap::Arg) -> clap::Arg {
+        move |arg| {
+            let default = match arg.get_id().as_str() {
+                "metrics_address" => metrics,
+                "health_address" => health,
+                _ => return arg,
+            };
+            arg.required(false).default_value(default)
+        }
+    }
+
+    /// Checks that metrics and health are served on one address or on two that do not meet
+    /// (`remedy` says what to do when they do).
+    pub fn check(&self, flags: &FlagEnv, remedy: &str) -> Result<(), ConfigError> {
+        if self.metrics_address == self.health_address {
+            return Ok(());
+        }
+        flags.listeners_distinct(
+            &[
+                ("metrics-address", self.metrics_address),
+                ("health-address", self.health_address),
+            ],
+            remedy,
+        )
+    }
+}
+
+/// The size limit of the gRPC messages a binary sends and receives.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GrpcMessageArgs {
+    /// Largest gRPC message sent or received, in bytes (units such as 16MiB or 200MB accepted).
+    #[arg(
+        long,
+        default_value = DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+        value_name = "BYTES",
+        value_parser = crate::flags::parse_byte_size
+    )]
+    pub grpc_max_message_size: usize,
+}
+
+impl GrpcMessageArgs {
+    /// The limit, checked against what both ends can carry.
+    pub fn check(&self, flags: &FlagEnv) -> Result<usize, ConfigError> {
+        flags.grpc_max_message_size(self.grpc_max_message_size)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
@@ -181,6 +251,57 @@ mod tests {
         process: ProcessArgs,
         #[command(flatten)]
         redis: RedisCredentialArgs,
+    }
+
+    #[derive(Parser, Debug)]
+    #[command(mut_args = FLAGS.mirror_env())]
+    #[command(mut_args = OpsAddressArgs::defaults("0.0.0.0:8000", "0.0.0.0:8003"))]
+    struct OpsArgs {
+        #[command(flatten)]
+        ops: OpsAddressArgs,
+        #[command(flatten)]
+        grpc: GrpcMessageArgs,
+    }
+
+    #[test]
+    fn ops_addresses_take_the_binarys_defaults_and_may_share_one_address_but_not_a_port() {
+        let parsed = OpsArgs::try_parse_from(["test"]).unwrap();
+        assert_eq!(parsed.ops.metrics_address, "0.0.0.0:8000".parse().unwrap());
+        assert_eq!(parsed.ops.health_address, "0.0.0.0:8003".parse().unwrap());
+        assert_eq!(parsed.grpc.check(&FLAGS).unwrap(), 16 << 20);
+        assert!(FLAGS
+            .flags_without_their_env_var(&OpsArgs::command())
+            .is_empty());
+        let help = OpsArgs::command().render_long_help().to_string();
+        assert!(
+            help.contains("ARGOCD_TEST_METRICS_ADDRESS")
+                && help.contains("[default: 0.0.0.0:8003]"),
+            "{help}"
+        );
+
+        let shared = OpsArgs::try_parse_from(["test", "--health-address", "0.0.0.0:8000"]).unwrap();
+        assert!(shared.ops.check(&FLAGS, "pick another").is_ok());
+        let clash = OpsArgs::try_parse_from([
+            "test",
+            "--metrics-address",
+            "127.0.0.1:9000",
+            "--health-address",
+            "0.0.0.0:9000",
+        ])
+        .unwrap();
+        let err = clash
+            .ops
+            .check(&FLAGS, "pick another")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--metrics-address")
+                && err.contains("--health-address")
+                && err.contains("pick another"),
+            "{err}"
+        );
+        let tiny = OpsArgs::try_parse_from(["test", "--grpc-max-message-size", "1KiB"]).unwrap();
+        assert!(tiny.grpc.check(&FLAGS).is_err());
     }
 
     #[test]

@@ -31,10 +31,49 @@ pub fn if_synced(cm: Option<&ConfigMap>) -> Option<&ConfigMap> {
 /// What is sent for hub ConfigMap `cm`: the object without `managedFields` and kubectl's
 /// last-applied annotation (bulky, and nothing an agent keeps).
 pub fn payload(cm: &ConfigMap) -> ConfigMap {
-    let mut out = cm.clone();
-    out.metadata.managed_fields = None;
-    if let Some(annotations) = out.metadata.annotations.as_mut() {
-        annotations.remove(crate::routing::LAST_APPLIED);
+    crate::routing::without_bookkeeping(cm)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn configmap(v: serde_json::Value) -> ConfigMap {
+        serde_json::from_value(v).unwrap()
     }
-    out
+
+    #[test]
+    fn a_configmap_labelled_skip_sync_counts_as_absent() {
+        let plain = configmap(json!({"metadata": {"name": GPG_KEYS_CONFIGMAP}}));
+        assert!(if_synced(Some(&plain)).is_some());
+        let skipped = configmap(json!({"metadata": {"name": GPG_KEYS_CONFIGMAP,
+            "labels": {argocd_agent_kube::skip_sync::SKIP_SYNC_LABEL: "true"}}}));
+        assert!(if_synced(Some(&skipped)).is_none());
+        let not_true = configmap(json!({"metadata": {"name": GPG_KEYS_CONFIGMAP,
+            "labels": {argocd_agent_kube::skip_sync::SKIP_SYNC_LABEL: "false"}}}));
+        assert!(if_synced(Some(&not_true)).is_some());
+        assert!(if_synced(None).is_none());
+        assert_eq!(
+            field_selector(),
+            format!("metadata.name={GPG_KEYS_CONFIGMAP}")
+        );
+    }
+
+    #[test]
+    fn the_payload_keeps_the_keys_and_drops_bookkeeping() {
+        let cm = configmap(json!({"metadata": {"name": GPG_KEYS_CONFIGMAP, "uid": "u",
+            "managedFields": [{"manager": "kubectl"}],
+            "annotations": {crate::routing::LAST_APPLIED_ANNOTATION: "{}", "team": "a"}},
+            "data": {"4AEE18F83AFDEB23": "-----BEGIN PGP PUBLIC KEY BLOCK-----"}}));
+        let payload = payload(&cm);
+        assert_eq!(payload.data, cm.data);
+        assert_eq!(payload.metadata.uid.as_deref(), Some("u"));
+        assert!(payload.metadata.managed_fields.is_none());
+        assert_eq!(
+            payload.metadata.annotations,
+            Some([("team".to_string(), "a".to_string())].into())
+        );
+    }
 }

@@ -376,28 +376,9 @@ impl Mirrors {
             .await
             .map_err(|e| handle_error(&what, e))?;
         if let Some(live) = live {
-            self.refuse_foreign(agent, &live)?;
-            if live.is_terminating() {
-                return Err(HandleError::Retryable(format!(
-                    "{what} is being deleted; retrying once gone"
-                )));
-            }
-            if mirror_view(&live) == mirror_view(desired)
-                && live.requested_operation() == desired.requested_operation()
-            {
+            let Some(body) = self.replacement(agent, &live, desired, &what)? else {
                 return Ok(());
-            }
-            let mut body = desired.clone();
-            let meta = body.meta_mut();
-            meta.resource_version = live.meta().resource_version.clone();
-            if let Some(r) = live.annotation(REFRESH_ANNOTATION) {
-                meta.annotations
-                    .get_or_insert_with(Default::default)
-                    .insert(REFRESH_ANNOTATION.into(), r.into());
-            }
-            if live.meta().finalizers.is_some() {
-                meta.finalizers = live.meta().finalizers.clone();
-            }
+            };
             api.replace(
                 name,
                 &PostParams {
@@ -426,6 +407,43 @@ impl Mirrors {
             }
             Err(e) => Err(handle_error(&what, e)),
         }
+    }
+
+    /// What replacing the hub's `live` object with mirror `desired` of `agent` takes: refused
+    /// (and counted) when `live` is not `agent`'s mirror, retried later while it is being deleted,
+    /// nothing when it already is `desired` (what hub edits may not change, and the requested
+    /// operation), else the PUT body: `desired` with `live`'s resourceVersion (a concurrent write
+    /// conflicts), a refresh the hub requested on it and its finalizers.
+    fn replacement<K: Mirrored>(
+        &self,
+        agent: &str,
+        live: &K,
+        desired: &K,
+        what: &str,
+    ) -> Result<Option<K>, HandleError> {
+        self.refuse_foreign(agent, live)?;
+        if live.is_terminating() {
+            return Err(HandleError::Retryable(format!(
+                "{what} is being deleted; retrying once gone"
+            )));
+        }
+        if mirror_view(live) == mirror_view(desired)
+            && live.requested_operation() == desired.requested_operation()
+        {
+            return Ok(None);
+        }
+        let mut body = desired.clone();
+        let meta = body.meta_mut();
+        meta.resource_version = live.meta().resource_version.clone();
+        if let Some(r) = live.annotation(REFRESH_ANNOTATION) {
+            meta.annotations
+                .get_or_insert_with(Default::default)
+                .insert(REFRESH_ANNOTATION.into(), r.into());
+        }
+        if live.meta().finalizers.is_some() {
+            meta.finalizers = live.meta().finalizers.clone();
+        }
+        Ok(Some(body))
     }
 
     /// Whether the hub view holds an object named like mirror `name` (or is not listed yet).
@@ -814,5 +832,354 @@ mod tests {
                 .any(|l| l == "argocd_principal_mirror_collisions_total{agent_name=\"team\"} 2"),
             "{text}"
         );
+    }
+
+    mod through_the_view {
+        use argocd_agent_proto::event::set_checksum;
+        use argocd_agent_proto::mode::AgentMode;
+        use argocd_agent_proto::payload::{RequestSyncedResourceList, RequestUpdate};
+
+        use super::super::super::mapping::AppMapping;
+        use super::super::super::namespaces::NamespaceCreation;
+        use super::super::super::testing::*;
+        use super::*;
+        use crate::sessions::AgentRegistry;
+
+        /// `agent`'s mirror annotations for spoke uid `uid` and checksum `checksum` (hex).
+        fn marks(agent: &str, uid: &str, checksum: &str) -> Value {
+            json!({MIRROR_AGENT_ANNOTATION: agent, SOURCE_UID_ANNOTATION: uid,
+                   MIRROR_CHECKSUM_ANNOTATION: checksum})
+        }
+
+        /// Hub mirror of autonomous agent `agent`'s Application `name`.
+        fn app_mirror(agent: &str, name: &str, checksum: &str) -> Value {
+            let mut v = app(agent, name, "v1");
+            v["metadata"]["annotations"] = marks(agent, &format!("spoke-{name}"), checksum);
+            v
+        }
+
+        /// Hub mirror (`<agent>-<name>`) of autonomous agent `agent`'s AppProject `name`, marked
+        /// as `owner`'s.
+        fn project_mirror(agent: &str, name: &str, owner: &str, checksum: &str) -> Value {
+            let mut v = project(&format!("{agent}-{name}"), &[agent]);
+            v["metadata"]["annotations"] = marks(owner, &format!("spoke-{name}"), checksum);
+            v
+        }
+
+        struct Fixture {
+            mirrors: Arc<Mirrors>,
+            registry: Arc<AgentRegistry>,
+            collisions: MetricsRegistry,
+            _feeds: Feeds,
+        }
+
+        async fn fixture(apps: Vec<Value>, projects: Vec<Value>) -> Fixture {
+            fixture_allowing(vec![], apps, projects).await
+        }
+
+        /// [`fixture`] with `--allowed-namespaces` `allowed`.
+        async fn fixture_allowing(
+            allowed: Vec<String>,
+            apps: Vec<Value>,
+            projects: Vec<Value>,
+        ) -> Fixture {
+            let registry = registry(&[("auto", AgentMode::Autonomous)]);
+            let (view, feeds) = listed(AppMapping::Namespace, apps, projects, vec![], None).await;
+            let metrics = MetricsRegistry::empty();
+            let options = MirrorOptions {
+                allowed_namespaces: allowed,
+                ..MirrorOptions::default()
+            };
+            options.collisions.register(&metrics);
+            let mirrors = Mirrors::new(
+                offline_client(),
+                "argocd".into(),
+                view,
+                Namespaces::new(offline_client(), NamespaceCreation::default()),
+                options,
+            );
+            Fixture {
+                mirrors,
+                registry,
+                collisions: metrics,
+                _feeds: feeds,
+            }
+        }
+
+        #[tokio::test]
+        async fn the_checksum_resync_asks_once_per_own_mirror_with_its_checksum_then_sends_the_key_set(
+        ) {
+            const N: usize = 20;
+            let mut apps: Vec<Value> = (0..N)
+                .map(|i| app_mirror("auto", &format!("app-{i:02}"), &format!("{i:02x}")))
+                .collect();
+            // Made on the hub in the agent's namespace, and a mirror another agent wrote: not
+            // the agent's mirrors.
+            apps.push(app("auto", "hub-made", "v1"));
+            apps.push(app_mirror("other", "elsewhere", "ff"));
+            let f = fixture(
+                apps,
+                vec![
+                    project_mirror("auto", "p", "auto", "abcd"),
+                    project_mirror("auto", "q", "auto-x", "abcd"),
+                    project("auto-admin", &["auto"]),
+                ],
+            )
+            .await;
+            let session = f.registry.get("auto").unwrap();
+            f.mirrors.autonomous_resync(&session);
+            let events = drained_events(&session);
+            assert_eq!(
+                events.len(),
+                N + 2,
+                "one request per mirror, one key-set checksum"
+            );
+            let mut requests: Vec<RequestUpdate> = events[..N + 1]
+                .iter()
+                .map(|ev| {
+                    assert_eq!(ev.event_type, EventType::RequestUpdate);
+                    // O(1) each, whatever the objects hold.
+                    assert!(ev.data.as_ref().unwrap().len() < 160, "{:?}", ev.data);
+                    ev.data_as().unwrap()
+                })
+                .collect();
+            requests.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
+            // AppProject sorts before Application.
+            assert_eq!(
+                requests[0],
+                RequestUpdate {
+                    name: "p".into(),
+                    namespace: String::new(),
+                    uid: "spoke-p".into(),
+                    kind: "AppProject".into(),
+                    checksum: vec![0xab, 0xcd],
+                },
+                "named as on the spoke"
+            );
+            for (i, r) in requests[1..].iter().enumerate() {
+                assert_eq!(
+                    (r.kind.as_str(), r.name.as_str(), r.uid.as_str()),
+                    (
+                        "Application",
+                        format!("app-{i:02}").as_str(),
+                        format!("spoke-app-{i:02}").as_str()
+                    )
+                );
+                assert_eq!(r.checksum, vec![i as u8]);
+            }
+            let last = &events[N + 1];
+            assert_eq!(last.event_type, EventType::RequestSyncedResourceList);
+            let keys: Vec<ResourceKey> = requests
+                .iter()
+                .map(|r| ResourceKey::new(&r.kind, &r.name, "", &r.uid))
+                .collect();
+            assert_eq!(
+                last.data_as::<RequestSyncedResourceList>()
+                    .unwrap()
+                    .checksum,
+                set_checksum(&keys)
+            );
+            // What the resync found is remembered: the project mirror's hub edits are the
+            // mirrors' business now, a hub-made project stays the managed router's.
+            let p: AppProject =
+                serde_json::from_value(project_mirror("auto", "p", "auto", "abcd")).unwrap();
+            assert!(f.mirrors.project_changed(&p));
+            let admin: AppProject =
+                serde_json::from_value(project("auto-admin", &["auto"])).unwrap();
+            assert!(!f.mirrors.project_changed(&admin));
+            assert!(!f.mirrors.project_deleted(&admin));
+        }
+
+        #[tokio::test]
+        async fn a_mirror_counts_as_the_agents_only_with_its_mark_and_the_spoke_uid() {
+            let f = fixture(
+                vec![
+                    app_mirror("auto", "guestbook", "00"),
+                    app("auto", "hub-made", "v1"),
+                ],
+                vec![project_mirror("auto", "p", "auto", "00")],
+            )
+            .await;
+            let m = &f.mirrors;
+            assert!(m.has_mirror(
+                MirrorKind::Application,
+                "auto",
+                "guestbook",
+                "spoke-guestbook"
+            ));
+            assert!(!m.has_mirror(MirrorKind::Application, "auto", "guestbook", "another-uid"));
+            assert!(!m.has_mirror(MirrorKind::Application, "auto", "hub-made", "uid-hub-made"));
+            assert!(m.has_mirror(MirrorKind::AppProject, "auto", "p", "spoke-p"));
+            assert!(!m.has_mirror(MirrorKind::AppProject, "other", "p", "spoke-p"));
+        }
+
+        #[tokio::test]
+        async fn a_sync_or_refresh_requested_on_a_mirror_is_forwarded_to_the_spoke_once() {
+            let mirror = app_mirror("auto", "guestbook", "00");
+            let f = fixture(vec![mirror.clone(), app("auto", "hub-made", "v1")], vec![]).await;
+            let session = f.registry.get("auto").unwrap();
+            f.mirrors.autonomous_resync(&session);
+            drained_events(&session);
+            let typed = |v: &Value| serde_json::from_value::<Application>(v.clone()).unwrap();
+
+            let mut synced = mirror.clone();
+            synced["operation"] = json!({"sync": {"revision": "HEAD"}});
+            f.mirrors
+                .application_changed(&session, Some(&typed(&mirror)), &typed(&synced));
+            assert_eq!(
+                drained(&session),
+                vec!["set-operation Application guestbook"]
+            );
+            // The same operation seen again (any later change of the object): not sent twice.
+            f.mirrors
+                .application_changed(&session, Some(&typed(&synced)), &typed(&synced));
+            assert!(drained(&session).is_empty());
+
+            let mut refreshed = mirror.clone();
+            refreshed["metadata"]["annotations"][REFRESH_ANNOTATION] = json!("hard");
+            f.mirrors
+                .application_changed(&session, Some(&typed(&mirror)), &typed(&refreshed));
+            assert_eq!(drained(&session), vec!["spec-update Application guestbook"]);
+
+            // Not a remembered mirror: nothing is forwarded.
+            let mut hub_made = app("auto", "hub-made", "v1");
+            hub_made["operation"] = json!({"sync": {"revision": "HEAD"}});
+            f.mirrors
+                .application_changed(&session, None, &typed(&hub_made));
+            assert!(drained(&session).is_empty());
+        }
+
+        #[tokio::test]
+        async fn a_replacement_keeps_the_hubs_version_refresh_and_finalizers_and_refuses_foreign_objects(
+        ) {
+            let f = fixture(vec![], vec![]).await;
+            let typed = |v: Value| serde_json::from_value::<AppProject>(v).unwrap();
+            let desired = typed(project_mirror("auto", "p", "auto", "01"));
+
+            let mut live = project_mirror("auto", "p", "auto", "01");
+            live["metadata"]["resourceVersion"] = json!("7");
+            assert_eq!(
+                f.mirrors
+                    .replacement("auto", &typed(live.clone()), &desired, "p")
+                    .unwrap(),
+                None,
+                "already the spoke's version"
+            );
+
+            let mut edited = live.clone();
+            edited["spec"]["description"] = json!("edited on the hub");
+            edited["metadata"]["annotations"][REFRESH_ANNOTATION] = json!("normal");
+            edited["metadata"]["finalizers"] = json!(["keep.me/finalizer"]);
+            let body = f
+                .mirrors
+                .replacement("auto", &typed(edited), &desired, "p")
+                .unwrap()
+                .expect("a replacement");
+            assert_eq!(body.spec, desired.spec, "the spoke's spec wins");
+            assert_eq!(body.metadata.resource_version.as_deref(), Some("7"));
+            assert_eq!(body.annotation(REFRESH_ANNOTATION), Some("normal"));
+            assert_eq!(
+                body.metadata.finalizers,
+                Some(vec!["keep.me/finalizer".to_string()])
+            );
+
+            let mut terminating = live.clone();
+            terminating["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            assert!(matches!(
+                f.mirrors
+                    .replacement("auto", &typed(terminating), &desired, "p"),
+                Err(HandleError::Retryable(_))
+            ));
+
+            let foreign = typed(project_mirror("auto", "p", "auto-x", "01"));
+            let refused = f
+                .mirrors
+                .replacement("auto", &foreign, &desired, "p")
+                .unwrap_err();
+            assert!(
+                matches!(&refused, HandleError::Rejected(m) if m.contains("not this agent's mirror")),
+                "{refused}"
+            );
+            let text = f.collisions.encode().unwrap();
+            assert!(
+                text.lines()
+                    .any(|l| l == "argocd_principal_mirror_collisions_total{agent_name=\"auto\"} 1"),
+                "{text}"
+            );
+        }
+
+        /// What agent `agent` sends for its spoke object `name`.
+        fn spoke<K: Mirrored>(name: &str) -> K {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "argocd",
+                "uid": format!("spoke-{name}")}, "spec": {}}))
+            .unwrap()
+        }
+
+        fn rejected(r: Result<(), HandleError>, reason: &str) {
+            assert!(
+                matches!(&r, Err(HandleError::Rejected(m)) if m.contains(reason)),
+                "{r:?}"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_mirror_write_onto_a_name_that_is_not_the_agents_is_refused_before_any_request() {
+            // Made on the hub in the agent's namespace; agent `team-b`'s mirror of its project
+            // `x`, whose hub name agent `team`'s project `b-x` would take too.
+            let f = fixture(
+                vec![app("auto", "hub-made", "v1")],
+                vec![project_mirror("team-b", "x", "team-b", "00")],
+            )
+            .await;
+            // (The client reaches no apiserver: a request would fail as retryable, not refused.)
+            rejected(
+                f.mirrors
+                    .upsert_mirror("auto", &spoke::<Application>("hub-made"))
+                    .await,
+                "not this agent's mirror",
+            );
+            rejected(
+                f.mirrors
+                    .upsert_mirror("team", &spoke::<AppProject>("b-x"))
+                    .await,
+                "not this agent's mirror",
+            );
+            rejected(
+                f.mirrors
+                    .upsert_mirror("auto", &spoke::<Application>(""))
+                    .await,
+                "no metadata.name",
+            );
+            let text = f.collisions.encode().unwrap();
+            for agent in ["auto", "team"] {
+                let line =
+                    format!("argocd_principal_mirror_collisions_total{{agent_name=\"{agent}\"}} 1");
+                assert!(text.lines().any(|l| l == line), "{text}");
+            }
+            // Nothing refused is remembered (so never restored over the hub's object).
+            assert!(read(&f.mirrors.app_mirrors).is_empty());
+            assert!(read(&f.mirrors.project_mirrors).is_empty());
+        }
+
+        #[tokio::test]
+        async fn an_application_mirror_outside_the_allowed_namespaces_is_refused_naming_the_flag() {
+            let f = fixture_allowing(vec!["edge-*".into()], vec![], vec![]).await;
+            rejected(
+                f.mirrors
+                    .upsert_mirror("auto", &spoke::<Application>("guestbook"))
+                    .await,
+                "--allowed-namespaces",
+            );
+            // A positive control: an allowed namespace gets past the check to the write, which
+            // here has no apiserver to reach and so fails as retryable.
+            let allowed = f
+                .mirrors
+                .upsert_mirror("edge-1", &spoke::<Application>("guestbook"))
+                .await;
+            assert!(
+                matches!(allowed, Err(HandleError::Retryable(_))),
+                "{allowed:?}"
+            );
+        }
     }
 }

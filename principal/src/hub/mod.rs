@@ -25,6 +25,8 @@ mod managed;
 pub mod mapping;
 mod mirrors;
 mod namespaces;
+#[cfg(test)]
+pub(crate) mod testing;
 pub(crate) mod view;
 
 use std::sync::{Arc, Mutex, RwLock};
@@ -39,9 +41,7 @@ use argocd_agent_proto::payload::RequestUpdate;
 use argocd_agent_proto::sync::keyed_request;
 use argocd_agent_proto::sync::resync::{jittered, request_update_key, RESYNC_REQUEST_KEY};
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::DynamicObject;
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 pub use argocd_agent_kube::resources::{
     application as application_resource, appproject as appproject_resource,
@@ -51,7 +51,7 @@ pub use mapping::AppMapping;
 pub use mirrors::{
     check_mirror_owner, MirrorCollision, MirrorCollisions, MirrorKind, Mirrored, Mirrors,
 };
-pub use view::{HubView, Kind, REPOSITORY_SELECTOR};
+pub use view::{HubView, Kind};
 
 use crate::sessions::{AgentRegistry, AgentSession};
 use mirrors::MirrorOptions;
@@ -107,19 +107,6 @@ pub(crate) fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 pub(crate) fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
-}
-
-pub(crate) fn name_of(v: &Value) -> &str {
-    v.pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-}
-
-pub(crate) fn uid_of(v: &Value) -> String {
-    v.pointer("/metadata/uid")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
 }
 
 impl Hub {
@@ -225,7 +212,7 @@ impl Hub {
     }
 
     /// The hub repository Secret `name`, if the AppProject it names applies to `agent`.
-    pub fn repository_for(&self, agent: &str, name: &str) -> Option<Value> {
+    pub fn repository_for(&self, agent: &str, name: &str) -> Option<Arc<Secret>> {
         self.view.repository_for(agent, name)
     }
 
@@ -395,23 +382,16 @@ impl Handler<AppProject> for HubEvents {
 }
 
 /// Repository Secrets.
-impl Handler<DynamicObject> for HubEvents {
-    fn applied(
-        &self,
-        old: Option<Arc<DynamicObject>>,
-        new: Arc<DynamicObject>,
-    ) -> BoxFuture<'_, ()> {
-        let old = old.map(|o| to_value(&*o));
+impl Handler<Secret> for HubEvents {
+    fn applied(&self, old: Option<Arc<Secret>>, new: Arc<Secret>) -> BoxFuture<'_, ()> {
         self.hub
             .managed
-            .repository_changed(old.as_ref(), Some(&to_value(&*new)));
+            .repository_changed(old.as_deref(), Some(&new));
         Box::pin(async {})
     }
 
-    fn deleted(&self, last: Arc<DynamicObject>) -> BoxFuture<'_, ()> {
-        self.hub
-            .managed
-            .repository_changed(Some(&to_value(&*last)), None);
+    fn deleted(&self, last: Arc<Secret>) -> BoxFuture<'_, ()> {
+        self.hub.managed.repository_changed(Some(&last), None);
         Box::pin(async {})
     }
 }
@@ -492,58 +472,23 @@ pub(crate) fn push(session: &AgentSession, ev: Event) {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
+    use serde_json::Value;
 
-    use argocd_agent_proto::identity::AgentName;
-    use argocd_agent_proto::sync::OutboxConfig;
-    use serde_json::json;
-
-    use super::view::testing::{drive, offline_client, Feed};
+    use super::testing::{app, app_to, drained, drive, offline_client, project, received, Feeds};
     use super::*;
 
-    /// Every event queued for `session` so far, as "type target name", in delivery order.
-    fn drained(session: &AgentSession) -> Vec<String> {
-        session.outbox.set_connected(true);
-        let mut out = Vec::new();
-        while let Some(ev) = session.outbox.take_next(Instant::now()) {
-            let name = ev
-                .data_as::<DynamicObject>()
-                .map(|o| o.name_str().to_string())
-                .unwrap_or_default();
-            out.push(format!("{} {:?} {name}", ev.event_type.name(), ev.target));
-            session.outbox.ack(&ev.ack());
-        }
-        out
-    }
-
-    fn app(ns: &str, name: &str, revision: &str) -> Value {
-        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-               "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}")},
-               "spec": {"project": "default", "source": {"repoURL": "https://git", "targetRevision": revision},
-                        "destination": {"server": "https://kubernetes.default.svc", "namespace": "default"}}})
-    }
-
-    fn project(name: &str, agents: &[&str]) -> Value {
-        let destinations: Vec<Value> = agents
-            .iter()
-            .map(|a| json!({"name": a, "namespace": "*"}))
-            .collect();
-        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
-               "metadata": {"name": name, "namespace": "argocd", "uid": format!("uid-{name}")},
-               "spec": {"destinations": destinations}})
-    }
-
-    fn apply(feed: &Feed, v: Value) {
+    fn apply(feed: &testing::Feed, v: Value) {
         feed.apply(v);
     }
 
-    fn delete(feed: &Feed, v: Value) {
+    fn delete(feed: &testing::Feed, v: Value) {
         feed.delete(v);
     }
 
+    /// The feeds as the tests below name them: (apps, projects, repositories).
     struct Fixture {
         hub: Arc<Hub>,
-        feeds: (Feed, Feed, Feed),
+        feeds: Feeds,
         managed: Arc<AgentSession>,
         autonomous: Arc<AgentSession>,
     }
@@ -560,27 +505,23 @@ mod tests {
         apps: Vec<Value>,
         projects: Vec<Value>,
     ) -> (Fixture, Arc<AgentSession>) {
-        let registry = Arc::new(AgentRegistry::new(
-            OutboxConfig::default(),
-            Default::default(),
-        ));
-        let managed =
-            registry.get_or_create(&AgentName::new("team-a").unwrap(), AgentMode::Managed);
-        let team_b = registry.get_or_create(&AgentName::new("team-b").unwrap(), AgentMode::Managed);
-        let autonomous =
-            registry.get_or_create(&AgentName::new("auto").unwrap(), AgentMode::Autonomous);
+        let registry = testing::registry(&[
+            ("team-a", AgentMode::Managed),
+            ("team-b", AgentMode::Managed),
+            ("auto", AgentMode::Autonomous),
+        ]);
+        let managed = registry.get("team-a").unwrap();
+        let team_b = registry.get("team-b").unwrap();
+        let autonomous = registry.get("auto").unwrap();
         let options = HubOptions {
             mapping,
             ..HubOptions::default()
         };
         let hub = Hub::with_options(offline_client(), "argocd".into(), registry, options);
         let feeds = drive(hub.take_informers().unwrap());
-        feeds.0.list(apps);
-        feeds.1.list(projects);
-        feeds.2.list(vec![]);
-        tokio::time::timeout(std::time::Duration::from_secs(5), hub.wait_synced())
-            .await
-            .unwrap();
+        feeds
+            .list_all(&hub.view, apps, projects, vec![], None)
+            .await;
         (
             Fixture {
                 hub,
@@ -590,13 +531,6 @@ mod tests {
             },
             team_b,
         )
-    }
-
-    /// An Application in hub namespace `ns` whose destination names `agent`.
-    fn app_to(ns: &str, name: &str, agent: &str) -> Value {
-        let mut v = app(ns, name, "v1");
-        v["spec"]["destination"] = json!({"name": agent, "namespace": "guestbook"});
-        v
     }
 
     #[tokio::test]
@@ -613,11 +547,11 @@ mod tests {
             "another agent cannot reach it by naming its namespace"
         );
         // In namespace "team-a" but destined to team-b: only team-b gets it.
-        apply(&f.feeds.0, app_to("team-a", "other", "team-b"));
+        apply(&f.feeds.apps, app_to("team-a", "other", "team-b"));
         assert_eq!(received(&team_b, 1).await, vec!["create Application other"]);
         assert!(drained(&f.managed).is_empty());
         // A new destination moves it: the old agent deletes its copy, the new one creates it.
-        apply(&f.feeds.0, app_to("apps", "guestbook", "team-b"));
+        apply(&f.feeds.apps, app_to("apps", "guestbook", "team-b"));
         assert_eq!(
             received(&f.managed, 1).await,
             vec!["delete Application guestbook"]
@@ -651,28 +585,13 @@ mod tests {
         assert_eq!(f.hub.agent_answering_for("apps", "missing"), None);
         // No destination name: no agent. (One informer task routes in order, so once the
         // marker after it arrived, nothing of it is still on its way.)
-        apply(&f.feeds.0, app("apps", "unrouted", "v1"));
-        apply(&f.feeds.0, app_to("apps", "marker", "team-b"));
+        apply(&f.feeds.apps, app("apps", "unrouted", "v1"));
+        apply(&f.feeds.apps, app_to("apps", "marker", "team-b"));
         assert_eq!(
             received(&team_b, 1).await,
             vec!["create Application marker"]
         );
         assert!(drained(&f.managed).is_empty());
-    }
-
-    /// The next `n` events for `session` (the informers run on their own tasks).
-    async fn received(session: &AgentSession, n: usize) -> Vec<String> {
-        let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let mut got = Vec::new();
-        while got.len() < n {
-            assert!(
-                Instant::now() < deadline,
-                "got {got:?}, expected {n} events"
-            );
-            got.extend(drained(session));
-            tokio::task::yield_now().await;
-        }
-        got
     }
 
     #[tokio::test]
@@ -691,21 +610,21 @@ mod tests {
         );
         assert!(f.hub.application("team-a", "team-a", "guestbook").is_some());
 
-        apply(&f.feeds.0, app("team-a", "guestbook", "v2"));
-        apply(&f.feeds.0, app("team-b", "unrelated", "v1"));
-        apply(&f.feeds.1, project("q", &["team-*"]));
-        apply(&f.feeds.1, project("other", &["team-b"]));
+        apply(&f.feeds.apps, app("team-a", "guestbook", "v2"));
+        apply(&f.feeds.apps, app("team-b", "unrelated", "v1"));
+        apply(&f.feeds.projects, project("q", &["team-*"]));
+        apply(&f.feeds.projects, project("other", &["team-b"]));
         assert_eq!(
             received(&f.managed, 2).await,
             vec!["spec-update Application guestbook", "create AppProject q"]
         );
-        delete(&f.feeds.0, app("team-a", "guestbook", "v2"));
+        delete(&f.feeds.apps, app("team-a", "guestbook", "v2"));
         assert_eq!(
             received(&f.managed, 1).await,
             vec!["delete Application guestbook"]
         );
         // An autonomous agent's namespace is the mirrors' business, never routed as managed.
-        apply(&f.feeds.0, app("auto", "mirror", "v2"));
+        apply(&f.feeds.apps, app("auto", "mirror", "v2"));
         tokio::task::yield_now().await;
         assert!(drained(&f.autonomous).is_empty());
     }
@@ -725,7 +644,7 @@ mod tests {
             .map(|k| format!("{} {}", k.kind, k.name))
             .collect();
         assert_eq!(keys, vec!["Application guestbook", "AppProject p"]);
-        apply(&f.feeds.1, project("p", &["team-b"]));
+        apply(&f.feeds.projects, project("p", &["team-b"]));
         assert_eq!(received(&f.managed, 1).await, vec!["delete AppProject p"]);
         assert_eq!(f.hub.managed().managed_keys("team-a").len(), 1);
     }

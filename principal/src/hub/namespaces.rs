@@ -3,7 +3,9 @@
 //!
 //! Owns making sure that namespace exists before mirrors are written into it: created with
 //! `--namespace-create-enable` when the name matches `--namespace-create-pattern` (if set),
-//! labelled with `--namespace-create-labels`; else a message saying what is missing.
+//! labelled with `--namespace-create-labels`; else a message saying what is missing. Which
+//! namespace is made, or why none is, is decided without the apiserver
+//! ([`NamespaceCreation::namespace`]); [`Namespaces::ensure`] only reads and writes.
 
 use std::collections::BTreeMap;
 
@@ -42,6 +44,22 @@ impl NamespaceCreation {
             _ => None,
         }
     }
+
+    /// The namespace `name` to create for an autonomous agent, labelled with
+    /// `--namespace-create-labels`; or why it may not be created.
+    pub fn namespace(&self, name: &str) -> Result<Namespace, String> {
+        if let Some(refusal) = self.refusal(name) {
+            return Err(refusal);
+        }
+        Ok(Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                labels: (!self.labels.is_empty()).then(|| self.labels.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        })
+    }
 }
 
 impl PartialEq for NamespaceCreation {
@@ -74,18 +92,7 @@ impl Namespaces {
             Ok(None) => {}
             Err(e) => return Err(format!("cannot read hub namespace {agent:?}: {e}")),
         }
-        if let Some(refusal) = self.creation.refusal(agent) {
-            return Err(refusal);
-        }
-        let labels = &self.creation.labels;
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(agent.to_string()),
-                labels: (!labels.is_empty()).then(|| labels.clone()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
+        let ns = self.creation.namespace(agent)?;
         match api.create(&PostParams::default(), &ns).await {
             Ok(_) => {
                 tracing::info!(agent, "created the hub namespace of an autonomous agent");
@@ -125,5 +132,28 @@ mod tests {
             ..NamespaceCreation::default()
         };
         assert_eq!(unanchored.refusal("my-edge-1"), None);
+    }
+
+    #[test]
+    fn a_created_namespace_is_named_after_the_agent_and_carries_the_configured_labels() {
+        let plain = NamespaceCreation {
+            enabled: true,
+            ..NamespaceCreation::default()
+        };
+        let ns = plain.namespace("edge-1").unwrap();
+        assert_eq!(ns.metadata.name.as_deref(), Some("edge-1"));
+        assert_eq!(ns.metadata.labels, None, "no empty label map");
+        let labelled = NamespaceCreation {
+            labels: [("team".to_string(), "edge".to_string())].into(),
+            ..plain
+        };
+        assert_eq!(
+            labelled.namespace("edge-1").unwrap().metadata.labels,
+            Some([("team".to_string(), "edge".to_string())].into())
+        );
+        let refused = NamespaceCreation::default()
+            .namespace("edge-1")
+            .unwrap_err();
+        assert!(refused.contains("--namespace-create-enable"), "{refused}");
     }
 }

@@ -4,7 +4,7 @@
 //! admits), AppProjects, repository / repo-creds Secrets and the GPG keys ConfigMap (principal
 //! namespace), all narrowed by `--label-selector` (AppProjects, Secrets and the ConfigMap labelled
 //! skip-sync are not watched), and answers "what does the hub hold": an agent's Application and
-//! an AppProject (typed), a repository Secret (as JSON) and the AppProject it names, the GPG keys
+//! an AppProject, a repository Secret and the AppProject its `data.project` names (all typed), the GPG keys
 //! ConfigMap (typed, if synced). It holds no copy
 //! of its own: the informer stores are the only cache of these kinds in the principal. When the
 //! Application informer selects every Application (neither `--allowed-namespaces` nor
@@ -16,19 +16,16 @@ use std::sync::Arc;
 use argocd_agent_kube::argocd::{AppProject, Application};
 use argocd_agent_kube::fanout::EventFanout;
 use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
+use argocd_agent_kube::repository::{RepositoryExt, REPOSITORY_SELECTOR};
 use argocd_agent_kube::skip_sync::without_skip_sync;
 use argocd_agent_proto::event::GPG_KEYS_CONFIGMAP;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject};
-use kube::core::ApiResource;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::Api;
 use kube::runtime::watcher;
 use serde_json::Value;
 
 use super::mapping::AppMapping;
-use crate::routing::{combined_selector, namespace_allowed, repository_project};
-
-/// The hub Secrets synced to managed agents: Argo CD repositories and repository credentials.
-pub const REPOSITORY_SELECTOR: &str = "argocd.argoproj.io/secret-type in (repository,repo-creds)";
+use crate::routing::{combined_selector, namespace_allowed};
 
 /// The hub kinds the principal watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +61,7 @@ pub struct HubInformers {
     /// AppProjects.
     pub projects: Informer<AppProject>,
     /// Repository Secrets.
-    pub repositories: Informer<DynamicObject>,
+    pub repositories: Informer<Secret>,
     /// The GPG keys ConfigMap.
     pub gpg_keys: Informer<ConfigMap>,
     /// The Applications' changes for other parts of the process, when `apps` selects every one.
@@ -94,7 +91,6 @@ impl HubInformers {
             let selector = without_skip_sync(combined_selector(fixed, label_selector).as_deref());
             watcher::Config::default().labels(&selector)
         };
-        let secret = ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
         let selects_all =
             allowed_namespaces.is_empty() && combined_selector(None, label_selector).is_none();
         let apps = Informer::new("hub Applications", Api::all(client.clone()), config(None)).scope(
@@ -110,11 +106,10 @@ impl HubInformers {
             Api::namespaced(client.clone(), principal_namespace),
             synced(None),
         );
-        let repositories = Informer::new_with(
+        let repositories = Informer::new(
             "hub repository Secrets",
-            Api::namespaced_with(client.clone(), principal_namespace, &secret),
+            Api::namespaced(client.clone(), principal_namespace),
             synced(Some(REPOSITORY_SELECTOR)),
-            secret,
         );
         let gpg_keys = Informer::new(
             "hub GPG keys ConfigMap",
@@ -137,7 +132,7 @@ impl HubInformers {
         mut self,
         apps: Arc<dyn Handler<Application>>,
         projects: Arc<dyn Handler<AppProject>>,
-        repositories: Arc<dyn Handler<DynamicObject>>,
+        repositories: Arc<dyn Handler<Secret>>,
         gpg_keys: Arc<dyn Handler<ConfigMap>>,
     ) -> HubInformers {
         self.apps = self.apps.handler(apps);
@@ -172,7 +167,7 @@ pub struct HubView {
     mapping: AppMapping,
     apps: InformerReader<Application>,
     projects: InformerReader<AppProject>,
-    repositories: InformerReader<DynamicObject>,
+    repositories: InformerReader<Secret>,
     gpg_keys: InformerReader<ConfigMap>,
 }
 
@@ -256,11 +251,11 @@ impl HubView {
     /// its `data.project` names (if it exists).
     pub fn repository_routes_to(
         &self,
-        secret: &Value,
+        secret: &Secret,
         project: Option<&AppProject>,
         agent: &str,
     ) -> bool {
-        repository_project(secret).is_some()
+        secret.repository().project.is_some()
             && project.is_some_and(|p| self.project_applies(p, agent))
     }
 
@@ -275,25 +270,20 @@ impl HubView {
     }
 
     /// Every hub repository Secret.
-    pub fn repositories(&self) -> Vec<Value> {
-        self.repositories
-            .state()
-            .iter()
-            .map(|s| to_value(&**s))
-            .collect()
+    pub fn repositories(&self) -> Vec<Arc<Secret>> {
+        self.repositories.state()
     }
 
     /// The hub AppProject a repository Secret names, if it exists.
-    pub fn project_of(&self, secret: &Value) -> Option<Arc<AppProject>> {
-        repository_project(secret).and_then(|p| self.project(&p))
+    pub fn project_of(&self, secret: &Secret) -> Option<Arc<AppProject>> {
+        secret.repository().project.and_then(|p| self.project(p))
     }
 
     /// The hub repository Secret `name`, if the AppProject it names applies to `agent`.
-    pub fn repository_for(&self, agent: &str, name: &str) -> Option<Value> {
+    pub fn repository_for(&self, agent: &str, name: &str) -> Option<Arc<Secret>> {
         let secret = self
             .repositories
-            .get(Some(&self.principal_namespace), name)
-            .map(|s| to_value(&*s))?;
+            .get(Some(&self.principal_namespace), name)?;
         let project = self.project_of(&secret);
         self.repository_routes_to(&secret, project.as_deref(), agent)
             .then_some(secret)
@@ -307,7 +297,7 @@ impl HubView {
     }
 
     /// Every repository Secret that applies to `agent`.
-    pub fn repositories_for(&self, agent: &str) -> Vec<Value> {
+    pub fn repositories_for(&self, agent: &str) -> Vec<Arc<Secret>> {
         self.repositories()
             .into_iter()
             .filter(|s| {
@@ -318,81 +308,12 @@ impl HubView {
     }
 }
 
-/// Hub views fed by hand, for the unit tests of the parts that read it.
-#[cfg(test)]
-pub mod testing {
-    use futures::channel::mpsc;
-    use futures::StreamExt;
-    use kube::runtime::watcher::Event;
-
-    use super::*;
-
-    /// A client that is never reached.
-    pub fn offline_client() -> kube::Client {
-        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
-        kube::Client::try_from(config).unwrap()
-    }
-
-    /// Sends watch events (as JSON objects) into one informer.
-    pub struct Feed(mpsc::UnboundedSender<Event<Value>>);
-
-    impl Feed {
-        /// `v` appeared or changed.
-        pub fn apply(&self, v: Value) {
-            self.0.unbounded_send(Event::Apply(v)).unwrap();
-        }
-
-        /// `v` was deleted.
-        pub fn delete(&self, v: Value) {
-            self.0.unbounded_send(Event::Delete(v)).unwrap();
-        }
-
-        /// `objects` as a complete first list.
-        pub fn list(&self, objects: Vec<Value>) {
-            self.0.unbounded_send(Event::Init).unwrap();
-            for obj in objects {
-                self.0.unbounded_send(Event::InitApply(obj)).unwrap();
-            }
-            self.0.unbounded_send(Event::InitDone).unwrap();
-        }
-    }
-
-    fn feed<K>(informer: Informer<K>) -> Feed
-    where
-        K: argocd_agent_kube::informer::Watched,
-    {
-        let (tx, rx) = mpsc::unbounded::<Event<Value>>();
-        let typed = rx.map(|event| {
-            let typed = |v: Value| serde_json::from_value::<K>(v).unwrap();
-            Ok(match event {
-                Event::Init => Event::Init,
-                Event::InitApply(v) => Event::InitApply(typed(v)),
-                Event::InitDone => Event::InitDone,
-                Event::Apply(v) => Event::Apply(typed(v)),
-                Event::Delete(v) => Event::Delete(typed(v)),
-            })
-        });
-        tokio::spawn(informer.consume(typed));
-        Feed(tx)
-    }
-
-    /// Starts `informers` on hand-fed event streams; returns the feeds (apps, projects,
-    /// repositories); the GPG keys ConfigMap is listed empty.
-    pub fn drive(informers: HubInformers) -> (Feed, Feed, Feed) {
-        feed(informers.gpg_keys).list(vec![]);
-        (
-            feed(informers.apps),
-            feed(informers.projects),
-            feed(informers.repositories),
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::testing::*;
+    use argocd_agent_kube::argocd::ObjectMetaExt;
+
+    use super::super::testing::*;
     use super::*;
-    use serde_json::json;
 
     #[tokio::test]
     async fn the_view_serves_what_the_informers_stored_within_the_allowed_namespaces() {
@@ -404,26 +325,26 @@ mod tests {
             AppMapping::Namespace,
         );
         let view = informers.view();
-        let (apps, projects, repositories) = drive(informers);
-        apps.list(vec![
-            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-                       "metadata": {"name": "guestbook", "namespace": "team-a"}}),
-            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-                       "metadata": {"name": "other", "namespace": "elsewhere"}}),
-        ]);
-        projects.list(vec![
-            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
-                        "metadata": {"name": "p", "namespace": "argocd"},
-                        "spec": {"destinations": [{"name": "team-a"}]}}),
-        ]);
-        repositories.list(vec![json!({"apiVersion": "v1", "kind": "Secret",
-                        "metadata": {"name": "repo", "namespace": "argocd",
-                                     "labels": {"argocd.argoproj.io/secret-type": "repository"}},
-                        "data": {"project": "cA=="}})]);
-        tokio::time::timeout(std::time::Duration::from_secs(5), view.wait_listed())
-            .await
-            .unwrap();
+        let feeds = drive(informers);
+        assert!(!view.is_listed(Kind::Application), "nothing listed yet");
+        feeds
+            .list_all(
+                &view,
+                vec![
+                    app("team-a", "guestbook", "v1"),
+                    app("elsewhere", "other", "v1"),
+                ],
+                vec![project("p", &["team-a"])],
+                vec![repository("repo", "p", "https://git")],
+                None,
+            )
+            .await;
+        assert!(view.is_listed(Kind::Application) && view.is_listed(Kind::Repository));
         assert!(view.application("team-a", "team-a", "guestbook").is_some());
+        assert!(
+            view.application("team-b", "team-a", "guestbook").is_none(),
+            "another agent cannot reach it by naming its namespace"
+        );
         assert!(
             view.application("elsewhere", "elsewhere", "other")
                 .is_none(),
@@ -439,5 +360,89 @@ mod tests {
             Some("p")
         );
         assert!(view.repository_for("team-b", "repo").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_repository_secret_goes_where_the_project_its_data_names_applies() {
+        let mut no_project = repository("no-project", "p", "https://git/none");
+        no_project["data"]
+            .as_object_mut()
+            .unwrap()
+            .remove("project");
+        let (view, _feeds) = listed(
+            AppMapping::Namespace,
+            vec![],
+            vec![project("p", &["team-a"]), project("q", &["team-*"])],
+            vec![
+                repository("repo-p", "p", "https://git/p"),
+                repository("repo-q", "q", "https://git/q"),
+                repository("repo-gone", "missing", "https://git/gone"),
+                no_project,
+            ],
+            None,
+        )
+        .await;
+        let names = |agent: &str| {
+            let mut names: Vec<String> = view
+                .repositories_for(agent)
+                .iter()
+                .map(|s| s.name_str().to_string())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names("team-a"), vec!["repo-p", "repo-q"]);
+        assert_eq!(names("team-b"), vec!["repo-q"]);
+        assert!(names("other").is_empty());
+        assert_eq!(view.repositories().len(), 4, "all four are watched");
+        assert!(view.repository_for("team-a", "repo-gone").is_none());
+        assert!(view.repository_for("team-a", "no-project").is_none());
+    }
+
+    #[tokio::test]
+    async fn under_destination_mapping_applications_belong_to_the_agent_their_destination_names() {
+        let (view, _feeds) = listed(
+            AppMapping::Destination,
+            vec![
+                app_to("apps", "one", "team-a"),
+                app_to("team-b", "two", "team-a"),
+                app_to("apps", "three", "team-b"),
+                skip_sync(app_to("apps", "skipped", "team-a")),
+            ],
+            vec![],
+            vec![],
+            None,
+        )
+        .await;
+        let mut of_a: Vec<String> = view
+            .applications_of("team-a")
+            .iter()
+            .map(|a| format!("{}/{}", a.namespace_str(), a.name_str()))
+            .collect();
+        of_a.sort();
+        assert_eq!(of_a, vec!["apps/one", "team-b/two"]);
+        assert!(view.application("team-b", "team-b", "two").is_none());
+        assert!(view.application("team-a", "team-b", "two").is_some());
+        assert!(view.application_in("apps", "skipped").is_some());
+        assert!(view.application("team-a", "apps", "skipped").is_none());
+    }
+
+    #[tokio::test]
+    async fn the_gpg_keys_configmap_is_served_unless_labelled_skip_sync() {
+        let (view, feeds) = listed(
+            AppMapping::Namespace,
+            vec![],
+            vec![],
+            vec![],
+            Some(gpg_keys(&[("k", "v")])),
+        )
+        .await;
+        assert!(view.gpg_keys().is_some());
+        feeds.gpg_keys.apply(skip_sync(gpg_keys(&[("k", "v")])));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while view.gpg_keys().is_some() {
+            assert!(std::time::Instant::now() < deadline, "still served");
+            tokio::task::yield_now().await;
+        }
     }
 }

@@ -10,6 +10,18 @@ use sha2::{Digest, Sha256};
 use super::go_json;
 use crate::payload::SyncedResource;
 
+/// Annotation `kubectl apply` leaves behind: never copied to a peer, never part of a checksum and
+/// never a reason to revert.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Annotation asking Argo CD for a refresh (a hub request that flows to the spoke); the spoke's
+/// application controller removes it once done, which is no drift.
+pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
+
+/// Annotation asking Argo CD to hydrate (argocd-server sets it with every refresh request); the
+/// spoke's controller may drop it, which is no drift either.
+pub const HYDRATE_ANNOTATION: &str = "argocd.argoproj.io/hydrate";
+
 /// Annotation that carries the source object's UID on the peer's copy.
 pub const SOURCE_UID_ANNOTATION: &str = "argocd.argoproj.io/source-uid";
 

@@ -17,18 +17,14 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::event::{
-    go_json, set_checksum, Event, ExtensionValue, ResourceKey, PRINCIPAL_UID_ANNOTATION,
-    SOURCE_UID_ANNOTATION,
+    go_json, set_checksum, Event, ExtensionValue, ResourceKey, LAST_APPLIED_ANNOTATION,
+    PRINCIPAL_UID_ANNOTATION, REFRESH_ANNOTATION, SOURCE_UID_ANNOTATION,
 };
 
 /// Annotation on a hub mirror: hex [`owned_checksum`] of the spoke object it mirrors.
 pub const MIRROR_CHECKSUM_ANNOTATION: &str = "argocd-agent.argoproj.io/source-checksum";
 /// Annotation on a hub mirror: the autonomous agent that owns it.
 pub const MIRROR_AGENT_ANNOTATION: &str = "argocd-agent.argoproj.io/agent";
-/// Annotation never part of the checksum (kubectl's bookkeeping).
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-/// Annotation asking Argo CD for a refresh: the spoke's controller removes it, so it is no drift.
-const REFRESH: &str = "argocd.argoproj.io/refresh";
 
 /// Event extension of a managed agent's `request-update`: hex [`metadata_checksum`] of its copy.
 pub const METADATA_CHECKSUM: &str = "metadatachecksum";
@@ -47,8 +43,8 @@ pub fn metadata_checksum(obj: &Value) -> Vec<u8> {
     };
     let mut annotations = map("/metadata/annotations");
     for a in [
-        LAST_APPLIED,
-        REFRESH,
+        LAST_APPLIED_ANNOTATION,
+        REFRESH_ANNOTATION,
         SOURCE_UID_ANNOTATION,
         PRINCIPAL_UID_ANNOTATION,
     ] {
@@ -92,7 +88,7 @@ pub fn owned_checksum(obj: &Value) -> Vec<u8> {
         _ => Map::new(),
     };
     let mut annotations = map("/metadata/annotations");
-    annotations.remove(LAST_APPLIED);
+    annotations.remove(LAST_APPLIED_ANNOTATION);
     let owned = json!({
         "spec": obj.get("spec").cloned().unwrap_or(Value::Null),
         "status": obj.get("status").cloned().unwrap_or(Value::Null),
@@ -268,7 +264,7 @@ mod tests {
     #[test]
     fn metadata_checksum_ignores_what_only_one_side_has_and_answers_follow_it() {
         let hub = json!({"metadata": {"name": "a", "uid": "1", "labels": {"team": "a"},
-            "annotations": {"note": "x", LAST_APPLIED: "{}", REFRESH: "normal"}}});
+            "annotations": {"note": "x", LAST_APPLIED_ANNOTATION: "{}", REFRESH_ANNOTATION: "normal"}}});
         let spoke = json!({"metadata": {"name": "a", "uid": "2", "resourceVersion": "9",
             "labels": {"team": "a"},
             "annotations": {"note": "x", SOURCE_UID_ANNOTATION: "1",
@@ -309,7 +305,7 @@ mod tests {
     #[test]
     fn checksum_covers_owned_fields_only() {
         let a = json!({"metadata": {"name": "a", "uid": "1", "resourceVersion": "5",
-            "annotations": {LAST_APPLIED: "{}"}}, "spec": {"p": 1}, "status": {"s": 1}});
+            "annotations": {LAST_APPLIED_ANNOTATION: "{}"}}, "spec": {"p": 1}, "status": {"s": 1}});
         let mut b = a.clone();
         b["metadata"]["resourceVersion"] = json!("6");
         b["metadata"]["annotations"] = json!({});
