@@ -11,13 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e::argocd::ArgoCd;
+use e2e::argocd::{ArgoCd, RedisEndpoint};
 use e2e::gateway::{application_resource, appproject_resource, ensure_namespace, text, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::kubelet::FakeKubelet;
+use e2e::redis::resp_exchange;
 use e2e::scenario::{self, register_agent_cluster, wait_greeting, wait_synced, SYNC_WAIT};
 use e2e::sides::{AnyAgent, AnyPrincipal, Mode, Side};
-use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
+use e2e::{shared_planes, wait_until, ControlPlane, Redis, TestContext};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -122,6 +123,30 @@ struct Cell {
     spoke_apps: Api<DynamicObject>,
     /// Held while an upstream principal's resource proxy has the machine's one port for it.
     _resource_proxy_port: Option<tokio::sync::MutexGuard<'static, ()>>,
+    /// With [`Proxies::Redis`]: the hub's argocd-server, whose Redis is the principal's Redis
+    /// proxy, and the password-protected hub Redis behind that proxy.
+    hub_view: Option<HubView>,
+}
+
+/// Which of the principal's live-view proxies a cell serves beyond the event stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Proxies {
+    /// None: an upstream principal runs with both off.
+    None,
+    /// The resource proxy (see [`e2e::upstream::hold_resource_proxy_port`]).
+    Resource,
+    /// The Redis proxy in front of a password-protected hub Redis, with the hub's real
+    /// argocd-server using it (see [`e2e::upstream::hold_redis_proxy_port`]); the agent reads the
+    /// spoke Argo CD's password-protected Redis.
+    Redis,
+}
+
+/// The hub side of a [`Proxies::Redis`] cell.
+struct HubView {
+    server: ArgoCd,
+    hub_redis: Redis,
+    /// Held while an upstream principal's Redis proxy has the machine's one port for it.
+    _redis_proxy_port: Option<tokio::sync::MutexGuard<'static, ()>>,
 }
 
 impl Cell {
@@ -151,7 +176,7 @@ impl Cell {
             mode,
             with_argocd,
             agent_args,
-            false,
+            Proxies::None,
         )
         .await
     }
@@ -159,7 +184,31 @@ impl Cell {
     /// A managed cell without Argo CD whose principal serves the resource proxy: ours always does;
     /// an upstream principal gets it switched on (see [`e2e::upstream::hold_resource_proxy_port`]).
     async fn start_live(scenario: &str, principal: Side, agent: Side) -> anyhow::Result<Cell> {
-        Cell::start_full(scenario, principal, agent, Mode::Managed, false, &[], true).await
+        Cell::start_full(
+            scenario,
+            principal,
+            agent,
+            Mode::Managed,
+            false,
+            &[],
+            Proxies::Resource,
+        )
+        .await
+    }
+
+    /// A managed cell with the spoke's Argo CD and the hub's argocd-server reading through the
+    /// principal's Redis proxy ([`Proxies::Redis`]).
+    async fn start_hub_view(scenario: &str, principal: Side, agent: Side) -> anyhow::Result<Cell> {
+        Cell::start_full(
+            scenario,
+            principal,
+            agent,
+            Mode::Managed,
+            true,
+            &[],
+            Proxies::Redis,
+        )
+        .await
     }
 
     async fn start_full(
@@ -169,7 +218,7 @@ impl Cell {
         mode: Mode,
         with_argocd: bool,
         agent_args: &[&str],
-        resource_proxy: bool,
+        proxies: Proxies,
     ) -> anyhow::Result<Cell> {
         let planes = shared_planes().await;
         // Managed cells on one spoke, autonomous ones on the other: spreads the Argo CD load.
@@ -218,13 +267,46 @@ impl Cell {
         let dest = ctx.unique("demo");
         ensure_namespace(&spoke.client().await?, &dest).await?;
 
-        let (resource_proxy_port, principal_args) = match (principal, resource_proxy) {
-            (Side::Upstream, true) => (
+        let (resource_proxy_port, mut principal_args) = match (principal, proxies) {
+            (Side::Upstream, Proxies::Resource) => (
                 Some(e2e::upstream::hold_resource_proxy_port().await),
                 e2e::upstream::resource_proxy_args(&pki),
             ),
             _ => (None, Vec::new()),
         };
+        let mut agent_args: Vec<String> = agent_args.iter().map(|a| a.to_string()).collect();
+        let hub_redis = match proxies {
+            Proxies::Redis => {
+                let redis = Redis::start_as_hub(
+                    &ctx.unique("hub-redis"),
+                    &ctx.dir.join("hub-redis-creds"),
+                )?;
+                let port = match principal {
+                    Side::Ours => {
+                        principal_args.extend(redis.principal_flags());
+                        None
+                    }
+                    Side::Upstream => {
+                        principal_args.extend(e2e::upstream::redis_proxy_args(&redis));
+                        Some(e2e::upstream::hold_redis_proxy_port().await)
+                    }
+                };
+                // Upstream's agent is given the spoke Redis by `AnyAgent::start`; ours by flags.
+                let spoke_redis = argocd
+                    .as_ref()
+                    .and_then(ArgoCd::redis_endpoint)
+                    .ok_or_else(|| anyhow::anyhow!("a Redis cell runs the spoke's Argo CD"))?;
+                if agent == Side::Ours {
+                    agent_args.push(format!("--redis-address={}", spoke_redis.address));
+                    if let Some(password) = &spoke_redis.password {
+                        agent_args.push(format!("--redis-password={password}"));
+                    }
+                }
+                Some((redis, port))
+            }
+            Proxies::None | Proxies::Resource => None,
+        };
+        let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
         let principal_args: Vec<&str> = principal_args.iter().map(String::as_str).collect();
         let principal = AnyPrincipal::start(
             principal,
@@ -246,9 +328,36 @@ impl Cell {
             mode,
             &spoke_ns,
             argocd.as_ref(),
-            agent_args,
+            &agent_args,
         )
         .await?;
+        let hub_view = match hub_redis {
+            Some((redis, port)) => {
+                let proxy = match &principal {
+                    AnyPrincipal::Ours(p) => format!("127.0.0.1:{}", p.redis_proxy_port),
+                    AnyPrincipal::Upstream(_) => {
+                        format!("127.0.0.1:{}", e2e::upstream::REDIS_PROXY_PORT)
+                    }
+                };
+                let server = ArgoCd::start_server(
+                    &ctx.suffix,
+                    &ctx.dir,
+                    hub,
+                    &principal_ns,
+                    RedisEndpoint {
+                        address: proxy,
+                        password: redis.password.clone(),
+                    },
+                )
+                .await?;
+                Some(HubView {
+                    server,
+                    hub_redis: redis,
+                    _redis_proxy_port: port,
+                })
+            }
+            None => None,
+        };
         let hub_apps = Api::namespaced_with(hub_client.clone(), &name, &application_resource());
         let spoke_apps =
             Api::namespaced_with(spoke.client().await?, &spoke_ns, &application_resource());
@@ -270,18 +379,23 @@ impl Cell {
             hub_apps,
             spoke_apps,
             _resource_proxy_port: resource_proxy_port,
+            hub_view,
         })
     }
 
     /// Log tails of every process of the cell, for failure messages.
     fn logs(&self) -> String {
         format!(
-            "--- principal ---\n{}\n--- agent ---\n{}\n{}",
+            "--- principal ---\n{}\n--- agent ---\n{}\n{}{}",
             self.principal.process().log_tail(30),
             self.agent.process().log_tail(30),
             self.argocd
                 .as_ref()
                 .map(|a| a.log_tails(10))
+                .unwrap_or_default(),
+            self.hub_view
+                .as_ref()
+                .map(|v| format!("\n--- hub argocd-server ---\n{}", v.server.log_tails(20)))
                 .unwrap_or_default()
         )
     }
@@ -1325,6 +1439,191 @@ async fn exec_through_our_principal_upstream_agent() -> anyhow::Result<()> {
 async fn exec_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
     exec_through_the_principal(Side::Upstream, Side::Ours).await
 }
+
+// ---- live view through the Redis proxy: the resource tree ----------------------------------------
+
+/// The hub's real argocd-server reads a spoke Application's resource tree and managed resources
+/// (the live-view keys the spoke's real application-controller caches in its password-protected
+/// Redis) through the principal's Redis proxy, which is argocd-server's Redis in front of the
+/// password-protected hub Redis: the proxy asks the agent, which answers from the spoke's Redis.
+/// The nodes are the spoke's live objects, recognised by their uids on the spoke, which nothing on
+/// the hub knows.
+async fn hub_reads_the_resource_tree_through_the_redis_proxy(
+    principal: Side,
+    agent: Side,
+    _mode: Mode,
+) -> anyhow::Result<()> {
+    let cell = Cell::start_hub_view("redis_tree", principal, agent).await?;
+    let view = cell.hub_view.as_ref().expect("a hub view cell");
+    let server = &view.server;
+    cell.hub_apps
+        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+        .await?;
+    cell.wait_greeting("v1").await?;
+    cell.wait_synced(&cell.hub_apps, &cell.first, "the hub Application Synced")
+        .await?;
+    let spoke_uid = Api::<ConfigMap>::namespaced(cell.spoke.client().await?, &cell.dest)
+        .get("demo-config")
+        .await?
+        .metadata
+        .uid
+        .expect("a live object has a uid");
+
+    let token = server.session_token().await?;
+    let get = |what: &'static str| {
+        let (server, token) = (server, token.clone());
+        let path = format!(
+            "/api/v1/applications/demo/{what}?appNamespace={}",
+            cell.name
+        );
+        async move {
+            let (status, body) = server.api_get(&path, &token).await?;
+            anyhow::Ok((status == 200).then_some(body))
+        }
+    };
+    // The first read may come before the controller's first cache write: asked again until then.
+    let tree: Value = wait_until(
+        "the resource tree through the Redis proxy",
+        Duration::from_secs(90),
+        || async {
+            Ok::<_, anyhow::Error>(
+                get("resource-tree")
+                    .await?
+                    .map(|body| serde_json::from_str::<Value>(&body))
+                    .transpose()?
+                    .filter(|tree| tree["nodes"].as_array().is_some_and(|n| !n.is_empty())),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
+    let node = |kind: &str, name: &str| {
+        nodes
+            .iter()
+            .find(|n| n["kind"] == kind && n["name"] == name)
+            .cloned()
+    };
+    let config_map =
+        node("ConfigMap", "demo-config").unwrap_or_else(|| panic!("no demo-config in {tree}"));
+    assert_eq!(config_map["uid"], spoke_uid.as_str(), "{config_map}");
+    assert_eq!(config_map["namespace"], cell.dest.as_str(), "{config_map}");
+    assert!(node("Secret", "demo-secret").is_some(), "{tree}");
+
+    // Managed resources (the other live-view key): the spoke's live ConfigMap as its Argo CD saw it.
+    let body = get("managed-resources")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("managed-resources refused\n{}", cell.logs()))?;
+    let managed: Value = serde_json::from_str(&body)?;
+    let live = managed["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["kind"] == "ConfigMap" && r["name"] == "demo-config")
+        .and_then(|r| r["liveState"].as_str())
+        .map(serde_json::from_str::<Value>)
+        .transpose()?
+        .unwrap_or_else(|| panic!("no live demo-config in {managed}"));
+    assert_eq!(live["metadata"]["uid"], spoke_uid.as_str(), "{live}");
+    assert_eq!(live["data"]["greeting"], "v1", "{live}");
+
+    // Nothing on the hub holds those keys: the hub Redis behind the proxy has none.
+    let mut hub = tokio::net::TcpStream::connect(view.hub_redis.address()).await?;
+    let password = view
+        .hub_redis
+        .password
+        .as_deref()
+        .expect("password-protected");
+    assert_eq!(
+        resp_exchange(&mut hub, &["AUTH", password]).await?,
+        "+OK\r\n"
+    );
+    let keys = resp_exchange(&mut hub, &["KEYS", "app|*"]).await?;
+    assert_eq!(keys, "*0\r\n", "live-view keys in the hub Redis: {keys}");
+
+    // Watching the tree: argocd-server SUBSCRIBEs to the app's channel through the proxy (the
+    // agent subscribes on the spoke Redis) and sends the tree again on each message there, which
+    // the spoke's controller publishes after each reconciliation; a refresh asked on the hub makes
+    // one (asked again while the hub shows no pending request: the subscription may not be up yet,
+    // and an upstream principal may drop the request, see PROTOCOL.md (1)).
+    let watch = TreeWatch::open(server, &cell.name, &token).await?;
+    wait_until(
+        "a resource tree update through the subscription",
+        SYNC_WAIT,
+        || async {
+            let received = watch.received();
+            if received.contains("\"result\"") && received.contains("demo-config") {
+                return Ok::<_, anyhow::Error>(Some(()));
+            }
+            let hub = cell.hub_apps.get("demo").await?;
+            if !hub.annotations().contains_key(REFRESH_ANNOTATION) {
+                cell.patch_app(
+                    &cell.hub_apps,
+                    json!({"metadata": {"annotations": {REFRESH_ANNOTATION: "normal"}}}),
+                )
+                .await?;
+            }
+            Ok(None)
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nstream: {}\n{}", watch.received(), cell.logs()))?;
+    Ok(())
+}
+
+/// argocd-server's resource tree stream (`/api/v1/stream/applications/demo/resource-tree`) of the
+/// demo app in an agent's namespace, read as it arrives.
+struct TreeWatch {
+    received: Arc<std::sync::Mutex<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TreeWatch {
+    async fn open(server: &ArgoCd, namespace: &str, token: &str) -> anyhow::Result<TreeWatch> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let port = server.server_port.expect("an argocd-server");
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        conn.write_all(
+            format!(
+                "GET /api/v1/stream/applications/demo/resource-tree?appNamespace={namespace} \
+                 HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await?;
+        let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let task = tokio::spawn({
+            let received = received.clone();
+            async move {
+                let mut buf = [0u8; 8192];
+                while let Ok(n @ 1..) = conn.read(&mut buf).await {
+                    received.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            }
+        });
+        Ok(TreeWatch { received, task })
+    }
+
+    /// Everything the stream carried so far, as text.
+    fn received(&self) -> String {
+        String::from_utf8_lossy(&self.received.lock().unwrap()).into_owned()
+    }
+}
+
+impl Drop for TreeWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// Each cell runs the spoke's Argo CD and the hub's argocd-server; an upstream principal's Redis
+// proxy holds the machine's port 6379, so those cells run one at a time.
+cells!(hub_reads_the_resource_tree_through_the_redis_proxy, Mode::Managed, {
+    redis_proxy_resource_tree_ours_principal_ours_agent: Ours, Ours;
+    redis_proxy_resource_tree_ours_principal_upstream_agent: Ours, Upstream;
+    redis_proxy_resource_tree_upstream_principal_ours_agent: Upstream, Ours;
+    redis_proxy_resource_tree_upstream_principal_upstream_agent: Upstream, Upstream;
+});
 
 // ---- gzip on the wire -----------------------------------------------------------------------------
 
