@@ -1152,7 +1152,11 @@ impl Cell {
     }
 }
 
-/// `kubectl logs` through the principal's resource proxy reads the real apiserver's `pods/log` of
+/// The `gitVersion` upstream v0.9.0's principal answers `/version` with (`proxyVersion`,
+/// principal/server.go), for every agent.
+const UPSTREAM_STAND_IN_VERSION: &str = "1.28.5+argocd-agent";
+
+/// `kubectl version` and `kubectl logs` through the principal's resource proxy reads the real apiserver's `pods/log` of
 /// a pod on the agent's cluster: the tail of a container, another container, with and without
 /// timestamps, an error for a container the pod lacks, and `-f` with live lines, after which the
 /// kubelet sees its stream closed once kubectl is gone. Both agents push the logs over
@@ -1175,6 +1179,27 @@ async fn pod_logs_through_the_principal(principal: Side, agent: Side) -> anyhow:
             })
             .collect()
     };
+
+    // `kubectl version` (what argocd-server reads as the cluster's version): the spoke
+    // apiserver's own where the agent can tell it (ours reads the spoke's `/version`); upstream's
+    // principal answers `/version` itself with a fixed stand-in, and ours answers the same for a
+    // Go agent, which cannot tell it (it answers `/version` with the API group list).
+    let (ok, out, err) = kubectl(&["version", "-o", "json"])?;
+    anyhow::ensure!(ok, fail("kubectl version", &err));
+    let version: Value = serde_json::from_str(&out)?;
+    let server_version = text(&version, "/serverVersion/gitVersion");
+    let expected = match (principal, agent) {
+        (Side::Ours, Side::Ours) => {
+            cell.spoke
+                .client()
+                .await?
+                .apiserver_version()
+                .await?
+                .git_version
+        }
+        _ => UPSTREAM_STAND_IN_VERSION.to_string(),
+    };
+    assert_eq!(server_version, expected, "{out}");
 
     let (ok, out, err) = kubectl(&["logs", "-n", ns, "web-1", "-c", "web", "--tail=3"])?;
     anyhow::ensure!(ok, fail("kubectl logs --tail=3", &err));
