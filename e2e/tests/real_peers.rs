@@ -128,10 +128,24 @@ struct Cell {
     hub_view: Option<HubView>,
 }
 
+/// How a cell is started beyond its sides and mode.
+#[derive(Default)]
+struct CellOptions<'a> {
+    /// The spoke runs Argo CD (application-controller, repo-server, Redis).
+    with_argocd: bool,
+    /// Added to the agent's command line.
+    agent_args: &'a [&'a str],
+    /// Added to the principal's command line.
+    principal_args: &'a [&'a str],
+    /// The principal's live-view proxies the cell uses.
+    proxies: Proxies,
+}
+
 /// Which of the principal's live-view proxies a cell serves beyond the event stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Proxies {
     /// None: an upstream principal runs with both off.
+    #[default]
     None,
     /// The resource proxy (see [`e2e::upstream::hold_resource_proxy_port`]).
     Resource,
@@ -169,46 +183,33 @@ impl Cell {
         with_argocd: bool,
         agent_args: &[&str],
     ) -> anyhow::Result<Cell> {
-        Cell::start_full(
-            scenario,
-            principal,
-            agent,
-            mode,
+        let options = CellOptions {
             with_argocd,
             agent_args,
-            Proxies::None,
-        )
-        .await
+            ..CellOptions::default()
+        };
+        Cell::start_full(scenario, principal, agent, mode, options).await
     }
 
     /// A managed cell without Argo CD whose principal serves the resource proxy: ours always does;
     /// an upstream principal gets it switched on (see [`e2e::upstream::hold_resource_proxy_port`]).
     async fn start_live(scenario: &str, principal: Side, agent: Side) -> anyhow::Result<Cell> {
-        Cell::start_full(
-            scenario,
-            principal,
-            agent,
-            Mode::Managed,
-            false,
-            &[],
-            Proxies::Resource,
-        )
-        .await
+        let options = CellOptions {
+            proxies: Proxies::Resource,
+            ..CellOptions::default()
+        };
+        Cell::start_full(scenario, principal, agent, Mode::Managed, options).await
     }
 
     /// A managed cell with the spoke's Argo CD and the hub's argocd-server reading through the
     /// principal's Redis proxy ([`Proxies::Redis`]).
     async fn start_hub_view(scenario: &str, principal: Side, agent: Side) -> anyhow::Result<Cell> {
-        Cell::start_full(
-            scenario,
-            principal,
-            agent,
-            Mode::Managed,
-            true,
-            &[],
-            Proxies::Redis,
-        )
-        .await
+        let options = CellOptions {
+            with_argocd: true,
+            proxies: Proxies::Redis,
+            ..CellOptions::default()
+        };
+        Cell::start_full(scenario, principal, agent, Mode::Managed, options).await
     }
 
     async fn start_full(
@@ -216,10 +217,14 @@ impl Cell {
         principal: Side,
         agent: Side,
         mode: Mode,
-        with_argocd: bool,
-        agent_args: &[&str],
-        proxies: Proxies,
+        options: CellOptions<'_>,
     ) -> anyhow::Result<Cell> {
+        let CellOptions {
+            with_argocd,
+            agent_args,
+            principal_args: extra_principal_args,
+            proxies,
+        } = options;
         let planes = shared_planes().await;
         // Managed cells on one spoke, autonomous ones on the other: spreads the Argo CD load.
         let (hub, spoke) = match mode {
@@ -274,6 +279,7 @@ impl Cell {
             ),
             _ => (None, Vec::new()),
         };
+        principal_args.extend(extra_principal_args.iter().map(|a| a.to_string()));
         let mut agent_args: Vec<String> = agent_args.iter().map(|a| a.to_string()).collect();
         let hub_redis = match proxies {
             Proxies::Redis => {
@@ -1463,6 +1469,159 @@ async fn exec_through_our_principal_upstream_agent() -> anyhow::Result<()> {
 #[tokio::test]
 async fn exec_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
     exec_through_the_principal(Side::Upstream, Side::Ours).await
+}
+
+/// Our principal holds at most `--terminal-max-sessions-per-agent` web terminal sessions of an
+/// agent open at once: with the cap at 1, a `kubectl exec` while another session is open is
+/// refused before the agent is asked (kubectl shows the refusal naming the flag; the kubelet sees
+/// no second exec), and once the first session ended another is accepted. The principal's
+/// metrics follow: the open session, the refusal and the finished session by outcome.
+async fn terminal_sessions_over_the_cap_are_refused(agent: Side) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let options = CellOptions {
+        proxies: Proxies::Resource,
+        principal_args: &["--terminal-max-sessions-per-agent=1"],
+        ..CellOptions::default()
+    };
+    let cell = Cell::start_full("terminal_cap", Side::Ours, agent, Mode::Managed, options).await?;
+    let (kubelet, kubeconfig) = cell.pod_on_fake_kubelet().await?;
+    let AnyPrincipal::Ours(principal) = &cell.principal else {
+        anyhow::bail!("the cap is our principal's");
+    };
+    // (open, refused_limit, finished); a series not exposed yet reads 0, and both families are
+    // checked to be declared once each has a sample (below), so a misspelt name fails the test.
+    let agent_label = ("agent_name", cell.name.as_str());
+    let scrape = || async {
+        let scrape = e2e::metrics::Scrape::of(principal.ops_port).await?;
+        let outcome = |o| {
+            scrape.baseline(
+                "argocd_principal_terminal_sessions",
+                &[agent_label, ("outcome", o)],
+            )
+        };
+        anyhow::Ok((
+            scrape.baseline("argocd_principal_terminal_sessions_open", &[agent_label]),
+            outcome("refused_limit"),
+            outcome("finished"),
+        ))
+    };
+    let ns = cell.dest.as_str();
+
+    // The first session stays open until its stdin is closed.
+    let mut first = tokio::process::Command::new(e2e::binaries::kubectl()?)
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["exec", "-i", "-n", ns, "web-1", "-c", "web", "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo first-open; cat >/dev/null; echo first-done",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdin = first.stdin.take().expect("piped");
+    let mut stdout = first.stdout.take().expect("piped");
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&seen).contains("first-open") {
+            match stdout.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("the first session did not start\n{}", cell.logs()))?;
+    assert_eq!(scrape().await?, (1.0, 0.0, 0.0), "one session open");
+
+    // The second is refused while the first is open; its agent is never asked.
+    let (ok, out, err) = cell.kubectl(
+        &kubeconfig,
+        &[
+            "exec", "-n", ns, "web-1", "-c", "web", "--", "echo", "second",
+        ],
+    )?;
+    assert!(
+        !ok && err.contains("--terminal-max-sessions-per-agent") && !out.contains("second"),
+        "the second session refused naming the cap: {out:?} / {err:?}\n{}",
+        cell.logs()
+    );
+    assert_eq!(
+        kubelet.stats.execs.lock().unwrap().len(),
+        1,
+        "no second exec"
+    );
+    assert_eq!(scrape().await?, (1.0, 1.0, 0.0), "the refusal counted");
+
+    // The first ends when its stdin is closed; then another session is accepted.
+    let mut stdin = stdin;
+    stdin.shutdown().await?;
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(60), first.wait())
+        .await
+        .map_err(|_| anyhow::anyhow!("the first session did not end\n{}", cell.logs()))??;
+    stdout.read_to_end(&mut seen).await?;
+    assert!(
+        String::from_utf8_lossy(&seen).contains("first-done"),
+        "{status}: {}",
+        String::from_utf8_lossy(&seen)
+    );
+    let ended = wait_until(
+        "the first session counted as finished and no longer open",
+        Duration::from_secs(30),
+        || async { Ok::<_, anyhow::Error>((scrape().await? == (0.0, 1.0, 1.0)).then_some(())) },
+    )
+    .await;
+    if let Err(e) = ended {
+        let series = terminal_series(principal.ops_port).await;
+        anyhow::bail!("{e}: {series:?}\n{}", cell.logs());
+    }
+    let (ok, out, err) = cell.kubectl(
+        &kubeconfig,
+        &[
+            "exec", "-n", ns, "web-1", "-c", "web", "--", "echo", "third",
+        ],
+    )?;
+    assert!(
+        ok && out.contains("third"),
+        "accepted again: {out:?} / {err:?}"
+    );
+    assert_eq!(kubelet.stats.execs.lock().unwrap().len(), 2);
+    let declared = e2e::metrics::Scrape::of(principal.ops_port).await?;
+    for family in [
+        "argocd_principal_terminal_sessions_open",
+        "argocd_principal_terminal_sessions",
+    ] {
+        declared.value(family, &[agent_label])?;
+    }
+    Ok(())
+}
+
+/// The principal's terminal metrics as exposed, for failure messages.
+async fn terminal_series(port: u16) -> Vec<(Vec<(String, String)>, f64)> {
+    match e2e::metrics::Scrape::of(port).await {
+        Ok(s) => [
+            s.series("argocd_principal_terminal_sessions_open"),
+            s.series("argocd_principal_terminal_sessions"),
+        ]
+        .concat(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn terminal_sessions_over_the_cap_are_refused_on_our_principal_ours_agent(
+) -> anyhow::Result<()> {
+    terminal_sessions_over_the_cap_are_refused(Side::Ours).await
+}
+
+#[tokio::test]
+async fn terminal_sessions_over_the_cap_are_refused_on_our_principal_upstream_agent(
+) -> anyhow::Result<()> {
+    terminal_sessions_over_the_cap_are_refused(Side::Upstream).await
 }
 
 // ---- live view through the Redis proxy: the resource tree ----------------------------------------

@@ -129,8 +129,8 @@ pub struct ResourceProxy {
     pub body_timeout: Duration,
     /// Room for request bodies being read.
     pub body_budget: BodyBudget,
-    /// A web terminal with no data either way this long is ended (`--terminal-idle-timeout`).
-    pub terminal_idle_timeout: Duration,
+    /// How web terminals are bounded (`--terminal-*`) and observed.
+    pub terminal: crate::terminal::TerminalPolicy,
 }
 
 /// Marks a response the proxy made itself instead of relaying the agent's answer: the Kubernetes
@@ -369,7 +369,7 @@ impl ResourceProxy {
                 agent,
                 &session,
                 self.live.terminals(),
-                self.terminal_idle_timeout,
+                &self.terminal,
                 (namespace, pod),
                 offer,
                 req,
