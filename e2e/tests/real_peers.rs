@@ -1408,14 +1408,7 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
         }
     }
 
-    // A pod Argo CD does not manage: refused before any exec. Not asserted through upstream's
-    // principal: it upgrades the WebSocket before its agent is asked (a refusal can only come
-    // after it, as a text frame outside the channel protocol), and kube-rs's exec of such a pod
-    // was seen to stay open there without output and without the agent being asked: not
-    // understood yet (issue 15's note).
-    if principal == Side::Upstream {
-        return Ok(());
-    }
+    // A pod Argo CD does not manage: refused before any exec.
     let spoke = cell.spoke.client().await?;
     let mut stray = tracked_pod(ns, &kubelet.node)?;
     stray.metadata.name = Some("stray-1".into());
@@ -1434,20 +1427,41 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
         .container("web")
         .stdout(true)
         .stderr(false);
-    let refused = match Api::<Pod>::namespaced(proxy, ns)
+    let exec = Api::<Pod>::namespaced(proxy, ns)
         .exec("stray-1", ["sh", "-c", "echo leaked"], &params)
-        .await
-    {
-        Ok(_) => anyhow::bail!("an exec into a pod Argo CD does not manage was accepted"),
-        Err(e) => e.to_string(),
-    };
-    // Our principal reads the pod through the agent first, which refuses (403; upstream's agent
-    // answers with a body that is no Kubernetes `Status`).
-    assert!(
-        refused.contains("code: 403"),
-        "refused as the agent refuses to read the pod: {refused}\n{}",
-        cell.logs()
-    );
+        .await;
+    match (principal, exec) {
+        // Our principal reads the pod through the agent first, which refuses (403; upstream's
+        // agent answers with a body that is no Kubernetes `Status`).
+        (Side::Ours, Ok(_)) => {
+            anyhow::bail!("an exec into a pod Argo CD does not manage was accepted")
+        }
+        (Side::Ours, Err(refused)) => assert!(
+            refused.to_string().contains("code: 403"),
+            "refused as the agent refuses to read the pod: {refused}\n{}",
+            cell.logs()
+        ),
+        // Upstream's principal upgrades the WebSocket before its agent is asked; our agent
+        // refuses the session (`error` on its StreamTerminal call, sent without waiting for the
+        // principal's response headers: grpc-go sends those only with its first message, which a
+        // client sending nothing never causes, and the session hung until then), and upstream's
+        // principal ends the session and drops the connection without a WebSocket close (its
+        // text frame with the refusal races its own cleanup and is lost, as with its own agent).
+        // The exec ends without an exit status (kube-rs's reader of such a stream never sees its
+        // end, so the end is awaited with `join`).
+        (Side::Upstream, Err(e)) => anyhow::bail!("upstream's principal refused the upgrade: {e}"),
+        (Side::Upstream, Ok(mut process)) => {
+            let status = process.take_status().expect("the status, once");
+            let ended = tokio::time::timeout(Duration::from_secs(30), process.join())
+                .await
+                .map_err(|_| anyhow::anyhow!("the refused exec did not end\n{}", cell.logs()))?;
+            let status = tokio::time::timeout(Duration::from_secs(5), status).await?;
+            assert!(
+                status.is_none(),
+                "no exit status from a refused exec: {status:?} ({ended:?})"
+            );
+        }
+    }
     assert_eq!(
         kubelet.stats.execs.lock().unwrap().len(),
         1,
