@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::argocd::{ArgoCd, RedisEndpoint};
-use e2e::gateway::{application_resource, appproject_resource, ensure_namespace, text, Pki};
+use e2e::gateway::{
+    agentctl, application_resource, appproject_resource, ensure_namespace, text, Pki,
+};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::kubelet::FakeKubelet;
 use e2e::redis::resp_exchange;
@@ -1738,6 +1740,51 @@ async fn hub_reads_the_resource_tree_through_the_redis_proxy(
     );
     let keys = resp_exchange(&mut hub, &["KEYS", "app|*"]).await?;
     assert_eq!(keys, "*0\r\n", "live-view keys in the hub Redis: {keys}");
+
+    // argocd-server's read of the agent's cluster version: an Application destined to the agent's
+    // cluster (its cluster Secret names our resource proxy; the Application stays on the hub, in
+    // argocd-server's namespace) is validated against that cluster's `/version` and API list.
+    // Our principal answers `/version` for a Go agent with upstream's stand-in (the Go agent
+    // answers it with the API group list, which Argo CD cannot parse as a version).
+    if let AnyPrincipal::Ours(ours) = &cell.principal {
+        let hub = &shared_planes().await.hub;
+        agentctl(&[
+            "agent",
+            "create",
+            &cell.name,
+            "--dir",
+            cell.pki.dir.to_str().expect("utf-8 path"),
+            "--kubeconfig",
+            hub.kubeconfig.to_str().expect("utf-8 path"),
+            "--resource-proxy-server",
+            &format!("127.0.0.1:{}", ours.resource_proxy_port),
+            "--argocd-namespace",
+            &cell.principal_ns,
+        ])?;
+        let repo = cell.git.url("apps");
+        server
+            .cli(&[
+                "app",
+                "create",
+                "version-probe",
+                "--repo",
+                &repo,
+                "--path",
+                "demo",
+                "--dest-name",
+                &cell.name,
+                "--dest-namespace",
+                &cell.dest,
+                "--project",
+                "default",
+            ])
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "argocd app create against the agent's cluster: {e}\n{}",
+                    cell.logs()
+                )
+            })?;
+    }
 
     // Watching the tree: argocd-server SUBSCRIBEs to the app's channel through the proxy (the
     // agent subscribes on the spoke Redis) and sends the tree again on each message there, which
