@@ -1331,7 +1331,8 @@ async fn pod_logs_through_upstream_principal_upstream_agent() -> anyhow::Result<
 /// manage is refused by our principal, which reads the pod through the agent first (403;
 /// upstream's Go agent itself would exec into any pod its ServiceAccount reaches); no exec reaches
 /// the kubelet. Through upstream's principal, which asks for a TTY and ends the WebSocket without
-/// an exit status, the command's output comes back.
+/// an exit status, the command's output comes back, and our agent refuses the untracked pod
+/// itself (upstream's principal asks the agent without reading the pod).
 async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Result<()> {
     use tokio::io::AsyncWriteExt;
     let cell = Cell::start_live("exec", principal, agent).await?;
