@@ -142,7 +142,7 @@ pub struct PrincipalArgs {
     pub terminal_idle_timeout: Duration,
 
     /// Web terminal sessions (pods/exec through the resource proxy) open at once in all; one more
-    /// is refused with a message naming this flag, before its agent is asked [at least 1].
+    /// is refused with a message naming this flag, before its agent is asked to open it [at least 1].
     #[arg(
         long,
         env = "ARGOCD_PRINCIPAL_TERMINAL_MAX_SESSIONS",
@@ -152,7 +152,7 @@ pub struct PrincipalArgs {
     pub terminal_max_sessions: usize,
 
     /// Web terminal sessions open at once per agent; one more is refused with a message naming
-    /// this flag, before the agent is asked [at least 1].
+    /// this flag, before the agent is asked to open it [at least 1].
     #[arg(
         long,
         env = "ARGOCD_PRINCIPAL_TERMINAL_MAX_SESSIONS_PER_AGENT",

@@ -15,7 +15,7 @@
 //! Owns the pending sessions ([`TerminalSessions`]: a call is joined to the session only when it
 //! comes from the agent the request was sent to), how many sessions are open (at most
 //! `--terminal-max-sessions-per-agent` per agent and `--terminal-max-sessions` in all: one over
-//! either cap is refused before its agent is asked, on the exec channel protocol after the
+//! either cap is refused before its agent is asked to open it, on the exec channel protocol after the
 //! WebSocket upgrade, since client-go answers a failed upgrade by retrying over SPDY and would show
 //! that refusal instead; see [`TerminalPolicy`]), their metrics
 //! ([`crate::metrics::TerminalMetrics`]: open per agent, ended by outcome), the `StreamTerminal` service
