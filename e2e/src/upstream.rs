@@ -6,7 +6,8 @@
 //! Constraints of upstream v0.9.0 that shape this: its resource proxy and Redis proxy listen on the
 //! fixed addresses 0.0.0.0:9090 and 0.0.0.0:6379, so they are switched off here, except that a
 //! test holding [`hold_resource_proxy_port`] may switch the resource proxy on
-//! ([`resource_proxy_args`]); its health port must be below 32768 ([`free_low_port`]); and grpc-go's
+//! ([`resource_proxy_args`]) and one holding [`hold_redis_proxy_port`] the Redis proxy
+//! ([`redis_proxy_args`]); its health port must be below 32768 ([`free_low_port`]); and grpc-go's
 //! server refuses HTTP/2 pings more often than every 5 minutes unless `--keepalive-min-interval`
 //! allows them, which upstream's docs tell users to set for agents that ping.
 
@@ -18,6 +19,7 @@ use crate::control_plane::ControlPlane;
 use crate::gateway::{agentctl, ensure_namespace, wait_http_ok, Pki};
 use crate::ports::{free_low_port, free_port};
 use crate::process::{ManagedProcess, ProcessSpec};
+use crate::redis::Redis;
 
 /// The port upstream v0.9.0's resource proxy listens on, on every interface (no flag sets it).
 pub const RESOURCE_PROXY_PORT: u16 = 9090;
@@ -47,6 +49,34 @@ pub fn resource_proxy_args(pki: &Pki) -> Vec<String> {
         ),
         format!("--resource-proxy-ca-path={}", pki.ca().display()),
     ]
+}
+
+/// The port upstream v0.9.0's Redis proxy listens on, on every interface (no flag sets it:
+/// `defaultRedisProxyListenerAddr` in principal/server.go).
+pub const REDIS_PROXY_PORT: u16 = 6379;
+
+static REDIS_PROXY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits until no other test of this process runs an upstream principal with its Redis proxy,
+/// and holds the port until the guard is dropped.
+pub async fn hold_redis_proxy_port() -> tokio::sync::MutexGuard<'static, ()> {
+    REDIS_PROXY.lock().await
+}
+
+/// Flags (given after [`UpstreamPrincipal::start`]'s own, which they override) that switch an
+/// upstream principal's Redis proxy on at [`REDIS_PROXY_PORT`] in front of `hub` (the hub Argo
+/// CD's Redis, started with [`Redis::start_as_hub`]): upstream's proxy sends no `AUTH` of its own
+/// but passes argocd-server's on, and reads the password for its own use from the same creds
+/// directory our principal does.
+pub fn redis_proxy_args(hub: &Redis) -> Vec<String> {
+    let mut args = vec![
+        "--disable-redis-proxy=false".to_string(),
+        format!("--redis-server-address={}", hub.address()),
+    ];
+    if let Some(dir) = &hub.creds_dir {
+        args.push(format!("--redis-creds-dir-path={}", dir.display()));
+    }
+    args
 }
 
 /// A running upstream `argocd-agent principal`.

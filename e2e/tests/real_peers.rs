@@ -4,20 +4,26 @@
 //! {our, upstream} principal × {our, upstream} agent with the spoke's real Argo CD syncing from Git:
 //! managed (hub → spoke: create, update, drift revert, refresh, delete with cascade, AppProject and
 //! repository Secret, the GPG keys ConfigMap, resync after an agent restart) and autonomous
-//! (spoke → hub mirror: create, update, delete, with the real status). Nobody here writes what Argo CD or an agent would write.
+//! (spoke → hub mirror: create, update, delete, with the real status); and the live view: the
+//! resource proxy (kubectl discovery, version, logs and exec; our principal's web terminal caps)
+//! and the Redis proxy (the hub's real argocd-server reading the resource tree). Nobody here
+//! writes what Argo CD or an agent would write.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e::argocd::ArgoCd;
-use e2e::gateway::{application_resource, appproject_resource, ensure_namespace, text, Pki};
+use e2e::argocd::{ArgoCd, RedisEndpoint};
+use e2e::gateway::{
+    agentctl, application_resource, appproject_resource, ensure_namespace, text, Pki,
+};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::kubelet::FakeKubelet;
+use e2e::redis::resp_exchange;
 use e2e::scenario::{self, register_agent_cluster, wait_greeting, wait_synced, SYNC_WAIT};
 use e2e::sides::{AnyAgent, AnyPrincipal, Mode, Side};
-use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
+use e2e::{shared_planes, wait_until, ControlPlane, Redis, TestContext};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -122,6 +128,44 @@ struct Cell {
     spoke_apps: Api<DynamicObject>,
     /// Held while an upstream principal's resource proxy has the machine's one port for it.
     _resource_proxy_port: Option<tokio::sync::MutexGuard<'static, ()>>,
+    /// With [`Proxies::Redis`]: the hub's argocd-server, whose Redis is the principal's Redis
+    /// proxy, and the password-protected hub Redis behind that proxy.
+    hub_view: Option<HubView>,
+}
+
+/// How a cell is started beyond its sides and mode.
+#[derive(Default)]
+struct CellOptions<'a> {
+    /// The spoke runs Argo CD (application-controller, repo-server, Redis).
+    with_argocd: bool,
+    /// Added to the agent's command line.
+    agent_args: &'a [&'a str],
+    /// Added to the principal's command line.
+    principal_args: &'a [&'a str],
+    /// The principal's live-view proxies the cell uses.
+    proxies: Proxies,
+}
+
+/// Which of the principal's live-view proxies a cell serves beyond the event stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Proxies {
+    /// None: an upstream principal runs with both off.
+    #[default]
+    None,
+    /// The resource proxy (see [`e2e::upstream::hold_resource_proxy_port`]).
+    Resource,
+    /// The Redis proxy in front of a password-protected hub Redis, with the hub's real
+    /// argocd-server using it (see [`e2e::upstream::hold_redis_proxy_port`]); the agent reads the
+    /// spoke Argo CD's password-protected Redis.
+    Redis,
+}
+
+/// The hub side of a [`Proxies::Redis`] cell.
+struct HubView {
+    server: ArgoCd,
+    hub_redis: Redis,
+    /// Held while an upstream principal's Redis proxy has the machine's one port for it.
+    _redis_proxy_port: Option<tokio::sync::MutexGuard<'static, ()>>,
 }
 
 impl Cell {
@@ -144,22 +188,33 @@ impl Cell {
         with_argocd: bool,
         agent_args: &[&str],
     ) -> anyhow::Result<Cell> {
-        Cell::start_full(
-            scenario,
-            principal,
-            agent,
-            mode,
+        let options = CellOptions {
             with_argocd,
             agent_args,
-            false,
-        )
-        .await
+            ..CellOptions::default()
+        };
+        Cell::start_full(scenario, principal, agent, mode, options).await
     }
 
     /// A managed cell without Argo CD whose principal serves the resource proxy: ours always does;
     /// an upstream principal gets it switched on (see [`e2e::upstream::hold_resource_proxy_port`]).
     async fn start_live(scenario: &str, principal: Side, agent: Side) -> anyhow::Result<Cell> {
-        Cell::start_full(scenario, principal, agent, Mode::Managed, false, &[], true).await
+        let options = CellOptions {
+            proxies: Proxies::Resource,
+            ..CellOptions::default()
+        };
+        Cell::start_full(scenario, principal, agent, Mode::Managed, options).await
+    }
+
+    /// A managed cell with the spoke's Argo CD and the hub's argocd-server reading through the
+    /// principal's Redis proxy ([`Proxies::Redis`]).
+    async fn start_hub_view(scenario: &str, principal: Side, agent: Side) -> anyhow::Result<Cell> {
+        let options = CellOptions {
+            with_argocd: true,
+            proxies: Proxies::Redis,
+            ..CellOptions::default()
+        };
+        Cell::start_full(scenario, principal, agent, Mode::Managed, options).await
     }
 
     async fn start_full(
@@ -167,10 +222,14 @@ impl Cell {
         principal: Side,
         agent: Side,
         mode: Mode,
-        with_argocd: bool,
-        agent_args: &[&str],
-        resource_proxy: bool,
+        options: CellOptions<'_>,
     ) -> anyhow::Result<Cell> {
+        let CellOptions {
+            with_argocd,
+            agent_args,
+            principal_args: extra_principal_args,
+            proxies,
+        } = options;
         let planes = shared_planes().await;
         // Managed cells on one spoke, autonomous ones on the other: spreads the Argo CD load.
         let (hub, spoke) = match mode {
@@ -218,13 +277,47 @@ impl Cell {
         let dest = ctx.unique("demo");
         ensure_namespace(&spoke.client().await?, &dest).await?;
 
-        let (resource_proxy_port, principal_args) = match (principal, resource_proxy) {
-            (Side::Upstream, true) => (
+        let (resource_proxy_port, mut principal_args) = match (principal, proxies) {
+            (Side::Upstream, Proxies::Resource) => (
                 Some(e2e::upstream::hold_resource_proxy_port().await),
                 e2e::upstream::resource_proxy_args(&pki),
             ),
             _ => (None, Vec::new()),
         };
+        principal_args.extend(extra_principal_args.iter().map(|a| a.to_string()));
+        let mut agent_args: Vec<String> = agent_args.iter().map(|a| a.to_string()).collect();
+        let hub_redis = match proxies {
+            Proxies::Redis => {
+                let redis = Redis::start_as_hub(
+                    &ctx.unique("hub-redis"),
+                    &ctx.dir.join("hub-redis-creds"),
+                )?;
+                let port = match principal {
+                    Side::Ours => {
+                        principal_args.extend(redis.principal_flags());
+                        None
+                    }
+                    Side::Upstream => {
+                        principal_args.extend(e2e::upstream::redis_proxy_args(&redis));
+                        Some(e2e::upstream::hold_redis_proxy_port().await)
+                    }
+                };
+                // Upstream's agent is given the spoke Redis by `AnyAgent::start`; ours by flags.
+                let spoke_redis = argocd
+                    .as_ref()
+                    .and_then(ArgoCd::redis_endpoint)
+                    .ok_or_else(|| anyhow::anyhow!("a Redis cell runs the spoke's Argo CD"))?;
+                if agent == Side::Ours {
+                    agent_args.push(format!("--redis-address={}", spoke_redis.address));
+                    if let Some(password) = &spoke_redis.password {
+                        agent_args.push(format!("--redis-password={password}"));
+                    }
+                }
+                Some((redis, port))
+            }
+            Proxies::None | Proxies::Resource => None,
+        };
+        let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
         let principal_args: Vec<&str> = principal_args.iter().map(String::as_str).collect();
         let principal = AnyPrincipal::start(
             principal,
@@ -246,9 +339,36 @@ impl Cell {
             mode,
             &spoke_ns,
             argocd.as_ref(),
-            agent_args,
+            &agent_args,
         )
         .await?;
+        let hub_view = match hub_redis {
+            Some((redis, port)) => {
+                let proxy = match &principal {
+                    AnyPrincipal::Ours(p) => format!("127.0.0.1:{}", p.redis_proxy_port),
+                    AnyPrincipal::Upstream(_) => {
+                        format!("127.0.0.1:{}", e2e::upstream::REDIS_PROXY_PORT)
+                    }
+                };
+                let server = ArgoCd::start_server(
+                    &ctx.suffix,
+                    &ctx.dir,
+                    hub,
+                    &principal_ns,
+                    RedisEndpoint {
+                        address: proxy,
+                        password: redis.password.clone(),
+                    },
+                )
+                .await?;
+                Some(HubView {
+                    server,
+                    hub_redis: redis,
+                    _redis_proxy_port: port,
+                })
+            }
+            None => None,
+        };
         let hub_apps = Api::namespaced_with(hub_client.clone(), &name, &application_resource());
         let spoke_apps =
             Api::namespaced_with(spoke.client().await?, &spoke_ns, &application_resource());
@@ -270,18 +390,23 @@ impl Cell {
             hub_apps,
             spoke_apps,
             _resource_proxy_port: resource_proxy_port,
+            hub_view,
         })
     }
 
     /// Log tails of every process of the cell, for failure messages.
     fn logs(&self) -> String {
         format!(
-            "--- principal ---\n{}\n--- agent ---\n{}\n{}",
+            "--- principal ---\n{}\n--- agent ---\n{}\n{}{}",
             self.principal.process().log_tail(30),
             self.agent.process().log_tail(30),
             self.argocd
                 .as_ref()
                 .map(|a| a.log_tails(10))
+                .unwrap_or_default(),
+            self.hub_view
+                .as_ref()
+                .map(|v| format!("\n--- hub argocd-server ---\n{}", v.server.log_tails(20)))
                 .unwrap_or_default()
         )
     }
@@ -1038,7 +1163,11 @@ impl Cell {
     }
 }
 
-/// `kubectl logs` through the principal's resource proxy reads the real apiserver's `pods/log` of
+/// The `gitVersion` upstream v0.9.0's principal answers `/version` with (`proxyVersion`,
+/// principal/server.go), for every agent.
+const UPSTREAM_STAND_IN_VERSION: &str = "1.28.5+argocd-agent";
+
+/// `kubectl version` and `kubectl logs` through the principal's resource proxy reads the real apiserver's `pods/log` of
 /// a pod on the agent's cluster: the tail of a container, another container, with and without
 /// timestamps, an error for a container the pod lacks, and `-f` with live lines, after which the
 /// kubelet sees its stream closed once kubectl is gone. Both agents push the logs over
@@ -1061,6 +1190,27 @@ async fn pod_logs_through_the_principal(principal: Side, agent: Side) -> anyhow:
             })
             .collect()
     };
+
+    // `kubectl version` (what argocd-server reads as the cluster's version): the spoke
+    // apiserver's own where the agent can tell it (ours reads the spoke's `/version`); upstream's
+    // principal answers `/version` itself with a fixed stand-in, and ours answers the same for a
+    // Go agent, which cannot tell it (it answers `/version` with the API group list).
+    let (ok, out, err) = kubectl(&["version", "-o", "json"])?;
+    anyhow::ensure!(ok, fail("kubectl version", &err));
+    let version: Value = serde_json::from_str(&out)?;
+    let server_version = text(&version, "/serverVersion/gitVersion");
+    let expected = match (principal, agent) {
+        (Side::Ours, Side::Ours) => {
+            cell.spoke
+                .client()
+                .await?
+                .apiserver_version()
+                .await?
+                .git_version
+        }
+        _ => UPSTREAM_STAND_IN_VERSION.to_string(),
+    };
+    assert_eq!(server_version, expected, "{out}");
 
     let (ok, out, err) = kubectl(&["logs", "-n", ns, "web-1", "-c", "web", "--tail=3"])?;
     anyhow::ensure!(ok, fail("kubectl logs --tail=3", &err));
@@ -1168,6 +1318,11 @@ async fn pod_logs_through_upstream_principal_ours_agent() -> anyhow::Result<()> 
     pod_logs_through_the_principal(Side::Upstream, Side::Ours).await
 }
 
+#[tokio::test]
+async fn pod_logs_through_upstream_principal_upstream_agent() -> anyhow::Result<()> {
+    pod_logs_through_the_principal(Side::Upstream, Side::Upstream).await
+}
+
 /// `kubectl exec` (client-go's WebSocket executor, `v5.channel.k8s.io`) through the principal's
 /// resource proxy into a tracked pod of the agent's cluster: the agent opens
 /// `TerminalStreamService.StreamTerminal` and execs through the spoke's real apiserver, whose fake
@@ -1176,7 +1331,8 @@ async fn pod_logs_through_upstream_principal_ours_agent() -> anyhow::Result<()> 
 /// manage is refused by our principal, which reads the pod through the agent first (403;
 /// upstream's Go agent itself would exec into any pod its ServiceAccount reaches); no exec reaches
 /// the kubelet. Through upstream's principal, which asks for a TTY and ends the WebSocket without
-/// an exit status, the command's output comes back.
+/// an exit status, the command's output comes back, and our agent refuses the untracked pod
+/// itself (upstream's principal asks the agent without reading the pod).
 async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Result<()> {
     use tokio::io::AsyncWriteExt;
     let cell = Cell::start_live("exec", principal, agent).await?;
@@ -1263,12 +1419,10 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
         }
     }
 
-    // A pod Argo CD does not manage: refused before any exec. Not asserted through upstream's
-    // principal: it upgrades the WebSocket before its agent is asked (a refusal can only come
-    // after it, as a text frame outside the channel protocol), and kube-rs's exec of such a pod
-    // was seen to stay open there without output and without the agent being asked: not
-    // understood yet (issue 15's note).
-    if principal == Side::Upstream {
+    // A pod Argo CD does not manage: refused before any exec. Not with upstream's principal and
+    // agent together: neither checks (upstream's Go agent execs into any pod its ServiceAccount
+    // reaches, and upstream's principal asks it without reading the pod first).
+    if (principal, agent) == (Side::Upstream, Side::Upstream) {
         return Ok(());
     }
     let spoke = cell.spoke.client().await?;
@@ -1289,20 +1443,41 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
         .container("web")
         .stdout(true)
         .stderr(false);
-    let refused = match Api::<Pod>::namespaced(proxy, ns)
+    let exec = Api::<Pod>::namespaced(proxy, ns)
         .exec("stray-1", ["sh", "-c", "echo leaked"], &params)
-        .await
-    {
-        Ok(_) => anyhow::bail!("an exec into a pod Argo CD does not manage was accepted"),
-        Err(e) => e.to_string(),
-    };
-    // Our principal reads the pod through the agent first, which refuses (403; upstream's agent
-    // answers with a body that is no Kubernetes `Status`).
-    assert!(
-        refused.contains("code: 403"),
-        "refused as the agent refuses to read the pod: {refused}\n{}",
-        cell.logs()
-    );
+        .await;
+    match (principal, exec) {
+        // Our principal reads the pod through the agent first, which refuses (403; upstream's
+        // agent answers with a body that is no Kubernetes `Status`).
+        (Side::Ours, Ok(_)) => {
+            anyhow::bail!("an exec into a pod Argo CD does not manage was accepted")
+        }
+        (Side::Ours, Err(refused)) => assert!(
+            refused.to_string().contains("code: 403"),
+            "refused as the agent refuses to read the pod: {refused}\n{}",
+            cell.logs()
+        ),
+        // Upstream's principal upgrades the WebSocket before its agent is asked; our agent
+        // refuses the session (`error` on its StreamTerminal call, sent without waiting for the
+        // principal's response headers: grpc-go sends those only with its first message, which a
+        // client sending nothing never causes, and the session hung until then), and upstream's
+        // principal ends the session and drops the connection without a WebSocket close (its
+        // text frame with the refusal races its own cleanup and is lost, as with its own agent).
+        // The exec ends without an exit status (kube-rs's reader of such a stream never sees its
+        // end, so the end is awaited with `join`).
+        (Side::Upstream, Err(e)) => anyhow::bail!("upstream's principal refused the upgrade: {e}"),
+        (Side::Upstream, Ok(mut process)) => {
+            let status = process.take_status().expect("the status, once");
+            let ended = tokio::time::timeout(Duration::from_secs(30), process.join())
+                .await
+                .map_err(|_| anyhow::anyhow!("the refused exec did not end\n{}", cell.logs()))?;
+            let status = tokio::time::timeout(Duration::from_secs(5), status).await?;
+            assert!(
+                status.is_none(),
+                "no exit status from a refused exec: {status:?} ({ended:?})"
+            );
+        }
+    }
     assert_eq!(
         kubelet.stats.execs.lock().unwrap().len(),
         1,
@@ -1325,6 +1500,394 @@ async fn exec_through_our_principal_upstream_agent() -> anyhow::Result<()> {
 async fn exec_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
     exec_through_the_principal(Side::Upstream, Side::Ours).await
 }
+
+#[tokio::test]
+async fn exec_through_upstream_principal_upstream_agent() -> anyhow::Result<()> {
+    exec_through_the_principal(Side::Upstream, Side::Upstream).await
+}
+
+/// Our principal holds at most `--terminal-max-sessions-per-agent` web terminal sessions of an
+/// agent open at once: with the cap at 1, a `kubectl exec` while another session is open is
+/// refused before the agent is asked (kubectl shows the refusal naming the flag; the kubelet sees
+/// no second exec), and once the first session ended another is accepted. The principal's
+/// metrics follow: the open session, the refusal and the finished session by outcome.
+async fn terminal_sessions_over_the_cap_are_refused(agent: Side) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let options = CellOptions {
+        proxies: Proxies::Resource,
+        principal_args: &["--terminal-max-sessions-per-agent=1"],
+        ..CellOptions::default()
+    };
+    let cell = Cell::start_full("terminal_cap", Side::Ours, agent, Mode::Managed, options).await?;
+    let (kubelet, kubeconfig) = cell.pod_on_fake_kubelet().await?;
+    let AnyPrincipal::Ours(principal) = &cell.principal else {
+        anyhow::bail!("the cap is our principal's");
+    };
+    // (open, refused_limit, finished); a series not exposed yet reads 0, and both families are
+    // checked to be declared once each has a sample (below), so a misspelt name fails the test.
+    let agent_label = ("agent_name", cell.name.as_str());
+    let scrape = || async {
+        let scrape = e2e::metrics::Scrape::of(principal.ops_port).await?;
+        let outcome = |o| {
+            scrape.baseline(
+                "argocd_principal_terminal_sessions",
+                &[agent_label, ("outcome", o)],
+            )
+        };
+        anyhow::Ok((
+            scrape.baseline("argocd_principal_terminal_sessions_open", &[agent_label]),
+            outcome("refused_limit"),
+            outcome("finished"),
+        ))
+    };
+    let ns = cell.dest.as_str();
+
+    // The first session stays open until its stdin is closed.
+    let mut first = tokio::process::Command::new(e2e::binaries::kubectl()?)
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["exec", "-i", "-n", ns, "web-1", "-c", "web", "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo first-open; cat >/dev/null; echo first-done",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdin = first.stdin.take().expect("piped");
+    let mut stdout = first.stdout.take().expect("piped");
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&seen).contains("first-open") {
+            match stdout.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("the first session did not start\n{}", cell.logs()))?;
+    assert_eq!(scrape().await?, (1.0, 0.0, 0.0), "one session open");
+
+    // The second is refused while the first is open; its agent is never asked.
+    let (ok, out, err) = cell.kubectl(
+        &kubeconfig,
+        &[
+            "exec", "-n", ns, "web-1", "-c", "web", "--", "echo", "second",
+        ],
+    )?;
+    assert!(
+        !ok && err.contains("--terminal-max-sessions-per-agent") && !out.contains("second"),
+        "the second session refused naming the cap: {out:?} / {err:?}\n{}",
+        cell.logs()
+    );
+    assert_eq!(
+        kubelet.stats.execs.lock().unwrap().len(),
+        1,
+        "no second exec"
+    );
+    assert_eq!(scrape().await?, (1.0, 1.0, 0.0), "the refusal counted");
+
+    // The first ends when its stdin is closed; then another session is accepted.
+    let mut stdin = stdin;
+    stdin.shutdown().await?;
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(60), first.wait())
+        .await
+        .map_err(|_| anyhow::anyhow!("the first session did not end\n{}", cell.logs()))??;
+    stdout.read_to_end(&mut seen).await?;
+    assert!(
+        String::from_utf8_lossy(&seen).contains("first-done"),
+        "{status}: {}",
+        String::from_utf8_lossy(&seen)
+    );
+    let ended = wait_until(
+        "the first session counted as finished and no longer open",
+        Duration::from_secs(30),
+        || async { Ok::<_, anyhow::Error>((scrape().await? == (0.0, 1.0, 1.0)).then_some(())) },
+    )
+    .await;
+    if let Err(e) = ended {
+        let series = terminal_series(principal.ops_port).await;
+        anyhow::bail!("{e}: {series:?}\n{}", cell.logs());
+    }
+    let (ok, out, err) = cell.kubectl(
+        &kubeconfig,
+        &[
+            "exec", "-n", ns, "web-1", "-c", "web", "--", "echo", "third",
+        ],
+    )?;
+    assert!(
+        ok && out.contains("third"),
+        "accepted again: {out:?} / {err:?}"
+    );
+    assert_eq!(kubelet.stats.execs.lock().unwrap().len(), 2);
+    let declared = e2e::metrics::Scrape::of(principal.ops_port).await?;
+    for family in [
+        "argocd_principal_terminal_sessions_open",
+        "argocd_principal_terminal_sessions",
+    ] {
+        declared.value(family, &[agent_label])?;
+    }
+    Ok(())
+}
+
+/// The principal's terminal metrics as exposed, for failure messages.
+async fn terminal_series(port: u16) -> Vec<(Vec<(String, String)>, f64)> {
+    match e2e::metrics::Scrape::of(port).await {
+        Ok(s) => [
+            s.series("argocd_principal_terminal_sessions_open"),
+            s.series("argocd_principal_terminal_sessions"),
+        ]
+        .concat(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn terminal_sessions_over_the_cap_are_refused_on_our_principal_ours_agent(
+) -> anyhow::Result<()> {
+    terminal_sessions_over_the_cap_are_refused(Side::Ours).await
+}
+
+#[tokio::test]
+async fn terminal_sessions_over_the_cap_are_refused_on_our_principal_upstream_agent(
+) -> anyhow::Result<()> {
+    terminal_sessions_over_the_cap_are_refused(Side::Upstream).await
+}
+
+// ---- live view through the Redis proxy: the resource tree ----------------------------------------
+
+/// The hub's real argocd-server reads a spoke Application's resource tree and managed resources
+/// (the live-view keys the spoke's real application-controller caches in its password-protected
+/// Redis) through the principal's Redis proxy, which is argocd-server's Redis in front of the
+/// password-protected hub Redis: the proxy asks the agent, which answers from the spoke's Redis.
+/// The nodes are the spoke's live objects, recognised by their uids on the spoke, which nothing on
+/// the hub knows.
+async fn hub_reads_the_resource_tree_through_the_redis_proxy(
+    principal: Side,
+    agent: Side,
+    _mode: Mode,
+) -> anyhow::Result<()> {
+    let cell = Cell::start_hub_view("redis_tree", principal, agent).await?;
+    let view = cell.hub_view.as_ref().expect("a hub view cell");
+    let server = &view.server;
+    cell.hub_apps
+        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+        .await?;
+    cell.wait_greeting("v1").await?;
+    cell.wait_synced(&cell.hub_apps, &cell.first, "the hub Application Synced")
+        .await?;
+    let spoke_uid = Api::<ConfigMap>::namespaced(cell.spoke.client().await?, &cell.dest)
+        .get("demo-config")
+        .await?
+        .metadata
+        .uid
+        .expect("a live object has a uid");
+
+    let token = server.session_token().await?;
+    let get = |what: &'static str| {
+        let (server, token) = (server, token.clone());
+        let path = format!(
+            "/api/v1/applications/demo/{what}?appNamespace={}",
+            cell.name
+        );
+        async move {
+            let (status, body) = server.api_get(&path, &token).await?;
+            anyhow::Ok((status == 200).then_some(body))
+        }
+    };
+    // The first read may come before the controller's first cache write: asked again until then.
+    let tree: Value = wait_until(
+        "the resource tree through the Redis proxy",
+        Duration::from_secs(90),
+        || async {
+            Ok::<_, anyhow::Error>(
+                get("resource-tree")
+                    .await?
+                    .map(|body| serde_json::from_str::<Value>(&body))
+                    .transpose()?
+                    .filter(|tree| tree["nodes"].as_array().is_some_and(|n| !n.is_empty())),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
+    let node = |kind: &str, name: &str| {
+        nodes
+            .iter()
+            .find(|n| n["kind"] == kind && n["name"] == name)
+            .cloned()
+    };
+    let config_map =
+        node("ConfigMap", "demo-config").unwrap_or_else(|| panic!("no demo-config in {tree}"));
+    assert_eq!(config_map["uid"], spoke_uid.as_str(), "{config_map}");
+    assert_eq!(config_map["namespace"], cell.dest.as_str(), "{config_map}");
+    assert!(node("Secret", "demo-secret").is_some(), "{tree}");
+
+    // Managed resources (the other live-view key): the spoke's live ConfigMap as its Argo CD saw it.
+    let body = get("managed-resources")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("managed-resources refused\n{}", cell.logs()))?;
+    let managed: Value = serde_json::from_str(&body)?;
+    let live = managed["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["kind"] == "ConfigMap" && r["name"] == "demo-config")
+        .and_then(|r| r["liveState"].as_str())
+        .map(serde_json::from_str::<Value>)
+        .transpose()?
+        .unwrap_or_else(|| panic!("no live demo-config in {managed}"));
+    assert_eq!(live["metadata"]["uid"], spoke_uid.as_str(), "{live}");
+    assert_eq!(live["data"]["greeting"], "v1", "{live}");
+
+    // Nothing on the hub holds those keys: the hub Redis behind the proxy has none.
+    let mut hub = tokio::net::TcpStream::connect(view.hub_redis.address()).await?;
+    let password = view
+        .hub_redis
+        .password
+        .as_deref()
+        .expect("password-protected");
+    assert_eq!(
+        resp_exchange(&mut hub, &["AUTH", password]).await?,
+        "+OK\r\n"
+    );
+    let keys = resp_exchange(&mut hub, &["KEYS", "app|*"]).await?;
+    assert_eq!(keys, "*0\r\n", "live-view keys in the hub Redis: {keys}");
+
+    // argocd-server's read of the agent's cluster version: an Application destined to the agent's
+    // cluster (its cluster Secret names our resource proxy; the Application stays on the hub, in
+    // argocd-server's namespace) is validated against that cluster's `/version` and API list.
+    // Our principal answers `/version` for a Go agent with upstream's stand-in (the Go agent
+    // answers it with the API group list, which Argo CD cannot parse as a version).
+    if let AnyPrincipal::Ours(ours) = &cell.principal {
+        let hub = &shared_planes().await.hub;
+        agentctl(&[
+            "agent",
+            "create",
+            &cell.name,
+            "--dir",
+            cell.pki.dir.to_str().expect("utf-8 path"),
+            "--kubeconfig",
+            hub.kubeconfig.to_str().expect("utf-8 path"),
+            "--resource-proxy-server",
+            &format!("127.0.0.1:{}", ours.resource_proxy_port),
+            "--argocd-namespace",
+            &cell.principal_ns,
+        ])?;
+        let repo = cell.git.url("apps");
+        server
+            .cli(&[
+                "app",
+                "create",
+                "version-probe",
+                "--repo",
+                &repo,
+                "--path",
+                "demo",
+                "--dest-name",
+                &cell.name,
+                "--dest-namespace",
+                &cell.dest,
+                "--project",
+                "default",
+            ])
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "argocd app create against the agent's cluster: {e}\n{}",
+                    cell.logs()
+                )
+            })?;
+    }
+
+    // Watching the tree: argocd-server SUBSCRIBEs to the app's channel through the proxy (the
+    // agent subscribes on the spoke Redis) and sends the tree again on each message there, which
+    // the spoke's controller publishes after each reconciliation; a refresh asked on the hub makes
+    // one (asked again while the hub shows no pending request: the subscription may not be up yet,
+    // and an upstream principal may drop the request, see PROTOCOL.md (1)).
+    let watch = TreeWatch::open(server, &cell.name, &token).await?;
+    wait_until(
+        "a resource tree update through the subscription",
+        SYNC_WAIT,
+        || async {
+            let received = watch.received();
+            if received.contains("\"result\"") && received.contains("demo-config") {
+                return Ok::<_, anyhow::Error>(Some(()));
+            }
+            let hub = cell.hub_apps.get("demo").await?;
+            if !hub.annotations().contains_key(REFRESH_ANNOTATION) {
+                cell.patch_app(
+                    &cell.hub_apps,
+                    json!({"metadata": {"annotations": {REFRESH_ANNOTATION: "normal"}}}),
+                )
+                .await?;
+            }
+            Ok(None)
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nstream: {}\n{}", watch.received(), cell.logs()))?;
+    Ok(())
+}
+
+/// argocd-server's resource tree stream (`/api/v1/stream/applications/demo/resource-tree`) of the
+/// demo app in an agent's namespace, read as it arrives.
+struct TreeWatch {
+    received: Arc<std::sync::Mutex<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TreeWatch {
+    async fn open(server: &ArgoCd, namespace: &str, token: &str) -> anyhow::Result<TreeWatch> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let port = server.server_port.expect("an argocd-server");
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        conn.write_all(
+            format!(
+                "GET /api/v1/stream/applications/demo/resource-tree?appNamespace={namespace} \
+                 HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await?;
+        let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let task = tokio::spawn({
+            let received = received.clone();
+            async move {
+                let mut buf = [0u8; 8192];
+                while let Ok(n @ 1..) = conn.read(&mut buf).await {
+                    received.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            }
+        });
+        Ok(TreeWatch { received, task })
+    }
+
+    /// Everything the stream carried so far, as text.
+    fn received(&self) -> String {
+        String::from_utf8_lossy(&self.received.lock().unwrap()).into_owned()
+    }
+}
+
+impl Drop for TreeWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// Each cell runs the spoke's Argo CD and the hub's argocd-server; an upstream principal's Redis
+// proxy holds the machine's port 6379, so those cells run one at a time.
+cells!(hub_reads_the_resource_tree_through_the_redis_proxy, Mode::Managed, {
+    redis_proxy_resource_tree_ours_principal_ours_agent: Ours, Ours;
+    redis_proxy_resource_tree_ours_principal_upstream_agent: Ours, Upstream;
+    redis_proxy_resource_tree_upstream_principal_ours_agent: Upstream, Ours;
+    redis_proxy_resource_tree_upstream_principal_upstream_agent: Upstream, Upstream;
+});
 
 // ---- gzip on the wire -----------------------------------------------------------------------------
 

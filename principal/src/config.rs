@@ -139,6 +139,26 @@ pub struct PrincipalArgs {
     )]
     pub terminal_idle_timeout: Duration,
 
+    /// Web terminal sessions (pods/exec through the resource proxy) open at once in all; one more
+    /// is refused with a message naming this flag, before its agent is asked to open it [at least 1].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_TERMINAL_MAX_SESSIONS",
+        default_value_t = crate::terminal::DEFAULT_MAX_SESSIONS,
+        value_name = "N"
+    )]
+    pub terminal_max_sessions: usize,
+
+    /// Web terminal sessions open at once per agent; one more is refused with a message naming
+    /// this flag, before the agent is asked to open it [at least 1].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_TERMINAL_MAX_SESSIONS_PER_AGENT",
+        default_value_t = crate::terminal::DEFAULT_MAX_SESSIONS_PER_AGENT,
+        value_name = "N"
+    )]
+    pub terminal_max_sessions_per_agent: usize,
+
     /// Private key (PEM, RSA or EC) that signs agents' session tokens (JWT).
     #[arg(
         long,
@@ -611,6 +631,10 @@ pub struct PrincipalConfig {
     pub request_body_timeout: Duration,
     /// A web terminal idle this long is ended.
     pub terminal_idle_timeout: Duration,
+    /// Web terminal sessions open at once in all.
+    pub terminal_max_sessions: usize,
+    /// Web terminal sessions open at once per agent.
+    pub terminal_max_sessions_per_agent: usize,
     /// JWT signing key.
     pub jwt_key: JwtKeySource,
     /// How agents are identified.
@@ -900,6 +924,11 @@ impl PrincipalArgs {
                 self.redis_proxy_max_subscriptions_per_connection,
             ),
             ("max-connections-per-agent", self.max_connections_per_agent),
+            ("terminal-max-sessions", self.terminal_max_sessions),
+            (
+                "terminal-max-sessions-per-agent",
+                self.terminal_max_sessions_per_agent,
+            ),
         ] {
             if value == 0 {
                 return Err(FLAGS.invalid(flag, "must be at least 1 (0 would refuse every client)"));
@@ -974,6 +1003,8 @@ impl PrincipalArgs {
             request_header_timeout: self.request_header_timeout,
             request_body_timeout: self.request_body_timeout,
             terminal_idle_timeout: self.terminal_idle_timeout,
+            terminal_max_sessions: self.terminal_max_sessions,
+            terminal_max_sessions_per_agent: self.terminal_max_sessions_per_agent,
             jwt_key,
             auth: self.auth,
             insecure_plaintext: self.insecure_plaintext,
@@ -1162,6 +1193,13 @@ mod tests {
         assert_eq!(config.redis_proxy_max_connections_per_ip, 512);
         assert_eq!(config.redis_proxy_max_subscriptions_per_connection, 64);
         assert_eq!(config.max_connections_per_agent, 16);
+        assert_eq!(
+            (
+                config.terminal_max_sessions,
+                config.terminal_max_sessions_per_agent
+            ),
+            (100, 10)
+        );
         assert_eq!(config.keepalive_min_interval, None);
         assert_eq!(config.resync_interval, Some(Duration::from_secs(300)));
         assert_eq!(config.access_token_lifetime, Duration::from_secs(300));
@@ -1201,8 +1239,17 @@ mod tests {
                 "--redis-proxy-max-connections-per-ip=3",
                 "--redis-proxy-max-subscriptions-per-connection=2",
                 "--max-connections-per-agent=1",
+                "--terminal-max-sessions=5",
+                "--terminal-max-sessions-per-agent=2",
             ])
             .unwrap();
+        assert_eq!(
+            (
+                config.terminal_max_sessions,
+                config.terminal_max_sessions_per_agent
+            ),
+            (5, 2)
+        );
         assert_eq!(
             (
                 config.redis_proxy_max_connections_per_ip,
@@ -1223,6 +1270,14 @@ mod tests {
             (
                 "--max-connections-per-agent=0",
                 "ARGOCD_PRINCIPAL_MAX_CONNECTIONS_PER_AGENT",
+            ),
+            (
+                "--terminal-max-sessions=0",
+                "ARGOCD_PRINCIPAL_TERMINAL_MAX_SESSIONS",
+            ),
+            (
+                "--terminal-max-sessions-per-agent=0",
+                "ARGOCD_PRINCIPAL_TERMINAL_MAX_SESSIONS_PER_AGENT",
             ),
         ] {
             let err = files.validate(&[flag]).unwrap_err().to_string();

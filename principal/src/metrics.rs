@@ -46,6 +46,55 @@ pub struct PrincipalMetrics {
     pub redis_proxy: ProxyMetrics,
     /// `argocd_principal_mirror_collisions_total{agent_name}` (updated by the hub).
     pub mirror_collisions: crate::hub::MirrorCollisions,
+    /// `argocd_principal_terminal_sessions_open{agent_name}` and
+    /// `argocd_principal_terminal_sessions_total{agent_name,outcome}`.
+    pub terminal: TerminalMetrics,
+}
+
+/// Web terminal sessions (pods/exec through the resource proxy): how many are open per agent, and
+/// how each ended or why it was refused (`outcome`, from a fixed set: see
+/// [`crate::terminal::SessionEnd::outcome`], [`crate::terminal::REFUSED_LIMIT`] and
+/// [`crate::terminal::UNAVAILABLE`]).
+#[derive(Debug, Clone, Default)]
+pub struct TerminalMetrics {
+    open: Family<Labels, Gauge>,
+    sessions: Family<Labels, Counter>,
+}
+
+impl TerminalMetrics {
+    fn register(&self, registry: &MetricsRegistry) {
+        registry.register(
+            "argocd_principal_terminal_sessions_open",
+            "Web terminal sessions open, by agent",
+            self.open.clone(),
+        );
+        registry.register(
+            "argocd_principal_terminal_sessions",
+            "Web terminal sessions by agent and outcome (how they ended, or refused_limit)",
+            self.sessions.clone(),
+        );
+    }
+
+    fn agent(agent: &str) -> Labels {
+        vec![("agent_name".into(), agent.into())]
+    }
+
+    /// One more session of `agent`'s is open.
+    pub fn opened(&self, agent: &str) {
+        self.open.get_or_create(&Self::agent(agent)).inc();
+    }
+
+    /// One session of `agent`'s fewer is open.
+    pub fn closed(&self, agent: &str) {
+        self.open.get_or_create(&Self::agent(agent)).dec();
+    }
+
+    /// Counts a session of `agent`'s that ended (or was refused) with `outcome`.
+    pub fn ended(&self, agent: &str, outcome: &'static str) {
+        let mut labels = Self::agent(agent);
+        labels.push(("outcome".into(), outcome.into()));
+        self.sessions.get_or_create(&labels).inc();
+    }
 }
 
 /// Requests, errors and latency of one proxy: `requests_total{agent_name,<what>}`,
@@ -132,6 +181,7 @@ impl Default for PrincipalMetrics {
             resource_proxy: ProxyMetrics::new("code"),
             redis_proxy: ProxyMetrics::new("command"),
             mirror_collisions: Default::default(),
+            terminal: TerminalMetrics::default(),
         }
     }
 }
@@ -198,6 +248,7 @@ impl PrincipalMetrics {
         m.resource_proxy.register(registry, "resource_proxy");
         m.redis_proxy.register(registry, "redis_proxy");
         m.mirror_collisions.register(registry);
+        m.terminal.register(registry);
         m
     }
 
@@ -262,6 +313,26 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
         assert!(!text.contains("redis_proxy_errors_total{"), "{text}");
+    }
+
+    #[test]
+    fn terminal_sessions_are_gauged_while_open_and_counted_by_outcome() {
+        let registry = MetricsRegistry::empty();
+        let metrics = PrincipalMetrics::register(&registry);
+        let t = &metrics.terminal;
+        t.opened("agent-a");
+        t.opened("agent-a");
+        t.closed("agent-a");
+        t.ended("agent-a", "finished");
+        t.ended("agent-a", "refused_limit");
+        let text = registry.encode().unwrap();
+        for line in [
+            "argocd_principal_terminal_sessions_open{agent_name=\"agent-a\"} 1",
+            "argocd_principal_terminal_sessions_total{agent_name=\"agent-a\",outcome=\"finished\"} 1",
+            "argocd_principal_terminal_sessions_total{agent_name=\"agent-a\",outcome=\"refused_limit\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
     }
 
     #[test]

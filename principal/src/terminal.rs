@@ -13,7 +13,12 @@
 //! (upstream's Go agent execs into any pod its ServiceAccount reaches; ours checks again).
 //!
 //! Owns the pending sessions ([`TerminalSessions`]: a call is joined to the session only when it
-//! comes from the agent the request was sent to), the `StreamTerminal` service
+//! comes from the agent the request was sent to), how many sessions are open (at most
+//! `--terminal-max-sessions-per-agent` per agent and `--terminal-max-sessions` in all: one over
+//! either cap is refused before its agent is asked to open it, on the exec channel protocol after the
+//! WebSocket upgrade, since client-go answers a failed upgrade by retrying over SPDY and would show
+//! that refusal instead; see [`TerminalPolicy`]), their metrics
+//! ([`crate::metrics::TerminalMetrics`]: open per agent, ended by outcome), the `StreamTerminal` service
 //! ([`TerminalStreamRelay`]), the WebSocket upgrade ([`upgrade`]; the Kubernetes channel framing
 //! is `argocd_agent_kube::exec_channels`) and the bridge between the two. Bounds: a WebSocket
 //! message or gRPC message is at most [`MAX_MESSAGE`], each direction holds at most
@@ -48,7 +53,7 @@ use tokio_tungstenite::WebSocketStream;
 use tonic::{Status, Streaming};
 
 use crate::auth::authorize_stream;
-use crate::metrics::PrincipalMetrics;
+use crate::metrics::{PrincipalMetrics, TerminalMetrics};
 use crate::resource_proxy::{status_response, ProxyBody, ANSWER_TIMEOUT};
 use crate::sessions::AgentSession;
 use crate::tokens::TokenIssuer;
@@ -58,6 +63,47 @@ use crate::tokens::TokenIssuer;
 pub const MAX_MESSAGE: usize = 64 << 10;
 /// Messages buffered per direction.
 pub const BUFFER: usize = 16;
+/// Default of `--terminal-max-sessions`.
+pub const DEFAULT_MAX_SESSIONS: usize = 100;
+/// Default of `--terminal-max-sessions-per-agent`.
+pub const DEFAULT_MAX_SESSIONS_PER_AGENT: usize = 10;
+/// The `outcome` of a session refused for a cap.
+pub const REFUSED_LIMIT: &str = "refused_limit";
+/// The `outcome` of a session whose request could not be queued for its agent.
+pub const UNAVAILABLE: &str = "unavailable";
+
+/// How web terminal sessions are bounded and observed.
+#[derive(Clone, Debug)]
+pub struct TerminalPolicy {
+    /// A session with no data either way this long is ended (`--terminal-idle-timeout`).
+    pub idle_timeout: Duration,
+    /// Sessions open at once in all (`--terminal-max-sessions`).
+    pub max_sessions: usize,
+    /// Sessions open at once per agent (`--terminal-max-sessions-per-agent`).
+    pub max_sessions_per_agent: usize,
+    /// Open sessions and outcomes.
+    pub metrics: TerminalMetrics,
+}
+
+/// A place among the open sessions, held from admission until the session ended.
+struct OpenSlot {
+    sessions: Arc<TerminalSessions>,
+    agent: String,
+    metrics: TerminalMetrics,
+}
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        let mut open = self.sessions.lock_open();
+        if let Some(n) = open.get_mut(&self.agent) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.agent);
+            }
+        }
+        self.metrics.closed(&self.agent);
+    }
+}
 
 /// The agent's side of a session: its call's messages, and where to send the client's.
 struct AgentLeg {
@@ -70,10 +116,12 @@ struct Pending {
     join: oneshot::Sender<AgentLeg>,
 }
 
-/// Sessions whose agent has not opened its `StreamTerminal` call yet.
+/// Sessions whose agent has not opened its `StreamTerminal` call yet, and how many sessions each
+/// agent has open.
 #[derive(Default)]
 pub struct TerminalSessions {
     pending: Mutex<HashMap<String, Pending>>,
+    open: Mutex<HashMap<String, usize>>,
 }
 
 /// Removes a pending session when the client's side gives up waiting.
@@ -96,6 +144,42 @@ impl TerminalSessions {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_open(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A place for one more session of `agent`'s, or why there is none (which cap is full and
+    /// the flag that sets it).
+    fn admit(self: &Arc<Self>, agent: &str, policy: &TerminalPolicy) -> Result<OpenSlot, String> {
+        let mut open = self.lock_open();
+        let mine = open.get(agent).copied().unwrap_or(0);
+        if mine >= policy.max_sessions_per_agent {
+            return Err(format!(
+                "agent {agent} already has {mine} web terminal session(s) open, the most \
+                 --terminal-max-sessions-per-agent allows: close one and try again"
+            ));
+        }
+        let all: usize = open.values().sum();
+        if all >= policy.max_sessions {
+            return Err(format!(
+                "the principal already has {all} web terminal session(s) open, the most \
+                 --terminal-max-sessions allows: close one and try again"
+            ));
+        }
+        *open.entry(agent.to_string()).or_default() += 1;
+        policy.metrics.opened(agent);
+        Ok(OpenSlot {
+            sessions: self.clone(),
+            agent: agent.to_string(),
+            metrics: policy.metrics.clone(),
+        })
+    }
+
+    /// Sessions of `agent`'s open now.
+    pub fn open_sessions(&self, agent: &str) -> usize {
+        self.lock_open().get(agent).copied().unwrap_or(0)
     }
 
     fn open(&self, agent: &str, uuid: &str) -> oneshot::Receiver<AgentLeg> {
@@ -227,18 +311,37 @@ pub fn websocket_offer(req: &Request<Incoming>) -> Result<WebSocketOffer, Respon
 }
 
 /// Answers an exec request of `agent`'s (connected, with `session`) whose pod the agent let the
-/// hub read: queues the terminal request for the agent and switches protocols, the session
-/// running in a task of its own.
+/// hub read: when both caps of `policy` have room, queues the terminal request for the agent and
+/// switches protocols, the session running in a task of its own; otherwise switches protocols
+/// only to send the refusal (see the module docs).
 pub fn upgrade(
     agent: &AgentName,
     session: &Arc<AgentSession>,
     sessions: &Arc<TerminalSessions>,
-    idle: Duration,
+    policy: &TerminalPolicy,
     (namespace, pod): (&str, &str),
     offer: WebSocketOffer,
     mut req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let WebSocketOffer { key, protocol } = offer;
+    let upgraded = hyper::upgrade::on(&mut req);
+    let agent_name = agent.to_string();
+    let slot = match sessions.admit(agent.as_str(), policy) {
+        Ok(slot) => slot,
+        Err(refusal) => {
+            tracing::warn!(agent = %agent_name, namespace, pod, "{refusal}");
+            policy.metrics.ended(&agent_name, REFUSED_LIMIT);
+            tokio::spawn(async move {
+                if let Some(ws) = accept(upgraded).await {
+                    let (mut ws_tx, _) = ws.split();
+                    let refused = exec_channels::encode_failure("TooManyRequests", &refusal);
+                    let _ = ws_tx.send(Message::binary(refused)).await;
+                    let _ = ws_tx.send(normal_close()).await;
+                }
+            });
+            return switching_protocols(&key, protocol);
+        }
+    };
     let uuid = uuid::Uuid::new_v4().to_string();
     let request = exec_request(&uuid, namespace, pod, req.uri().query());
     let event = match Event::terminal_request("", &request) {
@@ -254,6 +357,7 @@ pub fn upgrade(
     let joined = sessions.open(agent.as_str(), &uuid);
     if let Err(e) = session.outbox.push(event) {
         sessions.lock().remove(&uuid);
+        policy.metrics.ended(&agent_name, UNAVAILABLE);
         return status_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
@@ -261,29 +365,47 @@ pub fn upgrade(
         );
     }
     tracing::info!(agent = agent.as_str(), session = %uuid, namespace, pod, container = %request.container_name, "terminal session requested");
-    let upgraded = hyper::upgrade::on(&mut req);
-    let (agent_name, sessions) = (agent.to_string(), sessions.clone());
+    let (sessions, idle, metrics) = (
+        sessions.clone(),
+        policy.idle_timeout,
+        policy.metrics.clone(),
+    );
     tokio::spawn(async move {
         let guard = PendingGuard {
             sessions: &sessions,
             uuid: uuid.clone(),
         };
-        let io = match upgraded.await {
-            Ok(io) => io,
-            Err(e) => {
-                tracing::debug!(session = %uuid, error = %e, "terminal upgrade failed");
-                return;
-            }
+        let end = match accept(upgraded).await {
+            Some(ws) => run_session(ws, joined, idle).await,
+            None => SessionEnd::ClientGone,
         };
-        let mut config = WebSocketConfig::default();
-        config.max_message_size = Some(MAX_MESSAGE);
-        config.max_frame_size = Some(MAX_MESSAGE);
-        let ws =
-            WebSocketStream::from_raw_socket(TokioIo::new(io), Role::Server, Some(config)).await;
-        let end = run_session(ws, joined, idle).await;
         drop(guard);
+        drop(slot);
+        metrics.ended(&agent_name, end.outcome());
         tracing::info!(agent = %agent_name, session = %uuid, end = ?end, "terminal session ended");
     });
+    switching_protocols(&key, protocol)
+}
+
+/// The client's WebSocket once the upgrade completed, with the session's message bounds.
+async fn accept(
+    upgraded: hyper::upgrade::OnUpgrade,
+) -> Option<ClientSocket<TokioIo<hyper::upgrade::Upgraded>>> {
+    let io = match upgraded.await {
+        Ok(io) => io,
+        Err(e) => {
+            tracing::debug!(error = %e, "terminal upgrade failed");
+            return None;
+        }
+    };
+    let mut config = WebSocketConfig::default();
+    config.max_message_size = Some(MAX_MESSAGE);
+    config.max_frame_size = Some(MAX_MESSAGE);
+    Some(WebSocketStream::from_raw_socket(TokioIo::new(io), Role::Server, Some(config)).await)
+}
+
+/// `101 Switching Protocols` to the WebSocket offered with `key`, speaking `protocol`.
+fn switching_protocols(key: &http::HeaderValue, protocol: &'static str) -> Response<ProxyBody> {
     let mut resp = Response::new(crate::resource_proxy::empty_body());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();
@@ -320,6 +442,20 @@ pub enum SessionEnd {
     BadClientMessage(String),
     /// No data either way for the idle timeout.
     Idle,
+}
+
+impl SessionEnd {
+    /// The `outcome` label of the sessions counter.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            SessionEnd::Finished => "finished",
+            SessionEnd::AgentFailed(_) => "agent_failed",
+            SessionEnd::AgentAbsent => "agent_absent",
+            SessionEnd::ClientGone => "client_gone",
+            SessionEnd::BadClientMessage(_) => "bad_client_message",
+            SessionEnd::Idle => "idle",
+        }
+    }
 }
 
 /// Milliseconds since `start` of the latest data, shared by both directions.
@@ -530,6 +666,43 @@ mod tests {
             Some(tonic::Code::NotFound)
         );
         assert_eq!(sessions.waiting(), 0);
+    }
+
+    #[test]
+    fn sessions_over_either_cap_are_refused_naming_its_flag_until_one_ends() {
+        let registry = argocd_agent_runtime::telemetry::MetricsRegistry::empty();
+        let metrics = PrincipalMetrics::register(&registry);
+        let policy = TerminalPolicy {
+            idle_timeout: Duration::from_secs(60),
+            max_sessions: 3,
+            max_sessions_per_agent: 2,
+            metrics: metrics.terminal.clone(),
+        };
+        let sessions = TerminalSessions::new();
+        let a1 = sessions.admit("agent-a", &policy).unwrap();
+        let _a2 = sessions.admit("agent-a", &policy).unwrap();
+        let refused = sessions.admit("agent-a", &policy).err().unwrap();
+        assert!(
+            refused.contains("agent agent-a already has 2")
+                && refused.contains("--terminal-max-sessions-per-agent"),
+            "{refused}"
+        );
+        let _b1 = sessions.admit("agent-b", &policy).unwrap();
+        let refused = sessions.admit("agent-c", &policy).err().unwrap();
+        assert!(
+            refused.contains("already has 3") && refused.contains("--terminal-max-sessions allows"),
+            "{refused}"
+        );
+        let gauge = |agent: &str| {
+            format!("argocd_principal_terminal_sessions_open{{agent_name=\"{agent}\"}}")
+        };
+        let text = registry.encode().unwrap();
+        assert!(text.contains(&format!("{} 2", gauge("agent-a"))), "{text}");
+        drop(a1);
+        assert_eq!(sessions.open_sessions("agent-a"), 1);
+        let text = registry.encode().unwrap();
+        assert!(text.contains(&format!("{} 1", gauge("agent-a"))), "{text}");
+        assert!(sessions.admit("agent-c", &policy).is_ok());
     }
 
     #[tokio::test(start_paused = true)]

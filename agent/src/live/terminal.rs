@@ -3,7 +3,10 @@
 //! session, opened over the agent's current connection ([`PrincipalLink`]) with an access token
 //! refreshed for it (the stream's may have run out), whose first message carries only the
 //! session UUID; then the process's output goes up
-//! (`stream_type` stdout/stderr) and stdin and resizes come down, until `eof` or `error`.
+//! (`stream_type` stdout/stderr) and stdin and resizes come down, until `eof` or `error`. The
+//! principal's messages are read in a task of their own and the session never waits for the
+//! call's response headers, which a grpc-go principal (upstream's) sends only with its first
+//! message (as upstream's Go agent, whose grpc-go client does not wait for them either).
 //!
 //! Owns what a session may reach and how it ends. Only a container of a pod Argo CD manages
 //! (tracked itself or through its owners: the rule [`resource`] applies to every live read, so a
@@ -51,16 +54,29 @@ pub async fn run(live: Arc<LiveService>, link: PrincipalLink, req: ContainerTerm
         return;
     }
     let mut client = state.terminal_client();
-    let mut down = match client
-        .stream_terminal(state.request(ReceiverStream::new(up_rx)).await)
-        .await
-    {
-        Ok(resp) => resp.into_inner(),
-        Err(status) => {
-            warn!(session = %uuid, error = %status.message(), "the principal refused the terminal stream");
-            return;
+    let request = state.request(ReceiverStream::new(up_rx)).await;
+    // The principal's messages are read in a task of their own, so the session does not wait for
+    // the call's response headers: a grpc-go principal (upstream's) sends them only with its first
+    // message, i.e. once the client typed or resized, and a refusal or an output-only command
+    // would otherwise hang until then (our messages flow up regardless).
+    let (down_tx, mut down) = mpsc::channel(BUFFER);
+    let call = tokio::spawn({
+        let uuid = uuid.clone();
+        async move {
+            let mut stream = match client.stream_terminal(request).await {
+                Ok(resp) => resp.into_inner(),
+                Err(status) => {
+                    warn!(session = %uuid, error = %status.message(), "the principal refused the terminal stream");
+                    return;
+                }
+            };
+            while let Ok(Some(msg)) = stream.message().await {
+                if down_tx.send(msg).await.is_err() {
+                    return;
+                }
+            }
         }
-    };
+    });
     let fail = |error: String| TerminalStreamData {
         error,
         ..message(&uuid)
@@ -84,11 +100,10 @@ pub async fn run(live: Arc<LiveService>, link: PrincipalLink, req: ContainerTerm
         // its side. Dropping the call at once could cut the message off.
         let _ = up.send(last).await;
         drop(up);
-        let _ = tokio::time::timeout(CLOSE_WAIT, async {
-            while let Ok(Some(_)) = down.message().await {}
-        })
-        .await;
+        let _ =
+            tokio::time::timeout(CLOSE_WAIT, async { while down.recv().await.is_some() {} }).await;
     }
+    call.abort();
     info!(session = %uuid, "terminal session ended");
 }
 
@@ -188,7 +203,7 @@ async fn pump(
 async fn bridge(
     uuid: &str,
     process: &mut AttachedProcess,
-    down: &mut tonic::Streaming<TerminalStreamData>,
+    down: &mut mpsc::Receiver<TerminalStreamData>,
     up: &mpsc::Sender<TerminalStreamData>,
 ) -> Result<Option<TerminalStreamData>, String> {
     let mut stdin = process.stdin();
@@ -206,9 +221,8 @@ async fn bridge(
     };
     let from_principal = async {
         loop {
-            let msg = match down.message().await {
-                Ok(Some(m)) => m,
-                Ok(None) | Err(_) => return,
+            let Some(msg) = down.recv().await else {
+                return;
             };
             if !msg.error.is_empty() || (msg.eof && msg.stream_type != "stdin") {
                 return;

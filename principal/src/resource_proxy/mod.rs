@@ -18,9 +18,11 @@
 //! principal; the price is that clients stalling bodies can delay others' writes by up to that
 //! timeout. Each request is counted once in
 //! [`ProxyMetrics`] (agent, status code, and the reason when the proxy answered it itself). Path
-//! parsing is in [`route`]; the request/answer matching in [`crate::live`].
+//! parsing is in [`route`]; `/version` answers in [`version`]; the request/answer matching in
+//! [`crate::live`].
 
 pub mod route;
+pub mod version;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -127,8 +129,8 @@ pub struct ResourceProxy {
     pub body_timeout: Duration,
     /// Room for request bodies being read.
     pub body_budget: BodyBudget,
-    /// A web terminal with no data either way this long is ended (`--terminal-idle-timeout`).
-    pub terminal_idle_timeout: Duration,
+    /// How web terminals are bounded (`--terminal-*`) and observed.
+    pub terminal: crate::terminal::TerminalPolicy,
 }
 
 /// Marks a response the proxy made itself instead of relaying the agent's answer: the Kubernetes
@@ -367,7 +369,7 @@ impl ResourceProxy {
                 agent,
                 &session,
                 self.live.terminals(),
-                self.terminal_idle_timeout,
+                &self.terminal,
                 (namespace, pod),
                 offer,
                 req,
@@ -389,8 +391,15 @@ impl ResourceProxy {
                 content_type.unwrap_or_else(|| "application/merge-patch+json".into()),
             );
         }
-        self.relay(agent, &session, &route, method, params, body)
-            .await
+        let answer = self
+            .relay(agent, &session, &route, method, params, body)
+            .await;
+        match &route {
+            ApiRoute::Discovery(path) if path == "/version" => {
+                version::answer(agent.as_str(), answer).await
+            }
+            _ => answer,
+        }
     }
 
     /// Sends `route` as a request event to `agent` (connected, with `session`) and relays its answer.
