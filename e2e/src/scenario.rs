@@ -1,13 +1,15 @@
 //! Building blocks of the user stories run against real Argo CD: the demo Application a hub
 //! creates for an agent (its manifests from [`crate::git_server::demo_manifests`]), and waiting
-//! for Argo CD to report it Synced and Healthy and for its ConfigMap to carry a greeting, and the
-//! cluster Secret that names an agent on the hub. Tests compose these with the processes of
-//! [`crate::gateway`] and [`crate::argocd`]; nothing here writes what Argo CD or an agent would.
+//! for Argo CD to report it Synced and Healthy and for its ConfigMap to carry a greeting, checking
+//! the demo's resource tree as Argo CD answers it, and the cluster Secret that names an agent on
+//! the hub. Tests compose these with the processes of
+//! [`crate::gateway`] and [`crate::argocd`]; nothing here writes what Argo CD or an agent would
+//! ([`record_demo_event`] writes what a user's tool reading the ConfigMap would).
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject};
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
 
 use crate::control_plane::ControlPlane;
@@ -151,6 +153,46 @@ pub async fn register_agent_cluster(
                 },
             }))?,
         )
+        .await?;
+    Ok(())
+}
+
+/// Checks an Argo CD resource tree (`GET /api/v1/applications/<app>/resource-tree`) of the demo
+/// manifests synced into `namespace` on a spoke: its `demo-config` node carries the spoke
+/// object's `uid` and namespace, and `demo-secret` and the `demo` ServiceAccount are there.
+pub fn assert_demo_tree(tree: &Value, uid: &str, namespace: &str) {
+    let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
+    let node = |kind: &str, name: &str| {
+        nodes
+            .iter()
+            .find(|n| n["kind"] == kind && n["name"] == name)
+            .cloned()
+    };
+    let config_map =
+        node("ConfigMap", "demo-config").unwrap_or_else(|| panic!("no demo-config in {tree}"));
+    assert_eq!(config_map["uid"], uid, "{config_map}");
+    assert_eq!(config_map["namespace"], namespace, "{config_map}");
+    assert!(node("Secret", "demo-secret").is_some(), "{tree}");
+    assert!(node("ServiceAccount", "demo").is_some(), "{tree}");
+}
+
+/// Records a Kubernetes Event `name` about the demo's `demo-config` (uid `uid`) in `namespace`,
+/// reason `GreetingRead`, as a tool reading it on the spoke would, for the resource-events view.
+pub async fn record_demo_event(
+    spoke: &kube::Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> anyhow::Result<()> {
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "name": "demo-config",
+                           "namespace": namespace, "uid": uid},
+        "reason": "GreetingRead", "message": "read on the spoke", "type": "Normal",
+        "source": {"component": "e2e"},
+    }))?;
+    Api::<Event>::namespaced(spoke.clone(), namespace)
+        .create(&PostParams::default(), &event)
         .await?;
     Ok(())
 }

@@ -41,11 +41,13 @@ use e2e::helm::{create_secret, installed_deployment, Helm, Release};
 use e2e::kubelet::FakeKubelet;
 use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::redis::resp_exchange;
-use e2e::scenario::{demo_application, operation_state, sync_state, wait_synced, SYNC_WAIT};
+use e2e::scenario::{
+    demo_application, operation_state, record_demo_event, sync_state, wait_synced, SYNC_WAIT,
+};
 use e2e::{shared_planes, wait_until, ControlPlane, Redis, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
 
@@ -479,19 +481,7 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
         .await?;
     assert_eq!(status, 200, "resource-tree: {body}\n{}", logs());
     let tree: Value = serde_json::from_str(&body)?;
-    let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
-    let node = |kind: &str, name: &str| {
-        nodes
-            .iter()
-            .find(|n| n["kind"] == kind && n["name"] == name)
-            .cloned()
-    };
-    let cm_node =
-        node("ConfigMap", "demo-config").unwrap_or_else(|| panic!("no demo-config in {tree}"));
-    assert_eq!(cm_node["uid"], spoke_uid.as_str(), "{cm_node}");
-    assert_eq!(cm_node["namespace"], dest.as_str());
-    assert!(node("Secret", "demo-secret").is_some(), "{tree}");
-    assert!(node("ServiceAccount", "demo").is_some(), "{tree}");
+    e2e::scenario::assert_demo_tree(&tree, &spoke_uid, dest);
 
     let (status, body) = server
         .api_get(
@@ -764,16 +754,7 @@ async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_
         .await?;
     assert_eq!(status, 200, "app events: {body}\n{}", logs());
     assert!(body.contains("initiated sync"), "{body}");
-    let event: Event = serde_json::from_value(json!({
-        "metadata": {"name": "demo-config.e2e", "namespace": dest},
-        "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "name": "demo-config",
-                           "namespace": dest, "uid": spoke_uid},
-        "reason": "GreetingRead", "message": "read on the spoke", "type": "Normal",
-        "source": {"component": "e2e"},
-    }))?;
-    Api::<Event>::namespaced(lv.spoke_client.clone(), dest)
-        .create(&PostParams::default(), &event)
-        .await?;
+    record_demo_event(&lv.spoke_client, dest, "demo-config.e2e", &spoke_uid).await?;
     let (status, body) = server
         .api_get(
             &format!(
@@ -1348,16 +1329,7 @@ async fn hub_argocd_answers_about_an_app_what_the_spokes_own_argocd_server_answe
         .metadata
         .uid
         .expect("a live object has a uid");
-    let event: Event = serde_json::from_value(json!({
-        "metadata": {"name": "demo-config.same", "namespace": dest},
-        "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "name": "demo-config",
-                           "namespace": dest, "uid": uid},
-        "reason": "GreetingRead", "message": "read on the spoke", "type": "Normal",
-        "source": {"component": "e2e"},
-    }))?;
-    Api::<Event>::namespaced(lv.spoke_client.clone(), dest)
-        .create(&PostParams::default(), &event)
-        .await?;
+    record_demo_event(&lv.spoke_client, dest, "demo-config.same", &uid).await?;
 
     // (what, path after /api/v1/applications/<app>, how to make an answer comparable)
     let resource_query =

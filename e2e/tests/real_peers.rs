@@ -1716,18 +1716,7 @@ async fn hub_reads_the_resource_tree_through_the_redis_proxy(
     )
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
-    let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
-    let node = |kind: &str, name: &str| {
-        nodes
-            .iter()
-            .find(|n| n["kind"] == kind && n["name"] == name)
-            .cloned()
-    };
-    let config_map =
-        node("ConfigMap", "demo-config").unwrap_or_else(|| panic!("no demo-config in {tree}"));
-    assert_eq!(config_map["uid"], spoke_uid.as_str(), "{config_map}");
-    assert_eq!(config_map["namespace"], cell.dest.as_str(), "{config_map}");
-    assert!(node("Secret", "demo-secret").is_some(), "{tree}");
+    e2e::scenario::assert_demo_tree(&tree, &spoke_uid, &cell.dest);
 
     // Managed resources (the other live-view key): the spoke's live ConfigMap as its Argo CD saw it.
     let body = get("managed-resources")
