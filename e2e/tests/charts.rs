@@ -19,17 +19,22 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use argocd_agent_operator::gitops::crd::GitOpsCluster;
+use argocd_agent_operator::pki::inspect;
 use e2e::argocd::ArgoCd;
 use e2e::binaries::workspace_root;
 use e2e::gateway::{application_resource, ensure_namespace, text, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::helm::{create_secret, installed_deployment, Helm, Release};
+use e2e::ocm::{install_crds, CrdSide};
 use e2e::pod_runner::{service, Image, Pod, PodRunner, SERVICE_ACCOUNT_DIR};
 use e2e::scenario::{demo_application, wait_greeting, wait_synced};
 use e2e::{shared_planes, wait_until, ControlPlane, TestContext};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, PodTemplateSpec, Secret, ServiceAccount};
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PodTemplateSpec, Secret, Service, ServiceAccount,
+};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::{json, Value};
 
 const PRINCIPAL_CHART: &str = "charts/argocd-agent-principal";
@@ -54,13 +59,20 @@ fn render(
     values: &str,
     kube_version: Option<&str>,
 ) -> Result<String, String> {
+    render_as(dir, chart, "argocd-agent", namespace, values, kube_version)
+}
+
+/// [`render`] as release `release`.
+fn render_as(
+    dir: &Path,
+    chart: &str,
+    release: &str,
+    namespace: &str,
+    values: &str,
+    kube_version: Option<&str>,
+) -> Result<String, String> {
     let helm = Helm::new(dir, None).expect("the helm peer is built (hack/peers.sh helm)");
-    let release = Release::new(
-        "argocd-agent",
-        namespace,
-        workspace_root().join(chart),
-        values,
-    );
+    let release = Release::new(release, namespace, workspace_root().join(chart), values);
     helm.lint(&release).map_err(|e| e.to_string())?;
     helm.template(&release, kube_version)
         .map_err(|e| e.to_string())
@@ -228,10 +240,29 @@ async fn charts_pass_a_server_side_dry_run_on_a_real_control_plane() -> anyhow::
     Ok(())
 }
 
+/// The release name whose Service is upstream's fixed `argocd-agent-principal` (the chart's full
+/// name is the release name when that contains the chart's name).
+const UPSTREAM_NAMED_RELEASE: &str = "argocd-agent-principal";
+
 #[tokio::test]
 async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
     let ctx = TestContext::new("charts-rbac").unwrap();
-    let principal = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", "", None).unwrap());
+    // Under the release name that gives the principal Service upstream's name, which is
+    // --operator-principal-service's default and the name principal/rbac.yaml lists.
+    let render_principal = |values: &str| {
+        objects(
+            &render_as(
+                &ctx.dir,
+                PRINCIPAL_CHART,
+                UPSTREAM_NAMED_RELEASE,
+                "argocd",
+                values,
+                None,
+            )
+            .unwrap(),
+        )
+    };
+    let principal = render_principal("");
     let listed = rules_beside_code("principal/rbac.yaml");
     // The operator is on by default: its rules join the principal's own.
     assert_eq!(
@@ -242,16 +273,7 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
             .collect::<BTreeSet<Grant>>(),
         "principal ClusterRole differs from principal/rbac.yaml `cluster` + `operator`"
     );
-    let without_operator = objects(
-        &render(
-            &ctx.dir,
-            PRINCIPAL_CHART,
-            "argocd",
-            "operator: {enabled: false}\n",
-            None,
-        )
-        .unwrap(),
-    );
+    let without_operator = render_principal("operator: {enabled: false}\n");
     assert_eq!(
         rendered_grants(&without_operator, "ClusterRole"),
         grants(&listed["cluster"]),
@@ -259,9 +281,81 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
     );
     assert_eq!(
         rendered_grants(&principal, "Role"),
-        grants(&listed["namespace"]),
-        "principal Role differs from principal/rbac.yaml `namespace`"
+        grants(&listed["namespace"])
+            .union(&grants(&listed["operatorNamespace"]))
+            .cloned()
+            .collect::<BTreeSet<Grant>>(),
+        "principal Role differs from principal/rbac.yaml `namespace` + `operatorNamespace`"
     );
+    assert_eq!(
+        rendered_grants(&without_operator, "Role"),
+        grants(&listed["namespace"]),
+        "principal Role without the operator differs from principal/rbac.yaml `namespace`"
+    );
+    // Positive control for the split: the operator's own grants are really absent without it.
+    for operator_only in [
+        (
+            String::new(),
+            "services".into(),
+            "get".into(),
+            UPSTREAM_NAMED_RELEASE.into(),
+        ),
+        (
+            String::new(),
+            "secrets".into(),
+            "create".into(),
+            String::new(),
+        ),
+        (
+            String::new(),
+            "secrets".into(),
+            "delete".into(),
+            String::new(),
+        ),
+        (
+            "coordination.k8s.io".into(),
+            "leases".into(),
+            "update".into(),
+            "argocd-agent-operator".into(),
+        ),
+    ] {
+        assert!(
+            rendered_grants(&principal, "Role").contains(&operator_only),
+            "{operator_only:?} granted with the operator"
+        );
+        assert!(
+            !rendered_grants(&without_operator, "Role").contains(&operator_only),
+            "{operator_only:?} granted without the operator"
+        );
+    }
+
+    // Under any other release name the operator reads that release's Service: the flag the
+    // Deployment sets and the one Service name the Role grants are both the rendered Service's.
+    for release in ["hub", "argocd-agent", "team-a-gitops"] {
+        let objs =
+            objects(&render_as(&ctx.dir, PRINCIPAL_CHART, release, "argocd", "", None).unwrap());
+        let grpc_service = of_kind(&objs, "Service")
+            .into_iter()
+            .find(|s| s["spec"]["ports"][0]["name"] == "grpc")
+            .and_then(|s| s["metadata"]["name"].as_str())
+            .expect("the agent-facing Service")
+            .to_owned();
+        assert_eq!(
+            env_value(&objs, "ARGOCD_PRINCIPAL_OPERATOR_PRINCIPAL_SERVICE")
+                .and_then(|e| e["value"].as_str()),
+            Some(grpc_service.as_str()),
+            "release {release}: --operator-principal-service names the chart's Service"
+        );
+        let services: BTreeSet<Grant> = rendered_grants(&objs, "Role")
+            .into_iter()
+            .filter(|(_, r, _, _)| r == "services")
+            .collect();
+        assert_eq!(
+            services,
+            BTreeSet::from([(String::new(), "services".into(), "get".into(), grpc_service)]),
+            "release {release}: the Role grants get on the chart's Service only"
+        );
+    }
 
     // No Secret is granted cluster-wide: the operator's cluster Secrets live in the release
     // namespace and in a Role per further Argo CD namespace (duplicates and the release
@@ -780,6 +874,50 @@ fn pod_logs(pods: &[&Pod]) -> String {
         .join("\n")
 }
 
+/// The Secrets the principal chart mounts by default, in `namespace`, from `pki`: the gRPC and
+/// resource proxy certificates, the CA (`kubernetes.io/tls` with its key when `with_ca_key`, as
+/// `argocd-agentctl pki init` writes it, so the embedded operator can issue; else the
+/// certificate alone) and the JWT signing key.
+async fn create_principal_secrets(
+    client: &kube::Client,
+    namespace: &str,
+    pki: &Pki,
+    with_ca_key: bool,
+) -> anyhow::Result<()> {
+    let principal_tls = [
+        ("tls.crt", pki.dir.join("principal.crt")),
+        ("tls.key", pki.dir.join("principal.key")),
+    ];
+    let ca_only = [("tls.crt", pki.ca())];
+    let ca_with_key = [("tls.crt", pki.ca()), ("tls.key", pki.dir.join("ca.key"))];
+    let ca = if with_ca_key {
+        ("kubernetes.io/tls", &ca_with_key[..])
+    } else {
+        ("Opaque", &ca_only[..])
+    };
+    for (name, type_, files) in [
+        (
+            "argocd-agent-principal-tls",
+            "kubernetes.io/tls",
+            &principal_tls[..],
+        ),
+        (
+            "argocd-agent-resource-proxy-tls",
+            "kubernetes.io/tls",
+            &principal_tls[..],
+        ),
+        ("argocd-agent-ca", ca.0, ca.1),
+        (
+            "argocd-agent-jwt",
+            "Opaque",
+            &[("jwt.key", pki.dir.join("jwt.key"))][..],
+        ),
+    ] {
+        create_secret(client, namespace, name, type_, files).await?;
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn helm_installed_principal_and_agent_run_as_their_pods_under_the_charts_rbac(
 ) -> anyhow::Result<()> {
@@ -795,30 +933,7 @@ async fn helm_installed_principal_and_agent_run_as_their_pods_under_the_charts_r
     // chart's defaults (two replicas under HA, the embedded operator on).
     let principal_ns = ctx.unique("argocd");
     ensure_namespace(&hub_client, &principal_ns).await?;
-    let principal_tls = [
-        ("tls.crt", pki.dir.join("principal.crt")),
-        ("tls.key", pki.dir.join("principal.key")),
-    ];
-    for (name, type_, files) in [
-        (
-            "argocd-agent-principal-tls",
-            "kubernetes.io/tls",
-            &principal_tls[..],
-        ),
-        (
-            "argocd-agent-resource-proxy-tls",
-            "kubernetes.io/tls",
-            &principal_tls[..],
-        ),
-        ("argocd-agent-ca", "Opaque", &[("tls.crt", pki.ca())][..]),
-        (
-            "argocd-agent-jwt",
-            "Opaque",
-            &[("jwt.key", pki.dir.join("jwt.key"))][..],
-        ),
-    ] {
-        create_secret(&hub_client, &principal_ns, name, type_, files).await?;
-    }
+    create_principal_secrets(&hub_client, &principal_ns, &pki, false).await?;
     let hub_helm = Helm::new(&ctx.dir, Some(&hub.kubeconfig))?;
     let release = ctx.unique("hub");
     hub_helm.install(&Release::new(
@@ -969,6 +1084,145 @@ async fn helm_installed_principal_and_agent_run_as_their_pods_under_the_charts_r
         agent.isolation
     );
     hub_helm.uninstall(&release, &principal_ns)?;
+    Ok(())
+}
+
+/// Server discovery under a release name of the user's choosing: the chart names its Service
+/// after the release, hands that name to the embedded operator (`--operator-principal-service`)
+/// and grants `get` on it alone. The principal pod started from the installed Deployment reads
+/// that Service, finds the node port the real kube-apiserver allocated, writes it into a
+/// GitOpsCluster's spec (as upstream) and issues the principal certificate for the release's
+/// Service names, with nothing refused by the chart's RBAC. The Node (InternalIP 127.0.0.1) is
+/// registered by the test because the planes run no kubelet.
+#[tokio::test]
+async fn release_named_principal_service_is_discovered_by_the_operator_with_the_node_registered_by_the_test_since_no_kubelet_runs(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let started = Instant::now();
+    let ctx = TestContext::new("charts-release-name")?;
+    let hub = &planes.hub;
+    let client = hub.client().await?;
+    // The operator's pass lists ManifestWorks and watches Placements: OCM's hub CRDs.
+    install_crds(&client, CrdSide::Hub).await?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let ns = ctx.unique("argocd");
+    ensure_namespace(&client, &ns).await?;
+    create_principal_secrets(&client, &ns, &pki, true).await?;
+
+    let release = ctx.unique("gitops");
+    let service_name = format!("{release}-argocd-agent-principal");
+    let helm = Helm::new(&ctx.dir, Some(&hub.kubeconfig))?;
+    helm.install(&Release::new(
+        &release,
+        &ns,
+        workspace_root().join(PRINCIPAL_CHART),
+        "replicaCount: 1\nha: {enabled: false}\nservice: {type: NodePort}\n",
+    ))?;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let node_port = services
+        .get(&service_name)
+        .await?
+        .spec
+        .and_then(|s| s.ports)
+        .and_then(|ports| {
+            ports
+                .into_iter()
+                .find(|p| p.name.as_deref() == Some("grpc"))
+        })
+        .and_then(|p| p.node_port)
+        .expect("the apiserver allocates the grpc Service's node port");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node_name = ctx.unique("node");
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": node_name},
+                "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
+            }))?,
+        )
+        .await?;
+
+    let (deployment, sa) = installed_deployment(&client, &ns).await?;
+    let kubelet = PodRunner::new(hub, &ctx.dir, Image::ours()?).await?;
+    let pods = kubelet.run_deployment(&ns, &deployment, &[]).await?;
+    let pod = &pods[0];
+    assert_eq!(
+        pod.env("ARGOCD_PRINCIPAL_OPERATOR_PRINCIPAL_SERVICE"),
+        Some(service_name.as_str())
+    );
+
+    let gocs: Api<GitOpsCluster> = Api::namespaced(client.clone(), &ns);
+    gocs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "apps.open-cluster-management.io/v1alpha1",
+            "kind": "GitOpsCluster",
+            "metadata": {"name": "discovered", "namespace": ns},
+            "spec": {"placementRef": {"kind": "Placement", "name": "nobody"},
+                     "argoCDAgentAddon": {"mode": "managed"}},
+        }))?,
+    )
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let in_cluster_name = format!("DNS:{service_name}.{ns}.svc");
+    let flow = async {
+        wait_until(
+            "the release's node port written into the GitOpsCluster's spec",
+            Duration::from_secs(90),
+            || async {
+                let goc = gocs.get("discovered").await?;
+                let addon = &goc.spec.argocd_agent_addon;
+                let done = addon.principal_server_address.as_deref() == Some("127.0.0.1")
+                    && addon.principal_server_port.as_deref() == Some(&*node_port.to_string());
+                Ok::<_, kube::Error>(done.then_some(()))
+            },
+        )
+        .await?;
+        wait_until(
+            &format!("a principal certificate naming {in_cluster_name}"),
+            Duration::from_secs(60),
+            || async {
+                let secret = secrets.get("argocd-agent-principal-tls").await?;
+                let pem = secret
+                    .data
+                    .and_then(|d| d.get("tls.crt").map(|b| b.0.clone()))
+                    .unwrap_or_default();
+                let sans = inspect(&String::from_utf8_lossy(&pem))
+                    .map(|i| i.sans)
+                    .unwrap_or_default();
+                Ok::<_, kube::Error>(sans.contains(&in_cluster_name).then_some(sans))
+            },
+        )
+        .await
+    }
+    .await;
+    let made = assert_nothing_refused(
+        hub,
+        &format!("system:serviceaccount:{ns}:{sa}"),
+        PRINCIPAL_CHART,
+    );
+    // Clean up before judging: the Node would change discovery for other tests, and the
+    // GitOpsCluster's finalizer is released by the operator while it still runs.
+    nodes.delete(&node_name, &DeleteParams::default()).await?;
+    gocs.delete("discovered", &DeleteParams::default()).await?;
+    let released = wait_until(
+        "the GitOpsCluster's finalizer released",
+        Duration::from_secs(60),
+        || async {
+            Ok::<_, kube::Error>(gocs.get_opt("discovered").await?.is_none().then_some(()))
+        },
+    )
+    .await;
+    let sans = flow.map_err(|e| anyhow::anyhow!("{e:#}\n{}", pod.log_tail(60)))?;
+    released?;
+    assert!(made > 0, "the principal's requests are in the audit log");
+    eprintln!(
+        "[charts] release {release}: operator discovered Service {service_name} (node port \
+         {node_port}) and issued the principal certificate for {sans:?} in {:.1?}",
+        started.elapsed()
+    );
+    helm.uninstall(&release, &ns)?;
     Ok(())
 }
 

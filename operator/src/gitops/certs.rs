@@ -27,7 +27,8 @@ use crate::pki::{
 
 /// Secret with the CA certificate alone (no key), for whoever needs to trust the fleet CA.
 pub const CA_BUNDLE_SECRET: &str = "argocd-agent-ca-bundle";
-/// Service whose LoadBalancer ingress is the principal's public address.
+/// Default Service whose LoadBalancer ingress is the principal's public address (upstream's fixed
+/// name; `--operator-principal-service` names another, e.g. the chart's release-named one).
 pub const PRINCIPAL_SERVICE: &str = "argocd-agent-principal";
 /// Service of the resource proxy (its in-cluster DNS names go into its certificate).
 pub const RESOURCE_PROXY_SERVICE: &str = "argocd-agent-resource-proxy";

@@ -28,8 +28,7 @@ use super::agent_work::{
 };
 use super::argocd_cr::{build_cr_work, cr_work_name, validate, CrDelivery};
 use super::certs::{
-    ensure_ca, ensure_server_cert, reissue_reason, server_sans, CaProblem, PRINCIPAL_SERVICE,
-    RESOURCE_PROXY_SERVICE,
+    ensure_ca, ensure_server_cert, reissue_reason, server_sans, CaProblem, RESOURCE_PROXY_SERVICE,
 };
 use super::crd::*;
 use super::csr::process_csrs;
@@ -216,11 +215,11 @@ pub async fn reconcile_all(
             }
         });
     }
-    let discovered = discover_principal_endpoint(client, &opts.namespace)
+    let discovered = discover_principal_endpoint(client, &opts.namespace, &opts.principal_service)
         .await
         .map_err(kube_err(format!(
-            "discovering the principal endpoint from service {}/{PRINCIPAL_SERVICE}",
-            opts.namespace
+            "discovering the principal endpoint from service {}/{}",
+            opts.namespace, opts.principal_service
         )))?;
     let flag_address = opts.principal_address.as_deref();
     let endpoints: BTreeMap<String, Result<(String, u16), String>> = live
@@ -264,7 +263,7 @@ pub async fn reconcile_all(
             ca,
             &opts.certs,
             PRINCIPAL_TLS_SECRET,
-            &server_sans(PRINCIPAL_SERVICE, &opts.namespace, &hosts),
+            &server_sans(&opts.principal_service, &opts.namespace, &hosts),
         )
         .await?;
         let proxy_host = opts

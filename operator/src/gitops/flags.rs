@@ -1,7 +1,7 @@
 //! The operator's settings as `argocd-principal` flags (flattened into its command line, each
 //! mirrored by an `ARGOCD_PRINCIPAL_OPERATOR_*` env var): certificate lifetimes and renewal, the
 //! principal/resource-proxy addresses agents and Argo CD are given (overriding server discovery),
-//! the default agent image, the hub Argo CD namespace (and the further namespaces GitOpsClusters
+//! the principal Service server discovery reads, the default agent image, the hub Argo CD namespace (and the further namespaces GitOpsClusters
 //! may register clusters in) and the agents' namespace on the spokes.
 //!
 //! Owns [`OperatorFlags`], their validation into [`OperatorSettings`], and how the settings fill
@@ -13,7 +13,9 @@ use argocd_agent_runtime::binary_config::{ConfigError, FlagEnv};
 use argocd_agent_runtime::flags::{self, HostPort};
 use clap::Args;
 
-use super::certs::CertPolicy;
+use argocd_agent_proto::event::names::is_dns1123_label;
+
+use super::certs::{CertPolicy, PRINCIPAL_SERVICE};
 use super::OperatorOptions;
 
 /// `--operator-*` flags of `argocd-principal`.
@@ -70,6 +72,18 @@ pub struct OperatorFlags {
     )]
     pub operator_principal_port: Option<u16>,
 
+    /// Service (in the principal's --namespace) whose LoadBalancer ingress or node port is the
+    /// address agents dial, when neither --operator-principal-address nor the GitOpsCluster names
+    /// one; its in-cluster DNS names also go into the principal's certificate. The chart sets it
+    /// to its own Service (named after the Helm release) and grants `get` on that name only.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_OPERATOR_PRINCIPAL_SERVICE",
+        default_value = PRINCIPAL_SERVICE,
+        value_name = "NAME"
+    )]
+    pub operator_principal_service: String,
+
     /// HOST:PORT the hub Argo CD reaches the resource proxy at: written into every cluster
     /// secret's server URL and the resource proxy's certificate [default:
     /// argocd-agent-resource-proxy:9090].
@@ -122,7 +136,7 @@ pub struct OperatorFlags {
 }
 
 /// Validated operator settings.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorSettings {
     /// Lifetimes and renewal.
     pub certs: CertPolicy,
@@ -130,6 +144,8 @@ pub struct OperatorSettings {
     pub principal_address: Option<String>,
     /// Advertised principal port.
     pub principal_port: Option<u16>,
+    /// Service server discovery reads (default [`PRINCIPAL_SERVICE`]).
+    pub principal_service: String,
     /// Resource proxy `host:port` for the hub Argo CD.
     pub resource_proxy_address: Option<String>,
     /// Default agent image.
@@ -190,6 +206,19 @@ impl OperatorFlags {
                 ));
             }
         }
+        let principal_service = self.operator_principal_service.trim().to_owned();
+        // A Service name is a DNS-1035 label: a DNS-1123 label starting with a letter.
+        if !is_dns1123_label(&principal_service)
+            || !principal_service.starts_with(|c: char| c.is_ascii_lowercase())
+        {
+            return Err(env.invalid(
+                "operator-principal-service",
+                format!(
+                    "{principal_service:?} is not a Service name (lower-case letters, digits and \
+                     '-', starting with a letter, at most 63 characters)"
+                ),
+            ));
+        }
         Ok(OperatorSettings {
             certs: CertPolicy {
                 ca_validity: self.operator_ca_lifetime,
@@ -198,6 +227,7 @@ impl OperatorFlags {
             },
             principal_address,
             principal_port: self.operator_principal_port,
+            principal_service,
             resource_proxy_address: self.operator_resource_proxy_address.map(|h| h.to_string()),
             agent_image: non_blank(self.operator_agent_image),
             argocd_namespace: env
@@ -223,6 +253,7 @@ impl OperatorOptions {
         o.certs = s.certs;
         o.principal_address = s.principal_address.clone();
         o.principal_port = s.principal_port;
+        o.principal_service = s.principal_service.clone();
         if let Some(a) = &s.resource_proxy_address {
             o.resource_proxy_address = a.clone();
         }
@@ -265,6 +296,10 @@ mod tests {
         assert_eq!(s.principal_address, None);
         let o = OperatorOptions::with_settings("argocd", &s);
         assert_eq!(o.resource_proxy_address, "argocd-agent-resource-proxy:9090");
+        assert_eq!(
+            o.principal_service, "argocd-agent-principal",
+            "upstream's name"
+        );
         assert_eq!(o.argocd_namespace(), "argocd");
     }
 
@@ -276,6 +311,7 @@ mod tests {
             "--operator-renew-before=2d",
             "--operator-principal-address=principal.example.com",
             "--operator-principal-port=8443",
+            "--operator-principal-service=hub-argocd-agent-principal",
             "--operator-resource-proxy-address=rp.example.com:9443",
             "--operator-agent-image=registry/agent:1",
             "--operator-argocd-namespace=gitops",
@@ -291,6 +327,7 @@ mod tests {
             Some("principal.example.com")
         );
         assert_eq!(o.principal_port, Some(8443));
+        assert_eq!(o.principal_service, "hub-argocd-agent-principal");
         assert_eq!(o.resource_proxy_address, "rp.example.com:9443");
         assert_eq!(o.agent_image, "registry/agent:1");
         assert_eq!(o.argocd_namespace(), "gitops");
@@ -320,6 +357,18 @@ mod tests {
             (
                 &["--operator-argocd-namespace=-bad"][..],
                 "operator-argocd-namespace",
+            ),
+            (
+                &["--operator-principal-service=Principal"][..],
+                "operator-principal-service",
+            ),
+            (
+                &["--operator-principal-service=1-principal"][..],
+                "operator-principal-service",
+            ),
+            (
+                &["--operator-principal-service="][..],
+                "operator-principal-service",
             ),
         ] {
             let err = parse(args).unwrap_err();

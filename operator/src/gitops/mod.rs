@@ -87,6 +87,9 @@ pub struct OperatorOptions {
     pub principal_address: Option<String>,
     /// Principal port agents dial when the GitOpsCluster names none.
     pub principal_port: Option<u16>,
+    /// The principal's Service in `namespace`: server discovery reads it, and its in-cluster DNS
+    /// names go into the principal's certificate.
+    pub principal_service: String,
     /// Agent namespace on the spokes when the GitOpsCluster names none (default `argocd`).
     pub agent_namespace: Option<String>,
     /// Certificate lifetimes and renewal.
@@ -118,6 +121,7 @@ impl OperatorOptions {
             ),
             principal_address: None,
             principal_port: None,
+            principal_service: certs::PRINCIPAL_SERVICE.to_owned(),
             agent_namespace: None,
             certs: CertPolicy::default(),
             resync: Duration::from_secs(60),

@@ -4,12 +4,12 @@
 //! the node port — and which of a GitOpsCluster's endpoint fields to write back into its spec.
 //!
 //! Owns the pure choice ([`endpoint_from_service`], [`endpoint_for`], [`write_back`]) and the two
-//! reads it needs (the Service; the nodes, only for a `NodePort` Service without ingress).
+//! reads it needs (the Service, by the name `--operator-principal-service` gives; the nodes, only
+//! for a `NodePort` Service without ingress).
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, ListParams};
 
-use super::certs::PRINCIPAL_SERVICE;
 use super::crd::GitOpsCluster;
 
 /// Port agents dial when nothing names one (upstream's default).
@@ -59,11 +59,7 @@ pub fn endpoint_from_service(
             .unwrap_or(DEFAULT_PRINCIPAL_PORT);
         return Ok(DiscoveredEndpoint { address, port });
     }
-    let name = service
-        .metadata
-        .name
-        .as_deref()
-        .unwrap_or(PRINCIPAL_SERVICE);
+    let name = service.metadata.name.as_deref().unwrap_or_default();
     let type_ = spec.type_.unwrap_or_else(|| "ClusterIP".into());
     if type_ != "NodePort" {
         return Err(format!(
@@ -100,16 +96,18 @@ fn node_internal_ip(nodes: &[Node]) -> Option<String> {
         .map(|a| a.address.clone())
 }
 
-/// Discovers the principal endpoint from Service [`PRINCIPAL_SERVICE`] in `namespace`. The outer
-/// error is an API failure; the inner one says why the Service offers no endpoint.
+/// Discovers the principal endpoint from Service `service` in `namespace`. The outer error is an
+/// API failure; the inner one says why the Service offers no endpoint.
 pub async fn discover_principal_endpoint(
     client: &kube::Client,
     namespace: &str,
+    service: &str,
 ) -> Result<Result<DiscoveredEndpoint, String>, kube::Error> {
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
-    let Some(service) = services.get_opt(PRINCIPAL_SERVICE).await? else {
+    let Some(service) = services.get_opt(service).await? else {
         return Ok(Err(format!(
-            "service {namespace}/{PRINCIPAL_SERVICE} not found"
+            "service {namespace}/{service} not found (the principal's Service is named by \
+             --operator-principal-service)"
         )));
     };
     let first = endpoint_from_service(&service, None);
