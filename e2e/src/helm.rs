@@ -17,6 +17,7 @@ use k8s_openapi::ByteString;
 use kube::api::{Api, ListParams, PostParams};
 
 use crate::binaries::Peer;
+use crate::gateway::Pki;
 
 /// A `helm` command that exited non-zero: the command line and what Helm said.
 #[derive(Debug)]
@@ -240,4 +241,48 @@ pub async fn installed_deployment(
         .and_then(|p| p.service_account_name.clone())
         .unwrap_or_else(|| "default".into());
     Ok((d.metadata.name.clone().unwrap_or_default(), sa))
+}
+
+/// The Secrets the principal chart mounts by default, in `namespace`, from `pki`: the gRPC and
+/// resource proxy certificates, the CA (`kubernetes.io/tls` with its key when `with_ca_key`, as
+/// `argocd-agentctl pki init` writes it, so the embedded operator can issue; else the
+/// certificate alone) and the JWT signing key.
+pub async fn create_principal_secrets(
+    client: &kube::Client,
+    namespace: &str,
+    pki: &Pki,
+    with_ca_key: bool,
+) -> anyhow::Result<()> {
+    let principal_tls = [
+        ("tls.crt", pki.dir.join("principal.crt")),
+        ("tls.key", pki.dir.join("principal.key")),
+    ];
+    let ca_only = [("tls.crt", pki.ca())];
+    let ca_with_key = [("tls.crt", pki.ca()), ("tls.key", pki.dir.join("ca.key"))];
+    let ca = if with_ca_key {
+        ("kubernetes.io/tls", &ca_with_key[..])
+    } else {
+        ("Opaque", &ca_only[..])
+    };
+    for (name, type_, files) in [
+        (
+            "argocd-agent-principal-tls",
+            "kubernetes.io/tls",
+            &principal_tls[..],
+        ),
+        (
+            "argocd-agent-resource-proxy-tls",
+            "kubernetes.io/tls",
+            &principal_tls[..],
+        ),
+        ("argocd-agent-ca", ca.0, ca.1),
+        (
+            "argocd-agent-jwt",
+            "Opaque",
+            &[("jwt.key", pki.dir.join("jwt.key"))][..],
+        ),
+    ] {
+        create_secret(client, namespace, name, type_, files).await?;
+    }
+    Ok(())
 }

@@ -25,7 +25,7 @@ use e2e::argocd::ArgoCd;
 use e2e::binaries::workspace_root;
 use e2e::gateway::{application_resource, ensure_namespace, text, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
-use e2e::helm::{create_secret, installed_deployment, Helm, Release};
+use e2e::helm::{create_principal_secrets, create_secret, installed_deployment, Helm, Release};
 use e2e::ocm::{install_crds, CrdSide};
 use e2e::pod_runner::{service, Image, Pod, PodRunner, SERVICE_ACCOUNT_DIR};
 use e2e::scenario::{demo_application, wait_greeting, wait_synced};
@@ -872,50 +872,6 @@ fn pod_logs(pods: &[&Pod]) -> String {
         .map(|p| format!("--- pod {}/{}:\n{}", p.namespace, p.name, p.log_tail(40)))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The Secrets the principal chart mounts by default, in `namespace`, from `pki`: the gRPC and
-/// resource proxy certificates, the CA (`kubernetes.io/tls` with its key when `with_ca_key`, as
-/// `argocd-agentctl pki init` writes it, so the embedded operator can issue; else the
-/// certificate alone) and the JWT signing key.
-async fn create_principal_secrets(
-    client: &kube::Client,
-    namespace: &str,
-    pki: &Pki,
-    with_ca_key: bool,
-) -> anyhow::Result<()> {
-    let principal_tls = [
-        ("tls.crt", pki.dir.join("principal.crt")),
-        ("tls.key", pki.dir.join("principal.key")),
-    ];
-    let ca_only = [("tls.crt", pki.ca())];
-    let ca_with_key = [("tls.crt", pki.ca()), ("tls.key", pki.dir.join("ca.key"))];
-    let ca = if with_ca_key {
-        ("kubernetes.io/tls", &ca_with_key[..])
-    } else {
-        ("Opaque", &ca_only[..])
-    };
-    for (name, type_, files) in [
-        (
-            "argocd-agent-principal-tls",
-            "kubernetes.io/tls",
-            &principal_tls[..],
-        ),
-        (
-            "argocd-agent-resource-proxy-tls",
-            "kubernetes.io/tls",
-            &principal_tls[..],
-        ),
-        ("argocd-agent-ca", ca.0, ca.1),
-        (
-            "argocd-agent-jwt",
-            "Opaque",
-            &[("jwt.key", pki.dir.join("jwt.key"))][..],
-        ),
-    ] {
-        create_secret(client, namespace, name, type_, files).await?;
-    }
-    Ok(())
 }
 
 #[tokio::test]

@@ -37,7 +37,7 @@ use e2e::argocd_terminal::{enable_exec, Terminal, TerminalTarget};
 use e2e::binaries::workspace_root;
 use e2e::gateway::{agentctl, application_resource, ensure_namespace, Pki};
 use e2e::git_server::{demo_manifests, GitServer, PRESYNC_HOOK_JOB};
-use e2e::helm::{create_secret, installed_deployment, Helm, Release};
+use e2e::helm::{create_principal_secrets, create_secret, installed_deployment, Helm, Release};
 use e2e::kubelet::FakeKubelet;
 use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::redis::resp_exchange;
@@ -183,31 +183,15 @@ impl LiveView {
         ensure_namespace(&hub_client, &principal_ns).await?;
         let password_file = ctx.dir.join("hub-redis-auth");
         std::fs::write(&password_file, &hub_password)?;
-        let principal_tls = [
-            ("tls.crt", pki.dir.join("principal.crt")),
-            ("tls.key", pki.dir.join("principal.key")),
-        ];
-        for (name, type_, files) in [
-            (
-                "argocd-agent-principal-tls",
-                "kubernetes.io/tls",
-                &principal_tls[..],
-            ),
-            (
-                "argocd-agent-resource-proxy-tls",
-                "kubernetes.io/tls",
-                &principal_tls[..],
-            ),
-            ("argocd-agent-ca", "Opaque", &[("tls.crt", pki.ca())][..]),
-            (
-                "argocd-agent-jwt",
-                "Opaque",
-                &[("jwt.key", pki.dir.join("jwt.key"))][..],
-            ),
-            ("argocd-redis", "Opaque", &[("auth", password_file)][..]),
-        ] {
-            create_secret(&hub_client, &principal_ns, name, type_, files).await?;
-        }
+        create_principal_secrets(&hub_client, &principal_ns, &pki, false).await?;
+        create_secret(
+            &hub_client,
+            &principal_ns,
+            "argocd-redis",
+            "Opaque",
+            &[("auth", password_file)],
+        )
+        .await?;
         let principal = install_and_run(
             &ctx,
             hub,
