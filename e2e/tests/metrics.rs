@@ -543,7 +543,7 @@ const UPSTREAM_PARITY: &[(Side, &str, Ours)] = {
         (Principal, "principal_agent_avg_connection_time", Declared),
         (Principal, "principal_events_received", Moves),
         (Principal, "principal_events_sent", Moves),
-        (Principal, "principal_event_processing_time", Declared),
+        (Principal, "principal_event_processing_time", Moves),
         (
             Principal,
             "principal_applications_created",
