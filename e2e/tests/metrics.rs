@@ -20,7 +20,9 @@ use e2e::gateway::{
 };
 use e2e::helm::{Helm, Release};
 use e2e::metrics::Scrape;
+use e2e::ports::free_low_port;
 use e2e::redis::resp_exchange;
+use e2e::upstream::{UpstreamAgent, UpstreamPrincipal};
 use e2e::{shared_planes, wait_until, Redis, TestContext};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
@@ -649,6 +651,122 @@ const UPSTREAM_PARITY: &[(Side, &str, Ours)] = {
         (Agent, "argocd_agent_workqueue_depth", Absent(NO_WORKQUEUE)),
     ]
 };
+
+/// Upstream's labelled families (Go `*Vec`s) that its registry serves only once a sample exists,
+/// which a clean round trip does not produce, and the HA family it registers only with HA on.
+const UPSTREAM_WITH_FIRST_SAMPLE: &[&str] = &[
+    "principal_event_writer_send_errors_total",
+    "argocd_principal_event_writer_events_discarded_total",
+    "principal_errors",
+    "argocd_agent_event_writer_events_discarded_total",
+    "agent_errors",
+    "argocd_agent_ha_state",
+];
+
+/// The parity table is upstream's own: the real upstream v0.9.0 principal and agent, after an
+/// Application went hub → spoke through them, serve every name [`UPSTREAM_PARITY`] lists for
+/// them (but the families they serve only with a first sample), and serve the counters we call
+/// "same family, samples with `_total`" without the suffix, as the README says.
+#[tokio::test]
+async fn upstream_v0_9_serves_every_name_of_the_parity_table() -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("metrics-upstream")?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let hub = planes.hub.client().await?;
+    let (principal_metrics, agent_metrics) = (free_low_port(), free_low_port());
+    let principal_port = format!("--metrics-port={principal_metrics}");
+    let principal = UpstreamPrincipal::start(
+        "p",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ctx.unique("argocd"),
+        None,
+        &[&principal_port],
+    )
+    .await?;
+    let name = ctx.unique("go-agent");
+    pki.issue_agent(&name)?;
+    ensure_namespace(&hub, &name).await?;
+    let spoke = &planes.spokes[0];
+    let spoke_ns = ctx.unique("spoke-argocd");
+    let agent_port = format!("--metrics-port={agent_metrics}");
+    let agent = UpstreamAgent::start(
+        &name,
+        &ctx.dir,
+        spoke,
+        &pki,
+        &principal.address(),
+        "managed",
+        &spoke_ns,
+        None,
+        &[&agent_port],
+    )
+    .await?;
+    let logs = || {
+        format!(
+            "--- upstream principal ---\n{}\n--- upstream agent ---\n{}",
+            principal.process.log_tail(30),
+            agent.process.log_tail(30)
+        )
+    };
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &name, &application_resource());
+    hub_apps
+        .create(
+            &PostParams::default(),
+            &application("observed", &name, "v1"),
+        )
+        .await?;
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke.client().await?, &spoke_ns, &application_resource());
+    wait_until("the Application on the spoke", WAIT, || async {
+        Ok::<_, kube::Error>(spoke_apps.get_opt("observed").await?.map(|_| ()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+
+    // Upstream counts its events after sending them: wait for the counters rather than race them.
+    let bodies = wait_until("upstream's event counters moved", WAIT, || async {
+        let principal = scrape(principal_metrics).await?;
+        let agent = scrape(agent_metrics).await?;
+        let moved = sample(&principal, "principal_events_sent ") >= Some(1.0)
+            && sample(&agent, "agent_events_received ") >= Some(1.0);
+        Ok::<_, anyhow::Error>(moved.then_some((principal, agent)))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    let (principal_body, agent_body) = &bodies;
+    for (side, name, _) in UPSTREAM_PARITY {
+        let body = match side {
+            Side::Principal => principal_body,
+            Side::Agent => agent_body,
+        };
+        if UPSTREAM_WITH_FIRST_SAMPLE.contains(name) {
+            continue;
+        }
+        assert!(
+            declared(body, name),
+            "upstream's {side:?} does not serve {name}:\n{body}"
+        );
+    }
+    // The suffix difference the README states, seen on upstream's side.
+    for (body, unsuffixed) in [
+        (principal_body, "principal_events_received"),
+        (principal_body, "principal_applications_created"),
+        (agent_body, "agent_events_sent"),
+    ] {
+        assert!(
+            sample(body, &format!("{unsuffixed} ")).is_some(),
+            "{unsuffixed}:\n{body}"
+        );
+        assert!(
+            sample(body, &format!("{unsuffixed}_total")).is_none(),
+            "{unsuffixed}_total:\n{body}"
+        );
+    }
+    Ok(())
+}
 
 /// The sum of a metric's samples in `body`: counters and gauges by value, histograms by their
 /// `_count` (over every label set); None when `name` has no sample at all.
