@@ -7,8 +7,8 @@
 //! `/readyz` answer. Parity with upstream v0.9.0: every metric upstream's principal and agent
 //! export is in [`UPSTREAM_PARITY`], and each one we serve is declared and moves with the traffic
 //! while each one we lack is absent (so the table stays true either way), and the real upstream
-//! principal and agent serve every name in it; every metric the
-//! Grafana dashboard shipped with the principal chart queries is one the binaries declare.
+//! principal and agent serve every name in it; every metric the Grafana dashboard shipped with
+//! the principal chart queries is one the binaries declare.
 
 use std::sync::Arc;
 use std::time::Duration;
