@@ -3,7 +3,8 @@
 //! Owns: [`AgentMetrics`] — connection state (`argocd_agent_connection_status`,
 //! `argocd_agent_connections_total`, `argocd_agent_auth_failures_total`), event traffic
 //! (`agent_events_received_total`, `agent_events_sent_total`, by event type and resource type),
-//! `agent_event_propagation_latency_seconds` (from the `sentat` extension of received events) and
+//! `agent_event_propagation_latency_seconds{resource_type}` (from the `sentat` extension of
+//! received events, labelled like upstream's) and
 //! the outbound queue size `argocd_agent_outbox_resources`. Registered once into the process's
 //! [`MetricsRegistry`]; the connection loop updates them.
 
@@ -29,7 +30,7 @@ pub struct AgentMetrics {
     pub auth_failures: Counter,
     events_received: Family<Labels, Counter>,
     events_sent: Family<Labels, Counter>,
-    propagation_latency: Histogram,
+    propagation_latency: Family<Labels, Histogram, fn() -> Histogram>,
     /// Distinct resources with events waiting for delivery or an ACK.
     pub outbox_resources: Gauge,
     /// Time to handle one inbound event (`agent_event_processing_time`).
@@ -47,7 +48,9 @@ impl Default for AgentMetrics {
             events_received: Family::default(),
             events_sent: Family::default(),
             // 5 ms .. ~82 s
-            propagation_latency: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
+            propagation_latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.005, 2.0, 15))
+            }),
             outbox_resources: Gauge::default(),
             event_processing_time: processing_time_histogram(),
             event_resends: Counter::default(),
@@ -129,7 +132,12 @@ impl AgentMetrics {
             let latency = chrono::Utc::now().signed_duration_since(sent_at);
             // Clocks of two machines: a negative latency is skew, not information.
             let seconds = latency.num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
-            self.propagation_latency.observe(seconds);
+            self.propagation_latency
+                .get_or_create(&vec![(
+                    "resource_type".to_string(),
+                    ev.target.metric_label().to_string(),
+                )])
+                .observe(seconds);
         }
     }
 
@@ -173,7 +181,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("agent_event_propagation_latency_seconds_count 1"),
+            text.contains(
+                "agent_event_propagation_latency_seconds_count{resource_type=\"application\"} 1"
+            ),
             "{text}"
         );
         assert!(text.contains("argocd_agent_connection_status 1"), "{text}");

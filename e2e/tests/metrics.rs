@@ -4,17 +4,26 @@
 //! flows hub → spoke, that each resource-proxy request and Redis-proxy command is counted by
 //! agent and outcome, that a rotated resource-proxy certificate is served to new handshakes and
 //! reported by the expiry gauge while open connections carry on, and what `/healthz` and
-//! `/readyz` answer.
+//! `/readyz` answer. Parity with upstream v0.9.0: every metric upstream's principal and agent
+//! export is in [`UPSTREAM_PARITY`], and each one we serve is declared and moves with the traffic
+//! while each one we lack is absent (so the table stays true either way), and the real upstream
+//! principal and agent serve every name in it; every metric the Grafana dashboard shipped with
+//! the principal chart queries is one the binaries declare.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use e2e::binaries::workspace_root;
 use e2e::gateway::{
     agent_identity, application, application_resource, client_tls, ensure_namespace, http_get,
     tls_connect, Agent, Pki, Principal,
 };
+use e2e::helm::{Helm, Release};
+use e2e::metrics::Scrape;
+use e2e::ports::free_low_port;
 use e2e::redis::resp_exchange;
+use e2e::upstream::{UpstreamAgent, UpstreamPrincipal};
 use e2e::{shared_planes, wait_until, Redis, TestContext};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
@@ -40,7 +49,6 @@ const AGENT_METRICS: &[&str] = &[
     "argocd_agent_connection_status",
     "argocd_agent_connections",
     "argocd_agent_auth_failures",
-    "agent_event_propagation_latency_seconds",
     "argocd_agent_outbox_resources",
     "agent_event_processing_time",
     "argocd_agent_event_resends",
@@ -289,6 +297,12 @@ async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() ->
         );
     }
 
+    // Upstream's names, and the dashboard's, against what both binaries now declare.
+    let principal_body = scrape(principal.ops_port).await?;
+    let agent_body = scrape(agent.ops_port).await?;
+    assert_upstream_parity(&principal_body, &agent_body)?;
+    assert_dashboard_metrics_declared(&principal_body, &agent_body)?;
+
     // Liveness and readiness.
     for (who, port) in [("principal", principal.ops_port), ("agent", agent.ops_port)] {
         let (status, _) = http_get(port, "/healthz").await?;
@@ -491,4 +505,565 @@ async fn a_rotated_resource_proxy_certificate_is_served_and_reported_without_dro
 fn certificate_der(pem: &str) -> anyhow::Result<Vec<u8>> {
     use rustls::pki_types::pem::PemObject;
     Ok(rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())?.to_vec())
+}
+
+/// Which binary exports a metric.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Side {
+    Principal,
+    Agent,
+}
+
+/// What we do with one of upstream v0.9.0's metric names.
+#[derive(Debug, Clone, Copy)]
+enum Ours {
+    /// Exposed under upstream's name with its meaning; after an agent connected and an
+    /// Application flowed hub → spoke its value (counters, gauges) or sample count (histograms)
+    /// is at least 1.
+    Moves,
+    /// Exposed under upstream's name with its meaning, but this traffic need not move it (the
+    /// value is checked only to be a number).
+    Declared,
+    /// Not exposed, for the reason given (the README's metrics table says the same).
+    Absent(&'static str),
+}
+
+/// Every metric upstream argocd-agent v0.9.0's principal and agent register in the registry they
+/// serve (internal/metrics, pkg/ha; rest_client_* and the workqueue families apart, listed by
+/// prefix). Upstream's counters without `_total` in their name are served by Go's text format
+/// without the suffix; ours are OpenMetrics counters whose samples carry `_total`
+/// (`principal_events_received_total`): same family, one suffix apart, as the README says.
+const UPSTREAM_PARITY: &[(Side, &str, Ours)] = {
+    use Ours::*;
+    use Side::*;
+    const HUB_WRITES: &str =
+        "not counted: the hub's writes of agents' objects are not hooked to metrics yet";
+    const LOSSLESS: &str =
+        "never happens here: the outbox keeps an event until it is ACKed (no retry limit)";
+    const NO_WORKQUEUE: &str = "no client-go workqueue: queue size is *_outbox_resources";
+    &[
+        (Principal, "agent_connected_with_principal", Moves),
+        (Principal, "principal_agent_avg_connection_time", Declared),
+        (Principal, "principal_events_received", Moves),
+        (Principal, "principal_events_sent", Moves),
+        (Principal, "principal_event_processing_time", Moves),
+        (
+            Principal,
+            "principal_applications_created",
+            Absent(HUB_WRITES),
+        ),
+        (
+            Principal,
+            "principal_applications_updated",
+            Absent(HUB_WRITES),
+        ),
+        (
+            Principal,
+            "principal_applications_deleted",
+            Absent(HUB_WRITES),
+        ),
+        (
+            Principal,
+            "principal_app_projects_created",
+            Absent(HUB_WRITES),
+        ),
+        (
+            Principal,
+            "principal_app_projects_updated",
+            Absent(HUB_WRITES),
+        ),
+        (
+            Principal,
+            "principal_app_projects_deleted",
+            Absent(HUB_WRITES),
+        ),
+        (
+            Principal,
+            "principal_repositories_created",
+            Absent(HUB_WRITES),
+        ),
+        (
+            Principal,
+            "principal_repositories_updated",
+            Absent(HUB_WRITES),
+        ),
+        (
+            Principal,
+            "principal_repositories_deleted",
+            Absent(HUB_WRITES),
+        ),
+        (Principal, "principal_gpg_keys_created", Absent(HUB_WRITES)),
+        (Principal, "principal_gpg_keys_updated", Absent(HUB_WRITES)),
+        (Principal, "principal_gpg_keys_deleted", Absent(HUB_WRITES)),
+        (
+            Principal,
+            "principal_event_writer_send_errors_total",
+            Absent("a failed send ends the stream: argocd_principal_agent_connected drops to 0"),
+        ),
+        (
+            Principal,
+            "argocd_principal_event_writer_events_discarded_total",
+            Absent(LOSSLESS),
+        ),
+        (
+            Principal,
+            "principal_errors",
+            Absent("failed inbound events are logged, not counted by resource type"),
+        ),
+        (
+            Principal,
+            "argocd_principal_workqueue_depth",
+            Absent(NO_WORKQUEUE),
+        ),
+        (
+            Principal,
+            "argocd_principal_workqueue_adds_total",
+            Absent(NO_WORKQUEUE),
+        ),
+        (
+            Principal,
+            "rest_client_requests_total",
+            Absent("the kube client's requests are not instrumented yet"),
+        ),
+        (
+            Principal,
+            "argocd_agent_ha_state",
+            Absent("HA is Lease leadership, not upstream's replication state machine"),
+        ),
+        (
+            Principal,
+            "process_resident_memory_bytes",
+            Absent("no process collector"),
+        ),
+        (Agent, "agent_events_received", Moves),
+        (Agent, "agent_events_sent", Moves),
+        (Agent, "agent_event_processing_time", Moves),
+        (Agent, "agent_event_propagation_latency_seconds", Moves),
+        (
+            Agent,
+            "argocd_agent_event_writer_events_discarded_total",
+            Absent(LOSSLESS),
+        ),
+        (
+            Agent,
+            "agent_errors",
+            Absent("failed inbound events are logged, not counted by resource type"),
+        ),
+        (Agent, "argocd_agent_workqueue_depth", Absent(NO_WORKQUEUE)),
+    ]
+};
+
+/// Upstream's labelled families (Go `*Vec`s) that its registry serves only once a sample exists,
+/// which a clean round trip does not produce, and the HA family it registers only with HA on.
+const UPSTREAM_WITH_FIRST_SAMPLE: &[&str] = &[
+    "principal_event_writer_send_errors_total",
+    "argocd_principal_event_writer_events_discarded_total",
+    "principal_errors",
+    "argocd_agent_event_writer_events_discarded_total",
+    "agent_errors",
+    "argocd_agent_ha_state",
+];
+
+/// The parity table is upstream's own: the real upstream v0.9.0 principal and agent, after an
+/// Application went hub → spoke through them, serve every name [`UPSTREAM_PARITY`] lists for
+/// them (but the families they serve only with a first sample), and serve the counters we call
+/// "same family, samples with `_total`" without the suffix, as the README says.
+#[tokio::test]
+async fn upstream_v0_9_serves_every_name_of_the_parity_table() -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("metrics-upstream")?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let hub = planes.hub.client().await?;
+    let (principal_metrics, agent_metrics) = (free_low_port(), free_low_port());
+    let principal_port = format!("--metrics-port={principal_metrics}");
+    let principal = UpstreamPrincipal::start(
+        "p",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ctx.unique("argocd"),
+        None,
+        &[&principal_port],
+    )
+    .await?;
+    let name = ctx.unique("go-agent");
+    pki.issue_agent(&name)?;
+    ensure_namespace(&hub, &name).await?;
+    let spoke = &planes.spokes[0];
+    let spoke_ns = ctx.unique("spoke-argocd");
+    let agent_port = format!("--metrics-port={agent_metrics}");
+    let agent = UpstreamAgent::start(
+        &name,
+        &ctx.dir,
+        spoke,
+        &pki,
+        &principal.address(),
+        "managed",
+        &spoke_ns,
+        None,
+        &[&agent_port],
+    )
+    .await?;
+    let logs = || {
+        format!(
+            "--- upstream principal ---\n{}\n--- upstream agent ---\n{}",
+            principal.process.log_tail(30),
+            agent.process.log_tail(30)
+        )
+    };
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &name, &application_resource());
+    hub_apps
+        .create(
+            &PostParams::default(),
+            &application("observed", &name, "v1"),
+        )
+        .await?;
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke.client().await?, &spoke_ns, &application_resource());
+    wait_until("the Application on the spoke", WAIT, || async {
+        Ok::<_, kube::Error>(spoke_apps.get_opt("observed").await?.map(|_| ()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+
+    // Upstream counts its events after sending them: wait for the counters rather than race them.
+    let bodies = wait_until("upstream's event counters moved", WAIT, || async {
+        let principal = scrape(principal_metrics).await?;
+        let agent = scrape(agent_metrics).await?;
+        let moved = sample(&principal, "principal_events_sent ") >= Some(1.0)
+            && sample(&agent, "agent_events_received ") >= Some(1.0);
+        Ok::<_, anyhow::Error>(moved.then_some((principal, agent)))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    let (principal_body, agent_body) = &bodies;
+    for (side, name, _) in UPSTREAM_PARITY {
+        let body = match side {
+            Side::Principal => principal_body,
+            Side::Agent => agent_body,
+        };
+        if UPSTREAM_WITH_FIRST_SAMPLE.contains(name) {
+            continue;
+        }
+        assert!(
+            declared(body, name),
+            "upstream's {side:?} does not serve {name}:\n{body}"
+        );
+    }
+    // The suffix difference the README states, seen on upstream's side.
+    for (body, unsuffixed) in [
+        (principal_body, "principal_events_received"),
+        (principal_body, "principal_applications_created"),
+        (agent_body, "agent_events_sent"),
+    ] {
+        assert!(
+            sample(body, &format!("{unsuffixed} ")).is_some(),
+            "{unsuffixed}:\n{body}"
+        );
+        assert!(
+            sample(body, &format!("{unsuffixed}_total")).is_none(),
+            "{unsuffixed}_total:\n{body}"
+        );
+    }
+    Ok(())
+}
+
+/// The sum of a metric's samples in `body`: counters and gauges by value, histograms by their
+/// `_count` (over every label set); None when `name` has no sample at all.
+fn total(body: &str, scrape: &Scrape, name: &str) -> Option<f64> {
+    let count = format!("{name}_count");
+    let counts: Vec<f64> = body
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(&count)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    if !counts.is_empty() {
+        return Some(counts.iter().sum());
+    }
+    scrape.sample(name, &[])?;
+    scrape.value(name, &[]).ok()
+}
+
+/// Asserts [`UPSTREAM_PARITY`] against the scrapes of a principal and an agent that carried an
+/// Application hub → spoke.
+fn assert_upstream_parity(principal: &str, agent: &str) -> anyhow::Result<()> {
+    let scrapes = [
+        (Side::Principal, principal, Scrape::parse(principal)?),
+        (Side::Agent, agent, Scrape::parse(agent)?),
+    ];
+    for (side, name, ours) in UPSTREAM_PARITY {
+        let (_, body, scrape) = scrapes.iter().find(|(s, ..)| s == side).unwrap();
+        match ours {
+            Ours::Moves | Ours::Declared => {
+                assert!(
+                    scrape.declares(name),
+                    "upstream's {name} is not declared by our {side:?}:\n{body}"
+                );
+                let value = total(body, scrape, name);
+                if matches!(ours, Ours::Moves) {
+                    assert!(
+                        value >= Some(1.0),
+                        "upstream's {name} did not move on our {side:?} ({value:?}):\n{body}"
+                    );
+                } else {
+                    assert!(value.is_some(), "{name} has no sample:\n{body}");
+                }
+            }
+            Ours::Absent(why) => {
+                for (_, body, scrape) in &scrapes {
+                    assert!(
+                        !scrape.declares(name),
+                        "{name} is declared now (the parity table says {why:?}): update it:\n{body}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The Grafana dashboard shipped with the principal chart.
+fn dashboard() -> anyhow::Result<serde_json::Value> {
+    let path = workspace_root().join("charts/argocd-agent-principal/dashboards/argocd-agent.json");
+    Ok(serde_json::from_str(&std::fs::read_to_string(&path)?)?)
+}
+
+/// Every PromQL expression of `dashboard`: its panels' `expr`s and its variables' queries.
+fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    match (k.as_str(), v) {
+                        ("expr" | "definition", serde_json::Value::String(q)) => {
+                            out.push(q.clone())
+                        }
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(dashboard, &mut out);
+    out
+}
+
+/// PromQL keywords, and aggregation operators (which may take a `by (..)` before their
+/// parenthesis), that read like names.
+const PROMQL_WORDS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "group",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+    "limitk",
+    "limit_ratio",
+];
+
+/// The metric names `query` selects: identifiers outside label matchers (`{..}`), ranges
+/// (`[..]`), strings and grouping lists (`by (..)`), that are not function calls, keywords or
+/// numbers. `label_values(metric, label)` yields its metric; histogram series (`_bucket`,
+/// `_count`, `_sum`) yield their family.
+fn metric_names(query: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut plain = String::new();
+    let (mut braces, mut brackets, mut quoted) = (0, 0, false);
+    for c in query.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            _ if quoted => {}
+            '{' => braces += 1,
+            '}' => braces -= 1,
+            '[' => brackets += 1,
+            ']' => brackets -= 1,
+            _ if braces == 0 && brackets == 0 => plain.push(c),
+            _ => {}
+        }
+        if (braces > 0 || brackets > 0 || quoted) && !plain.ends_with(' ') {
+            plain.push(' ');
+        }
+    }
+    let ident = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '$');
+    let mut tokens: Vec<(usize, &str)> = Vec::new();
+    let mut from = None;
+    for (i, c) in plain
+        .char_indices()
+        .chain(std::iter::once((plain.len(), ' ')))
+    {
+        match (from, ident(c)) {
+            (None, true) => from = Some(i),
+            (Some(f), false) => {
+                tokens.push((f, &plain[f..i]));
+                from = None;
+            }
+            _ => {}
+        }
+    }
+    let mut grouping = 0;
+    let mut label_values_args = None;
+    for (at, token) in tokens {
+        let after = plain[at + token.len()..].trim_start();
+        if grouping > 0 {
+            grouping -= usize::from(after.starts_with(')'));
+            continue;
+        }
+        if matches!(
+            token,
+            "by" | "without" | "on" | "ignoring" | "group_left" | "group_right"
+        ) {
+            grouping = 1;
+            continue;
+        }
+        let first = token.chars().next();
+        if token.starts_with('$')
+            || first.is_some_and(|c| c.is_ascii_digit())
+            || PROMQL_WORDS.contains(&token)
+            || after.starts_with('(')
+        {
+            label_values_args = (token == "label_values").then_some(0);
+            continue;
+        }
+        if let Some(arg) = label_values_args.as_mut() {
+            *arg += 1;
+            if *arg > 1 {
+                continue;
+            }
+        }
+        let family = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| token.strip_suffix(s))
+            .unwrap_or(token);
+        names.push(family.to_string());
+    }
+    names
+}
+
+/// Labelled families both binaries declare only with their first sample, which the traffic of
+/// [`both_binaries_publish_their_metrics_and_counters_move_with_traffic`] does not produce; each is
+/// proven exposed under this name elsewhere (named here).
+const DECLARED_WITH_FIRST_SAMPLE: &[(&str, &str)] = &[
+    (
+        "argocd_principal_auth_failures_total",
+        "security::tls_max_version_and_cipher_suites_decide_which_clients_and_agents_get_in",
+    ),
+    (
+        "argocd_principal_terminal_sessions_open",
+        "principal metrics::tests::terminal_sessions_are_gauged_while_open_and_counted_by_outcome",
+    ),
+    (
+        "argocd_principal_terminal_sessions_total",
+        "principal metrics::tests::terminal_sessions_are_gauged_while_open_and_counted_by_outcome",
+    ),
+];
+
+/// Asserts that every metric the dashboard queries is declared by the live principal or agent
+/// (or is one of [`DECLARED_WITH_FIRST_SAMPLE`]).
+fn assert_dashboard_metrics_declared(principal: &str, agent: &str) -> anyhow::Result<()> {
+    let scrapes = [Scrape::parse(principal)?, Scrape::parse(agent)?];
+    let queries = dashboard_queries(&dashboard()?);
+    assert!(queries.len() > 20, "the dashboard's queries: {queries:?}");
+    let mut checked = 0;
+    for query in &queries {
+        let names = metric_names(query);
+        assert!(!names.is_empty(), "no metric found in {query:?}");
+        for name in names {
+            checked += 1;
+            assert!(
+                scrapes.iter().any(|s| s.declares(&name))
+                    || DECLARED_WITH_FIRST_SAMPLE.iter().any(|(n, _)| *n == name),
+                "the dashboard queries {name} (in {query:?}), which neither binary declares:\n{principal}\n{agent}"
+            );
+        }
+    }
+    assert!(checked >= queries.len());
+    Ok(())
+}
+
+#[test]
+fn dashboard_queries_name_the_metrics_they_select() {
+    let names = |q| metric_names(q);
+    assert_eq!(
+        names("sum by (agent_name, code) (rate(argocd_principal_resource_proxy_requests_total{agent_name=~\"$agent\"}[$__rate_interval]))"),
+        ["argocd_principal_resource_proxy_requests_total"]
+    );
+    assert_eq!(
+        names(
+            "histogram_quantile(0.9, sum by (le) (rate(agent_event_processing_time_bucket[5m])))"
+        ),
+        ["agent_event_processing_time"]
+    );
+    assert_eq!(
+        names("time() - max by (agent_name) (argocd_principal_agent_last_event_timestamp_seconds)"),
+        ["argocd_principal_agent_last_event_timestamp_seconds"]
+    );
+    assert_eq!(
+        names("min by (certificate) (a_seconds - time()) / 86400 or b_total offset 5m"),
+        ["a_seconds", "b_total"]
+    );
+    assert_eq!(
+        names("label_values(argocd_principal_agent_connected, agent_name)"),
+        ["argocd_principal_agent_connected"]
+    );
+}
+
+/// The chart ships the dashboard file as it is, in a ConfigMap Grafana's sidecar picks up by its
+/// label, only when asked.
+#[test]
+fn the_principal_chart_ships_the_dashboard_only_when_enabled() -> anyhow::Result<()> {
+    let ctx = TestContext::new("metrics-dashboard-chart")?;
+    let helm = Helm::new(&ctx.dir, None)?;
+    let chart = workspace_root().join("charts/argocd-agent-principal");
+    let render = |values: &str| -> anyhow::Result<Vec<serde_json::Value>> {
+        let release = Release::new("argocd-agent", "argocd", chart.clone(), values);
+        helm.lint(&release)?;
+        let manifest = helm.template(&release, None)?;
+        Ok(serde_norway::Deserializer::from_str(&manifest)
+            .filter_map(|doc| serde::Deserialize::deserialize(doc).ok())
+            .filter(|o: &serde_json::Value| o["kind"] == "ConfigMap")
+            .collect())
+    };
+    assert!(render("")?
+        .iter()
+        .all(|c| c["data"].get("argocd-agent.json").is_none()));
+    let maps = render(
+        "metrics: {grafanaDashboard: {enabled: true, namespace: monitoring, annotations: {grafana_folder: argocd}}}\n",
+    )?;
+    let shipped: Vec<_> = maps
+        .iter()
+        .filter(|c| c["data"].get("argocd-agent.json").is_some())
+        .collect();
+    assert_eq!(shipped.len(), 1, "{maps:?}");
+    let map = shipped[0];
+    assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(map["metadata"]["namespace"], "monitoring");
+    assert_eq!(map["metadata"]["annotations"]["grafana_folder"], "argocd");
+    let json: serde_json::Value =
+        serde_json::from_str(map["data"]["argocd-agent.json"].as_str().unwrap())?;
+    assert_eq!(json, dashboard()?);
+    Ok(())
 }

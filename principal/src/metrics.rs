@@ -1,15 +1,21 @@
 //! The principal's Prometheus metrics, declared in one place and registered once; names follow
-//! upstream argocd-agent where they mean the same thing.
+//! upstream argocd-agent where they mean the same thing, and where ours came first under another
+//! name the same handle is registered a second time under upstream v0.9.0's name (see
+//! [`PrincipalMetrics::register`]), so upstream's dashboards and alerts keep working.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use argocd_agent_proto::event::EventType;
 use argocd_agent_proto::sync::processing_time_histogram;
 use argocd_agent_runtime::telemetry::MetricsRegistry;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 
 type Labels = Vec<(String, String)>;
 
@@ -26,12 +32,16 @@ pub struct PrincipalMetrics {
     pub events_received: Family<Labels, Counter>,
     /// `principal_events_sent_total{event_type}`.
     pub events_sent: Family<Labels, Counter>,
-    /// `argocd_principal_event_errors_total{reason}`.
+    /// `argocd_principal_event_errors_total{reason}`. No code counts into it yet (so it is never
+    /// exposed): the inbound path logs its failures.
     pub event_errors: Family<Labels, Counter>,
     /// `argocd_principal_outbox_resources{agent_name}`: resources with undelivered events.
     pub outbox_resources: Family<Labels, Gauge>,
     /// `argocd_principal_agent_connected{agent_name,agent_mode}`: 1 while the agent's stream is up.
     pub agent_connected: Family<Labels, Gauge>,
+    /// `principal_agent_avg_connection_time` (upstream's): average minutes the connected agents'
+    /// streams have been up.
+    pub connection_time: AverageConnectionTime,
     /// `argocd_principal_agent_last_event_timestamp_seconds{agent_name}`: last event received.
     pub agent_last_event: Family<Labels, Gauge>,
     /// `principal_event_processing_time`: seconds to handle one event from an agent.
@@ -164,6 +174,48 @@ impl ProxyMetrics {
     }
 }
 
+/// Upstream's `principal_agent_avg_connection_time` gauge: the mean of how long each connected
+/// agent's stream has been up, each rounded to the minute, in whole minutes (0 with no agent).
+/// Upstream recomputes it every three minutes; this computes it when scraped.
+#[derive(Debug, Clone, Default)]
+pub struct AverageConnectionTime {
+    since: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl AverageConnectionTime {
+    /// Records that `agent`'s stream came up at `since`, or went down (`None`).
+    pub fn set(&self, agent: &str, since: Option<Instant>) {
+        let mut map = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        match since {
+            Some(at) => map.insert(agent.to_string(), at),
+            None => map.remove(agent),
+        };
+    }
+
+    /// The gauge's value now.
+    pub fn minutes(&self) -> i64 {
+        let map = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        if map.is_empty() {
+            return 0;
+        }
+        let total: u64 = map
+            .values()
+            .map(|at| (at.elapsed().as_secs() + 30) / 60)
+            .sum();
+        (total / map.len() as u64) as i64
+    }
+}
+
+impl EncodeMetric for AverageConnectionTime {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.minutes())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
 impl Default for PrincipalMetrics {
     fn default() -> Self {
         Self {
@@ -175,6 +227,7 @@ impl Default for PrincipalMetrics {
             event_errors: Family::default(),
             outbox_resources: Family::default(),
             agent_connected: Family::default(),
+            connection_time: AverageConnectionTime::default(),
             agent_last_event: Family::default(),
             event_processing_time: processing_time_histogram(),
             event_resends: Counter::default(),
@@ -194,6 +247,17 @@ impl PrincipalMetrics {
             "argocd_principal_connected_agents",
             "Agents with an open event stream",
             m.connected_agents.clone(),
+        );
+        // Upstream v0.9.0's name for the same gauge.
+        registry.register(
+            "agent_connected_with_principal",
+            "Agents with an open event stream (upstream argocd-agent's name for argocd_principal_connected_agents)",
+            m.connected_agents.clone(),
+        );
+        registry.register(
+            "principal_agent_avg_connection_time",
+            "Average time the connected agents' event streams have been up, in whole minutes (0 with none)",
+            m.connection_time.clone(),
         );
         registry.register(
             "argocd_principal_agent_connections",
@@ -254,6 +318,7 @@ impl PrincipalMetrics {
 
     /// Marks `agent`'s stream up or down.
     pub fn agent_connection(&self, agent: &str, mode: &str, up: bool) {
+        self.connection_time.set(agent, up.then(Instant::now));
         self.agent_connected
             .get_or_create(&vec![
                 ("agent_name".into(), agent.into()),
@@ -333,6 +398,29 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
+    }
+
+    #[test]
+    fn upstream_connection_names_follow_the_connected_agents() {
+        let registry = MetricsRegistry::empty();
+        let metrics = PrincipalMetrics::register(&registry);
+        metrics.connected_agents.inc();
+        metrics.connected_agents.inc();
+        let now = Instant::now();
+        let ago = |mins: u64| now.checked_sub(Duration::from_secs(mins * 60)).unwrap();
+        metrics.connection_time.set("a", Some(ago(10)));
+        metrics.connection_time.set("b", Some(ago(4)));
+        let text = registry.encode().unwrap();
+        for line in [
+            "agent_connected_with_principal 2",
+            "argocd_principal_connected_agents 2",
+            "principal_agent_avg_connection_time 7",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        metrics.connection_time.set("a", None);
+        metrics.connection_time.set("b", None);
+        assert_eq!(metrics.connection_time.minutes(), 0);
     }
 
     #[test]
