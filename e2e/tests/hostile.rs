@@ -308,6 +308,12 @@ async fn a_million_unknown_event_types_fold_into_one_series_and_a_few_log_lines(
     assert_eq!(unknown.len(), 1, "{series:?}");
     let count: f64 = unknown[0].rsplit(' ').next().unwrap_or("0").parse()?;
     assert!(count >= (EVENTS + 1) as f64, "{count}");
+    // Every refusal is counted as an event error, under one bounded reason.
+    let rejected = Scrape::of(s.principal.ops_port).await?.value(
+        "argocd_principal_event_errors_total",
+        &[("reason", "rejected")],
+    )?;
+    assert!(rejected >= (EVENTS + 1) as f64, "{rejected}");
     assert!(
         after.len() < before.len() + 1024,
         "/metrics grew from {} to {} bytes",

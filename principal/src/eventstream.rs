@@ -105,16 +105,19 @@ impl EventStream for EventStreamService {
             }
             live.agent_connected(agent.as_str());
             let (ctl_tx, mut ctl_rx) = mpsc::channel(1024);
-            let handler = Arc::new(Instrumented::new(
-                AgentInbound {
-                    session: session.clone(),
-                    hub: hub.clone(),
-                    live: live.clone(),
-                    cluster_info,
-                    status_writes: Default::default(),
-                },
-                metrics.event_processing_time.clone(),
-            ));
+            let handler = Arc::new(
+                Instrumented::new(
+                    AgentInbound {
+                        session: session.clone(),
+                        hub: hub.clone(),
+                        live: live.clone(),
+                        cluster_info,
+                        status_writes: Default::default(),
+                    },
+                    metrics.event_processing_time.clone(),
+                )
+                .counting_errors(metrics.event_errors.clone()),
+            );
             let lanes = Lanes::start(handler, LANES, LANE_DEPTH, ctl_tx);
             let end = run_stream(
                 inbound,

@@ -32,8 +32,9 @@ pub struct PrincipalMetrics {
     pub events_received: Family<Labels, Counter>,
     /// `principal_events_sent_total{event_type}`.
     pub events_sent: Family<Labels, Counter>,
-    /// `argocd_principal_event_errors_total{reason}`. No code counts into it yet (so it is never
-    /// exposed): the inbound path logs its failures.
+    /// `argocd_principal_event_errors_total{reason}`: agents' events that failed (`retryable`: no
+    /// ACK, the agent resends; `rejected`: ACKed with the error), counted by the stream's
+    /// [`argocd_agent_proto::sync::Instrumented`] handler.
     pub event_errors: Family<Labels, Counter>,
     /// `argocd_principal_outbox_resources{agent_name}`: resources with undelivered events.
     pub outbox_resources: Family<Labels, Gauge>,

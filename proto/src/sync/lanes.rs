@@ -46,12 +46,29 @@ impl<H: EventHandler> EventHandler for Arc<H> {
 pub struct Instrumented<H> {
     inner: H,
     seconds: prometheus_client::metrics::histogram::Histogram,
+    errors: Option<ErrorCounter>,
 }
+
+/// Failed events by `reason` (`retryable` or `rejected`: a bounded label, never the peer's text).
+pub type ErrorCounter = prometheus_client::metrics::family::Family<
+    Vec<(String, String)>,
+    prometheus_client::metrics::counter::Counter,
+>;
 
 impl<H: EventHandler> Instrumented<H> {
     /// Wraps `inner`; every handled event is observed in `seconds`.
     pub fn new(inner: H, seconds: prometheus_client::metrics::histogram::Histogram) -> Self {
-        Self { inner, seconds }
+        Self {
+            inner,
+            seconds,
+            errors: None,
+        }
+    }
+
+    /// Also counts every event that fails in `errors`, by kind of failure.
+    pub fn counting_errors(mut self, errors: ErrorCounter) -> Self {
+        self.errors = Some(errors);
+        self
     }
 }
 
@@ -62,6 +79,15 @@ impl<H: EventHandler> EventHandler for Instrumented<H> {
         let started = std::time::Instant::now();
         let result = self.inner.handle(event).instrument(span).await;
         self.seconds.observe(started.elapsed().as_secs_f64());
+        if let (Err(e), Some(errors)) = (&result, &self.errors) {
+            let reason = match e {
+                HandleError::Retryable(_) => "retryable",
+                HandleError::Rejected(_) => "rejected",
+            };
+            errors
+                .get_or_create(&vec![("reason".to_string(), reason.to_string())])
+                .inc();
+        }
         result
     }
 }
@@ -211,6 +237,42 @@ mod tests {
 
     fn ev(t: EventType, key: &str, id: &str) -> Event {
         Event::new(t, Target::Application, "t").with_ids(key, id)
+    }
+
+    #[tokio::test]
+    async fn instrumented_counts_failures_by_kind_never_by_the_peers_text() {
+        let errors = ErrorCounter::default();
+        let handler = Instrumented::new(
+            Recorder {
+                seen: Mutex::new(Vec::new()),
+            },
+            processing_time_histogram(),
+        )
+        .counting_errors(errors.clone());
+        let count = |reason: &str| {
+            errors
+                .get_or_create(&vec![("reason".to_string(), reason.to_string())])
+                .get()
+        };
+        handler
+            .handle(ev(EventType::Create, "a", "1"))
+            .await
+            .unwrap();
+        assert_eq!((count("rejected"), count("retryable")), (0, 0));
+        for i in 0..3 {
+            let unknown = EventType::Unknown(format!("made-up-{i}"));
+            assert!(handler.handle(ev(unknown, "a", "2")).await.is_err());
+        }
+        assert!(handler
+            .handle(ev(EventType::Error, "a", "3"))
+            .await
+            .is_err());
+        assert_eq!((count("rejected"), count("retryable")), (3, 1));
+        let mut text = String::new();
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("errors", "", errors.clone());
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("made-up"), "{text}");
     }
 
     #[tokio::test]
