@@ -195,13 +195,26 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             let resync = spawn_periodic_resync(config.resync_interval, outbox.clone(), move || {
                 periodic.request_resync()
             });
+            let dispatch = timed(
+                crate::live::LiveDispatch::wrap(sync.clone(), live),
+                &metrics,
+            );
             (
                 watchers,
                 resync,
-                tokio::spawn(connection.run(
-                    timed(crate::live::LiveDispatch::wrap(sync, live), &metrics),
-                    stop_rx,
-                )),
+                // Connect once the spoke watches hold their first list, as upstream's agent does
+                // (EnsureSynced before maintainConnection): that list only records what exists
+                // (the principal's resync compares it), so an object created between the start
+                // and a late first list would otherwise reach the hub only through a resync,
+                // never through the queue. A first list can be late by a second or more: a
+                // kube-apiserver builds a custom resource's watch cache on the first request
+                // after it starts or the CRD changes, and until it is ready it refuses a list
+                // with a label selector (ours always has the skip-sync one) with 429 and
+                // Retry-After: 1 (KEP-4568; unselected, paged lists go to etcd instead).
+                tokio::spawn(async move {
+                    sync.wait_listed().await;
+                    connection.run(dispatch, stop_rx).await
+                }),
             )
         }
     };

@@ -9,14 +9,16 @@
 //! the checksum of the hub's key set) and the operations users request on a hub mirror
 //! (`set-operation`, `terminate-operation`, `spec-update` carrying the refresh annotation), which
 //! run here. Local objects are never overwritten from the hub: the owner wins. Objects labelled
-//! skip-sync ([`argocd_agent_kube::skip_sync`]) count as absent: one that gains the label is
-//! reported deleted, as upstream's agent does.
+//! skip-sync ([`argocd_agent_kube::skip_sync`]) are not watched and count as absent: one that
+//! gains the label is reported deleted, as upstream's agent does.
 //!
 //! Restart: what was queued survives in the durable outbox; what changed while the process was
 //! down is found by the principal's checksum resync on connect, so the first list after start
 //! only records what it sees, unless the outbox was lost ([`AutonomousSync::new`]'s
 //! `full_resync`), in which case everything is sent once; once every kind was listed, the agent
-//! asks for one more resync, which finds what was created while the first list ran.
+//! asks for one more resync, which finds what was created while the first list ran. The agent
+//! connects to the principal only after that first list ([`AutonomousSync::wait_listed`]), so
+//! what is created once the agent is connected is always queued.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,7 +34,7 @@ use tracing::{debug, info, warn};
 
 use argocd_agent_kube::argocd::{Application, ObjectMetaExt};
 use argocd_agent_kube::errors::{handle_error, is_not_found};
-use argocd_agent_kube::skip_sync::is_skip_sync;
+use argocd_agent_kube::skip_sync::{is_skip_sync, without_skip_sync};
 
 use crate::managed::patch_params;
 use crate::spoke_copy::{SpokeObject, SyncedKind, REFRESH_ANNOTATION};
@@ -84,6 +86,7 @@ impl AutonomousSync {
         outbox: Arc<Outbox>,
         full_resync: bool,
     ) -> Arc<Self> {
+        let label_selector = Some(without_skip_sync(label_selector.as_deref()));
         let api = |kind: SyncedKind| {
             Api::namespaced_with(client.clone(), &namespace, &kind.api_resource())
         };
@@ -199,6 +202,11 @@ impl AutonomousSync {
     /// Watches Applications and AppProjects in the agent namespace until the future is dropped.
     pub async fn run_watchers(self: Arc<Self>) {
         self.spoke.run(&self).await
+    }
+
+    /// Waits until the spoke watches hold their first list (see [`run_watchers`](Self::run_watchers)).
+    pub async fn wait_listed(&self) {
+        self.spoke.wait_listed().await
     }
 
     fn on_applied(&self, kind: SyncedKind, live: &SpokeObject) {
@@ -398,10 +406,8 @@ impl AutonomousSync {
 
 impl SpokeObserver for AutonomousSync {
     /// A change; an object labelled skip-sync counts as gone (the hub mirror is deleted, as
-    /// upstream's agent does when its selector stops seeing it). The watch itself is not narrowed
-    /// by the skip-sync selector: with it, changes made while the link was down were seen to be
-    /// lost from the queue (e2e `faults.rs` `agent_killed_and_restarted_while_offline_…`; cause
-    /// not found yet).
+    /// upstream's agent does when its selector stops seeing it). The watch's skip-sync selector
+    /// already keeps such objects out; this check keeps the rule true for any event source.
     async fn applied(self: &Arc<Self>, kind: SyncedKind, live: SpokeObject) {
         if is_skip_sync(&live.metadata) {
             return self.on_gone(kind, live.name_str(), live.uid_str());

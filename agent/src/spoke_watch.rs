@@ -139,6 +139,11 @@ impl SpokeInformers {
             .map(|(_, r)| r)
     }
 
+    /// Waits until every informer has applied its first complete list.
+    pub async fn wait_listed(&self) {
+        futures::future::join_all(self.readers.iter().map(|(_, r)| r.wait_listed())).await;
+    }
+
     /// Every stored object of `kind`.
     pub fn state(&self, kind: SyncedKind) -> Vec<Arc<SpokeObject>> {
         self.reader(kind)

@@ -32,6 +32,12 @@ pub fn is_skip_sync(meta: &ObjectMeta) -> bool {
 
 /// The label selector of a watch of synced objects: `selector` (if any) and not skip-sync, both
 /// required (Kubernetes ANDs comma-separated requirements), as upstream's `config.LabelSelector`.
+///
+/// While the apiserver's watch cache of the kind initialises (kube-apiserver builds a custom
+/// resource's cache on the first request after it starts or the CRD changes), a list with a label
+/// selector is refused with 429 and `Retry-After: 1` (KEP-4568, on by default since 1.31; only an
+/// unselected paged list is sent to etcd instead). kube's client retries it silently, so such a
+/// watch's first list can come a second or more late.
 pub fn without_skip_sync(selector: Option<&str>) -> String {
     match selector.map(str::trim).filter(|s| !s.is_empty()) {
         Some(s) => format!("{NOT_SKIP_SYNC},{s}"),
