@@ -14,6 +14,7 @@ pub mod bench;
 pub mod binaries;
 pub mod control_plane;
 pub mod crds;
+pub mod discovery;
 pub mod fleet;
 pub mod gateway;
 pub mod git_server;

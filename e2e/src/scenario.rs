@@ -157,6 +157,17 @@ pub async fn register_agent_cluster(
     Ok(())
 }
 
+/// The uid of the demo's `demo-config` ConfigMap as synced into `namespace` on a spoke (what the
+/// hub's views of it must carry).
+pub async fn demo_config_uid(spoke: &kube::Client, namespace: &str) -> anyhow::Result<String> {
+    Api::<ConfigMap>::namespaced(spoke.clone(), namespace)
+        .get("demo-config")
+        .await?
+        .metadata
+        .uid
+        .ok_or_else(|| anyhow::anyhow!("demo-config in {namespace} has no uid"))
+}
+
 /// Checks an Argo CD resource tree (`GET /api/v1/applications/<app>/resource-tree`) of the demo
 /// manifests synced into `namespace` on a spoke: its `demo-config` node carries the spoke
 /// object's `uid` and namespace, and `demo-secret` and the `demo` ServiceAccount are there.

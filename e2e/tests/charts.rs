@@ -23,6 +23,9 @@ use argocd_agent_operator::gitops::crd::GitOpsCluster;
 use argocd_agent_operator::pki::inspect;
 use e2e::argocd::ArgoCd;
 use e2e::binaries::workspace_root;
+use e2e::discovery::{
+    create_endpointless_gitopscluster, register_loopback_node, wait_node_port_written, DISCOVERED,
+};
 use e2e::gateway::{application_resource, ensure_namespace, text, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::helm::{create_principal_secrets, create_secret, installed_deployment, Helm, Release};
@@ -1089,15 +1092,7 @@ async fn release_named_principal_service_is_discovered_by_the_operator_with_the_
         .expect("the apiserver allocates the grpc Service's node port");
     let nodes: Api<Node> = Api::all(client.clone());
     let node_name = ctx.unique("node");
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": node_name},
-                "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
-            }))?,
-        )
-        .await?;
+    register_loopback_node(&client, &node_name).await?;
 
     let (deployment, sa) = installed_deployment(&client, &ns).await?;
     let kubelet = PodRunner::new(hub, &ctx.dir, Image::ours()?).await?;
@@ -1109,32 +1104,11 @@ async fn release_named_principal_service_is_discovered_by_the_operator_with_the_
     );
 
     let gocs: Api<GitOpsCluster> = Api::namespaced(client.clone(), &ns);
-    gocs.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "apiVersion": "apps.open-cluster-management.io/v1alpha1",
-            "kind": "GitOpsCluster",
-            "metadata": {"name": "discovered", "namespace": ns},
-            "spec": {"placementRef": {"kind": "Placement", "name": "nobody"},
-                     "argoCDAgentAddon": {"mode": "managed"}},
-        }))?,
-    )
-    .await?;
+    create_endpointless_gitopscluster(&gocs, &ns).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let in_cluster_name = format!("DNS:{service_name}.{ns}.svc");
     let flow = async {
-        wait_until(
-            "the release's node port written into the GitOpsCluster's spec",
-            Duration::from_secs(90),
-            || async {
-                let goc = gocs.get("discovered").await?;
-                let addon = &goc.spec.argocd_agent_addon;
-                let done = addon.principal_server_address.as_deref() == Some("127.0.0.1")
-                    && addon.principal_server_port.as_deref() == Some(&*node_port.to_string());
-                Ok::<_, kube::Error>(done.then_some(()))
-            },
-        )
-        .await?;
+        wait_node_port_written(&gocs, node_port, Duration::from_secs(90)).await?;
         wait_until(
             &format!("a principal certificate naming {in_cluster_name}"),
             Duration::from_secs(60),
@@ -1161,13 +1135,11 @@ async fn release_named_principal_service_is_discovered_by_the_operator_with_the_
     // Clean up before judging: the Node would change discovery for other tests, and the
     // GitOpsCluster's finalizer is released by the operator while it still runs.
     nodes.delete(&node_name, &DeleteParams::default()).await?;
-    gocs.delete("discovered", &DeleteParams::default()).await?;
+    gocs.delete(DISCOVERED, &DeleteParams::default()).await?;
     let released = wait_until(
         "the GitOpsCluster's finalizer released",
         Duration::from_secs(60),
-        || async {
-            Ok::<_, kube::Error>(gocs.get_opt("discovered").await?.is_none().then_some(()))
-        },
+        || async { Ok::<_, kube::Error>(gocs.get_opt(DISCOVERED).await?.is_none().then_some(())) },
     )
     .await;
     let sans = flow.map_err(|e| anyhow::anyhow!("{e:#}\n{}", pod.log_tail(60)))?;

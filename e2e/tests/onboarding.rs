@@ -38,6 +38,9 @@ use argocd_agent_operator::pki::secrets::{
     TLS_CERT_KEY, TLS_KEY_KEY,
 };
 use argocd_agent_runtime::dial::{connect_tls, TlsTarget};
+use e2e::discovery::{
+    create_endpointless_gitopscluster, register_loopback_node, wait_node_port_written, DISCOVERED,
+};
 use e2e::gateway::{
     application, application_resource, appproject_resource, client_tls, Pki, Principal, SOURCE_UID,
 };
@@ -1031,15 +1034,7 @@ async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_with_the
     let hub = planes.hub.client().await?;
     let node_name = ctx.unique("node");
     let nodes: Api<Node> = Api::all(hub.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": node_name},
-                "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
-            }))?,
-        )
-        .await?;
+    register_loopback_node(&hub, &node_name).await?;
     let services: Api<Service> = Api::namespaced(hub.clone(), PRINCIPAL_NS);
     let service = services
         .create(
@@ -1063,29 +1058,8 @@ async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_with_the
     let ns = ctx.unique("gitops");
     create_label_placement(&hub, &ns, "nobody", (TEST_LABEL, &ctx.unique("none"))).await?;
     let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns);
-    gocs.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "apiVersion": "apps.open-cluster-management.io/v1alpha1",
-            "kind": "GitOpsCluster",
-            "metadata": {"name": "discovered", "namespace": ns},
-            "spec": {"placementRef": {"kind": "Placement", "name": "nobody"},
-                     "argoCDAgentAddon": {"mode": "managed"}},
-        }))?,
-    )
-    .await?;
-    let written = wait_until(
-        "the discovered endpoint written into the GitOpsCluster's spec",
-        REACT_WAIT,
-        || async {
-            let goc = gocs.get("discovered").await?;
-            let addon = &goc.spec.argocd_agent_addon;
-            let done = addon.principal_server_address.as_deref() == Some("127.0.0.1")
-                && addon.principal_server_port.as_deref() == Some(&*node_port.to_string());
-            Ok::<_, kube::Error>(done.then_some(goc))
-        },
-    )
-    .await;
+    create_endpointless_gitopscluster(&gocs, &ns).await?;
+    let written = wait_node_port_written(&gocs, node_port, REACT_WAIT).await;
     // Clean up before judging: the Service and Node would change discovery for other tests.
     services
         .delete("argocd-agent-principal", &DeleteParams::default())
@@ -1096,7 +1070,7 @@ async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_with_the
         "ServerDiscovered True and PlacementEvaluated NoClusters",
         REACT_WAIT,
         || async {
-            let goc = gocs.get("discovered").await?;
+            let goc = gocs.get(DISCOVERED).await?;
             let conditions = goc.status.unwrap_or_default().conditions;
             let has = |type_: &str, status: &str, reason: &str| {
                 conditions
@@ -1109,7 +1083,7 @@ async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_with_the
         },
     )
     .await?;
-    gocs.delete("discovered", &DeleteParams::default()).await?;
+    gocs.delete(DISCOVERED, &DeleteParams::default()).await?;
     logs.passed();
     Ok(())
 }

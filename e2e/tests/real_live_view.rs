@@ -42,7 +42,8 @@ use e2e::kubelet::FakeKubelet;
 use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::redis::resp_exchange;
 use e2e::scenario::{
-    demo_application, operation_state, record_demo_event, sync_state, wait_synced, SYNC_WAIT,
+    demo_application, demo_config_uid, operation_state, record_demo_event, sync_state, wait_synced,
+    SYNC_WAIT,
 };
 use e2e::{shared_planes, wait_until, ControlPlane, Redis, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -613,12 +614,7 @@ async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_
     lv.create_demo_app(&rev1).await?;
     let app_ref = lv.app_ref();
     let spoke_cms = Api::<ConfigMap>::namespaced(lv.spoke_client.clone(), dest);
-    let spoke_uid = spoke_cms
-        .get("demo-config")
-        .await?
-        .metadata
-        .uid
-        .expect("a live object has a uid");
+    let spoke_uid = demo_config_uid(&lv.spoke_client, dest).await?;
     let token = server.session_token().await?;
 
     // Managed resources, as the UI's diff view reads them: live and target state of each
@@ -1307,12 +1303,7 @@ async fn hub_argocd_answers_about_an_app_what_the_spokes_own_argocd_server_answe
     );
     let (agent_name, dest, app) = (&lv.agent_name, &lv.dest, &lv.app);
     let spoke_ns = &lv.spoke_argocd.namespace;
-    let uid = Api::<ConfigMap>::namespaced(lv.spoke_client.clone(), dest)
-        .get("demo-config")
-        .await?
-        .metadata
-        .uid
-        .expect("a live object has a uid");
+    let uid = demo_config_uid(&lv.spoke_client, dest).await?;
     record_demo_event(&lv.spoke_client, dest, "demo-config.same", &uid).await?;
 
     // (what, path after /api/v1/applications/<app>, how to make an answer comparable)

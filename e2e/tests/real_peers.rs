@@ -1681,12 +1681,7 @@ async fn hub_reads_the_resource_tree_through_the_redis_proxy(
     cell.wait_greeting("v1").await?;
     cell.wait_synced(&cell.hub_apps, &cell.first, "the hub Application Synced")
         .await?;
-    let spoke_uid = Api::<ConfigMap>::namespaced(cell.spoke.client().await?, &cell.dest)
-        .get("demo-config")
-        .await?
-        .metadata
-        .uid
-        .expect("a live object has a uid");
+    let spoke_uid = e2e::scenario::demo_config_uid(&cell.spoke.client().await?, &cell.dest).await?;
 
     let token = server.session_token().await?;
     let get = |what: &'static str| {
