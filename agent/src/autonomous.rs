@@ -305,7 +305,6 @@ impl AutonomousSync {
             keys.extend(
                 list.items
                     .iter()
-                    .filter(|o| !is_skip_sync(&o.metadata))
                     .map(|o| ResourceKey::new(kind.kind(), o.name_str(), "", o.uid_str())),
             );
         }
@@ -405,13 +404,7 @@ impl AutonomousSync {
 }
 
 impl SpokeObserver for AutonomousSync {
-    /// A change; an object labelled skip-sync counts as gone (the hub mirror is deleted, as
-    /// upstream's agent does when its selector stops seeing it). The watch's skip-sync selector
-    /// already keeps such objects out; this check keeps the rule true for any event source.
     async fn applied(self: &Arc<Self>, kind: SyncedKind, live: SpokeObject) {
-        if is_skip_sync(&live.metadata) {
-            return self.on_gone(kind, live.name_str(), live.uid_str());
-        }
         self.on_applied(kind, &live)
     }
 
