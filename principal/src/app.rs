@@ -103,12 +103,12 @@ async fn start_live_view(
             metrics: metrics.resource_proxy.clone(),
             body_timeout: config.request_body_timeout,
             body_budget: Default::default(),
-            terminal: crate::terminal::TerminalPolicy {
-                idle_timeout: config.terminal_idle_timeout,
-                max_sessions: config.terminal_max_sessions,
-                max_sessions_per_agent: config.terminal_max_sessions_per_agent,
-                metrics: metrics.terminal.clone(),
-            },
+            terminal: crate::terminal::TerminalPolicy::new(
+                config.terminal_idle_timeout,
+                config.terminal_max_sessions,
+                config.terminal_max_sessions_per_agent,
+                metrics.terminal.clone(),
+            ),
         });
         let addr = crate::resource_proxy::serve(rp.address, tls, proxy, policy.clone())
             .await

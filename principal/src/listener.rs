@@ -99,6 +99,12 @@ impl<K: Eq + Hash + Clone> ConnectionLimit<K> {
     pub fn max(&self) -> usize {
         self.max
     }
+
+    /// Connections of `key` open now.
+    pub fn open(&self, key: &K) -> usize {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.get(key).copied().unwrap_or(0)
+    }
 }
 
 impl<K: Eq + Hash> Drop for ConnectionSlot<K> {

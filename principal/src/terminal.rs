@@ -53,6 +53,7 @@ use tokio_tungstenite::WebSocketStream;
 use tonic::{Status, Streaming};
 
 use crate::auth::authorize_stream;
+use crate::listener::{ConnectionLimit, ConnectionSlot};
 use crate::metrics::{PrincipalMetrics, TerminalMetrics};
 use crate::resource_proxy::{status_response, ProxyBody, ANSWER_TIMEOUT};
 use crate::sessions::AgentSession;
@@ -77,30 +78,69 @@ pub const UNAVAILABLE: &str = "unavailable";
 pub struct TerminalPolicy {
     /// A session with no data either way this long is ended (`--terminal-idle-timeout`).
     pub idle_timeout: Duration,
-    /// Sessions open at once in all (`--terminal-max-sessions`).
-    pub max_sessions: usize,
     /// Sessions open at once per agent (`--terminal-max-sessions-per-agent`).
-    pub max_sessions_per_agent: usize,
+    per_agent: Arc<ConnectionLimit<String>>,
+    /// Sessions open at once in all (`--terminal-max-sessions`): one key for every session.
+    all: Arc<ConnectionLimit<()>>,
     /// Open sessions and outcomes.
     pub metrics: TerminalMetrics,
 }
 
+impl TerminalPolicy {
+    /// Sessions idle for `idle_timeout` end; at most `max_sessions` open in all and
+    /// `max_sessions_per_agent` per agent.
+    pub fn new(
+        idle_timeout: Duration,
+        max_sessions: usize,
+        max_sessions_per_agent: usize,
+        metrics: TerminalMetrics,
+    ) -> Self {
+        TerminalPolicy {
+            idle_timeout,
+            per_agent: ConnectionLimit::new(max_sessions_per_agent),
+            all: ConnectionLimit::new(max_sessions),
+            metrics,
+        }
+    }
+
+    /// A place for one more session of `agent`'s, or why there is none (which cap is full and
+    /// the flag that sets it).
+    fn admit(&self, agent: &str) -> Result<OpenSlot, String> {
+        let mine = self.per_agent.admit(agent.to_string()).map_err(|mine| {
+            format!(
+                "agent {agent} already has {mine} web terminal session(s) open, the most \
+                 --terminal-max-sessions-per-agent allows: close one and try again"
+            )
+        })?;
+        let all = self.all.admit(()).map_err(|all| {
+            format!(
+                "the principal already has {all} web terminal session(s) open, the most \
+                 --terminal-max-sessions allows: close one and try again"
+            )
+        })?;
+        self.metrics.opened(agent);
+        Ok(OpenSlot {
+            _places: (mine, all),
+            agent: agent.to_string(),
+            metrics: self.metrics.clone(),
+        })
+    }
+
+    /// Sessions of `agent`'s open now.
+    pub fn open_sessions(&self, agent: &str) -> usize {
+        self.per_agent.open(&agent.to_string())
+    }
+}
+
 /// A place among the open sessions, held from admission until the session ended.
 struct OpenSlot {
-    sessions: Arc<TerminalSessions>,
+    _places: (ConnectionSlot<String>, ConnectionSlot<()>),
     agent: String,
     metrics: TerminalMetrics,
 }
 
 impl Drop for OpenSlot {
     fn drop(&mut self) {
-        let mut open = self.sessions.lock_open();
-        if let Some(n) = open.get_mut(&self.agent) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.agent);
-            }
-        }
         self.metrics.closed(&self.agent);
     }
 }
@@ -116,12 +156,10 @@ struct Pending {
     join: oneshot::Sender<AgentLeg>,
 }
 
-/// Sessions whose agent has not opened its `StreamTerminal` call yet, and how many sessions each
-/// agent has open.
+/// Sessions whose agent has not opened its `StreamTerminal` call yet.
 #[derive(Default)]
 pub struct TerminalSessions {
     pending: Mutex<HashMap<String, Pending>>,
-    open: Mutex<HashMap<String, usize>>,
 }
 
 /// Removes a pending session when the client's side gives up waiting.
@@ -144,42 +182,6 @@ impl TerminalSessions {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn lock_open(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A place for one more session of `agent`'s, or why there is none (which cap is full and
-    /// the flag that sets it).
-    fn admit(self: &Arc<Self>, agent: &str, policy: &TerminalPolicy) -> Result<OpenSlot, String> {
-        let mut open = self.lock_open();
-        let mine = open.get(agent).copied().unwrap_or(0);
-        if mine >= policy.max_sessions_per_agent {
-            return Err(format!(
-                "agent {agent} already has {mine} web terminal session(s) open, the most \
-                 --terminal-max-sessions-per-agent allows: close one and try again"
-            ));
-        }
-        let all: usize = open.values().sum();
-        if all >= policy.max_sessions {
-            return Err(format!(
-                "the principal already has {all} web terminal session(s) open, the most \
-                 --terminal-max-sessions allows: close one and try again"
-            ));
-        }
-        *open.entry(agent.to_string()).or_default() += 1;
-        policy.metrics.opened(agent);
-        Ok(OpenSlot {
-            sessions: self.clone(),
-            agent: agent.to_string(),
-            metrics: policy.metrics.clone(),
-        })
-    }
-
-    /// Sessions of `agent`'s open now.
-    pub fn open_sessions(&self, agent: &str) -> usize {
-        self.lock_open().get(agent).copied().unwrap_or(0)
     }
 
     fn open(&self, agent: &str, uuid: &str) -> oneshot::Receiver<AgentLeg> {
@@ -326,7 +328,7 @@ pub fn upgrade(
     let WebSocketOffer { key, protocol } = offer;
     let upgraded = hyper::upgrade::on(&mut req);
     let agent_name = agent.to_string();
-    let slot = match sessions.admit(agent.as_str(), policy) {
+    let slot = match policy.admit(agent.as_str()) {
         Ok(slot) => slot,
         Err(refusal) => {
             tracing::warn!(agent = %agent_name, namespace, pod, "{refusal}");
@@ -672,23 +674,17 @@ mod tests {
     fn sessions_over_either_cap_are_refused_naming_its_flag_until_one_ends() {
         let registry = argocd_agent_runtime::telemetry::MetricsRegistry::empty();
         let metrics = PrincipalMetrics::register(&registry);
-        let policy = TerminalPolicy {
-            idle_timeout: Duration::from_secs(60),
-            max_sessions: 3,
-            max_sessions_per_agent: 2,
-            metrics: metrics.terminal.clone(),
-        };
-        let sessions = TerminalSessions::new();
-        let a1 = sessions.admit("agent-a", &policy).unwrap();
-        let _a2 = sessions.admit("agent-a", &policy).unwrap();
-        let refused = sessions.admit("agent-a", &policy).err().unwrap();
+        let policy = TerminalPolicy::new(Duration::from_secs(60), 3, 2, metrics.terminal.clone());
+        let a1 = policy.admit("agent-a").unwrap();
+        let _a2 = policy.admit("agent-a").unwrap();
+        let refused = policy.admit("agent-a").err().unwrap();
         assert!(
             refused.contains("agent agent-a already has 2")
                 && refused.contains("--terminal-max-sessions-per-agent"),
             "{refused}"
         );
-        let _b1 = sessions.admit("agent-b", &policy).unwrap();
-        let refused = sessions.admit("agent-c", &policy).err().unwrap();
+        let _b1 = policy.admit("agent-b").unwrap();
+        let refused = policy.admit("agent-c").err().unwrap();
         assert!(
             refused.contains("already has 3") && refused.contains("--terminal-max-sessions allows"),
             "{refused}"
@@ -699,10 +695,10 @@ mod tests {
         let text = registry.encode().unwrap();
         assert!(text.contains(&format!("{} 2", gauge("agent-a"))), "{text}");
         drop(a1);
-        assert_eq!(sessions.open_sessions("agent-a"), 1);
+        assert_eq!(policy.open_sessions("agent-a"), 1);
         let text = registry.encode().unwrap();
         assert!(text.contains(&format!("{} 1", gauge("agent-a"))), "{text}");
-        assert!(sessions.admit("agent-c", &policy).is_ok());
+        assert!(policy.admit("agent-c").is_ok());
     }
 
     #[tokio::test(start_paused = true)]
