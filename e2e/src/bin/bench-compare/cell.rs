@@ -1,40 +1,18 @@
-//! `bench-compare`: the same scenarios against {our principal + our agent} and {upstream
-//! argocd-agent v0.9.0's principal + agent} (the Go binaries `hack/peers.sh` builds), on one pair
-//! of control planes started for this run, alternating ours, upstream, ours, upstream... for
-//! `--rounds` rounds; prints each figure for both with the ours/upstream ratio and writes
-//! `bench-compare.json`, `bench-compare.tsv` and `bench-compare.png` under `--out` (default
-//! `results/`).
-//!
-//! Every (round, side) cell gets its own agent name, namespaces, principal and agent, all logging
-//! at info, managed mode, no Argo CD: the bench itself writes what Argo CD would (status). After a
-//! cell its processes are stopped and its Applications removed, so the next cell's principal
-//! starts on an empty hub. Scenarios, in order, within a cell:
-//! 1. hub create → spoke visible, p50/p99 over `--count` Applications created one at a time;
-//! 2. spoke status → hub visible, p50/p99: the bench merge-patches `status` of those spoke copies;
-//! 3. `--apps` more Applications created on the hub (8 writers): time until all are on the spoke,
-//!    then after an idle pause the VmRSS of the principal and the agent;
-//! 4. the agent is killed, `--changes` changes happen on the hub (a third creates, a third spec
-//!    updates, a third deletes), the agent is started again: time until the spoke equals the hub
-//!    (names and `targetRevision`), then objects lost (missing or stale on the spoke at the
-//!    deadline), left over (deleted on the hub, still on the spoke) and rewritten (unchanged on the
-//!    hub yet written again on the spoke: duplicate deliveries).
-//!
-//! `--smoke`: 1 round, small sizes, finishes in about 2 minutes. Build with `--release`
-//! (`hack/bench.sh --compare` does).
+//! One (round, side) cell of the comparison: a principal and an agent of one side in managed mode,
+//! the scenarios it runs (latencies, bulk sync, idle RSS, agent offline) and the rows they give.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use e2e::bench::{
-    flag_value, has_flag, machine_load, percentile, register_chart_font, rss_kib, Arrivals,
-};
-use e2e::control_plane::ControlPlane;
-use e2e::gateway::{application, application_resource, ensure_namespace, text, Pki};
+use e2e::bench::{percentile, rss_kib, Arrivals};
+use e2e::gateway::{application, application_resource, ensure_namespace, text};
 use e2e::sides::{AnyAgent, AnyPrincipal, Mode, Side};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
+
+use crate::report::{median, Row};
+use crate::{Ground, Sizes};
 
 /// Concurrent hub writers for bulk creates and offline changes.
 const WRITERS: usize = 8;
@@ -42,49 +20,6 @@ const WRITERS: usize = 8;
 const ARRIVAL_LIMIT: Duration = Duration::from_secs(30);
 /// How long the first Application may take to cross (the agent connects first).
 const CONNECT_LIMIT: Duration = Duration::from_secs(90);
-
-/// Sizes of one run, from flags.
-#[derive(Debug)]
-struct Sizes {
-    smoke: bool,
-    rounds: usize,
-    count: usize,
-    apps: usize,
-    changes: usize,
-    idle: Duration,
-    converge_limit: Duration,
-}
-
-impl Sizes {
-    fn from_args() -> anyhow::Result<Sizes> {
-        let smoke = has_flag("smoke");
-        let num = |name: &str, default: usize| -> anyhow::Result<usize> {
-            Ok(flag_value(name)
-                .map(|v| v.parse())
-                .transpose()?
-                .unwrap_or(default))
-        };
-        let (rounds, count, apps, changes, idle, limit) = if smoke {
-            (1, 10, 30, 15, 3, 60)
-        } else {
-            (3, 50, 300, 150, 10, 180)
-        };
-        let sizes = Sizes {
-            smoke,
-            rounds: num("rounds", rounds)?,
-            count: num("count", count)?,
-            apps: num("apps", apps)?,
-            changes: num("changes", changes)?,
-            idle: Duration::from_secs(num("idle-seconds", idle)? as u64),
-            converge_limit: Duration::from_secs(num("converge-seconds", limit)? as u64),
-        };
-        anyhow::ensure!(
-            sizes.apps >= sizes.changes,
-            "--apps must be at least --changes (updates and deletes touch existing Applications)"
-        );
-        Ok(sizes)
-    }
-}
 
 /// What the offline scenario measured.
 #[derive(Debug, Default)]
@@ -97,7 +32,7 @@ struct Offline {
 
 /// Figures of one side in one round.
 #[derive(Debug)]
-struct CellFigures {
+pub struct CellFigures {
     side: Side,
     round: usize,
     create_to_spoke: Vec<Duration>,
@@ -110,7 +45,7 @@ struct CellFigures {
 }
 
 impl CellFigures {
-    fn to_json(&self) -> Value {
+    pub fn to_json(&self) -> Value {
         let ms = |v: &[Duration]| v.iter().map(|d| d.as_secs_f64() * 1e3).collect::<Vec<_>>();
         json!({
             "side": self.side.label(), "round": self.round,
@@ -129,16 +64,8 @@ impl CellFigures {
     }
 }
 
-/// The planes and PKI every cell uses.
-struct Ground {
-    hub: ControlPlane,
-    spoke: ControlPlane,
-    dir: PathBuf,
-    pki: Pki,
-}
-
 /// One running cell: a principal and an agent of one side, and the Applications they carry.
-struct Cell {
+pub struct Cell {
     principal: AnyPrincipal,
     agent: AnyAgent,
     hub_apps: Api<DynamicObject>,
@@ -146,7 +73,7 @@ struct Cell {
 }
 
 impl Cell {
-    async fn start(ground: &Ground, side: Side, round: usize) -> anyhow::Result<Cell> {
+    pub async fn start(ground: &Ground, side: Side, round: usize) -> anyhow::Result<Cell> {
         let name = format!("{}-{round}", side.label());
         ground.pki.issue_agent(&name)?;
         let hub_client = ground.hub.client().await?;
@@ -187,7 +114,7 @@ impl Cell {
         })
     }
 
-    fn logs(&self) -> String {
+    pub fn logs(&self) -> String {
         format!(
             "--- principal ---\n{}\n--- agent ---\n{}",
             self.principal.process().log_tail(20),
@@ -202,7 +129,7 @@ impl Cell {
     }
 
     /// Runs the four scenarios.
-    async fn measure(
+    pub async fn measure(
         &mut self,
         side: Side,
         round: usize,
@@ -381,7 +308,7 @@ impl Cell {
     }
 
     /// Stops both processes and removes every Application of the cell from hub and spoke.
-    async fn tear_down(mut self) -> anyhow::Result<()> {
+    pub async fn tear_down(mut self) -> anyhow::Result<()> {
         self.agent.process_mut().stop();
         match &mut self.principal {
             AnyPrincipal::Ours(p) => p.process.stop(),
@@ -440,42 +367,9 @@ async fn differences(
     Ok((lost, left_over))
 }
 
-/// One line of the comparison: a figure for both sides (lower is better for every figure here).
-struct Row {
-    figure: String,
-    unit: &'static str,
-    ours: Option<f64>,
-    upstream: Option<f64>,
-}
-
-impl Row {
-    fn ratio(&self) -> Option<f64> {
-        match (self.ours, self.upstream) {
-            (Some(o), Some(u)) if u > 0.0 => Some(o / u),
-            _ => None,
-        }
-    }
-
-    /// figure, unit, ours, upstream, ours/upstream, as printed.
-    fn cells(&self) -> [String; 5] {
-        [
-            self.figure.clone(),
-            self.unit.to_string(),
-            fmt(self.ours),
-            fmt(self.upstream),
-            fmt(self.ratio()),
-        ]
-    }
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    (!v.is_empty()).then(|| v[v.len() / 2])
-}
-
 /// The comparison rows: latencies pooled over rounds, other figures the median of rounds, fault
 /// counts summed over rounds.
-fn rows(cells: &[CellFigures], sizes: &Sizes) -> Vec<Row> {
+pub fn rows(cells: &[CellFigures], sizes: &Sizes) -> Vec<Row> {
     let of = |side: Side| cells.iter().filter(move |c| c.side == side);
     let pooled = |side: Side, pick: fn(&CellFigures) -> &Vec<Duration>, p: f64| {
         let mut all: Vec<Duration> = of(side).flat_map(|c| pick(c).iter().copied()).collect();
@@ -563,168 +457,4 @@ fn rows(cells: &[CellFigures], sizes: &Sizes) -> Vec<Row> {
         |c| c.offline.rewritten,
     ));
     rows
-}
-
-fn fmt(v: Option<f64>) -> String {
-    v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
-}
-
-fn print_rows(rows: &[Row]) {
-    let header = ["figure", "unit", "ours", "upstream", "ours/upstream"].map(String::from);
-    for [figure, unit, ours, upstream, ratio] in
-        std::iter::once(header).chain(rows.iter().map(Row::cells))
-    {
-        println!("{figure:<62} {unit:>7} {ours:>10} {upstream:>10} {ratio:>14}");
-    }
-}
-
-/// Writes the JSON report, the TSV table and the chart under `dir`.
-fn write_results(
-    dir: &Path,
-    sizes: &Sizes,
-    rows: &[Row],
-    cells: &[CellFigures],
-    failures: &[String],
-) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let (load, cpus) = machine_load();
-    let report = json!({
-        "bench": "bench-compare",
-        "upstream": "argocd-agent v0.9.0 (hack/peers.sh)",
-        "note": "managed mode, 1 agent, no Argo CD: the bench writes the spoke status itself",
-        "sizes": {"smoke": sizes.smoke, "rounds": sizes.rounds, "count": sizes.count,
-                  "apps": sizes.apps, "changes": sizes.changes,
-                  "idle_s": sizes.idle.as_secs(), "converge_limit_s": sizes.converge_limit.as_secs()},
-        "machine": {"cpus": cpus, "load_average_1m_at_end": load},
-        "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
-        "figures": rows.iter().map(|r| json!({
-            "figure": r.figure, "unit": r.unit, "ours": r.ours, "upstream": r.upstream,
-            "ratio": r.ratio(),
-        })).collect::<Vec<_>>(),
-        "cells": cells.iter().map(CellFigures::to_json).collect::<Vec<_>>(),
-        "failures": failures,
-    });
-    std::fs::write(
-        dir.join("bench-compare.json"),
-        serde_json::to_vec_pretty(&report)?,
-    )?;
-    let mut tsv = String::from("figure\tunit\tours\tupstream\tours_over_upstream\n");
-    for r in rows {
-        tsv += &(r.cells().join("\t") + "\n");
-    }
-    std::fs::write(dir.join("bench-compare.tsv"), tsv)?;
-    draw_chart(&dir.join("bench-compare.png"), rows)?;
-    eprintln!(
-        "==> wrote bench-compare.json, bench-compare.tsv and bench-compare.png in {}",
-        dir.display()
-    );
-    Ok(())
-}
-
-/// One panel per figure, a bar for each side in the figure's own unit.
-fn draw_chart(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
-    use plotters::prelude::*;
-    register_chart_font()?;
-    const COLUMNS: usize = 3;
-    let lines = rows.len().div_ceil(COLUMNS);
-    let root = BitMapBackend::new(path, (1350, 60 + 260 * lines as u32)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled(
-        "bench-compare: ours (blue) vs upstream argocd-agent v0.9.0 (orange), lower is better",
-        ("sans-serif", 22),
-    )?;
-    let orange = RGBColor(230, 140, 30);
-    for (area, row) in root.split_evenly((lines, COLUMNS)).iter().zip(rows) {
-        let top = row.ours.unwrap_or(0.0).max(row.upstream.unwrap_or(0.0));
-        let top = if top > 0.0 { top * 1.25 } else { 1.0 };
-        let mut chart = ChartBuilder::on(area)
-            .caption(format!("{} ({})", row.figure, row.unit), ("sans-serif", 13))
-            .margin(10)
-            .y_label_area_size(50)
-            .build_cartesian_2d(0f64..2f64, 0f64..top)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .disable_x_axis()
-            .label_style(("sans-serif", 12))
-            .draw()?;
-        for (x, value, color, who) in [
-            (0.0, row.ours, BLUE.mix(0.7), "ours"),
-            (1.0, row.upstream, orange.mix(0.9), "upstream"),
-        ] {
-            let v = value.unwrap_or(0.0);
-            chart.draw_series(std::iter::once(Rectangle::new(
-                [(x + 0.2, 0.0), (x + 0.8, v)],
-                color.filled(),
-            )))?;
-            chart.draw_series(std::iter::once(Text::new(
-                format!("{who} {}", fmt(value)),
-                (x + 0.2, v + top * 0.08),
-                ("sans-serif", 13).into_font(),
-            )))?;
-        }
-    }
-    root.present()?;
-    Ok(())
-}
-
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let sizes = Sizes::from_args()?;
-    let out = PathBuf::from(flag_value("out").unwrap_or_else(|| "results".into()));
-    let started = Instant::now();
-    eprintln!("==> bench-compare {sizes:?}");
-    eprintln!("==> starting hub and spoke control planes");
-    let mut planes =
-        tokio::task::spawn_blocking(|| ControlPlane::start_many(&["hub", "spoke"])).await??;
-    let spoke = planes.pop().expect("two planes");
-    let hub = planes.pop().expect("two planes");
-    let dir = e2e::process::temp_dir("bench-compare")?;
-    let pki = Pki::create(&dir.join("pki"))?;
-    let ground = Ground {
-        hub,
-        spoke,
-        dir,
-        pki,
-    };
-
-    let mut cells = Vec::new();
-    let mut failures = Vec::new();
-    for round in 1..=sizes.rounds {
-        for side in [Side::Ours, Side::Upstream] {
-            eprintln!("==> round {round}/{}: {}", sizes.rounds, side.label());
-            let measured = async {
-                let mut cell = Cell::start(&ground, side, round).await?;
-                let figures = cell
-                    .measure(side, round, &sizes)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{e:#}\n{}", cell.logs()));
-                cell.tear_down().await?;
-                figures
-            }
-            .await;
-            match measured {
-                Ok(f) => cells.push(f),
-                Err(e) => {
-                    eprintln!("round {round} {} failed: {e:#}", side.label());
-                    failures.push(format!("round {round} {}: {e:#}", side.label()));
-                }
-            }
-        }
-    }
-
-    let rows = rows(&cells, &sizes);
-    let (load, cpus) = machine_load();
-    println!(
-        "\nbench-compare: ours vs upstream argocd-agent v0.9.0, managed mode, 1 agent, no Argo CD \
-         (the bench writes the spoke status); {} round(s) alternating, {} samples per latency per \
-         round; {cpus} CPUs, load average (1 min) {load:.2}; took {:.0?}",
-        sizes.rounds,
-        sizes.count,
-        started.elapsed()
-    );
-    print_rows(&rows);
-    write_results(&out, &sizes, &rows, &cells, &failures)?;
-    anyhow::ensure!(failures.is_empty(), "{} cell(s) failed", failures.len());
-    Ok(())
 }

@@ -1,0 +1,157 @@
+//! `bench-compare`: the same scenarios against {our principal + our agent} and {upstream
+//! argocd-agent v0.9.0's principal + agent} (the Go binaries `hack/peers.sh` builds), on one pair
+//! of control planes started for this run, alternating ours, upstream, ours, upstream... for
+//! `--rounds` rounds; prints each figure for both with the ours/upstream ratio and writes
+//! `bench-compare.json`, `bench-compare.tsv` and `bench-compare.png` under `--out` (default
+//! `results/`).
+//!
+//! Every (round, side) cell gets its own agent name, namespaces, principal and agent, all logging
+//! at info, managed mode, no Argo CD: the bench itself writes what Argo CD would (status). After a
+//! cell its processes are stopped and its Applications removed, so the next cell's principal
+//! starts on an empty hub. Scenarios, in order, within a cell:
+//! 1. hub create → spoke visible, p50/p99 over `--count` Applications created one at a time;
+//! 2. spoke status → hub visible, p50/p99: the bench merge-patches `status` of those spoke copies;
+//! 3. `--apps` more Applications created on the hub (8 writers): time until all are on the spoke,
+//!    then after an idle pause the VmRSS of the principal and the agent;
+//! 4. the agent is killed, `--changes` changes happen on the hub (a third creates, a third spec
+//!    updates, a third deletes), the agent is started again: time until the spoke equals the hub
+//!    (names and `targetRevision`), then objects lost (missing or stale on the spoke at the
+//!    deadline), left over (deleted on the hub, still on the spoke) and rewritten (unchanged on the
+//!    hub yet written again on the spoke: duplicate deliveries).
+//!
+//! `--smoke`: 1 round, small sizes, finishes in about 2 minutes. Build with `--release`
+//! (`hack/bench.sh --compare` does).
+
+mod cell;
+mod report;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use e2e::bench::{flag_value, has_flag, machine_load};
+use e2e::control_plane::ControlPlane;
+use e2e::gateway::Pki;
+use e2e::sides::Side;
+use serde_json::json;
+
+use cell::Cell;
+
+/// Sizes of one run, from flags.
+#[derive(Debug)]
+pub struct Sizes {
+    pub smoke: bool,
+    pub rounds: usize,
+    pub count: usize,
+    pub apps: usize,
+    pub changes: usize,
+    pub idle: Duration,
+    pub converge_limit: Duration,
+}
+
+impl Sizes {
+    fn to_json(&self) -> serde_json::Value {
+        json!({"smoke": self.smoke, "rounds": self.rounds, "count": self.count,
+               "apps": self.apps, "changes": self.changes, "idle_s": self.idle.as_secs(),
+               "converge_limit_s": self.converge_limit.as_secs()})
+    }
+
+    fn from_args() -> anyhow::Result<Sizes> {
+        let smoke = has_flag("smoke");
+        let num = |name: &str, default: usize| -> anyhow::Result<usize> {
+            Ok(flag_value(name)
+                .map(|v| v.parse())
+                .transpose()?
+                .unwrap_or(default))
+        };
+        let (rounds, count, apps, changes, idle, limit) = if smoke {
+            (1, 10, 30, 15, 3, 60)
+        } else {
+            (3, 50, 300, 150, 10, 180)
+        };
+        let sizes = Sizes {
+            smoke,
+            rounds: num("rounds", rounds)?,
+            count: num("count", count)?,
+            apps: num("apps", apps)?,
+            changes: num("changes", changes)?,
+            idle: Duration::from_secs(num("idle-seconds", idle)? as u64),
+            converge_limit: Duration::from_secs(num("converge-seconds", limit)? as u64),
+        };
+        anyhow::ensure!(
+            sizes.apps >= sizes.changes,
+            "--apps must be at least --changes (updates and deletes touch existing Applications)"
+        );
+        Ok(sizes)
+    }
+}
+
+/// The planes and PKI every cell uses.
+pub struct Ground {
+    pub hub: ControlPlane,
+    pub spoke: ControlPlane,
+    pub dir: PathBuf,
+    pub pki: Pki,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let sizes = Sizes::from_args()?;
+    let out = PathBuf::from(flag_value("out").unwrap_or_else(|| "results".into()));
+    let started = Instant::now();
+    eprintln!("==> bench-compare {sizes:?}");
+    eprintln!("==> starting hub and spoke control planes");
+    let mut planes =
+        tokio::task::spawn_blocking(|| ControlPlane::start_many(&["hub", "spoke"])).await??;
+    let spoke = planes.pop().expect("two planes");
+    let hub = planes.pop().expect("two planes");
+    let dir = e2e::process::temp_dir("bench-compare")?;
+    let pki = Pki::create(&dir.join("pki"))?;
+    let ground = Ground {
+        hub,
+        spoke,
+        dir,
+        pki,
+    };
+
+    let mut cells = Vec::new();
+    let mut failures = Vec::new();
+    for round in 1..=sizes.rounds {
+        for side in [Side::Ours, Side::Upstream] {
+            eprintln!("==> round {round}/{}: {}", sizes.rounds, side.label());
+            let measured = async {
+                let mut cell = Cell::start(&ground, side, round).await?;
+                let figures = cell
+                    .measure(side, round, &sizes)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{e:#}\n{}", cell.logs()));
+                cell.tear_down().await?;
+                figures
+            }
+            .await;
+            match measured {
+                Ok(f) => cells.push(f),
+                Err(e) => {
+                    eprintln!("round {round} {} failed: {e:#}", side.label());
+                    failures.push(format!("round {round} {}: {e:#}", side.label()));
+                }
+            }
+        }
+    }
+
+    let rows = cell::rows(&cells, &sizes);
+    let (load, cpus) = machine_load();
+    println!(
+        "\nbench-compare: ours vs upstream argocd-agent v0.9.0, managed mode, 1 agent, no Argo CD \
+         (the bench writes the spoke status); {} round(s) alternating, {} samples per latency per \
+         round; {cpus} CPUs, load average (1 min) {load:.2}; took {:.0?}",
+        sizes.rounds,
+        sizes.count,
+        started.elapsed()
+    );
+    report::print_rows(&rows);
+    let samples =
+        json!({"cells": cells.iter().map(cell::CellFigures::to_json).collect::<Vec<_>>()});
+    report::write_results(&out, sizes.to_json(), &rows, samples, &failures)?;
+    anyhow::ensure!(failures.is_empty(), "{} cell(s) failed", failures.len());
+    Ok(())
+}

@@ -1,0 +1,141 @@
+//! The comparison table: one row per figure for both sides, printed, written as JSON and TSV, and
+//! drawn as one chart panel per figure.
+
+use std::path::Path;
+
+use e2e::bench::{machine_load, register_chart_font};
+use serde_json::{json, Value};
+
+/// One line of the comparison: a figure for both sides (lower is better for every figure here).
+pub struct Row {
+    pub figure: String,
+    pub unit: &'static str,
+    pub ours: Option<f64>,
+    pub upstream: Option<f64>,
+}
+
+impl Row {
+    fn ratio(&self) -> Option<f64> {
+        match (self.ours, self.upstream) {
+            (Some(o), Some(u)) if u > 0.0 => Some(o / u),
+            _ => None,
+        }
+    }
+
+    /// figure, unit, ours, upstream, ours/upstream, as printed.
+    fn cells(&self) -> [String; 5] {
+        [
+            self.figure.clone(),
+            self.unit.to_string(),
+            fmt(self.ours),
+            fmt(self.upstream),
+            fmt(self.ratio()),
+        ]
+    }
+}
+
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+fn fmt(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+}
+
+pub fn print_rows(rows: &[Row]) {
+    let header = ["figure", "unit", "ours", "upstream", "ours/upstream"].map(String::from);
+    for [figure, unit, ours, upstream, ratio] in
+        std::iter::once(header).chain(rows.iter().map(Row::cells))
+    {
+        println!("{figure:<62} {unit:>7} {ours:>10} {upstream:>10} {ratio:>14}");
+    }
+}
+
+/// Writes the JSON report, the TSV table and the chart under `dir`.
+pub fn write_results(
+    dir: &Path,
+    sizes: Value,
+    rows: &[Row],
+    samples: Value,
+    failures: &[String],
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let (load, cpus) = machine_load();
+    let report = json!({
+        "bench": "bench-compare",
+        "upstream": "argocd-agent v0.9.0 (hack/peers.sh)",
+        "note": "managed mode, 1 agent, no Argo CD: the bench writes the spoke status itself",
+        "sizes": sizes,
+        "machine": {"cpus": cpus, "load_average_1m_at_end": load},
+        "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
+        "figures": rows.iter().map(|r| json!({
+            "figure": r.figure, "unit": r.unit, "ours": r.ours, "upstream": r.upstream,
+            "ratio": r.ratio(),
+        })).collect::<Vec<_>>(),
+        "samples": samples,
+        "failures": failures,
+    });
+    std::fs::write(
+        dir.join("bench-compare.json"),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    let mut tsv = String::from("figure\tunit\tours\tupstream\tours_over_upstream\n");
+    for r in rows {
+        tsv += &(r.cells().join("\t") + "\n");
+    }
+    std::fs::write(dir.join("bench-compare.tsv"), tsv)?;
+    draw_chart(&dir.join("bench-compare.png"), rows)?;
+    eprintln!(
+        "==> wrote bench-compare.json, bench-compare.tsv and bench-compare.png in {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// One panel per figure, a bar for each side in the figure's own unit.
+fn draw_chart(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    register_chart_font()?;
+    const COLUMNS: usize = 3;
+    let lines = rows.len().div_ceil(COLUMNS);
+    let root = BitMapBackend::new(path, (1350, 60 + 260 * lines as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(
+        "bench-compare: ours (blue) vs upstream argocd-agent v0.9.0 (orange), lower is better",
+        ("sans-serif", 22),
+    )?;
+    let orange = RGBColor(230, 140, 30);
+    for (area, row) in root.split_evenly((lines, COLUMNS)).iter().zip(rows) {
+        let top = row.ours.unwrap_or(0.0).max(row.upstream.unwrap_or(0.0));
+        let top = if top > 0.0 { top * 1.25 } else { 1.0 };
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("{} ({})", row.figure, row.unit), ("sans-serif", 13))
+            .margin(10)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..2f64, 0f64..top)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .disable_x_axis()
+            .label_style(("sans-serif", 12))
+            .draw()?;
+        for (x, value, color, who) in [
+            (0.0, row.ours, BLUE.mix(0.7), "ours"),
+            (1.0, row.upstream, orange.mix(0.9), "upstream"),
+        ] {
+            let v = value.unwrap_or(0.0);
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(x + 0.2, 0.0), (x + 0.8, v)],
+                color.filled(),
+            )))?;
+            chart.draw_series(std::iter::once(Text::new(
+                format!("{who} {}", fmt(value)),
+                (x + 0.2, v + top * 0.08),
+                ("sans-serif", 13).into_font(),
+            )))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
