@@ -4,7 +4,8 @@
 //! real `redis-cli`, with a real `redis-server` as the hub's Redis and one as each agent's.
 //!
 //! No Argo CD runs here: the objects it would have deployed on a spoke are created by the test
-//! with Argo CD's tracking label, and the cache entries its application controller would write
+//! with Argo CD 3's tracking annotation (and the spoke's `argocd-cm` that chooses another tracking
+//! method is written by the test too), and the cache entries its application controller would write
 //! into the agent's Redis are written by the test (that test says why in its name: it tells the
 //! spokes' caches apart by value). The same views with real Argo CD on both sides, its real cache
 //! read through the proxies, are `real_live_view.rs`.
@@ -19,8 +20,8 @@ use e2e::binaries::system_binary;
 use e2e::gateway::{agent_identity, agentctl, ensure_namespace, Agent, Pki, Principal};
 use e2e::kubelet::LogBody;
 use e2e::{shared_planes, wait_until, Redis, SharedPlanes, TestContext};
-use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
-use kube::api::{Api, DynamicObject, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
@@ -49,6 +50,9 @@ struct FleetOptions {
     /// must create theirs.
     self_registered: Vec<usize>,
 }
+
+/// How long the agent may take to see a changed `argocd-cm` (it re-reads it every 5 s).
+const WAIT: Duration = Duration::from_secs(30);
 
 /// The Secret holding the resource-proxy client certificate shared by self-registered clusters.
 const SHARED_CLIENT_SECRET: &str = "resource-proxy-shared-client";
@@ -235,16 +239,18 @@ fn deployment_resource() -> ApiResource {
     )
 }
 
-/// A Deployment as Argo CD would have deployed it (`tracked`: with its instance label).
+/// A Deployment as Argo CD 3 would have deployed it (`tracked`: with its tracking annotation; both
+/// carry the instance label a Helm release would set, which is not Argo CD's tracking).
 fn deployment(name: &str, ns: &str, tracked: bool, marker: &str) -> DynamicObject {
-    let labels = if tracked {
-        json!({"app": name, "app.kubernetes.io/instance": "guestbook"})
-    } else {
-        json!({"app": name})
-    };
+    let mut annotations = json!({"marker": marker});
+    if tracked {
+        annotations["argocd.argoproj.io/tracking-id"] =
+            format!("guestbook:apps/Deployment:{ns}/{name}").into();
+    }
     serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": {"marker": marker}},
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations,
+            "labels": {"app": name, "app.kubernetes.io/instance": "guestbook"}},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
             "template": {"metadata": {"labels": {"app": name}},
                 "spec": {"containers": [{"name": "web", "image": "nginx"}]}}}
@@ -423,6 +429,79 @@ async fn kubectl_reads_tracked_objects_of_its_own_agent_only() -> anyhow::Result
         );
         assert!(!text.contains("aHVudGVyMg=="), "base64 of the secret");
     }
+    Ok(())
+}
+
+/// The tracking method is what the spoke's `argocd-cm` says, read as Argo CD reads it: under
+/// annotation tracking (no `argocd-cm`: Argo CD 3's default) a Deployment that only carries a Helm
+/// release's `app.kubernetes.io/instance` label is not Argo CD's and is refused; under `label`
+/// tracking it is served; an `argocd-cm` naming an unknown method makes object requests 503 with
+/// the reason (never a guess), and removing it brings the default back.
+#[tokio::test]
+async fn the_tracking_method_comes_from_the_spokes_argocd_cm() -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let fleet = LiveFleet::start("live_tracking", planes).await?;
+    let ns = fleet.ctx.unique("helm");
+    let client = planes.spokes[0].client().await?;
+    ensure_namespace(&client, &ns).await?;
+    Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &deployment_resource())
+        .create(
+            &PostParams::default(),
+            &deployment("web", &ns, false, "helm"),
+        )
+        .await?;
+    let get = || fleet.kubectl(0, &["get", "deploy", "-n", &ns, "web", "-o", "yaml"]);
+    let (ok, _, err) = get()?;
+    assert!(
+        !ok && err.contains("not managed by Argo CD"),
+        "annotation tracking by default: {err}"
+    );
+
+    let argocd_ns = fleet.agents[0].namespace.clone();
+    ensure_namespace(&client, &argocd_ns).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &argocd_ns);
+    let argocd_cm = |method: &str| -> anyhow::Result<ConfigMap> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": "argocd-cm", "namespace": argocd_ns,
+                "labels": {"app.kubernetes.io/part-of": "argocd"}},
+            "data": {"application.resourceTrackingMethod": method},
+        }))?)
+    };
+    cms.create(&PostParams::default(), &argocd_cm("label")?)
+        .await?;
+    let served = wait_until(
+        "label tracking serves the labelled Deployment",
+        WAIT,
+        || async {
+            let (ok, yaml, _) = get()?;
+            anyhow::Ok(ok.then_some(yaml))
+        },
+    )
+    .await?;
+    let obj: Value = serde_norway::from_str(&served)?;
+    assert_eq!(obj["metadata"]["annotations"]["marker"], "helm");
+
+    let mut unknown = argocd_cm("labels")?;
+    unknown.metadata.resource_version = cms.get("argocd-cm").await?.metadata.resource_version;
+    cms.replace("argocd-cm", &PostParams::default(), &unknown)
+        .await?;
+    let err = wait_until("an unknown tracking method answers 503", WAIT, || async {
+        let (ok, _, err) = get()?;
+        anyhow::Ok((!ok && err.contains("resourceTrackingMethod")).then_some(err))
+    })
+    .await?;
+    assert!(err.contains("\"labels\""), "names the value: {err}");
+
+    cms.delete("argocd-cm", &DeleteParams::default()).await?;
+    wait_until(
+        "no argocd-cm is annotation tracking again",
+        WAIT,
+        || async {
+            let (ok, _, err) = get()?;
+            anyhow::Ok((!ok && err.contains("not managed by Argo CD")).then_some(()))
+        },
+    )
+    .await?;
     Ok(())
 }
 
@@ -754,16 +833,18 @@ fn serve_log<B>(stats: &Arc<LogStats>, req: &http::Request<B>) -> http::Response
     )
 }
 
-/// A Pod as a Deployment Argo CD manages would have made it (`tracked`: with its instance label);
-/// it stays Pending (no scheduler or kubelet).
+/// A Pod as Argo CD 3 would have deployed it (`tracked`: with its tracking annotation; both carry
+/// a Helm release's instance label, which is not Argo CD's tracking); it stays Pending (no
+/// scheduler or kubelet).
 fn pod(name: &str, ns: &str, tracked: bool) -> anyhow::Result<Pod> {
-    let mut labels = json!({"app": "web"});
+    let mut annotations = json!({"kubectl.kubernetes.io/default-container": "web"});
     if tracked {
-        labels["app.kubernetes.io/instance"] = "guestbook".into();
+        annotations["argocd.argoproj.io/tracking-id"] =
+            format!("guestbook:/Pod:{ns}/{name}").into();
     }
     Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": ns, "labels": labels,
-            "annotations": {"kubectl.kubernetes.io/default-container": "web"}},
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations,
+            "labels": {"app": "web", "app.kubernetes.io/instance": "guestbook"}},
         "spec": {"automountServiceAccountToken": false,
             "containers": [{"name": "web", "image": "nginx"},
             {"name": "sidecar", "image": "busybox"}]}

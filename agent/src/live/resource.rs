@@ -2,14 +2,19 @@
 //!
 //! Owns the rule of what the hub may see and touch: discovery and `/version` always; an object
 //! only if it — or an owner up to [`OWNER_DEPTH`] levels up (a Deployment's ReplicaSet and Pods) —
-//! carries Argo CD tracking metadata (annotation `argocd.argoproj.io/tracking-id`, or the
-//! instance label named in `argocd-cm`'s `application.instanceLabelKey`, default
-//! `app.kubernetes.io/instance`); lists are filtered to such objects (events to those about
-//! them); writes (POST/PATCH/PUT/DELETE) only to such objects, and a create only of an object
-//! that carries the metadata itself. Everything else is answered 403 with a Kubernetes `Status`,
-//! so an untracked Secret is never returned.
+//! carries Argo CD's tracking metadata as the spoke's Argo CD is configured to write it
+//! (`argocd-cm`'s `application.resourceTrackingMethod`, read as upstream's agent and Argo CD read
+//! it: `annotation` — Argo CD 3's default — and `annotation+label` mean the annotation
+//! `argocd.argoproj.io/tracking-id`; `label` means the instance label named in
+//! `application.instanceLabelKey`, default `app.kubernetes.io/instance`; so a Helm-installed
+//! Secret labelled `app.kubernetes.io/instance` is not "tracked" under annotation tracking); lists
+//! are filtered to such objects (events to those about them); writes (POST/PATCH/PUT/DELETE) only
+//! to such objects, and a create only of an object that carries the metadata itself. Everything
+//! else is answered 403 with a Kubernetes `Status`, so an untracked Secret is never returned.
+//! When `argocd-cm` cannot be read (other than absent: Argo CD's defaults then) or names an
+//! unknown method, every object request is answered 503 saying why, rather than guessing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -32,7 +37,9 @@ pub const OWNER_DEPTH: usize = 5;
 pub const DISCOVERY_PATH_PARAM: &str = "discoveryPath";
 /// Query parameter carrying a PATCH's content type (set by our principal).
 pub const PATCH_TYPE_PARAM: &str = "patchType";
-const RULES_TTL: Duration = Duration::from_secs(30);
+const RULES_TTL: Duration = Duration::from_secs(5);
+/// How long a failure to read the rules is remembered (each failure is logged once).
+const RULES_ERROR_TTL: Duration = Duration::from_secs(5);
 const PATCH_TYPES: [&str; 4] = [
     "application/merge-patch+json",
     "application/strategic-merge-patch+json",
@@ -59,11 +66,57 @@ fn forbidden(what: &str) -> (u16, Vec<u8>) {
     )
 }
 
-/// The instance label in force, read from `argocd-cm` (cached briefly).
+/// How the spoke's Argo CD marks the objects it manages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tracking {
+    /// `annotation` (Argo CD 3's default, also when unset) and `annotation+label` (where the label
+    /// is informational): the `argocd.argoproj.io/tracking-id` annotation.
+    Annotation,
+    /// `label`: the instance label of this name.
+    Label(String),
+}
+
+impl Tracking {
+    /// The method `argocd-cm`'s `data` configures (`None`: no `argocd-cm`, Argo CD's defaults);
+    /// an unknown method is an error naming it.
+    pub fn from_settings(data: Option<&BTreeMap<String, String>>) -> Result<Tracking, String> {
+        let get = |key: &str| {
+            data.and_then(|d| d.get(key))
+                .map(|v| v.trim())
+                .filter(|v| !v.is_empty())
+        };
+        match get("application.resourceTrackingMethod") {
+            None | Some("annotation") | Some("annotation+label") => Ok(Tracking::Annotation),
+            Some("label") => Ok(Tracking::Label(
+                get("application.instanceLabelKey")
+                    .unwrap_or(DEFAULT_INSTANCE_LABEL)
+                    .to_string(),
+            )),
+            Some(other) => Err(format!(
+                "argocd-cm sets application.resourceTrackingMethod to {other:?}, which is none of \
+                 annotation, annotation+label, label"
+            )),
+        }
+    }
+
+    /// Whether the object itself carries this tracking metadata (non-empty).
+    pub fn marks(&self, obj: &Value) -> bool {
+        let (field, key) = match self {
+            Tracking::Annotation => ("/metadata/annotations", TRACKING_ANNOTATION),
+            Tracking::Label(label) => ("/metadata/labels", label.as_str()),
+        };
+        obj.pointer(field)
+            .and_then(|m| m.get(key))
+            .and_then(Value::as_str)
+            .is_some_and(|v| !v.is_empty())
+    }
+}
+
+/// The tracking method in force, read from `argocd-cm` (cached briefly, failures too).
 pub struct TrackingRules {
     client: kube::Client,
     namespace: String,
-    cached: Mutex<Option<(Instant, String)>>,
+    cached: Mutex<Option<(Instant, Result<Tracking, String>)>>,
 }
 
 impl TrackingRules {
@@ -76,37 +129,37 @@ impl TrackingRules {
         }
     }
 
-    async fn instance_label(&self) -> String {
-        if let Some((at, label)) = &*self.cached.lock().unwrap_or_else(|e| e.into_inner()) {
-            if at.elapsed() < RULES_TTL {
-                return label.clone();
+    /// The method in force, or why it cannot be known (logged once per failed read).
+    pub async fn current(&self) -> Result<Tracking, String> {
+        if let Some((at, rules)) = &*self.cached.lock().unwrap_or_else(|e| e.into_inner()) {
+            let ttl = if rules.is_ok() {
+                RULES_TTL
+            } else {
+                RULES_ERROR_TTL
+            };
+            if at.elapsed() < ttl {
+                return rules.clone();
             }
         }
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        let label = match cms.get_opt("argocd-cm").await {
-            Ok(Some(cm)) => cm
-                .data
-                .and_then(|d| d.get("application.instanceLabelKey").cloned())
-                .filter(|l| !l.is_empty())
-                .unwrap_or_else(|| DEFAULT_INSTANCE_LABEL.to_string()),
-            _ => DEFAULT_INSTANCE_LABEL.to_string(),
+        let rules = match cms.get_opt("argocd-cm").await {
+            Ok(cm) => Tracking::from_settings(cm.as_ref().and_then(|cm| cm.data.as_ref())),
+            Err(e) => Err(format!(
+                "cannot read argocd-cm in namespace {}: {e} (the agent needs get on \
+                 configmaps/argocd-cm there: the agent chart's Role grants it)",
+                self.namespace
+            )),
         };
+        if let Err(why) = &rules {
+            tracing::warn!(
+                reason = %why,
+                "resource proxy: which objects Argo CD tracks is unknown, object requests are answered 503"
+            );
+        }
         *self.cached.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((Instant::now(), label.clone()));
-        label
+            Some((Instant::now(), rules.clone()));
+        rules
     }
-}
-
-/// Whether the object itself carries tracking metadata.
-pub fn carries_tracking(obj: &Value, instance_label: &str) -> bool {
-    let non_empty = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
-    non_empty(
-        obj.pointer("/metadata/annotations")
-            .and_then(|a| a.get(TRACKING_ANNOTATION)),
-    ) || non_empty(
-        obj.pointer("/metadata/labels")
-            .and_then(|l| l.get(instance_label)),
-    )
 }
 
 fn valid_segment(s: &str) -> bool {
@@ -202,7 +255,7 @@ async fn get_json(client: &kube::Client, path: &str) -> Result<Value, (u16, Vec<
 /// Resolves owners and decides tracking; remembers what it looked up during one request.
 struct Tracker<'a> {
     client: &'a kube::Client,
-    label: String,
+    tracking: Tracking,
     kinds: HashMap<(String, String), Option<(String, bool)>>,
 }
 
@@ -227,7 +280,7 @@ impl Tracker<'_> {
     async fn is_tracked(&mut self, obj: &Value) -> bool {
         let mut current = obj.clone();
         for _ in 0..=OWNER_DEPTH {
-            if carries_tracking(&current, &self.label) {
+            if self.tracking.marks(&current) {
                 return true;
             }
             let ns = current
@@ -418,9 +471,13 @@ pub async fn execute(
     } else {
         format!("{} {}/{}", req.resource, req.namespace, req.name)
     };
+    let tracking = match rules.current().await {
+        Ok(tracking) => tracking,
+        Err(why) => return (503, status_body(503, "ServiceUnavailable", &why)),
+    };
     let mut tracker = Tracker {
         client,
-        label: rules.instance_label().await,
+        tracking,
         kinds: HashMap::new(),
     };
 
@@ -473,7 +530,7 @@ pub async fn execute(
                         ),
                     );
                 };
-                if !carries_tracking(&obj, &tracker.label) {
+                if !tracker.tracking.marks(&obj) {
                     return forbidden(&format!("the new {}", req.resource));
                 }
                 send(
@@ -561,14 +618,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tracking_is_the_annotation_or_the_instance_label() {
+    fn tracking_follows_argocd_cms_method() {
         let ann = json!({"metadata": {"annotations": {TRACKING_ANNOTATION: "app:apps/Deployment:ns/web"}}});
-        let label = json!({"metadata": {"labels": {"custom/instance": "app"}}});
-        let none = json!({"metadata": {"labels": {DEFAULT_INSTANCE_LABEL: ""}}});
-        assert!(carries_tracking(&ann, DEFAULT_INSTANCE_LABEL));
-        assert!(carries_tracking(&label, "custom/instance"));
-        assert!(!carries_tracking(&label, DEFAULT_INSTANCE_LABEL));
-        assert!(!carries_tracking(&none, DEFAULT_INSTANCE_LABEL));
+        let default_label = json!({"metadata": {"labels": {DEFAULT_INSTANCE_LABEL: "app"}}});
+        let custom = json!({"metadata": {"labels": {"custom/instance": "app"}}});
+        let empty = json!({"metadata": {"labels": {DEFAULT_INSTANCE_LABEL: ""},
+            "annotations": {TRACKING_ANNOTATION: ""}}});
+        let cm = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        // No argocd-cm, no method, annotation, annotation+label: the annotation only (a Helm
+        // release's instance label is not Argo CD's tracking).
+        for data in [
+            None,
+            Some(cm(&[])),
+            Some(cm(&[("application.resourceTrackingMethod", "annotation")])),
+            Some(cm(&[(
+                "application.resourceTrackingMethod",
+                "annotation+label",
+            )])),
+        ] {
+            let t = Tracking::from_settings(data.as_ref()).unwrap();
+            assert_eq!(t, Tracking::Annotation);
+            assert!(t.marks(&ann));
+            assert!(!t.marks(&default_label));
+            assert!(!t.marks(&empty));
+        }
+        let label = Tracking::from_settings(Some(&cm(&[(
+            "application.resourceTrackingMethod",
+            "label",
+        )])))
+        .unwrap();
+        assert_eq!(label, Tracking::Label(DEFAULT_INSTANCE_LABEL.into()));
+        assert!(label.marks(&default_label) && !label.marks(&ann) && !label.marks(&empty));
+        let custom_label = Tracking::from_settings(Some(&cm(&[
+            ("application.resourceTrackingMethod", "label"),
+            ("application.instanceLabelKey", "custom/instance"),
+        ])))
+        .unwrap();
+        assert!(custom_label.marks(&custom) && !custom_label.marks(&default_label));
+        let unknown = Tracking::from_settings(Some(&cm(&[(
+            "application.resourceTrackingMethod",
+            "labels",
+        )])));
+        assert!(unknown.unwrap_err().contains("\"labels\""));
     }
 
     #[test]

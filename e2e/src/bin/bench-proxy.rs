@@ -91,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
             &PostParams::default(),
             &serde_json::from_value(json!({
                 "apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": {"name": "web", "namespace": "guestbook", "labels": {"app.kubernetes.io/instance": "guestbook"}},
+                "metadata": {"name": "web", "namespace": "guestbook", "annotations": {"argocd.argoproj.io/tracking-id": "guestbook:apps/Deployment:guestbook/web"}},
                 "spec": {"selector": {"matchLabels": {"app": "web"}},
                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "nginx"}]}}}
             }))?,
