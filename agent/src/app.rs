@@ -160,7 +160,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             cache_info = config.cache_refresh_interval.map(|every| {
                 crate::cluster_info::spawn(
                     every,
-                    crate::live::redis::RedisTarget::from_config(&config),
+                    crate::live::redis::local_redis(&config),
                     outbox.clone(),
                 )
             });

@@ -22,6 +22,10 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, ValueEnum};
 
 pub use argocd_agent_runtime::binary_config::{ConfigError, KubeClientConfig};
+pub use argocd_agent_runtime::redis_client::RedisTls;
+use argocd_agent_runtime::redis_client::{
+    redis_tls_choice, RedisTlsChoice, RedisTlsFlags, REDIS_CA_SECRET_FIELD,
+};
 pub use argocd_agent_runtime::redis_credentials::{
     redis_credentials, RedisCredentials, RedisPassword, UPSTREAM_REDIS_ENV,
 };
@@ -31,6 +35,14 @@ pub const ENV_PREFIX: &str = "ARGOCD_AGENT_";
 
 /// The agent's flags and the env vars mirroring them.
 const FLAGS: FlagEnv = FlagEnv::new(ENV_PREFIX);
+
+/// The agent's Redis TLS flags (upstream's names).
+const REDIS_TLS_FLAGS: RedisTlsFlags = RedisTlsFlags {
+    enabled: "redis-tls-enabled",
+    ca_path: "redis-tls-ca-path",
+    ca_secret: "redis-tls-ca-secret-name",
+    insecure: "redis-tls-insecure",
+};
 
 /// Upstream's env var for `--root-ca-secret-name`, read when ours is not set.
 pub const UPSTREAM_ROOT_CA_SECRET_ENV: &str = "ARGOCD_AGENT_TLS_ROOT_CA_SECRET_NAME";
@@ -191,10 +203,20 @@ pub struct AgentArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub redis_tls_enabled: bool,
 
-    /// CA bundle (PEM) the Redis server certificate must chain to (with --redis-tls-enabled, this
-    /// or --redis-tls-insecure is required).
+    /// CA bundle (PEM) the Redis server certificate must chain to (with --redis-tls-enabled; one of
+    /// this, --redis-tls-ca-secret-name and --redis-tls-insecure at most).
     #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_CA_PATH", value_name = "PATH")]
     pub redis_tls_ca_path: Option<PathBuf>,
+
+    /// Secret in --namespace whose field `ca.crt` is the CA bundle the Redis server certificate
+    /// must chain to; with --redis-tls-enabled and neither --redis-tls-ca-path nor
+    /// --redis-tls-insecure, `argocd-redis-tls` (as upstream). Read at start.
+    #[arg(
+        long,
+        env = "ARGOCD_AGENT_REDIS_TLS_CA_SECRET_NAME",
+        value_name = "NAME"
+    )]
+    pub redis_tls_ca_secret_name: Option<String>,
 
     /// INSECURE: accept any Redis server certificate (TLS without verification).
     #[arg(long, env = "ARGOCD_AGENT_REDIS_TLS_INSECURE", default_value_t = false,
@@ -464,53 +486,6 @@ pub struct AgentConfig {
     pub otlp_address: Option<String>,
 }
 
-/// How the agent verifies its Redis's TLS certificate.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisTls {
-    /// Against this CA bundle (PEM).
-    Ca(PathBuf),
-    /// Not at all (`--redis-tls-insecure`).
-    Insecure,
-}
-
-/// TLS to Redis from the three flags: one verification mode at most.
-fn redis_tls(
-    enabled: bool,
-    ca: Option<PathBuf>,
-    insecure: bool,
-) -> Result<Option<RedisTls>, ConfigError> {
-    let ca = non_empty(ca);
-    if !enabled {
-        if let Some(flag) = [
-            (ca.is_some(), "redis-tls-ca-path"),
-            (insecure, "redis-tls-insecure"),
-        ]
-        .into_iter()
-        .find_map(|(set, flag)| set.then_some(flag))
-        {
-            return Err(FLAGS.conflict(
-                flag,
-                "redis-tls-enabled",
-                "it only applies with TLS to Redis; add --redis-tls-enabled",
-            ));
-        }
-        return Ok(None);
-    }
-    match (ca, insecure) {
-        (Some(_), true) => Err(FLAGS.conflict(
-            "redis-tls-ca-path",
-            "redis-tls-insecure",
-            "verify against a CA or not at all, not both",
-        )),
-        (Some(ca), false) => Ok(Some(RedisTls::Ca(FLAGS.readable_file("redis-tls-ca-path", &ca)?))),
-        (None, true) => Ok(Some(RedisTls::Insecure)),
-        (None, false) => Err(FLAGS.invalid(
-            "redis-tls-enabled",
-            "needs --redis-tls-ca-path (the CA of the Redis certificate, e.g. from the secret `argocd-redis-tls`) or --redis-tls-insecure",
-        )),
-    }
-}
-
 /// The queue directory may be created at start-up, but only inside an existing directory.
 fn check_queue_dir(path: &Path) -> Result<(), ConfigError> {
     const FLAG: &str = "queue-dir";
@@ -581,9 +556,12 @@ impl AgentArgs {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<AgentConfig, ConfigError> {
         let redis_credentials = self.redis.resolve(&FLAGS, &env)?;
-        let redis_tls = redis_tls(
+        let redis_tls_choice = redis_tls_choice(
+            &FLAGS,
+            &REDIS_TLS_FLAGS,
             self.redis_tls_enabled,
             self.redis_tls_ca_path.clone(),
+            self.redis_tls_ca_secret_name.clone(),
             self.redis_tls_insecure,
         )?;
         let tls_files = [
@@ -655,6 +633,22 @@ impl AgentArgs {
                 )?,
             };
             Some(ClientTlsFiles { cert, key, ca })
+        };
+        let redis_tls = match redis_tls_choice {
+            RedisTlsChoice::Off => None,
+            RedisTlsChoice::Insecure => Some(RedisTls::Insecure),
+            RedisTlsChoice::CaFile(path) => Some(RedisTls::Ca(path)),
+            RedisTlsChoice::CaSecret(name) => {
+                let file = SecretFile::new(
+                    &tls_secret_dir,
+                    "redis-tls-ca-secret-name",
+                    &name,
+                    SecretContent::CaBundle(vec![REDIS_CA_SECRET_FIELD.into()]),
+                );
+                let path = file.path.clone();
+                tls_secrets.push(file);
+                Some(RedisTls::Ca(path))
+            }
         };
         let tls_server_name = match non_empty(self.tls_server_name) {
             Some(name) => {
@@ -1340,16 +1334,26 @@ mod tests {
                 .redis_tls,
             Some(RedisTls::Ca(PathBuf::from(&ca)))
         );
+        // TLS with no mode named: the CA in upstream's Secret, read at start.
+        let config = files.validate(&["--redis-tls-enabled"]).unwrap();
+        let Some(RedisTls::Ca(path)) = config.redis_tls else {
+            panic!("{:?}", config.redis_tls)
+        };
+        let secret = config.tls_secrets.iter().find(|f| f.path == path).unwrap();
+        assert_eq!(secret.secret, "argocd-redis-tls");
         for (bad, flag) in [
-            (vec!["--redis-tls-enabled"], "redis-tls-enabled"),
             (vec!["--redis-tls-insecure"], "redis-tls-insecure"),
+            (
+                vec!["--redis-tls-ca-secret-name=mine"],
+                "redis-tls-ca-secret-name",
+            ),
             (
                 vec![
                     "--redis-tls-enabled",
                     "--redis-tls-insecure",
                     "--redis-tls-ca-path=/x",
                 ],
-                "redis-tls-ca-path",
+                "redis-tls-insecure",
             ),
             (
                 vec![

@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use redis_protocol::resp2::decode::decode;
@@ -26,6 +27,18 @@ pub struct Redis {
     /// The password laid out as the mounted `argocd-redis` secret (file `auth`), when started
     /// with [`Redis::start_as_hub`].
     pub creds_dir: Option<std::path::PathBuf>,
+    /// The CA of its certificate, when it serves TLS only ([`Redis::start_tls`]).
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// A server certificate, its key and the CA it chains to.
+pub struct TlsFiles<'a> {
+    /// Certificate (PEM).
+    pub cert: &'a Path,
+    /// Private key (PEM).
+    pub key: &'a Path,
+    /// CA certificate (PEM).
+    pub ca: &'a Path,
 }
 
 impl Redis {
@@ -62,7 +75,26 @@ impl Redis {
         flags
     }
 
+    /// Starts redis-server serving TLS only (as Argo CD's Redis with TLS enabled), with `tls`'s
+    /// certificate, clients not asked for certificates, requiring `password` if given; waits until
+    /// it answers PING over TLS.
+    pub fn start_tls(
+        name: &str,
+        tls: TlsFiles<'_>,
+        password: Option<&str>,
+    ) -> anyhow::Result<Redis> {
+        Redis::start_on(name, password, Some(tls))
+    }
+
     fn start_with(name: &str, password: Option<&str>) -> anyhow::Result<Redis> {
+        Redis::start_on(name, password, None)
+    }
+
+    fn start_on(
+        name: &str,
+        password: Option<&str>,
+        tls: Option<TlsFiles<'_>>,
+    ) -> anyhow::Result<Redis> {
         let bin = system_binary("redis-server", "redis-server")?;
         let dir = temp_dir(&format!("redis-{name}"))?;
         let port = free_port();
@@ -84,12 +116,30 @@ impl Redis {
             Some(p) => spec.args(["--requirepass", p]),
             None => spec,
         };
+        let spec = match &tls {
+            Some(tls) => spec.args([
+                "--tls-port".to_string(),
+                port.to_string(),
+                "--port".into(),
+                "0".into(),
+                "--tls-cert-file".into(),
+                tls.cert.display().to_string(),
+                "--tls-key-file".into(),
+                tls.key.display().to_string(),
+                "--tls-ca-cert-file".into(),
+                tls.ca.display().to_string(),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ]),
+            None => spec,
+        };
         let process = ManagedProcess::spawn(spec)?;
         let redis = Redis {
             port,
             process,
             password: password.map(str::to_string),
             creds_dir: None,
+            tls_ca: tls.map(|tls| tls.ca.to_path_buf()),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !redis.ping() {
@@ -108,8 +158,26 @@ impl Redis {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Runs `redis-cli` against this server (over TLS and with its password when it has them);
+    /// returns stdout.
+    pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = std::process::Command::new(system_binary("redis-cli", "redis-tools")?);
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(ca) = &self.tls_ca {
+            cmd.arg("--tls").arg("--cacert").arg(ca);
+        }
+        if let Some(p) = &self.password {
+            cmd.args(["--no-auth-warning", "-a", p]);
+        }
+        let out = cmd.args(args).output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+    }
+
     /// True if the server answers `PING` with `+PONG` (after AUTH when it has a password).
     pub fn ping(&self) -> bool {
+        if self.tls_ca.is_some() {
+            return self.cli(&["PING"]).is_ok_and(|out| out == "PONG");
+        }
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };

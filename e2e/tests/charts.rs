@@ -205,6 +205,11 @@ async fn charts_pass_a_server_side_dry_run_on_a_real_control_plane() -> anyhow::
         ),
         (
             PRINCIPAL_CHART,
+            "Redis TLS (hub Redis CA and the proxy's certificate mounted)",
+            "redisProxy: {tls: {enabled: true}}\n".to_string(),
+        ),
+        (
+            PRINCIPAL_CHART,
             "destination-based mapping",
             "principal: {destinationBasedMapping: true, allowedNamespaces: [\"apps-*\"]}\n"
                 .to_string(),
@@ -645,6 +650,11 @@ async fn bad_values_are_refused_naming_the_key() {
             "ha.enabled must be true",
         ),
         (PRINCIPAL_CHART, "ha: {leaseName: Bad_Name}\n", "leaseName"),
+        (
+            PRINCIPAL_CHART,
+            "redisProxy: {tls: {enabled: true, caSecretName: \"\"}}\n",
+            "redisProxy.tls.caSecretName is required",
+        ),
         (
             PRINCIPAL_CHART,
             "tracing: {otlpAddress: \"collector:4317/v1/traces\"}\n",

@@ -19,6 +19,7 @@ use std::time::Duration;
 use e2e::binaries::system_binary;
 use e2e::gateway::{agent_identity, agentctl, ensure_namespace, Agent, Pki, Principal};
 use e2e::kubelet::LogBody;
+use e2e::redis::TlsFiles;
 use e2e::{shared_planes, wait_until, Redis, SharedPlanes, TestContext};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
@@ -36,6 +37,8 @@ struct LiveFleet {
     spoke_redis: Vec<Redis>,
     hub_redis: Redis,
     kubeconfigs: Vec<PathBuf>,
+    /// Whether the Redis proxy serves TLS (with the principal certificate of `pki`).
+    redis_tls: bool,
 }
 
 /// How a [`LiveFleet`] differs from the default one.
@@ -49,6 +52,11 @@ struct FleetOptions {
     /// runs with self-registration (shared client certificate in [`SHARED_CLIENT_SECRET`]) and
     /// must create theirs.
     self_registered: Vec<usize>,
+    /// Every Redis serves TLS only (its certificate from a PKI of its own), the principal runs
+    /// with `--redis-tls-enabled` (hub Redis CA from a file, the proxy's certificate from the Secret
+    /// `argocd-redis-proxy-tls`) and the agents with `--redis-tls-enabled` alone (their Redis CA
+    /// from the Secret `argocd-redis-tls`, upstream's default).
+    redis_tls: bool,
 }
 
 /// How long the agent may take to see a changed `argocd-cm` (it re-reads it every 5 s).
@@ -69,9 +77,39 @@ impl LiveFleet {
     ) -> anyhow::Result<LiveFleet> {
         let ctx = TestContext::new(test)?;
         let pki = Pki::create(&ctx.dir.join("pki"))?;
-        let hub_redis = Redis::start(&format!("{test}-hub"))?;
+        let redis_pki = match options.redis_tls {
+            true => Some(Pki::create(&ctx.dir.join("redis-pki"))?),
+            false => None,
+        };
+        let start_redis = |name: &str| match &redis_pki {
+            Some(rp) => Redis::start_tls(
+                name,
+                TlsFiles {
+                    cert: &rp.dir.join("principal.crt"),
+                    key: &rp.dir.join("principal.key"),
+                    ca: &rp.ca(),
+                },
+                None,
+            ),
+            None => Redis::start(name),
+        };
+        let hub_redis = start_redis(&format!("{test}-hub"))?;
         let argocd_ns = ctx.unique("argocd");
         let mut principal_args = vec![format!("--redis-server-address={}", hub_redis.address())];
+        if let Some(rp) = &redis_pki {
+            let hub = planes.hub.client().await?;
+            ensure_namespace(&hub, &argocd_ns).await?;
+            create_tls_secret(
+                &hub,
+                &argocd_ns,
+                "argocd-redis-proxy-tls",
+                &pki.dir.join("principal.crt"),
+                &pki.dir.join("principal.key"),
+            )
+            .await?;
+            principal_args.push("--redis-tls-enabled".into());
+            principal_args.push(format!("--redis-ca-path={}", rp.ca().display()));
+        }
         if !options.self_registered.is_empty() {
             // The shared certificate's CN names no agent; only the bearer token does.
             let shared = ctx.unique("shared-client");
@@ -108,7 +146,7 @@ impl LiveFleet {
         for (i, spoke) in planes.spokes.iter().enumerate() {
             let name = ctx.unique(&format!("agent{}", i + 1));
             pki.issue_agent(&name)?;
-            let redis = Redis::start(&format!("{test}-spoke{}", i + 1))?;
+            let redis = start_redis(&format!("{test}-spoke{}", i + 1))?;
             if !options.self_registered.contains(&i) {
                 agentctl(&[
                     "agent",
@@ -125,6 +163,19 @@ impl LiveFleet {
                 ])?;
             }
             let mut agent_args = vec![format!("--redis-address={}", redis.address())];
+            let agent_ns = ctx.unique("spoke-argocd");
+            if let Some(rp) = &redis_pki {
+                let spoke_client = spoke.client().await?;
+                ensure_namespace(&spoke_client, &agent_ns).await?;
+                let secret: Secret = serde_json::from_value(json!({
+                    "metadata": {"name": "argocd-redis-tls", "namespace": agent_ns},
+                    "stringData": {"ca.crt": std::fs::read_to_string(rp.ca())?},
+                }))?;
+                Api::<Secret>::namespaced(spoke_client, &agent_ns)
+                    .create(&PostParams::default(), &secret)
+                    .await?;
+                agent_args.push("--redis-tls-enabled".into());
+            }
             agent_args.extend(options.agent_args.iter().cloned());
             let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
             let agent = Agent::start(
@@ -133,7 +184,7 @@ impl LiveFleet {
                 spoke,
                 &pki,
                 &principal.address(),
-                &ctx.unique("spoke-argocd"),
+                &agent_ns,
                 &agent_args,
             )
             .await?;
@@ -165,6 +216,7 @@ impl LiveFleet {
             spoke_redis,
             hub_redis,
             kubeconfigs,
+            redis_tls: options.redis_tls,
         })
     }
 
@@ -174,19 +226,42 @@ impl LiveFleet {
         e2e::binaries::run_kubectl(&self.kubeconfigs[i], &cache, args)
     }
 
-    /// Runs redis-cli against the Redis proxy; returns stdout.
+    /// Runs redis-cli against the Redis proxy (over TLS, trusting the principal's CA, when the
+    /// fleet's Redis runs TLS); returns stdout.
     fn redis_cli(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(system_binary("redis-cli", "redis-tools")?)
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.principal.redis_proxy_port.to_string(),
-            ])
-            .args(args)
-            .output()?;
+        let mut cmd = Command::new(system_binary("redis-cli", "redis-tools")?);
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.principal.redis_proxy_port.to_string(),
+        ]);
+        if self.redis_tls {
+            cmd.arg("--tls").arg("--cacert").arg(self.pki.ca());
+        }
+        let out = cmd.args(args).output()?;
         Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
     }
+}
+
+/// A `kubernetes.io/tls` Secret `name` with `cert` and `key`.
+async fn create_tls_secret(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    cert: &Path,
+    key: &Path,
+) -> anyhow::Result<()> {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": std::fs::read_to_string(cert)?,
+            "tls.key": std::fs::read_to_string(key)?},
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    Ok(())
 }
 
 /// A kubeconfig for the resource proxy with the credentials from agent `name`'s Argo CD cluster
@@ -502,6 +577,72 @@ async fn the_tracking_method_comes_from_the_spokes_argocd_cm() -> anyhow::Result
         },
     )
     .await?;
+    Ok(())
+}
+
+/// Redis with TLS everywhere, as an Argo CD whose Redis runs TLS has it (upstream's flags): the
+/// hub and spoke `redis-server`s serve TLS only; the principal (`--redis-tls-enabled`) reaches the
+/// hub Redis over TLS verified against its CA file and serves its Redis proxy over TLS with the
+/// certificate of the Secret `argocd-redis-proxy-tls`; the agent (`--redis-tls-enabled` alone)
+/// reaches its Redis over TLS verified against the CA in the Secret `argocd-redis-tls`. A real
+/// `redis-cli --tls` plays argocd-server; the spoke cache entry is written by the test.
+#[tokio::test]
+async fn redis_over_tls_through_proxy_principal_and_agent_with_cache_written_by_the_test(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let fleet = LiveFleet::start_with(
+        "live_redis_tls",
+        planes,
+        FleetOptions {
+            redis_tls: true,
+            ..FleetOptions::default()
+        },
+    )
+    .await?;
+    let agent = fleet.agents[0].name.clone();
+    fleet.spoke_redis[0].cli(&["SET", "app|resources-tree|guestbook|1.8.3", "tree-over-tls"])?;
+    fleet
+        .hub_redis
+        .cli(&["SET", "mfst|hub-key", "hub-over-tls"])?;
+    // Answered by the agent from its Redis over TLS, through the proxy's TLS listener.
+    let key = format!("app|resources-tree|{agent}_guestbook|1.8.3");
+    assert_eq!(fleet.redis_cli(&["GET", &key])?, "tree-over-tls");
+    // Answered by the hub Redis over the principal's TLS connection.
+    assert_eq!(fleet.redis_cli(&["GET", "mfst|hub-key"])?, "hub-over-tls");
+    assert_eq!(fleet.redis_cli(&["PING"])?, "PONG");
+
+    // The listener speaks TLS only, and with the proxy's certificate: a plaintext client and one
+    // trusting only the Redis servers' CA get no answer.
+    let cli = || -> anyhow::Result<Command> {
+        let mut cmd = Command::new(system_binary("redis-cli", "redis-tools")?);
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &fleet.principal.redis_proxy_port.to_string(),
+        ]);
+        Ok(cmd)
+    };
+    let plain = cli()?.arg("PING").output()?;
+    assert!(
+        !String::from_utf8_lossy(&plain.stdout).contains("PONG"),
+        "a plaintext client got {plain:?}"
+    );
+    let wrong_ca = cli()?
+        .arg("--tls")
+        .arg("--cacert")
+        .arg(fleet.spoke_redis[0].tls_ca.as_ref().expect("TLS redis"))
+        .arg("PING")
+        .output()?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&wrong_ca.stdout),
+        String::from_utf8_lossy(&wrong_ca.stderr)
+    );
+    assert!(
+        !said.contains("PONG") && said.to_lowercase().contains("certificate"),
+        "a client trusting another CA: {said}"
+    );
     Ok(())
 }
 

@@ -16,6 +16,7 @@ use argocd_agent_proto::pb::logstreamapi::log_stream_service_server::LogStreamSe
 use argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_server::TerminalStreamServiceServer;
 use argocd_agent_proto::pb::versionapi::version_server::VersionServer;
 use argocd_agent_proto::sync::OutboxConfig;
+use argocd_agent_runtime::redis_client::RedisTarget;
 use argocd_agent_runtime::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
@@ -83,6 +84,7 @@ async fn start_live_view(
     metrics: &PrincipalMetrics,
     certificate_expiry: &CertificateExpiry,
     destination_mapping: Option<Arc<Hub>>,
+    hub_redis: &RedisTarget,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut watchers = Vec::new();
     if let Some(rp) = &config.resource_proxy {
@@ -119,7 +121,7 @@ async fn start_live_view(
         let proxy = Arc::new(crate::redis_proxy::RedisProxy {
             registry: registry.clone(),
             live: live.clone(),
-            upstream: config.redis_server_address.to_string(),
+            upstream: hub_redis.clone(),
             credentials: config.redis_credentials.clone(),
             max_request_size: config.redis_proxy_max_request_size,
             max_connections_per_ip: config.redis_proxy_max_connections_per_ip,
@@ -127,10 +129,23 @@ async fn start_live_view(
             metrics: metrics.redis_proxy.clone(),
             destination_mapping,
         });
-        let addr = crate::redis_proxy::serve(addr, proxy, policy.request_header_timeout)
+        let tls = match &config.redis_proxy_tls {
+            None => None,
+            Some((cert, key)) => {
+                let tls = ReloadingServerConfig::load(
+                    ServerTlsOptions::new(cert, key).with_policy(config.tls_policy.clone()),
+                )
+                .context("loading the Redis proxy's TLS files (--redis-tls-enabled)")?;
+                watchers.push(tls.spawn_watcher(TLS_RELOAD_INTERVAL));
+                watchers.push(certificate_expiry.watch("redis-proxy", &tls, TLS_RELOAD_INTERVAL));
+                Some(tls)
+            }
+        };
+        let serves_tls = tls.is_some();
+        let addr = crate::redis_proxy::serve(addr, proxy, policy.request_header_timeout, tls)
             .await
             .with_context(|| format!("cannot listen on --redis-proxy-address {addr}"))?;
-        info!(%addr, upstream = %config.redis_server_address, "redis proxy listening");
+        info!(%addr, upstream = %config.redis_server_address, tls = serves_tls, upstream_tls = config.redis_tls.is_some(), "redis proxy listening");
     }
     Ok(watchers)
 }
@@ -241,12 +256,17 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         end_streams_on_client_ca_rotation(tls, config.tls.client_ca.clone(), registry.clone())
     });
     let live = crate::live::LiveRequests::new();
+    let hub_redis = RedisTarget::new(
+        "hub redis",
+        config.redis_server_address.to_string(),
+        config.redis_credentials.clone(),
+        config.redis_tls.as_ref(),
+    );
     let cluster_info = crate::cluster_info::ClusterInfoWriter::start(
         client.clone(),
         &config.namespace,
         crate::cluster_info::HubCache {
-            address: config.redis_server_address.to_string(),
-            credentials: config.redis_credentials.clone(),
+            redis: hub_redis.clone(),
             compression: config.redis_compression,
         },
     );
@@ -358,6 +378,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         &metrics,
         &certificate_expiry,
         config.destination_based_mapping.then(|| hub.clone()),
+        &hub_redis,
     )
     .await?;
 

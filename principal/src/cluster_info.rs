@@ -11,7 +11,7 @@
 //! (applications, APIs, resources), which keep the connection state and last cache sync time
 //! already written; and re-saving every entry every [`REFRESH_INTERVAL`], since Argo CD drops one
 //! after [`CLUSTER_INFO_TTL`]. The hub Redis is reached the way the Redis proxy reaches it
-//! (`--redis-server-address`, its credentials), with `--redis-compression-type`.
+//! (`--redis-server-address`, its credentials and TLS), with `--redis-compression-type`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,8 +35,8 @@ use kube::ResourceExt;
 use redis_protocol::resp2::types::BytesFrame as Frame;
 use tokio::sync::mpsc;
 
-use crate::config::RedisCredentials;
 use crate::redis_proxy::connect_upstream;
+use argocd_agent_runtime::redis_client::RedisTarget;
 
 /// How often every agent's entry is saved again (upstream: 3 minutes, well within the 10 minute TTL).
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(180);
@@ -48,17 +48,15 @@ const SECRET_TYPE_CLUSTER: &str = "argocd.argoproj.io/secret-type=cluster";
 /// Where the hub Argo CD's cache is and how it is encoded.
 #[derive(Clone, Debug)]
 pub struct HubCache {
-    /// `host:port` of the hub Redis.
-    pub address: String,
-    /// Its AUTH credentials.
-    pub credentials: Option<RedisCredentials>,
+    /// The hub Redis (address, TLS, credentials).
+    pub redis: RedisTarget,
     /// Argo CD's `--redis-compress`.
     pub compression: RedisCompression,
 }
 
 impl HubCache {
     async fn call(&self, command: Vec<Bytes>) -> Result<Frame, String> {
-        let mut conn = connect_upstream(&self.address, self.credentials.as_ref()).await?;
+        let mut conn = connect_upstream(&self.redis).await?;
         let reply = conn
             .call(Frame::Array(
                 command.into_iter().map(Frame::BulkString).collect(),

@@ -23,6 +23,10 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 pub use argocd_agent_runtime::binary_config::{ConfigError, KubeClientConfig};
+pub use argocd_agent_runtime::redis_client::RedisTls;
+use argocd_agent_runtime::redis_client::{
+    redis_tls_choice, RedisTlsChoice, RedisTlsFlags, REDIS_CA_SECRET_FIELD,
+};
 pub use argocd_agent_runtime::redis_credentials::{
     redis_credentials, RedisCredentials, RedisPassword, UPSTREAM_REDIS_ENV,
 };
@@ -35,6 +39,19 @@ const FLAGS: FlagEnv = FlagEnv::new(ENV_PREFIX);
 
 /// Upstream's env var for `--tls-ca-secret-name`, read when ours is not set.
 pub const UPSTREAM_TLS_CA_SECRET_ENV: &str = "ARGOCD_PRINCIPAL_TLS_SERVER_ROOT_CA_SECRET_NAME";
+
+/// Upstream's env vars for `--redis-proxy-server-tls-cert` / `-key`, read when ours are not set.
+pub const UPSTREAM_REDIS_PROXY_CERT_ENV: &str = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_CERT_PATH";
+/// See [`UPSTREAM_REDIS_PROXY_CERT_ENV`].
+pub const UPSTREAM_REDIS_PROXY_KEY_ENV: &str = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_KEY_PATH";
+
+/// The principal's Redis TLS flags (upstream's names).
+const REDIS_TLS_FLAGS: RedisTlsFlags = RedisTlsFlags {
+    enabled: "redis-tls-enabled",
+    ca_path: "redis-ca-path",
+    ca_secret: "redis-ca-secret-name",
+    insecure: "redis-tls-insecure",
+};
 
 /// Default `--tls-ca-secret-name` (upstream's).
 pub const DEFAULT_CA_SECRET_NAME: &str = "argocd-agent-ca";
@@ -345,6 +362,65 @@ pub struct PrincipalArgs {
     /// Credentials of the local Argo CD Redis.
     #[command(flatten)]
     pub redis: RedisCredentialArgs,
+
+    /// Talk TLS to the hub Redis (verified as --redis-ca-path, --redis-ca-secret-name or
+    /// --redis-tls-insecure say) and serve TLS on the Redis proxy (certificate from
+    /// --redis-proxy-server-tls-cert/-key or the Secret --redis-proxy-server-tls-secret-name), as
+    /// upstream: for an Argo CD whose Redis runs with TLS (argocd-server `--redis-use-tls`).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_TLS_ENABLED", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub redis_tls_enabled: bool,
+
+    /// CA bundle (PEM) the hub Redis certificate must chain to (with --redis-tls-enabled; one of
+    /// this, --redis-ca-secret-name and --redis-tls-insecure at most).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_CA_PATH", value_name = "PATH")]
+    pub redis_ca_path: Option<PathBuf>,
+
+    /// Secret in --namespace whose field `ca.crt` is the CA bundle the hub Redis certificate must
+    /// chain to; with --redis-tls-enabled and neither --redis-ca-path nor --redis-tls-insecure,
+    /// `argocd-redis-tls` (as upstream). Read at start.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_CA_SECRET_NAME",
+        value_name = "NAME"
+    )]
+    pub redis_ca_secret_name: Option<String>,
+
+    /// INSECURE: accept any hub Redis certificate (TLS without verification).
+    #[arg(long, env = "ARGOCD_PRINCIPAL_REDIS_TLS_INSECURE", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub redis_tls_insecure: bool,
+
+    /// Certificate (PEM) the Redis proxy serves with --redis-tls-enabled (with
+    /// --redis-proxy-server-tls-key; else the Secret --redis-proxy-server-tls-secret-name) [fallback
+    /// env: ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_CERT_PATH].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_CERT",
+        value_name = "PATH"
+    )]
+    pub redis_proxy_server_tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --redis-proxy-server-tls-cert [fallback env:
+    /// ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_KEY_PATH].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_KEY",
+        value_name = "PATH"
+    )]
+    pub redis_proxy_server_tls_key: Option<PathBuf>,
+
+    /// `kubernetes.io/tls` Secret in --namespace with the Redis proxy's certificate, used with
+    /// --redis-tls-enabled when no certificate files are given; re-read at the TLS reload pace.
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_SECRET_NAME",
+        default_value = "argocd-redis-proxy-tls",
+        value_name = "NAME"
+    )]
+    pub redis_proxy_server_tls_secret_name: String,
 
     /// Compression of the hub Argo CD's Redis cache, as its `--redis-compress` (gzip or none):
     /// how agents' cluster connection state and cache counts are written there.
@@ -661,6 +737,11 @@ pub struct PrincipalConfig {
     pub redis_server_address: HostPort,
     /// AUTH credentials of the hub's Redis; `None` = it has no password.
     pub redis_credentials: Option<RedisCredentials>,
+    /// How the hub Redis certificate is verified; `None`: plaintext.
+    pub redis_tls: Option<RedisTls>,
+    /// The Redis proxy's certificate and key files with --redis-tls-enabled (no client
+    /// certificates: Redis clients authenticate with AUTH); `None`: plaintext.
+    pub redis_proxy_tls: Option<(PathBuf, PathBuf)>,
     /// Compression of the hub Argo CD's Redis cache (`--redis-compression-type`).
     pub redis_compression: argocd_agent_kube::argocd_cache::RedisCompression,
     /// Largest Redis proxy client request in bytes.
@@ -905,6 +986,66 @@ impl PrincipalArgs {
             }
         };
         let redis_proxy_address = self.enable_redis_proxy.then_some(self.redis_proxy_address);
+        let redis_tls = match redis_tls_choice(
+            &FLAGS,
+            &REDIS_TLS_FLAGS,
+            self.redis_tls_enabled,
+            self.redis_ca_path,
+            self.redis_ca_secret_name,
+            self.redis_tls_insecure,
+        )? {
+            RedisTlsChoice::Off => None,
+            RedisTlsChoice::Insecure => Some(RedisTls::Insecure),
+            RedisTlsChoice::CaFile(path) => Some(RedisTls::Ca(path)),
+            RedisTlsChoice::CaSecret(name) => Some(RedisTls::Ca(from_secret(
+                "redis-ca-secret-name",
+                &name,
+                SecretContent::CaBundle(vec![REDIS_CA_SECRET_FIELD.into()]),
+            )?)),
+        };
+        let proxy_cert = non_empty(self.redis_proxy_server_tls_cert)
+            .or_else(|| non_empty(env(UPSTREAM_REDIS_PROXY_CERT_ENV)).map(PathBuf::from));
+        let proxy_key = non_empty(self.redis_proxy_server_tls_key)
+            .or_else(|| non_empty(env(UPSTREAM_REDIS_PROXY_KEY_ENV)).map(PathBuf::from));
+        let redis_proxy_tls =
+            match (self.redis_tls_enabled, proxy_cert, proxy_key) {
+                (false, None, None) => None,
+                (false, _, _) => {
+                    return Err(FLAGS.conflict(
+                        "redis-proxy-server-tls-cert",
+                        "redis-tls-enabled",
+                        "the Redis proxy serves TLS only with --redis-tls-enabled; add it",
+                    ))
+                }
+                // No proxy listener, no certificate to load.
+                (true, _, _) if redis_proxy_address.is_none() => None,
+                (true, Some(cert), Some(key)) => Some((
+                    FLAGS.readable_file("redis-proxy-server-tls-cert", &cert)?,
+                    FLAGS.readable_file("redis-proxy-server-tls-key", &key)?,
+                )),
+                (true, None, None) => {
+                    let secret = self.redis_proxy_server_tls_secret_name.clone();
+                    Some((
+                        from_secret(
+                            "redis-proxy-server-tls-secret-name",
+                            &secret,
+                            SecretContent::TlsCert,
+                        )?,
+                        from_secret(
+                            "redis-proxy-server-tls-secret-name",
+                            &secret,
+                            SecretContent::TlsKey,
+                        )?,
+                    ))
+                }
+                (true, _, _) => return Err(FLAGS.conflict(
+                    "redis-proxy-server-tls-cert",
+                    "redis-proxy-server-tls-key",
+                    "both --redis-proxy-server-tls-cert and --redis-proxy-server-tls-key have to \
+                     be given, or neither to read them from the Secret \
+                     --redis-proxy-server-tls-secret-name",
+                )),
+            };
         if !(1 << 10..=512 << 20).contains(&self.redis_proxy_max_request_size) {
             return Err(FLAGS.invalid(
                 "redis-proxy-max-request-size",
@@ -1018,6 +1159,8 @@ impl PrincipalArgs {
             redis_proxy_address,
             redis_server_address: self.redis_server_address,
             redis_credentials,
+            redis_tls,
+            redis_proxy_tls,
             redis_compression: self.redis_compression_type,
             redis_proxy_max_request_size: self.redis_proxy_max_request_size,
             redis_proxy_max_connections_per_ip: self.redis_proxy_max_connections_per_ip,

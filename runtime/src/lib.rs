@@ -5,7 +5,7 @@
 //! listener with its TLS handshake deadline ([`accept`]) and the TLS and gRPC client dial
 //! ([`dial`]); command-line and environment parsing ([`flags`], the flags every binary shares in
 //! [`process_args`], with the validation machinery of whole configurations in [`binary_config`]
-//! and Redis credentials in [`redis_credentials`]); and telemetry — logging,
+//! Redis credentials in [`redis_credentials`] and connections to Redis in [`redis_client`]); and telemetry — logging,
 //! trace export, the metrics registry, health state and the ops HTTP server ([`telemetry`]).
 //! It holds no protocol logic and no state of a particular subsystem.
 
@@ -14,6 +14,7 @@ pub mod binary_config;
 pub mod dial;
 pub mod flags;
 pub mod process_args;
+pub mod redis_client;
 pub mod redis_credentials;
 pub mod telemetry;
 pub mod tls;

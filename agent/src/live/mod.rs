@@ -161,7 +161,7 @@ impl LiveService {
         };
         let settings = LiveSettings {
             namespace: config.namespace.clone(),
-            redis: redis::RedisTarget::from_config(config),
+            redis: redis::local_redis(config),
             destination_mapping: config.destination_based_mapping,
         };
         Some(LiveService::new(client, outbox, settings, logs, link))

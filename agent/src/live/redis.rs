@@ -1,8 +1,7 @@
 //! Redis-proxy requests answered from the agent's local Argo CD Redis (`--redis-address`).
 //!
-//! Owns [`RedisTarget`] (how every connection to the local Redis is opened: TCP, TLS when
-//! `--redis-tls-enabled`, then `AUTH` with the configured credentials, as Argo CD's own
-//! components do against its password-protected Redis; the password is never logged), the key mapping (the hub names an application `<agent>_<app>`; the local Argo CD, running
+//! Owns the agent's [`RedisTarget`] ([`local_redis`]: the runtime's Redis connection — TCP, TLS
+//! when `--redis-tls-enabled`, then `AUTH` — to `--redis-address`), the key mapping (the hub names an application `<agent>_<app>`; the local Argo CD, running
 //! the app in its own namespace, names it `<app>`; under destination-based mapping an
 //! Application keeps its namespace and its key too, see [`local_key`]), `GET` (one short connection per request),
 //! and `SUBSCRIBE`: one local subscriber connection per hub redis connection, whose messages go
@@ -21,21 +20,17 @@ use argocd_agent_proto::payload::{
 };
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use redis_protocol::codec::Resp2;
 use redis_protocol::resp2::types::BytesFrame as Frame;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio_rustls::rustls;
-use tokio_util::codec::Framed;
 use tracing::{debug, info};
 
 use super::LiveService;
-use crate::config::{AgentConfig, RedisCredentials, RedisTls};
+use crate::config::AgentConfig;
+use argocd_agent_runtime::redis_client::RedisConnection;
+pub use argocd_agent_runtime::redis_client::RedisTarget;
 
 /// A subscription whose hub connection has not pinged for this long is closed.
 pub const IDLE_LIMIT: Duration = Duration::from_secs(600);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The local name of a hub live-view key. Namespace mapping (`destination_mapping` = `None`): the
@@ -60,209 +55,18 @@ fn bulk(s: &str) -> Frame {
     Frame::BulkString(Bytes::copy_from_slice(s.as_bytes()))
 }
 
-/// A byte stream to the local Redis, plaintext or TLS.
-trait RedisIo: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> RedisIo for T {}
-
-/// One open, authenticated connection to the local Redis.
-type Connection = Framed<Box<dyn RedisIo>, Resp2>;
-
-/// How connections to the local Redis are opened (see the module docs).
-#[derive(Clone)]
-pub struct RedisTarget {
-    /// `host:port`.
-    pub address: String,
-    /// Sent with `AUTH` right after connecting.
-    pub credentials: Option<RedisCredentials>,
-    /// TLS client config and the name the server certificate is checked against.
-    tls: Option<(
-        Arc<rustls::ClientConfig>,
-        rustls::pki_types::ServerName<'static>,
-    )>,
-    /// Why the TLS settings cannot be used (every request then fails with this).
-    unusable: Option<String>,
-}
-
-impl std::fmt::Debug for RedisTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisTarget")
-            .field("address", &self.address)
-            .field("credentials", &self.credentials)
-            .field("tls", &self.tls.is_some())
-            .field("unusable", &self.unusable)
-            .finish()
-    }
-}
-
-impl RedisTarget {
-    /// A plaintext target at `address`.
-    pub fn plain(address: impl Into<String>, credentials: Option<RedisCredentials>) -> Self {
-        RedisTarget {
-            address: address.into(),
-            credentials,
-            tls: None,
-            unusable: None,
-        }
-    }
-
-    /// The target of the agent's `--redis-*` flags; a TLS setting that cannot be used (an
-    /// unreadable CA) is reported in every answer rather than stopping the agent.
-    pub fn from_config(config: &AgentConfig) -> Self {
-        let mut target = RedisTarget::plain(
-            config.redis_address.to_string(),
-            config.redis_credentials.clone(),
-        );
-        if let Some(tls) = &config.redis_tls {
-            match tls_config(tls, &config.redis_address.host) {
-                Ok(tls) => target.tls = Some(tls),
-                Err(e) => {
-                    tracing::error!(error = %e, "TLS to the local redis is unusable; redis requests will fail");
-                    target.unusable = Some(format!("TLS to the local redis is unusable: {e}"));
-                }
-            }
-        }
-        target
-    }
-
-    /// Opens a connection: TCP, TLS if configured, then `AUTH` if credentials are configured.
-    async fn connect(&self) -> Result<Connection, String> {
-        if let Some(reason) = &self.unusable {
-            return Err(reason.clone());
-        }
-        let addr = &self.address;
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
-            .await
-            .map_err(|_| format!("local redis {addr} did not accept a connection in time"))?
-            .map_err(|e| format!("local redis {addr}: {e}"))?;
-        let _ = tcp.set_nodelay(true);
-        let io: Box<dyn RedisIo> = match &self.tls {
-            None => Box::new(tcp),
-            Some((config, name)) => {
-                let tls = tokio_rustls::TlsConnector::from(config.clone());
-                let stream = tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(name.clone(), tcp))
-                    .await
-                    .map_err(|_| format!("local redis {addr}: TLS handshake timed out"))?
-                    .map_err(|e| format!("local redis {addr}: TLS handshake: {e}"))?;
-                Box::new(stream)
-            }
-        };
-        let mut conn = Framed::new(io, Resp2::default());
-        if let Some(creds) = &self.credentials {
-            conn.send(auth_command(creds))
-                .await
-                .map_err(|e| format!("local redis {addr}: {e}"))?;
-            match next_reply(&mut conn).await? {
-                Frame::SimpleString(ok) if ok.as_ref() == b"OK" => {}
-                // Redis's own message (WRONGPASS, NOAUTH...) never repeats the password.
-                Frame::Error(e) => {
-                    return Err(format!(
-                        "local redis {addr} refused the agent's credentials (--redis-password / --redis-creds-dir-path): {e}"
-                    ))
-                }
-                other => return Err(format!("local redis {addr} answered AUTH with {other:?}")),
-            }
-        }
-        Ok(conn)
-    }
-}
-
-/// `AUTH [username] password`: the username only when one is configured, so Redis before 6
-/// (single password) understands it too.
-fn auth_command(creds: &RedisCredentials) -> Frame {
-    let mut args = vec![bulk("AUTH")];
-    if let Some(user) = &creds.username {
-        args.push(bulk(user));
-    }
-    args.push(bulk(creds.password.expose()));
-    Frame::Array(args)
-}
-
-/// The client config of `tls` for a server named `host`.
-fn tls_config(
-    tls: &RedisTls,
-    host: &str,
-) -> Result<
-    (
-        Arc<rustls::ClientConfig>,
-        rustls::pki_types::ServerName<'static>,
-    ),
-    String,
-> {
-    let provider = argocd_agent_runtime::tls::crypto_provider();
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let config = match tls {
-        RedisTls::Ca(path) => {
-            let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let origin = path.display().to_string();
-            let roots = argocd_agent_runtime::tls::parse_ca_bundle(
-                argocd_agent_runtime::tls::PemInput::new(&origin, &pem),
-            )
-            .map_err(|e| e.to_string())?;
-            builder.with_root_certificates(roots).with_no_client_auth()
-        }
-        RedisTls::Insecure => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServerCertificate(provider)))
-            .with_no_client_auth(),
-    };
-    let name = rustls::pki_types::ServerName::try_from(host.to_string())
-        .map_err(|e| format!("{host:?} is not a TLS server name: {e}"))?;
-    Ok((Arc::new(config), name))
-}
-
-/// `--redis-tls-insecure`: any certificate is accepted (the handshake signatures still are checked).
-#[derive(Debug)]
-struct AnyServerCertificate(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyServerCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+/// How connections to the local Redis are opened: the agent's `--redis-*` flags.
+pub fn local_redis(config: &AgentConfig) -> RedisTarget {
+    RedisTarget::new(
+        "local redis",
+        config.redis_address.to_string(),
+        config.redis_credentials.clone(),
+        config.redis_tls.as_ref(),
+    )
 }
 
 /// The next reply on `conn`, within [`REPLY_TIMEOUT`].
-async fn next_reply(conn: &mut Connection) -> Result<Frame, String> {
+async fn next_reply(conn: &mut RedisConnection) -> Result<Frame, String> {
     match tokio::time::timeout(REPLY_TIMEOUT, conn.next()).await {
         Ok(Some(Ok(f))) => Ok(f),
         Ok(Some(Err(e))) => Err(e.to_string()),
@@ -338,7 +142,7 @@ async fn run_subscriber(
     mut stop: oneshot::Receiver<()>,
 ) {
     let target = live.settings.redis.clone();
-    let mut conn: Option<Connection> = None;
+    let mut conn: Option<RedisConnection> = None;
     // local channel -> hub channel name, and subscriptions waiting for their confirmation
     let mut names: HashMap<String, String> = HashMap::new();
     let mut pending: HashMap<String, oneshot::Sender<Result<(), String>>> = HashMap::new();
@@ -568,51 +372,5 @@ mod tests {
             local_key("app|resources-tree|guestbook|1.8.3", own),
             "app|resources-tree|guestbook|1.8.3"
         );
-    }
-
-    /// A one-connection Redis stand-in: reads one command, answers `reply`, returns the command.
-    async fn fake_redis(reply: &'static [u8]) -> (String, tokio::task::JoinHandle<Vec<u8>>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let task = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut buf = vec![0u8; 256];
-            let n = s.read(&mut buf).await.unwrap();
-            s.write_all(reply).await.unwrap();
-            buf.truncate(n);
-            buf
-        });
-        (addr, task)
-    }
-
-    #[tokio::test]
-    async fn connections_authenticate_with_the_configured_credentials() {
-        let (addr, server) = fake_redis(b"+OK\r\n").await;
-        let creds = RedisCredentials {
-            username: Some("argo".into()),
-            password: "pw".parse().unwrap(),
-        };
-        RedisTarget::plain(addr, Some(creds))
-            .connect()
-            .await
-            .unwrap();
-        assert_eq!(
-            server.await.unwrap(),
-            b"*3\r\n$4\r\nAUTH\r\n$4\r\nargo\r\n$2\r\npw\r\n"
-        );
-
-        let (addr, _server) = fake_redis(b"-WRONGPASS invalid username-password pair\r\n").await;
-        let creds = RedisCredentials {
-            username: None,
-            password: "not-it".parse().unwrap(),
-        };
-        let err = RedisTarget::plain(addr, Some(creds))
-            .connect()
-            .await
-            .err()
-            .unwrap();
-        assert!(err.contains("WRONGPASS"), "{err}");
-        assert!(!err.contains("not-it"), "{err}");
     }
 }

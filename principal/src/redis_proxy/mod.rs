@@ -34,6 +34,10 @@
 //! gets `NOAUTH`, so the proxy never opens the hub Redis or an agent's cache to a client without
 //! the password. `HELLO 3` gets `NOPROTO` (the proxy speaks RESP2), which makes Argo CD's client
 //! fall back to RESP2 and `AUTH`.
+//!
+//! With `--redis-tls-enabled` (upstream's flag, for an Argo CD whose Redis runs with TLS) the
+//! listener serves TLS (no client certificates: clients authenticate with `AUTH`), and the hub
+//! Redis is reached over TLS as the runtime's [`RedisTarget`] is configured.
 //! The RESP codec is the `redis-protocol` crate's, behind [`ClientCodec`]'s checks.
 
 use std::collections::BTreeMap;
@@ -47,13 +51,15 @@ use argocd_agent_proto::payload::{
     RedisCommandBody, RedisCommandBodyCloseConnection, RedisCommandBodyGet, RedisCommandBodyPing,
     RedisCommandBodySubscribe, RedisRequest, RedisResponse,
 };
+use argocd_agent_runtime::redis_client::{RedisIo, RedisTarget};
+use argocd_agent_runtime::tls::ReloadingServerConfig;
 use bytes::{Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use redis_protocol::codec::Resp2;
 use redis_protocol::error::{RedisProtocolError, RedisProtocolErrorKind};
 use redis_protocol::resp2::types::BytesFrame as Frame;
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite, WriteHalf};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::codec::{Decoder, FramedRead, FramedWrite};
 
@@ -94,9 +100,9 @@ pub struct RedisProxy {
     pub registry: Arc<AgentRegistry>,
     /// Waiting requests and connected agents.
     pub live: Arc<LiveRequests>,
-    /// The hub's Redis, `host:port`.
-    pub upstream: String,
-    /// What upstream connections authenticate with and clients must present; `None` = no AUTH.
+    /// The hub's Redis (address, TLS, and the credentials upstream connections authenticate with).
+    pub upstream: RedisTarget,
+    /// What clients must present (the hub Redis's credentials); `None` = no AUTH.
     pub credentials: Option<RedisCredentials>,
     /// Largest client frame in bytes.
     pub max_request_size: usize,
@@ -335,7 +341,7 @@ fn inspect_frame(buf: &[u8], limit: usize) -> Option<FrameRefusal> {
 
 /// The hub-Redis side of one client connection.
 pub(crate) struct Upstream {
-    out: FramedWrite<OwnedWriteHalf, Resp2>,
+    out: FramedWrite<WriteHalf<Box<dyn RedisIo>>, Resp2>,
     replies: mpsc::Receiver<Frame>,
 }
 
@@ -356,59 +362,26 @@ impl Upstream {
     }
 }
 
-/// Opens an authenticated connection to the hub Redis at `addr`.
-pub(crate) async fn connect_upstream(
-    addr: &str,
-    credentials: Option<&RedisCredentials>,
-) -> Result<Upstream, String> {
-    let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
-        .await
-        .map_err(|_| format!("upstream redis {addr} did not accept a connection within 5s"))?
-        .map_err(|e| format!("upstream redis {addr}: {e}"))?;
-    let _ = tcp.set_nodelay(true);
-    let (r, w) = tcp.into_split();
+/// Opens an authenticated connection to the hub Redis (TLS when configured); its replies arrive
+/// on a channel, read by a task of their own, so pushes of a subscribed connection are not missed.
+pub(crate) async fn connect_upstream(target: &RedisTarget) -> Result<Upstream, String> {
+    let parts = target.connect().await?.into_parts();
+    let (r, w) = tokio::io::split(parts.io);
     let (tx, replies) = mpsc::channel(64);
+    let mut frames = FramedRead::new(r, Resp2::default());
+    // Whatever arrived with the AUTH reply is not lost.
+    frames.read_buffer_mut().extend_from_slice(&parts.read_buf);
     tokio::spawn(async move {
-        let mut frames = FramedRead::new(r, Resp2::default());
         while let Some(Ok(f)) = frames.next().await {
             if tx.send(f).await.is_err() {
                 break;
             }
         }
     });
-    let mut upstream = Upstream {
+    Ok(Upstream {
         out: FramedWrite::new(w, Resp2::default()),
         replies,
-    };
-    if let Some(creds) = credentials {
-        upstream
-            .out
-            .send(auth_command(
-                creds.username.as_deref(),
-                creds.password.expose(),
-            ))
-            .await
-            .map_err(|e| format!("upstream redis {addr}: {e}"))?;
-        match tokio::time::timeout(UPSTREAM_TIMEOUT, upstream.replies.recv()).await {
-            Ok(Some(Frame::SimpleString(ok))) if ok.as_ref() == b"OK" => {}
-            // Redis's own message (WRONGPASS...) never repeats the password.
-            Ok(Some(Frame::Error(e))) => {
-                return Err(format!(
-                    "upstream redis {addr} refused the principal's credentials (--redis-password / --redis-creds-dir-path): {e}"
-                ))
-            }
-            Ok(Some(other)) => {
-                return Err(format!("upstream redis {addr} answered AUTH with {other:?}"))
-            }
-            Ok(None) => return Err(format!("upstream redis {addr} closed the connection")),
-            Err(_) => {
-                return Err(format!(
-                    "upstream redis {addr} did not answer AUTH within {UPSTREAM_TIMEOUT:?}"
-                ))
-            }
-        }
-    }
-    Ok(upstream)
+    })
 }
 
 /// `AUTH [username] password`: the username only when one is given, so Redis before 6 (single
@@ -614,9 +587,7 @@ impl ClientConnection {
         wait_reply: bool,
     ) -> Result<Option<Frame>, String> {
         if self.upstream.is_none() {
-            self.upstream = Some(
-                connect_upstream(&self.proxy.upstream, self.proxy.credentials.as_ref()).await?,
-            );
+            self.upstream = Some(connect_upstream(&self.proxy.upstream).await?);
         }
         let up = self.upstream.as_mut().expect("connected above");
         if let Err(e) = up.out.send(frame).await {
@@ -1053,15 +1024,14 @@ impl CommandDeadline {
     }
 }
 
-async fn serve_client(
+async fn serve_client<S: AsyncRead + AsyncWrite + Send + 'static>(
     proxy: Arc<RedisProxy>,
-    tcp: TcpStream,
+    stream: S,
     remote: SocketAddr,
     command_timeout: Duration,
     _slot: ConnectionSlot<IpAddr>,
 ) {
-    let _ = tcp.set_nodelay(true);
-    let (r, w) = tcp.into_split();
+    let (r, w) = tokio::io::split(stream);
     let read = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut deadline = CommandDeadline {
         limit: command_timeout,
@@ -1171,9 +1141,9 @@ async fn serve_client(
 
 /// Answers a client over the per-IP cap with an error, as Redis answers at `maxclients`, and
 /// closes the connection without reading from it.
-async fn refuse_client(
+async fn refuse_client<S: AsyncRead + AsyncWrite + Unpin>(
     proxy: Arc<RedisProxy>,
-    mut tcp: TcpStream,
+    mut tcp: S,
     remote: SocketAddr,
     open: usize,
 ) {
@@ -1205,31 +1175,70 @@ async fn refuse_client(
     .await;
 }
 
-/// Binds `addr` and serves the proxy; a client must send each command within `command_timeout`
-/// of its start (and its first one within that of connecting). Returns the bound address.
+/// Serves an admitted client, or refuses one over the per-IP cap.
+async fn serve_or_refuse<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
+    proxy: Arc<RedisProxy>,
+    admitted: Result<ConnectionSlot<IpAddr>, usize>,
+    stream: S,
+    remote: SocketAddr,
+    command_timeout: Duration,
+) {
+    match admitted {
+        Ok(slot) => serve_client(proxy, stream, remote, command_timeout, slot).await,
+        Err(open) => refuse_client(proxy, stream, remote, open).await,
+    }
+}
+
+/// Binds `addr` and serves the proxy, over TLS when `tls` is given (`--redis-tls-enabled`); a
+/// client must send each command within `command_timeout` of its start (and its first one within
+/// that of connecting, the TLS handshake included). Returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
     proxy: Arc<RedisProxy>,
     command_timeout: Duration,
+    tls: Option<ReloadingServerConfig>,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let per_ip = ConnectionLimit::new(proxy.max_connections_per_ip);
-    tokio::spawn(argocd_agent_runtime::accept::serve_connections(
-        listener,
-        "redis proxy",
-        std::future::pending(),
-        move |tcp, remote| {
-            let proxy = proxy.clone();
-            let admitted = per_ip.admit(remote.ip());
-            async move {
-                match admitted {
-                    Ok(slot) => serve_client(proxy, tcp, remote, command_timeout, slot).await,
-                    Err(open) => refuse_client(proxy, tcp, remote, open).await,
-                }
-            }
-        },
-    ));
+    match tls {
+        None => {
+            tokio::spawn(argocd_agent_runtime::accept::serve_connections(
+                listener,
+                "redis proxy",
+                std::future::pending(),
+                move |tcp, remote| {
+                    let _ = tcp.set_nodelay(true);
+                    let admitted = per_ip.admit(remote.ip());
+                    serve_or_refuse(proxy.clone(), admitted, tcp, remote, command_timeout)
+                },
+            ));
+        }
+        Some(tls) => {
+            tokio::spawn(argocd_agent_runtime::accept::serve_tls_connections(
+                listener,
+                "redis proxy",
+                tls,
+                command_timeout,
+                std::future::pending(),
+                move |handshake, remote| {
+                    let proxy = proxy.clone();
+                    let admitted = handshake.map(|stream| (per_ip.admit(remote.ip()), stream));
+                    async move {
+                        match admitted {
+                            Ok((admitted, stream)) => {
+                                serve_or_refuse(proxy, admitted, stream, remote, command_timeout)
+                                    .await
+                            }
+                            Err(e) => {
+                                tracing::info!(%remote, error = %e, "redis proxy: TLS handshake failed")
+                            }
+                        }
+                    }
+                },
+            ));
+        }
+    }
     Ok(bound)
 }
 
