@@ -536,8 +536,6 @@ enum Ours {
 const UPSTREAM_PARITY: &[(Side, &str, Ours)] = {
     use Ours::*;
     use Side::*;
-    const HUB_WRITES: &str =
-        "not counted: the hub's writes of agents' objects are not hooked to metrics yet";
     const LOSSLESS: &str =
         "never happens here: the outbox keeps an event until it is ACKed (no retry limit)";
     const NO_WORKQUEUE: &str = "no client-go workqueue: queue size is *_outbox_resources";
@@ -547,54 +545,18 @@ const UPSTREAM_PARITY: &[(Side, &str, Ours)] = {
         (Principal, "principal_events_received", Moves),
         (Principal, "principal_events_sent", Moves),
         (Principal, "principal_event_processing_time", Moves),
-        (
-            Principal,
-            "principal_applications_created",
-            Absent(HUB_WRITES),
-        ),
-        (
-            Principal,
-            "principal_applications_updated",
-            Absent(HUB_WRITES),
-        ),
-        (
-            Principal,
-            "principal_applications_deleted",
-            Absent(HUB_WRITES),
-        ),
-        (
-            Principal,
-            "principal_app_projects_created",
-            Absent(HUB_WRITES),
-        ),
-        (
-            Principal,
-            "principal_app_projects_updated",
-            Absent(HUB_WRITES),
-        ),
-        (
-            Principal,
-            "principal_app_projects_deleted",
-            Absent(HUB_WRITES),
-        ),
-        (
-            Principal,
-            "principal_repositories_created",
-            Absent(HUB_WRITES),
-        ),
-        (
-            Principal,
-            "principal_repositories_updated",
-            Absent(HUB_WRITES),
-        ),
-        (
-            Principal,
-            "principal_repositories_deleted",
-            Absent(HUB_WRITES),
-        ),
-        (Principal, "principal_gpg_keys_created", Absent(HUB_WRITES)),
-        (Principal, "principal_gpg_keys_updated", Absent(HUB_WRITES)),
-        (Principal, "principal_gpg_keys_deleted", Absent(HUB_WRITES)),
+        (Principal, "principal_applications_created", Moves),
+        (Principal, "principal_applications_updated", Declared),
+        (Principal, "principal_applications_deleted", Declared),
+        (Principal, "principal_app_projects_created", Declared),
+        (Principal, "principal_app_projects_updated", Declared),
+        (Principal, "principal_app_projects_deleted", Declared),
+        (Principal, "principal_repositories_created", Declared),
+        (Principal, "principal_repositories_updated", Declared),
+        (Principal, "principal_repositories_deleted", Declared),
+        (Principal, "principal_gpg_keys_created", Declared),
+        (Principal, "principal_gpg_keys_updated", Declared),
+        (Principal, "principal_gpg_keys_deleted", Declared),
         (
             Principal,
             "principal_event_writer_send_errors_total",

@@ -307,6 +307,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             label_selector: config.label_selector.clone(),
             mapping: crate::hub::AppMapping::from_flag(config.destination_based_mapping),
             mirror_collisions: metrics.mirror_collisions.clone(),
+            changes: metrics.hub_changes.clone(),
         },
     );
     let stop_operator = argocd_agent_kube::CancellationToken::new();

@@ -57,6 +57,9 @@ pub struct PrincipalMetrics {
     pub redis_proxy: ProxyMetrics,
     /// `argocd_principal_mirror_collisions_total{agent_name}` (updated by the hub).
     pub mirror_collisions: crate::hub::MirrorCollisions,
+    /// Upstream's `principal_{applications,app_projects,repositories,gpg_keys}_{created,updated,deleted}`
+    /// (updated by the hub).
+    pub hub_changes: crate::hub::HubChanges,
     /// `argocd_principal_terminal_sessions_open{agent_name}` and
     /// `argocd_principal_terminal_sessions_total{agent_name,outcome}`.
     pub terminal: TerminalMetrics,
@@ -235,6 +238,7 @@ impl Default for PrincipalMetrics {
             resource_proxy: ProxyMetrics::new("code"),
             redis_proxy: ProxyMetrics::new("command"),
             mirror_collisions: Default::default(),
+            hub_changes: Default::default(),
             terminal: TerminalMetrics::default(),
         }
     }
@@ -313,6 +317,7 @@ impl PrincipalMetrics {
         m.resource_proxy.register(registry, "resource_proxy");
         m.redis_proxy.register(registry, "redis_proxy");
         m.mirror_collisions.register(registry);
+        m.hub_changes.register(registry);
         m.terminal.register(registry);
         m
     }

@@ -20,6 +20,7 @@
 //! the outbox, which kept every undelivered event), an autonomous agent the checksum resync; every
 //! `--resync-interval` (jittered) each connected agent gets one again.
 
+mod changes;
 pub mod gpg_keys;
 mod managed;
 pub mod mapping;
@@ -46,6 +47,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 pub use argocd_agent_kube::resources::{
     application as application_resource, appproject as appproject_resource,
 };
+pub use changes::{Change, HubChanges};
 pub use managed::ManagedRouter;
 pub use mapping::AppMapping;
 pub use mirrors::{
@@ -80,6 +82,8 @@ pub struct HubOptions {
     pub mapping: AppMapping,
     /// Where refused mirror writes are counted.
     pub mirror_collisions: MirrorCollisions,
+    /// Where handled hub changes are counted.
+    pub changes: HubChanges,
 }
 
 /// The hub's view of synced objects and the routing of their changes to agents.
@@ -95,6 +99,7 @@ pub struct Hub {
     mirrors: Arc<Mirrors>,
     namespaces: Namespaces,
     resync_interval: Option<Duration>,
+    changes: HubChanges,
     /// The Application informer's changes for the pull model, when it selects every Application.
     app_events: Option<Arc<EventFanout<Application>>>,
     /// Taken by [`Hub::run`].
@@ -164,6 +169,7 @@ impl Hub {
             mirrors,
             namespaces,
             resync_interval: options.resync_interval,
+            changes: options.changes,
             app_events: informers.app_events.clone(),
             informers: Mutex::new(Some(informers)),
         })
@@ -322,7 +328,17 @@ impl Hub {
     fn application_applied(&self, old: Option<&Application>, new: &Application) {
         match self.autonomous_session(new.namespace_str()) {
             Some(session) => self.mirrors.application_changed(&session, old, new),
-            None => self.managed.application_applied(old, new),
+            None => {
+                self.count(Kind::Application, Change::of(old));
+                self.managed.application_applied(old, new)
+            }
+        }
+    }
+
+    /// Counts a change of a managed-side hub object, once the kind's first list is done.
+    fn count(&self, kind: Kind, change: Change) {
+        if self.view.is_listed(kind) {
+            self.changes.record(kind, change);
         }
     }
 
@@ -332,6 +348,7 @@ impl Hub {
         if self.autonomous_session(namespace).is_some() {
             self.mirrors.application_deleted(namespace, last);
         } else {
+            self.count(Kind::Application, Change::Deleted);
             self.managed.application_deleted(last);
         }
     }
@@ -340,6 +357,7 @@ impl Hub {
     /// business, anything else the managed router's.
     fn project_applied(&self, old: Option<&AppProject>, new: &AppProject) {
         if !self.mirrors.project_changed(new) {
+            self.count(Kind::AppProject, Change::of(old));
             self.managed.project_applied(old, new);
         }
     }
@@ -347,6 +365,7 @@ impl Hub {
     /// A hub AppProject was deleted.
     fn project_deleted(&self, last: &AppProject) {
         if !self.mirrors.project_deleted(last) {
+            self.count(Kind::AppProject, Change::Deleted);
             self.managed.project_deleted(last);
         }
     }
@@ -384,6 +403,7 @@ impl Handler<AppProject> for HubEvents {
 /// Repository Secrets.
 impl Handler<Secret> for HubEvents {
     fn applied(&self, old: Option<Arc<Secret>>, new: Arc<Secret>) -> BoxFuture<'_, ()> {
+        self.hub.count(Kind::Repository, Change::of(old.as_ref()));
         self.hub
             .managed
             .repository_changed(old.as_deref(), Some(&new));
@@ -391,6 +411,7 @@ impl Handler<Secret> for HubEvents {
     }
 
     fn deleted(&self, last: Arc<Secret>) -> BoxFuture<'_, ()> {
+        self.hub.count(Kind::Repository, Change::Deleted);
         self.hub.managed.repository_changed(Some(&last), None);
         Box::pin(async {})
     }
@@ -399,6 +420,7 @@ impl Handler<Secret> for HubEvents {
 /// The GPG keys ConfigMap.
 impl Handler<ConfigMap> for HubEvents {
     fn applied(&self, old: Option<Arc<ConfigMap>>, new: Arc<ConfigMap>) -> BoxFuture<'_, ()> {
+        self.hub.count(Kind::GpgKey, Change::of(old.as_ref()));
         self.hub
             .managed
             .gpg_keys_changed(old.as_deref(), Some(&new));
@@ -406,6 +428,7 @@ impl Handler<ConfigMap> for HubEvents {
     }
 
     fn deleted(&self, last: Arc<ConfigMap>) -> BoxFuture<'_, ()> {
+        self.hub.count(Kind::GpgKey, Change::Deleted);
         self.hub.managed.gpg_keys_changed(Some(&last), None);
         Box::pin(async {})
     }
@@ -531,6 +554,45 @@ mod tests {
             },
             team_b,
         )
+    }
+
+    #[tokio::test]
+    async fn hub_changes_are_counted_once_each_after_the_first_list_and_mirrors_not_at_all() {
+        let f = fixture(vec![app("team-a", "listed", "v1")], vec![]).await;
+        let counted = |kind, change| f.hub.changes.value(kind, change);
+        assert_eq!(
+            counted(Kind::Application, Change::Created),
+            0,
+            "the first list"
+        );
+        apply(&f.feeds.apps, app("team-a", "guestbook", "v1"));
+        apply(&f.feeds.apps, app("team-a", "guestbook", "v2"));
+        // An autonomous agent's namespace holds mirrors: its writes, not counted.
+        apply(&f.feeds.apps, app("auto", "mirror", "v1"));
+        delete(&f.feeds.apps, app("team-a", "guestbook", "v2"));
+        // One informer task handles them in order: once the marker's event is queued, all were
+        // handled (the outbox keeps guestbook's last event only).
+        apply(&f.feeds.apps, app("team-a", "marker", "v1"));
+        let mut got = received(&f.managed, 2).await;
+        got.sort();
+        assert_eq!(
+            got,
+            vec!["create Application marker", "delete Application guestbook"]
+        );
+        for (change, n) in [
+            (Change::Created, 2),
+            (Change::Updated, 1),
+            (Change::Deleted, 1),
+        ] {
+            assert_eq!(counted(Kind::Application, change), n, "{change:?}");
+        }
+        // A project counts once, however many agents it is routed to.
+        apply(&f.feeds.projects, project("shared", &["team-*"]));
+        assert_eq!(
+            received(&f.managed, 1).await,
+            vec!["create AppProject shared"]
+        );
+        assert_eq!(counted(Kind::AppProject, Change::Created), 1);
     }
 
     #[tokio::test]
