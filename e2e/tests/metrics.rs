@@ -592,11 +592,7 @@ const UPSTREAM_PARITY: &[(Side, &str, Ours)] = {
             "argocd_agent_ha_state",
             Absent("HA is Lease leadership, not upstream's replication state machine"),
         ),
-        (
-            Principal,
-            "process_resident_memory_bytes",
-            Absent("no process collector"),
-        ),
+        (Principal, "process_resident_memory_bytes", Moves),
         (Agent, "agent_events_received", Moves),
         (Agent, "agent_events_sent", Moves),
         (Agent, "agent_event_processing_time", Moves),

@@ -2,7 +2,7 @@
 //!
 //! Owns: [`MetricsRegistry`], a cheap-clone handle around one `prometheus_client` registry that any
 //! component registers its metrics into (metrics are declared next to the code that updates them),
-//! and the `argocd_agent_build_info` gauge every binary exports.
+//! and the `argocd_agent_build_info` gauge and `process_*` figures every binary exports.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -22,7 +22,8 @@ pub struct MetricsRegistry {
 }
 
 impl MetricsRegistry {
-    /// A registry holding only `argocd_agent_build_info{version="<version>"} 1`.
+    /// A registry holding `argocd_agent_build_info{version="<version>"} 1` and the process's
+    /// `process_*` figures ([`super::ProcessCollector`]).
     pub fn new(version: &str) -> Self {
         let this = Self::empty();
         let build_info = Family::<Vec<(String, String)>, Gauge>::default();
@@ -34,6 +35,8 @@ impl MetricsRegistry {
             "Build information of this argocd-agent binary; the value is always 1",
             build_info,
         );
+        this.lock()
+            .register_collector(Box::new(super::ProcessCollector));
         this
     }
 
@@ -84,6 +87,14 @@ mod tests {
             "{text}"
         );
         assert!(text.trim_end().ends_with("# EOF"), "{text}");
+        for name in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_start_time_seconds ",
+            "process_open_fds ",
+        ] {
+            assert!(text.lines().any(|l| l.starts_with(name)), "{name}:\n{text}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Operational telemetry shared by the binaries.
 //!
 //! Owns: log set-up ([`init_logging`], [`LogFormat`]), trace export ([`traces`]), the Prometheus
-//! registry the binaries register their metrics into ([`MetricsRegistry`]), liveness/readiness
+//! registry the binaries register their metrics into ([`MetricsRegistry`], with the process's own
+//! figures from [`ProcessCollector`]), liveness/readiness
 //! state ([`HealthState`]), the HTTP server for `/metrics`, `/healthz` and `/readyz`
 //! ([`ops_router`], [`serve_ops`], [`start_ops_servers`]) and process shutdown signals. It does
 //! not own any metric of a particular subsystem: those are declared next to the code that updates
@@ -10,6 +11,7 @@
 mod health;
 mod metrics;
 mod ops_server;
+mod process_metrics;
 pub mod traces;
 
 use std::net::SocketAddr;
@@ -20,6 +22,7 @@ pub use ops_server::{
     health_router, metrics_router, ops_router, serve_ops, shutdown_signal, start_ops_servers,
     OpsServer, OpsServers, HA_STATE_HEADER, OPENMETRICS_CONTENT_TYPE,
 };
+pub use process_metrics::ProcessCollector;
 
 /// Failures of the operational scaffolding.
 #[derive(Debug, thiserror::Error)]
