@@ -1376,10 +1376,20 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
     })
     .await
     .map_err(|_| anyhow::anyhow!("no {answer:?} from kubectl exec\n{}", cell.logs()))?;
-    drop(stdin);
+    // With upstream's principal stdin stays open until kubectl ended (the command ends by itself
+    // there): a client message reaching upstream's v0.9.0 principal as it ends the session
+    // crashes it (its WebSocket reader sends on the agent channel just closed; PROTOCOL.md (9)).
+    let open_stdin = match principal {
+        Side::Ours => {
+            drop(stdin);
+            None
+        }
+        Side::Upstream => Some(stdin),
+    };
     let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
         .await
         .map_err(|_| anyhow::anyhow!("kubectl exec did not end\n{}", cell.logs()))??;
+    drop(open_stdin);
     seen.extend_from_slice(&out.stdout);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&seen).into_owned(),
@@ -1465,7 +1475,11 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
         // text frame with the refusal races its own cleanup and is lost, as with its own agent).
         // The exec ends without an exit status (kube-rs's reader of such a stream never sees its
         // end, so the end is awaited with `join`).
-        (Side::Upstream, Err(e)) => anyhow::bail!("upstream's principal refused the upgrade: {e}"),
+        (Side::Upstream, Err(e)) => anyhow::bail!(
+            "upstream's principal refused the upgrade: {:#}\n{}",
+            anyhow::Error::from(e),
+            cell.logs()
+        ),
         (Side::Upstream, Ok(mut process)) => {
             let status = process.take_status().expect("the status, once");
             let ended = tokio::time::timeout(Duration::from_secs(30), process.join())
