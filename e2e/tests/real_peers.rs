@@ -127,7 +127,7 @@ struct Cell {
     /// Applications in the agent's Argo CD namespace on the spoke.
     spoke_apps: Api<DynamicObject>,
     /// Held while an upstream principal's resource proxy has the machine's one port for it.
-    _resource_proxy_port: Option<tokio::sync::MutexGuard<'static, ()>>,
+    _resource_proxy_port: Option<e2e::upstream::FixedPortHold>,
     /// With [`Proxies::Redis`]: the hub's argocd-server, whose Redis is the principal's Redis
     /// proxy, and the password-protected hub Redis behind that proxy.
     hub_view: Option<HubView>,
@@ -165,7 +165,7 @@ struct HubView {
     server: ArgoCd,
     hub_redis: Redis,
     /// Held while an upstream principal's Redis proxy has the machine's one port for it.
-    _redis_proxy_port: Option<tokio::sync::MutexGuard<'static, ()>>,
+    _redis_proxy_port: Option<e2e::upstream::FixedPortHold>,
 }
 
 impl Cell {
@@ -279,7 +279,7 @@ impl Cell {
 
         let (resource_proxy_port, mut principal_args) = match (principal, proxies) {
             (Side::Upstream, Proxies::Resource) => (
-                Some(e2e::upstream::hold_resource_proxy_port().await),
+                Some(e2e::upstream::hold_resource_proxy_port().await?),
                 e2e::upstream::resource_proxy_args(&pki),
             ),
             _ => (None, Vec::new()),
@@ -299,7 +299,7 @@ impl Cell {
                     }
                     Side::Upstream => {
                         principal_args.extend(e2e::upstream::redis_proxy_args(&redis));
-                        Some(e2e::upstream::hold_redis_proxy_port().await)
+                        Some(e2e::upstream::hold_redis_proxy_port().await?)
                     }
                 };
                 // Upstream's agent is given the spoke Redis by `AnyAgent::start`; ours by flags.
