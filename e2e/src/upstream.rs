@@ -7,7 +7,8 @@
 //! fixed addresses 0.0.0.0:9090 and 0.0.0.0:6379, so they are switched off here, except that a
 //! test holding [`hold_resource_proxy_port`] may switch the resource proxy on
 //! ([`resource_proxy_args`]) and one holding [`hold_redis_proxy_port`] the Redis proxy
-//! ([`redis_proxy_args`]); its health port must be below 32768 ([`free_low_port`]); and grpc-go's
+//! ([`redis_proxy_args`]) (each a [`FixedPortHold`], shared by the test processes of the host,
+//! since several test binaries may run at once); its health port must be below 32768 ([`free_low_port`]); and grpc-go's
 //! server refuses HTTP/2 pings more often than every 5 minutes unless `--keepalive-min-interval`
 //! allows them, which upstream's docs tell users to set for agents that ping.
 
@@ -26,10 +27,37 @@ pub const RESOURCE_PROXY_PORT: u16 = 9090;
 
 static RESOURCE_PROXY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Waits until no other test of this process runs an upstream principal with its resource proxy,
-/// and holds the port until the guard is dropped.
-pub async fn hold_resource_proxy_port() -> tokio::sync::MutexGuard<'static, ()> {
-    RESOURCE_PROXY.lock().await
+/// Waits until no other test (of this process, or of another test process on this host holding
+/// the same lock) runs an upstream principal with its resource proxy, and holds the port until
+/// the guard is dropped.
+pub async fn hold_resource_proxy_port() -> anyhow::Result<FixedPortHold> {
+    FixedPortHold::take(&RESOURCE_PROXY, RESOURCE_PROXY_PORT).await
+}
+
+/// A fixed port held by one test on this host: the process's own lock, then an exclusive
+/// advisory lock on a file named after the port in the temp directory, which test processes
+/// running at once (several test binaries, or several checkouts on one machine) share.
+pub struct FixedPortHold {
+    _in_process: tokio::sync::MutexGuard<'static, ()>,
+    _across_processes: std::fs::File,
+}
+
+impl FixedPortHold {
+    async fn take(lock: &'static tokio::sync::Mutex<()>, port: u16) -> anyhow::Result<Self> {
+        let in_process = lock.lock().await;
+        let path = std::env::temp_dir().join(format!("argocd-agent-e2e-port-{port}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)?;
+        // Blocks until the holder in another process drops it (or exits).
+        let file = tokio::task::spawn_blocking(move || file.lock().map(|()| file)).await??;
+        Ok(Self {
+            _in_process: in_process,
+            _across_processes: file,
+        })
+    }
 }
 
 /// Flags (given after [`UpstreamPrincipal::start`]'s own) that switch an upstream principal's
@@ -57,10 +85,10 @@ pub const REDIS_PROXY_PORT: u16 = 6379;
 
 static REDIS_PROXY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Waits until no other test of this process runs an upstream principal with its Redis proxy,
-/// and holds the port until the guard is dropped.
-pub async fn hold_redis_proxy_port() -> tokio::sync::MutexGuard<'static, ()> {
-    REDIS_PROXY.lock().await
+/// Waits until no other test (as [`hold_resource_proxy_port`]) runs an upstream principal with
+/// its Redis proxy, and holds the port until the guard is dropped.
+pub async fn hold_redis_proxy_port() -> anyhow::Result<FixedPortHold> {
+    FixedPortHold::take(&REDIS_PROXY, REDIS_PROXY_PORT).await
 }
 
 /// Flags (given after [`UpstreamPrincipal::start`]'s own, which they override) that switch an

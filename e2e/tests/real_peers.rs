@@ -127,7 +127,7 @@ struct Cell {
     /// Applications in the agent's Argo CD namespace on the spoke.
     spoke_apps: Api<DynamicObject>,
     /// Held while an upstream principal's resource proxy has the machine's one port for it.
-    _resource_proxy_port: Option<tokio::sync::MutexGuard<'static, ()>>,
+    _resource_proxy_port: Option<e2e::upstream::FixedPortHold>,
     /// With [`Proxies::Redis`]: the hub's argocd-server, whose Redis is the principal's Redis
     /// proxy, and the password-protected hub Redis behind that proxy.
     hub_view: Option<HubView>,
@@ -165,7 +165,7 @@ struct HubView {
     server: ArgoCd,
     hub_redis: Redis,
     /// Held while an upstream principal's Redis proxy has the machine's one port for it.
-    _redis_proxy_port: Option<tokio::sync::MutexGuard<'static, ()>>,
+    _redis_proxy_port: Option<e2e::upstream::FixedPortHold>,
 }
 
 impl Cell {
@@ -279,7 +279,7 @@ impl Cell {
 
         let (resource_proxy_port, mut principal_args) = match (principal, proxies) {
             (Side::Upstream, Proxies::Resource) => (
-                Some(e2e::upstream::hold_resource_proxy_port().await),
+                Some(e2e::upstream::hold_resource_proxy_port().await?),
                 e2e::upstream::resource_proxy_args(&pki),
             ),
             _ => (None, Vec::new()),
@@ -299,7 +299,7 @@ impl Cell {
                     }
                     Side::Upstream => {
                         principal_args.extend(e2e::upstream::redis_proxy_args(&redis));
-                        Some(e2e::upstream::hold_redis_proxy_port().await)
+                        Some(e2e::upstream::hold_redis_proxy_port().await?)
                     }
                 };
                 // Upstream's agent is given the spoke Redis by `AnyAgent::start`; ours by flags.
@@ -1376,10 +1376,20 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
     })
     .await
     .map_err(|_| anyhow::anyhow!("no {answer:?} from kubectl exec\n{}", cell.logs()))?;
-    drop(stdin);
+    // With upstream's principal stdin stays open until kubectl ended (the command ends by itself
+    // there): a client message reaching upstream's v0.9.0 principal as it ends the session
+    // crashes it (its WebSocket reader sends on the agent channel just closed; PROTOCOL.md (9)).
+    let open_stdin = match principal {
+        Side::Ours => {
+            drop(stdin);
+            None
+        }
+        Side::Upstream => Some(stdin),
+    };
     let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
         .await
         .map_err(|_| anyhow::anyhow!("kubectl exec did not end\n{}", cell.logs()))??;
+    drop(open_stdin);
     seen.extend_from_slice(&out.stdout);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&seen).into_owned(),
@@ -1465,7 +1475,11 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
         // text frame with the refusal races its own cleanup and is lost, as with its own agent).
         // The exec ends without an exit status (kube-rs's reader of such a stream never sees its
         // end, so the end is awaited with `join`).
-        (Side::Upstream, Err(e)) => anyhow::bail!("upstream's principal refused the upgrade: {e}"),
+        (Side::Upstream, Err(e)) => anyhow::bail!(
+            "upstream's principal refused the upgrade: {:#}\n{}",
+            anyhow::Error::from(e),
+            cell.logs()
+        ),
         (Side::Upstream, Ok(mut process)) => {
             let status = process.take_status().expect("the status, once");
             let ended = tokio::time::timeout(Duration::from_secs(30), process.join())

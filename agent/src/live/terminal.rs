@@ -16,7 +16,9 @@
 //! `pods/exec` (the chart grants it). Bounds: output is read in [`READ_CHUNK`] pieces and at most
 //! [`BUFFER`] messages wait for the principal; when the principal ends its side (its client left,
 //! or the session was idle) the exec is aborted, which closes the apiserver's stream and so the
-//! process on the spoke.
+//! process on the spoke. When the process ended, the last message (`eof`, or `error` with the
+//! failure) goes up and our side of the call stays open until the principal ends the call
+//! (upstream's principal drops output it has not yet passed on once our side ends).
 
 use std::sync::Arc;
 
@@ -26,7 +28,7 @@ use futures::SinkExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams, AttachedProcess, TerminalSize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
@@ -38,7 +40,8 @@ use crate::connection::PrincipalLink;
 pub const READ_CHUNK: usize = 32 << 10;
 /// Messages waiting for the principal.
 pub const BUFFER: usize = 16;
-/// How long the principal may take to end its side after our last message.
+/// How long the principal may take to end its side after our last message; only then (or
+/// when the principal ended the session itself) does our side of the call end.
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs the session `req` to its end (see the module docs).
@@ -92,17 +95,25 @@ pub async fn run(live: Arc<LiveService>, link: PrincipalLink, req: ContainerTerm
             // Aborts the exec if it still runs (the principal ended the session): the spoke
             // apiserver's stream closes, and with it the process.
             process.abort();
+            // How kube-rs's side of the exec ended (cancelled if aborted just now; the reason
+            // when its connection to the spoke failed, which it reports nowhere else).
+            if let Err(error) = process.join().await {
+                debug!(session = %uuid, %error, "the exec's connection to the spoke ended");
+            }
             end.unwrap_or_else(|reason| Some(fail(reason)))
         }
     };
     if let Some(last) = last {
-        // The last message goes out before our side of the call ends; then the principal ends
-        // its side. Dropping the call at once could cut the message off.
+        // The last message goes out and our side of the call stays open until the principal has
+        // ended its side (it does once it has passed everything before `eof`/`error` on to its
+        // client). Upstream's v0.9.0 principal tears the session down, dropping output it has
+        // not written to the client yet, as soon as it reads the end of our side, so ending
+        // ours right after the last message lost the output (see PROTOCOL.md (9)).
         let _ = up.send(last).await;
-        drop(up);
         let _ =
             tokio::time::timeout(CLOSE_WAIT, async { while down.recv().await.is_some() {} }).await;
     }
+    drop(up);
     call.abort();
     info!(session = %uuid, "terminal session ended");
 }
@@ -170,19 +181,28 @@ fn status_message(status: u16, body: &[u8]) -> String {
         .unwrap_or_else(|| format!("the spoke answered {status}"))
 }
 
-/// Output from `reader` as messages of `stream_type` into `up`, until it ends.
+/// Output from `reader` as messages of `stream_type` into `up`, until it ends, or until nothing
+/// is left to read once `ended` (the exec's status resolved, see [`bridge`]).
 async fn pump(
     uuid: &str,
     stream_type: &'static str,
     reader: Option<impl AsyncRead + Unpin>,
     up: &mpsc::Sender<TerminalStreamData>,
+    mut ended: watch::Receiver<bool>,
 ) {
     let Some(mut reader) = reader else {
         return;
     };
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
-        match reader.read(&mut buf).await {
+        // Reading first: once the exec ended, what kube-rs wrote is all buffered, so a read that
+        // is not ready at once means there is no more.
+        let read = tokio::select! {
+            biased;
+            read = reader.read(&mut buf) => read,
+            _ = ended.wait_for(|ended| *ended) => return,
+        };
+        match read {
             Ok(0) | Err(_) => return,
             Ok(n) => {
                 let msg = TerminalStreamData {
@@ -213,10 +233,21 @@ async fn bridge(
     let status = process
         .take_status()
         .ok_or_else(|| "the exec has no status".to_string())?;
+    // The status resolves when kube-rs's message loop for the exec ended: with the kubelet's
+    // status (everything before it is written to the readers by then), or with none when the
+    // loop failed (e.g. stdin sent as the spoke closed the exec). On failure kube-rs neither
+    // closes the output readers nor sends a status, so the output is read only while there is
+    // some left once the status resolved; waiting for the readers' end hung the session.
+    let (ended_tx, ended) = watch::channel(false);
+    let status = async {
+        let status = status.await;
+        let _ = ended_tx.send(true);
+        status
+    };
     let output = async {
         tokio::join!(
-            pump(uuid, "stdout", stdout, up),
-            pump(uuid, "stderr", stderr, up)
+            pump(uuid, "stdout", stdout, up, ended.clone()),
+            pump(uuid, "stderr", stderr, up, ended)
         );
     };
     let from_principal = async {
@@ -250,11 +281,8 @@ async fn bridge(
             }
         }
     };
-    // The process's end: its output drained, then its status.
-    let finished = async {
-        output.await;
-        status.await
-    };
+    // The process's end: its status, and its output drained.
+    let finished = async { tokio::join!(status, output).0 };
     tokio::select! {
         () = from_principal => {
             debug!(session = uuid, "the principal ended the terminal session");
@@ -264,7 +292,9 @@ async fn bridge(
             Some(s) if s.status.as_deref() == Some("Failure") => Err(s
                 .message
                 .unwrap_or_else(|| "the command failed".into())),
-            _ => Ok(Some(TerminalStreamData { eof: true, ..message(uuid) })),
+            Some(_) => Ok(Some(TerminalStreamData { eof: true, ..message(uuid) })),
+            // A kubelet always ends a v4/v5 exec with a status.
+            None => Err("the exec's connection to the spoke ended without an exit status".into()),
         },
     }
 }
