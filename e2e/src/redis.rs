@@ -201,9 +201,14 @@ impl Redis {
 
 /// `args` as one RESP command (an array of bulk strings).
 pub fn resp_command(args: &[&str]) -> Vec<u8> {
+    resp_command_bytes(&args.iter().map(|a| a.as_bytes()).collect::<Vec<_>>())
+}
+
+/// [`resp_command`] for arguments that need not be text (e.g. a gzipped cache value to `SET`).
+pub fn resp_command_bytes(args: &[&[u8]]) -> Vec<u8> {
     let frame = OwnedFrame::Array(
         args.iter()
-            .map(|a| OwnedFrame::BulkString(a.as_bytes().to_vec()))
+            .map(|a| OwnedFrame::BulkString(a.to_vec()))
             .collect(),
     );
     let mut out = vec![0; frame.encode_len(false)];
@@ -223,8 +228,19 @@ pub async fn resp_exchange(
     conn: &mut tokio::net::TcpStream,
     args: &[&str],
 ) -> anyhow::Result<String> {
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    let reply = resp_exchange_bytes(conn, &args).await?;
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// [`resp_exchange`] with arguments and reply as bytes (the whole reply frame, e.g.
+/// `$<len>\r\n<bytes>\r\n` for a `GET` of a binary value).
+pub async fn resp_exchange_bytes(
+    conn: &mut tokio::net::TcpStream,
+    args: &[&[u8]],
+) -> anyhow::Result<Vec<u8>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    conn.write_all(&resp_command(args)).await?;
+    conn.write_all(&resp_command_bytes(args)).await?;
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), async {
         while !whole_reply(&buf) {
@@ -238,8 +254,11 @@ pub async fn resp_exchange(
         anyhow::Ok(())
     })
     .await
-    .map_err(|_| anyhow::anyhow!("no whole reply to {args:?} within 10 s: {buf:?}"))??;
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+    .map_err(|_| {
+        let command: Vec<_> = args.iter().map(|a| String::from_utf8_lossy(a)).collect();
+        anyhow::anyhow!("no whole reply to {command:?} within 10 s: {buf:?}")
+    })??;
+    Ok(buf)
 }
 
 #[cfg(test)]

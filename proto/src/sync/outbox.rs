@@ -15,7 +15,11 @@
 //!
 //! Delivery: at most one event per resource is in flight (sent, not yet ACKed), which keeps events
 //! of one resource in order at the receiver. An in-flight event is resent with exponential backoff
-//! until its ACK arrives; after a reconnect everything in flight is resent at once.
+//! until its ACK arrives, counted from when the peer could have answered it: an event sent behind
+//! others still in flight is overdue only once the peer has ACKed as many events as were ahead of
+//! it and then a whole resend delay passed, or once the peer has ACKed nothing for a whole resend
+//! delay (a peer working through a full window is busy, not losing events). After a reconnect
+//! everything in flight is resent at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -124,8 +128,18 @@ pub fn keyed_request(mut event: Event, key: impl Into<String>) -> Event {
 struct InFlight {
     event: Event,
     attempts: u32,
+    /// When the current resend delay is up, unless the peer's progress pushes it out
+    /// (see [`State::overdue`]).
     next_send: Instant,
-    first_sent: Instant,
+    /// When it was last sent.
+    sent: Instant,
+    /// Events of other resources in flight when it was last sent: the peer answers about as many
+    /// before it can answer this one.
+    ahead: usize,
+    /// [`State::acked`] when it was last sent.
+    acked_at_send: u64,
+    /// Set by a reconnect: resend now, whatever the peer's progress.
+    resend_now: bool,
 }
 
 #[derive(Debug, Default)]
@@ -142,9 +156,15 @@ struct State {
     connected: bool,
     /// Resources with an event in flight.
     in_flight: usize,
-    /// Smoothed time from first send to ACK of events that were not resent (Karn's rule); the
-    /// first resend waits at least three times this long.
+    /// Smoothed time the peer takes to answer an event once it could (from the event's
+    /// [`progress`](State::progress) to its ACK), of events that were not resent (Karn's rule);
+    /// the first resend waits at least three times this long.
     ack_time: Option<Duration>,
+    /// ACKs matched so far.
+    acked: u64,
+    /// When the most recent ACKs arrived (at most [`ACK_LOG`] windows of them), oldest first:
+    /// entry `i` is ACK number `acked - ack_log.len() + i`.
+    ack_log: VecDeque<Instant>,
     journal: Option<Journal>,
     /// Last journal failure, logged once until writes work again.
     journal_failure: Option<String>,
@@ -231,6 +251,41 @@ impl State {
             Err(e) => {
                 tracing::error!(journal = %path.display(), error = %e, "cannot compact the outbox journal; it keeps growing until it can")
             }
+        }
+    }
+}
+
+/// The ACK log keeps this many windows (`max_in_flight`) of ACK times.
+const ACK_LOG: usize = 2;
+
+impl State {
+    /// When the peer was last seen making progress on `f`'s behalf: the send itself when nothing
+    /// was ahead of `f`; once the peer has ACKed `f.ahead` events since `f` was sent, the time of
+    /// that ACK (the peer had reached `f`; an ACK older than the log counts as the log's oldest,
+    /// which is later); before that, its latest ACK since `f` was sent, or the send. `f` is
+    /// overdue a resend delay after this.
+    fn progress(&self, f: &InFlight) -> Instant {
+        let since = self.acked.saturating_sub(f.acked_at_send);
+        let logged_from = self.acked - self.ack_log.len() as u64;
+        let at = |n: u64| {
+            let i = n.saturating_sub(logged_from) as usize;
+            self.ack_log.get(i).copied()
+        };
+        let reached = match f.ahead as u64 {
+            0 => None,
+            ahead if since >= ahead => at(f.acked_at_send + ahead - 1),
+            _ if since > 0 => self.ack_log.back().copied(),
+            _ => None,
+        };
+        reached.map_or(f.sent, |t| t.max(f.sent))
+    }
+
+    /// Records an ACK that arrived at `now`, keeping at most `cap` ACK times.
+    fn log_ack(&mut self, now: Instant, cap: usize) {
+        self.acked += 1;
+        self.ack_log.push_back(now);
+        while self.ack_log.len() > cap {
+            self.ack_log.pop_front();
         }
     }
 }
@@ -348,7 +403,8 @@ impl Outbox {
     /// Takes the next event to send: a due resend first, else the oldest ready resource's next
     /// event (which then counts as in flight). `None` if nothing is due now.
     pub fn take_next(&self, now: Instant) -> Option<Event> {
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         if !st.connected {
             return None;
         }
@@ -359,14 +415,44 @@ impl Outbox {
                 self.config.resend_initial.max(t.saturating_mul(3))
             })
             .min(max);
-        if let Some(f) = st
-            .resources
-            .values_mut()
-            .filter_map(|q| q.in_flight.as_mut())
-            .find(|f| f.next_send <= now)
-        {
+        // Timers that ran out: resend what is overdue given the peer's progress; push the
+        // others out to when they will be.
+        let mut overdue = None;
+        let mut postponed = Vec::new();
+        for (key, q) in &st.resources {
+            let Some(f) = q.in_flight.as_ref().filter(|f| f.next_send <= now) else {
+                continue;
+            };
+            let due = progress_due(st, f, initial, max);
+            if f.resend_now || due <= now {
+                overdue.get_or_insert_with(|| key.clone());
+            } else {
+                postponed.push((key.clone(), due));
+            }
+        }
+        for (key, due) in postponed {
+            if let Some(f) = st
+                .resources
+                .get_mut(&key)
+                .and_then(|q| q.in_flight.as_mut())
+            {
+                f.next_send = due;
+            }
+        }
+        if let Some(key) = overdue {
+            let ahead = st.in_flight.saturating_sub(1);
+            let acked = st.acked;
+            let f = st
+                .resources
+                .get_mut(&key)
+                .and_then(|q| q.in_flight.as_mut())
+                .expect("found above");
             f.attempts += 1;
             f.next_send = now + backoff(initial, max, f.attempts);
+            f.sent = now;
+            f.ahead = ahead;
+            f.acked_at_send = acked;
+            f.resend_now = false;
             self.config.resends.inc();
             return Some(f.event.clone());
         }
@@ -385,7 +471,10 @@ impl Outbox {
                 event: event.clone(),
                 attempts: 1,
                 next_send: now + initial,
-                first_sent: now,
+                sent: now,
+                ahead: st.in_flight,
+                acked_at_send: st.acked,
+                resend_now: false,
             });
             st.in_flight += 1;
             return Some(event);
@@ -425,6 +514,11 @@ impl Outbox {
     /// delivery id when the ACK carries one, else by `eventid`). The resource's next queued event
     /// becomes ready.
     pub fn ack(&self, ack: &Event) -> bool {
+        self.ack_at(ack, Instant::now())
+    }
+
+    /// [`ack`](Self::ack) of an ACK that arrived at `now`.
+    pub fn ack_at(&self, ack: &Event, now: Instant) -> bool {
         let key = key_of(ack);
         let key = key.as_str();
         let mut st = self.lock();
@@ -442,17 +536,19 @@ impl Outbox {
             return false;
         }
         let settled = q.in_flight.take();
+        let done = q.pending.is_empty();
         let sample = settled
             .as_ref()
             .filter(|f| f.attempts == 1)
-            .map(|f| Instant::now().saturating_duration_since(f.first_sent));
+            .map(|f| now.saturating_duration_since(st.progress(f)));
         let confirmed = settled.and_then(|f| delivery_id(&f.event).map(str::to_string));
-        if q.pending.is_empty() {
+        if done {
             st.resources.remove(key);
         } else {
             st.ready.push_back(key.to_string());
         }
         st.in_flight = st.in_flight.saturating_sub(1);
+        st.log_ack(now, self.config.max_in_flight.max(1) * ACK_LOG);
         if let Some(sample) = sample {
             st.ack_time = Some(match st.ack_time {
                 Some(t) => (t * 4 + sample) / 5,
@@ -481,6 +577,7 @@ impl Outbox {
                 .filter_map(|q| q.in_flight.as_mut())
             {
                 f.next_send = now;
+                f.resend_now = true;
             }
         }
         drop(st);
@@ -511,6 +608,12 @@ impl Outbox {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// When in-flight `f` is overdue: its current resend delay after the peer's progress on its
+/// behalf ([`State::progress`]).
+fn progress_due(st: &State, f: &InFlight, initial: Duration, max: Duration) -> Instant {
+    st.progress(f) + backoff(initial, max, f.attempts)
 }
 
 fn backoff(initial: Duration, max: Duration, attempts: u32) -> Duration {
@@ -669,6 +772,84 @@ mod tests {
             "4"
         );
         assert_eq!(o.config.resends.get(), 2);
+    }
+
+    /// A window of ten events sent at once to a peer that ACKs one every 300 ms, in order: what
+    /// the sender resends, polling every 100 ms, with `lost` never ACKed.
+    fn resends_to_a_busy_peer(lost: Option<usize>) -> Vec<(Duration, String)> {
+        let o = Outbox::new(OutboxConfig {
+            max_in_flight: 10,
+            ..OutboxConfig::default()
+        });
+        o.set_connected(true);
+        for i in 0..10 {
+            o.push(ev(EventType::Create, &format!("r{i}"), &i.to_string()))
+                .unwrap();
+        }
+        let t0 = Instant::now();
+        let sent: Vec<Event> = (0..10).map(|_| o.take_next(t0).unwrap()).collect();
+        let mut acks = sent
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != lost)
+            .map(|(_, e)| e);
+        let mut resent = Vec::new();
+        for step in 1..=80u64 {
+            let now = t0 + Duration::from_millis(100 * step);
+            if step % 3 == 0 {
+                if let Some(e) = acks.next() {
+                    assert!(o.ack_at(&e.ack(), now));
+                }
+            }
+            while let Some(e) = o.take_next(now) {
+                resent.push((now - t0, e.event_id));
+            }
+        }
+        assert_eq!(o.config.resends.get(), resent.len() as u64);
+        resent
+    }
+
+    #[test]
+    fn a_peer_working_through_a_full_window_gets_no_resends() {
+        // The window takes 3 s to answer, longer than the 2 s resend delay, yet every event is
+        // answered within 2 s of the ones ahead of it.
+        assert_eq!(resends_to_a_busy_peer(None), []);
+    }
+
+    #[test]
+    fn an_event_the_busy_peer_dropped_is_resent_a_resend_delay_after_the_ones_ahead_of_it() {
+        // Event 3 is never ACKed; the three ahead of it are by 0.9 s, so it is resent at 2.9 s,
+        // while the peer is still ACKing the others (and again 4 s later, the backoff).
+        assert_eq!(
+            resends_to_a_busy_peer(Some(3)),
+            [
+                (Duration::from_millis(2900), "3".to_string()),
+                (Duration::from_millis(6900), "3".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_silent_peer_gets_the_whole_window_resent_after_the_resend_delay() {
+        let o = Outbox::new(OutboxConfig {
+            max_in_flight: 3,
+            ..OutboxConfig::default()
+        });
+        o.set_connected(true);
+        for i in 0..3 {
+            o.push(ev(EventType::Create, &format!("r{i}"), &i.to_string()))
+                .unwrap();
+        }
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            o.take_next(t0).unwrap();
+        }
+        assert!(o.take_next(t0 + Duration::from_millis(1900)).is_none());
+        let at = t0 + Duration::from_secs(2);
+        let resent: Vec<String> = std::iter::from_fn(|| o.take_next(at))
+            .map(|e| e.event_id)
+            .collect();
+        assert_eq!(resent.len(), 3, "{resent:?}");
     }
 
     #[test]

@@ -1,18 +1,25 @@
-//! One (round, side) cell of the comparison: a principal and an agent of one side in managed mode,
-//! the scenarios it runs (latencies, bulk sync, idle RSS, agent offline) and the rows they give.
+//! One (round, side, mode) cell of the comparison: a principal and an agent of one side, the agent
+//! in managed or autonomous mode, the scenarios it runs and the rows they give. The bench writes
+//! where the mode's source of truth is (managed: the hub; autonomous: the spoke) and watches the
+//! other plane (the replica): latencies, bulk sync, idle RSS, agent offline; managed cells also
+//! measure status (spoke → hub) and the live-view reads through the principal ([`crate::proxy`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use e2e::bench::{percentile, rss_kib, Arrivals};
+use e2e::bench::{rss_kib, Arrivals};
 use e2e::gateway::{application, application_resource, ensure_namespace, text};
 use e2e::sides::{AnyAgent, AnyPrincipal, Mode, Side};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
-use crate::report::{median, Row};
+use crate::proxy::{self, LiveView, ProxyFigures};
+use crate::report::{median, pooled, Row};
 use crate::{Ground, Sizes};
+
+/// Our agent's count of resent events (upstream's agent has none).
+const AGENT_RESENDS: &str = "argocd_agent_event_resends_total";
 
 /// Concurrent hub writers for bulk creates and offline changes.
 const WRITERS: usize = 8;
@@ -28,28 +35,32 @@ struct Offline {
     lost: usize,
     left_over: usize,
     rewritten: usize,
+    /// Events our agent resent from its restart until the end of the scenario.
+    resent: Option<f64>,
 }
 
 /// Figures of one side in one round.
 #[derive(Debug)]
 pub struct CellFigures {
     side: Side,
+    mode: Mode,
     round: usize,
-    create_to_spoke: Vec<Duration>,
+    create_to_replica: Vec<Duration>,
     status_to_hub: Vec<Duration>,
     status_missing: usize,
     bulk_sync: Duration,
     principal_rss_kib: u64,
     agent_rss_kib: u64,
     offline: Offline,
+    proxy: Option<ProxyFigures>,
 }
 
 impl CellFigures {
     pub fn to_json(&self) -> Value {
         let ms = |v: &[Duration]| v.iter().map(|d| d.as_secs_f64() * 1e3).collect::<Vec<_>>();
         json!({
-            "side": self.side.label(), "round": self.round,
-            "create_to_spoke_ms": ms(&self.create_to_spoke),
+            "side": self.side.label(), "mode": self.mode.flag(), "round": self.round,
+            "create_to_replica_ms": ms(&self.create_to_replica),
             "status_to_hub_ms": ms(&self.status_to_hub),
             "status_missing": self.status_missing,
             "bulk_sync_s": self.bulk_sync.as_secs_f64(),
@@ -58,37 +69,69 @@ impl CellFigures {
             "offline": {
                 "converge_s": self.offline.converge.map(|d| d.as_secs_f64()),
                 "lost": self.offline.lost, "left_over": self.offline.left_over,
-                "rewritten": self.offline.rewritten,
+                "rewritten": self.offline.rewritten, "resent": self.offline.resent,
             },
+            "proxy": self.proxy.as_ref().map(ProxyFigures::to_json),
         })
     }
 }
 
 /// One running cell: a principal and an agent of one side, and the Applications they carry.
 pub struct Cell {
+    mode: Mode,
+    name: String,
+    spoke_ns: String,
     principal: AnyPrincipal,
     agent: AnyAgent,
     hub_apps: Api<DynamicObject>,
     spoke_apps: Api<DynamicObject>,
+    /// Managed cells: the Redis servers behind the live view.
+    live: Option<LiveView>,
 }
 
 impl Cell {
-    pub async fn start(ground: &Ground, side: Side, round: usize) -> anyhow::Result<Cell> {
-        let name = format!("{}-{round}", side.label());
+    pub async fn start(
+        ground: &Ground,
+        side: Side,
+        mode: Mode,
+        round: usize,
+    ) -> anyhow::Result<Cell> {
+        let name = format!("{}-{}-{round}", side.label(), mode.flag());
         ground.pki.issue_agent(&name)?;
         let hub_client = ground.hub.client().await?;
         ensure_namespace(&hub_client, &name).await?;
         let spoke_ns = format!("spoke-{name}");
+        let principal_ns = format!("hub-{name}");
+        let live = match mode {
+            Mode::Managed => Some(LiveView::start(side, &name, &ground.dir).await?),
+            Mode::Autonomous => {
+                ensure_namespace(&hub_client, &principal_ns).await?;
+                e2e::scenario::register_agent_cluster(&hub_client, &principal_ns, &name).await?;
+                None
+            }
+        };
+        let principal_args: Vec<String> = std::iter::once("--log-level=info".to_string())
+            .chain(
+                live.iter()
+                    .flat_map(|l| l.principal_args(side, &ground.pki)),
+            )
+            .collect();
         let principal = AnyPrincipal::start(
             side,
             &name,
             &ground.dir,
             &ground.hub,
             &ground.pki,
-            &format!("hub-{name}"),
-            &["--log-level=info"],
+            &principal_ns,
+            &principal_args
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
         )
         .await?;
+        let agent_args: Vec<String> = std::iter::once("--log-level=info".to_string())
+            .chain(live.iter().flat_map(|l| l.agent_args(side)))
+            .collect();
         let agent = AnyAgent::start(
             side,
             &name,
@@ -96,21 +139,25 @@ impl Cell {
             &ground.spoke,
             &ground.pki,
             &principal.address(),
-            Mode::Managed,
+            mode,
             &spoke_ns,
             None,
-            &["--log-level=info"],
+            &agent_args.iter().map(String::as_str).collect::<Vec<_>>(),
         )
         .await?;
         Ok(Cell {
-            principal,
-            agent,
+            mode,
             hub_apps: Api::namespaced_with(hub_client, &name, &application_resource()),
             spoke_apps: Api::namespaced_with(
                 ground.spoke.client().await?,
                 &spoke_ns,
                 &application_resource(),
             ),
+            name,
+            spoke_ns,
+            live,
+            principal,
+            agent,
         })
     }
 
@@ -128,64 +175,113 @@ impl Cell {
             .ok_or_else(|| anyhow::anyhow!("{} is not running", process.name()))
     }
 
-    /// Runs the four scenarios.
+    /// The Applications the bench writes: the mode's source of truth.
+    fn source(&self) -> &Api<DynamicObject> {
+        match self.mode {
+            Mode::Managed => &self.hub_apps,
+            Mode::Autonomous => &self.spoke_apps,
+        }
+    }
+
+    /// Where the agent and principal carry the source's Applications to.
+    fn replica(&self) -> &Api<DynamicObject> {
+        match self.mode {
+            Mode::Managed => &self.spoke_apps,
+            Mode::Autonomous => &self.hub_apps,
+        }
+    }
+
+    /// Runs the scenarios of the cell's mode.
     pub async fn measure(
         &mut self,
+        ground: &Ground,
         side: Side,
         round: usize,
         sizes: &Sizes,
     ) -> anyhow::Result<CellFigures> {
-        let spoke_seen = Arrivals::watch(self.spoke_apps.clone(), |_| true);
+        let replica_seen = Arrivals::watch(self.replica().clone(), |_| true);
         let hub_healthy = Arrivals::watch(self.hub_apps.clone(), |v| {
             text(v, "/status/health/status") == "Healthy"
         });
-        let ns = self.hub_apps_namespace();
-        self.hub_apps
+        let ns = self.source_namespace();
+        self.source()
             .create(&PostParams::default(), &application("warmup", &ns, "v1"))
             .await?;
-        spoke_seen.wait("warmup", CONNECT_LIMIT).await?;
+        replica_seen.wait("warmup", CONNECT_LIMIT).await?;
 
+        let (from, to) = match self.mode {
+            Mode::Managed => ("hub", "spoke"),
+            Mode::Autonomous => ("spoke", "hub"),
+        };
         eprintln!(
-            "    hub create → spoke visible ({} Applications)",
+            "    {from} create → {to} visible ({} Applications)",
             sizes.count
         );
-        let mut create_to_spoke = Vec::new();
+        let mut create_to_replica = Vec::new();
         for i in 0..sizes.count {
             let name = format!("lat-{i}");
             let t0 = Instant::now();
-            self.hub_apps
+            self.source()
                 .create(&PostParams::default(), &application(&name, &ns, "v1"))
                 .await?;
-            create_to_spoke.push(spoke_seen.wait(&name, ARRIVAL_LIMIT).await? - t0);
+            create_to_replica.push(replica_seen.wait(&name, ARRIVAL_LIMIT).await? - t0);
         }
 
-        eprintln!("    spoke status (written by the bench) → hub visible");
-        let status =
-            json!({"status": {"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}});
         let mut status_to_hub = Vec::new();
-        for i in 0..sizes.count {
-            let name = format!("lat-{i}");
-            let t0 = Instant::now();
-            self.spoke_apps
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&status))
-                .await?;
-            match hub_healthy.wait(&name, ARRIVAL_LIMIT).await {
-                Ok(t) => status_to_hub.push(t - t0),
-                Err(e) => {
-                    eprintln!("    {e}: the remaining status updates are counted as missing");
-                    break;
+        if self.mode == Mode::Managed {
+            eprintln!("    spoke status (written by the bench) → hub visible");
+            let status =
+                json!({"status": {"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}});
+            for i in 0..sizes.count {
+                let name = format!("lat-{i}");
+                let t0 = Instant::now();
+                self.spoke_apps
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await?;
+                match hub_healthy.wait(&name, ARRIVAL_LIMIT).await {
+                    Ok(t) => status_to_hub.push(t - t0),
+                    Err(e) => {
+                        eprintln!("    {e}: the remaining status updates are counted as missing");
+                        break;
+                    }
                 }
             }
         }
-        let status_missing = sizes.count - status_to_hub.len();
+        let status_missing = match self.mode {
+            Mode::Managed => sizes.count - status_to_hub.len(),
+            Mode::Autonomous => 0,
+        };
+
+        let proxy = match &self.live {
+            Some(live) => {
+                let target = proxy::Target {
+                    principal: &self.principal,
+                    agent: &self.name,
+                    spoke_ns: &self.spoke_ns,
+                    app: "warmup",
+                    spoke: self.spoke_apps.clone().into_client(),
+                    pki: &ground.pki,
+                };
+                Some(proxy::measure(live, &target, sizes.count).await?)
+            }
+            None => None,
+        };
 
         eprintln!("    {} more Applications, then idle RSS", sizes.apps);
         let t0 = Instant::now();
         self.create_apps((0..sizes.apps).map(|i| format!("idle-{i}")), &ns)
             .await?;
+        // The whole batch gets the convergence limit: a side that carries thousands at a slow
+        // steady pace is measured, not failed by the per-object limit.
+        let deadline = Instant::now() + sizes.converge_limit;
         let mut last = t0;
         for i in 0..sizes.apps {
-            last = last.max(spoke_seen.wait(&format!("idle-{i}"), ARRIVAL_LIMIT).await?);
+            let left = deadline.saturating_duration_since(Instant::now());
+            last = last.max(
+                replica_seen
+                    .wait(&format!("idle-{i}"), left.max(ARRIVAL_LIMIT))
+                    .await?,
+            );
         }
         let bulk_sync = last - t0;
         tokio::time::sleep(sizes.idle).await;
@@ -193,31 +289,34 @@ impl Cell {
         let agent_rss_kib = rss_kib(Self::pid(self.agent.process())?)?;
 
         eprintln!(
-            "    agent offline while {} changes happen on the hub",
+            "    agent offline while {} changes happen on the {from}",
             sizes.changes
         );
         let offline = self.offline(sizes, &ns).await?;
         Ok(CellFigures {
             side,
+            mode: self.mode,
             round,
-            create_to_spoke,
+            create_to_replica,
             status_to_hub,
             status_missing,
             bulk_sync,
             principal_rss_kib,
             agent_rss_kib,
             offline,
+            proxy,
         })
     }
 
-    fn hub_apps_namespace(&self) -> String {
-        self.hub_apps
+    fn source_namespace(&self) -> String {
+        self.source()
             .namespace()
             .map(str::to_string)
             .unwrap_or_default()
     }
 
-    /// Creates Applications `names` in the hub namespace `ns` with [`WRITERS`] concurrent writers.
+    /// Creates Applications `names` in the source namespace `ns` with [`WRITERS`] concurrent
+    /// writers.
     async fn create_apps(
         &self,
         names: impl Iterator<Item = String>,
@@ -225,7 +324,7 @@ impl Cell {
     ) -> anyhow::Result<()> {
         futures::stream::iter(names)
             .map(|name| async move {
-                self.hub_apps
+                self.source()
                     .create(&PostParams::default(), &application(&name, ns, "v1"))
                     .await
                     .map(drop)
@@ -236,21 +335,22 @@ impl Cell {
         Ok(())
     }
 
-    /// Scenario 4: kill the agent, change the hub, start the agent, wait for the spoke to match.
+    /// The offline scenario: kill the agent, change the source, start the agent, wait for the
+    /// replica to match.
     async fn offline(&mut self, sizes: &Sizes, ns: &str) -> anyhow::Result<Offline> {
         let third = sizes.changes / 3;
         let (updates, deletes) = (0..third, third..sizes.changes - third);
         let creates = (0..third).map(|i| format!("off-{i}"));
-        let before = revisions(&self.spoke_apps).await?;
+        let before = revisions(self.replica()).await?;
         self.agent.process_mut().kill();
 
-        let hub_apps = &self.hub_apps;
+        let source = self.source();
         let patch = json!({"spec": {"source": {"targetRevision": "v2"}}});
         futures::stream::iter(updates.clone())
             .map(|i| {
                 let patch = &patch;
                 async move {
-                    hub_apps
+                    source
                         .patch(
                             &format!("idle-{i}"),
                             &PatchParams::default(),
@@ -265,7 +365,7 @@ impl Cell {
             .await?;
         futures::stream::iter(deletes.clone())
             .map(|i| async move {
-                hub_apps
+                source
                     .delete(&format!("idle-{i}"), &DeleteParams::default())
                     .await
                     .map(drop)
@@ -284,7 +384,7 @@ impl Cell {
         let deadline = t0 + sizes.converge_limit;
         let mut result = Offline::default();
         loop {
-            let (lost, left_over) = differences(&self.hub_apps, &self.spoke_apps).await?;
+            let (lost, left_over) = differences(self.source(), self.replica()).await?;
             (result.lost, result.left_over) = (lost, left_over);
             if lost == 0 && left_over == 0 {
                 result.converge = Some(t0.elapsed());
@@ -297,13 +397,20 @@ impl Cell {
         }
         // Late duplicate writes count too.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let after = revisions(&self.spoke_apps).await?;
+        let after = revisions(self.replica()).await?;
         result.rewritten = before
             .iter()
             .filter(|(name, rv)| {
                 !changed.contains(name) && after.get(*name).is_some_and(|now| now != *rv)
             })
             .count();
+        if let AnyAgent::Ours(agent) = &self.agent {
+            result.resent = Some(
+                e2e::metrics::read(agent.ops_port, AGENT_RESENDS, &[])
+                    .await?
+                    .unwrap_or(0.0),
+            );
+        }
         Ok(result)
     }
 
@@ -354,51 +461,63 @@ async fn revisions(api: &Api<DynamicObject>) -> anyhow::Result<HashMap<String, S
     by_name(api, |v| text(v, "/metadata/resourceVersion")).await
 }
 
-/// (hub Applications missing or stale on the spoke, spoke Applications no longer on the hub).
+/// (source Applications missing or stale on the replica, replica Applications no longer in the
+/// source).
 async fn differences(
-    hub: &Api<DynamicObject>,
-    spoke: &Api<DynamicObject>,
+    source: &Api<DynamicObject>,
+    replica: &Api<DynamicObject>,
 ) -> anyhow::Result<(usize, usize)> {
     let target = |v: &Value| text(v, "/spec/source/targetRevision");
-    let hub = by_name(hub, target).await?;
-    let spoke = by_name(spoke, target).await?;
-    let lost = hub.iter().filter(|(n, r)| spoke.get(*n) != Some(r)).count();
-    let left_over = spoke.keys().filter(|n| !hub.contains_key(*n)).count();
+    let source = by_name(source, target).await?;
+    let replica = by_name(replica, target).await?;
+    let lost = source
+        .iter()
+        .filter(|(n, r)| replica.get(*n) != Some(r))
+        .count();
+    let left_over = replica.keys().filter(|n| !source.contains_key(*n)).count();
     Ok((lost, left_over))
 }
 
-/// The comparison rows: latencies pooled over rounds, other figures the median of rounds, fault
-/// counts summed over rounds.
-pub fn rows(cells: &[CellFigures], sizes: &Sizes) -> Vec<Row> {
-    let of = |side: Side| cells.iter().filter(move |c| c.side == side);
-    let pooled = |side: Side, pick: fn(&CellFigures) -> &Vec<Duration>, p: f64| {
-        let mut all: Vec<Duration> = of(side).flat_map(|c| pick(c).iter().copied()).collect();
-        all.sort();
-        (!all.is_empty()).then(|| percentile(&all, p).as_secs_f64() * 1e3)
+/// The comparison rows of `mode`'s cells: latencies pooled over rounds, other figures the median
+/// of rounds, fault counts summed over rounds; managed cells add the live-view rows.
+pub fn rows(cells: &[CellFigures], mode: Mode, sizes: &Sizes) -> Vec<Row> {
+    let of = |side: Side| {
+        cells
+            .iter()
+            .filter(move |c| c.side == side && c.mode == mode)
+    };
+    type Samples = fn(&CellFigures) -> &Vec<Duration>;
+    let latency = |side: Side, pick: Samples, p: f64| {
+        pooled(of(side).flat_map(|c| pick(c).iter().copied()), p).map(|d| d.as_secs_f64() * 1e3)
     };
     let med = |side: Side, pick: fn(&CellFigures) -> Option<f64>| {
         median(of(side).filter_map(pick).collect())
     };
-    let total = |side: Side, pick: fn(&CellFigures) -> usize| {
-        (of(side).count() > 0).then(|| of(side).map(pick).sum::<usize>() as f64)
+    let total = |side: Side, pick: fn(&CellFigures) -> Option<f64>| {
+        let picked: Vec<f64> = of(side).filter_map(pick).collect();
+        (!picked.is_empty()).then(|| picked.iter().sum::<f64>())
     };
+    let (source, replica, prefix) = match mode {
+        Mode::Managed => ("hub", "spoke", ""),
+        Mode::Autonomous => ("spoke", "hub", "autonomous: "),
+    };
+    let mut latencies: Vec<(String, Samples)> = vec![(
+        format!("{prefix}{source} create → {replica} visible"),
+        |c| &c.create_to_replica,
+    )];
+    if mode == Mode::Managed {
+        latencies.push(("spoke status (bench-written) → hub visible".into(), |c| {
+            &c.status_to_hub
+        }));
+    }
     let mut rows = Vec::new();
-    for (name, pick) in [
-        (
-            "hub create → spoke visible",
-            (|c: &CellFigures| &c.create_to_spoke) as fn(&CellFigures) -> &Vec<Duration>,
-        ),
-        (
-            "spoke status (bench-written) → hub visible",
-            |c: &CellFigures| &c.status_to_hub,
-        ),
-    ] {
+    for (name, pick) in latencies {
         for (label, p) in [("p50", 0.5), ("p99", 0.99)] {
             rows.push(Row {
                 figure: format!("{name} {label}"),
                 unit: "ms",
-                ours: pooled(Side::Ours, pick, p),
-                upstream: pooled(Side::Upstream, pick, p),
+                ours: latency(Side::Ours, pick, p),
+                upstream: latency(Side::Upstream, pick, p),
             });
         }
     }
@@ -408,18 +527,20 @@ pub fn rows(cells: &[CellFigures], sizes: &Sizes) -> Vec<Row> {
         ours: med(Side::Ours, pick),
         upstream: med(Side::Upstream, pick),
     };
-    let count = |figure: String, pick: fn(&CellFigures) -> usize| Row {
+    let count = |figure: String, pick: fn(&CellFigures) -> Option<f64>| Row {
         figure,
         unit: "objects",
         ours: total(Side::Ours, pick),
         upstream: total(Side::Upstream, pick),
     };
-    rows.push(count("status updates never seen on the hub".into(), |c| {
-        c.status_missing
-    }));
+    if mode == Mode::Managed {
+        rows.push(count("status updates never seen on the hub".into(), |c| {
+            Some(c.status_missing as f64)
+        }));
+    }
     rows.push(both(
         format!(
-            "{} Applications created on the hub → all on the spoke",
+            "{prefix}{} Applications created on the {source} → all on the {replica}",
             sizes.apps
         ),
         "s",
@@ -427,34 +548,43 @@ pub fn rows(cells: &[CellFigures], sizes: &Sizes) -> Vec<Row> {
     ));
     let synced = sizes.apps + sizes.count + 1;
     rows.push(both(
-        format!("principal idle RSS, {synced} Applications synced"),
+        format!("{prefix}principal idle RSS, {synced} Applications synced"),
         "MiB",
         |c| Some(c.principal_rss_kib as f64 / 1024.0),
     ));
     rows.push(both(
-        format!("agent idle RSS, {synced} Applications synced"),
+        format!("{prefix}agent idle RSS, {synced} Applications synced"),
         "MiB",
         |c| Some(c.agent_rss_kib as f64 / 1024.0),
     ));
     rows.push(both(
         format!(
-            "agent offline, {} hub changes: converge after restart",
+            "{prefix}agent offline, {} {source} changes: converge after restart",
             sizes.changes
         ),
         "s",
         |c| c.offline.converge.map(|d| d.as_secs_f64()),
     ));
     rows.push(count(
-        "offline: lost (missing or stale on the spoke)".into(),
-        |c| c.offline.lost,
+        format!("{prefix}offline: lost (missing or stale on the {replica})"),
+        |c| Some(c.offline.lost as f64),
     ));
     rows.push(count(
-        "offline: left over (deleted on the hub)".into(),
-        |c| c.offline.left_over,
+        format!("{prefix}offline: left over (deleted on the {source})"),
+        |c| Some(c.offline.left_over as f64),
     ));
     rows.push(count(
-        "offline: unchanged Applications rewritten on the spoke".into(),
-        |c| c.offline.rewritten,
+        format!("{prefix}offline: unchanged Applications rewritten on the {replica}"),
+        |c| Some(c.offline.rewritten as f64),
     ));
+    rows.push(count(
+        format!("{prefix}offline: events the agent resent (upstream counts none)"),
+        |c| c.offline.resent,
+    ));
+    if mode == Mode::Managed {
+        rows.extend(proxy::rows(|side| {
+            of(side).filter_map(|c| c.proxy.as_ref()).collect()
+        }));
+    }
     rows
 }

@@ -5,24 +5,31 @@
 //! `bench-compare.json`, `bench-compare.tsv` and `bench-compare.png` under `--out` (default
 //! `results/`).
 //!
-//! Every (round, side) cell gets its own agent name, namespaces, principal and agent, all logging
-//! at info, managed mode, no Argo CD: the bench itself writes what Argo CD would (status). After a
-//! cell its processes are stopped and its Applications removed, so the next cell's principal
-//! starts on an empty hub. Scenarios, in order, within a cell:
-//! 1. hub create → spoke visible, p50/p99 over `--count` Applications created one at a time;
-//! 2. spoke status → hub visible, p50/p99: the bench merge-patches `status` of those spoke copies;
-//! 3. `--apps` more Applications created on the hub (8 writers): time until all are on the spoke,
-//!    then after an idle pause the VmRSS of the principal and the agent;
-//! 4. the agent is killed, `--changes` changes happen on the hub (a third creates, a third spec
-//!    updates, a third deletes), the agent is started again: time until the spoke equals the hub
-//!    (names and `targetRevision`), then objects lost (missing or stale on the spoke at the
-//!    deadline), left over (deleted on the hub, still on the spoke) and rewritten (unchanged on the
-//!    hub yet written again on the spoke: duplicate deliveries).
+//! Every (round, mode, side) cell gets its own agent name, namespaces, principal and agent, all
+//! logging at info, no Argo CD: the bench itself writes what Argo CD would (status, the resource
+//! tree). After a cell its processes are stopped and its Applications removed, so the next cell's
+//! principal starts on an empty hub. Each round runs a managed cell per side, then an autonomous
+//! cell per side. The bench writes where the mode's source of truth is (managed: the hub;
+//! autonomous: the spoke) and watches the other plane. Scenarios, in order, within a cell:
+//! 1. source create → replica visible, p50/p99 over `--count` Applications created one at a time;
+//! 2. managed: spoke status → hub visible, p50/p99 (the bench merge-patches `status` of those spoke
+//!    copies), then the live-view reads through the principal next to their direct baselines,
+//!    `--count` each (`proxy.rs`);
+//! 3. `--apps` more Applications created in the source (8 writers): time until all are in the
+//!    replica, then after an idle pause the VmRSS of the principal and the agent;
+//! 4. the agent is killed, `--changes` changes happen in the source (a third creates, a third spec
+//!    updates, a third deletes), the agent is started again: time until the replica equals the
+//!    source (names and `targetRevision`), then objects lost (missing or stale in the replica at
+//!    the deadline), left over (deleted in the source, still in the replica), rewritten (unchanged
+//!    in the source yet written again in the replica: duplicate deliveries) and, for our agent,
+//!    the events it resent.
 //!
-//! `--smoke`: 1 round, small sizes, finishes in about 2 minutes. Build with `--release`
+//! `--smoke`: 1 round, small sizes, finishes in a few minutes. Full runs default to the issue's
+//! sizes (5,000 Applications and 5,000 offline changes per cell). Build with `--release`
 //! (`hack/bench.sh --compare` does).
 
 mod cell;
+mod proxy;
 mod report;
 
 use std::path::PathBuf;
@@ -31,7 +38,7 @@ use std::time::{Duration, Instant};
 use e2e::bench::{flag_value, has_flag, machine_load};
 use e2e::control_plane::ControlPlane;
 use e2e::gateway::Pki;
-use e2e::sides::Side;
+use e2e::sides::{Mode, Side};
 use serde_json::json;
 
 use cell::Cell;
@@ -66,7 +73,7 @@ impl Sizes {
         let (rounds, count, apps, changes, idle, limit) = if smoke {
             (1, 10, 30, 15, 3, 60)
         } else {
-            (3, 50, 300, 150, 10, 180)
+            (3, 50, 5000, 5000, 10, 600)
         };
         let sizes = Sizes {
             smoke,
@@ -115,35 +122,45 @@ async fn main() -> anyhow::Result<()> {
 
     let mut cells = Vec::new();
     let mut failures = Vec::new();
-    for round in 1..=sizes.rounds {
-        for side in [Side::Ours, Side::Upstream] {
-            eprintln!("==> round {round}/{}: {}", sizes.rounds, side.label());
-            let measured = async {
-                let mut cell = Cell::start(&ground, side, round).await?;
-                let figures = cell
-                    .measure(side, round, &sizes)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{e:#}\n{}", cell.logs()));
-                cell.tear_down().await?;
-                figures
-            }
-            .await;
-            match measured {
-                Ok(f) => cells.push(f),
-                Err(e) => {
-                    eprintln!("round {round} {} failed: {e:#}", side.label());
-                    failures.push(format!("round {round} {}: {e:#}", side.label()));
-                }
+    let cases = (1..=sizes.rounds).flat_map(|round| {
+        [Mode::Managed, Mode::Autonomous]
+            .into_iter()
+            .flat_map(move |mode| [Side::Ours, Side::Upstream].map(move |side| (round, mode, side)))
+    });
+    for (round, mode, side) in cases {
+        eprintln!(
+            "==> round {round}/{}: {} {}",
+            sizes.rounds,
+            side.label(),
+            mode.flag()
+        );
+        let measured = async {
+            let mut cell = Cell::start(&ground, side, mode, round).await?;
+            let figures = cell
+                .measure(&ground, side, round, &sizes)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e:#}\n{}", cell.logs()));
+            cell.tear_down().await?;
+            figures
+        }
+        .await;
+        match measured {
+            Ok(f) => cells.push(f),
+            Err(e) => {
+                let what = format!("round {round} {} {}", side.label(), mode.flag());
+                eprintln!("{what} failed: {e:#}");
+                failures.push(format!("{what}: {e:#}"));
             }
         }
     }
 
-    let rows = cell::rows(&cells, &sizes);
+    let mut rows = cell::rows(&cells, Mode::Managed, &sizes);
+    rows.extend(cell::rows(&cells, Mode::Autonomous, &sizes));
     let (load, cpus) = machine_load();
     println!(
-        "\nbench-compare: ours vs upstream argocd-agent v0.9.0, managed mode, 1 agent, no Argo CD \
-         (the bench writes the spoke status); {} round(s) alternating, {} samples per latency per \
-         round; {cpus} CPUs, load average (1 min) {load:.2}; took {:.0?}",
+        "\nbench-compare: ours vs upstream argocd-agent v0.9.0, managed and autonomous, 1 agent, no \
+         Argo CD (the bench writes the spoke status and resource tree); {} round(s) alternating, \
+         {} samples per latency per round; {cpus} CPUs, load average (1 min) {load:.2}; took {:.0?}",
         sizes.rounds,
         sizes.count,
         started.elapsed()

@@ -2,8 +2,9 @@
 //! drawn as one chart panel per figure.
 
 use std::path::Path;
+use std::time::Duration;
 
-use e2e::bench::{machine_load, register_chart_font};
+use e2e::bench::{machine_load, percentile, register_chart_font};
 use serde_json::{json, Value};
 
 /// One line of the comparison: a figure for both sides (lower is better for every figure here).
@@ -32,6 +33,13 @@ impl Row {
             fmt(self.ratio()),
         ]
     }
+}
+
+/// The `p` percentile of `samples` (pooled from every round), if there are any.
+pub fn pooled(samples: impl Iterator<Item = Duration>, p: f64) -> Option<Duration> {
+    let mut all: Vec<Duration> = samples.collect();
+    all.sort();
+    (!all.is_empty()).then(|| percentile(&all, p))
 }
 
 pub fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -65,7 +73,7 @@ pub fn write_results(
     let report = json!({
         "bench": "bench-compare",
         "upstream": "argocd-agent v0.9.0 (hack/peers.sh)",
-        "note": "managed mode, 1 agent, no Argo CD: the bench writes the spoke status itself",
+        "note": "1 agent, no Argo CD: the bench writes the spoke status and the spoke's resource tree itself",
         "sizes": sizes,
         "machine": {"cpus": cpus, "load_average_1m_at_end": load},
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
