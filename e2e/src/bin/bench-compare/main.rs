@@ -19,10 +19,16 @@
 //!    deadline), left over (deleted on the hub, still on the spoke) and rewritten (unchanged on the
 //!    hub yet written again on the spoke: duplicate deliveries).
 //!
-//! `--smoke`: 1 round, small sizes, finishes in about 2 minutes. Build with `--release`
-//! (`hack/bench.sh --compare` does).
+//! After the cells, the fleet part (`fleet.rs`): one principal of each side under many
+//! simulated agents (the same ones against both): events/s and CPU per 1,000 events with
+//! `--fleet-agents` (100) of them busy, RSS per idle agent and a reconnect storm at
+//! `--storm-agents` (1000), for `--fleet-rounds` (1) rounds; `--skip-fleet` skips it.
+//!
+//! `--smoke`: 1 round, small sizes, finishes in about 2 minutes (the fleet part in about 2 more).
+//! Build with `--release` (`hack/bench.sh --compare` does).
 
 mod cell;
+mod fleet;
 mod report;
 
 use std::path::PathBuf;
@@ -96,6 +102,7 @@ pub struct Ground {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let sizes = Sizes::from_args()?;
+    let fleet_sizes = fleet::FleetSizes::from_args(sizes.smoke)?;
     let out = PathBuf::from(flag_value("out").unwrap_or_else(|| "results".into()));
     let started = Instant::now();
     eprintln!("==> bench-compare {sizes:?}");
@@ -138,7 +145,12 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
-    let rows = cell::rows(&cells, &sizes);
+    let fleet_figures = match &fleet_sizes {
+        Some(f) => fleet::run(&ground, f, &mut failures).await?,
+        None => Vec::new(),
+    };
+
+    let mut rows = cell::rows(&cells, &sizes);
     let (load, cpus) = machine_load();
     println!(
         "\nbench-compare: ours vs upstream argocd-agent v0.9.0, managed mode, 1 agent, no Argo CD \
@@ -148,9 +160,14 @@ async fn main() -> anyhow::Result<()> {
         sizes.count,
         started.elapsed()
     );
-    report::print_rows(&rows);
-    let samples =
+    let mut samples =
         json!({"cells": cells.iter().map(cell::CellFigures::to_json).collect::<Vec<_>>()});
+    if let Some(f) = &fleet_sizes {
+        println!("{}", f.describe());
+        rows.extend(fleet::rows(&fleet_figures, f));
+        samples["fleet"] = fleet::to_json(&fleet_figures, f);
+    }
+    report::print_rows(&rows);
     report::write_results(&out, sizes.to_json(), &rows, samples, &failures)?;
     anyhow::ensure!(failures.is_empty(), "{} cell(s) failed", failures.len());
     Ok(())
