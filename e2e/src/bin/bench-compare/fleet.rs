@@ -324,6 +324,11 @@ pub fn rows(figures: &[FleetFigures], sizes: &FleetSizes) -> Vec<Row> {
             |f| Some(f.rss_per_agent_kib()),
         ),
         both(
+            format!("principal restart (stop + start) → ready, {n} simulated agents"),
+            "s",
+            |f| Some(f.storm.ready.as_secs_f64()),
+        ),
+        both(
             format!("principal restart → {n} simulated agents resynced"),
             "s",
             |f| f.storm.resynced_in.map(|d| d.as_secs_f64()),
