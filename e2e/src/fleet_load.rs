@@ -223,8 +223,11 @@ pub struct Throughput {
     /// Time the writes took.
     pub write_time: Duration,
     /// From the first write until every Application was at its last revision on its agent and
-    /// every status report ACKed.
+    /// every status report ACKed, or until the limit passed (then `unfinished` > 0).
     pub took: Duration,
+    /// Applications not at their last revision on their agent (or with status reports un-ACKed)
+    /// when the limit passed; 0 when the work finished.
+    pub unfinished: usize,
     /// Events the agents received from the principal (ACKs and pings excluded).
     pub to_agents: u64,
     /// Status reports (and other agent events) the principal ACKed.
@@ -256,7 +259,8 @@ impl Throughput {
     pub fn to_json(&self) -> serde_json::Value {
         json!({
             "writes": self.writes, "write_time_s": self.write_time.as_secs_f64(),
-            "took_s": self.took.as_secs_f64(), "to_agents": self.to_agents,
+            "took_s": self.took.as_secs_f64(), "unfinished": self.unfinished,
+            "to_agents": self.to_agents,
             "acked": self.acked, "status_queued": self.status_queued,
             "principal_cpu_s": self.cpu_seconds, "events_per_s": self.events_per_second(),
             "cpu_s_per_1000_events": self.cpu_per_1000_events(),
@@ -267,12 +271,14 @@ impl Throughput {
 /// Writes `load` into the hub (namespaces created if needed) while `fleet`, whose first
 /// `load.agents` agents own those namespaces, is served by the principal with process id
 /// `principal_pid`; waits (at most 300 s) until every Application is at its last revision on its
-/// agent and nothing is left un-ACKed in the agents' outboxes.
+/// agent and nothing is left un-ACKed in the agents' outboxes, at most `limit`: what was delivered
+/// by then is measured over `limit`, with [`Throughput::unfinished`] saying how much was not.
 pub async fn throughput(
     hub: &kube::Client,
     fleet: &SimFleet,
     principal_pid: u32,
     load: &Load,
+    limit: Duration,
 ) -> anyhow::Result<Throughput> {
     anyhow::ensure!(
         load.agents <= fleet.len(),
@@ -296,30 +302,34 @@ pub async fn throughput(
     let (writes, write_time) =
         create_and_update(hub, load.writers, count, load.updates, load.place()).await?;
     let last = format!("r{}", load.updates);
-    wait_fleet(
+    // Reaches `count` only once nothing is left un-ACKed.
+    let done = |f: &SimFleet| {
+        f.applications_at(&last)
+            .min(count - usize::from(f.pending() > 0))
+    };
+    let waited = wait_fleet(
         "every Application at its last revision on its agent, every status ACKed",
         fleet,
         count,
-        Duration::from_secs(300),
-        |f| {
-            if f.pending() == 0 {
-                f.applications_at(&last)
-            } else {
-                0
-            }
-        },
+        limit,
+        done,
     )
-    .await?;
+    .await;
     let took = t0.elapsed();
+    let unfinished = count - done(fleet);
+    if let Err(e) = waited {
+        eprintln!("    {e:#}");
+    }
     let cpu_seconds = cpu_seconds(principal_pid)? - cpu0;
     anyhow::ensure!(
-        fleet.applications() >= apps0 + count,
+        unfinished > 0 || fleet.applications() >= apps0 + count,
         "Applications missing on the agents"
     );
     Ok(Throughput {
         writes,
         write_time,
         took,
+        unfinished,
         to_agents: FleetCounters::get(&c.events_received) - ev0,
         acked: FleetCounters::get(&c.acks_received) - ack0,
         status_queued: FleetCounters::get(&c.status_queued) - queued0,

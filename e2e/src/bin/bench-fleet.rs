@@ -320,7 +320,20 @@ impl Bench {
             "==> throughput: the same writes into the namespaces of {} simulated agents",
             s.agents
         );
-        let t = fleet_load::throughput(&self.hub, fleet, self.principal_pid()?, &s.load()).await?;
+        let t = fleet_load::throughput(
+            &self.hub,
+            fleet,
+            self.principal_pid()?,
+            &s.load(),
+            Duration::from_secs(300),
+        )
+        .await?;
+        anyhow::ensure!(
+            t.unfinished == 0,
+            "{} Applications not at their last revision on their agents after {:.0?}",
+            t.unfinished,
+            t.took
+        );
         let (writes, took) = (t.writes, t.took);
         let rate = t.events_per_second();
         eprintln!(

@@ -9,13 +9,14 @@
 //! 1. reads the principal's settled RSS with 0 agents;
 //! 2. connects `--storm-agents` simulated agents and waits until every one is resynced, then
 //!    reads the settled RSS again: RSS per idle connected agent = (RSS − RSS with 0) / N;
-//! 3. throughput ([`fleet_load::throughput`]): `--fleet-agents` of them get 10 Applications each
+//! 3. reconnect storm ([`fleet_load::storm`]): the principal restarted under all the agents,
+//!    time until every agent is resynced on a new stream, and authentications refused meanwhile;
+//! 4. throughput ([`fleet_load::throughput`]): `--fleet-agents` of them get 10 Applications each
 //!    in their hub namespaces (`sim-NNNN`), created then updated 3 times by 16 writers; events/s
 //!    (to the agents plus status reports ACKed) until every Application is at its last revision
-//!    on its agent, and the principal's CPU-seconds (utime + stime of `/proc/<pid>/stat`) per
-//!    1,000 events;
-//! 4. reconnect storm ([`fleet_load::storm`]): the principal restarted under all the agents,
-//!    time until every agent is resynced on a new stream, and authentications refused meanwhile.
+//!    on its agent (at most 240 s: then over those 240 s, with the Applications unfinished
+//!    counted), and the principal's CPU-seconds (utime + stime of `/proc/<pid>/stat`) per 1,000
+//!    events. Last because a principal that does not finish would hold up what follows.
 //!
 //! Then the agents and the principal stop and the Applications are removed. `--skip-fleet` skips
 //! all of this; `--smoke` shrinks it to 4 throughput agents among 10.
@@ -30,6 +31,9 @@ use serde_json::{json, Value};
 
 use crate::report::{median, Row};
 use crate::Ground;
+
+/// How long the throughput work may take; what was delivered by then is measured over it.
+const THROUGHPUT_LIMIT: Duration = Duration::from_secs(240);
 
 /// What the fleet part runs, from flags.
 #[derive(Debug)]
@@ -236,20 +240,27 @@ async fn measure(
             eprintln!(
                 "    principal RSS {rss0_kib} KiB with 0 agents, {rss_kib} KiB with {agents}"
             );
-            let throughput =
-                fleet_load::throughput(&hub, &fleet, pid(&principal)?, &sizes.load).await?;
-            eprintln!(
-                "    throughput: {} events in {:.1?} ({:.0}/s), principal CPU {:.2} s",
-                throughput.events(),
-                throughput.took,
-                throughput.events_per_second(),
-                throughput.cpu_seconds
-            );
             eprintln!("    reconnect storm: restarting the principal under {agents} agents");
             let storm = fleet_load::storm(&fleet, principal.restart(), limit).await?;
             eprintln!(
                 "    ready after {:.1?}, all resynced after {:?} ({} of {agents}), auth failures {}",
                 storm.ready, storm.resynced_in, storm.resynced, storm.auth_failures
+            );
+            let throughput = fleet_load::throughput(
+                &hub,
+                &fleet,
+                pid(&principal)?,
+                &sizes.load,
+                THROUGHPUT_LIMIT,
+            )
+            .await?;
+            eprintln!(
+                "    throughput: {} events in {:.1?} ({:.0}/s), principal CPU {:.2} s, {} Applications unfinished",
+                throughput.events(),
+                throughput.took,
+                throughput.events_per_second(),
+                throughput.cpu_seconds,
+                throughput.unfinished
             );
             anyhow::Ok(FleetFigures {
                 side,
@@ -311,7 +322,14 @@ pub fn rows(figures: &[FleetFigures], sizes: &FleetSizes) -> Vec<Row> {
                 load.agents
             ),
             "s",
-            |f| Some(f.throughput.took.as_secs_f64()),
+            |f| (f.throughput.unfinished == 0).then(|| f.throughput.took.as_secs_f64()),
+        ),
+        total(
+            format!(
+                "of those, Applications unfinished after {} s",
+                THROUGHPUT_LIMIT.as_secs()
+            ),
+            |f| f.throughput.unfinished as u64,
         ),
         both(
             "principal CPU per 1,000 events (simulated agents)".into(),

@@ -169,6 +169,10 @@ async fn main() -> anyhow::Result<()> {
     }
     report::print_rows(&rows);
     report::write_results(&out, sizes.to_json(), &rows, samples, &failures)?;
-    anyhow::ensure!(failures.is_empty(), "{} cell(s) failed", failures.len());
+    anyhow::ensure!(
+        failures.is_empty(),
+        "{} cell(s) or fleet run(s) failed",
+        failures.len()
+    );
     Ok(())
 }
