@@ -322,7 +322,7 @@ pub fn rows(figures: &[FleetFigures], sizes: &FleetSizes) -> Vec<Row> {
                 load.agents
             ),
             "s",
-            |f| (f.throughput.unfinished == 0).then(|| f.throughput.took.as_secs_f64()),
+            |f| (f.throughput.unfinished == 0).then_some(f.throughput.took.as_secs_f64()),
         ),
         total(
             format!(
