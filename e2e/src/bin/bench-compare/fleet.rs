@@ -308,7 +308,7 @@ pub fn rows(figures: &[FleetFigures], sizes: &FleetSizes) -> Vec<Row> {
     vec![
         both(
             format!(
-                "events/s through one principal, {} simulated agents (HIGHER is better)",
+                "events through one principal, {} simulated agents (HIGHER is better)",
                 load.agents
             ),
             "events/s",
