@@ -6,9 +6,11 @@
 #   --compare  instead of the benches below, bench-compare: the same scenarios against our principal
 #              and agent and against upstream argocd-agent's, alternating on one pair of fresh planes,
 #              each figure for both with the ours/upstream ratio (bench-compare.{json,tsv,png} in
-#              --out); not part of hack/test.sh or CI (minutes, not seconds)
+#              --out), then the fleet figures (the same simulated agents against both principals:
+#              events/s and CPU with 100, RSS per idle agent and a reconnect storm at 1,000); not
+#              part of hack/test.sh or CI (minutes, not seconds)
 #   --smoke    tiny sizes (what CI runs), e.g. a few agents instead of 10,000; with --compare, one
-#              round of small sizes (under 2 minutes)
+#              round of small sizes (about 2 minutes, the fleet part with 10 agents about 1 more)
 #   --debug    use the debug binaries (what hack/test.sh already built) instead of a release build:
 #              the figures then only show that every bench runs end to end, they are not comparable
 #   --out DIR  where bench-fleet and bench-compare write their JSON and PNG (default results/, which

@@ -1,6 +1,6 @@
 //! What the benchmark binaries share: the `--count` argument and other flags, percentiles of
-//! latency samples, when objects arrive in a watch, process CPU/RSS readings (and the peak under an
-//! attack, [`RssUnderAttack`]) from `/proc`, the
+//! latency samples, when objects arrive in a watch, process CPU/RSS readings (settled, and the peak
+//! under an attack, [`RssUnderAttack`]) from `/proc`, the
 //! open-file limit, the charts' font, and the common set-up (a hub and a spoke plane, a PKI with an
 //! agent certificate `bench`, and a principal on the hub).
 
@@ -116,6 +116,21 @@ pub fn has_flag(name: &str) -> bool {
 /// Resident set size of process `pid` in KiB (`VmRSS` of `/proc/<pid>/status`).
 pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     status_kib(pid, "VmRSS")
+}
+
+/// [`rss_kib`] once the process has settled: read every second until two readings are within 1%
+/// (at most 10 s), the last reading then.
+pub async fn settled_rss(pid: u32) -> anyhow::Result<u64> {
+    let mut last = rss_kib(pid)?;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = rss_kib(pid)?;
+        if now.abs_diff(last) * 100 <= last {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
 }
 
 /// A size line (`<field>: <n> kB`) of `/proc/<pid>/status`.

@@ -16,6 +16,7 @@ pub mod control_plane;
 pub mod crds;
 pub mod discovery;
 pub mod fleet;
+pub mod fleet_load;
 pub mod gateway;
 pub mod git_server;
 pub mod helm;

@@ -266,6 +266,12 @@ impl ManagedProcess {
         self.terminate(libc::SIGTERM, Duration::from_secs(5));
     }
 
+    /// SIGTERM, then SIGKILL after `grace`; whether the process exited by itself within `grace`
+    /// (false also when it was not running).
+    pub fn stop_within(&mut self, grace: Duration) -> bool {
+        self.terminate(libc::SIGTERM, grace)
+    }
+
     /// Immediate SIGKILL, as a crash would be (fault injection).
     pub fn kill(&mut self) {
         self.terminate(libc::SIGKILL, Duration::from_secs(5));
@@ -290,25 +296,27 @@ impl ManagedProcess {
         Ok(())
     }
 
-    fn terminate(&mut self, sig: libc::c_int, grace: Duration) {
+    /// Sends `sig` to the process group, SIGKILL after `grace`; whether it exited within `grace`.
+    fn terminate(&mut self, sig: libc::c_int, grace: Duration) -> bool {
         let Some(mut child) = self.child.take() else {
-            return;
+            return false;
         };
         let pid = child.id();
         signal_group(pid, sig);
         let deadline = Instant::now() + grace;
-        loop {
+        let exited = loop {
             match child.try_wait() {
-                Ok(Some(_)) | Err(_) => break,
+                Ok(Some(_)) | Err(_) => break true,
                 Ok(None) if Instant::now() >= deadline => {
                     signal_group(pid, libc::SIGKILL);
                     let _ = child.wait();
-                    break;
+                    break false;
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             }
-        }
+        };
         with_registry(|r| r.children.remove(&pid));
+        exited
     }
 }
 

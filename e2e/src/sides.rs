@@ -94,6 +94,23 @@ impl AnyPrincipal {
             AnyPrincipal::Upstream(p) => &p.process,
         }
     }
+
+    /// The principal's process, to stop or restart.
+    pub fn process_mut(&mut self) -> &mut ManagedProcess {
+        match self {
+            AnyPrincipal::Ours(p) => &mut p.process,
+            AnyPrincipal::Upstream(p) => &mut p.process,
+        }
+    }
+
+    /// Restarts the principal (same flags and ports) and waits until it is ready again.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.process_mut().restart()?;
+        match self {
+            AnyPrincipal::Ours(p) => p.wait_ready().await,
+            AnyPrincipal::Upstream(p) => p.wait_ready().await,
+        }
+    }
 }
 
 /// Whichever agent runs, kept alive while held (its process can be killed and started again).

@@ -3,8 +3,10 @@
 //!
 //! Every simulated agent has its own client certificate (CN `<prefix>-NNNN`, signed in-process by
 //! the test PKI's CA, as `argocd-agentctl pki issue agent` would), dials the principal over mutual
-//! TLS (ALPN h2), calls `Version`, `Authenticate` (method mtls, mode managed) and opens `Subscribe`
-//! with the access token; the stream then runs on the shared delivery engine
+//! TLS (ALPN h2), calls `Version`, `Authenticate` (method mtls, mode managed, with the version
+//! string that principal accepts: ours, or an upstream principal's own release, as the real agent
+//! picks it) and opens `Subscribe` with the access token, so the same agents serve our principal
+//! and upstream argocd-agent's; the stream then runs on the shared delivery engine
 //! (`proto::sync::{Outbox, Lanes, run_stream}`), exactly as the real agent's does. Instead of a
 //! spoke apiserver each agent keeps an in-memory object set: it applies `create`/`spec-update`/
 //! `delete` of Applications (and AppProjects, repositories), ACKs every event, runs the checksum
@@ -35,7 +37,7 @@ use argocd_agent_proto::sync::resync::{needs_object, request_update_key, RESYNC_
 use argocd_agent_proto::sync::{
     keyed_request, run_stream, EventHandler, HandleError, Lanes, Outbox, OutboxConfig,
 };
-use argocd_agent_proto::version::version_string;
+use argocd_agent_proto::version::auth_version_for;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
@@ -135,6 +137,12 @@ pub struct SimOptions {
     pub reconnect_min: Duration,
     /// Upper bound of the reconnect delay.
     pub reconnect_max: Duration,
+    /// How long `Subscribe` may take to answer. A Go agent's stream opens without waiting for
+    /// the principal's response headers, and upstream's principal sends none until its
+    /// one-at-a-time connect handler has run for the agent (100 ms apart): under hundreds of
+    /// agents connecting at once, a short limit here would measure the simulated agents' give-ups
+    /// instead of the principal.
+    pub subscribe_timeout: Duration,
 }
 
 impl Default for SimOptions {
@@ -144,6 +152,7 @@ impl Default for SimOptions {
             connect_concurrency: 1024,
             reconnect_min: Duration::from_millis(200),
             reconnect_max: Duration::from_secs(2),
+            subscribe_timeout: STEP_TIMEOUT,
         }
     }
 }
@@ -167,6 +176,8 @@ struct SimAgent {
     resync_answered_in: AtomicU64,
     /// Spoke-side resourceVersion counter of status reports.
     status_version: AtomicU64,
+    /// See [`SimOptions::subscribe_timeout`].
+    subscribe_timeout: Duration,
 }
 
 fn name_of(v: &Value) -> Result<String, HandleError> {
@@ -392,9 +403,17 @@ async fn step<T>(
     what: &str,
     fut: impl std::future::Future<Output = Result<T, OpenFailure>>,
 ) -> Result<T, OpenFailure> {
-    tokio::time::timeout(STEP_TIMEOUT, fut)
+    step_within(what, STEP_TIMEOUT, fut).await
+}
+
+async fn step_within<T>(
+    what: &str,
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, OpenFailure>>,
+) -> Result<T, OpenFailure> {
+    tokio::time::timeout(limit, fut)
         .await
-        .map_err(|_| OpenFailure::Transport(format!("{what}: no answer within {STEP_TIMEOUT:?}")))?
+        .map_err(|_| OpenFailure::Transport(format!("{what}: no answer within {limit:?}")))?
 }
 
 /// Dials `address` with the agent's TLS settings (ALPN h2, server name localhost).
@@ -414,20 +433,24 @@ async fn open_session(
     out_rx: mpsc::Receiver<WireEvent>,
 ) -> Result<tonic::Streaming<WireEvent>, OpenFailure> {
     let channel = step("connect", dial(address, agent.tls.clone())).await?;
-    step("Version", async {
+    // Upstream principals accept only their own release string, which Version tells (as the
+    // real agent does it).
+    let principal_version = step("Version", async {
         VersionClient::new(channel.clone())
             .version(VersionRequest {})
             .await
             .map_err(classify)
     })
-    .await?;
+    .await?
+    .into_inner()
+    .version;
     let auth = step("Authenticate", async {
         AuthenticationClient::new(channel.clone())
             .authenticate(AuthRequest {
                 method: "mtls".into(),
                 credentials: Default::default(),
                 mode: "managed".into(),
-                version: version_string(),
+                version: auth_version_for(Some(&principal_version)),
                 agent_namespace: "argocd".into(),
             })
             .await
@@ -441,7 +464,7 @@ async fn open_session(
         .parse()
         .map_err(|_| OpenFailure::Auth("the access token is not valid metadata".into()))?;
     request.metadata_mut().insert("authorization", token);
-    step("Subscribe", async {
+    step_within("Subscribe", agent.subscribe_timeout, async {
         EventStreamClient::new(channel)
             .subscribe(request)
             .await
@@ -573,6 +596,7 @@ impl SimFleet {
                 live: AtomicBool::new(false),
                 resync_answered_in: AtomicU64::new(u64::MAX),
                 status_version: AtomicU64::new(0),
+                subscribe_timeout: options.subscribe_timeout,
             });
             // The resync after start, as the real agent sends once it listed its objects.
             agent

@@ -188,10 +188,15 @@ impl UpstreamPrincipal {
             health_port,
             namespace: namespace.to_string(),
         };
-        wait_http_ok(health_port, "/healthz", Duration::from_secs(60))
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}\n{}", principal.process.log_tail(30)))?;
+        principal.wait_ready().await?;
         Ok(principal)
+    }
+
+    /// Waits until `/healthz` answers (after a start or restart).
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+        wait_http_ok(self.health_port, "/healthz", Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", self.process.log_tail(30)))
     }
 
     /// `127.0.0.1:<grpc port>`.

@@ -233,6 +233,30 @@ async fn appprojects_reach_the_agents_they_name() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn principal_exits_promptly_on_sigterm_with_agents_connected() -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let mut fleet = Fleet::start("managed_sigterm", planes).await?;
+    // Fleet::start waited until both agents' streams were open: those are what a graceful stop
+    // could wait for (they never end by themselves).
+    let grace = Duration::from_secs(3);
+    let exited = fleet.principal.process.stop_within(grace);
+    let log = fleet.principal.process.log_tail(40);
+    assert!(
+        exited,
+        "the principal did not exit within {grace:?} of SIGTERM with two agents connected:\n{log}"
+    );
+    assert!(log.contains("shutting down"), "no orderly shutdown:\n{log}");
+    let closed = log
+        .matches("agent stream closed (superseded or shutting down)")
+        .count();
+    assert_eq!(closed, 2, "both agents' streams end at shutdown:\n{log}");
+    for agent in &mut fleet.agents {
+        agent.process.stop();
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     let planes = shared_planes().await;
     let mut fleet = Fleet::start("managed_restarts", planes).await?;

@@ -447,6 +447,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         sessions: live.terminals().clone(),
     };
+    let stop_streams = tokio_util::sync::CancellationToken::new();
     let events = EventStreamService {
         issuer,
         registry,
@@ -456,6 +457,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         identity,
         pins,
         cluster_info,
+        shutdown: stop_streams.clone(),
     };
     let (stop_grpc, grpc_stopped) = oneshot::channel::<()>();
     let mut server = tonic::transport::Server::builder()
@@ -556,6 +558,8 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     };
     ready.abort();
     health.set_ready(false, "shutting down");
+    // Agent streams never end by themselves; the server's graceful stop would wait for them.
+    stop_streams.cancel();
     let _ = stop_grpc.send(());
     stop_operator.cancel();
     if let Some(operator) = operator {

@@ -4,7 +4,7 @@
 //! agent ([`authorize_stream`]), whose mode must still be the pinned one ([`crate::mode_pin`]); the agent's session is taken over (an older stream of the same agent
 //! ends); the checksum resync the connection calls for ([`crate::hub::Hub::on_connect`]; an
 //! autonomous agent's hub namespace must exist or be creatable) is queued; then the shared delivery engine runs the
-//! stream until either side ends it. Undelivered events stay in the session's outbox. Every event
+//! stream until either side ends it, a newer stream of the agent supersedes it or the principal shuts down. Undelivered events stay in the session's outbox. Every event
 //! sent carries the principal's identity (`principaluid`, [`crate::identity`]) once it is known.
 
 use std::pin::Pin;
@@ -52,6 +52,9 @@ pub struct EventStreamService {
     pub pins: Arc<crate::mode_pin::ModePins>,
     /// Agents' cluster info in the hub Argo CD's cache.
     pub cluster_info: Arc<crate::cluster_info::ClusterInfoWriter>,
+    /// Cancelled when the principal shuts down: every stream then ends (the agents reconnect to
+    /// the next principal), so the gRPC server's graceful stop does not wait for them.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 type EventResponseStream = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send>>;
@@ -90,6 +93,7 @@ impl EventStream for EventStreamService {
         let metrics = self.metrics.clone();
         let live = self.live.clone();
         let cluster_info = self.cluster_info.clone();
+        let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             metrics.connections.inc();
             metrics.connected_agents.inc();
@@ -125,7 +129,12 @@ impl EventStream for EventStreamService {
                 &session.outbox,
                 &mut ctl_rx,
                 &lanes,
-                session.superseded(generation),
+                async {
+                    tokio::select! {
+                        () = session.superseded(generation) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                },
                 |ev| {
                     PrincipalMetrics::count_event(&metrics.events_received, &ev.event_type);
                     metrics.agent_event(agent.as_str());

@@ -22,17 +22,17 @@
 //! comparing.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::bench::{
-    cpu_seconds, flag_value, has_flag, machine_load, raise_fd_limit, register_chart_font, rss_kib,
+    flag_value, has_flag, machine_load, raise_fd_limit, register_chart_font, settled_rss,
     BenchSetup,
 };
-use e2e::gateway::{application, application_resource, ensure_namespace, Agent};
+use e2e::fleet_load::{self, create_and_update, wait_fleet, Load};
+use e2e::gateway::{application_resource, ensure_namespace, Agent};
 use e2e::sim_agent::{issue_identities, sim_name, FleetCounters, SimFleet, SimOptions};
 use e2e::wait_until;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{json, Value};
 
 /// Sizes of one run.
@@ -81,7 +81,8 @@ impl Sizes {
             !memory_agents.is_empty() && memory_agents[0] > 0,
             "--memory-agents needs at least one positive size"
         );
-        let agents = num("agents", 100, 4)?;
+        let (full, small) = (Load::FULL, Load::SMOKE);
+        let agents = num("agents", full.agents, small.agents)?;
         let storm_agents = memory_agents[0];
         anyhow::ensure!(agents > 0, "--agents must be positive");
         anyhow::ensure!(
@@ -93,13 +94,25 @@ impl Sizes {
         Ok(Sizes {
             smoke,
             agents,
-            apps_per_agent: num("apps-per-agent", 10, 2)?,
-            updates: num("updates", 3, 1)?,
-            writers: num("writers", 16, 4)?,
+            apps_per_agent: num("apps-per-agent", full.apps_per_agent, small.apps_per_agent)?,
+            updates: num("updates", full.updates, small.updates)?,
+            writers: num("writers", full.writers, small.writers)?,
             memory_agents,
             storm_agents,
             agent_apps: num("agent-apps", 1000, 20)?,
         })
+    }
+}
+
+impl Sizes {
+    /// The throughput phase's hub work.
+    fn load(&self) -> Load {
+        Load {
+            agents: self.agents,
+            apps_per_agent: self.apps_per_agent,
+            updates: self.updates,
+            writers: self.writers,
+        }
     }
 }
 
@@ -185,118 +198,10 @@ impl Figure {
     }
 }
 
-/// Reads the principal's RSS once the process has settled (RSS stable over one second).
-async fn settled_rss(pid: u32) -> anyhow::Result<u64> {
-    let mut last = rss_kib(pid)?;
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = rss_kib(pid)?;
-        if now.abs_diff(last) * 100 <= last {
-            return Ok(now);
-        }
-        last = now;
-    }
-    Ok(last)
-}
-
 fn pid_of(process: &e2e::ManagedProcess) -> anyhow::Result<u32> {
     process
         .pid()
         .ok_or_else(|| anyhow::anyhow!("{} is not running", process.name()))
-}
-
-/// Waits until `count(fleet)` reaches `want`, printing progress; `what` names the condition.
-async fn wait_fleet(
-    what: &str,
-    fleet: &SimFleet,
-    want: usize,
-    timeout: Duration,
-    count: impl Fn(&SimFleet) -> usize,
-) -> anyhow::Result<()> {
-    let mut last_print = Instant::now();
-    wait_until(what, timeout, || {
-        let n = count(fleet);
-        if last_print.elapsed() > Duration::from_secs(10) {
-            eprintln!(
-                "    {what}: {n}/{want} (auth failures {}, connect failures {})",
-                FleetCounters::get(&fleet.counters.auth_failures),
-                FleetCounters::get(&fleet.counters.connect_failures)
-            );
-            last_print = Instant::now();
-        }
-        async move { Ok::<_, anyhow::Error>((n >= want).then_some(())) }
-    })
-    .await
-}
-
-/// Runs `ops` hub writes with `writers` concurrent writers; returns the elapsed time.
-async fn run_writes<F, Fut>(writers: usize, ops: usize, op: F) -> anyhow::Result<Duration>
-where
-    F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
-{
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let op = Arc::new(op);
-    let t0 = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..writers.max(1) {
-        let (next, op) = (next.clone(), op.clone());
-        tasks.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= ops {
-                    return Ok::<_, anyhow::Error>(());
-                }
-                op(i).await?;
-            }
-        });
-    }
-    while let Some(r) = tasks.join_next().await {
-        r??;
-    }
-    Ok(t0.elapsed())
-}
-
-/// Creates `count` Applications (index → (namespace, name)) then patches their revision `updates`
-/// times, with `writers` concurrent writers; returns (writes, elapsed).
-async fn create_and_update(
-    client: &kube::Client,
-    writers: usize,
-    count: usize,
-    updates: usize,
-    place: impl Fn(usize) -> (String, String) + Send + Sync + Clone + 'static,
-) -> anyhow::Result<(usize, Duration)> {
-    let mut total = Duration::ZERO;
-    {
-        let (client, place) = (client.clone(), place.clone());
-        total += run_writes(writers, count, move |i| {
-            let (client, (ns, name)) = (client.clone(), place(i));
-            async move {
-                let api: Api<DynamicObject> =
-                    Api::namespaced_with(client, &ns, &application_resource());
-                api.create(&PostParams::default(), &application(&name, &ns, "r0"))
-                    .await?;
-                Ok(())
-            }
-        })
-        .await?;
-    }
-    for round in 1..=updates {
-        let (client, place) = (client.clone(), place.clone());
-        total += run_writes(writers, count, move |i| {
-            let (client, (ns, name)) = (client.clone(), place(i));
-            async move {
-                let api: Api<DynamicObject> =
-                    Api::namespaced_with(client, &ns, &application_resource());
-                let patch = json!({"spec": {"source": {"targetRevision": format!("r{round}")}}});
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                Ok(())
-            }
-        })
-        .await?;
-    }
-    Ok((count * (updates + 1), total))
 }
 
 /// Principal auth failures by reason, summed (from its `/metrics`).
@@ -347,25 +252,16 @@ impl Bench {
                 "==> connecting {} more simulated agents ({n} in all)",
                 batch.len()
             );
-            let t0 = Instant::now();
-            let fleet = SimFleet::start(
+            let (fleet, took) = fleet_load::connect(
                 &self.setup.principal.address(),
                 &self.setup.pki,
                 batch,
                 options.clone(),
-            )?;
-            let want = fleet.len();
-            wait_fleet(
-                "simulated agents subscribed and resynced",
-                &fleet,
-                want,
-                Duration::from_secs(120 + n as u64 / 20),
-                SimFleet::resynced,
             )
             .await?;
             eprintln!(
-                "    {want} agents subscribed and resynced in {:.1?}",
-                t0.elapsed()
+                "    {} agents subscribed and resynced in {took:.1?}",
+                fleet.len()
             );
             fleets.push(fleet);
             connected = n;
@@ -420,62 +316,36 @@ impl Bench {
             "writes/s",
         ));
 
-        for a in 0..s.agents {
-            ensure_namespace(&self.hub, &sim_name(a)).await?;
-        }
-        let pid = self.principal_pid()?;
-        let c = &fleet.counters;
-        let (ev0, ack0) = (
-            FleetCounters::get(&c.events_received),
-            FleetCounters::get(&c.acks_received),
-        );
-        let apps0 = fleet.applications();
-        let queued0 = FleetCounters::get(&c.status_queued);
-        let cpu0 = cpu_seconds(pid)?;
         eprintln!(
             "==> throughput: the same writes into the namespaces of {} simulated agents",
             s.agents
         );
-        let t0 = Instant::now();
-        let agents = s.agents;
-        let (writes, write_time) =
-            create_and_update(&self.hub, s.writers, count, s.updates, move |i| {
-                (sim_name(i % agents), format!("app-{}", i / agents))
-            })
-            .await?;
-        let last = format!("r{}", s.updates);
-        wait_fleet(
-            "every Application at its last revision on its agent, every status ACKed",
+        let t = fleet_load::throughput(
+            &self.hub,
             fleet,
-            count,
+            self.principal_pid()?,
+            &s.load(),
             Duration::from_secs(300),
-            |f| {
-                if f.pending() == 0 {
-                    f.applications_at(&last)
-                } else {
-                    0
-                }
-            },
         )
         .await?;
-        let took = t0.elapsed();
-        let cpu = cpu_seconds(pid)? - cpu0;
-        let events = (FleetCounters::get(&c.events_received) - ev0)
-            + (FleetCounters::get(&c.acks_received) - ack0);
         anyhow::ensure!(
-            fleet.applications() >= apps0 + count,
-            "Applications missing"
+            t.unfinished == 0,
+            "{} Applications not at their last revision on their agents after {:.0?}",
+            t.unfinished,
+            t.took
         );
-        let rate = events as f64 / took.as_secs_f64();
+        let (writes, took) = (t.writes, t.took);
+        let rate = t.events_per_second();
         eprintln!(
-            "    {writes} hub writes in {write_time:.1?}; {events} events in {took:.1?} (to agents {}, status ACKed {})",
-            FleetCounters::get(&c.events_received) - ev0,
-            FleetCounters::get(&c.acks_received) - ack0
+            "    {writes} hub writes in {:.1?}; {} events in {took:.1?} (to agents {}, status ACKed {})",
+            t.write_time,
+            t.events(),
+            t.to_agents,
+            t.acked
         );
         eprintln!(
             "    status reports queued by the agents {}, sent and ACKed {} (the rest replaced by a newer one in the agents' outboxes)",
-            FleetCounters::get(&c.status_queued) - queued0,
-            FleetCounters::get(&c.acks_received) - ack0
+            t.status_queued, t.acked
         );
         self.record(
             Figure::new(
@@ -496,7 +366,7 @@ impl Bench {
         );
         // Every ACKed status report is one status patch by the principal (unless unchanged), so
         // the apiserver served the bench's writes plus these in the same time.
-        let status_writes = FleetCounters::get(&c.acks_received) - ack0;
+        let status_writes = t.acked;
         self.record(
             Figure::new(
                 "apiserver writes/s incl. principal status patches",
@@ -507,7 +377,7 @@ impl Bench {
         );
         self.record(Figure::new(
             "principal CPU per 1,000 events",
-            cpu / events.max(1) as f64 * 1000.0,
+            t.cpu_per_1000_events(),
             "cpu-s",
         ));
         Ok(())
@@ -624,34 +494,30 @@ impl Bench {
         samples.sort();
         let baseline = samples[samples.len() / 2];
 
-        let expected_apps = fleet.applications();
-        let before = fleet.stream_numbers();
-        let auth0 = FleetCounters::get(&fleet.counters.auth_failures);
         let principal_auth0 = principal_auth_failures(self.setup.principal.ops_port).await;
         eprintln!(
-            "==> reconnect storm: restarting the principal under {} connected agents ({expected_apps} Applications)",
-            fleet.len()
-        );
-        let t0 = Instant::now();
-        self.setup.principal.process.restart()?;
-        self.setup.principal.wait_ready().await?;
-        let ready = t0.elapsed();
-        wait_fleet(
-            "every agent subscribed and resynced again",
-            fleet,
+            "==> reconnect storm: restarting the principal under {} connected agents ({} Applications)",
             fleet.len(),
-            Duration::from_secs(300),
-            |f| {
-                if f.applications() >= expected_apps {
-                    f.resynced_after(&before)
-                } else {
-                    0
-                }
+            fleet.applications()
+        );
+        let principal = &mut self.setup.principal;
+        let storm = fleet_load::storm(
+            fleet,
+            async {
+                principal.process.restart()?;
+                principal.wait_ready().await
             },
+            Duration::from_secs(300),
         )
         .await?;
-        let took = t0.elapsed();
-        let auth = FleetCounters::get(&fleet.counters.auth_failures) - auth0;
+        let took = storm.resynced_in.ok_or_else(|| {
+            anyhow::anyhow!(
+                "only {} of {} agents resynced within 300 s of the restart",
+                storm.resynced,
+                storm.agents
+            )
+        })?;
+        let (ready, auth) = (storm.ready, storm.auth_failures);
         let principal_auth = principal_auth_failures(self.setup.principal.ops_port)
             .await
             .saturating_sub(principal_auth0);

@@ -24,11 +24,17 @@
 //!    in the source yet written again in the replica: duplicate deliveries) and, for our agent,
 //!    the events it resent.
 //!
-//! `--smoke`: 1 round, small sizes, finishes in a few minutes. Full runs default to the issue's
-//! sizes (5,000 Applications and 5,000 offline changes per cell). Build with `--release`
-//! (`hack/bench.sh --compare` does).
+//! After the cells, the fleet part (`fleet.rs`): one principal of each side under many
+//! simulated agents (the same ones against both): events/s and CPU per 1,000 events with
+//! `--fleet-agents` (100) of them busy, RSS per idle agent and a reconnect storm at
+//! `--storm-agents` (1000), for `--fleet-rounds` (1) rounds; `--skip-fleet` skips it.
+//!
+//! `--smoke`: 1 round, small sizes, finishes in a few minutes (the fleet part in about 1 more).
+//! Full runs default to the sizes (5,000 Applications and 5,000 offline changes per cell).
+//! Build with `--release` (`hack/bench.sh --compare` does).
 
 mod cell;
+mod fleet;
 mod proxy;
 mod report;
 
@@ -103,6 +109,7 @@ pub struct Ground {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let sizes = Sizes::from_args()?;
+    let fleet_sizes = fleet::FleetSizes::from_args(sizes.smoke)?;
     let out = PathBuf::from(flag_value("out").unwrap_or_else(|| "results".into()));
     let started = Instant::now();
     eprintln!("==> bench-compare {sizes:?}");
@@ -154,6 +161,11 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    let fleet_figures = match &fleet_sizes {
+        Some(f) => fleet::run(&ground, f, &mut failures).await?,
+        None => Vec::new(),
+    };
+
     let mut rows = cell::rows(&cells, Mode::Managed, &sizes);
     rows.extend(cell::rows(&cells, Mode::Autonomous, &sizes));
     let (load, cpus) = machine_load();
@@ -165,10 +177,19 @@ async fn main() -> anyhow::Result<()> {
         sizes.count,
         started.elapsed()
     );
-    report::print_rows(&rows);
-    let samples =
+    let mut samples =
         json!({"cells": cells.iter().map(cell::CellFigures::to_json).collect::<Vec<_>>()});
+    if let Some(f) = &fleet_sizes {
+        println!("{}", f.describe());
+        rows.extend(fleet::rows(&fleet_figures, f));
+        samples["fleet"] = fleet::to_json(&fleet_figures, f);
+    }
+    report::print_rows(&rows);
     report::write_results(&out, sizes.to_json(), &rows, samples, &failures)?;
-    anyhow::ensure!(failures.is_empty(), "{} cell(s) failed", failures.len());
+    anyhow::ensure!(
+        failures.is_empty(),
+        "{} cell(s) or fleet run(s) failed",
+        failures.len()
+    );
     Ok(())
 }

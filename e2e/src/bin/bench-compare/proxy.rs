@@ -24,14 +24,13 @@ use argocd_agent_kube::argocd_cache::{self, RedisCompression, CACHE_VERSION};
 use e2e::gateway::Pki;
 use e2e::redis::{resp_exchange_bytes, Redis};
 use e2e::sides::{AnyPrincipal, Side};
-use e2e::upstream::{REDIS_PROXY_PORT, RESOURCE_PROXY_PORT};
+use e2e::upstream::{FixedPortHold, REDIS_PROXY_PORT, RESOURCE_PROXY_PORT};
 use e2e::wait::wait_until;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
-use tokio::sync::MutexGuard;
 
 use crate::report::{pooled, Row};
 
@@ -45,7 +44,7 @@ pub struct LiveView {
     hub_redis: Redis,
     spoke_redis: Redis,
     /// Held while an upstream principal has the machine's one resource-proxy and Redis-proxy port.
-    _ports: Option<(MutexGuard<'static, ()>, MutexGuard<'static, ()>)>,
+    _ports: Option<(FixedPortHold, FixedPortHold)>,
 }
 
 impl LiveView {
@@ -57,8 +56,8 @@ impl LiveView {
             Side::Ours => None,
             Side::Upstream => {
                 let guards = (
-                    e2e::upstream::hold_resource_proxy_port().await,
-                    e2e::upstream::hold_redis_proxy_port().await,
+                    e2e::upstream::hold_resource_proxy_port().await?,
+                    e2e::upstream::hold_redis_proxy_port().await?,
                 );
                 for port in [RESOURCE_PROXY_PORT, REDIS_PROXY_PORT] {
                     std::net::TcpListener::bind(("0.0.0.0", port)).map_err(|e| {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use e2e::bench::{machine_load, percentile, register_chart_font};
 use serde_json::{json, Value};
 
-/// One line of the comparison: a figure for both sides (lower is better for every figure here).
+/// One line of the comparison: a figure for both sides (lower is better unless the figure's name
+/// says HIGHER).
 pub struct Row {
     pub figure: String,
     pub unit: &'static str,
@@ -73,7 +74,9 @@ pub fn write_results(
     let report = json!({
         "bench": "bench-compare",
         "upstream": "argocd-agent v0.9.0 (hack/peers.sh)",
-        "note": "1 agent, no Argo CD: the bench writes the spoke status and the spoke's resource tree itself",
+        "note": "cells: managed and autonomous, 1 agent, no Argo CD, the bench writes the spoke status \
+                 and the spoke's resource tree itself; rows naming simulated agents: the same \
+                 protocol-level simulated agents against both principals",
         "sizes": sizes,
         "machine": {"cpus": cpus, "load_average_1m_at_end": load},
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
@@ -110,7 +113,7 @@ fn draw_chart(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
     let root = BitMapBackend::new(path, (1350, 60 + 260 * lines as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(
-        "bench-compare: ours (blue) vs upstream argocd-agent v0.9.0 (orange), lower is better",
+        "bench-compare: ours (blue) vs upstream argocd-agent v0.9.0 (orange), lower is better unless a panel says HIGHER",
         ("sans-serif", 22),
     )?;
     let orange = RGBColor(230, 140, 30);
