@@ -685,11 +685,21 @@ async fn upstream_v0_9_serves_every_name_of_the_parity_table() -> anyhow::Result
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
 
-    // Upstream counts its events after sending them: wait for the counters rather than race them.
+    // Upstream counts its events after sending them, and its labelled histograms appear with their
+    // first sample (the principal's once the agent's first event back was handled): wait for the
+    // counters and for the parity table's always-served names rather than race them.
     let bodies = wait_until("upstream's event counters moved", WAIT, || async {
         let principal = scrape(principal_metrics).await?;
         let agent = scrape(agent_metrics).await?;
-        let moved = sample(&principal, "principal_events_sent ") >= Some(1.0)
+        let served = UPSTREAM_PARITY
+            .iter()
+            .filter(|(_, name, _)| !UPSTREAM_WITH_FIRST_SAMPLE.contains(name))
+            .all(|(side, name, _)| match side {
+                Side::Principal => declared(&principal, name),
+                Side::Agent => declared(&agent, name),
+            });
+        let moved = served
+            && sample(&principal, "principal_events_sent ") >= Some(1.0)
             && sample(&agent, "agent_events_received ") >= Some(1.0);
         Ok::<_, anyhow::Error>(moved.then_some((principal, agent)))
     })
