@@ -31,10 +31,11 @@ pub async fn register_loopback_node(client: &kube::Client, name: &str) -> anyhow
 }
 
 /// Creates GitOpsCluster [`DISCOVERED`] in `gocs`' namespace: managed mode, no principal endpoint,
-/// a Placement `nobody` (which selects no cluster).
+/// a Placement `nobody` (which selects no cluster), for the principal serving `argo_namespace`.
 pub async fn create_endpointless_gitopscluster(
     gocs: &Api<GitOpsCluster>,
     namespace: &str,
+    argo_namespace: &str,
 ) -> anyhow::Result<()> {
     gocs.create(
         &PostParams::default(),
@@ -43,6 +44,7 @@ pub async fn create_endpointless_gitopscluster(
             "kind": "GitOpsCluster",
             "metadata": {"name": DISCOVERED, "namespace": namespace},
             "spec": {"placementRef": {"kind": "Placement", "name": "nobody"},
+                     "argoServer": {"argoNamespace": argo_namespace},
                      "argoCDAgentAddon": {"mode": "managed"}},
         }))?,
     )

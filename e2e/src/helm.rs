@@ -243,7 +243,7 @@ pub async fn installed_deployment(
     Ok((d.metadata.name.clone().unwrap_or_default(), sa))
 }
 
-/// The Secrets the principal chart mounts by default, in `namespace`, from `pki`: the gRPC and
+/// The Secrets the principal chart reads by default, in `namespace`, from `pki`: the gRPC and
 /// resource proxy certificates, the CA (`kubernetes.io/tls` with its key when `with_ca_key`, as
 /// `argocd-agentctl pki init` writes it, so the embedded operator can issue; else the
 /// certificate alone) and the JWT signing key.

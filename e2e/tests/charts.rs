@@ -26,7 +26,7 @@ use e2e::binaries::workspace_root;
 use e2e::discovery::{
     create_endpointless_gitopscluster, register_loopback_node, wait_node_port_written, DISCOVERED,
 };
-use e2e::gateway::{application_resource, ensure_namespace, text, Pki};
+use e2e::gateway::{agentctl, application_resource, ensure_namespace, http_get, text, Agent, Pki};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::helm::{create_principal_secrets, create_secret, installed_deployment, Helm, Release};
 use e2e::ocm::{install_crds, CrdSide};
@@ -190,7 +190,7 @@ async fn charts_pass_a_server_side_dry_run_on_a_real_control_plane() -> anyhow::
         (
             PRINCIPAL_CHART,
             "own Secrets, annotated LoadBalancer, PDB by maxUnavailable, ServiceMonitor off",
-            "service:\n  type: LoadBalancer\n  annotations: {service.beta.kubernetes.io/aws-load-balancer-type: nlb}\n  loadBalancerSourceRanges: [10.0.0.0/8]\n  externalTrafficPolicy: Local\ntls: {secretName: my-tls, caSecretName: my-ca, caKey: bundle.pem}\njwt: {secretName: my-jwt, key: signing.pem}\nresourceProxy: {tlsSecretName: \"\"}\npodDisruptionBudget: {maxUnavailable: 1}\nprincipal: {allowedNamespaces: [\"team-*\"], logFormat: text}\n".to_string(),
+            "service:\n  type: LoadBalancer\n  annotations: {service.beta.kubernetes.io/aws-load-balancer-type: nlb}\n  loadBalancerSourceRanges: [10.0.0.0/8]\n  externalTrafficPolicy: Local\ntls: {secretName: my-tls, caSecretName: my-ca, caKey: ca.crt}\njwt: {secretName: my-jwt}\nresourceProxy: {tlsSecretName: \"\"}\npodDisruptionBudget: {maxUnavailable: 1}\nprincipal: {allowedNamespaces: [\"team-*\"], logFormat: text}\n".to_string(),
         ),
         (
             PRINCIPAL_CHART,
@@ -205,7 +205,7 @@ async fn charts_pass_a_server_side_dry_run_on_a_real_control_plane() -> anyhow::
         ),
         (
             PRINCIPAL_CHART,
-            "Redis TLS (hub Redis CA and the proxy's certificate mounted)",
+            "Redis TLS (hub Redis CA and the proxy's certificate read from their Secrets)",
             "redisProxy: {tls: {enabled: true}}\n".to_string(),
         ),
         (
@@ -364,6 +364,23 @@ async fn chart_rbac_grants_exactly_the_rules_kept_beside_the_code() {
             "release {release}: the Role grants get on the chart's Service only"
         );
     }
+
+    // The Secrets the principal reads its TLS material and JWT key from: get on exactly the
+    // names the values give (here without the operator, whose own names would join them).
+    let own_secrets = render_principal(
+        "tls: {secretName: my-tls, caSecretName: my-ca}\njwt: {secretName: my-jwt}\n\
+         resourceProxy: {tlsSecretName: \"\"}\noperator: {enabled: false}\n",
+    );
+    let read: BTreeSet<String> = rendered_grants(&own_secrets, "Role")
+        .into_iter()
+        .filter(|(_, r, v, _)| r == "secrets" && v == "get")
+        .map(|(_, _, _, name)| name)
+        .collect();
+    assert_eq!(
+        read,
+        BTreeSet::from(["my-ca", "my-jwt", "my-tls"].map(String::from)),
+        "the Role grants get on the values' Secret names only"
+    );
 
     // No Secret is granted cluster-wide: the operator's cluster Secrets live in the release
     // namespace and in a Role per further Argo CD namespace (duplicates and the release
@@ -582,19 +599,42 @@ async fn rendered_pods_are_hardened_probed_and_highly_available() {
         assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
-        // TLS material is mounted read-only from Secrets; a CA's private key never is.
+        // The agent's TLS material is mounted read-only from Secrets (a CA's private key never
+        // is); the principal's is read through the API, nothing is mounted (so a fresh install
+        // is not stuck on a missing Secret volume).
         for m in c["volumeMounts"].as_array().unwrap() {
             if m["mountPath"].as_str().unwrap().starts_with("/app/config") {
                 assert_eq!(m["readOnly"], true, "{m}");
             }
         }
-        let ca = pod["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == "ca")
-            .unwrap();
-        assert_eq!(ca["secret"]["items"].as_array().unwrap().len(), 1);
+        let volumes = pod["volumes"].as_array().unwrap();
+        if std::ptr::eq(objs, &principal) {
+            assert!(
+                volumes.iter().all(|v| v["secret"].is_null()),
+                "no Secret volume: {volumes:?}"
+            );
+            for (name, secret) in [
+                (
+                    "ARGOCD_PRINCIPAL_TLS_SECRET_NAME",
+                    "argocd-agent-principal-tls",
+                ),
+                ("ARGOCD_PRINCIPAL_TLS_CA_SECRET_NAME", "argocd-agent-ca"),
+                ("ARGOCD_PRINCIPAL_JWT_SECRET_NAME", "argocd-agent-jwt"),
+                (
+                    "ARGOCD_PRINCIPAL_RESOURCE_PROXY_SECRET_NAME",
+                    "argocd-agent-resource-proxy-tls",
+                ),
+            ] {
+                assert_eq!(
+                    env_value(objs, name).map(|e| &e["value"]),
+                    Some(&json!(secret)),
+                    "{name}"
+                );
+            }
+        } else {
+            let ca = volumes.iter().find(|v| v["name"] == "ca").unwrap();
+            assert_eq!(ca["secret"]["items"].as_array().unwrap().len(), 1);
+        }
     }
     let pdb = of_kind(&principal, "PodDisruptionBudget");
     assert_eq!(pdb.len(), 1);
@@ -627,6 +667,9 @@ async fn bad_values_are_refused_naming_the_key() {
     let cases = [
         (PRINCIPAL_CHART, "replicaCount: 0\n", "replicaCount"),
         (PRINCIPAL_CHART, "service: {type: Ingress}\n", "type"),
+        // The principal reads the CA from tls.crt/ca.crt and the JWT key from jwt.key only.
+        (PRINCIPAL_CHART, "tls: {caKey: bundle.pem}\n", "caKey"),
+        (PRINCIPAL_CHART, "jwt: {key: signing.pem}\n", "key"),
         (
             PRINCIPAL_CHART,
             "securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: false}\n",
@@ -1114,7 +1157,7 @@ async fn release_named_principal_service_is_discovered_by_the_operator_with_the_
     );
 
     let gocs: Api<GitOpsCluster> = Api::namespaced(client.clone(), &ns);
-    create_endpointless_gitopscluster(&gocs, &ns).await?;
+    create_endpointless_gitopscluster(&gocs, &ns, &ns).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let in_cluster_name = format!("DNS:{service_name}.{ns}.svc");
     let flow = async {
@@ -1162,6 +1205,305 @@ async fn release_named_principal_service_is_discovered_by_the_operator_with_the_
     );
     helm.uninstall(&release, &ns)?;
     Ok(())
+}
+
+/// Issues agent `agent`'s client certificate with `argocd-agentctl pki issue agent` from the CA
+/// in the principal's namespace `principal_ns` on `hub`, into the agent's Secrets in `agent_ns` on
+/// `spoke`; starts the agent there reading them (its default Secrets) and dialing the principal's
+/// gRPC Service (host port `grpc_port`) under the name `server_name`; waits until it is connected.
+async fn agent_connects_with_a_certificate_from_the_hub_ca(
+    ctx: &TestContext,
+    (hub, principal_ns): (&ControlPlane, &str),
+    (spoke, agent_ns): (&ControlPlane, &str),
+    agent: &str,
+    (grpc_port, server_name): (u16, &str),
+) -> anyhow::Result<Agent> {
+    ensure_namespace(&hub.client().await?, agent).await?;
+    ensure_namespace(&spoke.client().await?, agent_ns).await?;
+    agentctl(&[
+        "pki",
+        "issue",
+        "agent",
+        agent,
+        "--namespace",
+        principal_ns,
+        "--kubeconfig",
+        &hub.kubeconfig.display().to_string(),
+        "--agent-kubeconfig",
+        &spoke.kubeconfig.display().to_string(),
+        "--agent-namespace",
+        agent_ns,
+    ])?;
+    let agent = Agent::start_with_transport(
+        agent,
+        &ctx.dir,
+        spoke,
+        &format!("127.0.0.1:{grpc_port}"),
+        agent_ns,
+        &[format!("--tls-server-name={server_name}")],
+        &[],
+    )
+    .await?;
+    agent.wait_connected().await?;
+    Ok(agent)
+}
+
+/// `/readyz` of `pod`: (HTTP status, body).
+async fn readyz(pod: &Pod) -> anyhow::Result<(u16, String)> {
+    http_get(
+        pod.port("health").expect("the chart names the health port"),
+        "/readyz",
+    )
+    .await
+}
+
+/// A fresh `helm install` with the chart's defaults (two replicas under HA, the embedded
+/// operator on) and none of the Secrets the principal reads but one: the operator creates the
+/// CA, the principal certificate (for the release's Service names) and the JWT key before the
+/// first read, both replicas start, one becomes Ready, and an agent whose certificate
+/// `argocd-agentctl` issues from the bootstrapped CA connects. The one Secret there before, the
+/// user's resource proxy certificate from another CA (which the operator's pass would reissue),
+/// is left exactly as it was.
+#[tokio::test]
+async fn fresh_install_with_the_operator_creates_the_missing_secrets_keeps_a_users_and_an_agent_connects(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let started = Instant::now();
+    let ctx = TestContext::new("charts-fresh-operator")?;
+    let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
+    let client = hub.client().await?;
+    let ns = ctx.unique("argocd");
+    ensure_namespace(&client, &ns).await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let other = Pki::create(&ctx.dir.join("users-pki"))?;
+    create_secret(
+        &client,
+        &ns,
+        "argocd-agent-resource-proxy-tls",
+        "kubernetes.io/tls",
+        &[
+            ("tls.crt", other.dir.join("principal.crt")),
+            ("tls.key", other.dir.join("principal.key")),
+        ],
+    )
+    .await?;
+    let users = secrets.get("argocd-agent-resource-proxy-tls").await?;
+    for name in [
+        "argocd-agent-ca",
+        "argocd-agent-principal-tls",
+        "argocd-agent-jwt",
+    ] {
+        assert!(
+            secrets.get_opt(name).await?.is_none(),
+            "{name} before install"
+        );
+    }
+
+    let release = ctx.unique("fresh");
+    let helm = Helm::new(&ctx.dir, Some(&hub.kubeconfig))?;
+    helm.install(&Release::new(
+        &release,
+        &ns,
+        workspace_root().join(PRINCIPAL_CHART),
+        "",
+    ))?;
+    let (deployment, sa) = installed_deployment(&client, &ns).await?;
+    let kubelet = PodRunner::new(hub, &ctx.dir, Image::ours()?).await?;
+    let principals = kubelet.run_deployment(&ns, &deployment, &[]).await?;
+    let user = format!("system:serviceaccount:{ns}:{sa}");
+    let active = wait_until(
+        "one principal pod Ready on a fresh install",
+        Duration::from_secs(90),
+        || async {
+            let mut ready = 0;
+            for p in &principals {
+                ready += usize::from(p.is_ready().await);
+            }
+            Ok::<_, anyhow::Error>((ready == 1).then_some(()))
+        },
+    )
+    .await;
+    assert_nothing_refused(hub, &user, PRINCIPAL_CHART);
+    active.map_err(|e| {
+        anyhow::anyhow!("{e}\n{}", pod_logs(&principals.iter().collect::<Vec<_>>()))
+    })?;
+
+    // What the operator created: a CA with its key, the principal certificate from it for the
+    // release's Service names, the JWT key.
+    let ca = secrets.get("argocd-agent-ca").await?;
+    let ca_pem = text_of(&ca, "tls.crt");
+    assert!(!text_of(&ca, "tls.key").is_empty(), "the CA keeps its key");
+    let service = format!("{release}-argocd-agent-principal");
+    let tls = inspect(&text_of(
+        &secrets.get("argocd-agent-principal-tls").await?,
+        "tls.crt",
+    ))?;
+    assert!(
+        tls.sans.contains(&format!("DNS:{service}.{ns}.svc")),
+        "{:?}",
+        tls.sans
+    );
+    assert_eq!(
+        tls.issuer,
+        inspect(&ca_pem)?.subject,
+        "issued by the bootstrapped CA"
+    );
+    assert!(!text_of(&secrets.get("argocd-agent-jwt").await?, "jwt.key").is_empty());
+    let kept = secrets.get("argocd-agent-resource-proxy-tls").await?;
+    assert_eq!(
+        (kept.metadata.resource_version, kept.data),
+        (users.metadata.resource_version, users.data),
+        "the user's Secret is never replaced"
+    );
+
+    let (grpc_port, _grpc_service) = service(&principals, "grpc")?;
+    let agent = agent_connects_with_a_certificate_from_the_hub_ca(
+        &ctx,
+        (hub, &ns),
+        (spoke, &ctx.unique("spoke")),
+        &ctx.unique("agent"),
+        (grpc_port, &format!("{service}.{ns}.svc")),
+    )
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e:#}\n{}",
+            pod_logs(&principals.iter().collect::<Vec<_>>())
+        )
+    })?;
+    assert_nothing_refused(hub, &user, PRINCIPAL_CHART);
+    eprintln!(
+        "[charts] fresh install with the operator: Secrets created, Ready and agent {} connected in {:.1?}",
+        agent.name,
+        started.elapsed()
+    );
+    drop(agent);
+    helm.uninstall(&release, &ns)?;
+    Ok(())
+}
+
+/// A fresh `helm install` without the operator and without the Secrets: the principal stays
+/// alive and not ready, its `/readyz` and log name the missing Secret and the `argocd-agentctl`
+/// command that creates it; once the Secrets exist (made with our `argocd-agentctl`, as the
+/// message says) it becomes Ready by itself, same process, and an agent connects.
+#[tokio::test]
+async fn fresh_install_without_the_operator_says_which_secret_is_missing_and_starts_once_argocd_agentctl_made_them(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let started = Instant::now();
+    let ctx = TestContext::new("charts-fresh-no-operator")?;
+    let (hub, spoke) = (&planes.hub, &planes.spokes[0]);
+    let client = hub.client().await?;
+    let ns = ctx.unique("argocd");
+    ensure_namespace(&client, &ns).await?;
+    let release = ctx.unique("bare");
+    let helm = Helm::new(&ctx.dir, Some(&hub.kubeconfig))?;
+    helm.install(&Release::new(
+        &release,
+        &ns,
+        workspace_root().join(PRINCIPAL_CHART),
+        "replicaCount: 1\nha: {enabled: false}\noperator: {enabled: false}\n",
+    ))?;
+    let (deployment, sa) = installed_deployment(&client, &ns).await?;
+    let kubelet = PodRunner::new(hub, &ctx.dir, Image::ours()?).await?;
+    let mut pods = kubelet.run_deployment(&ns, &deployment, &[]).await?;
+    let service = format!("{release}-argocd-agent-principal");
+
+    // The first Secret it reads is the gRPC certificate's.
+    let command = format!("argocd-agentctl pki issue principal -n {ns} --dns {service}");
+    let (status, body) = wait_until(
+        "/readyz naming the missing Secret",
+        Duration::from_secs(60),
+        || async {
+            let (status, body) = readyz(&pods[0]).await.unwrap_or((0, String::new()));
+            Ok::<_, anyhow::Error>(
+                body.contains("argocd-agent-principal-tls")
+                    .then_some((status, body)),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", pods[0].log_tail(30)))?;
+    assert_eq!(status, 503, "not ready: {body}");
+    assert!(
+        body.contains(&command) && body.contains("not found"),
+        "{body}"
+    );
+    let log = pods[0].log_tail(60);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("argocd-agent-principal-tls") && l.contains(&command)),
+        "the log says it too:\n{log}"
+    );
+    assert!(
+        pods[0].process.is_running(),
+        "alive, not crash-looping:\n{log}"
+    );
+
+    // What the messages say to run.
+    let kubeconfig = hub.kubeconfig.display().to_string();
+    let dns = format!("{service},{service}.{ns}.svc");
+    let proxy_dns = format!("{release}-argocd-agent-principal-resource-proxy.{ns}.svc");
+    for args in [
+        vec!["pki", "init"],
+        vec!["pki", "issue", "principal", "--dns", dns.as_str()],
+        vec![
+            "pki",
+            "issue",
+            "resource-proxy",
+            "--dns",
+            proxy_dns.as_str(),
+        ],
+        vec!["jwt", "create-key"],
+    ] {
+        let mut args = args;
+        args.extend([
+            "--namespace",
+            ns.as_str(),
+            "--kubeconfig",
+            kubeconfig.as_str(),
+        ]);
+        agentctl(&args)?;
+    }
+    pods[0].wait_ready(Duration::from_secs(60)).await?;
+    assert!(
+        pods[0].process.is_running(),
+        "the same process became ready"
+    );
+    let (grpc_port, _grpc_service) = service(&pods, "grpc")?;
+    let agent = agent_connects_with_a_certificate_from_the_hub_ca(
+        &ctx,
+        (hub, &ns),
+        (spoke, &ctx.unique("spoke")),
+        &ctx.unique("agent"),
+        (grpc_port, &format!("{service}.{ns}.svc")),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e:#}\n{}", pods[0].log_tail(40)))?;
+    assert_nothing_refused(
+        hub,
+        &format!("system:serviceaccount:{ns}:{sa}"),
+        PRINCIPAL_CHART,
+    );
+    eprintln!(
+        "[charts] fresh install without the operator: waited naming the Secret, Ready after \
+         argocd-agentctl made them, agent {} connected in {:.1?}",
+        agent.name,
+        started.elapsed()
+    );
+    drop(agent);
+    helm.uninstall(&release, &ns)?;
+    Ok(())
+}
+
+/// Field `key` of `secret` as text ("" when absent).
+fn text_of(secret: &Secret, key: &str) -> String {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default()
 }
 
 #[tokio::test]

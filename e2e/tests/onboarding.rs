@@ -1058,7 +1058,7 @@ async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_with_the
     let ns = ctx.unique("gitops");
     create_label_placement(&hub, &ns, "nobody", (TEST_LABEL, &ctx.unique("none"))).await?;
     let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns);
-    create_endpointless_gitopscluster(&gocs, &ns).await?;
+    create_endpointless_gitopscluster(&gocs, &ns, PRINCIPAL_NS).await?;
     let written = wait_node_port_written(&gocs, node_port, REACT_WAIT).await;
     // Clean up before judging: the Service and Node would change discovery for other tests.
     services

@@ -21,7 +21,9 @@
 //! add-on identity, by impersonation). The
 //! principal reads its TLS from files, so the test copies the operator's Secrets into them (the
 //! principal reloads changed files by itself).
-//! One test function: a second operator on the shared hub would reconcile the same GitOpsClusters.
+//! Every GitOpsCluster here names its principal's namespace in `spec.argoServer.argoNamespace`,
+//! so the operators of this binary's principals (all on the shared hub) each reconcile only their
+//! own; that two principals on one hub do not fight over a GitOpsCluster is a test of its own.
 
 use std::path::Path;
 use std::time::Duration;
@@ -32,6 +34,7 @@ use argocd_agent_operator::gitops::agent_work::{
 };
 use argocd_agent_operator::gitops::crd::GitOpsCluster;
 use argocd_agent_operator::gitops::csr::{ADDON_SIGNER, CSR_CLUSTER_LABEL};
+use argocd_agent_operator::pki::secrets::ca_secret;
 use argocd_agent_operator::pki::secrets::{
     AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET, CA_CERT_KEY, TLS_CERT_KEY, TLS_KEY_KEY,
 };
@@ -415,7 +418,7 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
     let goc: GitOpsCluster = serde_json::from_value(json!({
         "apiVersion": "apps.open-cluster-management.io/v1alpha1", "kind": "GitOpsCluster",
         "metadata": {"name": "fleet", "namespace": ns},
-        "spec": {"placementRef": {"kind": "Placement", "name": "all"},
+        "spec": {"placementRef": {"kind": "Placement", "name": "all"}, "argoServer": {"argoNamespace": ns},
                  "argoCDAgentAddon": {"mode": "managed", "principalServerAddress": "127.0.0.1",
                                       "principalServerPort": principal.grpc_port.to_string(),
                                       "agentNamespace": spoke_ns, "agentKeyInManifestWork": true}}
@@ -571,7 +574,7 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
         &serde_json::from_value(json!({
             "apiVersion": "apps.open-cluster-management.io/v1alpha1", "kind": "GitOpsCluster",
             "metadata": {"name": "addon", "namespace": ns},
-            "spec": {"placementRef": {"kind": "Placement", "name": "addon"},
+            "spec": {"placementRef": {"kind": "Placement", "name": "addon"}, "argoServer": {"argoNamespace": ns},
                      "argoCDAgentAddon": {"mode": "managed", "principalServerAddress": "127.0.0.1",
                                           "principalServerPort": principal.grpc_port.to_string(),
                                           "agentNamespace": spoke_ns}}
@@ -934,7 +937,7 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
         Ok(serde_json::from_value(json!({
             "apiVersion": "apps.open-cluster-management.io/v1alpha1", "kind": "GitOpsCluster",
             "metadata": {"name": name, "namespace": ns},
-            "spec": {"placementRef": {"kind": "Placement", "name": placement},
+            "spec": {"placementRef": {"kind": "Placement", "name": placement}, "argoServer": {"argoNamespace": ns},
                      "argoCDAgentAddon": {"mode": mode, "principalServerAddress": "127.0.0.1", "principalServerPort": "1"}}
         }))?)
     };
@@ -944,8 +947,8 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
         .await?;
     gocs.create(&PostParams::default(), &bad("second", "all", "managed")?)
         .await?;
-    // An Argo CD namespace the operator has no Role in (the chart grants Secrets only in the
-    // principal's and the configured Argo CD namespaces).
+    // An Argo CD namespace this principal does not serve: another principal's GitOpsCluster,
+    // left alone (argocd_namespace_of).
     let mut foreign = bad("foreign", "all", "managed")?;
     foreign.spec.argo_server = Some(serde_json::from_value(
         json!({"argoNamespace": "kube-system"}),
@@ -963,18 +966,9 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
     })
     .await?;
     assert!(condition(&g, "Ready").unwrap().2.contains("sideways"));
-    let g = wait_goc(&gocs, "foreign", "foreign Argo CD namespace refused", |g| {
-        condition(g, "Ready").is_some_and(|c| c.1 == "ArgoNamespaceNotAllowed")
-    })
-    .await?;
-    let (_, _, message) = condition(&g, "Ready").unwrap();
-    assert!(
-        message.contains("\"kube-system\"")
-            && message.contains("--operator-extra-argocd-namespaces"),
-        "{message}"
-    );
-    // Refused before anything was written: no cluster Secret of the operator in kube-system,
-    // while the accepted GitOpsCluster's cluster Secret is in the principal's namespace.
+    // Nothing written for it: no cluster Secret of the operator in kube-system, while the
+    // accepted GitOpsCluster's cluster Secret is in the principal's namespace (and, below, no
+    // finalizer or status once passes that saw it have run).
     let managed_secrets = ListParams::default().labels(&format!(
         "{}={}",
         argocd_agent_operator::gitops::agent_work::MANAGED_BY_LABEL,
@@ -1016,6 +1010,12 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
         condition(&g, "ClustersRegistered").unwrap().1,
         "RegistrationFailed"
     );
+    // That pass ran after "foreign" existed and left it alone.
+    let foreign = gocs.get("foreign").await?;
+    assert!(
+        foreign.status.is_none() && foreign.metadata.finalizers.unwrap_or_default().is_empty(),
+        "a GitOpsCluster naming another principal's Argo CD namespace is left alone"
+    );
     for name in ["missing", "badmode", "second", "foreign"] {
         gocs.delete(name, &DeleteParams::default()).await?;
     }
@@ -1040,5 +1040,195 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
     )
     .await?;
     agent.stop();
+    Ok(())
+}
+
+/// Two principals, each with its embedded operator, in two namespaces of one hub, and one
+/// GitOpsCluster for each (both in a third namespace, each naming its principal's namespace in
+/// `spec.argoServer.argoNamespace`): each is reconciled by its principal alone. The principals'
+/// CAs differ in validity, and each GitOpsCluster's `CertificatesReady` message carries the end of
+/// its operator's CA, so a status written by the other operator would show the other date: every
+/// status revision of both is watched while passes of both operators run (each touch of either
+/// GitOpsCluster triggers a pass in both), and none may carry the other principal's CA, nor may a
+/// principal create a cluster Secret or certificate for the other's GitOpsCluster.
+#[tokio::test]
+async fn two_principals_on_one_hub_each_reconcile_only_the_gitopscluster_naming_their_argo_cd_namespace(
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("operator_two_principals")?;
+    let hub = planes.hub.client().await?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let names = ["a", "b"];
+    let namespaces = [ctx.unique("hub-a"), ctx.unique("hub-b")];
+    // Each principal's CA, told apart by its end of validity.
+    let mut ca_ends = Vec::new();
+    for (ns, validity) in namespaces.iter().zip([100, 200]) {
+        ensure_namespace(&hub, ns).await?;
+        let ca = CertificateAuthority::generate("argocd-agent-ca", days(validity))?;
+        Api::<Secret>::namespaced(hub.clone(), ns)
+            .create(&PostParams::default(), &ca_secret(ns, &ca))
+            .await?;
+        ca_ends.push(ca.info().not_after.to_rfc3339());
+    }
+    let mut principals = Vec::new();
+    for (name, ns) in names.iter().zip(&namespaces) {
+        principals.push(
+            Principal::start(
+                name,
+                &ctx.dir,
+                &planes.hub,
+                &pki,
+                ns,
+                &["--enable-operator=true"],
+            )
+            .await?,
+        );
+    }
+    // The GitOpsClusters and their Placement (decided: no cluster) in a namespace of neither.
+    let gitops_ns = ctx.unique("gitops");
+    ensure_namespace(&hub, &gitops_ns).await?;
+    let dynamic = |kind: &str, plural: &str| {
+        Api::<DynamicObject>::namespaced_with(
+            hub.clone(),
+            &gitops_ns,
+            &resource(
+                "cluster.open-cluster-management.io",
+                "v1beta1",
+                kind,
+                plural,
+            ),
+        )
+    };
+    dynamic("Placement", "placements")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+            "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
+            "metadata": {"name": "none", "namespace": gitops_ns}, "spec": {}}))?,
+        )
+        .await?;
+    dynamic("PlacementDecision", "placementdecisions")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+            "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
+            "metadata": {"name": "none-decision-1", "namespace": gitops_ns,
+                         "labels": {"cluster.open-cluster-management.io/placement": "none"}}}))?,
+        )
+        .await?;
+    let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &gitops_ns);
+    // Every status revision of both, from before they exist.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
+    let watch = tokio::spawn({
+        let (gocs, seen) = (gocs.clone(), seen.clone());
+        async move {
+            let mut events = watcher(gocs, watcher::Config::default()).boxed();
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Apply(g) | watcher::Event::InitApply(g)) = event {
+                    if let Some((_, _, message)) = condition(&g, "CertificatesReady") {
+                        seen.lock()
+                            .unwrap()
+                            .push((g.metadata.name.unwrap_or_default(), message));
+                    }
+                }
+            }
+        }
+    });
+    for (name, (ns, principal)) in names.iter().zip(namespaces.iter().zip(&principals)) {
+        gocs.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "apps.open-cluster-management.io/v1alpha1", "kind": "GitOpsCluster",
+                "metadata": {"name": name, "namespace": gitops_ns},
+                "spec": {"placementRef": {"kind": "Placement", "name": "none"},
+                         "argoServer": {"argoNamespace": ns},
+                         "argoCDAgentAddon": {"mode": "managed", "principalServerAddress": "127.0.0.1",
+                                              "principalServerPort": principal.grpc_port.to_string()}}
+            }))?,
+        )
+        .await?;
+    }
+    for (name, end) in names.iter().zip(&ca_ends) {
+        let g = wait_goc(
+            &gocs,
+            name,
+            &format!("GitOpsCluster {name} reconciled"),
+            |g| condition(g, "CertificatesReady").is_some_and(|c| c.0 == "True"),
+        )
+        .await?;
+        let (_, _, message) = condition(&g, "CertificatesReady").unwrap();
+        assert!(
+            message.contains(end.as_str()),
+            "{name}: {message} (its CA ends {end})"
+        );
+    }
+    // Passes of both operators over both GitOpsClusters: every touch is an event for both.
+    for round in 0..6 {
+        for name in names {
+            gocs.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"e2e/touch": round.to_string()}}}),
+                ),
+            )
+            .await?;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // A foreign write would differ from the status in place (the other CA's date), so it would
+    // happen on every one of these passes; the watch sees the last ones within this grace.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watch.abort();
+    let seen = seen.lock().unwrap().clone();
+    for (name, other_end) in names.iter().zip(ca_ends.iter().rev()) {
+        let revisions: Vec<&String> = seen
+            .iter()
+            .filter(|(n, _)| n.as_str() == *name)
+            .map(|(_, m)| m)
+            .collect();
+        assert!(!revisions.is_empty(), "{name}: no status revision seen");
+        for message in revisions {
+            assert!(
+                !message.contains(other_end.as_str()),
+                "{name}'s status was written by the other principal's operator: {message}"
+            );
+        }
+    }
+    for name in names {
+        let g = gocs.get(name).await?;
+        assert_eq!(
+            g.metadata.finalizers.unwrap_or_default(),
+            vec![argocd_agent_operator::gitops::FINALIZER.to_string()],
+            "{name}: one finalizer, its owner's"
+        );
+    }
+    // Each principal's certificates in its own namespace only, from its own CA.
+    for (ns, end) in namespaces.iter().zip(&ca_ends) {
+        let secrets: Api<Secret> = Api::namespaced(hub.clone(), ns);
+        let tls = wait_secret(&secrets, "argocd-agent-principal-tls", |_| true).await?;
+        let ca = inspect(&secret_text(
+            &secrets.get("argocd-agent-ca").await?,
+            TLS_CERT_KEY,
+        ))?;
+        assert_eq!(ca.not_after.to_rfc3339(), *end, "{ns}: its CA was kept");
+        assert!(inspect(&secret_text(&tls, TLS_CERT_KEY))?.not_after <= ca.not_after);
+    }
+    for name in names {
+        gocs.delete(name, &DeleteParams::default()).await?;
+    }
+    wait_until(
+        "both GitOpsClusters released by their operators",
+        WAIT,
+        || async {
+            let left = gocs.list(&ListParams::default()).await?.items.len();
+            Ok::<_, kube::Error>((left == 0).then_some(()))
+        },
+    )
+    .await?;
+    drop(principals);
     Ok(())
 }

@@ -24,8 +24,8 @@ use argocd_agent_runtime::dial::{dial_grpc_plaintext, GrpcDialOptions};
 use argocd_agent_runtime::tls::{parse_certificates, PemInput};
 use e2e::binaries::project_binary;
 use e2e::gateway::{
-    application, client_tls, ensure_namespace, forge_client_cert_shaped, tls_connect, Agent, Pki,
-    Principal,
+    application, client_tls, ensure_namespace, forge_client_cert_shaped, http_get, tls_connect,
+    Agent, Pki, Principal,
 };
 use e2e::mesh_sidecar::{xfcc_for, MeshSidecar, XFCC, XFCC_AGENT_REGEX};
 use e2e::upstream::UpstreamAgent;
@@ -399,29 +399,41 @@ async fn tls_from_secrets_on_both_sides_and_a_rotated_principal_certificate_is_s
     // No PEM files: both sides fall back to their Secrets.
     let jwt_only = [pki.jwt_key_arg()];
 
-    // Refusal first: without the Secrets the principal stops, naming the Secret and the flag.
+    // Without the Secrets the principal waits, alive and not ready, naming the Secret, the
+    // flag and the command that creates it.
     let missing_ns = ctx.unique("no-secrets");
     ensure_namespace(&hub, &missing_ns).await?;
-    let mut refused = Principal::spawn_with_credentials(
-        "refused",
+    let mut waiting = Principal::spawn_with_credentials(
+        "waiting",
         &ctx.dir,
         &planes.hub,
         &jwt_only,
         &missing_ns,
         &[],
     )?;
-    wait_until("principal without its TLS Secret exits", WAIT, || {
-        let running = refused.process.is_running();
-        async move { Ok::<_, anyhow::Error>((!running).then_some(())) }
-    })
-    .await?;
-    let log = refused.process.log_tail(20);
+    let missing =
+        format!("--tls-secret-name: Secret {missing_ns}/argocd-agent-principal-tls: not found");
+    let body = wait_until(
+        "/readyz of a principal without its TLS Secret",
+        WAIT,
+        || async {
+            let (status, body) = http_get(waiting.ops_port, "/readyz").await?;
+            Ok::<_, anyhow::Error>((status == 503 && body.contains(&missing)).then_some(body))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", waiting.process.log_tail(20)))?;
     assert!(
-        log.contains(&format!(
-            "--tls-secret-name: Secret {missing_ns}/argocd-agent-principal-tls: not found"
-        )),
-        "{log}"
+        body.contains("argocd-agentctl pki issue principal"),
+        "{body}"
     );
+    let log = waiting.process.log_tail(20);
+    assert!(log.contains(&missing), "{log}");
+    assert!(
+        waiting.process.is_running(),
+        "waits instead of exiting:\n{log}"
+    );
+    drop(waiting);
 
     // The principal's certificate and the agent CA from Secrets in its namespace.
     let principal_ns = ctx.unique("argocd");

@@ -1,10 +1,12 @@
-//! TLS material read from Kubernetes Secrets (upstream's `--tls-secret-name` and root CA Secret
-//! flags), kept as files so the one file-based TLS path of the processes (loading, hot reload on
-//! rotation, expiry metrics, CA-rotation checks) serves Secrets too.
+//! TLS material and keys read from Kubernetes Secrets (upstream's `--tls-secret-name`, root CA
+//! and JWT key Secret flags), kept as files so the one file-based path of the processes (loading,
+//! hot reload on rotation, expiry metrics, CA-rotation checks) serves Secrets too.
 //!
 //! Owns: which Secret field goes to which file ([`SecretFile`], [`SecretContent`], with
 //! upstream's rules: a key pair from a `kubernetes.io/tls` Secret's `tls.crt`/`tls.key`, a CA
-//! bundle from the named fields or from every field), the private directory they are written to
+//! bundle from the named fields or from every field, one named field of any Secret), what a
+//! missing Secret's message tells the user to do ([`SecretFile::with_remedy`]), the private
+//! directory they are written to
 //! (created `0700` with files `0600`, written atomically by rename so a reader never sees half a
 //! file, removed when the [`SecretFiles`] is dropped), the first read at start-up (an unusable
 //! Secret is an error that names it and says what to do), and re-reading the Secrets every
@@ -40,6 +42,8 @@ pub enum SecretContent {
     /// or of every certificate field when empty — upstream's `X509CertPoolFromSecret`, except that
     /// a field without a certificate (a CA's `tls.key`) is skipped rather than an error.
     CaBundle(Vec<String>),
+    /// One named field of a Secret of any type (upstream's JWT key Secret: `jwt.key`).
+    Field(String),
 }
 
 /// One file kept from one Secret.
@@ -53,6 +57,8 @@ pub struct SecretFile {
     pub content: SecretContent,
     /// Where it is written.
     pub path: PathBuf,
+    /// What a "not found" message tells the user to do (see [`Self::with_remedy`]).
+    pub remedy: Option<String>,
 }
 
 impl SecretFile {
@@ -62,12 +68,32 @@ impl SecretFile {
             SecretContent::TlsCert => "tls.crt",
             SecretContent::TlsKey => "tls.key",
             SecretContent::CaBundle(_) => "ca.crt",
+            SecretContent::Field(field) => field.as_str(),
         };
         SecretFile {
             secret: secret.to_string(),
             flag,
             path: dir.join(secret).join(file),
             content,
+            remedy: None,
+        }
+    }
+
+    /// The same file, whose "not found" message says `remedy` (e.g. the command creating the
+    /// Secret) instead of the generic advice.
+    pub fn with_remedy(mut self, remedy: impl Into<String>) -> Self {
+        self.remedy = Some(remedy.into());
+        self
+    }
+
+    /// What a "not found" message says.
+    fn not_found(&self) -> String {
+        match &self.remedy {
+            Some(remedy) => format!("not found: {remedy}"),
+            None => format!(
+                "not found: create it (e.g. with argocd-agentctl pki), name another with --{}, or give the PEM files instead",
+                self.flag
+            ),
         }
     }
 
@@ -113,6 +139,9 @@ impl SecretFile {
                     ));
                 }
                 Ok(bundle)
+            }
+            SecretContent::Field(name) => {
+                field(name).ok_or_else(|| format!("field {name} is missing"))
             }
         }
     }
@@ -187,10 +216,7 @@ impl SecretFiles {
             };
             let secret = match self.api.get_opt(&f.secret).await {
                 Ok(Some(s)) => s,
-                Ok(None) => return Err(problem(format!(
-                    "not found: create it (e.g. with argocd-agentctl pki), name another with --{}, or give the PEM files instead",
-                    f.flag
-                ))),
+                Ok(None) => return Err(problem(f.not_found())),
                 Err(e) => {
                     return Err(problem(format!(
                         "cannot be read ({e}): the service account needs get on secrets in this namespace"
@@ -258,6 +284,26 @@ pub async fn keep(
         refresh: files.clone().spawn_refresh(interval),
         _files: files,
     }))
+}
+
+/// [`keep`], waiting for Secrets that are missing or unusable: while one is, `waiting` is told
+/// why (every `interval`, the same error again until it changes) and the Secrets are read again
+/// after `interval`. Only a file that cannot be written ends the wait with an error.
+pub async fn keep_when_available(
+    client: kube::Client,
+    namespace: &str,
+    dir: &Path,
+    files: Vec<SecretFile>,
+    interval: Duration,
+    mut waiting: impl FnMut(&SecretFilesError),
+) -> Result<Option<KeptSecretFiles>, SecretFilesError> {
+    loop {
+        match keep(client.clone(), namespace, dir, files.clone(), interval).await {
+            Err(e @ SecretFilesError::Secret { .. }) => waiting(&e),
+            done => return done,
+        }
+        tokio::time::sleep(interval).await;
+    }
 }
 
 impl Drop for SecretFiles {
@@ -373,6 +419,32 @@ mod tests {
             bundle,
             format!("{a}{b}\n").into_bytes(),
             "the key is never kept"
+        );
+    }
+
+    #[test]
+    fn a_named_field_comes_from_any_secret_type_and_a_remedy_replaces_the_generic_advice() {
+        let jwt = SecretFile::new(
+            Path::new("/x"),
+            "jwt-secret-name",
+            "argocd-agent-jwt",
+            SecretContent::Field("jwt.key".into()),
+        );
+        assert_eq!(jwt.path, Path::new("/x/argocd-agent-jwt/jwt.key"));
+        assert_eq!(
+            jwt.extract(&secret(Some("Opaque"), &[("jwt.key", "K")]))
+                .unwrap(),
+            b"K"
+        );
+        assert_eq!(
+            jwt.extract(&secret(None, &[("other", "K")])).unwrap_err(),
+            "field jwt.key is missing"
+        );
+        assert!(jwt.not_found().contains("--jwt-secret-name"));
+        let jwt = jwt.with_remedy("create it with `argocd-agentctl jwt create-key`");
+        assert_eq!(
+            jwt.not_found(),
+            "not found: create it with `argocd-agentctl jwt create-key`"
         );
     }
 

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use argocd_agent_kube::secret_files;
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::pb::authapi::authentication_server::AuthenticationServer;
 use argocd_agent_proto::pb::eventstreamapi::event_stream_server::EventStreamServer;
@@ -55,14 +54,15 @@ pub async fn kube_client(cfg: &KubeClientConfig) -> anyhow::Result<kube::Client>
 
 fn token_issuer(config: &PrincipalConfig) -> anyhow::Result<TokenIssuer> {
     let issuer = match &config.jwt_key {
-        JwtKeySource::File(path) => {
+        source @ (JwtKeySource::File(path) | JwtKeySource::Secret { path, .. }) => {
             let pem = std::fs::read_to_string(path)
-                .with_context(|| format!("reading --jwt-key {}", path.display()))?;
+                .with_context(|| format!("reading {} {}", source.flag(), path.display()))?;
             TokenIssuer::from_pem(
                 &pem,
                 config.access_token_lifetime,
                 config.refresh_token_lifetime,
-            )?
+            )
+            .with_context(|| format!("the JWT signing key of {}", source.flag()))?
         }
         JwtKeySource::GenerateInsecure => {
             warn!("using a generated JWT signing key (--insecure-jwt-generate): tokens do not survive a restart");
@@ -211,16 +211,19 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
     .await?;
 
     let client = kube_client(&config.kube).await?;
+    // Files that come from Secrets (TLS, JWT key) are written before anything below loads them;
+    // missing Secrets are created by the operator or waited for, not ready meanwhile.
+    let _secret_files =
+        crate::startup_secrets::keep_secret_files(&client, &config, &health, TLS_RELOAD_INTERVAL)
+            .await?;
     let issuer = Arc::new(token_issuer(&config)?);
-    // TLS files that come from Secrets are written before anything below loads them.
-    let _tls_secrets = secret_files::keep(
-        client.clone(),
-        &config.namespace,
-        &config.tls_secret_dir,
-        config.tls_secrets.clone(),
-        TLS_RELOAD_INTERVAL,
-    )
-    .await?;
+    let _jwt_reload = config.jwt_key.path().map(|path| {
+        issuer.clone().spawn_key_reload(
+            path.to_path_buf(),
+            config.jwt_key.flag(),
+            TLS_RELOAD_INTERVAL,
+        )
+    });
     let tls = if config.insecure_plaintext {
         tracing::warn!(
             listen_address = %config.listen_address,

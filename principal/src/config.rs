@@ -56,6 +56,15 @@ const REDIS_TLS_FLAGS: RedisTlsFlags = RedisTlsFlags {
 /// Default `--tls-ca-secret-name` (upstream's).
 pub const DEFAULT_CA_SECRET_NAME: &str = "argocd-agent-ca";
 
+/// Default `--redis-proxy-server-tls-secret-name` (upstream's).
+pub const DEFAULT_REDIS_PROXY_TLS_SECRET_NAME: &str = "argocd-redis-proxy-tls";
+
+/// Default `--jwt-secret-name` (upstream's).
+pub const DEFAULT_JWT_SECRET_NAME: &str = "argocd-agent-jwt";
+
+/// The field of the `--jwt-secret-name` Secret holding the key (upstream's).
+pub const JWT_SECRET_FIELD: &str = "jwt.key";
+
 /// The env var that mirrors `--<flag>`.
 pub fn env_var_for(flag: &str) -> String {
     FLAGS.env_var_for(flag)
@@ -176,14 +185,16 @@ pub struct PrincipalArgs {
     )]
     pub terminal_max_sessions_per_agent: usize,
 
-    /// Private key (PEM, RSA or EC) that signs agents' session tokens (JWT).
-    #[arg(
-        long,
-        env = "ARGOCD_PRINCIPAL_JWT_KEY",
-        value_name = "PATH",
-        required_unless_present = "insecure_jwt_generate"
-    )]
+    /// Private key (PEM, RSA or EC) that signs agents' session tokens (JWT); re-read every few
+    /// seconds, so a rotated key signs new tokens [default: jwt.key of --jwt-secret-name].
+    #[arg(long, env = "ARGOCD_PRINCIPAL_JWT_KEY", value_name = "PATH")]
     pub jwt_key: Option<PathBuf>,
+
+    /// Secret in --namespace whose field `jwt.key` is the JWT signing key (upstream's), read when
+    /// neither --jwt-key nor --insecure-jwt-generate is given; re-read every few seconds, so a
+    /// rotated key signs new tokens [default: argocd-agent-jwt].
+    #[arg(long, env = "ARGOCD_PRINCIPAL_JWT_SECRET_NAME", value_name = "NAME")]
+    pub jwt_secret_name: Option<String>,
 
     /// Generate a throwaway JWT signing key at start-up (tokens do not survive a restart; dev only).
     #[arg(long, env = "ARGOCD_PRINCIPAL_INSECURE_JWT_GENERATE", default_value_t = false,
@@ -308,6 +319,16 @@ pub struct PrincipalArgs {
     )]
     pub resource_proxy_tls_key: Option<PathBuf>,
 
+    /// kubernetes.io/tls Secret in --namespace holding the resource proxy's certificate (tls.crt,
+    /// tls.key), read when --resource-proxy-tls-cert/-key are not given; re-read every few
+    /// seconds [default: the gRPC listener's certificate].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_RESOURCE_PROXY_SECRET_NAME",
+        value_name = "NAME"
+    )]
+    pub resource_proxy_secret_name: Option<String>,
+
     /// CA bundle (PEM) for the resource proxy's clients (Argo CD) [default: the --tls-ca file].
     #[arg(
         long,
@@ -413,14 +434,14 @@ pub struct PrincipalArgs {
     pub redis_proxy_server_tls_key: Option<PathBuf>,
 
     /// `kubernetes.io/tls` Secret in --namespace with the Redis proxy's certificate, used with
-    /// --redis-tls-enabled when no certificate files are given; re-read at the TLS reload pace.
+    /// --redis-tls-enabled when no certificate files are given; re-read at the TLS reload pace
+    /// [default: argocd-redis-proxy-tls].
     #[arg(
         long,
         env = "ARGOCD_PRINCIPAL_REDIS_PROXY_SERVER_TLS_SECRET_NAME",
-        default_value = "argocd-redis-proxy-tls",
         value_name = "NAME"
     )]
-    pub redis_proxy_server_tls_secret_name: String,
+    pub redis_proxy_server_tls_secret_name: Option<String>,
 
     /// Compression of the hub Argo CD's Redis cache, as its `--redis-compress` (gzip or none):
     /// how agents' cluster connection state and cache counts are written there.
@@ -656,6 +677,42 @@ fn parse_mtls_auth(value: &str) -> Result<IdentitySource, String> {
     }
 }
 
+/// What the principal's message about a missing Secret named by `--<flag>` tells the user to do:
+/// the `argocd-agentctl` command that creates it (upstream's names), another Secret, or files.
+/// `None` for Secrets argocd-agentctl does not create (the Redis ones).
+fn missing_secret_remedy(flag: &str, namespace: &str, service: &str) -> Option<String> {
+    let (create, files) = match flag {
+        "tls-ca-secret-name" => (
+            format!("create the CA with `argocd-agentctl pki init -n {namespace}`"),
+            "--tls-ca",
+        ),
+        "tls-secret-name" => (
+            format!(
+                "issue the principal's certificate with `argocd-agentctl pki issue principal -n \
+                 {namespace} --dns {service},{service}.{namespace}.svc` (after `pki init`), adding \
+                 the names and addresses agents dial"
+            ),
+            "--tls-cert and --tls-key",
+        ),
+        "resource-proxy-secret-name" => (
+            format!(
+                "issue its certificate with `argocd-agentctl pki issue resource-proxy -n \
+                 {namespace} --dns <the resource proxy Service's names>` (after `pki init`)"
+            ),
+            "--resource-proxy-tls-cert and --resource-proxy-tls-key",
+        ),
+        "jwt-secret-name" => (
+            format!("create the key with `argocd-agentctl jwt create-key -n {namespace}`"),
+            "--jwt-key",
+        ),
+        _ => return None,
+    };
+    Some(format!(
+        "{create}, name another Secret with --{flag}, or give {files}; the principal waits for \
+         it (not ready meanwhile) and starts by itself once it exists"
+    ))
+}
+
 /// Server certificate, key and client CA files of one TLS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerTlsFiles {
@@ -670,10 +727,37 @@ pub struct ServerTlsFiles {
 /// Where the JWT signing key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JwtKeySource {
-    /// A PEM private key file.
+    /// A PEM private key file (`--jwt-key`).
     File(PathBuf),
+    /// Field `jwt.key` of a Secret (`--jwt-secret-name`), kept in this file of
+    /// [`PrincipalConfig::secret_dir`].
+    Secret {
+        /// The Secret's name.
+        name: String,
+        /// Where its key is kept.
+        path: PathBuf,
+    },
     /// A key generated at start-up (`--insecure-jwt-generate`).
     GenerateInsecure,
+}
+
+impl JwtKeySource {
+    /// The file the key is read (and re-read) from; `None` for a generated key.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match self {
+            JwtKeySource::File(path) | JwtKeySource::Secret { path, .. } => Some(path),
+            JwtKeySource::GenerateInsecure => None,
+        }
+    }
+
+    /// The flag naming where the key comes from, for messages.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            JwtKeySource::File(_) => "--jwt-key",
+            JwtKeySource::Secret { .. } => "--jwt-secret-name",
+            JwtKeySource::GenerateInsecure => "--insecure-jwt-generate",
+        }
+    }
 }
 
 /// The resource proxy listener.
@@ -692,11 +776,12 @@ pub struct PrincipalConfig {
     pub listen_address: SocketAddr,
     /// gRPC listener TLS files.
     pub tls: ServerTlsFiles,
-    /// Those of the TLS files that are kept from Secrets (`--tls-secret-name`,
-    /// `--tls-ca-secret-name`), written under [`Self::tls_secret_dir`] before anything loads them.
-    pub tls_secrets: Vec<SecretFile>,
+    /// The files kept from Secrets (`--tls-secret-name`, `--tls-ca-secret-name`,
+    /// `--jwt-secret-name`, the Redis ones), written under [`Self::secret_dir`] before anything
+    /// loads them.
+    pub secret_files: Vec<SecretFile>,
     /// The private directory the Secret-backed files live in.
-    pub tls_secret_dir: PathBuf,
+    pub secret_dir: PathBuf,
     /// TLS versions and cipher suites of every listener.
     pub tls_policy: TlsPolicy,
     /// Longest TLS handshake.
@@ -804,18 +889,18 @@ impl PrincipalArgs {
         let tls_ca_secret_name = non_empty(self.tls_ca_secret_name)
             .or_else(|| non_empty(env(UPSTREAM_TLS_CA_SECRET_ENV)))
             .unwrap_or_else(|| DEFAULT_CA_SECRET_NAME.to_string());
-        let tls_secret_dir = secret_files::private_dir_for("argocd-principal");
-        let mut tls_secrets = Vec::new();
+        let secret_dir = secret_files::private_dir_for("argocd-principal");
+        let mut secret_files = Vec::new();
         let mut from_secret = |flag: &'static str, name: &str, content: SecretContent| {
             if name.trim().is_empty() {
                 return Err(FLAGS.invalid(
                     flag,
-                    "is empty: name the Secret holding the TLS material, or give the PEM files",
+                    "is empty: name the Secret holding the material, or give the PEM files",
                 ));
             }
-            let file = SecretFile::new(&tls_secret_dir, flag, name, content);
+            let file = SecretFile::new(&secret_dir, flag, name, content);
             let path = file.path.clone();
-            tls_secrets.push(file);
+            secret_files.push(file);
             Ok::<_, ConfigError>(path)
         };
         let (cert, key) =
@@ -857,22 +942,42 @@ impl PrincipalArgs {
             client_ca,
         };
 
-        let jwt_key = match (non_empty(self.jwt_key), self.insecure_jwt_generate) {
-            (Some(_), true) => {
+        let jwt_key = match (
+            non_empty(self.jwt_key),
+            non_empty(self.jwt_secret_name),
+            self.insecure_jwt_generate,
+        ) {
+            (Some(_), _, true) => {
                 return Err(FLAGS.conflict(
                     "jwt-key",
                     "insecure-jwt-generate",
                     "give a key file or ask for a generated key, not both",
                 ))
             }
-            (Some(path), false) => JwtKeySource::File(FLAGS.readable_file("jwt-key", &path)?),
-            (None, true) => JwtKeySource::GenerateInsecure,
-            (None, false) => {
-                return Err(FLAGS.invalid(
+            (Some(_), Some(_), false) => {
+                return Err(FLAGS.conflict(
                     "jwt-key",
-                    "is required: point it at the PEM private key that signs agent tokens \
-                     (or pass --insecure-jwt-generate for a throwaway key)",
+                    "jwt-secret-name",
+                    "the JWT signing key comes from a file or from a Secret, not both: drop one",
                 ))
+            }
+            (None, Some(_), true) => {
+                return Err(FLAGS.conflict(
+                    "jwt-secret-name",
+                    "insecure-jwt-generate",
+                    "a generated key is not read from a Secret: drop one",
+                ))
+            }
+            (Some(path), None, false) => JwtKeySource::File(FLAGS.readable_file("jwt-key", &path)?),
+            (None, None, true) => JwtKeySource::GenerateInsecure,
+            (None, name, false) => {
+                let name = name.unwrap_or_else(|| DEFAULT_JWT_SECRET_NAME.to_string());
+                let path = from_secret(
+                    "jwt-secret-name",
+                    &name,
+                    SecretContent::Field(JWT_SECRET_FIELD.into()),
+                )?;
+                JwtKeySource::Secret { name, path }
             }
         };
 
@@ -911,15 +1016,38 @@ impl PrincipalArgs {
             ));
         }
 
+        let proxy_secret = non_empty(self.resource_proxy_secret_name);
+        if !self.enable_resource_proxy && proxy_secret.is_some() {
+            return Err(FLAGS.conflict(
+                "resource-proxy-secret-name",
+                "enable-resource-proxy",
+                "the resource proxy is disabled, so its certificate would never be served: drop \
+                 --resource-proxy-secret-name, or enable the proxy",
+            ));
+        }
         let resource_proxy = if self.enable_resource_proxy {
             let cert = non_empty(self.resource_proxy_tls_cert);
             let key = non_empty(self.resource_proxy_tls_key);
             let (cert, key) = match (cert, key) {
+                (Some(_), _) | (_, Some(_)) if proxy_secret.is_some() => {
+                    return Err(FLAGS.conflict(
+                        "resource-proxy-tls-cert",
+                        "resource-proxy-secret-name",
+                        "the resource proxy's certificate comes from files or from a Secret, not \
+                         both: drop one",
+                    ))
+                }
                 (Some(cert), Some(key)) => (
                     FLAGS.readable_file("resource-proxy-tls-cert", &cert)?,
                     FLAGS.readable_file("resource-proxy-tls-key", &key)?,
                 ),
-                (None, None) => (tls.cert.clone(), tls.key.clone()),
+                (None, None) => match &proxy_secret {
+                    Some(secret) => (
+                        from_secret("resource-proxy-secret-name", secret, SecretContent::TlsCert)?,
+                        from_secret("resource-proxy-secret-name", secret, SecretContent::TlsKey)?,
+                    ),
+                    None => (tls.cert.clone(), tls.key.clone()),
+                },
                 (Some(_), None) | (None, Some(_)) => {
                     return Err(FLAGS.conflict(
                         "resource-proxy-tls-cert",
@@ -1007,44 +1135,74 @@ impl PrincipalArgs {
             .or_else(|| non_empty(env(UPSTREAM_REDIS_PROXY_CERT_ENV)).map(PathBuf::from));
         let proxy_key = non_empty(self.redis_proxy_server_tls_key)
             .or_else(|| non_empty(env(UPSTREAM_REDIS_PROXY_KEY_ENV)).map(PathBuf::from));
+        let proxy_secret = non_empty(self.redis_proxy_server_tls_secret_name);
+        // The first Redis proxy certificate flag given, for messages.
+        let proxy_tls_flag = [
+            (proxy_cert.is_some(), "redis-proxy-server-tls-cert"),
+            (proxy_key.is_some(), "redis-proxy-server-tls-key"),
+            (proxy_secret.is_some(), "redis-proxy-server-tls-secret-name"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag));
         let redis_proxy_tls =
-            match (self.redis_tls_enabled, proxy_cert, proxy_key) {
-                (false, None, None) => None,
-                (false, _, _) => {
+            match (
+                self.redis_tls_enabled,
+                redis_proxy_address.is_some(),
+                proxy_tls_flag,
+            ) {
+                (false, _, None) | (true, false, None) => None,
+                (false, _, Some(flag)) => {
                     return Err(FLAGS.conflict(
-                        "redis-proxy-server-tls-cert",
+                        flag,
                         "redis-tls-enabled",
                         "the Redis proxy serves TLS only with --redis-tls-enabled; add it",
                     ))
                 }
-                // No proxy listener, no certificate to load.
-                (true, _, _) if redis_proxy_address.is_none() => None,
-                (true, Some(cert), Some(key)) => Some((
-                    FLAGS.readable_file("redis-proxy-server-tls-cert", &cert)?,
-                    FLAGS.readable_file("redis-proxy-server-tls-key", &key)?,
+                // No proxy listener: a certificate given would never be served.
+                (true, false, Some(flag)) => return Err(FLAGS.conflict(
+                    flag,
+                    "enable-redis-proxy",
+                    "the Redis proxy is disabled (--enable-redis-proxy=false), so its certificate \
+                     would never be served: drop the --redis-proxy-server-tls-* flags, or \
+                     enable the proxy",
                 )),
-                (true, None, None) => {
-                    let secret = self.redis_proxy_server_tls_secret_name.clone();
-                    Some((
-                        from_secret(
+                (true, true, _) => match (proxy_cert, proxy_key, proxy_secret) {
+                    (Some(cert), Some(key), None) => Some((
+                        FLAGS.readable_file("redis-proxy-server-tls-cert", &cert)?,
+                        FLAGS.readable_file("redis-proxy-server-tls-key", &key)?,
+                    )),
+                    (None, None, secret) => {
+                        let secret = secret
+                            .unwrap_or_else(|| DEFAULT_REDIS_PROXY_TLS_SECRET_NAME.to_string());
+                        Some((
+                            from_secret(
+                                "redis-proxy-server-tls-secret-name",
+                                &secret,
+                                SecretContent::TlsCert,
+                            )?,
+                            from_secret(
+                                "redis-proxy-server-tls-secret-name",
+                                &secret,
+                                SecretContent::TlsKey,
+                            )?,
+                        ))
+                    }
+                    (Some(_), Some(_), Some(_)) => {
+                        return Err(FLAGS.conflict(
+                            "redis-proxy-server-tls-cert",
                             "redis-proxy-server-tls-secret-name",
-                            &secret,
-                            SecretContent::TlsCert,
-                        )?,
-                        from_secret(
-                            "redis-proxy-server-tls-secret-name",
-                            &secret,
-                            SecretContent::TlsKey,
-                        )?,
-                    ))
-                }
-                (true, _, _) => return Err(FLAGS.conflict(
-                    "redis-proxy-server-tls-cert",
-                    "redis-proxy-server-tls-key",
-                    "both --redis-proxy-server-tls-cert and --redis-proxy-server-tls-key have to \
-                     be given, or neither to read them from the Secret \
-                     --redis-proxy-server-tls-secret-name",
-                )),
+                            "the Redis proxy's certificate comes from files or from a Secret, not \
+                         both: drop one",
+                        ))
+                    }
+                    _ => return Err(FLAGS.conflict(
+                        "redis-proxy-server-tls-cert",
+                        "redis-proxy-server-tls-key",
+                        "both --redis-proxy-server-tls-cert and --redis-proxy-server-tls-key have \
+                         to be given, or neither to read them from the Secret \
+                         --redis-proxy-server-tls-secret-name",
+                    )),
+                },
             };
         if !(1 << 10..=512 << 20).contains(&self.redis_proxy_max_request_size) {
             return Err(FLAGS.invalid(
@@ -1134,11 +1292,21 @@ impl PrincipalArgs {
         check_auth_transport(&self.auth, self.insecure_plaintext)?;
 
         let ha = self.ha.validate(&self.namespace)?;
+        let operator = self.operator.validate(&FLAGS)?;
+        let secret_files = secret_files
+            .into_iter()
+            .map(|f| {
+                match missing_secret_remedy(f.flag, &self.namespace, &operator.principal_service) {
+                    Some(remedy) => f.with_remedy(remedy),
+                    None => f,
+                }
+            })
+            .collect();
         Ok(PrincipalConfig {
             listen_address: self.listen_address,
             tls,
-            tls_secrets,
-            tls_secret_dir,
+            secret_files,
+            secret_dir,
             tls_policy: self.tls_policy.check(&FLAGS)?,
             tls_handshake_timeout: self.tls_handshake_timeout,
             request_header_timeout: self.request_header_timeout,
@@ -1171,7 +1339,7 @@ impl PrincipalArgs {
             health_address: self.ops.health_address,
             kube: process.kube,
             enable_operator: self.enable_operator,
-            operator: self.operator.validate(&FLAGS)?,
+            operator,
             grpc_max_message_size,
             keepalive_min_interval,
             resync_interval,
@@ -1514,7 +1682,7 @@ mod tests {
         };
         let config = from_secrets(&[], &[]).unwrap();
         let secrets: Vec<(&str, &str)> = config
-            .tls_secrets
+            .secret_files
             .iter()
             .map(|f| (f.flag, f.secret.as_str()))
             .collect();
@@ -1526,7 +1694,7 @@ mod tests {
                 ("tls-ca-secret-name", "argocd-agent-ca"),
             ]
         );
-        assert!(config.tls.cert.starts_with(&config.tls_secret_dir));
+        assert!(config.tls.cert.starts_with(&config.secret_dir));
         assert_eq!(
             config.resource_proxy.unwrap().tls,
             config.tls,
@@ -1535,13 +1703,13 @@ mod tests {
         // Upstream's env var for the CA Secret is honoured; ours wins over it.
         let upstream = [(UPSTREAM_TLS_CA_SECRET_ENV, "upstream-ca")];
         let config = from_secrets(&[], &upstream).unwrap();
-        assert_eq!(config.tls_secrets[2].secret, "upstream-ca");
+        assert_eq!(config.secret_files[2].secret, "upstream-ca");
         let config = from_secrets(&["--tls-ca-secret-name=ours-ca"], &upstream).unwrap();
-        assert_eq!(config.tls_secrets[2].secret, "ours-ca");
+        assert_eq!(config.secret_files[2].secret, "ours-ca");
         // Files given: no Secret for them.
         let config = from_secrets(&[&format!("--tls-ca={}", files.path("ca.crt"))], &[]).unwrap();
-        assert_eq!(config.tls_secrets.len(), 2);
-        assert!(files.validate(&[]).unwrap().tls_secrets.is_empty());
+        assert_eq!(config.secret_files.len(), 2);
+        assert!(files.validate(&[]).unwrap().secret_files.is_empty());
         // Half a key pair is refused as upstream does.
         let err = from_secrets(&[&format!("--tls-cert={}", files.path("tls.crt"))], &[])
             .unwrap_err()
@@ -1549,6 +1717,208 @@ mod tests {
         assert!(
             err.contains("both --tls-cert and --tls-key have to be given"),
             "{err}"
+        );
+    }
+
+    /// Validates the TLS files of `files`, --namespace=argocd and `extra` (no JWT flag unless in
+    /// `extra`).
+    fn without_jwt_flags(files: &Files, extra: &[&str]) -> Result<PrincipalConfig, ConfigError> {
+        let mut argv = vec![
+            "argocd-principal".to_string(),
+            format!("--tls-cert={}", files.path("tls.crt")),
+            format!("--tls-key={}", files.path("tls.key")),
+            format!("--tls-ca={}", files.path("ca.crt")),
+            "--namespace=argocd".to_string(),
+        ];
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        PrincipalArgs::try_parse_from(argv)
+            .expect("clap accepts")
+            .validate()
+    }
+
+    #[test]
+    fn the_jwt_key_comes_from_upstreams_secret_unless_a_file_is_given_never_both() {
+        let files = Files::new();
+        let config = without_jwt_flags(&files, &[]).unwrap();
+        let JwtKeySource::Secret { name, path } = &config.jwt_key else {
+            panic!("{:?}", config.jwt_key)
+        };
+        assert_eq!(name, "argocd-agent-jwt");
+        assert!(path.starts_with(&config.secret_dir) && path.ends_with("argocd-agent-jwt/jwt.key"));
+        assert_eq!(config.jwt_key.path(), Some(path.as_path()));
+        let [kept] = &config.secret_files[..] else {
+            panic!("{:?}", config.secret_files)
+        };
+        assert_eq!(
+            (kept.flag, kept.secret.as_str(), &kept.content),
+            (
+                "jwt-secret-name",
+                "argocd-agent-jwt",
+                &SecretContent::Field("jwt.key".into())
+            )
+        );
+        let remedy = kept.remedy.as_deref().unwrap();
+        assert!(
+            remedy.contains("`argocd-agentctl jwt create-key -n argocd`")
+                && remedy.contains("--jwt-key"),
+            "{remedy}"
+        );
+
+        let config = without_jwt_flags(&files, &["--jwt-secret-name=mine"]).unwrap();
+        assert!(matches!(&config.jwt_key, JwtKeySource::Secret { name, .. } if name == "mine"));
+
+        let key_file = format!("--jwt-key={}", files.path("jwt.key"));
+        let config = without_jwt_flags(&files, &[&key_file]).unwrap();
+        assert_eq!(
+            config.jwt_key,
+            JwtKeySource::File(files.path("jwt.key").into())
+        );
+        assert!(config.secret_files.is_empty(), "a key file reads no Secret");
+
+        let err = without_jwt_flags(&files, &[&key_file, "--jwt-secret-name=mine"]).unwrap_err();
+        assert_eq!(err.flag(), "jwt-key");
+        assert!(
+            err.to_string().contains("ARGOCD_PRINCIPAL_JWT_SECRET_NAME")
+                && err.to_string().contains("not both"),
+            "{err}"
+        );
+        let err = without_jwt_flags(
+            &files,
+            &["--insecure-jwt-generate", "--jwt-secret-name=mine"],
+        )
+        .unwrap_err();
+        assert_eq!(err.flag(), "jwt-secret-name");
+        let config = without_jwt_flags(&files, &["--insecure-jwt-generate"]).unwrap();
+        assert_eq!(config.jwt_key, JwtKeySource::GenerateInsecure);
+    }
+
+    #[test]
+    fn a_missing_secrets_message_names_the_argocd_agentctl_command_creating_it() {
+        let argv = [
+            "argocd-principal",
+            "--namespace=hub",
+            "--operator-principal-service=gitops-principal",
+            "--resource-proxy-secret-name=rp-tls",
+        ];
+        let config = PrincipalArgs::try_parse_from(argv)
+            .unwrap()
+            .validate()
+            .unwrap();
+        let remedy = |flag: &str| {
+            config
+                .secret_files
+                .iter()
+                .find(|f| f.flag == flag)
+                .and_then(|f| f.remedy.clone())
+                .unwrap_or_default()
+        };
+        assert!(remedy("tls-ca-secret-name").contains("`argocd-agentctl pki init -n hub`"));
+        assert!(remedy("tls-secret-name").contains(
+            "`argocd-agentctl pki issue principal -n hub --dns gitops-principal,gitops-principal.hub.svc`"
+        ));
+        assert!(remedy("resource-proxy-secret-name")
+            .contains("`argocd-agentctl pki issue resource-proxy -n hub"));
+        assert!(remedy("jwt-secret-name").contains("`argocd-agentctl jwt create-key -n hub`"));
+        for flag in ["tls-ca-secret-name", "tls-secret-name", "jwt-secret-name"] {
+            assert!(
+                remedy(flag).contains(&format!("another Secret with --{flag}")),
+                "{flag}: {}",
+                remedy(flag)
+            );
+        }
+    }
+
+    #[test]
+    fn the_resource_proxy_certificate_comes_from_files_or_a_secret_and_only_when_served() {
+        let files = Files::new();
+        let config = files
+            .validate(&["--resource-proxy-secret-name=rp-tls"])
+            .unwrap();
+        let proxy = config.resource_proxy.unwrap();
+        assert!(proxy.tls.cert.starts_with(&config.secret_dir));
+        assert_eq!(
+            config
+                .secret_files
+                .iter()
+                .map(|f| (f.flag, f.secret.as_str()))
+                .collect::<Vec<_>>(),
+            [
+                ("resource-proxy-secret-name", "rp-tls"),
+                ("resource-proxy-secret-name", "rp-tls")
+            ]
+        );
+        let rp_cert = format!("--resource-proxy-tls-cert={}", files.path("rp.crt"));
+        let rp_key = format!("--resource-proxy-tls-key={}", files.path("rp.key"));
+        let err = files
+            .validate(&[&rp_cert, &rp_key, "--resource-proxy-secret-name=rp-tls"])
+            .unwrap_err();
+        assert_eq!(err.flag(), "resource-proxy-tls-cert");
+        let err = files
+            .validate(&[
+                "--enable-resource-proxy=false",
+                "--resource-proxy-secret-name=rp-tls",
+            ])
+            .unwrap_err();
+        assert_eq!(err.flag(), "resource-proxy-secret-name");
+    }
+
+    #[test]
+    fn redis_proxy_certificate_flags_that_would_do_nothing_are_refused() {
+        let files = Files::new();
+        let cert = format!("--redis-proxy-server-tls-cert={}", files.path("rp.crt"));
+        let key = format!("--redis-proxy-server-tls-key={}", files.path("rp.key"));
+        let tls = ["--redis-tls-enabled", "--redis-tls-insecure"];
+        let with = |extra: &[&str]| {
+            let mut args = tls.to_vec();
+            args.extend_from_slice(extra);
+            files.validate(&args)
+        };
+        // The proxy is off: no certificate of it may be given.
+        for given in [
+            vec![cert.as_str(), key.as_str()],
+            vec![cert.as_str()],
+            vec!["--redis-proxy-server-tls-secret-name=proxy-tls"],
+        ] {
+            let mut args = vec!["--enable-redis-proxy=false"];
+            args.extend(given.iter().copied());
+            let err = with(&args).unwrap_err().to_string();
+            assert!(
+                err.contains("ARGOCD_PRINCIPAL_ENABLE_REDIS_PROXY")
+                    && err.contains("--enable-redis-proxy=false"),
+                "{given:?}: {err}"
+            );
+        }
+        let config = with(&["--enable-redis-proxy=false"]).unwrap();
+        assert_eq!(config.redis_proxy_tls, None);
+        assert!(config.secret_files.is_empty());
+        // No TLS: the same.
+        let err = files
+            .validate(&["--redis-proxy-server-tls-secret-name=proxy-tls"])
+            .unwrap_err();
+        assert_eq!(err.flag(), "redis-proxy-server-tls-secret-name");
+        assert!(err.to_string().contains("--redis-tls-enabled"), "{err}");
+        // Served: from files, or from a Secret (upstream's default name), not both.
+        let config = with(&[&cert, &key]).unwrap();
+        assert_eq!(
+            config.redis_proxy_tls,
+            Some((files.path("rp.crt").into(), files.path("rp.key").into()))
+        );
+        let config = with(&[]).unwrap();
+        assert!(config
+            .secret_files
+            .iter()
+            .all(|f| f.secret == "argocd-redis-proxy-tls"));
+        assert_eq!(config.secret_files.len(), 2);
+        let err = with(&[
+            &cert,
+            &key,
+            "--redis-proxy-server-tls-secret-name=proxy-tls",
+        ])
+        .unwrap_err();
+        assert_eq!(err.flag(), "redis-proxy-server-tls-cert");
+        assert_eq!(
+            with(&[&cert]).unwrap_err().flag(),
+            "redis-proxy-server-tls-cert"
         );
     }
 

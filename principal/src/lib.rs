@@ -28,6 +28,7 @@ pub mod resource_proxy;
 pub mod routing;
 pub mod self_registration;
 pub mod sessions;
+pub mod startup_secrets;
 pub mod terminal;
 pub mod tokens;
 pub mod write_limit;

@@ -3,9 +3,12 @@
 //!
 //! Wire-compatible with upstream: `sub` is the JSON string `{"clientID":"<agent>","mode":"<mode>"}`,
 //! `iss` is `argocd-agent-server`, `aud` is `argocd-agent-server-access` or `-refresh`. Keys are
-//! asymmetric (ECDSA P-256 → ES256, RSA → RS512 as upstream), read from a PEM file or generated for
-//! development.
+//! asymmetric (ECDSA P-256 → ES256, RSA → RS512 as upstream), read from a PEM file (kept from a
+//! Secret or given as one) and re-read when it changes ([`TokenIssuer::spawn_key_reload`]: new
+//! tokens are signed, and only tokens signed, with the new key), or generated for development.
 
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -59,22 +62,23 @@ struct Claims {
     jti: String,
 }
 
-/// Issues and validates tokens with one key pair.
+/// Issues and validates tokens with one key pair at a time.
 pub struct TokenIssuer {
-    algorithm: Algorithm,
-    encoding: EncodingKey,
-    decoding: DecodingKey,
+    keys: RwLock<Arc<SigningKeys>>,
     access_lifetime: Duration,
     refresh_lifetime: Duration,
 }
 
-impl TokenIssuer {
-    /// Builds an issuer from a PKCS#8 PEM private key (ECDSA P-256 or RSA).
-    pub fn from_pem(
-        pem: &str,
-        access_lifetime: Duration,
-        refresh_lifetime: Duration,
-    ) -> Result<Self, TokenError> {
+/// One key pair, as jsonwebtoken uses it.
+struct SigningKeys {
+    algorithm: Algorithm,
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+}
+
+impl SigningKeys {
+    /// The key pair of a PKCS#8 PEM private key (ECDSA P-256 or RSA).
+    fn from_pem(pem: &str) -> Result<Self, TokenError> {
         let pair = rcgen::KeyPair::from_pem(pem)
             .map_err(|e| TokenError::Key(format!("not a usable PKCS#8 private key: {e}")))?;
         let public = pair.public_key_pem();
@@ -104,8 +108,75 @@ impl TokenIssuer {
             algorithm,
             encoding,
             decoding,
+        })
+    }
+}
+
+impl TokenIssuer {
+    /// Builds an issuer from a PKCS#8 PEM private key (ECDSA P-256 or RSA).
+    pub fn from_pem(
+        pem: &str,
+        access_lifetime: Duration,
+        refresh_lifetime: Duration,
+    ) -> Result<Self, TokenError> {
+        Ok(Self {
+            keys: RwLock::new(Arc::new(SigningKeys::from_pem(pem)?)),
             access_lifetime,
             refresh_lifetime,
+        })
+    }
+
+    /// Signs (and validates) with the key `pem` from now on; the current key stays when `pem`
+    /// is not a usable key.
+    pub fn replace_key(&self, pem: &str) -> Result<(), TokenError> {
+        let keys = Arc::new(SigningKeys::from_pem(pem)?);
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+        Ok(())
+    }
+
+    fn keys(&self) -> Arc<SigningKeys> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Re-reads the key file `path` (named by `flag`) every `interval` until the task is
+    /// aborted, and signs with the key it holds once it changes; a file that cannot be read or
+    /// holds no usable key is reported once and the current key kept.
+    pub fn spawn_key_reload(
+        self: Arc<Self>,
+        path: PathBuf,
+        flag: &'static str,
+        interval: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut current = std::fs::read(&path).ok();
+            let mut last_failure: Option<String> = None;
+            loop {
+                tokio::time::sleep(interval).await;
+                let read = std::fs::read(&path);
+                if read.as_ref().ok() == current.as_ref() {
+                    continue;
+                }
+                let outcome = read.map_err(|e| e.to_string()).and_then(|bytes| {
+                    let pem = String::from_utf8_lossy(&bytes).into_owned();
+                    self.replace_key(&pem).map_err(|e| e.to_string())?;
+                    current = Some(bytes);
+                    Ok(())
+                });
+                match outcome {
+                    Ok(()) => {
+                        last_failure = None;
+                        tracing::info!(path = %path.display(), flag, "JWT signing key rotated: \
+                            new tokens are signed with it; agents holding tokens of the previous \
+                            key authenticate again");
+                    }
+                    Err(e) if last_failure.as_ref() != Some(&e) => {
+                        tracing::warn!(path = %path.display(), flag, error = %e,
+                            "cannot reload the JWT signing key; keeping the current one");
+                        last_failure = Some(e);
+                    }
+                    Err(_) => {}
+                }
+            }
         })
     }
 
@@ -172,7 +243,8 @@ impl TokenIssuer {
             nbf: now,
             jti: uuid::Uuid::new_v4().to_string(),
         };
-        jsonwebtoken::encode(&Header::new(self.algorithm), &claims, &self.encoding)
+        let keys = self.keys();
+        jsonwebtoken::encode(&Header::new(keys.algorithm), &claims, &keys.encoding)
             .map_err(|e| TokenError::Invalid(e.to_string()))
     }
 
@@ -184,14 +256,15 @@ impl TokenIssuer {
     }
 
     fn decode(&self, token: &str, audience: &str) -> Result<Claims, TokenError> {
-        let mut v = Validation::new(self.algorithm);
+        let keys = self.keys();
+        let mut v = Validation::new(keys.algorithm);
         v.set_issuer(&[ISSUER]);
         v.set_audience(&[audience]);
         v.leeway = CLOCK_SKEW_LEEWAY_SECS;
         v.validate_exp = true;
         v.validate_nbf = true;
         v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
-        jsonwebtoken::decode::<Claims>(token, &self.decoding, &v)
+        jsonwebtoken::decode::<Claims>(token, &keys.decoding, &v)
             .map(|data| data.claims)
             .map_err(|e| TokenError::Invalid(e.to_string()))
     }
@@ -242,7 +315,8 @@ mod tests {
             nbf: now - 600,
             jti: "x".into(),
         };
-        jsonwebtoken::encode(&Header::new(i.algorithm), &claims, &i.encoding).unwrap()
+        let keys = i.keys();
+        jsonwebtoken::encode(&Header::new(keys.algorithm), &claims, &keys.encoding).unwrap()
     }
 
     #[test]
@@ -267,7 +341,9 @@ mod tests {
             "sub": serde_json::to_string(&subject()).unwrap(),
             "iss": ISSUER, "aud": AUDIENCE_ACCESS,
         });
-        let t = jsonwebtoken::encode(&Header::new(i.algorithm), &claims, &i.encoding).unwrap();
+        let keys = i.keys();
+        let t =
+            jsonwebtoken::encode(&Header::new(keys.algorithm), &claims, &keys.encoding).unwrap();
         assert!(i.validate(&t, AUDIENCE_ACCESS).is_err());
     }
 
@@ -282,6 +358,47 @@ mod tests {
         let access = i.issue_access(&subject()).unwrap();
         assert!(i.validate_resource_proxy(&access).is_err());
         assert!(issuer().validate_resource_proxy(&t).is_err(), "another key");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rotated_key_file_signs_new_tokens_and_a_broken_one_keeps_the_current_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwt.key");
+        let first = rcgen::KeyPair::generate().unwrap().serialize_pem();
+        std::fs::write(&path, &first).unwrap();
+        let i = Arc::new(
+            TokenIssuer::from_pem(&first, Duration::from_secs(60), Duration::from_secs(120))
+                .unwrap(),
+        );
+        let before = i.issue_access(&subject()).unwrap();
+        let reload = i
+            .clone()
+            .spawn_key_reload(path.clone(), "--jwt-key", Duration::from_secs(5));
+        let tick = || tokio::time::sleep(Duration::from_secs(6));
+
+        std::fs::write(&path, "not a key").unwrap();
+        tick().await;
+        assert!(
+            i.validate(&before, AUDIENCE_ACCESS).is_ok(),
+            "a broken file keeps the current key"
+        );
+
+        let second = rcgen::KeyPair::generate().unwrap().serialize_pem();
+        std::fs::write(&path, &second).unwrap();
+        tick().await;
+        assert!(
+            i.validate(&before, AUDIENCE_ACCESS).is_err(),
+            "the previous key's tokens are refused after the rotation"
+        );
+        let after = i.issue_access(&subject()).unwrap();
+        let by_second =
+            TokenIssuer::from_pem(&second, Duration::from_secs(60), Duration::from_secs(120))
+                .unwrap();
+        assert!(
+            by_second.validate(&after, AUDIENCE_ACCESS).is_ok(),
+            "new tokens are signed with the rotated key"
+        );
+        reload.abort();
     }
 
     #[test]

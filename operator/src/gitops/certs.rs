@@ -250,6 +250,23 @@ pub fn server_sans(service: &str, namespace: &str, extra_hosts: &[String]) -> Ve
     sans
 }
 
+/// The names the principal's gRPC certificate carries: its Service's in-cluster names and
+/// `hosts` (where agents dial it).
+pub fn principal_sans(opts: &super::OperatorOptions, hosts: &[String]) -> Vec<String> {
+    server_sans(&opts.principal_service, &opts.namespace, hosts)
+}
+
+/// The names the resource proxy's certificate carries: its Service's in-cluster names and the
+/// host of `--operator-resource-proxy-address` (where the hub Argo CD reaches it).
+pub fn resource_proxy_sans(opts: &super::OperatorOptions) -> Vec<String> {
+    let proxy_host = opts
+        .resource_proxy_address
+        .rsplit_once(':')
+        .map(|(h, _)| h.trim_matches(['[', ']']).to_owned())
+        .unwrap_or_default();
+    server_sans(RESOURCE_PROXY_SERVICE, &opts.namespace, &[proxy_host])
+}
+
 fn split_sans(sans: &[String]) -> (Vec<String>, Vec<IpAddr>) {
     let dns = sans
         .iter()

@@ -9,7 +9,9 @@
 //! offboarding of what is no longer selected → add-on CSRs → status (this operator's conditions
 //! and upstream's). Writes happen only when content differs, so a pass over a converged fleet is read-only.
 //! A GitOpsCluster whose placement cannot be resolved or whose spec is invalid keeps its existing
-//! clusters untouched (a typo must not offboard a fleet) and says why in its status.
+//! clusters untouched (a typo must not offboard a fleet) and says why in its status. A pass sees
+//! only the GitOpsClusters this principal serves ([`argocd_namespace_of`]) and the objects they
+//! own, so several principals on one hub never overwrite each other's.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,7 +30,7 @@ use super::agent_work::{
 };
 use super::argocd_cr::{build_cr_work, cr_work_name, validate, CrDelivery};
 use super::certs::{
-    ensure_ca, ensure_server_cert, reissue_reason, server_sans, CaProblem, RESOURCE_PROXY_SERVICE,
+    ensure_ca, ensure_server_cert, principal_sans, reissue_reason, resource_proxy_sans, CaProblem,
 };
 use super::crd::*;
 use super::csr::process_csrs;
@@ -51,14 +53,22 @@ fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> OperatorEr
     move |source| OperatorError::Kube { action, source }
 }
 
-/// Reasons of a GitOpsCluster whose spec is refused before its Placement is evaluated: an
-/// unknown mode, an Argo CD namespace the operator has no Role in.
+/// Reason of a GitOpsCluster whose spec is refused before its Placement is evaluated: an
+/// unknown mode.
 const INVALID_MODE: &str = "InvalidMode";
-const NAMESPACE_NOT_ALLOWED: &str = "ArgoNamespaceNotAllowed";
 
-/// The hub namespace `goc`'s cluster Secrets go to (spec.argoServer.argoNamespace, else the
-/// operator's default), or why it is refused: only namespaces the operator has a Role in.
-fn argocd_namespace_of(goc: &GitOpsCluster, opts: &OperatorOptions) -> Result<String, String> {
+/// The hub namespace `goc`'s cluster Secrets go to when this operator owns `goc`; `None` when
+/// another principal's does.
+///
+/// Ownership, with several principals (each with its embedded operator) on one hub: a
+/// GitOpsCluster belongs to the principal serving the Argo CD it names in
+/// `spec.argoServer.argoNamespace` (upstream's field: where the Argo CD it feeds runs), that is
+/// the principal whose Argo CD namespaces ([`OperatorOptions::argocd_namespaces`]: its own,
+/// `--operator-argocd-namespace`, `--operator-extra-argocd-namespaces`) include it. Every other
+/// principal leaves it alone: no finalizer, no status, its objects neither created nor
+/// offboarded. A GitOpsCluster naming no namespace (our extension) goes to the operator's default
+/// Argo CD namespace, so with several principals on one hub each GitOpsCluster must name one.
+pub fn argocd_namespace_of(goc: &GitOpsCluster, opts: &OperatorOptions) -> Option<String> {
     let ns = goc
         .spec
         .argo_server
@@ -66,16 +76,7 @@ fn argocd_namespace_of(goc: &GitOpsCluster, opts: &OperatorOptions) -> Result<St
         .and_then(|a| a.argo_namespace.clone())
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| opts.argocd_namespace().to_owned());
-    let allowed = opts.argocd_namespaces();
-    if allowed.contains(&ns) {
-        return Ok(ns);
-    }
-    Err(format!(
-        "spec.argoServer.argoNamespace {ns:?} is not a namespace the operator keeps cluster \
-         Secrets in ({}); add it to --operator-extra-argocd-namespaces (Helm value \
-         operator.extraArgocdNamespaces, which also grants the operator a Role there)",
-        allowed.into_iter().collect::<Vec<_>>().join(", ")
-    ))
+    opts.argocd_namespaces().contains(&ns).then_some(ns)
 }
 
 /// What happened to one selected cluster in this pass.
@@ -110,6 +111,13 @@ pub async fn reconcile_all(
         .map_err(kube_err("listing GitOpsClusters"))?
         .items;
     gocs.sort_by_key(goc_key);
+    // Only the GitOpsClusters this principal serves (argocd_namespace_of); objects of another
+    // principal's are left to it, and only orphans (their GitOpsCluster gone) are anyone's.
+    let every_goc: BTreeSet<String> = gocs.iter().map(goc_key).collect();
+    gocs.retain(|g| argocd_namespace_of(g, opts).is_some());
+    let mine: BTreeSet<String> = gocs.iter().map(goc_key).collect();
+    let ours =
+        |owner: Option<&String>| owner.is_none_or(|o| mine.contains(o) || !every_goc.contains(o));
     let mut summary = PassSummary::default();
 
     // Finalizers first, so nothing is created for a GitOpsCluster that could vanish without cleanup.
@@ -145,12 +153,11 @@ pub async fn reconcile_all(
         BTreeMap::new();
     for goc in &live {
         let key = goc_key(goc);
-        let selected = match (goc.mode(), argocd_namespace_of(goc, opts)) {
-            (_, Err(refused)) => Err((NAMESPACE_NOT_ALLOWED.to_owned(), refused)),
-            ("managed" | "autonomous", Ok(_)) => resolve(client, goc)
+        let selected = match goc.mode() {
+            "managed" | "autonomous" => resolve(client, goc)
                 .await
                 .map_err(|e: PlacementError| (e.reason().to_owned(), e.to_string())),
-            (other, Ok(_)) => Err((
+            other => Err((
                 INVALID_MODE.to_owned(),
                 format!("spec.argoCDAgentAddon.mode is {other:?}; use managed or autonomous"),
             )),
@@ -184,11 +191,14 @@ pub async fn reconcile_all(
     let managed =
         ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_OPERATOR}"));
     let works_api: Api<ManifestWork> = Api::all(client.clone());
-    let works = works_api
+    let works: Vec<ManifestWork> = works_api
         .list(&managed)
         .await
         .map_err(kube_err("listing agent ManifestWorks"))?
-        .items;
+        .items
+        .into_iter()
+        .filter(|w| ours(w.annotations().get(OWNER_ANNOTATION)))
+        .collect();
     let mut cluster_secrets = Vec::new();
     for ns in opts.argocd_namespaces() {
         let secrets_api: Api<Secret> = Api::namespaced(client.clone(), &ns);
@@ -197,7 +207,9 @@ pub async fn reconcile_all(
                 .list(&managed)
                 .await
                 .map_err(kube_err(format!("listing cluster secrets in {ns}")))?
-                .items,
+                .items
+                .into_iter()
+                .filter(|s| ours(s.annotations().get(OWNER_ANNOTATION))),
         );
     }
 
@@ -263,20 +275,15 @@ pub async fn reconcile_all(
             ca,
             &opts.certs,
             PRINCIPAL_TLS_SECRET,
-            &server_sans(&opts.principal_service, &opts.namespace, &hosts),
+            &principal_sans(opts, &hosts),
         )
         .await?;
-        let proxy_host = opts
-            .resource_proxy_address
-            .rsplit_once(':')
-            .map(|(h, _)| h.trim_matches(['[', ']']).to_owned())
-            .unwrap_or_default();
         let proxy = ensure_server_cert(
             &store,
             ca,
             &opts.certs,
             RESOURCE_PROXY_TLS_SECRET,
-            &server_sans(RESOURCE_PROXY_SERVICE, &opts.namespace, &[proxy_host]),
+            &resource_proxy_sans(opts),
         )
         .await?;
         server_cert_message = format!(
@@ -388,7 +395,7 @@ pub async fn reconcile_all(
         let validity = opts.certs.leaf_validity(ca, now);
 
         // Argo CD cluster secret.
-        let argocd_ns = argocd_namespace_of(goc, opts).expect("checked with the spec");
+        let argocd_ns = argocd_namespace_of(goc, opts).expect("only owned GitOpsClusters are live");
         let server_url = resource_proxy_server_url(&opts.resource_proxy_address, &agent)?;
         let secret_name = cluster_secret_name(&agent);
         let existing_secret = cluster_secrets.iter().find(|s| {
@@ -710,7 +717,7 @@ pub async fn reconcile_all(
 /// Creates the principal's JWT signing key Secret when missing (as upstream; an ES256 key, which
 /// the principal reads as well as upstream's RSA-4096 and generates in microseconds). An existing
 /// Secret is never replaced: sessions signed with it stay valid.
-async fn ensure_jwt_secret(store: &SecretStore) -> Result<(), String> {
+pub(crate) async fn ensure_jwt_secret(store: &SecretStore) -> Result<(), String> {
     let ns = store.namespace().to_owned();
     if store
         .get(JWT_SECRET)
@@ -752,8 +759,7 @@ fn goc_status(
     let mut conditions = Vec::new();
     match selection {
         Err((reason, message)) => {
-            let placement_failed =
-                ![INVALID_MODE, NAMESPACE_NOT_ALLOWED].contains(&reason.as_str());
+            let placement_failed = reason != INVALID_MODE;
             conditions.push(if placement_failed {
                 cond(
                     CONDITION_PLACEMENT_RESOLVED,
@@ -1060,27 +1066,31 @@ mod argocd_namespace_tests {
     }
 
     #[test]
-    fn a_gitopscluster_may_name_only_namespaces_the_operator_has_a_role_in() {
+    fn a_gitopscluster_belongs_to_the_principal_serving_the_argo_cd_it_names() {
         let mut opts = OperatorOptions::new("agents");
         opts.argocd_namespace = Some("argocd".into());
         opts.extra_argocd_namespaces = vec!["gitops".into()];
-        assert_eq!(argocd_namespace_of(&goc(None), &opts).unwrap(), "argocd");
         assert_eq!(
-            argocd_namespace_of(&goc(Some("")), &opts).unwrap(),
-            "argocd"
+            argocd_namespace_of(&goc(None), &opts).as_deref(),
+            Some("argocd")
         );
-        for allowed in ["agents", "argocd", "gitops"] {
+        assert_eq!(
+            argocd_namespace_of(&goc(Some("")), &opts).as_deref(),
+            Some("argocd")
+        );
+        for served in ["agents", "argocd", "gitops"] {
             assert_eq!(
-                argocd_namespace_of(&goc(Some(allowed)), &opts).unwrap(),
-                allowed
+                argocd_namespace_of(&goc(Some(served)), &opts).as_deref(),
+                Some(served)
             );
         }
-        let refused = argocd_namespace_of(&goc(Some("kube-system")), &opts).unwrap_err();
-        assert!(refused.contains("\"kube-system\""), "{refused}");
-        assert!(refused.contains("agents, argocd, gitops"), "{refused}");
-        assert!(
-            refused.contains("--operator-extra-argocd-namespaces"),
-            "{refused}"
+        // Another principal's Argo CD: not this operator's.
+        assert_eq!(argocd_namespace_of(&goc(Some("other-argocd")), &opts), None);
+        let other = OperatorOptions::new("other-argocd");
+        assert_eq!(
+            argocd_namespace_of(&goc(Some("other-argocd")), &other).as_deref(),
+            Some("other-argocd")
         );
+        assert_eq!(argocd_namespace_of(&goc(Some("gitops")), &other), None);
     }
 }

@@ -8,10 +8,12 @@
 //! Placements, the operator's ManifestWorks and Secrets, add-on CSRs) coalesced into passes, and a
 //! periodic pass for certificate renewal. The pass itself is [`controller::reconcile_all`]; the
 //! pieces are [`crd`], [`placement`], [`server_discovery`], [`certs`], [`agent_work`],
-//! [`argocd_cr`], [`csr`] and [`upstream_conditions`].
+//! [`argocd_cr`], [`csr`] and [`upstream_conditions`]; [`bootstrap`] creates the principal's
+//! missing Secrets at its start.
 
 pub mod agent_work;
 pub mod argocd_cr;
+pub mod bootstrap;
 pub mod certs;
 pub mod controller;
 pub mod crd;
@@ -67,6 +69,9 @@ pub enum OperatorError {
     /// Cluster registration input was invalid.
     #[error(transparent)]
     Registration(#[from] RegistrationError),
+    /// A Secret of the principal could not be created at start-up.
+    #[error("creating the principal's missing Secrets: {0}")]
+    Bootstrap(String),
 }
 
 /// How the operator runs.
