@@ -1333,13 +1333,13 @@ async fn fresh_install_with_the_operator_creates_the_missing_secrets_keeps_a_use
     let ca = secrets.get("argocd-agent-ca").await?;
     let ca_pem = text_of(&ca, "tls.crt");
     assert!(!text_of(&ca, "tls.key").is_empty(), "the CA keeps its key");
-    let service = format!("{release}-argocd-agent-principal");
+    let service_name = format!("{release}-argocd-agent-principal");
     let tls = inspect(&text_of(
         &secrets.get("argocd-agent-principal-tls").await?,
         "tls.crt",
     ))?;
     assert!(
-        tls.sans.contains(&format!("DNS:{service}.{ns}.svc")),
+        tls.sans.contains(&format!("DNS:{service_name}.{ns}.svc")),
         "{:?}",
         tls.sans
     );
@@ -1362,7 +1362,7 @@ async fn fresh_install_with_the_operator_creates_the_missing_secrets_keeps_a_use
         (hub, &ns),
         (spoke, &ctx.unique("spoke")),
         &ctx.unique("agent"),
-        (grpc_port, &format!("{service}.{ns}.svc")),
+        (grpc_port, &format!("{service_name}.{ns}.svc")),
     )
     .await
     .map_err(|e| {
@@ -1407,10 +1407,10 @@ async fn fresh_install_without_the_operator_says_which_secret_is_missing_and_sta
     let (deployment, sa) = installed_deployment(&client, &ns).await?;
     let kubelet = PodRunner::new(hub, &ctx.dir, Image::ours()?).await?;
     let mut pods = kubelet.run_deployment(&ns, &deployment, &[]).await?;
-    let service = format!("{release}-argocd-agent-principal");
+    let service_name = format!("{release}-argocd-agent-principal");
 
     // The first Secret it reads is the gRPC certificate's.
-    let command = format!("argocd-agentctl pki issue principal -n {ns} --dns {service}");
+    let command = format!("argocd-agentctl pki issue principal -n {ns} --dns {service_name}");
     let (status, body) = wait_until(
         "/readyz naming the missing Secret",
         Duration::from_secs(60),
@@ -1442,7 +1442,7 @@ async fn fresh_install_without_the_operator_says_which_secret_is_missing_and_sta
 
     // What the messages say to run.
     let kubeconfig = hub.kubeconfig.display().to_string();
-    let dns = format!("{service},{service}.{ns}.svc");
+    let dns = format!("{service_name},{service_name}.{ns}.svc");
     let proxy_dns = format!("{release}-argocd-agent-principal-resource-proxy.{ns}.svc");
     for args in [
         vec!["pki", "init"],
@@ -1476,7 +1476,7 @@ async fn fresh_install_without_the_operator_says_which_secret_is_missing_and_sta
         (hub, &ns),
         (spoke, &ctx.unique("spoke")),
         &ctx.unique("agent"),
-        (grpc_port, &format!("{service}.{ns}.svc")),
+        (grpc_port, &format!("{service_name}.{ns}.svc")),
     )
     .await
     .map_err(|e| anyhow::anyhow!("{e:#}\n{}", pods[0].log_tail(40)))?;

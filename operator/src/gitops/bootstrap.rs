@@ -43,9 +43,12 @@ pub async fn bootstrap_principal_secrets(
     if missing.contains(&JWT_SECRET) {
         match ensure_jwt_secret(&store).await {
             Ok(()) => created.push(JWT_SECRET),
-            // Another replica created it meanwhile: that key is the one.
-            Err(_) if store.get(JWT_SECRET).await?.is_some() => {}
-            Err(e) => return Err(OperatorError::Bootstrap(format!("{JWT_SECRET}: {e}"))),
+            Err(e) => {
+                // Another replica created it meanwhile: that key is the one.
+                if store.get(JWT_SECRET).await?.is_none() {
+                    return Err(OperatorError::Bootstrap(format!("{JWT_SECRET}: {e}")));
+                }
+            }
         }
     }
     let certs: Vec<(&'static str, Vec<String>)> = [
