@@ -970,8 +970,9 @@ mod tests {
                 Target::ContainerLog,
                 Target::Terminal,
             ] {
+                let id = format!("{target:?}");
                 let answer = Event::new(EventType::Response, target, "test")
-                    .with_ids("", &format!("{target:?}"))
+                    .with_ids("", &id)
                     .with_json(&"x".repeat(64 << 10))
                     .unwrap();
                 o.push(answer).unwrap();
