@@ -4,7 +4,7 @@
 //! (`https://kubernetes.default.svc`, written by its application-controller into its Redis in
 //! Argo CD's gzip cache format, [`argocd_agent_kube::argocd_cache`]) goes to the principal as a
 //! `cluster-cache-info-update` (applications, APIs and resources counted). The Redis is read with
-//! the agent's `--redis-*` settings ([`crate::live::redis::RedisTarget`]); nothing is sent while
+//! the agent's `--redis-*` settings ([`crate::live::redis::local_redis`]); nothing is sent while
 //! the entry is missing (no Application has made the controller watch the cluster yet).
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use argocd_agent_proto::payload::ClusterCacheInfo;
 use argocd_agent_proto::sync::outbox::keyed_request;
 use argocd_agent_proto::sync::Outbox;
 
-use crate::live::redis::{get, RedisTarget};
+use crate::live::redis::{get, RedisPool};
 
 /// The resource id of every update, so that a newer one replaces one still queued.
 const RESOURCE_ID: &str = "cluster-cache-info";
@@ -33,7 +33,7 @@ pub fn cache_stats(info: &ClusterInfo) -> ClusterCacheInfo {
 }
 
 /// Reads the local cluster info: `Ok(None)` when there is none.
-async fn local_cluster_info(redis: &RedisTarget) -> Result<Option<ClusterInfo>, String> {
+async fn local_cluster_info(redis: &RedisPool) -> Result<Option<ClusterInfo>, String> {
     // Upstream's agent reads gzip, Argo CD's default `--redis-compress`.
     let compression = RedisCompression::Gzip;
     let reply = get(redis, &cluster_info_key(IN_CLUSTER_SERVER, compression)).await;
@@ -54,7 +54,7 @@ async fn local_cluster_info(redis: &RedisTarget) -> Result<Option<ClusterInfo>, 
 /// Sends the counts every `interval` while the stream is up, until aborted.
 pub fn spawn(
     interval: Duration,
-    redis: RedisTarget,
+    redis: Arc<RedisPool>,
     outbox: Arc<Outbox>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {

@@ -107,30 +107,23 @@ pub async fn create_and_update(
     place: impl Fn(usize) -> (String, String) + Send + Sync + Clone + 'static,
 ) -> anyhow::Result<(usize, Duration)> {
     let mut total = Duration::ZERO;
-    {
+    // Round 0 creates every Application at `r0`; round n merge-patches its revision to `r<n>`.
+    for round in 0..=updates {
         let (client, place) = (client.clone(), place.clone());
         total += run_writes(writers, count, move |i| {
             let (client, (ns, name)) = (client.clone(), place(i));
             async move {
                 let api: Api<DynamicObject> =
                     Api::namespaced_with(client, &ns, &application_resource());
-                api.create(&PostParams::default(), &application(&name, &ns, "r0"))
-                    .await?;
-                Ok(())
-            }
-        })
-        .await?;
-    }
-    for round in 1..=updates {
-        let (client, place) = (client.clone(), place.clone());
-        total += run_writes(writers, count, move |i| {
-            let (client, (ns, name)) = (client.clone(), place(i));
-            async move {
-                let api: Api<DynamicObject> =
-                    Api::namespaced_with(client, &ns, &application_resource());
-                let patch = json!({"spec": {"source": {"targetRevision": format!("r{round}")}}});
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
+                if round == 0 {
+                    api.create(&PostParams::default(), &application(&name, &ns, "r0"))
+                        .await?;
+                } else {
+                    let patch =
+                        json!({"spec": {"source": {"targetRevision": format!("r{round}")}}});
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await?;
+                }
                 Ok(())
             }
         })

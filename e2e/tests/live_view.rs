@@ -770,6 +770,29 @@ async fn redis_cli_reads_an_agents_cache_through_the_proxy_and_the_rest_from_the
     assert_eq!(fleet.redis_cli(&["GET", "mfst|hub-key"])?, "from-hub");
     assert_eq!(fleet.redis_cli(&["PING"])?, "PONG");
 
+    // The agent keeps its connection to the spoke Redis between reads: ten more reads open at
+    // most one more connection there (the cluster-info reader may open its own meanwhile), where
+    // a connection per read would open ten.
+    let connections_opened = || -> anyhow::Result<u64> {
+        let info = spoke_cli(fleet.spoke_redis[0].port, &["INFO", "stats"])?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .ok_or_else(|| anyhow::anyhow!("no total_connections_received in INFO stats: {info}"))?
+            .trim()
+            .parse()
+            .map_err(Into::into)
+    };
+    let before = connections_opened()?;
+    for _ in 0..10 {
+        assert_eq!(fleet.redis_cli(&["GET", &key])?, "tree-from-spoke1");
+    }
+    // Less the connection of the second INFO itself.
+    let opened = connections_opened()? - before - 1;
+    assert!(
+        opened <= 1,
+        "10 reads through the proxy opened {opened} connections to the spoke Redis"
+    );
+
     // Malformed RESP gets an error reply and the proxy keeps serving.
     {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

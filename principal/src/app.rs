@@ -27,6 +27,7 @@ use tonic::codec::CompressionEncoding::Gzip;
 use tracing::{info, warn};
 
 use crate::auth::{AuthPolicy, AuthService, VersionService};
+use crate::compression::like_request;
 use crate::config::AuthMethod;
 use crate::config::{JwtKeySource, KubeClientConfig, PrincipalConfig};
 use crate::eventstream::EventStreamService;
@@ -469,61 +470,67 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         .max_concurrent_streams(crate::auth::MAX_STREAMS_PER_CONNECTION);
     let grpc = server
         // gzip both ways, as upstream agents started with --enable-compression use it on every call
-        // (answers are compressed only for clients that offer gzip).
-        .add_service(
+        // (answers are compressed only on calls whose client compresses: `compression`).
+        .add_service(like_request(
             AuthenticationServer::new(auth)
                 .max_decoding_message_size(crate::auth::AUTH_MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(max)
                 .accept_compressed(Gzip)
                 .send_compressed(Gzip),
-        )
-        .add_service(
+        ))
+        .add_service(like_request(
             VersionServer::new(VersionService)
                 .max_decoding_message_size(crate::auth::AUTH_MAX_MESSAGE_SIZE)
                 .accept_compressed(Gzip)
                 .send_compressed(Gzip),
-        )
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            {
-                let events = Arc::new(events);
-                let server = |limit: usize| {
-                    EventStreamServer::from_arc(events.clone())
-                        .max_decoding_message_size(limit)
-                        .max_encoding_message_size(max)
-                        .accept_compressed(Gzip)
-                        .send_compressed(Gzip)
-                };
-                crate::eventstream::PingLimited {
-                    stream: server(max),
-                    ping: server(crate::auth::AUTH_MAX_MESSAGE_SIZE),
-                }
-            },
-            {
-                let leadership = leadership.clone();
-                move |req| leadership.admit(req)
-            },
+        ))
+        .add_service(like_request(
+            tonic::service::interceptor::InterceptedService::new(
+                {
+                    let events = Arc::new(events);
+                    let server = |limit: usize| {
+                        EventStreamServer::from_arc(events.clone())
+                            .max_decoding_message_size(limit)
+                            .max_encoding_message_size(max)
+                            .accept_compressed(Gzip)
+                            .send_compressed(Gzip)
+                    };
+                    crate::eventstream::PingLimited {
+                        stream: server(max),
+                        ping: server(crate::auth::AUTH_MAX_MESSAGE_SIZE),
+                    }
+                },
+                {
+                    let leadership = leadership.clone();
+                    move |req| leadership.admit(req)
+                },
+            ),
         ))
         // Container logs pushed by upstream agents (ours answer on the event stream).
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            LogStreamServiceServer::new(log_stream)
-                .max_decoding_message_size(max)
-                .accept_compressed(Gzip)
-                .send_compressed(Gzip),
-            {
-                let leadership = leadership.clone();
-                move |req| leadership.admit(req)
-            },
+        .add_service(like_request(
+            tonic::service::interceptor::InterceptedService::new(
+                LogStreamServiceServer::new(log_stream)
+                    .max_decoding_message_size(max)
+                    .accept_compressed(Gzip)
+                    .send_compressed(Gzip),
+                {
+                    let leadership = leadership.clone();
+                    move |req| leadership.admit(req)
+                },
+            ),
         ))
         // Web terminal sessions, which every agent opens per terminal-request event.
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            TerminalStreamServiceServer::new(terminal_stream)
-                .max_decoding_message_size(crate::terminal::MAX_MESSAGE + 1024)
-                .accept_compressed(Gzip)
-                .send_compressed(Gzip),
-            {
-                let leadership = leadership.clone();
-                move |req| leadership.admit(req)
-            },
+        .add_service(like_request(
+            tonic::service::interceptor::InterceptedService::new(
+                TerminalStreamServiceServer::new(terminal_stream)
+                    .max_decoding_message_size(crate::terminal::MAX_MESSAGE + 1024)
+                    .accept_compressed(Gzip)
+                    .send_compressed(Gzip),
+                {
+                    let leadership = leadership.clone();
+                    move |req| leadership.admit(req)
+                },
+            ),
         ))
         .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move {
             let _ = grpc_stopped.await;

@@ -6,12 +6,13 @@
 //! [`mode_pin`]) → [`eventstream`] (one stream
 //! per agent over its [`sessions`] outbox) → [`hub`] / [`inbound`] (hub watches and writes), with
 //! the pure routing rules in [`routing`]. Agents' connection state and cache counts reach the hub
-//! Argo CD's cluster list through [`cluster_info`].
+//! Argo CD's cluster list through [`cluster_info`]. Which calls get gzip answers: [`compression`].
 
 pub mod app;
 pub mod auth;
 pub mod blocklist;
 pub mod cluster_info;
+pub mod compression;
 pub mod config;
 pub mod eventstream;
 pub mod hub;

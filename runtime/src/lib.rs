@@ -5,7 +5,8 @@
 //! listener with its TLS handshake deadline ([`accept`]) and the TLS and gRPC client dial
 //! ([`dial`]); command-line and environment parsing ([`flags`], the flags every binary shares in
 //! [`process_args`], with the validation machinery of whole configurations in [`binary_config`]
-//! Redis credentials in [`redis_credentials`] and connections to Redis in [`redis_client`]); and telemetry — logging,
+//! Redis credentials in [`redis_credentials`], connections to Redis in [`redis_client`] and those
+//! kept open between commands in [`redis_pool`]); and telemetry — logging,
 //! trace export, the metrics registry, health state and the ops HTTP server ([`telemetry`]).
 //! It holds no protocol logic and no state of a particular subsystem.
 
@@ -16,5 +17,6 @@ pub mod flags;
 pub mod process_args;
 pub mod redis_client;
 pub mod redis_credentials;
+pub mod redis_pool;
 pub mod telemetry;
 pub mod tls;

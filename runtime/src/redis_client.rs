@@ -205,6 +205,11 @@ impl RedisTarget {
         RedisTarget::new(role, address, credentials, None)
     }
 
+    /// What the Redis is called in errors ("local redis", "hub redis").
+    pub fn role(&self) -> &'static str {
+        self.role
+    }
+
     /// Opens a connection: TCP, TLS if configured, then `AUTH` if credentials are configured.
     pub async fn connect(&self) -> Result<RedisConnection, String> {
         if let Some(reason) = &self.unusable {

@@ -63,8 +63,8 @@ const APISERVER_TIMEOUT: Duration = Duration::from_secs(25);
 pub struct LiveSettings {
     /// The agent's Argo CD namespace (where `argocd-cm` lives).
     pub namespace: String,
-    /// The local Argo CD Redis: address, credentials, TLS.
-    pub redis: redis::RedisTarget,
+    /// The local Argo CD Redis (address, credentials, TLS) and its open connections.
+    pub redis: Arc<redis::RedisPool>,
     /// Applications keep their hub namespace (`--destination-based-mapping`), and so do the
     /// Redis keys that name them.
     pub destination_mapping: bool,

@@ -1,14 +1,16 @@
 //! Redis-proxy requests answered from the agent's local Argo CD Redis (`--redis-address`).
 //!
-//! Owns the agent's [`RedisTarget`] ([`local_redis`]: the runtime's Redis connection — TCP, TLS
-//! when `--redis-tls-enabled`, then `AUTH` — to `--redis-address`), the key mapping (the hub names an application `<agent>_<app>`; the local Argo CD, running
+//! Owns the agent's [`RedisPool`] ([`local_redis`]: the runtime's Redis connections — TCP, TLS
+//! when `--redis-tls-enabled`, then `AUTH` — to `--redis-address`, kept open between commands),
+//! the key mapping (the hub names an application `<agent>_<app>`; the local Argo CD, running
 //! the app in its own namespace, names it `<app>`; under destination-based mapping an
-//! Application keeps its namespace and its key too, see [`local_key`]), `GET` (one short connection per request),
-//! and `SUBSCRIBE`: one local subscriber connection per hub redis connection, whose messages go
-//! back as `pushFromSubscribe`. It ends as soon as the principal says the hub client's connection
-//! ended (`closeConnection`, our extension, which our subscribe answers announce with
-//! `supportsCloseConnection`), and otherwise (an upstream principal) when the hub connection stops
-//! pinging for [`IDLE_LIMIT`] (upstream: 10 minutes). The RESP codec is `redis-protocol`'s.
+//! Application keeps its namespace and its key too, see [`local_key`]), `GET` (on a pooled
+//! connection: one round trip, no connect or `AUTH` per request), and `SUBSCRIBE`: one local
+//! subscriber connection per hub redis connection, whose messages go back as
+//! `pushFromSubscribe`. It ends as soon as the principal says the hub client's connection ended
+//! (`closeConnection`, our extension, which our subscribe answers announce with
+//! `supportsCloseConnection`), and otherwise (an upstream principal) when the hub connection
+//! stops pinging for [`IDLE_LIMIT`] (upstream: 10 minutes). The RESP codec is `redis-protocol`'s.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,12 +28,14 @@ use tracing::{debug, info};
 
 use super::LiveService;
 use crate::config::AgentConfig;
-use argocd_agent_runtime::redis_client::RedisConnection;
-pub use argocd_agent_runtime::redis_client::RedisTarget;
+use argocd_agent_runtime::redis_client::{RedisConnection, RedisTarget};
+pub use argocd_agent_runtime::redis_pool::RedisPool;
 
 /// A subscription whose hub connection has not pinged for this long is closed.
 pub const IDLE_LIMIT: Duration = Duration::from_secs(600);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections to the local Redis kept open between `GET`s (more run at once open more).
+const IDLE_CONNECTIONS: usize = 4;
 
 /// The local name of a hub live-view key. Namespace mapping (`destination_mapping` = `None`): the
 /// `<namespace>_` prefix of the application segment is dropped (`app|resources-tree|agent-a_guestbook|1.8`
@@ -55,37 +59,24 @@ fn bulk(s: &str) -> Frame {
     Frame::BulkString(Bytes::copy_from_slice(s.as_bytes()))
 }
 
-/// How connections to the local Redis are opened: the agent's `--redis-*` flags.
-pub fn local_redis(config: &AgentConfig) -> RedisTarget {
-    RedisTarget::new(
+/// The local Redis as the agent's `--redis-*` flags reach it, its connections kept open between
+/// commands.
+pub fn local_redis(config: &AgentConfig) -> Arc<RedisPool> {
+    let target = RedisTarget::new(
         "local redis",
         config.redis_address.to_string(),
         config.redis_credentials.clone(),
         config.redis_tls.as_ref(),
-    )
+    );
+    Arc::new(RedisPool::new(target, IDLE_CONNECTIONS, REPLY_TIMEOUT))
 }
 
-/// The next reply on `conn`, within [`REPLY_TIMEOUT`].
-async fn next_reply(conn: &mut RedisConnection) -> Result<Frame, String> {
-    match tokio::time::timeout(REPLY_TIMEOUT, conn.next()).await {
-        Ok(Some(Ok(f))) => Ok(f),
-        Ok(Some(Err(e))) => Err(e.to_string()),
-        Ok(None) => Err("local redis closed the connection".into()),
-        Err(_) => Err("local redis did not answer in time".into()),
-    }
-}
-
-/// `GET key` on the local Redis over one short connection; a miss is `cache_hit: false`.
-pub(crate) async fn get(target: &RedisTarget, key: &str) -> RedisResponseBodyGet {
-    let result = async {
-        let mut conn = target.connect().await?;
-        conn.send(Frame::Array(vec![bulk("GET"), bulk(key)]))
-            .await
-            .map_err(|e| e.to_string())?;
-        next_reply(&mut conn).await
-    }
-    .await;
-    match result {
+/// `GET key` on the local Redis; a miss is `cache_hit: false`.
+pub(crate) async fn get(redis: &RedisPool, key: &str) -> RedisResponseBodyGet {
+    match redis
+        .command(Frame::Array(vec![bulk("GET"), bulk(key)]))
+        .await
+    {
         Ok(Frame::BulkString(b)) | Ok(Frame::SimpleString(b)) => RedisResponseBodyGet {
             bytes: b.to_vec(),
             cache_hit: true,
@@ -141,7 +132,7 @@ async fn run_subscriber(
     last_ping: Arc<Mutex<Instant>>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let target = live.settings.redis.clone();
+    let target = live.settings.redis.target().clone();
     let mut conn: Option<RedisConnection> = None;
     // local channel -> hub channel name, and subscriptions waiting for their confirmation
     let mut names: HashMap<String, String> = HashMap::new();

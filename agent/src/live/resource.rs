@@ -244,12 +244,20 @@ async fn send(
 }
 
 async fn get_json(client: &kube::Client, path: &str) -> Result<Value, (u16, Vec<u8>)> {
+    get_object(client, path).await.map(|(obj, _)| obj)
+}
+
+/// GETs `path`: the object parsed, and the apiserver's bytes of it (answered as they are, not
+/// serialized again).
+async fn get_object(client: &kube::Client, path: &str) -> Result<(Value, Vec<u8>), (u16, Vec<u8>)> {
     let (status, body) = send(client, "GET", path, None, Vec::new()).await;
     if status != 200 {
         return Err((status, body));
     }
-    serde_json::from_slice(&body)
-        .map_err(|e| (502, status_body(502, "InternalError", &e.to_string())))
+    match serde_json::from_slice(&body) {
+        Ok(obj) => Ok((obj, body)),
+        Err(e) => Err((502, status_body(502, "InternalError", &e.to_string()))),
+    }
 }
 
 /// Resolves owners and decides tracking; remembers what it looked up during one request.
@@ -554,7 +562,7 @@ pub async fn execute(
     }
 
     // A named object: check what it is before serving or touching it.
-    let obj = match get_json(client, &base).await {
+    let (obj, raw) = match get_object(client, &base).await {
         Ok(o) => o,
         Err(answer) => return answer,
     };
@@ -562,7 +570,7 @@ pub async fn execute(
         return forbidden(&what);
     }
     match method.as_str() {
-        "GET" if req.subresource.is_empty() => (200, obj.to_string().into_bytes()),
+        "GET" if req.subresource.is_empty() => (200, raw),
         "GET" => send(client, "GET", &with_query(target), None, Vec::new()).await,
         "POST" | "PUT" => {
             send(

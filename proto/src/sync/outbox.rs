@@ -12,6 +12,9 @@
 //! Durability: [`Outbox::open`] keeps the outbox in a [`journal`](super::journal) under a
 //! directory, so a process that restarts while its peer is away still delivers everything; a
 //! damaged journal is reported in [`OpenReport::damage`] and the caller runs a full resync.
+//! Live-view events (resource, Redis, container-log and terminal requests and answers) are not
+//! journaled: the caller waiting for one waits on this process's stream and is gone after a
+//! restart, so writing them (the largest events, answers of up to 512 KiB a part) would only cost.
 //!
 //! Delivery: at most one event per resource is in flight (sent, not yet ACKed), which keeps events
 //! of one resource in order at the receiver. An in-flight event is resent with exponential backoff
@@ -29,7 +32,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::journal::{self, Journal, Record};
-use crate::event::{Event, EventType, ExtensionValue};
+use crate::event::{Event, EventType, ExtensionValue, Target};
 
 /// Our extension carrying a unique id per queued event. ACKs copy every extension (upstream's Go
 /// peers too), so an ACK names exactly the delivery it confirms even when two events of one
@@ -114,6 +117,15 @@ fn coalesces(t: &EventType) -> bool {
             | EventType::ResponseSyncedResource
             | EventType::RequestResourceResync
             | EventType::ClusterCacheInfoUpdate
+    )
+}
+
+/// Whether `event` is kept in the journal: everything but the live view's requests and answers
+/// (see the module docs).
+fn journaled(event: &Event) -> bool {
+    !matches!(
+        event.target,
+        Target::Resource | Target::Redis | Target::ContainerLog | Target::Terminal
     )
 }
 
@@ -245,6 +257,7 @@ impl State {
             .resources
             .values()
             .flat_map(|q| q.in_flight.iter().map(|f| &f.event).chain(q.pending.iter()))
+            .filter(|e| journaled(e))
             .collect();
         match Journal::rewrite(&path, events.into_iter()) {
             Ok(j) => self.journal = Some(j),
@@ -388,7 +401,7 @@ impl Outbox {
         if !st.resources.contains_key(&key) && st.resources.len() >= self.config.max_resources {
             return Err(OutboxError::Full(st.resources.len()));
         }
-        let journaled = st.journal.is_some().then(|| event.clone());
+        let journaled = (st.journal.is_some() && journaled(&event)).then(|| event.clone());
         if st.enqueue(&key, event) {
             if let Some(event) = journaled {
                 st.journal_write(|j| j.queued(&event));
@@ -541,7 +554,9 @@ impl Outbox {
             .as_ref()
             .filter(|f| f.attempts == 1)
             .map(|f| now.saturating_duration_since(st.progress(f)));
-        let confirmed = settled.and_then(|f| delivery_id(&f.event).map(str::to_string));
+        let confirmed = settled
+            .filter(|f| journaled(&f.event))
+            .and_then(|f| delivery_id(&f.event).map(str::to_string));
         if done {
             st.resources.remove(key);
         } else {
@@ -939,6 +954,44 @@ mod tests {
         drop(o);
         let (o, _) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
         assert!(o.is_empty(), "everything was confirmed before this restart");
+    }
+
+    #[test]
+    fn live_view_requests_and_answers_are_not_journaled() {
+        let d = dir();
+        let path = d.path().join(journal::JOURNAL_FILE);
+        {
+            let (o, _) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+            o.set_connected(true);
+            let empty = std::fs::metadata(&path).unwrap().len();
+            for target in [
+                Target::Resource,
+                Target::Redis,
+                Target::ContainerLog,
+                Target::Terminal,
+            ] {
+                let id = format!("{target:?}");
+                let answer = Event::new(EventType::Response, target, "test")
+                    .with_ids("", &id)
+                    .with_json(&"x".repeat(64 << 10))
+                    .unwrap();
+                o.push(answer).unwrap();
+            }
+            assert_eq!(o.len(), 4, "live events are queued and sent as any other");
+            let sent = o.take_next(Instant::now()).unwrap();
+            assert!(o.ack(&sent.ack()));
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().len(),
+                empty,
+                "neither the live events nor their ACK were written"
+            );
+            o.push(ev(EventType::SpecUpdate, "a", "a1")).unwrap();
+            assert!(std::fs::metadata(&path).unwrap().len() > empty);
+        }
+        let (o, report) = Outbox::open(d.path(), OutboxConfig::default()).unwrap();
+        assert_eq!(report.restored, 1, "{report:?}");
+        o.set_connected(true);
+        assert_eq!(o.take_next(Instant::now()).unwrap().event_id, "a1");
     }
 
     #[test]
