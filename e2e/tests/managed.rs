@@ -2,6 +2,15 @@
 //! Applications and AppProjects created on the hub arriving on the right spoke only, sync requests
 //! forwarded, deletion with and without finalizers, drift revert, and restarts of either side.
 //!
+//! Every scenario runs under both of upstream's mappings, as upstream's CI runs its managed suite
+//! (`in_both_mappings!`: `<scenario>::namespace_mapping` and `<scenario>::destination_mapping`):
+//! namespace mapping (an agent's Applications in the hub namespace named after it, kept in the
+//! agent's namespace on the spoke) and destination-based mapping (every agent's Applications in one
+//! hub namespace, `spec.destination.name` picking the agent, the namespace kept on the spoke and
+//! created there by the agent). Where a scenario means something else under destination mapping
+//! the assertion says what that mapping does (AppProjects route by destination only and keep
+//! their source namespaces).
+//!
 //! No Argo CD runs here. What only Argo CD can show (its real status coming back, a hub sync run and
 //! terminated on the spoke, a cascade delete) is proven with the real one in `real_peers` and
 //! `real_live_view`. Two tests still write what the spoke's application-controller would, and say
@@ -10,14 +19,47 @@
 
 use std::time::Duration;
 
-use e2e::fleet::Fleet;
-use e2e::gateway::{application, appproject_resource, text, Agent, Pki, Principal, SOURCE_UID};
+use e2e::fleet::{Fleet, Mapping};
+use e2e::gateway::{appproject_resource, text, Agent, Pki, Principal, SOURCE_UID};
 use e2e::metrics::Scrape;
 use e2e::{shared_planes, wait_until, TestContext};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(30);
+
+/// Generates, for each scenario `async fn scenario(mapping: Mapping)`, a module of that name with
+/// the tests `namespace_mapping` and `destination_mapping` running it under each.
+macro_rules! in_both_mappings {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            use e2e::fleet::Mapping;
+
+            #[tokio::test]
+            async fn namespace_mapping() -> anyhow::Result<()> {
+                super::$scenario(Mapping::Namespace).await
+            }
+
+            #[tokio::test]
+            async fn destination_mapping() -> anyhow::Result<()> {
+                super::$scenario(Mapping::Destination).await
+            }
+        }
+    )*};
+}
+
+in_both_mappings!(
+    managed_applications_and_sync_requests_reach_only_their_spoke,
+    hub_deletion_with_finalizer_waits_for_the_spoke_whose_finalizer_the_test_removes_since_real_argocd_would_not_hold_the_deletion_open,
+    local_changes_to_managed_apps_on_the_spoke_are_reverted,
+    appprojects_reach_the_agents_they_name,
+    principal_exits_promptly_on_sigterm_with_agents_connected,
+    agent_and_principal_restarts_converge,
+    autonomous_agent_without_a_hub_namespace_is_refused_with_a_clear_reason,
+    application_the_spoke_refuses_is_reported_on_the_hub_and_blocks_nothing,
+    agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_on_the_hub_with_status_written_by_the_test_since_real_argocd_rewrites_status_on_its_own_clock,
+    labels_and_annotations_edited_while_the_agent_was_down_are_reverted,
+);
 
 async fn get_json(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>, kube::Error> {
     Ok(api
@@ -46,19 +88,23 @@ async fn wait_gone(api: &Api<DynamicObject>, name: &str, what: &str) -> anyhow::
     .await
 }
 
-#[tokio::test]
-async fn managed_applications_and_sync_requests_reach_only_their_spoke() -> anyhow::Result<()> {
+async fn managed_applications_and_sync_requests_reach_only_their_spoke(
+    mapping: Mapping,
+) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let fleet = Fleet::start("managed_flow", planes).await?;
+    let fleet = Fleet::start_mapped("managed_flow", planes, mapping).await?;
     let hub1 = fleet.hub_apps(planes, 0).await?;
     let spoke1 = fleet.spoke_apps(planes, 0).await?;
+    let hub2 = fleet.hub_apps(planes, 1).await?;
     let spoke2 = fleet.spoke_apps(planes, 1).await?;
 
-    // Create on the hub → appears on spoke 1 with identity and in-cluster destination.
+    // Create on the hub → appears on spoke 1 with identity and in-cluster destination, in the
+    // agent's namespace (namespace mapping) or in the hub namespace, kept and created on the
+    // spoke by the agent (destination mapping).
     let created = hub1
         .create(
             &PostParams::default(),
-            &application("guestbook", &fleet.agents[0].name, "v1"),
+            &fleet.application("guestbook", 0, "v1"),
         )
         .await?;
     let hub_uid = created.metadata.uid.clone().expect("uid");
@@ -67,6 +113,7 @@ async fn managed_applications_and_sync_requests_reach_only_their_spoke() -> anyh
         copy["metadata"]["annotations"][SOURCE_UID],
         hub_uid.as_str()
     );
+    assert_eq!(text(&copy, "/metadata/namespace"), fleet.spoke_namespace(0));
     assert_eq!(text(&copy, "/spec/destination/name"), "in-cluster");
     assert_eq!(text(&copy, "/spec/destination/namespace"), "guestbook");
     assert_eq!(text(&copy, "/spec/source/targetRevision"), "v1");
@@ -97,10 +144,18 @@ async fn managed_applications_and_sync_requests_reach_only_their_spoke() -> anyh
     })
     .await?;
 
-    // The other agent's spoke never saw any of it.
+    // Agent 2's Application (in the same hub namespace as agent 1's under destination mapping)
+    // reaches agent 2 only, and agent 2's spoke never saw agent 1's.
+    hub2.create(&PostParams::default(), &fleet.application("other", 1, "v1"))
+        .await?;
+    wait_for(&spoke2, "other", "agent 2's app on spoke 2", |_| true).await?;
     assert!(
         get_json(&spoke2, "guestbook").await?.is_none(),
         "an app of agent 1 reached agent 2"
+    );
+    assert!(
+        get_json(&spoke1, "other").await?.is_none(),
+        "an app of agent 2 reached agent 1"
     );
 
     // Delete without finalizer → gone on the spoke.
@@ -110,14 +165,14 @@ async fn managed_applications_and_sync_requests_reach_only_their_spoke() -> anyh
     Ok(())
 }
 
-#[tokio::test]
 async fn hub_deletion_with_finalizer_waits_for_the_spoke_whose_finalizer_the_test_removes_since_real_argocd_would_not_hold_the_deletion_open(
+    mapping: Mapping,
 ) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let fleet = Fleet::start("managed_finalizer", planes).await?;
+    let fleet = Fleet::start_mapped("managed_finalizer", planes, mapping).await?;
     let hub1 = fleet.hub_apps(planes, 0).await?;
     let spoke1 = fleet.spoke_apps(planes, 0).await?;
-    let mut app = application("cascade", &fleet.agents[0].name, "v1");
+    let mut app = fleet.application("cascade", 0, "v1");
     app.metadata.finalizers = Some(vec!["resources-finalizer.argocd.argoproj.io".into()]);
     hub1.create(&PostParams::default(), &app).await?;
     wait_for(&spoke1, "cascade", "app on spoke", |v| {
@@ -154,17 +209,15 @@ async fn hub_deletion_with_finalizer_waits_for_the_spoke_whose_finalizer_the_tes
     Ok(())
 }
 
-#[tokio::test]
-async fn local_changes_to_managed_apps_on_the_spoke_are_reverted() -> anyhow::Result<()> {
+async fn local_changes_to_managed_apps_on_the_spoke_are_reverted(
+    mapping: Mapping,
+) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let fleet = Fleet::start("managed_drift", planes).await?;
+    let fleet = Fleet::start_mapped("managed_drift", planes, mapping).await?;
     let hub1 = fleet.hub_apps(planes, 0).await?;
     let spoke1 = fleet.spoke_apps(planes, 0).await?;
-    hub1.create(
-        &PostParams::default(),
-        &application("drift", &fleet.agents[0].name, "v1"),
-    )
-    .await?;
+    hub1.create(&PostParams::default(), &fleet.application("drift", 0, "v1"))
+        .await?;
     wait_for(&spoke1, "drift", "app on spoke", |_| true).await?;
 
     let edit = json!({"spec": {"source": {"targetRevision": "hacked"}}});
@@ -186,18 +239,24 @@ async fn local_changes_to_managed_apps_on_the_spoke_are_reverted() -> anyhow::Re
     Ok(())
 }
 
-#[tokio::test]
-async fn appprojects_reach_the_agents_they_name() -> anyhow::Result<()> {
+async fn appprojects_reach_the_agents_they_name(mapping: Mapping) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let fleet = Fleet::start("managed_projects", planes).await?;
+    let fleet = Fleet::start_mapped("managed_projects", planes, mapping).await?;
     let hub = planes.hub.client().await?;
     let projects: Api<DynamicObject> =
         Api::namespaced_with(hub, &fleet.principal.namespace, &appproject_resource());
     let agent1 = fleet.agents[0].name.clone();
+    // Under destination mapping the project admits Applications in the hub namespace they all
+    // live in: source namespaces say where Applications may live, not which agent runs them.
+    let source_namespaces: Vec<&str> = match mapping {
+        Mapping::Namespace => Vec::new(),
+        Mapping::Destination => vec![fleet.apps_namespace.as_str()],
+    };
     let proj: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
         "metadata": {"name": "team-a", "namespace": fleet.principal.namespace},
         "spec": {"destinations": [{"name": agent1, "namespace": "guestbook"}],
+                 "sourceNamespaces": source_namespaces,
                  "sourceRepos": ["*"], "roles": [{"name": "ci", "policies": ["p, proj:team-a:ci, applications, get, team-a/*, allow"]}]}
     }))?;
     projects.create(&PostParams::default(), &proj).await?;
@@ -220,8 +279,17 @@ async fn appprojects_reach_the_agents_they_name() -> anyhow::Result<()> {
         copy["spec"].get("roles").is_none(),
         "hub-only roles leaked to the spoke"
     );
+    let kept: Vec<&str> = copy["spec"]["sourceNamespaces"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        kept, source_namespaces,
+        "destination mapping keeps the source namespaces (the spoke's Argo CD admits Applications there)"
+    );
 
-    // Re-targeting the project to agent 2 moves it.
+    // Re-targeting the project to agent 2 moves it (under destination mapping although its
+    // source namespaces still cover agent 1's Applications).
     let retarget = json!({"spec": {"destinations": [{"name": fleet.agents[1].name, "namespace": "guestbook"}]}});
     projects
         .patch("team-a", &PatchParams::default(), &Patch::Merge(&retarget))
@@ -232,10 +300,11 @@ async fn appprojects_reach_the_agents_they_name() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn principal_exits_promptly_on_sigterm_with_agents_connected() -> anyhow::Result<()> {
+async fn principal_exits_promptly_on_sigterm_with_agents_connected(
+    mapping: Mapping,
+) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let mut fleet = Fleet::start("managed_sigterm", planes).await?;
+    let mut fleet = Fleet::start_mapped("managed_sigterm", planes, mapping).await?;
     // Fleet::start waited until both agents' streams were open: those are what a graceful stop
     // could wait for (they never end by themselves).
     let grace = Duration::from_secs(3);
@@ -256,15 +325,13 @@ async fn principal_exits_promptly_on_sigterm_with_agents_connected() -> anyhow::
     Ok(())
 }
 
-#[tokio::test]
-async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
+async fn agent_and_principal_restarts_converge(mapping: Mapping) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let mut fleet = Fleet::start("managed_restarts", planes).await?;
+    let mut fleet = Fleet::start_mapped("managed_restarts", planes, mapping).await?;
     let hub1 = fleet.hub_apps(planes, 0).await?;
     let spoke1 = fleet.spoke_apps(planes, 0).await?;
-    let ns = fleet.agents[0].name.clone();
     for name in ["keep", "change", "remove"] {
-        hub1.create(&PostParams::default(), &application(name, &ns, "v1"))
+        hub1.create(&PostParams::default(), &fleet.application(name, 0, "v1"))
             .await?;
         wait_for(&spoke1, name, "initial sync", |_| true).await?;
     }
@@ -278,7 +345,7 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     )
     .await?;
     hub1.delete("remove", &DeleteParams::default()).await?;
-    hub1.create(&PostParams::default(), &application("added", &ns, "v1"))
+    hub1.create(&PostParams::default(), &fleet.application("added", 0, "v1"))
         .await?;
     fleet.agents[0].process.start_again()?;
     wait_for(
@@ -303,7 +370,7 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     for i in 0..UNCHANGED {
         hub1.create(
             &PostParams::default(),
-            &application(&format!("same-{i}"), &ns, "v1"),
+            &fleet.application(&format!("same-{i}"), 0, "v1"),
         )
         .await?;
     }
@@ -334,8 +401,11 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     })
     .await?;
     // A later change still flows, and by then the resync answers were sent.
-    hub1.create(&PostParams::default(), &application("marker", &ns, "v1"))
-        .await?;
+    hub1.create(
+        &PostParams::default(),
+        &fleet.application("marker", 0, "v1"),
+    )
+    .await?;
     wait_for(&spoke1, "marker", "change after the resync", |_| true).await?;
     let after = Scrape::of(port).await?;
     assert!(
@@ -357,7 +427,7 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     )
     .await?;
     hub1.delete("added", &DeleteParams::default()).await?;
-    hub1.create(&PostParams::default(), &application("late", &ns, "v1"))
+    hub1.create(&PostParams::default(), &fleet.application("late", 0, "v1"))
         .await?;
     fleet.principal.process.start_again()?;
     fleet.principal.wait_ready().await?;
@@ -381,16 +451,25 @@ async fn agent_and_principal_restarts_converge() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
 async fn autonomous_agent_without_a_hub_namespace_is_refused_with_a_clear_reason(
+    mapping: Mapping,
 ) -> anyhow::Result<()> {
     // The principal may not create namespaces (no --namespace-create-enable) and the agent's hub
-    // namespace does not exist: the agent is told why, and keeps retrying.
+    // namespace does not exist: the agent is told why, and keeps retrying. Destination mapping
+    // changes nothing for autonomous agents: their Applications are mirrored into the hub
+    // namespace named after them, as upstream does.
     let planes = shared_planes().await;
     let ctx = TestContext::new("autonomous_refused")?;
     let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let principal =
-        Principal::start("p", &ctx.dir, &planes.hub, &pki, &ctx.unique("argocd"), &[]).await?;
+    let principal = Principal::start(
+        "p",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ctx.unique("argocd"),
+        mapping.principal_args(),
+    )
+    .await?;
     let name = ctx.unique("auto");
     pki.issue_agent(&name)?;
     let agent = Agent::start(
@@ -418,22 +497,21 @@ async fn autonomous_agent_without_a_hub_namespace_is_refused_with_a_clear_reason
     Ok(())
 }
 
-#[tokio::test]
 async fn application_the_spoke_refuses_is_reported_on_the_hub_and_blocks_nothing(
+    mapping: Mapping,
 ) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let fleet = Fleet::start("managed_refused", planes).await?;
+    let fleet = Fleet::start_mapped("managed_refused", planes, mapping).await?;
     let hub1 = fleet.hub_apps(planes, 0).await?;
     let spoke1 = fleet.spoke_apps(planes, 0).await?;
-    let ns = fleet.agents[0].name.clone();
     // Annotations just under the apiserver's 256 KiB total: the hub accepts the object, but the
     // spoke copy carries one more annotation (the source UID) and the spoke apiserver refuses it.
-    let mut big = application("too-big", &ns, "v1");
+    let mut big = fleet.application("too-big", 0, "v1");
     let key = "example.com/padding";
     let limit = 256 * 1024;
     big.metadata.annotations = Some([(key.to_string(), "x".repeat(limit - key.len() - 10))].into());
     hub1.create(&PostParams::default(), &big).await?;
-    hub1.create(&PostParams::default(), &application("fine", &ns, "v1"))
+    hub1.create(&PostParams::default(), &fleet.application("fine", 0, "v1"))
         .await?;
 
     let refused = wait_for(&hub1, "too-big", "AgentError condition on the hub", |v| {
@@ -474,20 +552,19 @@ async fn resource_version(api: &Api<DynamicObject>, name: &str) -> anyhow::Resul
     Ok(text(&obj, "/metadata/resourceVersion").to_string())
 }
 
-#[tokio::test]
 async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_on_the_hub_with_status_written_by_the_test_since_real_argocd_rewrites_status_on_its_own_clock(
+    mapping: Mapping,
 ) -> anyhow::Result<()> {
     // Counting exactly one status-update needs statuses that change only when the test says so;
     // the real application-controller rewrites status on every periodic refresh.
     const APPS: usize = 8;
     let planes = shared_planes().await;
-    let mut fleet = Fleet::start("managed_status_resync", planes).await?;
+    let mut fleet = Fleet::start_mapped("managed_status_resync", planes, mapping).await?;
     let hub1 = fleet.hub_apps(planes, 0).await?;
     let spoke1 = fleet.spoke_apps(planes, 0).await?;
-    let ns = fleet.agents[0].name.clone();
     let names: Vec<String> = (0..APPS).map(|i| format!("st-{i}")).collect();
     for name in &names {
-        hub1.create(&PostParams::default(), &application(name, &ns, "v1"))
+        hub1.create(&PostParams::default(), &fleet.application(name, 0, "v1"))
             .await?;
     }
     let healthy =
@@ -548,8 +625,11 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
     })
     .await?;
     // A later change flows after everything the restart queued.
-    hub1.create(&PostParams::default(), &application("st-marker", &ns, "v1"))
-        .await?;
+    hub1.create(
+        &PostParams::default(),
+        &fleet.application("st-marker", 0, "v1"),
+    )
+    .await?;
     wait_for(&spoke1, "st-marker", "change after the resync", |_| true).await?;
 
     let after = Scrape::of(port).await?;
@@ -569,15 +649,14 @@ async fn agent_restart_with_nothing_changed_sends_no_status_and_writes_nothing_o
     Ok(())
 }
 
-#[tokio::test]
-async fn labels_and_annotations_edited_while_the_agent_was_down_are_reverted() -> anyhow::Result<()>
-{
+async fn labels_and_annotations_edited_while_the_agent_was_down_are_reverted(
+    mapping: Mapping,
+) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let mut fleet = Fleet::start("managed_offline_drift", planes).await?;
+    let mut fleet = Fleet::start_mapped("managed_offline_drift", planes, mapping).await?;
     let hub1 = fleet.hub_apps(planes, 0).await?;
     let spoke1 = fleet.spoke_apps(planes, 0).await?;
-    let ns = fleet.agents[0].name.clone();
-    let mut app = application("meta", &ns, "v1");
+    let mut app = fleet.application("meta", 0, "v1");
     app.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
     app.metadata.annotations = Some([("note".to_string(), "hub".to_string())].into());
     hub1.create(&PostParams::default(), &app).await?;
