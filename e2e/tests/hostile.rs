@@ -1018,11 +1018,21 @@ async fn read_until(conn: &mut tokio::net::TcpStream, needle: &str) -> anyhow::R
 }
 
 /// Clients connected to `redis` besides the one asking, as its `CLIENT LIST` counts them.
-async fn redis_clients(redis: &Redis) -> anyhow::Result<usize> {
+/// The clients of `redis` holding a subscription (`sub`, `psub` or `ssub` above 0 in CLIENT LIST):
+/// the agent's pooled command connections are not counted, they stay open by design.
+async fn redis_subscribers(redis: &Redis) -> anyhow::Result<usize> {
     let password = redis.password.as_deref().unwrap_or_default();
     let mut probe = redis_connection(&redis.address(), password).await?;
     let list = resp_exchange(&mut probe, &["CLIENT", "LIST"]).await?;
-    Ok(list.lines().filter(|l| l.contains("id=")).count() - 1)
+    let subscribed = |line: &str| {
+        line.split_whitespace().any(
+            |field| matches!(field.split_once('='), Some(("sub" | "psub" | "ssub", n)) if n != "0"),
+        )
+    };
+    Ok(list
+        .lines()
+        .filter(|l| l.contains("id=") && subscribed(l))
+        .count())
 }
 
 /// A connection to `address` authenticated with `password`.
@@ -1073,7 +1083,7 @@ async fn short_lived_redis_subscriptions_end_on_the_spoke_when_the_client_goes_a
     agent.wait_connected().await?;
     let proxy = format!("127.0.0.1:{}", principal.redis_proxy_port);
     let pid = principal.process.pid().expect("principal running");
-    let baseline_clients = redis_clients(&spoke_redis).await?;
+    let baseline_clients = redis_subscribers(&spoke_redis).await?;
     let baseline_rss = rss_kib(pid)?;
 
     // 10x the 200: waves of PER_IP clients that each SUBSCRIBE to a key of the agent
@@ -1104,17 +1114,17 @@ async fn short_lived_redis_subscriptions_end_on_the_spoke_when_the_client_goes_a
                     && refused.contains("--redis-proxy-max-connections-per-ip"),
                 "{refused}"
             );
-            peak_clients = redis_clients(&spoke_redis).await?;
+            peak_clients = redis_subscribers(&spoke_redis).await?;
         }
         peak_rss = peak_rss.max(rss_kib(pid)?);
         drop(open);
     }
     let took = started.elapsed();
     let spoke_clients = wait_until(
-        "the spoke Redis back to its clients before the attack",
+        "the spoke Redis back to its subscribers before the attack",
         Duration::from_secs(30),
         || async {
-            match redis_clients(&spoke_redis).await? {
+            match redis_subscribers(&spoke_redis).await? {
                 n if n <= baseline_clients => Ok(Some(n)),
                 n => Err(anyhow::anyhow!("{n} clients")),
             }
@@ -1166,7 +1176,7 @@ async fn short_lived_redis_subscriptions_end_on_the_spoke_when_the_client_goes_a
 
     // UNSUBSCRIBE frees a slot: the agent ends that channel's subscriber on the spoke Redis at
     // once (the other channel's stays), and a new channel fits.
-    let holding = redis_clients(&spoke_redis).await?;
+    let holding = redis_subscribers(&spoke_redis).await?;
     let reply = resp_exchange(&mut conn, &["UNSUBSCRIBE", &channels[0]]).await?;
     assert!(
         reply.contains("unsubscribe") && reply.contains(&channels[0]) && reply.ends_with(":1\r\n"),
@@ -1176,7 +1186,7 @@ async fn short_lived_redis_subscriptions_end_on_the_spoke_when_the_client_goes_a
         "the agent ended the unsubscribed channel on its Redis",
         Duration::from_secs(10),
         || async {
-            match redis_clients(&spoke_redis).await? {
+            match redis_subscribers(&spoke_redis).await? {
                 n if n == holding - 1 => Ok(Some(n)),
                 n => Err(anyhow::anyhow!("{n} clients (holding {holding})")),
             }
