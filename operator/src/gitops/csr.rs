@@ -3,7 +3,8 @@
 //! `open-cluster-management.io/argocd-agent-addon`) reaches the hub. The operator approves and
 //! signs such a CSR with the fleet CA when it comes from an onboarded cluster and asks for a
 //! client certificate with CN = the cluster name and nothing else; otherwise it denies it with a
-//! reason. CSRs for other signers are never touched.
+//! reason. CSRs for other signers, and CSRs of clusters this principal does not onboard (another
+//! principal's operator on the same hub may), are never touched.
 //!
 //! Owns the review rule ([`review_csr`]) and the approve/sign/deny writes.
 
@@ -60,9 +61,10 @@ pub fn review_csr(csr: &CertificateSigningRequest, onboarded: &BTreeSet<String>)
         return CsrDecision::Deny(format!("no {CSR_CLUSTER_LABEL} label"));
     };
     if !onboarded.contains(cluster) {
-        return CsrDecision::Deny(format!(
-            "cluster {cluster:?} is not selected by any GitOpsCluster"
-        ));
+        // Another principal's operator on this hub may onboard it (each reviews only the clusters
+        // of the GitOpsClusters it owns); a CSR nobody onboards stays pending until the
+        // apiserver's CSR cleaner removes it.
+        return CsrDecision::Ignore;
     }
     let user = csr.spec.username.as_deref().unwrap_or_default();
     let expected = format!("system:open-cluster-management:{cluster}:");
@@ -185,13 +187,20 @@ mod tests {
             ),
             CsrDecision::Ignore
         );
-        for bad in [
-            csr(
-                ADDON_SIGNER,
-                Some("c2"),
-                "system:open-cluster-management:c2:a",
-                &["client auth"],
+        // Not onboarded here: left to the principal that onboards it, never denied.
+        assert_eq!(
+            review_csr(
+                &csr(
+                    ADDON_SIGNER,
+                    Some("c2"),
+                    "system:open-cluster-management:c2:a",
+                    &["client auth"],
+                ),
+                &onboarded
             ),
+            CsrDecision::Ignore
+        );
+        for bad in [
             csr(ADDON_SIGNER, None, user, &["client auth"]),
             csr(
                 ADDON_SIGNER,
