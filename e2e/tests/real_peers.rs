@@ -1515,9 +1515,32 @@ async fn exec_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
     exec_through_the_principal(Side::Upstream, Side::Ours).await
 }
 
+/// Upstream's own pair, the baseline of the matrix. Its principal tears a session down as soon as
+/// its agent's side ends and can drop output not yet written to the WebSocket (kubectl sees close
+/// 1006 and no output; PROTOCOL.md (9)): a race inside upstream, seen once in a full suite run on
+/// 2026-11-25. Exactly that symptom is retried once, and said so; any other failure is not.
 #[tokio::test]
 async fn exec_through_upstream_principal_upstream_agent() -> anyhow::Result<()> {
-    exec_through_the_principal(Side::Upstream, Side::Upstream).await
+    let first = tokio::spawn(exec_through_the_principal(Side::Upstream, Side::Upstream)).await;
+    match first {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or_default();
+            if !message.contains("close 1006") {
+                std::panic::resume_unwind(payload);
+            }
+            eprintln!(
+                "[real_peers] upstream's pair dropped the exec output (close 1006); retrying once"
+            );
+            exec_through_the_principal(Side::Upstream, Side::Upstream).await
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Our principal holds at most `--terminal-max-sessions-per-agent` web terminal sessions of an
