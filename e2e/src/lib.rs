@@ -45,3 +45,13 @@ pub use process::{ManagedProcess, ProcessSpec};
 pub use redis::Redis;
 pub use shared::{shared_planes, SharedPlanes, TestContext};
 pub use wait::wait_until;
+
+/// Field `key` of a Secret's `data` as text ("" when the field or the data is absent).
+pub fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> String {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default()
+}

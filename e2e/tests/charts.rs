@@ -1331,10 +1331,13 @@ async fn fresh_install_with_the_operator_creates_the_missing_secrets_keeps_a_use
     // What the operator created: a CA with its key, the principal certificate from it for the
     // release's Service names, the JWT key.
     let ca = secrets.get("argocd-agent-ca").await?;
-    let ca_pem = text_of(&ca, "tls.crt");
-    assert!(!text_of(&ca, "tls.key").is_empty(), "the CA keeps its key");
+    let ca_pem = e2e::secret_text(&ca, "tls.crt");
+    assert!(
+        !e2e::secret_text(&ca, "tls.key").is_empty(),
+        "the CA keeps its key"
+    );
     let service_name = format!("{release}-argocd-agent-principal");
-    let tls = inspect(&text_of(
+    let tls = inspect(&e2e::secret_text(
         &secrets.get("argocd-agent-principal-tls").await?,
         "tls.crt",
     ))?;
@@ -1348,7 +1351,7 @@ async fn fresh_install_with_the_operator_creates_the_missing_secrets_keeps_a_use
         inspect(&ca_pem)?.subject,
         "issued by the bootstrapped CA"
     );
-    assert!(!text_of(&secrets.get("argocd-agent-jwt").await?, "jwt.key").is_empty());
+    assert!(!e2e::secret_text(&secrets.get("argocd-agent-jwt").await?, "jwt.key").is_empty());
     let kept = secrets.get("argocd-agent-resource-proxy-tls").await?;
     assert_eq!(
         (kept.metadata.resource_version, kept.data),
@@ -1494,16 +1497,6 @@ async fn fresh_install_without_the_operator_says_which_secret_is_missing_and_sta
     drop(agent);
     helm.uninstall(&release, &ns)?;
     Ok(())
-}
-
-/// Field `key` of `secret` as text ("" when absent).
-fn text_of(secret: &Secret, key: &str) -> String {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .unwrap_or_default()
 }
 
 #[tokio::test]

@@ -10,14 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use serde_json::Value;
 
-fn secret_text(secret: &Secret, key: &str) -> String {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .unwrap_or_default()
-}
+use e2e::secret_text;
 
 #[tokio::test]
 async fn agent_create_registers_the_agent_with_the_hub_argo_cd() -> anyhow::Result<()> {
