@@ -177,7 +177,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 watchers,
                 resync,
                 tokio::spawn(connection.run(
-                    timed(crate::live::LiveDispatch::wrap(sync, live), &metrics),
+                    timed(
+                        crate::live::LiveDispatch::wrap(sync, live),
+                        &metrics,
+                        AgentMode::Managed,
+                    ),
                     stop_rx,
                 )),
             )
@@ -198,6 +202,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             let dispatch = timed(
                 crate::live::LiveDispatch::wrap(sync.clone(), live),
                 &metrics,
+                AgentMode::Autonomous,
             );
             (
                 watchers,
@@ -267,11 +272,16 @@ fn spawn_periodic_resync(
 }
 
 /// The client TLS config from the certificate files, reloaded when they change.
-/// `handler` with its processing time observed in `agent_event_processing_time`.
-fn timed<H: EventHandler>(handler: Arc<H>, metrics: &AgentMetrics) -> Arc<Instrumented<Arc<H>>> {
+/// `handler` with each event's outcome and processing time observed in
+/// `agent_event_processing_time{status,agent_mode,resource_type}` and failures in `agent_errors`.
+fn timed<H: EventHandler>(
+    handler: Arc<H>,
+    metrics: &AgentMetrics,
+    mode: AgentMode,
+) -> Arc<Instrumented<Arc<H>>> {
     Arc::new(Instrumented::new(
         handler,
-        metrics.event_processing_time.clone(),
+        metrics.handling.for_peer("agent_mode", mode.as_str()),
     ))
 }
 

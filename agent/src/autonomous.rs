@@ -116,17 +116,17 @@ impl AutonomousSync {
     }
 
     /// The spoke API of a kind this agent owns; repositories and GPG keys are never synced in
-    /// autonomous mode, so an event about one (from a confused or hostile peer) is refused, not
-    /// acted on.
+    /// autonomous mode, so an event about one (from a confused or hostile peer) is refused as not
+    /// for this mode (upstream's agent discards them), not acted on.
     fn api(&self, kind: SyncedKind) -> Result<&Api<SpokeObject>, HandleError> {
         match kind {
             SyncedKind::Application => Ok(&self.apps),
             SyncedKind::AppProject => Ok(&self.projects),
-            SyncedKind::Repository => Err(HandleError::Rejected(
+            SyncedKind::Repository => Err(HandleError::NotAllowed(
                 "autonomous agents keep their own repositories; repository events are not accepted"
                     .into(),
             )),
-            SyncedKind::GpgKey => Err(HandleError::Rejected(
+            SyncedKind::GpgKey => Err(HandleError::NotAllowed(
                 "autonomous agents keep their own GPG keys; GPG key events are not accepted".into(),
             )),
         }
@@ -449,17 +449,23 @@ impl EventHandler for AutonomousSync {
                     EventType::SetOperation => self.set_operation(&mirror).await,
                     EventType::TerminateOperation => self.terminate_operation(&mirror).await,
                     EventType::SpecUpdate => self.refresh(&mirror).await,
-                    other => Err(rejected(format!(
-                        "an autonomous agent owns its Applications and does not take {} events from the hub",
-                        other.name()
-                    ))),
+                    other => Err(HandleError::for_mode(
+                        &event,
+                        format!(
+                            "an autonomous agent owns its Applications and does not take {} events from the hub",
+                            other.name()
+                        ),
+                    )),
                 }
             }
-            (t, target) => Err(rejected(format!(
-                "an autonomous agent does not handle {} events for target {:?}",
-                t.name(),
-                target.as_str()
-            ))),
+            (t, target) => {
+                let msg = format!(
+                    "an autonomous agent does not handle {} events for target {:?}",
+                    t.name(),
+                    target.as_str()
+                );
+                Err(HandleError::for_mode(&event, msg))
+            }
         }
     }
 }

@@ -1156,11 +1156,12 @@ impl EventHandler for ManagedSync {
             _ => {}
         }
         let Some(kind) = SyncedKind::from_target(&event.target) else {
-            return Err(HandleError::Rejected(format!(
+            let msg = format!(
                 "a managed agent does not handle {} events for target {:?}",
                 event.event_type.name(),
                 event.target.as_str()
-            )));
+            );
+            return Err(HandleError::for_mode(&event, msg));
         };
         let obj: SpokeObject = event
             .data_as()
@@ -1177,10 +1178,13 @@ impl EventHandler for ManagedSync {
             (EventType::TerminateOperation, SyncedKind::Application) => {
                 self.terminate_operation(&obj).await
             }
-            (other, _) => Err(HandleError::Rejected(format!(
-                "a managed agent does not handle {} events for {kind}s",
-                other.name()
-            ))),
+            (other, _) => Err(HandleError::for_mode(
+                &event,
+                format!(
+                    "a managed agent does not handle {} events for {kind}s",
+                    other.name()
+                ),
+            )),
         }
     }
 }

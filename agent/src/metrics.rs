@@ -4,13 +4,14 @@
 //! `argocd_agent_connections_total`, `argocd_agent_auth_failures_total`), event traffic
 //! (`agent_events_received_total`, `agent_events_sent_total`, by event type and resource type),
 //! `agent_event_propagation_latency_seconds{resource_type}` (from the `sentat` extension of
-//! received events, labelled like upstream's) and
-//! the outbound queue size `argocd_agent_outbox_resources`. Registered once into the process's
+//! received events, labelled like upstream's), how each inbound event's handling went
+//! (`agent_event_processing_time{status,agent_mode,resource_type}`, `agent_errors{resource_type}`:
+//! [`HandlingMetrics`]) and the outbound queue size `argocd_agent_outbox_resources`. Registered once into the process's
 //! [`MetricsRegistry`]; the connection loop updates them.
 
 use argocd_agent_proto::event::{stream_event_labels, Event};
 use argocd_agent_proto::pb::eventstreamapi::Event as WireEvent;
-use argocd_agent_proto::sync::processing_time_histogram;
+use argocd_agent_proto::sync::HandlingMetrics;
 use argocd_agent_runtime::telemetry::MetricsRegistry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -33,8 +34,9 @@ pub struct AgentMetrics {
     propagation_latency: Family<Labels, Histogram, fn() -> Histogram>,
     /// Distinct resources with events waiting for delivery or an ACK.
     pub outbox_resources: Gauge,
-    /// Time to handle one inbound event (`agent_event_processing_time`).
-    pub event_processing_time: Histogram,
+    /// Upstream's `agent_event_processing_time{status,agent_mode,resource_type}` (seconds to
+    /// handle one inbound event) and `agent_errors{resource_type}` (inbound events that failed).
+    pub handling: HandlingMetrics,
     /// Resends of un-ACKed events (the outbox counts into it).
     pub event_resends: Counter,
 }
@@ -52,7 +54,7 @@ impl Default for AgentMetrics {
                 Histogram::new(exponential_buckets(0.005, 2.0, 15))
             }),
             outbox_resources: Gauge::default(),
-            event_processing_time: processing_time_histogram(),
+            handling: HandlingMetrics::agent(),
             event_resends: Counter::default(),
         }
     }
@@ -106,8 +108,13 @@ impl AgentMetrics {
         );
         registry.register(
             "agent_event_processing_time",
-            "Seconds taken to handle one event received from the principal",
-            m.event_processing_time.clone(),
+            "Seconds taken to handle one event received from the principal, by outcome (success, failure, discarded), agent mode and resource type",
+            m.handling.processing_time(),
+        );
+        registry.register(
+            "agent_errors",
+            "Events received from the principal whose handling failed (retryable or refused), by resource type",
+            m.handling.errors(),
         );
         registry.register(
             "argocd_agent_event_resends",

@@ -232,13 +232,17 @@ async fn a_million_unknown_event_types_fold_into_one_series_and_a_few_log_lines(
     for a in 0..AGENTS {
         agents.push(connected_managed_agent(&s, &format!("noisy{a}")).await?);
     }
-    let (name, tx, inbound) = &mut agents[0];
-    let probe = Event::new(
-        EventType::Unknown("warm-up".into()),
-        Target::Application,
-        name.as_str(),
-    );
-    send_for_ack(tx, inbound, &probe).await?;
+    // Each agent's first refusal creates its per-agent series (upstream's
+    // `principal_event_processing_time{status,agent_name,resource_type}`): the baseline holds
+    // them, so what follows measures growth per distinct type, which must be none.
+    for (name, tx, inbound) in &mut agents {
+        let probe = Event::new(
+            EventType::Unknown("warm-up".into()),
+            Target::Unknown("warm-up".into()),
+            name.as_str(),
+        );
+        send_for_ack(tx, inbound, &probe).await?;
+    }
     let (_, before) = http_get(s.principal.ops_port, "/metrics").await?;
     let pid = s.principal.process.pid().expect("principal running");
     let rss = RssUnderAttack::start(pid, "1,000,000 distinct unknown event types")?;

@@ -1,7 +1,9 @@
 //! Observability end to end: a principal on the hub and a managed agent on a spoke, scraped over
 //! HTTP the way Prometheus would. Asserts the metric names both binaries publish (upstream
 //! argocd-agent's where they mean the same thing), that the counters move when an Application
-//! flows hub → spoke, that each resource-proxy request and Redis-proxy command is counted by
+//! flows hub → spoke, that an event failing on either side moves upstream's `principal_errors` /
+//! `agent_errors` and the `status` label of the processing-time histograms (an event a peer's mode
+//! does not allow is `not-allowed`, not an error), that each resource-proxy request and Redis-proxy command is counted by
 //! agent and outcome, that a rotated resource-proxy certificate is served to new handshakes and
 //! reported by the expiry gauge while open connections carry on, and what `/healthz` and
 //! `/readyz` answer. Parity with upstream v0.9.0: every metric upstream's principal and agent
@@ -13,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use argocd_agent_proto::event::{Event, EventType, Target};
 use bytes::Bytes;
 use e2e::binaries::workspace_root;
 use e2e::gateway::{
@@ -22,6 +25,7 @@ use e2e::gateway::{
 use e2e::helm::{Helm, Release};
 use e2e::metrics::Scrape;
 use e2e::ports::free_low_port;
+use e2e::raw_agent::{send_for_ack, LonePrincipal};
 use e2e::redis::resp_exchange;
 use e2e::upstream::{UpstreamAgent, UpstreamPrincipal};
 use e2e::{shared_planes, wait_until, Redis, TestContext};
@@ -33,24 +37,24 @@ use kube::api::{Api, DynamicObject, PostParams};
 const WAIT: Duration = Duration::from_secs(30);
 
 /// Names the principal's `/metrics` declares from start-up (`# TYPE` lines). Labelled families
-/// (`argocd_principal_auth_failures`, `principal_events_*`) appear with their first sample.
+/// (`argocd_principal_auth_failures`, `principal_events_*`, `principal_event_processing_time`,
+/// `principal_errors`) appear with their first sample.
 const PRINCIPAL_METRICS: &[&str] = &[
     "argocd_principal_connected_agents",
     "argocd_principal_agent_connections",
-    "principal_event_processing_time",
     "argocd_principal_event_resends",
     "argocd_principal_resource_proxy_request_duration_seconds",
     "argocd_principal_redis_proxy_request_duration_seconds",
 ];
 
 /// Names the agent's `/metrics` declares from start-up; `agent_events_received` /
-/// `agent_events_sent` are asserted below once traffic has produced samples.
+/// `agent_events_sent`, `agent_event_processing_time` and `agent_errors` are asserted below once
+/// traffic has produced samples.
 const AGENT_METRICS: &[&str] = &[
     "argocd_agent_connection_status",
     "argocd_agent_connections",
     "argocd_agent_auth_failures",
     "argocd_agent_outbox_resources",
-    "agent_event_processing_time",
     "argocd_agent_event_resends",
 ];
 
@@ -111,10 +115,8 @@ async fn proxy_get(conn: &mut SendRequest<Empty<Bytes>>, path: &str) -> anyhow::
 async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() -> anyhow::Result<()>
 {
     let planes = shared_planes().await;
-    let ctx = TestContext::new("metrics")?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let principal =
-        Principal::start("p", &ctx.dir, &planes.hub, &pki, &ctx.unique("argocd"), &[]).await?;
+    let lone = LonePrincipal::start("metrics", &[]).await?;
+    let (ctx, pki, principal) = (&lone.ctx, &lone.pki, &lone.principal);
     let name = ctx.unique("agent");
     pki.issue_agent(&name)?;
     let hub = planes.hub.client().await?;
@@ -125,7 +127,7 @@ async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() ->
         &name,
         &ctx.dir,
         spoke,
-        &pki,
+        pki,
         &principal.address(),
         &ctx.unique("spoke-argocd"),
         &[&format!("--redis-address={}", spoke_redis.address())],
@@ -194,9 +196,10 @@ async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() ->
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.process.log_tail(30)))?;
     assert_eq!(sample(&body, "argocd_agent_connection_status "), Some(1.0));
+    let handled = "agent_event_processing_time_count{status=\"success\",agent_mode=\"managed\",resource_type=\"application\"} ";
     assert!(
-        sample(&body, "agent_event_processing_time_count") >= Some(1.0),
-        "the agent timed the create it handled:\n{body}"
+        sample(&body, handled) >= Some(1.0),
+        "the agent timed the create it handled, labelled as upstream's:\n{body}"
     );
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -254,9 +257,9 @@ async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() ->
     let away = ctx.unique("away");
     pki.issue_agent(&away)?;
     for (who, expected) in [(&name, 200), (&away, 502)] {
-        let (cert, key) = agent_identity(&pki, who)?;
+        let (cert, key) = agent_identity(pki, who)?;
         let (mut conn, _) =
-            proxy_connection(&pki, principal.resource_proxy_port, (&cert, &key)).await?;
+            proxy_connection(pki, principal.resource_proxy_port, (&cert, &key)).await?;
         assert_eq!(proxy_get(&mut conn, "/api").await?, expected, "{who}");
     }
     let mut redis =
@@ -296,6 +299,90 @@ async fn both_binaries_publish_their_metrics_and_counters_move_with_traffic() ->
             "answered by the agent, not an error: {absent}\n{body}"
         );
     }
+
+    // Upstream's principal_errors and the outcome labels of principal_event_processing_time: an
+    // agent's event that fails (status for an Application the hub does not have) counts as an
+    // error of its resource type and a `failure`; one its mode does not allow (a managed agent
+    // sending `create`) as `not-allowed`, not as an error.
+    let errors = |s: &Scrape| s.value("principal_errors", &[("resource_type", "application")]);
+    let before = Scrape::of(principal.ops_port).await?;
+    let errors_before = before.baseline("principal_errors", &[("resource_type", "application")]);
+    let probe = ctx.unique("probe");
+    pki.issue_agent(&probe)?;
+    let (cert, key) = agent_identity(pki, &probe)?;
+    let tokens = lone
+        .try_authenticate((&cert, &key))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let (tx, mut inbound) = lone.subscribe((&cert, &key), &tokens.access_token).await?;
+    let ghost = serde_json::json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": "ghost", "namespace": probe, "uid": "u-1", "resourceVersion": "1"}, "status": {}});
+    for (event_type, refused) in [
+        (
+            EventType::StatusUpdate,
+            "an Application the hub does not have",
+        ),
+        (EventType::Create, "a create from a managed agent"),
+    ] {
+        let ev = Event::for_object(event_type, Target::Application, &probe, &ghost)?;
+        let err = send_for_ack(&tx, &mut inbound, &ev).await?;
+        assert!(err.is_some(), "{refused} is ACKed with an error");
+    }
+    let after = Scrape::of(principal.ops_port).await?;
+    assert_eq!(
+        errors(&after)? - errors_before,
+        1.0,
+        "one failed event, and the not-allowed one is not an error"
+    );
+    let probe_body = scrape(principal.ops_port).await?;
+    for status in ["failure", "not-allowed"] {
+        let series = format!("principal_event_processing_time_count{{status=\"{status}\",agent_name=\"{probe}\",resource_type=\"application\"}} ");
+        assert_eq!(
+            sample(&probe_body, &series),
+            Some(1.0),
+            "{series}:\n{probe_body}"
+        );
+    }
+    let handled =
+        format!("principal_event_processing_time_count{{status=\"success\",agent_name=\"{name}\"");
+    assert!(
+        probe_body.lines().any(|l| l.starts_with(&handled)),
+        "the real agent's events are timed under its name:\n{probe_body}"
+    );
+    drop((tx, inbound));
+
+    // Upstream's agent_errors: an Application the spoke's apiserver refuses (its annotations
+    // exceed the limit once the agent adds the source UID) fails on the agent.
+    let agent_errors = [("resource_type", "application")];
+    let errors_before = Scrape::of(agent.ops_port)
+        .await?
+        .baseline("agent_errors", &agent_errors);
+    let mut big = application("too-big", &name, "v1");
+    let padding = "example.com/padding";
+    big.metadata.annotations = Some(
+        [(
+            padding.to_string(),
+            "x".repeat(256 * 1024 - padding.len() - 10),
+        )]
+        .into(),
+    );
+    hub_apps.create(&PostParams::default(), &big).await?;
+    let port = agent.ops_port;
+    wait_until(
+        "the agent counts the refused Application",
+        WAIT,
+        || async move {
+            let now = Scrape::of(port).await?;
+            Ok::<_, anyhow::Error>(
+                (now.value("agent_errors", &agent_errors)? - errors_before >= 1.0).then_some(()),
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.process.log_tail(30)))?;
+    let body = scrape(agent.ops_port).await?;
+    let failed = "agent_event_processing_time_count{status=\"failure\",agent_mode=\"managed\",resource_type=\"application\"} ";
+    assert!(sample(&body, failed) >= Some(1.0), "{failed}:\n{body}");
 
     // Upstream's names, and the dashboard's, against what both binaries now declare.
     let principal_body = scrape(principal.ops_port).await?;
@@ -517,9 +604,9 @@ enum Side {
 /// What we do with one of upstream v0.9.0's metric names.
 #[derive(Debug, Clone, Copy)]
 enum Ours {
-    /// Exposed under upstream's name with its meaning; after an agent connected and an
-    /// Application flowed hub → spoke its value (counters, gauges) or sample count (histograms)
-    /// is at least 1.
+    /// Exposed under upstream's name with its meaning; after an agent connected, an
+    /// Application flowed hub → spoke and an event failed on each side, its value (counters,
+    /// gauges) or sample count (histograms) is at least 1.
     Moves,
     /// Exposed under upstream's name with its meaning, but this traffic need not move it (the
     /// value is checked only to be a number).
@@ -567,11 +654,7 @@ const UPSTREAM_PARITY: &[(Side, &str, Ours)] = {
             "argocd_principal_event_writer_events_discarded_total",
             Absent(LOSSLESS),
         ),
-        (
-            Principal,
-            "principal_errors",
-            Absent("failed inbound events are logged, not counted by resource type"),
-        ),
+        (Principal, "principal_errors", Moves),
         (
             Principal,
             "argocd_principal_workqueue_depth",
@@ -602,11 +685,7 @@ const UPSTREAM_PARITY: &[(Side, &str, Ours)] = {
             "argocd_agent_event_writer_events_discarded_total",
             Absent(LOSSLESS),
         ),
-        (
-            Agent,
-            "agent_errors",
-            Absent("failed inbound events are logged, not counted by resource type"),
-        ),
+        (Agent, "agent_errors", Moves),
         (Agent, "argocd_agent_workqueue_depth", Absent(NO_WORKQUEUE)),
     ]
 };

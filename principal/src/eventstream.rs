@@ -118,7 +118,7 @@ impl EventStream for EventStreamService {
                         cluster_info,
                         status_writes: Default::default(),
                     },
-                    metrics.event_processing_time.clone(),
+                    metrics.handling.for_peer("agent_name", agent.as_str()),
                 )
                 .counting_errors(metrics.event_errors.clone()),
             );

@@ -469,11 +469,14 @@ impl AgentInbound {
             }
             (EventType::Ping | EventType::Pong, _) => Ok(()),
             (EventType::ClusterCacheInfoUpdate, _) => self.cluster_cache_info(&ev).await,
-            (t, _) => Err(HandleError::Rejected(format!(
-                "event type {} for target {} is not accepted from an autonomous agent",
-                t.name(),
-                ev.target.as_str()
-            ))),
+            (t, _) => {
+                let msg = format!(
+                    "event type {} for target {} is not accepted from an autonomous agent",
+                    t.name(),
+                    ev.target.as_str()
+                );
+                Err(HandleError::for_mode(&ev, msg))
+            }
         }
     }
 }
@@ -516,11 +519,14 @@ impl EventHandler for AgentInbound {
             (EventType::Response | EventType::RedisResponse, _) => {
                 self.live.handle_reply(&self.session, &ev).await
             }
-            (t, target) => Err(HandleError::Rejected(format!(
-                "event type {} for target {} is not accepted from a managed agent",
-                t.name(),
-                target.as_str()
-            ))),
+            (t, target) => {
+                let msg = format!(
+                    "event type {} for target {} is not accepted from a managed agent",
+                    t.name(),
+                    target.as_str()
+                );
+                Err(HandleError::for_mode(&ev, msg))
+            }
         }
     }
 }

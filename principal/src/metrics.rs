@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use argocd_agent_proto::event::EventType;
-use argocd_agent_proto::sync::processing_time_histogram;
+use argocd_agent_proto::sync::HandlingMetrics;
 use argocd_agent_runtime::telemetry::MetricsRegistry;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -45,8 +45,9 @@ pub struct PrincipalMetrics {
     pub connection_time: AverageConnectionTime,
     /// `argocd_principal_agent_last_event_timestamp_seconds{agent_name}`: last event received.
     pub agent_last_event: Family<Labels, Gauge>,
-    /// `principal_event_processing_time`: seconds to handle one event from an agent.
-    pub event_processing_time: Histogram,
+    /// Upstream's `principal_event_processing_time{status,agent_name,resource_type}` (seconds to
+    /// handle one event from an agent) and `principal_errors{resource_type}` (events that failed).
+    pub handling: HandlingMetrics,
     /// `argocd_principal_event_resends_total`: events sent again for want of an ACK.
     pub event_resends: Counter,
     /// `argocd_principal_resource_proxy_{requests,errors}_total{agent_name,code}` and the latency
@@ -233,7 +234,7 @@ impl Default for PrincipalMetrics {
             agent_connected: Family::default(),
             connection_time: AverageConnectionTime::default(),
             agent_last_event: Family::default(),
-            event_processing_time: processing_time_histogram(),
+            handling: HandlingMetrics::principal(),
             event_resends: Counter::default(),
             resource_proxy: ProxyMetrics::new("code"),
             redis_proxy: ProxyMetrics::new("command"),
@@ -306,8 +307,13 @@ impl PrincipalMetrics {
         );
         registry.register(
             "principal_event_processing_time",
-            "Seconds taken to handle one event received from an agent",
-            m.event_processing_time.clone(),
+            "Seconds taken to handle one event received from an agent, by outcome (success, failure, not-allowed), agent and resource type",
+            m.handling.processing_time(),
+        );
+        registry.register(
+            "principal_errors",
+            "Events received from agents whose handling failed (retryable or refused), by resource type",
+            m.handling.errors(),
         );
         registry.register(
             "argocd_principal_event_resends",

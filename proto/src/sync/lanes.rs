@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::event::{Event, EventType};
 use crate::peer_input::{Truncated, REFUSED_INPUT};
+use crate::sync::handling_metrics::PeerHandling;
 use crate::sync::pump::ControlSender;
 
 /// Outcome of a handler that did not succeed.
@@ -26,6 +27,27 @@ pub enum HandleError {
     /// The event can never succeed (malformed, refused, unknown type): ACKed with this error.
     #[error("rejected: {0}")]
     Rejected(String),
+    /// A well-formed event of a type this end never takes from a peer in its mode (upstream's
+    /// "not allowed" / "discarded"): ACKed with this error as a rejection is, but counted apart
+    /// from failures ([`super::handling_metrics`]).
+    #[error("not allowed: {0}")]
+    NotAllowed(String),
+}
+
+impl HandleError {
+    /// The refusal of `ev` because this end does not take it in the peer's mode: `NotAllowed`
+    /// for a known event type and target, `Rejected` for an unknown one (not a mode question).
+    pub fn for_mode(ev: &Event, msg: String) -> HandleError {
+        let unknown = matches!(
+            ev.event_type,
+            EventType::Unknown(_) | EventType::HttpMethod(_)
+        ) || matches!(ev.target, crate::event::Target::Unknown(_));
+        if unknown {
+            HandleError::Rejected(msg)
+        } else {
+            HandleError::NotAllowed(msg)
+        }
+    }
 }
 
 /// Processes one inbound event.
@@ -40,12 +62,13 @@ impl<H: EventHandler> EventHandler for Arc<H> {
     }
 }
 
-/// A handler that records how long each event takes to handle (the `*_event_processing_time`
-/// histogram both ends export) and handles it inside an `event.handle` span that continues the
+/// A handler that records how each event's handling went and how long it took (the
+/// `*_event_processing_time` histograms and `*_errors` counters both ends export, see
+/// [`super::handling_metrics`]) and handles it inside an `event.handle` span that continues the
 /// sender's trace ([`crate::trace_context`]); otherwise it behaves as the handler it wraps.
 pub struct Instrumented<H> {
     inner: H,
-    seconds: prometheus_client::metrics::histogram::Histogram,
+    handling: PeerHandling,
     errors: Option<ErrorCounter>,
 }
 
@@ -56,11 +79,11 @@ pub type ErrorCounter = prometheus_client::metrics::family::Family<
 >;
 
 impl<H: EventHandler> Instrumented<H> {
-    /// Wraps `inner`; every handled event is observed in `seconds`.
-    pub fn new(inner: H, seconds: prometheus_client::metrics::histogram::Histogram) -> Self {
+    /// Wraps `inner`; every handled event is observed in `handling`.
+    pub fn new(inner: H, handling: PeerHandling) -> Self {
         Self {
             inner,
-            seconds,
+            handling,
             errors: None,
         }
     }
@@ -76,13 +99,14 @@ impl<H: EventHandler> EventHandler for Instrumented<H> {
     async fn handle(&self, event: Event) -> Result<(), HandleError> {
         use tracing::Instrument;
         let span = crate::trace_context::handling_span(&event);
+        let target = event.target.clone();
         let started = std::time::Instant::now();
         let result = self.inner.handle(event).instrument(span).await;
-        self.seconds.observe(started.elapsed().as_secs_f64());
+        self.handling.observe(&target, &result, started.elapsed());
         if let (Err(e), Some(errors)) = (&result, &self.errors) {
             let reason = match e {
                 HandleError::Retryable(_) => "retryable",
-                HandleError::Rejected(_) => "rejected",
+                HandleError::Rejected(_) | HandleError::NotAllowed(_) => "rejected",
             };
             errors
                 .get_or_create(&vec![("reason".to_string(), reason.to_string())])
@@ -158,7 +182,7 @@ impl Lanes {
                         let handled = Box::pin(handler.handle((*ev).clone())).await;
                         let reply = match handled {
                             Ok(()) => Some(ev.ack()),
-                            Err(HandleError::Rejected(msg)) => {
+                            Err(HandleError::Rejected(msg) | HandleError::NotAllowed(msg)) => {
                                 log_rejected(&ev, &msg);
                                 Some(ev.ack_with_error(msg))
                             }
@@ -239,6 +263,25 @@ mod tests {
         Event::new(t, Target::Application, "t").with_ids(key, id)
     }
 
+    #[test]
+    fn a_known_event_refused_for_the_peers_mode_is_not_allowed_an_unknown_one_rejected() {
+        let refuse = |t: EventType, target: Target| {
+            HandleError::for_mode(&Event::new(t, target, "t"), "no".into())
+        };
+        assert_eq!(
+            refuse(EventType::Create, Target::Application),
+            HandleError::NotAllowed("no".into())
+        );
+        assert_eq!(
+            refuse(EventType::Unknown("x".into()), Target::Application),
+            HandleError::Rejected("no".into())
+        );
+        assert_eq!(
+            refuse(EventType::Create, Target::Unknown("x".into())),
+            HandleError::Rejected("no".into())
+        );
+    }
+
     #[tokio::test]
     async fn instrumented_counts_failures_by_kind_never_by_the_peers_text() {
         let errors = ErrorCounter::default();
@@ -246,7 +289,7 @@ mod tests {
             Recorder {
                 seen: Mutex::new(Vec::new()),
             },
-            processing_time_histogram(),
+            crate::sync::handling_metrics::HandlingMetrics::principal().for_peer("agent_name", "a"),
         )
         .counting_errors(errors.clone());
         let count = |reason: &str| {

@@ -8,14 +8,18 @@
 //! - [`resync`]: the checksum an autonomous mirror carries, and resync message keys.
 //! - [`lanes`]: inbound processing — events of one resource strictly in order, different resources
 //!   concurrently — and the ACK (or ACK-with-error) after each.
+//! - [`handling_metrics`]: how each handled event went and how long it took, with upstream's
+//!   labels (`*_event_processing_time{status,..,resource_type}`, `*_errors{resource_type}`).
 //! - [`pump`]: drives one live stream: ACKs and heartbeats on a priority lane that never waits
 //!   behind bulk traffic, then resends, then new events.
 
+pub mod handling_metrics;
 pub mod journal;
 pub mod lanes;
 pub mod outbox;
 pub mod pump;
 
+pub use handling_metrics::{HandlingMetrics, PeerHandling};
 pub use lanes::{processing_time_histogram, EventHandler, HandleError, Instrumented, Lanes};
 pub mod resync;
 
