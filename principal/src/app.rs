@@ -16,6 +16,7 @@ use argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_server::T
 use argocd_agent_proto::pb::versionapi::version_server::VersionServer;
 use argocd_agent_proto::sync::OutboxConfig;
 use argocd_agent_runtime::redis_client::RedisTarget;
+use argocd_agent_runtime::redis_pool::RedisPool;
 use argocd_agent_runtime::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
@@ -270,7 +271,11 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         client.clone(),
         &config.namespace,
         crate::cluster_info::HubCache {
-            redis: hub_redis.clone(),
+            redis: Arc::new(RedisPool::new(
+                hub_redis.clone(),
+                crate::cluster_info::IDLE_CONNECTIONS,
+                crate::cluster_info::REPLY_TIMEOUT,
+            )),
             compression: config.redis_compression,
         },
     );

@@ -35,30 +35,35 @@ use kube::ResourceExt;
 use redis_protocol::resp2::types::BytesFrame as Frame;
 use tokio::sync::mpsc;
 
-use crate::redis_proxy::connect_upstream;
-use argocd_agent_runtime::redis_client::RedisTarget;
+use argocd_agent_runtime::redis_pool::RedisPool;
 
 /// How often every agent's entry is saved again (upstream: 3 minutes, well within the 10 minute TTL).
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(180);
 /// Longest a connection change waits for the first list of cluster Secrets.
 const LIST_WAIT: Duration = Duration::from_secs(10);
+/// Hub Redis connections kept open between writes (the writer runs one write at a time per agent).
+pub const IDLE_CONNECTIONS: usize = 2;
+/// Longest a hub Redis reply may take.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Argo CD's label marking a cluster Secret.
 const SECRET_TYPE_CLUSTER: &str = "argocd.argoproj.io/secret-type=cluster";
 
 /// Where the hub Argo CD's cache is and how it is encoded.
 #[derive(Clone, Debug)]
 pub struct HubCache {
-    /// The hub Redis (address, TLS, credentials).
-    pub redis: RedisTarget,
+    /// The hub Redis (address, TLS, credentials), its connections kept open between writes: an
+    /// agent's periodic cache stats would otherwise cost a TCP connect, TLS handshake and `AUTH`
+    /// each.
+    pub redis: Arc<RedisPool>,
     /// Argo CD's `--redis-compress`.
     pub compression: RedisCompression,
 }
 
 impl HubCache {
     async fn call(&self, command: Vec<Bytes>) -> Result<Frame, String> {
-        let mut conn = connect_upstream(&self.redis).await?;
-        let reply = conn
-            .call(Frame::Array(
+        let reply = self
+            .redis
+            .command(Frame::Array(
                 command.into_iter().map(Frame::BulkString).collect(),
             ))
             .await?;

@@ -1,5 +1,6 @@
 //! Connections to one Redis kept open between request/reply commands (the agent's `GET`s for the
-//! principal's Redis proxy and its cluster-info reads), so a command costs one round trip instead
+//! principal's Redis proxy and its cluster-info reads; the principal's cluster-info writes to the hub
+//! Redis), so a command costs one round trip instead
 //! of a TCP connect, a TLS handshake and `AUTH` each time.
 //!
 //! Owns [`RedisPool`]: the idle connections of a [`RedisTarget`] (at most `max_idle`). A command
@@ -7,7 +8,8 @@
 //! reply arrived complete, so a connection never carries an unread reply into the next command. A
 //! command that fails on a reused connection because the connection broke (Redis closed it while it
 //! was idle: its `timeout` setting, a restart) is retried once on a fresh connection; that is safe
-//! for the read-only commands this serves. A reply that does not come in time is the command's
+//! for the commands this serves: reads, and `SET key value EX ttl`, which writes the same whether it
+//! runs once or twice. A reply that does not come in time is the command's
 //! error, and its connection is closed. Subscriptions hold a connection of their own
 //! ([`RedisTarget::connect`]), not one of these.
 

@@ -345,26 +345,9 @@ pub(crate) struct Upstream {
     replies: mpsc::Receiver<Frame>,
 }
 
-impl Upstream {
-    /// Sends one command and returns its reply (within [`UPSTREAM_TIMEOUT`]).
-    pub(crate) async fn call(&mut self, command: Frame) -> Result<Frame, String> {
-        self.out
-            .send(command)
-            .await
-            .map_err(|e| format!("upstream redis: {e}"))?;
-        match tokio::time::timeout(UPSTREAM_TIMEOUT, self.replies.recv()).await {
-            Ok(Some(reply)) => Ok(reply),
-            Ok(None) => Err("upstream redis closed the connection".into()),
-            Err(_) => Err(format!(
-                "upstream redis did not answer within {UPSTREAM_TIMEOUT:?}"
-            )),
-        }
-    }
-}
-
 /// Opens an authenticated connection to the hub Redis (TLS when configured); its replies arrive
 /// on a channel, read by a task of their own, so pushes of a subscribed connection are not missed.
-pub(crate) async fn connect_upstream(target: &RedisTarget) -> Result<Upstream, String> {
+async fn connect_upstream(target: &RedisTarget) -> Result<Upstream, String> {
     let parts = target.connect().await?.into_parts();
     let (r, w) = tokio::io::split(parts.io);
     let (tx, replies) = mpsc::channel(64);
