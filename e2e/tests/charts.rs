@@ -695,6 +695,11 @@ async fn bad_values_are_refused_naming_the_key() {
         (PRINCIPAL_CHART, "ha: {leaseName: Bad_Name}\n", "leaseName"),
         (
             PRINCIPAL_CHART,
+            "operator: {agentLiveView: {enabled: false, write: true}}\n",
+            "operator.agentLiveView.write needs operator.agentLiveView.enabled",
+        ),
+        (
+            PRINCIPAL_CHART,
             "redisProxy: {tls: {enabled: true, caSecretName: \"\"}}\n",
             "redisProxy.tls.caSecretName is required",
         ),
@@ -1795,7 +1800,7 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
     let ctx = TestContext::new("charts-env-names").unwrap();
     // Every optional setting set, so every variable the templates can emit is rendered.
     let principal = "principal: {allowedNamespaces: [team-a], namespaceCreate: {enable: true, pattern: \"^edge-\", labels: {team: edge, tier: spoke}}, destinationBasedMapping: true, labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
-        operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd, extraArgocdNamespaces: [team-a, team-b]}\n\
+        operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd, extraArgocdNamespaces: [team-a, team-b], agentLiveView: {enabled: true, write: true}, agentTerminal: {enabled: true}}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
     let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b, sourceUidMismatchPolicy: upsert, ignoreUnmanagedApps: true, onApplicationRecreate: resync}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
@@ -1828,6 +1833,24 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
         env_value(&objs, "ARGOCD_PRINCIPAL_OPERATOR_EXTRA_ARGOCD_NAMESPACES").map(|e| &e["value"]),
         Some(&Value::from("team-a,team-b"))
     );
+    // The agents' grants: all set above; by default the agent chart's (reads only).
+    let defaults = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", "", None).unwrap());
+    for (name, default) in [
+        ("ARGOCD_PRINCIPAL_OPERATOR_AGENT_LIVE_VIEW", "true"),
+        ("ARGOCD_PRINCIPAL_OPERATOR_AGENT_LIVE_VIEW_WRITE", "false"),
+        ("ARGOCD_PRINCIPAL_OPERATOR_AGENT_TERMINAL", "false"),
+    ] {
+        assert_eq!(
+            env_value(&objs, name).map(|e| &e["value"]),
+            Some(&Value::from("true")),
+            "{name}"
+        );
+        assert_eq!(
+            env_value(&defaults, name).map(|e| &e["value"]),
+            Some(&Value::from(default)),
+            "{name} by default"
+        );
+    }
     assert_eq!(
         env_value(&objs, "ARGOCD_PRINCIPAL_NAMESPACE_CREATE_LABELS").map(|e| &e["value"]),
         Some(&Value::from("team=edge,tier=spoke"))

@@ -28,8 +28,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use argocd_agent_operator::gitops::agent_work::{
-    agent_live_view_role, agent_live_view_rules, agent_role_rules, AGENT_DEPLOYMENT,
-    AGENT_PARAMS_CONFIGMAP, AGENT_WORK_NAME,
+    agent_live_view_role, agent_live_view_rules, agent_live_view_write_rules, agent_role_rules,
+    agent_terminal_role, agent_terminal_rules, AGENT_DEPLOYMENT, AGENT_PARAMS_CONFIGMAP,
+    AGENT_WORK_NAME,
 };
 use argocd_agent_operator::gitops::crd::GitOpsCluster;
 use argocd_agent_operator::pki::jwt::inspect_jwt_key;
@@ -101,7 +102,13 @@ async fn operator_hub() -> &'static OperatorHub {
                     &planes.hub,
                     &pki,
                     PRINCIPAL_NS,
-                    &["--enable-operator=true"],
+                    // The grants off by default too (the agent chart's liveView.write and
+                    // terminal.enabled), so the work agent is seen applying all of them.
+                    &[
+                        "--enable-operator=true",
+                        "--operator-agent-live-view-write",
+                        "--operator-agent-terminal",
+                    ],
                 )
                 .await?;
                 anyhow::Ok(OperatorHub {
@@ -496,14 +503,23 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
         .get(AGENT_DEPLOYMENT)
         .await?;
     assert_eq!(binding.role_ref.name, AGENT_DEPLOYMENT);
-    // The live view's cluster-wide reads, applied by the work agent as agent/rbac.yaml lists them.
-    let live = Api::<ClusterRole>::all(spoke_client.clone())
-        .get(&agent_live_view_role(ns))
-        .await?;
+    // The live view's cluster-wide reads and writes and the web terminal's exec (the principal's
+    // --operator-agent-live-view-write and --operator-agent-terminal), applied by the work agent
+    // as agent/rbac.yaml lists them.
+    let cluster_roles = Api::<ClusterRole>::all(spoke_client.clone());
+    let live = cluster_roles.get(&agent_live_view_role(ns)).await?;
+    let mut live_rules = agent_live_view_rules();
+    live_rules.extend(agent_live_view_write_rules());
     assert_eq!(
         serde_json::to_value(live.rules.unwrap_or_default())?,
-        Value::Array(agent_live_view_rules()),
-        "the applied ClusterRole grants what agent/rbac.yaml `liveView` lists"
+        Value::Array(live_rules),
+        "the applied ClusterRole grants what agent/rbac.yaml `liveView` and `liveViewWrite` list"
+    );
+    let terminal = cluster_roles.get(&agent_terminal_role(ns)).await?;
+    assert_eq!(
+        serde_json::to_value(terminal.rules.unwrap_or_default())?,
+        Value::Array(agent_terminal_rules()),
+        "the applied ClusterRole grants what agent/rbac.yaml `terminal` lists"
     );
     let spoke_secrets: Api<Secret> = Api::namespaced(spoke_client.clone(), ns);
     for name in [AGENT_CA_SECRET, AGENT_CLIENT_TLS_SECRET] {

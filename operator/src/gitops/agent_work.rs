@@ -1,17 +1,20 @@
 //! The agent ManifestWork: one per managed cluster, in the cluster's namespace on the hub,
 //! carrying everything the agent needs on its cluster — Namespace, ServiceAccount, a Role limited
-//! to the agent namespace, the live view's ClusterRole (reads the hub's Argo CD needs), the CA (and, only as an opt-in fallback, the client certificate and
-//! key), the parameters ConfigMap and the Deployment — with feedback rules that bring the
-//! Deployment's readiness back into the ManifestWork status.
+//! to the agent namespace, the cluster-wide grants the operator's [`AgentGrants`] choose (the live
+//! view's reads, its writes, the web terminal's exec), the CA (and, only as an opt-in fallback, the
+//! client certificate and key), the parameters ConfigMap and the Deployment — with feedback rules
+//! that bring the Deployment's readiness back into the ManifestWork status.
 //!
 //! Owns the payload layout (names, mount paths, arguments, ports, volumes) and reading things
 //! back out of a ManifestWork (embedded client certificate, agent readiness). Pure: no apiserver.
 //!
 //! The payload runs the agent as the agent chart does: the image's own entrypoint, a read-only
 //! root filesystem with writable `emptyDir`s for the offline queue and `/tmp`, the metrics and
-//! health ports with probes, and a Role and a ClusterRole granting exactly the rules of
-//! `agent/rbac.yaml` `namespace` and `liveView` (the API calls the agent's code makes, also what the
-//! chart grants by default), read from that file at build time so the two cannot drift.
+//! health ports with probes, and a Role and ClusterRoles granting exactly the rules of
+//! `agent/rbac.yaml` `namespace`, `liveView`, `liveViewWrite` and `terminal` (the API calls the
+//! agent's code makes), chosen as the agent chart's `liveView.enabled`, `liveView.write` and
+//! `terminal.enabled` choose them and named as the chart names them, read from that file at build
+//! time so the two cannot drift.
 
 use std::collections::BTreeMap;
 
@@ -86,9 +89,76 @@ pub fn agent_live_view_rules() -> Vec<Value> {
     agent_rbac_rules("liveView")
 }
 
+/// The rules of `agent/rbac.yaml`'s `liveViewWrite` list: what the live view's ClusterRole adds
+/// so the hub can run resource actions and delete one resource (the chart's `liveView.write`).
+pub fn agent_live_view_write_rules() -> Vec<Value> {
+    agent_rbac_rules("liveViewWrite")
+}
+
+/// The rules of `agent/rbac.yaml`'s `terminal` list: what the web terminal's ClusterRole grants
+/// (the chart's `terminal.enabled`).
+pub fn agent_terminal_rules() -> Vec<Value> {
+    agent_rbac_rules("terminal")
+}
+
 /// Name of the agent's live view ClusterRole and ClusterRoleBinding on a spoke (as the chart's).
 pub fn agent_live_view_role(agent_namespace: &str) -> String {
     format!("{AGENT_DEPLOYMENT}-{agent_namespace}-live")
+}
+
+/// Name of the agent's web terminal ClusterRole and ClusterRoleBinding on a spoke (as the chart's).
+pub fn agent_terminal_role(agent_namespace: &str) -> String {
+    format!("{AGENT_DEPLOYMENT}-{agent_namespace}-terminal")
+}
+
+/// The cluster-wide grants an agent gets, the choices of the agent chart: `live_view` is
+/// `liveView.enabled` (on by default), `live_view_write` is `liveView.write` and `terminal` is
+/// `terminal.enabled` (both off by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentGrants {
+    /// The live view's reads (`agent/rbac.yaml` `liveView`).
+    pub live_view: bool,
+    /// Also the live view's writes (`liveViewWrite`); only together with `live_view`.
+    pub live_view_write: bool,
+    /// The web terminal's exec (`terminal`).
+    pub terminal: bool,
+}
+
+impl Default for AgentGrants {
+    /// The chart's defaults: reads on, writes and terminal off.
+    fn default() -> Self {
+        AgentGrants {
+            live_view: true,
+            live_view_write: false,
+            terminal: false,
+        }
+    }
+}
+
+impl AgentGrants {
+    /// The live view ClusterRole's rules, `None` without the live view.
+    fn live_view_rules(&self) -> Option<Vec<Value>> {
+        self.live_view.then(|| {
+            let mut rules = agent_live_view_rules();
+            if self.live_view_write {
+                rules.extend(agent_live_view_write_rules());
+            }
+            rules
+        })
+    }
+}
+
+/// A ClusterRole with `rules` and its ClusterRoleBinding to the agent's ServiceAccount.
+fn cluster_role_for_agent(name: &str, rules: Vec<Value>, ns: &str, labels: &Value) -> [Value; 2] {
+    [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": name, "labels": labels},
+               "rules": rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": name, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": AGENT_DEPLOYMENT, "namespace": ns}]}),
+    ]
 }
 
 /// Everything that decides the content of one cluster's agent ManifestWork.
@@ -112,6 +182,8 @@ pub struct AgentDeployment<'a> {
     pub ca_pem: &'a str,
     /// Client certificate and key to ship (opt-in fallback); `None`: the key stays on the spoke.
     pub client_tls: Option<&'a IssuedCert>,
+    /// The cluster-wide grants.
+    pub grants: AgentGrants,
 }
 
 fn host_port(host: &str, port: u16) -> String {
@@ -160,17 +232,28 @@ pub fn agent_manifests(d: &AgentDeployment<'_>) -> Vec<Value> {
                "metadata": {"name": AGENT_DEPLOYMENT, "namespace": ns, "labels": labels},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AGENT_DEPLOYMENT},
                "subjects": [{"kind": "ServiceAccount", "name": AGENT_DEPLOYMENT, "namespace": ns}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": agent_live_view_role(ns), "labels": labels},
-               "rules": agent_live_view_rules()}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": agent_live_view_role(ns), "labels": labels},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": agent_live_view_role(ns)},
-               "subjects": [{"kind": "ServiceAccount", "name": AGENT_DEPLOYMENT, "namespace": ns}]}),
-        json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-               "metadata": {"name": AGENT_CA_SECRET, "namespace": ns, "labels": labels},
-               "data": {CA_CERT_KEY: b64(d.ca_pem)}}),
     ];
+    if let Some(rules) = d.grants.live_view_rules() {
+        out.extend(cluster_role_for_agent(
+            &agent_live_view_role(ns),
+            rules,
+            ns,
+            &labels,
+        ));
+    }
+    if d.grants.terminal {
+        out.extend(cluster_role_for_agent(
+            &agent_terminal_role(ns),
+            agent_terminal_rules(),
+            ns,
+            &labels,
+        ));
+    }
+    out.push(
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+           "metadata": {"name": AGENT_CA_SECRET, "namespace": ns, "labels": labels},
+           "data": {CA_CERT_KEY: b64(d.ca_pem)}}),
+    );
     if let Some(tls) = d.client_tls {
         out.push(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
             "metadata": {"name": AGENT_CLIENT_TLS_SECRET, "namespace": ns, "labels": labels},
@@ -374,6 +457,7 @@ mod tests {
             principal_port: 8443,
             ca_pem: ca,
             client_tls: tls,
+            grants: AgentGrants::default(),
         }
     }
 
@@ -542,6 +626,98 @@ mod tests {
         assert_eq!(binding["roleRef"]["name"], live.as_str());
         assert_eq!(binding["subjects"][0]["name"], AGENT_DEPLOYMENT);
         assert_eq!(binding["subjects"][0]["namespace"], "argocd");
+    }
+
+    /// The live view's and the terminal's ClusterRoles as `grants` render them (`None`: absent),
+    /// each checked to be bound to the agent's ServiceAccount.
+    fn cluster_grants(grants: AgentGrants) -> (Option<Value>, Option<Value>) {
+        let ca = CertificateAuthority::generate("argocd-agent-ca", days(10)).unwrap();
+        let mut d = deployment(ca.cert_pem(), None);
+        d.grants = grants;
+        let work = build_agent_manifest_work(&d);
+        let role = |name: &str| {
+            let rules = payload(&work, "ClusterRole", name).map(|r| r["rules"].clone());
+            let binding = payload(&work, "ClusterRoleBinding", name);
+            assert_eq!(
+                rules.is_some(),
+                binding.is_some(),
+                "{name}: role and binding together"
+            );
+            if let Some(b) = binding {
+                assert_eq!(b["roleRef"]["name"], name);
+                assert_eq!(
+                    b["subjects"],
+                    json!([{"kind": "ServiceAccount", "name": AGENT_DEPLOYMENT, "namespace": "argocd"}])
+                );
+            }
+            rules
+        };
+        (
+            role(&agent_live_view_role("argocd")),
+            role(&agent_terminal_role("argocd")),
+        )
+    }
+
+    fn verbs_on_every_kind(rules: &Value) -> Vec<String> {
+        rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["apiGroups"] == json!(["*"]) && r["resources"] == json!(["*"]))
+            .flat_map(|r| r["verbs"].as_array().unwrap().clone())
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn cluster_grants_are_the_agent_charts_choices() {
+        // Default: the live view's reads only, as the chart's liveView.enabled=true, write=false.
+        let (live, terminal) = cluster_grants(AgentGrants::default());
+        let live = live.expect("the live view is granted by default");
+        assert_eq!(live, Value::Array(agent_live_view_rules()));
+        assert_eq!(verbs_on_every_kind(&live), ["get"]);
+        assert!(terminal.is_none(), "no exec by default");
+
+        // liveView.write: the same ClusterRole adds the writes.
+        let (live, terminal) = cluster_grants(AgentGrants {
+            live_view_write: true,
+            ..AgentGrants::default()
+        });
+        let live = live.unwrap();
+        let mut expected = agent_live_view_rules();
+        expected.extend(agent_live_view_write_rules());
+        assert_eq!(live, Value::Array(expected));
+        assert_eq!(
+            verbs_on_every_kind(&live),
+            ["get", "create", "update", "patch", "delete"]
+        );
+        assert!(terminal.is_none());
+
+        // terminal.enabled: its own ClusterRole, pods get and pods/exec get+create.
+        let (_, terminal) = cluster_grants(AgentGrants {
+            terminal: true,
+            ..AgentGrants::default()
+        });
+        let terminal = terminal.expect("the terminal's ClusterRole");
+        assert_eq!(terminal, Value::Array(agent_terminal_rules()));
+        assert!(terminal.as_array().unwrap().iter().any(|r| {
+            r["resources"] == json!(["pods/exec"])
+                && r["verbs"].as_array().unwrap().contains(&json!("create"))
+        }));
+
+        // liveView.enabled=false: no cluster-wide grant at all (the terminal's stands alone).
+        let (live, terminal) = cluster_grants(AgentGrants {
+            live_view: false,
+            live_view_write: false,
+            terminal: true,
+        });
+        assert!(live.is_none());
+        assert!(terminal.is_some());
+        let (live, terminal) = cluster_grants(AgentGrants {
+            live_view: false,
+            ..AgentGrants::default()
+        });
+        assert!(live.is_none() && terminal.is_none());
     }
 
     #[test]

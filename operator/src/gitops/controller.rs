@@ -482,6 +482,7 @@ pub async fn reconcile_all(
             principal_port,
             ca_pem: ca.cert_pem(),
             client_tls: client_tls.as_ref(),
+            grants: opts.agent_grants,
         });
         if existing_work.is_none_or(|w| !work_is_current(w, &desired_work)) {
             let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);

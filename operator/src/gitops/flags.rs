@@ -2,7 +2,9 @@
 //! mirrored by an `ARGOCD_PRINCIPAL_OPERATOR_*` env var): certificate lifetimes and renewal, the
 //! principal/resource-proxy addresses agents and Argo CD are given (overriding server discovery),
 //! the principal Service server discovery reads, the default agent image, the hub Argo CD namespace (and the further namespaces GitOpsClusters
-//! may register clusters in) and the agents' namespace on the spokes.
+//! may register clusters in), the agents' namespace on the spokes and the cluster-wide grants
+//! their ManifestWorks carry (the agent chart's `liveView.enabled`, `liveView.write`,
+//! `terminal.enabled`).
 //!
 //! Owns [`OperatorFlags`], their validation into [`OperatorSettings`], and how the settings fill
 //! [`OperatorOptions`]. A GitOpsCluster's own spec fields still win over these defaults.
@@ -11,10 +13,12 @@ use std::time::Duration;
 
 use argocd_agent_runtime::binary_config::{ConfigError, FlagEnv};
 use argocd_agent_runtime::flags::{self, HostPort};
-use clap::Args;
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args};
 
 use argocd_agent_proto::event::names::is_dns1123_label;
 
+use super::agent_work::AgentGrants;
 use super::certs::{CertPolicy, PRINCIPAL_SERVICE};
 use super::OperatorOptions;
 
@@ -133,6 +137,31 @@ pub struct OperatorFlags {
         value_name = "NS"
     )]
     pub operator_agent_namespace: Option<String>,
+
+    /// Grant the agents cluster-wide `get` on every kind and `list` on events (agent/rbac.yaml
+    /// `liveView`), so the hub's Argo CD shows their clusters' live state: the agent chart's
+    /// liveView.enabled. The agent serves only objects Argo CD tracks.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OPERATOR_AGENT_LIVE_VIEW", default_value_t = true,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub operator_agent_live_view: bool,
+
+    /// Also grant the agents cluster-wide create, update, patch and delete on every kind
+    /// (agent/rbac.yaml `liveViewWrite`): resource actions and deleting one resource from the hub,
+    /// on tracked objects only. The agent chart's liveView.write; needs
+    /// --operator-agent-live-view.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OPERATOR_AGENT_LIVE_VIEW_WRITE", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub operator_agent_live_view_write: bool,
+
+    /// Grant the agents `get` on pods and `get`, `create` on pods/exec cluster-wide
+    /// (agent/rbac.yaml `terminal`), so the hub's web terminal execs into pods of Argo CD
+    /// applications: the agent chart's terminal.enabled.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OPERATOR_AGENT_TERMINAL", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub operator_agent_terminal: bool,
 }
 
 /// Validated operator settings.
@@ -156,6 +185,8 @@ pub struct OperatorSettings {
     pub extra_argocd_namespaces: Vec<String>,
     /// Agent namespace on the spokes.
     pub agent_namespace: Option<String>,
+    /// The agents' cluster-wide grants.
+    pub agent_grants: AgentGrants,
 }
 
 fn non_blank(v: Option<String>) -> Option<String> {
@@ -206,6 +237,13 @@ impl OperatorFlags {
                 ));
             }
         }
+        if self.operator_agent_live_view_write && !self.operator_agent_live_view {
+            return Err(env.conflict(
+                "operator-agent-live-view-write",
+                "operator-agent-live-view",
+                "the live view's writes are granted with its reads: enable both, or neither",
+            ));
+        }
         let principal_service = self.operator_principal_service.trim().to_owned();
         // A Service name is a DNS-1035 label: a DNS-1123 label starting with a letter.
         if !is_dns1123_label(&principal_service)
@@ -234,6 +272,11 @@ impl OperatorFlags {
                 .optional_namespace("operator-argocd-namespace", self.operator_argocd_namespace)?,
             agent_namespace: env
                 .optional_namespace("operator-agent-namespace", self.operator_agent_namespace)?,
+            agent_grants: AgentGrants {
+                live_view: self.operator_agent_live_view,
+                live_view_write: self.operator_agent_live_view_write,
+                terminal: self.operator_agent_terminal,
+            },
             extra_argocd_namespaces: self
                 .operator_extra_argocd_namespaces
                 .into_iter()
@@ -263,6 +306,7 @@ impl OperatorOptions {
         o.argocd_namespace = s.argocd_namespace.clone();
         o.extra_argocd_namespaces = s.extra_argocd_namespaces.clone();
         o.agent_namespace = s.agent_namespace.clone();
+        o.agent_grants = s.agent_grants;
         o
     }
 }
@@ -301,6 +345,50 @@ mod tests {
             "upstream's name"
         );
         assert_eq!(o.argocd_namespace(), "argocd");
+        assert_eq!(
+            o.agent_grants,
+            AgentGrants {
+                live_view: true,
+                live_view_write: false,
+                terminal: false
+            },
+            "the agent chart's defaults"
+        );
+    }
+
+    #[test]
+    fn agent_grants_follow_their_flags() {
+        for (args, grants) in [
+            (
+                &[
+                    "--operator-agent-live-view-write",
+                    "--operator-agent-terminal",
+                ][..],
+                (true, true, true),
+            ),
+            (
+                &[
+                    "--operator-agent-live-view=false",
+                    "--operator-agent-terminal=true",
+                ][..],
+                (false, false, true),
+            ),
+            (
+                &["--operator-agent-live-view=false"][..],
+                (false, false, false),
+            ),
+        ] {
+            let (live_view, live_view_write, terminal) = grants;
+            assert_eq!(
+                parse(args).unwrap().agent_grants,
+                AgentGrants {
+                    live_view,
+                    live_view_write,
+                    terminal
+                },
+                "{args:?}"
+            );
+        }
     }
 
     #[test]
@@ -369,6 +457,13 @@ mod tests {
             (
                 &["--operator-principal-service="][..],
                 "operator-principal-service",
+            ),
+            (
+                &[
+                    "--operator-agent-live-view=false",
+                    "--operator-agent-live-view-write",
+                ][..],
+                "operator-agent-live-view-write",
             ),
         ] {
             let err = parse(args).unwrap_err();

@@ -97,6 +97,8 @@ pub struct OperatorOptions {
     pub principal_service: String,
     /// Agent namespace on the spokes when the GitOpsCluster names none (default `argocd`).
     pub agent_namespace: Option<String>,
+    /// The cluster-wide grants every agent ManifestWork carries (live view, its writes, terminal).
+    pub agent_grants: agent_work::AgentGrants,
     /// Certificate lifetimes and renewal.
     pub certs: CertPolicy,
     /// Pass interval without events (certificate renewal, drift).
@@ -128,6 +130,7 @@ impl OperatorOptions {
             principal_port: None,
             principal_service: certs::PRINCIPAL_SERVICE.to_owned(),
             agent_namespace: None,
+            agent_grants: agent_work::AgentGrants::default(),
             certs: CertPolicy::default(),
             resync: Duration::from_secs(60),
             lease_name: LEASE_NAME.to_owned(),
