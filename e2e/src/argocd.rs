@@ -59,6 +59,9 @@ pub struct RedisEndpoint {
     pub address: String,
     /// AUTH password, if the server requires one.
     pub password: Option<String>,
+    /// The CA its certificate chains to, when it serves TLS only: the components then connect
+    /// with Argo CD's `--redis-use-tls --redis-ca-certificate`.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl ArgoCd {
@@ -79,6 +82,7 @@ impl ArgoCd {
         let endpoint = RedisEndpoint {
             address: redis.address(),
             password: Some(password),
+            tls_ca: None,
         };
         prepare_namespace(plane, namespace, &endpoint).await?;
         let repo_server_port = free_port();
@@ -220,6 +224,7 @@ impl ArgoCd {
         let no_redis = RedisEndpoint {
             address: String::new(),
             password: None,
+            tls_ca: None,
         };
         prepare_namespace(plane, namespace, &no_redis).await?;
         let metrics = free_port();
@@ -258,6 +263,7 @@ impl ArgoCd {
         self.redis.as_ref().map(|r| RedisEndpoint {
             address: r.address(),
             password: r.password.clone(),
+            tls_ca: r.tls_ca.clone(),
         })
     }
 
@@ -460,6 +466,12 @@ fn component(
     .env("ARGOCD_ASK_PASS_SOCK", temp_dir("askpass")?.join("s.sock"))
     .env("ARGOCD_PLUGINSOCKFILEPATH", own.join("plugins"))
     .env("TMPDIR", own.join("tmp"));
+    let spec = match &redis.tls_ca {
+        Some(ca) => spec
+            .arg("--redis-use-tls")
+            .arg(format!("--redis-ca-certificate={}", ca.display())),
+        None => spec,
+    };
     Ok(match &redis.password {
         Some(p) => spec.env("REDIS_PASSWORD", p),
         None => spec,

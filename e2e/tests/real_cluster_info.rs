@@ -187,6 +187,7 @@ async fn cluster_list_shows_the_agent(
         RedisEndpoint {
             address: server_redis,
             password: Some(hub_password.clone()),
+            tls_ca: None,
         },
     )
     .await?;

@@ -41,6 +41,7 @@ use e2e::helm::{create_principal_secrets, create_secret, installed_deployment, H
 use e2e::kubelet::FakeKubelet;
 use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::redis::resp_exchange;
+use e2e::redis::TlsFiles;
 use e2e::scenario::{
     demo_application, demo_config_uid, operation_state, record_demo_event, sync_state, wait_synced,
     SYNC_WAIT,
@@ -120,6 +121,10 @@ struct ChartValues {
     principal: &'static str,
     /// YAML lines added to the agent chart's values.
     agent: &'static str,
+    /// The hub Redis serves TLS only, as an Argo CD installed with Redis TLS: the principal chart's
+    /// `redisProxy.tls` on (TLS to that Redis and on the proxy, from upstream's Secrets
+    /// `argocd-redis-tls` and `argocd-redis-proxy-tls`), argocd-server with `--redis-use-tls`.
+    hub_redis_tls: bool,
 }
 
 /// `helm install` of our `chart` as release `release` in `namespace` on `plane`, then the
@@ -177,7 +182,21 @@ impl LiveView {
         // Hub: a password-protected Redis, and our principal installed by its chart in front of
         // it, reading the password from Argo CD's `argocd-redis` Secret as the chart wires it.
         let hub_password = format!("hub-{}", uuid::Uuid::new_v4().simple());
-        let hub_redis = Redis::start_with_password(&ctx.unique("hub-redis"), &hub_password)?;
+        let (principal_cert, principal_key) =
+            (pki.dir.join("principal.crt"), pki.dir.join("principal.key"));
+        let hub_redis = match values.hub_redis_tls {
+            // The fleet CA's localhost/127.0.0.1 certificate serves for the hub Redis and the proxy.
+            true => Redis::start_tls(
+                &ctx.unique("hub-redis"),
+                TlsFiles {
+                    cert: &principal_cert,
+                    key: &principal_key,
+                    ca: &pki.ca(),
+                },
+                Some(&hub_password),
+            )?,
+            false => Redis::start_with_password(&ctx.unique("hub-redis"), &hub_password)?,
+        };
         let principal_ns = ctx.unique("hub-argocd");
         let hub_client = hub.client().await?;
         ensure_namespace(&hub_client, &agent_name).await?;
@@ -185,6 +204,28 @@ impl LiveView {
         let password_file = ctx.dir.join("hub-redis-auth");
         std::fs::write(&password_file, &hub_password)?;
         create_principal_secrets(&hub_client, &principal_ns, &pki, false).await?;
+        let redis_tls_values = match values.hub_redis_tls {
+            true => {
+                create_secret(
+                    &hub_client,
+                    &principal_ns,
+                    "argocd-redis-tls",
+                    "Opaque",
+                    &[("ca.crt", pki.ca())],
+                )
+                .await?;
+                create_secret(
+                    &hub_client,
+                    &principal_ns,
+                    "argocd-redis-proxy-tls",
+                    "kubernetes.io/tls",
+                    &[("tls.crt", principal_cert), ("tls.key", principal_key)],
+                )
+                .await?;
+                ", tls: {enabled: true}"
+            }
+            false => "",
+        };
         create_secret(
             &hub_client,
             &principal_ns,
@@ -200,7 +241,7 @@ impl LiveView {
             &format!(
                 "replicaCount: 1\nha: {{enabled: false}}\noperator: {{enabled: false}}\n\
                  service: {{type: ClusterIP}}\n\
-                 redisProxy: {{redisServerAddress: \"{}\"}}\n\
+                 redisProxy: {{redisServerAddress: \"{}\"{redis_tls_values}}}\n\
                  principal:\n  logFormat: text\n  logLevel: \"{LOG_LEVEL}\"\n  extraEnv:\n  \
                  - {{name: ARGOCD_PRINCIPAL_TERMINAL_IDLE_TIMEOUT, value: \"{}s\"}}\n{}",
                 hub_redis.address(),
@@ -289,6 +330,7 @@ impl LiveView {
             RedisEndpoint {
                 address: format!("127.0.0.1:{}", pod_port(&principal, "redis-proxy")),
                 password: Some(hub_password.clone()),
+                tls_ca: values.hub_redis_tls.then(|| pki.ca()),
             },
         )
         .await?;
@@ -584,6 +626,71 @@ async fn hub_argocd_shows_tree_and_live_manifests_of_an_app_on_a_spoke_it_cannot
     Ok(())
 }
 
+/// An Argo CD whose Redis runs TLS (argocd-server `--redis-use-tls --redis-ca-certificate`, the
+/// hub Redis serving TLS only): argocd-server reaches our Redis proxy over TLS and the proxy the
+/// hub Redis over TLS, and the spoke's resource tree still arrives through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_argocd_with_redis_tls_reads_the_spoke_tree_through_our_tls_redis_proxy(
+) -> anyhow::Result<()> {
+    let lv = LiveView::start_with(
+        "real_redis_tls",
+        "tls",
+        ChartValues {
+            hub_redis_tls: true,
+            ..ChartValues::default()
+        },
+    )
+    .await?;
+    let logs = || lv.logs();
+    let revision = lv
+        .git
+        .commit("apps", "demo", &demo_manifests(GREETING), "demo")?;
+    // Synced+Healthy on the hub: argocd-server and the principal both read and write the hub
+    // Redis through TLS for this (app state cache, cluster info).
+    lv.create_demo_app(&revision).await?;
+    let spoke_uid = Api::<ConfigMap>::namespaced(lv.spoke_client.clone(), &lv.dest)
+        .get("demo-config")
+        .await?
+        .metadata
+        .uid
+        .expect("a live object has a uid");
+
+    // The proxy speaks TLS only: a plaintext client gets no Redis reply.
+    let proxy_port = pod_port(&lv.principal, "redis-proxy");
+    let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", proxy_port)).await?;
+    let plain_reply = resp_exchange(&mut plain, &["PING"]).await;
+    assert!(
+        !matches!(&plain_reply, Ok(r) if r.starts_with('+') || r.starts_with('-')),
+        "the TLS Redis proxy answered a plaintext client: {plain_reply:?}"
+    );
+
+    // The resource tree the UI reads, answered by the agent from the spoke's Redis and carried
+    // over both TLS legs (the first read may race the spoke controller's first cache write).
+    let token = lv.server.session_token().await?;
+    let path = format!(
+        "/api/v1/applications/{}/resource-tree?appNamespace={}",
+        lv.app, lv.agent_name
+    );
+    let tree = wait_until(
+        "the resource tree through the TLS Redis proxy",
+        Duration::from_secs(60),
+        || async {
+            let (status, body) = lv.server.api_get(&path, &token).await?;
+            Ok::<_, anyhow::Error>(
+                (status == 200 && body.contains("demo-config"))
+                    .then(|| serde_json::from_str::<Value>(&body))
+                    .transpose()?,
+            )
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    e2e::scenario::assert_demo_tree(&tree, &spoke_uid, &lv.dest);
+    let resources = lv.cli(&["app", "resources", &lv.app_ref()]).await?;
+    assert!(resources.contains("demo-secret"), "{resources}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_on_a_spoke(
 ) -> anyhow::Result<()> {
@@ -595,6 +702,7 @@ async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_
         ChartValues {
             principal: "",
             agent: "liveView: {write: true}\n",
+            ..ChartValues::default()
         },
     )
     .await?;
@@ -937,6 +1045,7 @@ async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_prin
         ChartValues {
             principal: "  accessTokenLifetime: 2s\n",
             agent: "terminal: {enabled: true}\n",
+            ..ChartValues::default()
         },
     )
     .await?;

@@ -358,6 +358,7 @@ impl Cell {
                     RedisEndpoint {
                         address: proxy,
                         password: redis.password.clone(),
+                        tls_ca: None,
                     },
                 )
                 .await?;

@@ -69,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
         RedisEndpoint {
             address: format!("127.0.0.1:{}", principal.redis_proxy_port),
             password: Some(hub_redis_password.clone()),
+            tls_ca: None,
         },
     )
     .await?;
