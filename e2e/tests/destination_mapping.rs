@@ -261,7 +261,10 @@ impl DestCell {
 /// runs of the upstream-principal cell with our agents (and in 2 of 5 earlier), with this
 /// signature: the spec-update and the delete shared `demo-a_<uid>_273`, the principal received
 /// one ACK for it (the spec-update's) and our agent's log shows no delete ever arriving. The
-/// code path is the principal's alone; it serves upstream's own agents alike.
+/// same day upstream's own pair (the `upstream_principal_upstream_agents` cell, before it
+/// tolerated this) failed the same way in 1 of 3 runs: spec-update and delete to the old Go
+/// agent shared `demo-a_<uid>_265`, one ACK came back, and the Go agent logged receiving the
+/// spec-update only.
 fn upstream_move_delete_may_be_lost(log: &str, agent: &str, app: &str) -> bool {
     let field = |line: &str, key: &str| -> Option<String> {
         line.split_whitespace()
