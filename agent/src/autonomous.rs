@@ -12,6 +12,14 @@
 //! skip-sync ([`argocd_agent_kube::skip_sync`]) are not watched and count as absent: one that
 //! gains the label is reported deleted, as upstream's agent does.
 //!
+//! Spec changes are verified once delivered ([`AutonomousSync::verify_delivered_specs`]): an
+//! upstream principal (v0.9.0, `principal/event.go`) ACKs a `spec-update` it could not apply
+//! when its read of the mirror fails ("Application should exist before attempting to update":
+//! logged, then `nil`), and its own agents only compare again after a restart. So once every
+//! queued spec change has been ACKed, the agent asks for one resync, whose `request-update`s
+//! carry each mirror's checksum and make the agent send again what the hub does not hold.
+//! Status-only changes are not verified (they are frequent, and the next one repairs the mirror).
+//!
 //! Restart: what was queued survives in the durable outbox; what changed while the process was
 //! down is found by the principal's checksum resync on connect, so the first list after start
 //! only records what it sees, unless the outbox was lost ([`AutonomousSync::new`]'s
@@ -23,7 +31,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use argocd_agent_proto::event::{set_checksum, Event, EventType, ResourceKey, AGENT_SOURCE};
+use argocd_agent_proto::event::{
+    set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
+};
 use argocd_agent_proto::payload::{RequestSyncedResourceList, RequestUpdate, SyncedResource};
 use argocd_agent_proto::sync::resync::{owned_checksum, synced_resource_key, RESYNC_REQUEST_KEY};
 use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
@@ -50,7 +60,13 @@ pub struct AutonomousSync {
     spoke: SpokeInformers,
     outbox: Arc<Outbox>,
     state: Mutex<SentState>,
+    /// Woken when a spec change is queued (see [`AutonomousSync::verify_delivered_specs`]).
+    spec_queued: tokio::sync::Notify,
 }
+
+/// How often [`AutonomousSync::verify_delivered_specs`] looks whether the queued spec changes
+/// were ACKed.
+const DELIVERY_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 #[derive(Debug, Default)]
 struct SentState {
@@ -61,6 +77,11 @@ struct SentState {
     /// uid and resourceVersion of the newest object queued per (kind, name): a resync answer
     /// built from a read older than what the watch already queued must not replace it.
     newest: HashMap<(SyncedKind, String), (String, u64)>,
+    /// Spec checksum (upstream's: spec without destination) of what was last reported per
+    /// (kind, name).
+    spec: HashMap<(SyncedKind, String), Vec<u8>>,
+    /// Outbox resource ids of spec changes queued and not yet verified.
+    unverified: HashSet<String>,
 }
 
 /// `metadata.resourceVersion` as a number (etcd revisions are; `None` when it is not).
@@ -108,6 +129,7 @@ impl AutonomousSync {
             label_selector,
             outbox,
             state: Mutex::new(state),
+            spec_queued: tokio::sync::Notify::new(),
         })
     }
 
@@ -169,12 +191,47 @@ impl AutonomousSync {
                 return Ok(());
             }
         }
+        let resource_id = ev.resource_id.clone();
         self.push(ev)?;
         if let Some(v) = version {
             st.newest.insert(key.clone(), (uid, v));
         }
-        st.sent.insert(key, checksum);
+        st.sent.insert(key.clone(), checksum);
+        let spec = spec_checksum(&obj.to_json(), Some(kind.kind())).ok();
+        let spec_changed = spec.is_some() && st.spec.get(&key) != spec.as_ref();
+        if let Some(spec) = spec {
+            st.spec.insert(key, spec);
+        }
+        if spec_changed && !new && !resource_id.is_empty() {
+            st.unverified.insert(resource_id);
+            self.spec_queued.notify_one();
+        }
         Ok(())
+    }
+
+    /// Asks for one resync once every queued spec change was ACKed (see the module docs): both
+    /// principals ACK an event only after handling it, so the `request-update`s that answer the
+    /// resync show which mirrors did not take theirs. Runs until dropped.
+    async fn verify_delivered_specs(&self) {
+        loop {
+            self.spec_queued.notified().await;
+            loop {
+                let pending: Vec<String> = self.lock().unverified.iter().cloned().collect();
+                if pending.is_empty() {
+                    break;
+                }
+                if pending.iter().all(|id| !self.outbox.holds(id)) {
+                    self.lock().unverified.retain(|id| !pending.contains(id));
+                    debug!(
+                        changes = pending.len(),
+                        "spec changes delivered; asking the principal to compare its mirrors"
+                    );
+                    self.request_resync();
+                    continue;
+                }
+                tokio::time::sleep(DELIVERY_POLL).await;
+            }
+        }
     }
 
     fn report_deleted(&self, kind: SyncedKind, name: &str, uid: &str) -> Result<(), HandleError> {
@@ -194,14 +251,19 @@ impl AutonomousSync {
         let mut st = self.lock();
         st.sent.remove(&(kind, name.to_string()));
         st.newest.remove(&(kind, name.to_string()));
+        st.spec.remove(&(kind, name.to_string()));
         Ok(())
     }
 
     // ---- spoke watch --------------------------------------------------------------------
 
-    /// Watches Applications and AppProjects in the agent namespace until the future is dropped.
+    /// Watches Applications and AppProjects in the agent namespace, and verifies delivered spec
+    /// changes, until the future is dropped.
     pub async fn run_watchers(self: Arc<Self>) {
-        self.spoke.run(&self).await
+        tokio::select! {
+            () = self.spoke.run(&self) => {}
+            () = self.verify_delivered_specs() => {}
+        }
     }
 
     /// Waits until the spoke watches hold their first list (see [`run_watchers`](Self::run_watchers)).
@@ -532,6 +594,63 @@ mod tests {
         let data: SpokeObject = queued.data_as().expect("object");
         assert_eq!(data, newer);
         assert!(outbox.take_next(std::time::Instant::now()).is_none());
+    }
+
+    /// Upstream's principal ACKs a spec-update it failed to apply: a spec change, once ACKed, is
+    /// followed by one resync request (whose answers show what the hub lacks); a new object and
+    /// a status-only change are not.
+    #[tokio::test]
+    async fn a_delivered_spec_change_is_followed_by_one_resync_request_and_nothing_else_is() {
+        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
+        let sync = AutonomousSync::new(
+            unreachable_client(),
+            "ns".into(),
+            None,
+            outbox.clone(),
+            true,
+        );
+        let verifier = tokio::spawn({
+            let sync = sync.clone();
+            async move { sync.verify_delivered_specs().await }
+        });
+        outbox.set_connected(true);
+        let now = std::time::Instant::now;
+        // Long enough for the verifier to look several times.
+        let settle = || tokio::time::sleep(DELIVERY_POLL * 3);
+        let deliver = |expected: EventType| {
+            let ev = outbox.take_next(now()).expect("an event queued");
+            assert_eq!(ev.event_type, expected);
+            assert!(outbox.ack(&ev.ack()));
+        };
+        let mut healthy = app("r1", "10");
+        healthy.status = Some(json!({"health": {"status": "Healthy"}}));
+        let mut degraded = app("r1", "11");
+        degraded.status = Some(json!({"health": {"status": "Degraded"}}));
+
+        sync.on_applied(SyncedKind::Application, &healthy);
+        deliver(EventType::Create);
+        sync.on_applied(SyncedKind::Application, &degraded);
+        deliver(EventType::SpecUpdate);
+        settle().await;
+        assert!(outbox.take_next(now()).is_none(), "nothing to verify yet");
+
+        sync.on_applied(SyncedKind::Application, &app("r2", "12"));
+        let changed = outbox.take_next(now()).expect("the spec change queued");
+        settle().await;
+        assert!(
+            outbox.take_next(now()).is_none(),
+            "no resync before the change is ACKed"
+        );
+        assert!(outbox.ack(&changed.ack()));
+        settle().await;
+        let resync = outbox
+            .take_next(now())
+            .expect("a resync request after the ACK");
+        assert_eq!(resync.event_type, EventType::RequestResourceResync);
+        assert!(outbox.ack(&resync.ack()));
+        settle().await;
+        assert!(outbox.take_next(now()).is_none(), "one resync per change");
+        verifier.abort();
     }
 
     #[tokio::test]
