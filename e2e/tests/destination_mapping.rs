@@ -168,16 +168,18 @@ impl DestCell {
         })
     }
 
+    /// What a failure prints: the principal's and both agents' whole logs (a move that goes
+    /// wrong shows its cause long before the wait gives up), the Argo CDs' tails.
     fn logs(&self) -> String {
-        let mut out = format!(
-            "--- principal ---\n{}\n",
-            self.principal.process().log_tail(40)
-        );
+        let whole = |p: &e2e::process::ManagedProcess| {
+            std::fs::read_to_string(p.log_path()).unwrap_or_default()
+        };
+        let mut out = format!("--- principal ---\n{}\n", whole(self.principal.process()));
         for a in &self.agents {
             out.push_str(&format!(
                 "--- agent {} ---\n{}\n{}",
                 a.name,
-                a.agent.process().log_tail(30),
+                whole(a.agent.process()),
                 a.argocd.log_tails(10)
             ));
         }
@@ -238,6 +240,101 @@ impl DestCell {
             .await?;
         Ok(())
     }
+}
+
+/// Whether upstream's principal (v0.9.0) dropped, unsent, the delete it queued for `agent`
+/// when Application `app` moved away from it, going by its log: it queued the delete
+/// (`Event sent: application delete`, logged as the event enters its per-agent `EventWriter`)
+/// under the event id of events it had sent that agent about `app`, and the agent's ACKs of that
+/// id (`Event received: eventProcessed`) are no more than those events: none was the delete's.
+///
+/// Upstream's `handleAppAgentChange` (principal/callbacks.go) builds that delete from the
+/// informer's *old* object, so its event id (`<name>_<uid>_<resourceVersion>`) is the one of
+/// the last event the principal sent about that version, typically the spec-update echoing the
+/// agent's own last status-update (upstream's `IsChangeIgnored` loses that race under load).
+/// `EventWriter.Add` (internal/event/event_writer.go) replaces the un-ACKed spec-update with
+/// the delete, and `EventWriter.Remove`, matching an ACK by resource and event id only, then
+/// takes the spec-update's ACK for the delete and pops it before the 100 ms send loop sends it.
+/// The old agent never hears of the move and keeps reporting status, which upstream's
+/// principal applies to the moved Application; nothing in upstream's resync repairs it (the
+/// agent's request-update checksums leave the destination out, and with no Application left
+/// for that agent the principal skips its synced-resource list). Seen on 2026-11-25 in 1 of 3
+/// runs of the upstream-principal cell with our agents (and in 2 of 5 earlier), with this
+/// signature: the spec-update and the delete shared `demo-a_<uid>_273`, the principal received
+/// one ACK for it (the spec-update's) and our agent's log shows no delete ever arriving. The
+/// same day upstream's own pair (the `upstream_principal_upstream_agents` cell, before it
+/// tolerated this) failed the same way in 1 of 3 runs: spec-update and delete to the old Go
+/// agent shared `demo-a_<uid>_265`, one ACK came back, and the Go agent logged receiving the
+/// spec-update only.
+fn upstream_dropped_move_delete(log: &str, agent: &str, app: &str) -> bool {
+    let field = |line: &str, key: &str| -> Option<String> {
+        line.split_whitespace()
+            .find_map(|t| t.strip_prefix(key).map(str::to_string))
+    };
+    let with_agent = |l: &str| field(l, "client=").as_deref() == Some(agent);
+    // (event id, whether it is the delete) of every Application event sent to `agent` about `app`.
+    let sent: Vec<(String, bool)> = log
+        .lines()
+        .filter(|l| {
+            l.contains("msg=\"Event sent: application ")
+                && with_agent(l)
+                && field(l, "name=").as_deref() == Some(app)
+        })
+        .filter_map(|l| {
+            let delete = field(l, "event_type=").is_some_and(|t| t.ends_with(".delete"));
+            field(l, "event_id=").map(|id| (id, delete))
+        })
+        .collect();
+    let acks = |id: &str| {
+        log.lines()
+            .filter(|l| {
+                l.contains("msg=\"Event received: eventProcessed processed\"")
+                    && with_agent(l)
+                    && field(l, "event_id=").as_deref() == Some(id)
+            })
+            .count()
+    };
+    sent.iter().filter(|s| s.1).any(|(id, _)| {
+        let others = sent.iter().filter(|s| !s.1 && &s.0 == id).count();
+        others > 0 && acks(id) <= others
+    })
+}
+
+/// The signature as upstream's principal logged it when it dropped the delete, and the logs of
+/// a delete that was delivered (ACKed besides the earlier event) or shared no id.
+#[test]
+fn a_move_delete_dropped_by_upstreams_principal_is_recognised_in_its_log() {
+    let line = |msg: &str, what: &str, client: &str| {
+        format!(
+            "time=\"2026-11-25T11:51:57Z\" level=info msg=\"{msg}\" client={client} \
+             direction=send event_id=demo-a_e0d2_273 event_target=application \
+             event_type=io.argoproj.argocd-agent.event.{what} log_category=events \
+             method=Subscribe name=demo-a namespace=apps-1 resource_id=demo-a_e0d2"
+        )
+    };
+    let sent =
+        |what: &str, client: &str| line(&format!("Event sent: application {what}"), what, client);
+    let ack = |client: &str| {
+        line(
+            "Event received: eventProcessed processed",
+            "processed",
+            client,
+        )
+    };
+    let dropped = [sent("spec-update", "a0"), sent("delete", "a0"), ack("a0")].join("\n");
+    assert!(upstream_dropped_move_delete(&dropped, "a0", "demo-a"));
+    assert!(!upstream_dropped_move_delete(&dropped, "a1", "demo-a"));
+    assert!(!upstream_dropped_move_delete(&dropped, "a0", "demo-b"));
+    let delivered = [dropped.clone(), ack("a0")].join("\n");
+    assert!(!upstream_dropped_move_delete(&delivered, "a0", "demo-a"));
+    let acked_by_another = [dropped.clone(), ack("a1")].join("\n");
+    assert!(upstream_dropped_move_delete(
+        &acked_by_another,
+        "a0",
+        "demo-a"
+    ));
+    let alone = [sent("spec-update", "a1"), sent("delete", "a0")].join("\n");
+    assert!(!upstream_dropped_move_delete(&alone, "a0", "demo-a"));
 }
 
 /// The spoke namespace Application `app`'s manifests deploy into.
@@ -316,8 +413,6 @@ async fn applications_follow_their_destination(principal: Side, agent: Side) -> 
     let to = cell.agents[1].name.clone();
     cell.patch_hub("demo-a", json!({"spec": {"destination": {"name": to}}}))
         .await?;
-    cell.wait_spoke_names(0, &[], "demo-a gone from the agent it left")
-        .await?;
     cell.wait_spoke_names(1, &["demo-a", "demo-b"], "demo-a on the agent it moved to")
         .await?;
     cell.wait_greeting(1, "demo-a", "v2").await?;
@@ -329,6 +424,27 @@ async fn applications_follow_their_destination(principal: Side, agent: Side) -> 
         || cell.logs(),
     )
     .await?;
+    // Gone from the agent it left, unless upstream's principal dropped the delete (see
+    // `upstream_dropped_move_delete`): then that agent is never told, so say so and go on.
+    let old = &cell.agents[0].name;
+    let principal_log =
+        || std::fs::read_to_string(cell.principal.process().log_path()).unwrap_or_default();
+    let dropped = wait_until("demo-a gone from the agent it left", SYNC_WAIT, || async {
+        if cell.spoke_names(0).await?.is_empty() {
+            return Ok::<_, anyhow::Error>(Some(false));
+        }
+        Ok((principal == Side::Upstream
+            && upstream_dropped_move_delete(&principal_log(), old, "demo-a"))
+        .then_some(true))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    if dropped {
+        eprintln!(
+            "upstream's principal dropped the move's delete for {old} unsent (its ACK of an \
+             earlier event with the same id took it): demo-a stays on {old}"
+        );
+    }
 
     // A delete with the cascade finalizer: the spoke's Argo CD removes what it deployed, then
     // the hub Application goes. Not for upstream's agent: it deletes the spoke copy with
@@ -375,15 +491,21 @@ async fn applications_follow_their_destination_ours_principal_upstream_agents() 
     applications_follow_their_destination(Side::Ours, Side::Upstream).await
 }
 
-/// Broken, not yet understood (issue 15 note, 2026-11-25): behind upstream's principal the agent an
-/// Application moved away from sometimes never gets its delete (2 failures in 5 runs of this binary
-/// on an idle machine, more under load) and keeps reporting status onto the moved Application,
-/// which upstream's principal accepts. Run with `--ignored` while investigating.
+/// Behind upstream's principal the agent an Application moves away from is not always told:
+/// upstream's principal can drop the move's delete unsent (see
+/// [`upstream_dropped_move_delete`]); the test then accepts the Application staying with the agent
+/// it left only when the principal's log shows exactly that.
 #[tokio::test]
-#[ignore = "flaky: old agent behind upstream's principal misses the move's delete (see the doc above)"]
 async fn applications_follow_their_destination_upstream_principal_ours_agents() -> anyhow::Result<()>
 {
     applications_follow_their_destination(Side::Upstream, Side::Ours).await
+}
+
+/// Upstream's own pair (Go principal, Go agents): the baseline for the cell above.
+#[tokio::test]
+async fn applications_follow_their_destination_upstream_principal_upstream_agents(
+) -> anyhow::Result<()> {
+    applications_follow_their_destination(Side::Upstream, Side::Upstream).await
 }
 
 /// The hub's real ApplicationSet controller generates, from one ApplicationSet in the principal's
