@@ -199,12 +199,12 @@ impl OperatorFlags {
         }
         let principal_address = non_blank(self.operator_principal_address);
         if let Some(a) = &principal_address {
-            if a.contains(['/', ' ']) || a.contains("://") {
-                return Err(env.invalid(
+            flags::check_host_name(a).map_err(|e| {
+                env.invalid(
                     "operator-principal-address",
-                    format!("{a:?} is not a host name or IP address (give the port with --operator-principal-port)"),
-                ));
-            }
+                    format!("{e} (give the port with --operator-principal-port)"),
+                )
+            })?;
         }
         let principal_service = self.operator_principal_service.trim().to_owned();
         // A Service name is a DNS-1035 label: a DNS-1123 label starting with a letter.
