@@ -179,7 +179,7 @@ impl OperatorFlags {
                 "operator-renew-before",
                 format!(
                     "a certificate lifetime of {} is not longer than the renewal margin of {}: \
-                     every certificate would be reissued on every pass",
+                     every certificate would be reissued on every reconciliation",
                     fmt(self.operator_cert_lifetime),
                     fmt(self.operator_renew_before)
                 ),

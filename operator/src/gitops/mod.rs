@@ -65,7 +65,7 @@ const RETRY: Duration = Duration::from_secs(5);
 /// Next look while a deleted GitOpsCluster waits for its objects to go.
 const SOON: Duration = Duration::from_secs(1);
 
-/// Everything that can fail in a pass.
+/// Everything that can fail in a reconciliation.
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
     /// A Kubernetes call failed.
