@@ -385,13 +385,13 @@ fn is_dns1123_subdomain(value: &str) -> bool {
         && value.len() <= 253
         && value
             .split('.')
-            .all(crate::pull::application::is_dns1123_label)
+            .all(argocd_agent_proto::event::names::is_dns1123_label)
 }
 
 /// Renders all Kubernetes objects of `input` into one ManifestWork named `name` in the namespace
 /// of `cluster`, as YAML.
 pub fn wrap_manifests(input: WrapInput, cluster: &str, name: &str) -> Result<String, WrapError> {
-    if !crate::pull::application::is_dns1123_label(cluster) {
+    if !argocd_agent_proto::event::names::is_dns1123_label(cluster) {
         return Err(WrapError::InvalidCluster(cluster.to_string()));
     }
     if !is_dns1123_subdomain(name) {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use argocd_agent_proto::event::names::{is_dns1123_label, is_dns1123_subdomain};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 
 pub use argocd_agent_proto::mode::AgentMode;
@@ -259,20 +260,9 @@ pub fn check_readable_file(path: &Path) -> Result<(), FlagValueError> {
     Ok(())
 }
 
-fn is_dns_label(value: &str) -> bool {
-    let bytes = value.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes[0] != b'-'
-        && bytes[bytes.len() - 1] != b'-'
-}
-
 /// Checks that `value` is a Kubernetes namespace name (an RFC 1123 DNS label).
 pub fn check_namespace_name(value: &str) -> Result<(), FlagValueError> {
-    if is_dns_label(value) {
+    if is_dns1123_label(value) {
         Ok(())
     } else {
         Err(FlagValueError::NotDnsLabel {
@@ -307,7 +297,7 @@ pub fn check_host_name(value: &str) -> Result<(), FlagValueError> {
         && name.len() <= 253
         && name
             .split('.')
-            .all(|label| is_dns_label(&label.to_ascii_lowercase()));
+            .all(|label| is_dns1123_label(&label.to_ascii_lowercase()));
     if ok {
         Ok(())
     } else {
@@ -400,8 +390,7 @@ pub fn parse_label(value: &str) -> Result<(String, String), FlagValueError> {
         None => (None, key),
     };
     if let Some(prefix) = prefix {
-        let ok = !prefix.is_empty() && prefix.len() <= 253 && prefix.split('.').all(is_dns_label);
-        if !ok {
+        if !is_dns1123_subdomain(prefix) {
             return Err(bad("the key's prefix is not a DNS subdomain"));
         }
     }

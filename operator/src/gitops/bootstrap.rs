@@ -1,7 +1,7 @@
 //! The principal's own Secrets on a fresh install: before the principal first reads its TLS
 //! material and JWT key, the embedded operator creates those of them that are missing (the CA,
 //! the principal's and the resource proxy's server certificates, the JWT signing key), with the
-//! same functions its reconcile pass keeps them with ([`ensure_ca`], [`ensure_server_cert`],
+//! same functions its reconciliation keeps them with ([`ensure_ca`], [`ensure_server_cert`],
 //! [`ensure_jwt_secret`]).
 //!
 //! Owns the create-only rule: a Secret that exists, whoever wrote it, is never replaced here (a

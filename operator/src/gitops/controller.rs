@@ -1,17 +1,19 @@
-//! The GitOpsCluster reconcile pass: one pass over every GitOpsCluster at once, because the
-//! decisions are global (a cluster selected by two GitOpsClusters goes to the oldest; anything the
-//! operator created that no GitOpsCluster wants any more is removed).
+//! One GitOpsCluster's reconciliation, and the sweep of objects whose GitOpsCluster is gone.
 //!
-//! A pass: finalizers → placements → cluster assignment → PKI (CA) → principal endpoint
-//! (discovered, written back into specs that lack it) → JWT signing key Secret → principal and
-//! resource-proxy certificates → per cluster: Argo CD cluster secret, agent ManifestWork
-//! (certificates reused while current, reissued when not) and the `argoCDCRManifestWork` work →
-//! offboarding of what is no longer selected → add-on CSRs → status (this operator's conditions
-//! and upstream's). Writes happen only when content differs, so a pass over a converged fleet is read-only.
-//! A GitOpsCluster whose placement cannot be resolved or whose spec is invalid keeps its existing
-//! clusters untouched (a typo must not offboard a fleet) and says why in its status. A pass sees
-//! only the GitOpsClusters this principal serves ([`argocd_namespace_of`]) and the objects they
-//! own, so several principals on one hub never overwrite each other's.
+//! A reconciliation of GitOpsCluster G: finalizer → the fleet ([`Fleet`]: placements, cluster
+//! assignment, the operator's objects) → PKI (CA) → principal endpoint (discovered, written back
+//! into G's spec when it lacks it) → JWT signing key Secret → principal and resource-proxy
+//! certificates (their names cover every served GitOpsCluster's endpoint) → per cluster assigned
+//! to G: Argo CD cluster secret, agent ManifestWork (certificates reused while current, reissued
+//! when not) and the `argoCDCRManifestWork` work → offboarding of the objects G is responsible
+//! for ([`Fleet::responsible`]) that are no longer wanted → G's finalizer, once G is deleted and
+//! its objects are gone → add-on CSRs of G's clusters → G's status (this operator's conditions
+//! and upstream's). Writes happen only when content differs, so reconciling a converged fleet is
+//! read-only. A GitOpsCluster whose placement cannot be resolved or whose spec is invalid keeps
+//! its existing clusters untouched (a typo must not offboard a fleet) and says why in its
+//! status. Only the GitOpsClusters this principal serves ([`argocd_namespace_of`]) are
+//! reconciled, so several principals on one hub never overwrite each other's objects.
+//! [`sweep`] removes an object no GitOpsCluster wants and whose owner is gone.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,13 +22,13 @@ use base64::Engine;
 use chrono::Utc;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
 use super::agent_work::{
     agent_readiness, build_agent_manifest_work, embedded_client_tls, hub_labels, AgentDeployment,
-    AGENT_WORK_NAME, CLUSTER_NAME_LABEL, MANAGED_BY_LABEL, MANAGED_BY_OPERATOR, OWNER_ANNOTATION,
+    AGENT_WORK_NAME, CLUSTER_NAME_LABEL, OWNER_ANNOTATION,
 };
 use super::argocd_cr::{build_cr_work, cr_work_name, validate, CrDelivery};
 use super::certs::{
@@ -34,7 +36,11 @@ use super::certs::{
 };
 use super::crd::*;
 use super::csr::process_csrs;
-use super::placement::{assign_clusters, goc_key, resolve, PlacementError};
+pub use super::fleet::argocd_namespace_of;
+use super::fleet::{
+    is_live, kube_err, name_in, owner, Fleet, Responsible, Selection, INVALID_MODE,
+};
+use super::placement::goc_key;
 use super::server_discovery::{discover_principal_endpoint, endpoint_for, write_back};
 use super::upstream_conditions::{upstream_conditions, PassFacts};
 use super::{OperatorError, OperatorOptions, FINALIZER};
@@ -48,50 +54,30 @@ use crate::registration::{
     build_cluster_secret, cluster_secret_name, resource_proxy_server_url, ClusterTlsMaterial,
 };
 
-fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> OperatorError {
-    let action = action.into();
-    move |source| OperatorError::Kube { action, source }
-}
-
-/// Reason of a GitOpsCluster whose spec is refused before its Placement is evaluated: an
-/// unknown mode.
-const INVALID_MODE: &str = "InvalidMode";
-
-/// The hub namespace `goc`'s cluster Secrets go to when this operator owns `goc`; `None` when
-/// another principal's does.
-///
-/// Ownership, with several principals (each with its embedded operator) on one hub: a
-/// GitOpsCluster belongs to the principal serving the Argo CD it names in
-/// `spec.argoServer.argoNamespace` (upstream's field: where the Argo CD it feeds runs), that is
-/// the principal whose Argo CD namespaces ([`OperatorOptions::argocd_namespaces`]: its own,
-/// `--operator-argocd-namespace`, `--operator-extra-argocd-namespaces`) include it. Every other
-/// principal leaves it alone: no finalizer, no status, its objects neither created nor
-/// offboarded. A GitOpsCluster naming no namespace (our extension) goes to the operator's default
-/// Argo CD namespace, so with several principals on one hub each GitOpsCluster must name one.
-pub fn argocd_namespace_of(goc: &GitOpsCluster, opts: &OperatorOptions) -> Option<String> {
-    let ns = goc
-        .spec
-        .argo_server
-        .as_ref()
-        .and_then(|a| a.argo_namespace.clone())
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| opts.argocd_namespace().to_owned());
-    opts.argocd_namespaces().contains(&ns).then_some(ns)
-}
-
-/// What happened to one selected cluster in this pass.
+/// What happened to one selected cluster in this reconciliation.
 struct ClusterOutcome {
     status: ClusterOnboardingStatus,
     registered: bool,
     deployed: bool,
 }
 
-/// Result of one pass, for logs and tests.
+impl ClusterOutcome {
+    fn failed(mut status: ClusterOnboardingStatus, message: String) -> Self {
+        status.message = message;
+        ClusterOutcome {
+            status,
+            registered: false,
+            deployed: false,
+        }
+    }
+}
+
+/// What one reconciliation did, for logs and tests.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct PassSummary {
-    /// Clusters with a cluster secret and ManifestWork after the pass.
+pub struct Reconciled {
+    /// Clusters with a cluster secret and ManifestWork afterwards.
     pub onboarded: BTreeSet<String>,
-    /// Clusters whose objects were removed in this pass.
+    /// Clusters whose objects were removed.
     pub offboarded: BTreeSet<String>,
     /// Add-on CSRs signed.
     pub csrs_signed: usize,
@@ -99,150 +85,43 @@ pub struct PassSummary {
     pub requeue_soon: bool,
 }
 
-/// Runs one reconcile pass over every GitOpsCluster.
-pub async fn reconcile_all(
-    client: &kube::Client,
-    opts: &OperatorOptions,
-) -> Result<PassSummary, OperatorError> {
-    let gocs_api: Api<GitOpsCluster> = Api::all(client.clone());
-    let mut gocs = gocs_api
-        .list(&ListParams::default())
-        .await
-        .map_err(kube_err("listing GitOpsClusters"))?
-        .items;
-    gocs.sort_by_key(goc_key);
-    // Only the GitOpsClusters this principal serves (argocd_namespace_of); objects of another
-    // principal's are left to it, and only orphans (their GitOpsCluster gone) are anyone's.
-    let every_goc: BTreeSet<String> = gocs.iter().map(goc_key).collect();
-    gocs.retain(|g| argocd_namespace_of(g, opts).is_some());
-    let mine: BTreeSet<String> = gocs.iter().map(goc_key).collect();
-    let ours =
-        |owner: Option<&String>| owner.is_none_or(|o| mine.contains(o) || !every_goc.contains(o));
-    let mut summary = PassSummary::default();
+/// The fleet's PKI and the principal endpoint, as one live GitOpsCluster needs them.
+struct Pki {
+    ca: Result<CertificateAuthority, String>,
+    server_cert_message: String,
+    endpoint: Result<(String, u16), String>,
+    jwt: Result<(), String>,
+}
 
-    // Finalizers first, so nothing is created for a GitOpsCluster that could vanish without cleanup.
-    for goc in gocs
-        .iter_mut()
-        .filter(|g| g.metadata.deletion_timestamp.is_none())
-    {
-        if !goc.finalizers().iter().any(|f| f == FINALIZER) {
-            let mut finalizers = goc.finalizers().to_vec();
-            finalizers.push(FINALIZER.to_owned());
-            let api: Api<GitOpsCluster> =
-                Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
-            *goc = api
-                .patch(
-                    &goc.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
-                )
-                .await
-                .map_err(kube_err(format!(
-                    "adding the finalizer to GitOpsCluster {}",
-                    goc_key(goc)
-                )))?;
-        }
-    }
-    let live: Vec<&GitOpsCluster> = gocs
-        .iter()
-        .filter(|g| g.metadata.deletion_timestamp.is_none())
-        .collect();
-
-    // Placements and spec validation.
-    let mut selections: BTreeMap<String, Result<BTreeSet<String>, (String, String)>> =
-        BTreeMap::new();
-    for goc in &live {
-        let key = goc_key(goc);
-        let selected = match goc.mode() {
-            "managed" | "autonomous" => resolve(client, goc)
-                .await
-                .map_err(|e: PlacementError| (e.reason().to_owned(), e.to_string())),
-            other => Err((
-                INVALID_MODE.to_owned(),
-                format!("spec.argoCDAgentAddon.mode is {other:?}; use managed or autonomous"),
-            )),
-        };
-        selections.insert(key, selected);
-    }
-    let assignment = assign_clusters(
-        &live
-            .iter()
-            .filter_map(|g| {
-                let key = goc_key(g);
-                let clusters = selections.get(&key)?.as_ref().ok()?.clone();
-                let created = g
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| format!("{:020}", t.0.as_second()))
-                    .unwrap_or_default();
-                Some((key, created, clusters))
-            })
-            .collect::<Vec<_>>(),
-    );
-    // GitOpsClusters whose objects must be left alone this pass (unresolvable or invalid).
-    let frozen: BTreeSet<String> = selections
-        .iter()
-        .filter(|(_, s)| s.is_err())
-        .map(|(k, _)| k.clone())
-        .collect();
-
-    // Existing objects the operator created.
-    let managed =
-        ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_OPERATOR}"));
-    let works_api: Api<ManifestWork> = Api::all(client.clone());
-    let works: Vec<ManifestWork> = works_api
-        .list(&managed)
-        .await
-        .map_err(kube_err("listing agent ManifestWorks"))?
-        .items
-        .into_iter()
-        .filter(|w| ours(w.annotations().get(OWNER_ANNOTATION)))
-        .collect();
-    let mut cluster_secrets = Vec::new();
-    for ns in opts.argocd_namespaces() {
-        let secrets_api: Api<Secret> = Api::namespaced(client.clone(), &ns);
-        cluster_secrets.extend(
-            secrets_api
-                .list(&managed)
-                .await
-                .map_err(kube_err(format!("listing cluster secrets in {ns}")))?
-                .items
-                .into_iter()
-                .filter(|s| ours(s.annotations().get(OWNER_ANNOTATION))),
-        );
-    }
-
-    // PKI, only when there is something to onboard.
-    let store = SecretStore::new(client.clone(), &opts.namespace);
-    let mut ca_state: Option<Result<CertificateAuthority, String>> = None;
-    let mut server_cert_message = String::new();
-    if !live.is_empty() {
-        ca_state = Some(match ensure_ca(&store, &opts.certs).await {
+impl Pki {
+    /// Ensures the CA, the JWT signing key and the server certificates (whose names cover every
+    /// served GitOpsCluster's endpoint), and records the discovered endpoint in `goc`'s spec
+    /// when it lacks one (as upstream).
+    async fn ensure(
+        client: &kube::Client,
+        opts: &OperatorOptions,
+        fleet: &Fleet,
+        goc: &GitOpsCluster,
+    ) -> Result<Pki, OperatorError> {
+        let store = SecretStore::new(client.clone(), &opts.namespace);
+        let ca = match ensure_ca(&store, &opts.certs).await {
             Ok((ca, _)) => Ok(ca),
             Err(CaProblem::Pki(e)) => return Err(e.into()),
             Err(problem) => {
                 tracing::warn!(problem = %problem, "fleet CA unusable; not issuing certificates");
                 Err(problem.to_string())
             }
-        });
-    }
-    let discovered = discover_principal_endpoint(client, &opts.namespace, &opts.principal_service)
-        .await
-        .map_err(kube_err(format!(
-            "discovering the principal endpoint from service {}/{}",
-            opts.namespace, opts.principal_service
-        )))?;
-    let flag_address = opts.principal_address.as_deref();
-    let endpoints: BTreeMap<String, Result<(String, u16), String>> = live
-        .iter()
-        .map(|g| {
-            let endpoint = endpoint_for(g, flag_address, opts.principal_port, &discovered);
-            (goc_key(g), endpoint)
-        })
-        .collect();
-    // As upstream, what discovery found is recorded in the GitOpsCluster's spec.
-    for goc in &live {
+        };
+        let discovered =
+            discover_principal_endpoint(client, &opts.namespace, &opts.principal_service)
+                .await
+                .map_err(kube_err(format!(
+                    "discovering the principal endpoint from service {}/{}",
+                    opts.namespace, opts.principal_service
+                )))?;
+        let flag_address = opts.principal_address.as_deref();
+        let endpoint_of =
+            |g: &GitOpsCluster| endpoint_for(g, flag_address, opts.principal_port, &discovered);
         if let Some(patch) = write_back(goc, flag_address, opts.principal_port, &discovered) {
             let api: Api<GitOpsCluster> =
                 Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
@@ -258,393 +137,179 @@ pub async fn reconcile_all(
             )))?;
             tracing::info!(gitopscluster = %goc_key(goc), %patch, "discovered principal endpoint written into the spec");
         }
-    }
-    let jwt = if live.is_empty() {
-        None
-    } else {
-        Some(ensure_jwt_secret(&store).await)
-    };
-    if let Some(Ok(ca)) = &ca_state {
-        let mut hosts: Vec<String> = endpoints
-            .values()
-            .filter_map(|e| e.as_ref().ok().map(|(host, _)| host.clone()))
-            .collect();
-        hosts.extend(discovered.iter().map(|d| d.address.clone()));
-        let principal = ensure_server_cert(
-            &store,
-            ca,
-            &opts.certs,
-            PRINCIPAL_TLS_SECRET,
-            &principal_sans(opts, &hosts),
-        )
-        .await?;
-        let proxy = ensure_server_cert(
-            &store,
-            ca,
-            &opts.certs,
-            RESOURCE_PROXY_TLS_SECRET,
-            &resource_proxy_sans(opts),
-        )
-        .await?;
-        server_cert_message = format!(
-            "CA valid until {}; principal certificate until {}; resource proxy certificate until {}",
-            ca.info().not_after.to_rfc3339(),
-            principal.not_after.to_rfc3339(),
-            proxy.not_after.to_rfc3339()
-        );
-    }
-
-    // `argoCDCRManifestWork`, validated once per GitOpsCluster (as upstream: an invalid one is
-    // reported and not delivered).
-    let cr_manifests: BTreeMap<String, Option<Result<Vec<Value>, String>>> = live
-        .iter()
-        .map(|g| {
-            let cr = g.spec.argocd_agent_addon.argocd_cr_manifest_work.as_ref();
-            let checked = cr.map(|m| validate(&m.manifests).map(|()| m.manifests.clone()));
-            (goc_key(g), checked)
-        })
-        .collect();
-    let mut wanted_cr_works: BTreeSet<(String, String)> = BTreeSet::new();
-
-    // Per cluster.
-    let mut outcomes: BTreeMap<String, ClusterOutcome> = BTreeMap::new();
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    for (cluster, owner_key) in &assignment {
-        let goc = live
-            .iter()
-            .find(|g| &goc_key(g) == owner_key)
-            .expect("owner is live");
-        let mut status = ClusterOnboardingStatus {
-            name: cluster.clone(),
-            phase: "Failed".into(),
-            mode: goc.mode().to_owned(),
-            ..Default::default()
-        };
-        let fail = |status: &mut ClusterOnboardingStatus, msg: String| {
-            status.message = msg;
-        };
-        let agent = match AgentName::new(cluster.as_str()) {
-            Ok(a) => a,
-            Err(e) => {
-                fail(
-                    &mut status,
-                    format!("cluster name {cluster:?} cannot be an agent name: {e}"),
-                );
-                outcomes.insert(
-                    cluster.clone(),
-                    ClusterOutcome {
-                        status,
-                        registered: false,
-                        deployed: false,
-                    },
-                );
-                continue;
-            }
-        };
-        if namespaces
-            .get_opt(cluster)
-            .await
-            .map_err(kube_err(format!("reading namespace {cluster}")))?
-            .is_none()
-        {
-            fail(&mut status, format!(
-                "namespace {cluster:?} does not exist on the hub; is ManagedCluster {cluster:?} registered with OCM (registration creates it)?"
-            ));
-            outcomes.insert(
-                cluster.clone(),
-                ClusterOutcome {
-                    status,
-                    registered: false,
-                    deployed: false,
-                },
-            );
-            continue;
-        }
-        let Some(Ok(ca)) = &ca_state else {
-            fail(
-                &mut status,
-                "waiting for a usable CA (see condition CertificatesReady)".into(),
-            );
-            outcomes.insert(
-                cluster.clone(),
-                ClusterOutcome {
-                    status,
-                    registered: false,
-                    deployed: false,
-                },
-            );
-            continue;
-        };
-        let addon = &goc.spec.argocd_agent_addon;
-        let (principal_address, principal_port) = match &endpoints[owner_key] {
-            Ok(endpoint) => endpoint.clone(),
-            Err(why) => {
-                fail(&mut status, why.clone());
-                outcomes.insert(
-                    cluster.clone(),
-                    ClusterOutcome {
-                        status,
-                        registered: false,
-                        deployed: false,
-                    },
-                );
-                continue;
-            }
-        };
-        let now = Utc::now();
-        let validity = opts.certs.leaf_validity(ca, now);
-
-        // Argo CD cluster secret.
-        let argocd_ns = argocd_namespace_of(goc, opts).expect("only owned GitOpsClusters are live");
-        let server_url = resource_proxy_server_url(&opts.resource_proxy_address, &agent)?;
-        let secret_name = cluster_secret_name(&agent);
-        let existing_secret = cluster_secrets.iter().find(|s| {
-            s.name_any() == secret_name && s.namespace().as_deref() == Some(argocd_ns.as_str())
-        });
-        let existing_tls = existing_secret.and_then(cluster_secret_tls);
-        let tls = match reissue_reason(
-            existing_tls.as_ref().map(|t| t.cert_pem.as_str()),
-            ca,
-            &opts.certs,
-            cluster,
-            None,
-            now,
-        ) {
-            None => ClusterTlsMaterial {
-                ca_pem: ca.cert_pem().to_owned(),
-                ..existing_tls.expect("checked")
-            },
-            Some(reason) => {
-                tracing::info!(cluster = %cluster, %reason, "issuing resource-proxy client certificate");
-                ClusterTlsMaterial::issue(ca, &agent, validity)?
-            }
-        };
-        status.certificate_not_after = inspect(&tls.cert_pem)
-            .ok()
-            .map(|i| i.not_after.to_rfc3339());
-        let mut desired_secret =
-            build_cluster_secret(&agent, &argocd_ns, &server_url, &tls, &hub_labels(cluster));
-        desired_secret
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(OWNER_ANNOTATION.to_owned(), owner_key.clone());
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), &argocd_ns);
-        if !secret_is_current(existing_secret, &desired_secret) {
-            upsert(
-                &secrets,
-                &secret_name,
-                desired_secret,
-                existing_secret.map(|s| &s.metadata),
-            )
-            .await
-            .map_err(kube_err(format!(
-                "writing secret {argocd_ns}/{secret_name}"
-            )))?;
-            tracing::info!(cluster = %cluster, secret = %format!("{argocd_ns}/{secret_name}"), "cluster registered with Argo CD");
-        }
-
-        // Agent ManifestWork.
-        let existing_work = works.iter().find(|w| {
-            w.namespace().as_deref() == Some(cluster.as_str()) && w.name_any() == AGENT_WORK_NAME
-        });
-        let client_tls: Option<IssuedCert> = if goc.agent_key_in_manifest_work() {
-            let current = existing_work.and_then(embedded_client_tls);
-            match reissue_reason(
-                current.as_ref().map(|c| c.cert_pem.as_str()),
+        let jwt = ensure_jwt_secret(&store).await;
+        let mut server_cert_message = String::new();
+        if let Ok(ca) = &ca {
+            let mut hosts: Vec<String> = fleet
+                .live()
+                .filter_map(|g| endpoint_of(g).ok().map(|(host, _)| host))
+                .collect();
+            hosts.extend(discovered.iter().map(|d| d.address.clone()));
+            let principal = ensure_server_cert(
+                &store,
                 ca,
                 &opts.certs,
-                cluster,
-                None,
-                now,
-            ) {
-                None => current,
-                Some(reason) => {
-                    tracing::info!(cluster = %cluster, %reason, "issuing agent client certificate (key shipped in the ManifestWork)");
-                    Some(ca.issue_agent(&agent, validity)?)
-                }
-            }
-        } else {
-            None
-        };
-        let image = addon
-            .image
-            .clone()
-            .filter(|i| !i.is_empty())
-            .unwrap_or_else(|| opts.agent_image.clone());
-        let desired_work = build_agent_manifest_work(&AgentDeployment {
-            cluster,
-            owner: owner_key,
-            mode: goc.mode(),
-            agent_namespace: goc.agent_namespace_or(opts.agent_namespace.as_deref()),
-            image: &image,
-            principal_address: &principal_address,
-            principal_port,
-            ca_pem: ca.cert_pem(),
-            client_tls: client_tls.as_ref(),
-            grants: opts.agent_grants,
-        });
-        if existing_work.is_none_or(|w| !work_is_current(w, &desired_work)) {
-            let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);
-            upsert(
-                &api,
-                super::agent_work::AGENT_WORK_NAME,
-                desired_work,
-                existing_work.map(|w| &w.metadata),
+                PRINCIPAL_TLS_SECRET,
+                &principal_sans(opts, &hosts),
             )
-            .await
-            .map_err(kube_err(format!(
-                "writing ManifestWork {cluster}/{}",
-                super::agent_work::AGENT_WORK_NAME
-            )))?;
-            tracing::info!(cluster = %cluster, mode = goc.mode(), "agent ManifestWork written");
+            .await?;
+            let proxy = ensure_server_cert(
+                &store,
+                ca,
+                &opts.certs,
+                RESOURCE_PROXY_TLS_SECRET,
+                &resource_proxy_sans(opts),
+            )
+            .await?;
+            server_cert_message = format!(
+                "CA valid until {}; principal certificate until {}; resource proxy certificate until {}",
+                ca.info().not_after.to_rfc3339(),
+                principal.not_after.to_rfc3339(),
+                proxy.not_after.to_rfc3339()
+            );
         }
-        if let Some(Ok(manifests)) = &cr_manifests[owner_key] {
-            let name = cr_work_name(&goc.namespace().unwrap_or_default(), &goc.name_any());
-            let desired = build_cr_work(&CrDelivery {
-                cluster,
-                owner: owner_key,
-                name: &name,
-                manifests,
-                principal_address: &principal_address,
-                principal_port,
-            });
-            let existing = works.iter().find(|w| {
-                w.namespace().as_deref() == Some(cluster.as_str()) && w.name_any() == name
-            });
-            if existing.is_none_or(|w| !work_is_current(w, &desired)) {
-                let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);
-                upsert(&api, &name, desired, existing.map(|w| &w.metadata))
-                    .await
-                    .map_err(kube_err(format!("writing ManifestWork {cluster}/{name}")))?;
-                tracing::info!(cluster = %cluster, work = %name, "ArgoCD CR ManifestWork written");
-            }
-            wanted_cr_works.insert((cluster.clone(), name));
-        }
-        let readiness = existing_work.map(agent_readiness).unwrap_or_default();
-        status.agent_ready = readiness.ready;
-        status.phase = if readiness.ready {
-            "Onboarded"
-        } else {
-            "Deploying"
-        }
-        .into();
-        if !readiness.ready {
-            status.message = if readiness.applied {
-                "ManifestWork applied; waiting for the agent Deployment to become ready".into()
-            } else {
-                "waiting for the OCM work agent to apply the ManifestWork".into()
-            };
-        }
-        summary.onboarded.insert(cluster.clone());
-        outcomes.insert(
-            cluster.clone(),
-            ClusterOutcome {
-                status,
-                registered: true,
-                deployed: readiness.ready,
-            },
-        );
+        Ok(Pki {
+            ca,
+            server_cert_message,
+            endpoint: endpoint_of(goc),
+            jwt,
+        })
     }
+}
 
-    // Offboarding: anything ours that no live GitOpsCluster wants (frozen owners keep theirs).
-    let keep = |cluster: &str, owner: Option<&String>| {
-        outcomes.get(cluster).is_some_and(|o| o.registered)
-            || owner.is_some_and(|o| frozen.contains(o))
-    };
-    let mut removed: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for work in &works {
-        let cluster = work.namespace().unwrap_or_default();
-        let owner = work.annotations().get(OWNER_ANNOTATION);
-        let wanted = work.name_any() == AGENT_WORK_NAME
-            || wanted_cr_works.contains(&(cluster.clone(), work.name_any()));
-        let frozen_owner = owner.is_some_and(|o| frozen.contains(o));
-        if frozen_owner || (wanted && keep(&cluster, owner)) {
-            continue;
-        }
-        let api: Api<ManifestWork> = Api::namespaced(client.clone(), &cluster);
-        delete_ignoring_missing(&api, &work.name_any())
-            .await
-            .map_err(kube_err(format!(
-                "deleting ManifestWork {cluster}/{}",
-                work.name_any()
-            )))?;
-        tracing::info!(cluster = %cluster, work = %work.name_any(), "ManifestWork removed");
-        if work.name_any() == AGENT_WORK_NAME {
-            if let Some(owner) = owner {
-                removed
-                    .entry(owner.clone())
-                    .or_default()
-                    .insert(cluster.clone());
-            }
-            summary.offboarded.insert(cluster);
-        }
+/// Reconciles the GitOpsCluster `goc`, given every GitOpsCluster on the hub (`every`, which
+/// includes `goc`). A GitOpsCluster another principal serves is left alone.
+pub async fn reconcile_gitopscluster(
+    client: &kube::Client,
+    opts: &OperatorOptions,
+    goc: &GitOpsCluster,
+    mut every: Vec<GitOpsCluster>,
+) -> Result<Reconciled, OperatorError> {
+    let mut summary = Reconciled::default();
+    if argocd_namespace_of(goc, opts).is_none() {
+        return Ok(summary);
     }
-    for secret in &cluster_secrets {
-        let cluster = secret
-            .labels()
-            .get(CLUSTER_NAME_LABEL)
-            .cloned()
-            .unwrap_or_default();
-        if keep(&cluster, secret.annotations().get(OWNER_ANNOTATION)) {
-            continue;
-        }
-        let ns = secret.namespace().unwrap_or_default();
-        let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
-        delete_ignoring_missing(&api, &secret.name_any())
-            .await
-            .map_err(kube_err(format!(
-                "deleting secret {ns}/{}",
-                secret.name_any()
-            )))?;
-        tracing::info!(cluster = %cluster, secret = %format!("{ns}/{}", secret.name_any()), "cluster secret removed (offboarded)");
-        summary.offboarded.insert(cluster);
-    }
-
-    // Finalizers of deleted GitOpsClusters: released once none of their objects remain.
-    for goc in gocs
-        .iter()
-        .filter(|g| g.metadata.deletion_timestamp.is_some())
-    {
-        if !goc.finalizers().iter().any(|f| f == FINALIZER) {
-            continue;
-        }
-        let key = goc_key(goc);
-        let owned = |a: &BTreeMap<String, String>| a.get(OWNER_ANNOTATION) == Some(&key);
-        let remaining = works.iter().filter(|w| owned(w.annotations())).count()
-            + cluster_secrets
-                .iter()
-                .filter(|s| owned(s.annotations()))
-                .count();
-        if remaining > 0 {
-            // Deleted above in this pass; release on the next pass once they are gone.
-            summary.requeue_soon = true;
-            continue;
-        }
-        let finalizers: Vec<String> = goc
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        let api: Api<GitOpsCluster> =
-            Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
-        match api
+    let key = goc_key(goc);
+    let api: Api<GitOpsCluster> =
+        Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
+    let mut goc = goc.clone();
+    // The finalizer first, so nothing is created for a GitOpsCluster that could vanish
+    // without cleanup.
+    if is_live(&goc) && !goc.finalizers().iter().any(|f| f == FINALIZER) {
+        let mut finalizers = goc.finalizers().to_vec();
+        finalizers.push(FINALIZER.to_owned());
+        goc = api
             .patch(
                 &goc.name_any(),
                 &PatchParams::default(),
                 &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
             )
             .await
-        {
-            Ok(_) | Err(kube::Error::Api(_)) => {}
-            Err(e) => return Err(kube_err(format!("releasing GitOpsCluster {key}"))(e)),
+            .map_err(kube_err(format!(
+                "adding the finalizer to GitOpsCluster {key}"
+            )))?;
+    }
+    every.retain(|g| goc_key(g) != key);
+    every.push(goc.clone());
+    let fleet = Fleet::gather(client, opts, every).await?;
+
+    let mut outcomes: BTreeMap<String, ClusterOutcome> = BTreeMap::new();
+    let mut wanted_cr_works: BTreeSet<(String, String)> = BTreeSet::new();
+    // `argoCDCRManifestWork`, validated (as upstream: an invalid one is reported and not
+    // delivered).
+    let cr_manifests: Option<Result<Vec<Value>, String>> = goc
+        .spec
+        .argocd_agent_addon
+        .argocd_cr_manifest_work
+        .as_ref()
+        .map(|m| validate(&m.manifests).map(|()| m.manifests.clone()));
+    let pki = if is_live(&goc) {
+        Some(Pki::ensure(client, opts, &fleet, &goc).await?)
+    } else {
+        None
+    };
+    if let Some(pki) = &pki {
+        let assigned = fleet
+            .assignment
+            .iter()
+            .filter(|(_, owner)| **owner == key)
+            .map(|(cluster, _)| cluster);
+        for cluster in assigned {
+            let outcome = onboard(
+                client,
+                opts,
+                &fleet,
+                &goc,
+                pki,
+                cluster,
+                cr_manifests.as_ref(),
+                &mut wanted_cr_works,
+            )
+            .await?;
+            if outcome.registered {
+                summary.onboarded.insert(cluster.clone());
+            }
+            outcomes.insert(cluster.clone(), outcome);
         }
-        tracing::info!(gitopscluster = %key, "offboarding complete; finalizer released");
     }
 
-    // Add-on CSRs of onboarded clusters.
-    if let Some(Ok(ca)) = &ca_state {
+    let registered: BTreeSet<String> = outcomes
+        .iter()
+        .filter(|(_, o)| o.registered)
+        .map(|(c, _)| c.clone())
+        .collect();
+    let removed = offboard(
+        client,
+        &fleet,
+        &Responsible::GitOpsCluster(key.clone()),
+        &registered,
+        &wanted_cr_works,
+        &mut summary,
+    )
+    .await?;
+
+    // A deleted GitOpsCluster's finalizer: released once none of its objects remain.
+    if !is_live(&goc) && goc.finalizers().iter().any(|f| f == FINALIZER) {
+        let remaining = fleet
+            .works
+            .iter()
+            .filter(|w| owner(*w) == Some(&key))
+            .count()
+            + fleet
+                .cluster_secrets
+                .iter()
+                .filter(|s| owner(*s) == Some(&key))
+                .count();
+        if remaining > 0 {
+            // Deleted above; released once they are gone.
+            summary.requeue_soon = true;
+        } else {
+            let finalizers: Vec<String> = goc
+                .finalizers()
+                .iter()
+                .filter(|f| *f != FINALIZER)
+                .cloned()
+                .collect();
+            match api
+                .patch(
+                    &goc.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+                )
+                .await
+            {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(e) => return Err(kube_err(format!("releasing GitOpsCluster {key}"))(e)),
+            }
+            tracing::info!(gitopscluster = %key, "offboarding complete; finalizer released");
+        }
+    }
+
+    let Some(pki) = pki else {
+        return Ok(summary);
+    };
+    // Add-on CSRs of the clusters onboarded here.
+    if let Ok(ca) = &pki.ca {
         summary.csrs_signed = process_csrs(
             client,
             ca,
@@ -656,63 +321,334 @@ pub async fn reconcile_all(
     }
 
     // Status.
-    for goc in &live {
-        let key = goc_key(goc);
-        let owned: Vec<&ClusterOutcome> = assignment
-            .iter()
-            .filter(|(_, owner)| **owner == key)
-            .filter_map(|(cluster, _)| outcomes.get(cluster))
-            .collect();
-        let failures: Vec<String> = owned
-            .iter()
-            .filter(|o| !o.registered)
-            .map(|o| o.status.name.clone())
-            .collect();
-        let ca_ok = ca_state
-            .as_ref()
-            .map(|c| c.as_ref().map(|_| ()).map_err(Clone::clone));
-        let facts = PassFacts {
-            server: Some(endpoints[&key].clone()),
-            jwt: jwt.clone(),
-            server_certs: ca_ok.as_ref().and_then(|c| c.is_ok().then_some(Ok(()))),
-            ca: ca_ok,
-            placement: Some(
-                selections[&key]
-                    .as_ref()
-                    .map(BTreeSet::len)
-                    .map_err(|(_, message)| message.clone()),
-            ),
-            import_failures: failures.clone(),
-            work_failures: failures,
-            owned_clusters: owned.len(),
-            argocd_cr: cr_manifests[&key]
+    let failures: Vec<String> = outcomes
+        .values()
+        .filter(|o| !o.registered)
+        .map(|o| o.status.name.clone())
+        .collect();
+    let ca_ok = pki.ca.as_ref().map(|_| ()).map_err(Clone::clone);
+    let selection = &fleet.selections[&key];
+    let facts = PassFacts {
+        server: Some(pki.endpoint.clone()),
+        jwt: Some(pki.jwt.clone()),
+        server_certs: ca_ok.is_ok().then_some(Ok(())),
+        ca: Some(ca_ok),
+        placement: Some(
+            selection
                 .as_ref()
-                .map(|c| c.as_ref().map(|_| ()).map_err(Clone::clone)),
-            removed_clusters: removed.get(&key).map_or(0, BTreeSet::len),
-        };
-        let mut status = goc_status(
-            goc,
-            &key,
-            &selections[&key],
-            &assignment,
-            &outcomes,
-            ca_state.as_ref(),
-            &server_cert_message,
-        );
-        let generation = goc.metadata.generation;
-        status
-            .conditions
-            .extend(upstream_conditions(&facts).into_iter().map(|c| Condition {
-                type_: c.type_.to_owned(),
-                status: c.status.to_owned(),
-                reason: c.reason.to_owned(),
-                message: c.message,
-                observed_generation: generation,
-                last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
-            }));
-        write_status(client, goc, status).await?;
-    }
+                .map(BTreeSet::len)
+                .map_err(|(_, message)| message.clone()),
+        ),
+        import_failures: failures.clone(),
+        work_failures: failures,
+        owned_clusters: outcomes.len(),
+        argocd_cr: cr_manifests
+            .as_ref()
+            .map(|c| c.as_ref().map(|_| ()).map_err(Clone::clone)),
+        removed_clusters: removed.len(),
+    };
+    let mut status = goc_status(
+        &goc,
+        &key,
+        selection,
+        &fleet.assignment,
+        &outcomes,
+        Some(&pki.ca),
+        &pki.server_cert_message,
+    );
+    let generation = goc.metadata.generation;
+    status
+        .conditions
+        .extend(upstream_conditions(&facts).into_iter().map(|c| Condition {
+            type_: c.type_.to_owned(),
+            status: c.status.to_owned(),
+            reason: c.reason.to_owned(),
+            message: c.message,
+            observed_generation: generation,
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+        }));
+    write_status(client, &goc, status).await?;
     Ok(summary)
+}
+
+/// Onboards `cluster`, assigned to the live `goc`: its Argo CD cluster secret, agent
+/// ManifestWork and Argo CD CR ManifestWork (recorded in `wanted_cr_works`).
+#[allow(clippy::too_many_arguments)]
+async fn onboard(
+    client: &kube::Client,
+    opts: &OperatorOptions,
+    fleet: &Fleet,
+    goc: &GitOpsCluster,
+    pki: &Pki,
+    cluster: &String,
+    cr_manifests: Option<&Result<Vec<Value>, String>>,
+    wanted_cr_works: &mut BTreeSet<(String, String)>,
+) -> Result<ClusterOutcome, OperatorError> {
+    let owner_key = &goc_key(goc);
+    let mut status = ClusterOnboardingStatus {
+        name: cluster.clone(),
+        phase: "Failed".into(),
+        mode: goc.mode().to_owned(),
+        ..Default::default()
+    };
+    let agent = match AgentName::new(cluster.as_str()) {
+        Ok(a) => a,
+        Err(e) => {
+            return Ok(ClusterOutcome::failed(
+                status,
+                format!("cluster name {cluster:?} cannot be an agent name: {e}"),
+            ))
+        }
+    };
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces
+        .get_opt(cluster)
+        .await
+        .map_err(kube_err(format!("reading namespace {cluster}")))?
+        .is_none()
+    {
+        return Ok(ClusterOutcome::failed(status, format!(
+            "namespace {cluster:?} does not exist on the hub; is ManagedCluster {cluster:?} registered with OCM (registration creates it)?"
+        )));
+    }
+    let Ok(ca) = &pki.ca else {
+        return Ok(ClusterOutcome::failed(
+            status,
+            "waiting for a usable CA (see condition CertificatesReady)".into(),
+        ));
+    };
+    let addon = &goc.spec.argocd_agent_addon;
+    let (principal_address, principal_port) = match &pki.endpoint {
+        Ok(endpoint) => endpoint.clone(),
+        Err(why) => return Ok(ClusterOutcome::failed(status, why.clone())),
+    };
+    let now = Utc::now();
+    let validity = opts.certs.leaf_validity(ca, now);
+
+    // Argo CD cluster secret.
+    let argocd_ns = argocd_namespace_of(goc, opts).expect("only served GitOpsClusters are live");
+    let server_url = resource_proxy_server_url(&opts.resource_proxy_address, &agent)?;
+    let secret_name = cluster_secret_name(&agent);
+    let existing_secret = fleet.cluster_secrets.iter().find(|s| {
+        s.name_any() == secret_name && s.namespace().as_deref() == Some(argocd_ns.as_str())
+    });
+    let existing_tls = existing_secret.and_then(cluster_secret_tls);
+    let tls = match reissue_reason(
+        existing_tls.as_ref().map(|t| t.cert_pem.as_str()),
+        ca,
+        &opts.certs,
+        cluster,
+        None,
+        now,
+    ) {
+        None => ClusterTlsMaterial {
+            ca_pem: ca.cert_pem().to_owned(),
+            ..existing_tls.expect("checked")
+        },
+        Some(reason) => {
+            tracing::info!(cluster = %cluster, %reason, "issuing resource-proxy client certificate");
+            ClusterTlsMaterial::issue(ca, &agent, validity)?
+        }
+    };
+    status.certificate_not_after = inspect(&tls.cert_pem)
+        .ok()
+        .map(|i| i.not_after.to_rfc3339());
+    let mut desired_secret =
+        build_cluster_secret(&agent, &argocd_ns, &server_url, &tls, &hub_labels(cluster));
+    desired_secret
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(OWNER_ANNOTATION.to_owned(), owner_key.clone());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &argocd_ns);
+    if !secret_is_current(existing_secret, &desired_secret) {
+        upsert(
+            &secrets,
+            &secret_name,
+            desired_secret,
+            existing_secret.map(|s| &s.metadata),
+        )
+        .await
+        .map_err(kube_err(format!(
+            "writing secret {argocd_ns}/{secret_name}"
+        )))?;
+        tracing::info!(cluster = %cluster, secret = %format!("{argocd_ns}/{secret_name}"), "cluster registered with Argo CD");
+    }
+
+    // Agent ManifestWork.
+    let existing_work = fleet.works.iter().find(|w| {
+        w.namespace().as_deref() == Some(cluster.as_str()) && w.name_any() == AGENT_WORK_NAME
+    });
+    let client_tls: Option<IssuedCert> = if goc.agent_key_in_manifest_work() {
+        let current = existing_work.and_then(embedded_client_tls);
+        match reissue_reason(
+            current.as_ref().map(|c| c.cert_pem.as_str()),
+            ca,
+            &opts.certs,
+            cluster,
+            None,
+            now,
+        ) {
+            None => current,
+            Some(reason) => {
+                tracing::info!(cluster = %cluster, %reason, "issuing agent client certificate (key shipped in the ManifestWork)");
+                Some(ca.issue_agent(&agent, validity)?)
+            }
+        }
+    } else {
+        None
+    };
+    let image = addon
+        .image
+        .clone()
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| opts.agent_image.clone());
+    let desired_work = build_agent_manifest_work(&AgentDeployment {
+        cluster,
+        owner: owner_key,
+        mode: goc.mode(),
+        agent_namespace: goc.agent_namespace_or(opts.agent_namespace.as_deref()),
+        image: &image,
+        principal_address: &principal_address,
+        principal_port,
+        ca_pem: ca.cert_pem(),
+        client_tls: client_tls.as_ref(),
+        grants: opts.agent_grants,
+    });
+    if existing_work.is_none_or(|w| !work_is_current(w, &desired_work)) {
+        let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);
+        upsert(
+            &api,
+            AGENT_WORK_NAME,
+            desired_work,
+            existing_work.map(|w| &w.metadata),
+        )
+        .await
+        .map_err(kube_err(format!(
+            "writing ManifestWork {cluster}/{}",
+            AGENT_WORK_NAME
+        )))?;
+        tracing::info!(cluster = %cluster, mode = goc.mode(), "agent ManifestWork written");
+    }
+    if let Some(Ok(manifests)) = cr_manifests {
+        let name = cr_work_name(&goc.namespace().unwrap_or_default(), &goc.name_any());
+        let desired = build_cr_work(&CrDelivery {
+            cluster,
+            owner: owner_key,
+            name: &name,
+            manifests,
+            principal_address: &principal_address,
+            principal_port,
+        });
+        let existing = fleet
+            .works
+            .iter()
+            .find(|w| w.namespace().as_deref() == Some(cluster.as_str()) && w.name_any() == name);
+        if existing.is_none_or(|w| !work_is_current(w, &desired)) {
+            let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);
+            upsert(&api, &name, desired, existing.map(|w| &w.metadata))
+                .await
+                .map_err(kube_err(format!("writing ManifestWork {cluster}/{name}")))?;
+            tracing::info!(cluster = %cluster, work = %name, "ArgoCD CR ManifestWork written");
+        }
+        wanted_cr_works.insert((cluster.clone(), name));
+    }
+    let readiness = existing_work.map(agent_readiness).unwrap_or_default();
+    status.agent_ready = readiness.ready;
+    status.phase = if readiness.ready {
+        "Onboarded"
+    } else {
+        "Deploying"
+    }
+    .into();
+    if !readiness.ready {
+        status.message = if readiness.applied {
+            "ManifestWork applied; waiting for the agent Deployment to become ready".into()
+        } else {
+            "waiting for the OCM work agent to apply the ManifestWork".into()
+        };
+    }
+
+    Ok(ClusterOutcome {
+        status,
+        registered: true,
+        deployed: readiness.ready,
+    })
+}
+
+/// Removes the objects `who` is responsible for that are no longer wanted: an agent
+/// ManifestWork or cluster secret of a cluster not `registered`, an Argo CD CR ManifestWork not
+/// in `wanted_cr_works`. Returns the clusters offboarded, by the GitOpsCluster that owned them.
+async fn offboard(
+    client: &kube::Client,
+    fleet: &Fleet,
+    who: &Responsible,
+    registered: &BTreeSet<String>,
+    wanted_cr_works: &BTreeSet<(String, String)>,
+    summary: &mut Reconciled,
+) -> Result<BTreeSet<String>, OperatorError> {
+    let mut removed = BTreeSet::new();
+    for work in &fleet.works {
+        let cluster = work.namespace().unwrap_or_default();
+        if &fleet.responsible(&cluster, work) != who {
+            continue;
+        }
+        let wanted = work.name_any() == AGENT_WORK_NAME
+            || wanted_cr_works.contains(&(cluster.clone(), work.name_any()));
+        if wanted && registered.contains(&cluster) {
+            continue;
+        }
+        let api: Api<ManifestWork> = Api::namespaced(client.clone(), &cluster);
+        delete_ignoring_missing(&api, &work.name_any())
+            .await
+            .map_err(kube_err(format!("deleting ManifestWork {}", name_in(work))))?;
+        tracing::info!(cluster = %cluster, work = %work.name_any(), "ManifestWork removed");
+        if work.name_any() == AGENT_WORK_NAME {
+            if owner(work).is_some_and(|o| who == &Responsible::GitOpsCluster(o.clone())) {
+                removed.insert(cluster.clone());
+            }
+            summary.offboarded.insert(cluster);
+        }
+    }
+    for secret in &fleet.cluster_secrets {
+        let cluster = secret
+            .labels()
+            .get(CLUSTER_NAME_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        if &fleet.responsible(&cluster, secret) != who || registered.contains(&cluster) {
+            continue;
+        }
+        let ns = secret.namespace().unwrap_or_default();
+        let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        delete_ignoring_missing(&api, &secret.name_any())
+            .await
+            .map_err(kube_err(format!("deleting secret {}", name_in(secret))))?;
+        tracing::info!(cluster = %cluster, secret = %name_in(secret), "cluster secret removed (offboarded)");
+        summary.offboarded.insert(cluster);
+    }
+    Ok(removed)
+}
+
+/// Removes the operator's objects that no GitOpsCluster wants and whose GitOpsCluster is gone
+/// (or that name none), given every GitOpsCluster on the hub. Returns the clusters offboarded.
+pub async fn sweep(
+    client: &kube::Client,
+    opts: &OperatorOptions,
+    every: Vec<GitOpsCluster>,
+) -> Result<BTreeSet<String>, OperatorError> {
+    let fleet = Fleet::gather(client, opts, every).await?;
+    let mut summary = Reconciled::default();
+    offboard(
+        client,
+        &fleet,
+        &Responsible::Sweep,
+        &BTreeSet::new(),
+        &BTreeSet::new(),
+        &mut summary,
+    )
+    .await?;
+    Ok(summary.offboarded)
 }
 
 /// Creates the principal's JWT signing key Secret when missing (as upstream; an ES256 key, which
@@ -741,7 +677,7 @@ pub(crate) async fn ensure_jwt_secret(store: &SecretStore) -> Result<(), String>
 fn goc_status(
     goc: &GitOpsCluster,
     key: &str,
-    selection: &Result<BTreeSet<String>, (String, String)>,
+    selection: &Selection,
     assignment: &BTreeMap<String, String>,
     outcomes: &BTreeMap<String, ClusterOutcome>,
     ca_state: Option<&Result<CertificateAuthority, String>>,
@@ -1045,53 +981,5 @@ mod tests {
         let mut none = ObjectMeta::default();
         carry_over(&ObjectMeta::default(), &mut none);
         assert_eq!(none.finalizers, None, "no empty finalizer list is written");
-    }
-}
-
-#[cfg(test)]
-mod argocd_namespace_tests {
-    use super::*;
-
-    fn goc(argo_namespace: Option<&str>) -> GitOpsCluster {
-        let mut spec = json!({"placementRef": {"name": "p"}, "argoCDAgentAddon": {}});
-        if let Some(ns) = argo_namespace {
-            spec["argoServer"] = json!({"argoNamespace": ns});
-        }
-        serde_json::from_value(json!({
-            "apiVersion": "apps.open-cluster-management.io/v1alpha1",
-            "kind": "GitOpsCluster",
-            "metadata": {"name": "g", "namespace": "ns"},
-            "spec": spec,
-        }))
-        .expect("a GitOpsCluster")
-    }
-
-    #[test]
-    fn a_gitopscluster_belongs_to_the_principal_serving_the_argo_cd_it_names() {
-        let mut opts = OperatorOptions::new("agents");
-        opts.argocd_namespace = Some("argocd".into());
-        opts.extra_argocd_namespaces = vec!["gitops".into()];
-        assert_eq!(
-            argocd_namespace_of(&goc(None), &opts).as_deref(),
-            Some("argocd")
-        );
-        assert_eq!(
-            argocd_namespace_of(&goc(Some("")), &opts).as_deref(),
-            Some("argocd")
-        );
-        for served in ["agents", "argocd", "gitops"] {
-            assert_eq!(
-                argocd_namespace_of(&goc(Some(served)), &opts).as_deref(),
-                Some(served)
-            );
-        }
-        // Another principal's Argo CD: not this operator's.
-        assert_eq!(argocd_namespace_of(&goc(Some("other-argocd")), &opts), None);
-        let other = OperatorOptions::new("other-argocd");
-        assert_eq!(
-            argocd_namespace_of(&goc(Some("other-argocd")), &other).as_deref(),
-            Some("other-argocd")
-        );
-        assert_eq!(argocd_namespace_of(&goc(Some("gitops")), &other), None);
     }
 }

@@ -210,7 +210,7 @@ impl OperatorFlags {
                 "operator-renew-before",
                 format!(
                     "a certificate lifetime of {} is not longer than the renewal margin of {}: \
-                     every certificate would be reissued on every pass",
+                     every certificate would be reissued on every reconciliation",
                     fmt(self.operator_cert_lifetime),
                     fmt(self.operator_renew_before)
                 ),
@@ -230,12 +230,12 @@ impl OperatorFlags {
         }
         let principal_address = non_blank(self.operator_principal_address);
         if let Some(a) = &principal_address {
-            if a.contains(['/', ' ']) || a.contains("://") {
-                return Err(env.invalid(
+            flags::check_host_name(a).map_err(|e| {
+                env.invalid(
                     "operator-principal-address",
-                    format!("{a:?} is not a host name or IP address (give the port with --operator-principal-port)"),
-                ));
-            }
+                    format!("{e} (give the port with --operator-principal-port)"),
+                )
+            })?;
         }
         if self.operator_agent_live_view_write && !self.operator_agent_live_view {
             return Err(env.conflict(

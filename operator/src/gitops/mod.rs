@@ -3,13 +3,16 @@
 //! agent (ManifestWork), with no manual step; clusters leaving the placement, and deleted
 //! GitOpsClusters (finalizer), leave nothing behind.
 //!
-//! Owns the run loop ([`run_operator`]): leader election ([`lease`]) so that one replica
-//! reconciles, watches on everything a pass depends on (GitOpsClusters, PlacementDecisions,
-//! Placements, the operator's ManifestWorks and Secrets, add-on CSRs) coalesced into passes, and a
-//! periodic pass for certificate renewal. The pass itself is [`controller::reconcile_all`]; the
-//! pieces are [`crd`], [`placement`], [`server_discovery`], [`certs`], [`agent_work`],
-//! [`argocd_cr`], [`csr`] and [`upstream_conditions`]; [`bootstrap`] creates the principal's
-//! missing Secrets at its start.
+//! Owns how the operator runs ([`run_operator`]): Lease election so that one replica
+//! reconciles, and, while leading, a `kube::runtime::Controller` of GitOpsClusters
+//! ([`run_controllers`]): one watch and store per kind it reads ([`SharedWatch`], as the pull
+//! model's controllers), each change mapped to the GitOpsClusters it concerns ([`triggers`]),
+//! one GitOpsCluster reconciled at a time ([`controller::reconcile_gitopscluster`], over the
+//! fleet's global decisions in [`fleet`]), failures retried with backoff, and every
+//! GitOpsCluster again each resync interval (certificate renewal, drift); beside it the sweep of
+//! objects whose GitOpsCluster is gone ([`controller::sweep`]). The pieces are [`crd`],
+//! [`placement`], [`server_discovery`], [`certs`], [`agent_work`], [`argocd_cr`], [`csr`] and
+//! [`upstream_conditions`]; [`bootstrap`] creates the principal's missing Secrets at its start.
 
 pub mod agent_work;
 pub mod argocd_cr;
@@ -19,28 +22,35 @@ pub mod controller;
 pub mod crd;
 pub mod csr;
 pub mod flags;
+pub mod fleet;
 pub mod placement;
 pub mod server_discovery;
+pub mod triggers;
 pub mod upstream_conditions;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{stream, StreamExt};
+use futures::future::BoxFuture;
+use futures::{stream, FutureExt, Stream, StreamExt};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::runtime::WatchStreamExt;
+use kube::ResourceExt;
 use tokio::sync::watch;
 
 use crate::pki::PkiError;
 use crate::pull::manifestwork::ManifestWork;
+use crate::pull::watches::{self, touched, SharedWatch};
 use crate::registration::{RegistrationError, DEFAULT_RESOURCE_PROXY_ADDRESS};
 use argocd_agent_kube::CancellationToken;
 
 pub use certs::CertPolicy;
-pub use controller::reconcile_all;
+pub use controller::{reconcile_gitopscluster, Reconciled};
 pub use crd::{GitOpsCluster, GitOpsClusterSpec, GitOpsClusterStatus};
 pub use flags::{OperatorFlags, OperatorSettings};
 
@@ -48,10 +58,14 @@ pub use flags::{OperatorFlags, OperatorSettings};
 pub const FINALIZER: &str = "apps.open-cluster-management.io/argocd-agent-cleanup";
 /// Default Lease name.
 pub const LEASE_NAME: &str = "argocd-agent-operator";
-/// Events within this window become one pass.
+/// Triggers of one GitOpsCluster within this window become one reconciliation.
 const DEBOUNCE: Duration = Duration::from_millis(200);
+/// First retry after a failed reconciliation (doubling with each further failure).
+const RETRY: Duration = Duration::from_secs(5);
+/// Next look while a deleted GitOpsCluster waits for its objects to go.
+const SOON: Duration = Duration::from_secs(1);
 
-/// Everything that can fail in a pass.
+/// Everything that can fail in a reconciliation.
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
     /// A Kubernetes call failed.
@@ -158,50 +172,9 @@ impl OperatorOptions {
     }
 }
 
-fn triggers<K>(api: Api<K>, config: watcher::Config) -> stream::BoxStream<'static, ()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    watcher(api, config)
-        .default_backoff()
-        .filter_map(|event| async move {
-            match event {
-                Ok(
-                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
-                ) => Some(()),
-                Ok(_) => None,
-                Err(e) => {
-                    tracing::debug!(error = %e, "operator watch error (retrying)");
-                    None
-                }
-            }
-        })
-        .boxed()
-}
-
-/// When the next pass is due: a burst of events is one pass, and the earliest request wins, so
-/// a steady stream of events cannot postpone a pass (unlike a trailing debounce).
-#[derive(Default)]
-struct NextPass(Option<tokio::time::Instant>);
-
-impl NextPass {
-    /// Asks for a pass within `delay`.
-    fn within(&mut self, delay: Duration) {
-        let at = tokio::time::Instant::now() + delay;
-        self.0 = Some(self.0.map_or(at, |due| due.min(at)));
-    }
-
-    /// Completes when the pass is due (never when none was asked for).
-    async fn due(&self) {
-        match self.0 {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
-    }
-}
-
 /// Runs the operator against the hub until `shutdown` completes: elects a leader among replicas
-/// and, while leader, reconciles on every relevant change and every `resync`.
+/// and, while leader, runs the controllers ([`run_controllers`]); a replica that loses the Lease
+/// stops them and waits to lead again.
 pub async fn run_operator(
     client: kube::Client,
     opts: OperatorOptions,
@@ -220,74 +193,342 @@ pub async fn run_operator(
         leader_tx,
         shutdown.clone(),
     ));
-    let managed = watcher::Config::default().labels(&format!(
+    tracing::info!(namespace = %opts.namespace, identity = %opts.identity, "GitOpsCluster operator started");
+    loop {
+        let leads = async { leader.wait_for(|l| *l).await.is_ok() };
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            leads = leads => if !leads { break },
+        }
+        let term = shutdown.child_token();
+        let running = tokio::spawn(run_controllers(client.clone(), opts.clone(), term.clone()));
+        let follows = async { leader.wait_for(|l| !*l).await.is_ok() };
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            _ = follows => tracing::info!("GitOpsCluster operator lost the Lease; not reconciling"),
+        }
+        term.cancel();
+        let _ = running.await;
+    }
+    let _ = election.await;
+    tracing::info!("GitOpsCluster operator stopped");
+}
+
+/// What the operator's controllers share.
+struct Context {
+    client: kube::Client,
+    opts: OperatorOptions,
+    gocs: Store<GitOpsCluster>,
+    /// Consecutive failures per object, for the retry backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    /// Every GitOpsCluster on the hub.
+    fn every_goc(&self) -> Vec<GitOpsCluster> {
+        self.gocs
+            .state()
+            .iter()
+            .map(|g| g.as_ref().clone())
+            .collect()
+    }
+
+    fn succeeded(&self, key: &str) {
+        self.failures.lock().expect("not poisoned").remove(key);
+    }
+
+    /// When to retry `key` after its `n`th consecutive failure: [`RETRY`] doubling, at most
+    /// the resync interval.
+    fn failed(&self, key: String) -> Duration {
+        let mut failures = self.failures.lock().expect("not poisoned");
+        let n = failures.entry(key).or_default();
+        *n = n.saturating_add(1);
+        let cap = self.opts.resync.max(RETRY);
+        RETRY.saturating_mul(1 << (*n - 1).min(16)).min(cap)
+    }
+}
+
+/// Runs the GitOpsCluster controller and the orphan sweep until `shutdown`.
+///
+/// The GitOpsCluster controller reconciles one GitOpsCluster at a time
+/// ([`controller::reconcile_gitopscluster`], one at a time because the fleet's PKI is shared),
+/// again every `resync` (certificate renewal, drift), triggered by the GitOpsCluster itself and
+/// by every object a reconciliation reads ([`triggers`]). The sweep runs per ManifestWork and
+/// cluster Secret of the operator whose GitOpsCluster is gone or unnamed ([`controller::sweep`]).
+pub async fn run_controllers(
+    client: kube::Client,
+    opts: OperatorOptions,
+    shutdown: CancellationToken,
+) {
+    let all = watcher::Config::default;
+    let managed = all().labels(&format!(
         "{}={}",
         agent_work::MANAGED_BY_LABEL,
         agent_work::MANAGED_BY_OPERATOR
     ));
-    let cluster_secrets = opts.argocd_namespaces().into_iter().map(|ns| {
-        triggers(
-            Api::<Secret>::namespaced(client.clone(), &ns),
-            managed.clone(),
-        )
-    });
-    let mut events = stream::select_all(
-        [
-            triggers(
-                Api::<GitOpsCluster>::all(client.clone()),
-                watcher::Config::default(),
-            ),
-            triggers(
-                Api::<DynamicObject>::all_with(
-                    client.clone(),
-                    &placement::placement_decision_resource(),
-                ),
-                watcher::Config::default(),
-            ),
-            triggers(
-                Api::<DynamicObject>::all_with(client.clone(), &placement::placement_resource()),
-                watcher::Config::default(),
-            ),
-            triggers(Api::<ManifestWork>::all(client.clone()), managed.clone()),
-            triggers(
-                Api::<Secret>::namespaced(client.clone(), &opts.namespace),
-                watcher::Config::default()
-                    .fields(&format!("metadata.name={}", crate::pki::secrets::CA_SECRET)),
-            ),
-            triggers(
-                Api::<CertificateSigningRequest>::all(client.clone()),
-                watcher::Config::default(),
-            ),
-        ]
-        .into_iter()
-        .chain(cluster_secrets),
+    let decision_resource = placement::placement_decision_resource();
+    let placement_resource = placement::placement_resource();
+    let mut gocs = SharedWatch::new(
+        "GitOpsCluster",
+        Api::<GitOpsCluster>::all(client.clone()),
+        all(),
+        (),
     );
-    tracing::info!(namespace = %opts.namespace, identity = %opts.identity, "GitOpsCluster operator started");
-    let mut next_pass = NextPass::default();
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            Some(()) = events.next() => next_pass.within(DEBOUNCE),
-            changed = leader.changed() => {
-                if changed.is_err() { break; }
-                if *leader.borrow() { next_pass.within(Duration::ZERO); }
-            }
-            () = next_pass.due() => {
-                next_pass = NextPass::default();
-                if !*leader.borrow() { continue; }
-                match reconcile_all(&client, &opts).await {
-                    Ok(summary) => {
-                        tracing::debug!(?summary, "operator pass done");
-                        next_pass.within(if summary.requeue_soon { Duration::from_secs(1) } else { opts.resync });
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "operator pass failed; retrying");
-                        next_pass.within(Duration::from_secs(5));
-                    }
-                }
-            }
-        }
+    let mut decisions = SharedWatch::new(
+        "PlacementDecision",
+        Api::<DynamicObject>::all_with(client.clone(), &decision_resource),
+        all(),
+        decision_resource,
+    );
+    let mut placements = SharedWatch::new(
+        "Placement",
+        Api::<DynamicObject>::all_with(client.clone(), &placement_resource),
+        all(),
+        placement_resource,
+    );
+    let mut works = SharedWatch::new(
+        "operator ManifestWork",
+        Api::<ManifestWork>::all(client.clone()),
+        managed.clone(),
+        (),
+    );
+    let mut ca = SharedWatch::new(
+        "fleet CA Secret",
+        Api::<Secret>::namespaced(client.clone(), &opts.namespace),
+        all().fields(&format!("metadata.name={}", crate::pki::secrets::CA_SECRET)),
+        (),
+    );
+    let mut csrs = SharedWatch::new(
+        "CertificateSigningRequest",
+        Api::<CertificateSigningRequest>::all(client.clone()),
+        all(),
+        (),
+    );
+    let mut secrets: Vec<SharedWatch<Secret>> = opts
+        .argocd_namespaces()
+        .iter()
+        .map(|ns| {
+            SharedWatch::new(
+                "operator cluster Secret",
+                Api::namespaced(client.clone(), ns),
+                managed.clone(),
+                (),
+            )
+        })
+        .collect();
+
+    let main = gocs.subscribe();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        opts: opts.clone(),
+        gocs: main.store.clone(),
+        failures: Mutex::default(),
+    });
+    let gocs_store = main.store.clone();
+    let by = || gocs_store.clone();
+    let mut controller = Controller::for_stream(touched(main.events), main.store)
+        .reconcile_on(mapped(
+            gocs.subscribe().events,
+            concerning(by(), triggers::of_gitopscluster),
+        ))
+        .reconcile_on(mapped(
+            decisions.subscribe().events,
+            concerning(by(), triggers::of_placement_decision),
+        ))
+        .reconcile_on(mapped(
+            placements.subscribe().events,
+            concerning(by(), triggers::of_placement),
+        ))
+        .reconcile_on(mapped(
+            csrs.subscribe().events,
+            concerning(by(), triggers::of_csr),
+        ))
+        .reconcile_on(mapped(
+            works.subscribe().events,
+            concerning(by(), |gocs: &[Arc<GitOpsCluster>], w: &ManifestWork| {
+                triggers::of_cluster_object(
+                    gocs,
+                    &w.namespace().unwrap_or_default(),
+                    fleet::owner(w),
+                )
+            }),
+        ))
+        .reconcile_all_on(touched(ca.subscribe().events).map(|_| ()));
+    for watch in &mut secrets {
+        controller = controller.reconcile_on(mapped(
+            watch.subscribe().events,
+            concerning(by(), |gocs: &[Arc<GitOpsCluster>], s: &Secret| {
+                let cluster = s
+                    .labels()
+                    .get(agent_work::CLUSTER_NAME_LABEL)
+                    .cloned()
+                    .unwrap_or_default();
+                triggers::of_cluster_object(gocs, &cluster, fleet::owner(s))
+            }),
+        ));
     }
-    let _ = election.await;
-    tracing::info!("GitOpsCluster operator stopped");
+    let config = watches::controller_config(1, DEBOUNCE);
+    let reads = [main.ready.clone()];
+
+    // The sweep: per object of the operator, and for those of a GitOpsCluster just deleted.
+    let sweep_works = {
+        let sub = works.subscribe();
+        let owned = owned_by_deleted(gocs.subscribe().events, sub.store.clone());
+        Controller::for_stream(touched(sub.events), sub.store).reconcile_on(owned)
+    };
+    let sweep_secrets: Vec<_> = secrets
+        .iter_mut()
+        .map(|watch| {
+            let sub = watch.subscribe();
+            let owned = owned_by_deleted(gocs.subscribe().events, sub.store.clone());
+            Controller::for_stream(touched(sub.events), sub.store).reconcile_on(owned)
+        })
+        .collect();
+
+    let mut running: Vec<BoxFuture<'static, ()>> = vec![
+        watches::run_controller(
+            "GitOpsCluster",
+            reads.clone(),
+            controller,
+            config.clone(),
+            reconcile,
+            retry,
+            ctx.clone(),
+            shutdown.clone(),
+        )
+        .boxed(),
+        watches::run_controller(
+            "operator ManifestWork sweep",
+            reads.clone(),
+            sweep_works,
+            config.clone(),
+            sweep_orphan,
+            retry,
+            ctx.clone(),
+            shutdown.clone(),
+        )
+        .boxed(),
+    ];
+    for sweep_secrets in sweep_secrets {
+        running.push(
+            watches::run_controller(
+                "operator cluster Secret sweep",
+                reads.clone(),
+                sweep_secrets,
+                config.clone(),
+                sweep_orphan,
+                retry,
+                ctx.clone(),
+                shutdown.clone(),
+            )
+            .boxed(),
+        );
+    }
+    for watch in [gocs.run(shutdown.clone()).boxed()]
+        .into_iter()
+        .chain([
+            decisions.run(shutdown.clone()).boxed(),
+            placements.run(shutdown.clone()).boxed(),
+            works.run(shutdown.clone()).boxed(),
+            ca.run(shutdown.clone()).boxed(),
+            csrs.run(shutdown.clone()).boxed(),
+        ])
+        .chain(secrets.into_iter().map(|w| w.run(shutdown.clone()).boxed()))
+    {
+        running.push(watch);
+    }
+    tracing::info!("GitOpsCluster controllers started");
+    futures::future::join_all(running).await;
+}
+
+/// The GitOpsClusters a watch's objects concern, by `concerns`, as reconcile triggers.
+fn mapped<K, F>(
+    events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    mut concerns: F,
+) -> impl Stream<Item = ObjectRef<GitOpsCluster>> + Send + 'static
+where
+    K: Send + 'static,
+    F: FnMut(K) -> Vec<ObjectRef<GitOpsCluster>> + Send + 'static,
+{
+    touched(events).flat_map(move |obj| match obj {
+        Ok(obj) => stream::iter(concerns(obj)),
+        Err(_) => stream::iter(Vec::new()),
+    })
+}
+
+/// `concerns` over the GitOpsClusters in `store`.
+fn concerning<K>(
+    store: Store<GitOpsCluster>,
+    concerns: impl Fn(&[Arc<GitOpsCluster>], &K) -> Vec<ObjectRef<GitOpsCluster>> + Send + 'static,
+) -> impl FnMut(K) -> Vec<ObjectRef<GitOpsCluster>> + Send + 'static {
+    move |obj| concerns(&store.state(), &obj)
+}
+
+/// The objects in `store` created by a GitOpsCluster when it is deleted, for the sweep.
+fn owned_by_deleted<K>(
+    gocs: impl Stream<Item = watcher::Event<GitOpsCluster>> + Send + 'static,
+    store: Store<K>,
+) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    watches::triggers(gocs, move |event| match event {
+        watcher::Event::Delete(goc) => {
+            let key = placement::goc_key(&goc);
+            store
+                .state()
+                .iter()
+                .filter(|o| fleet::owner(o.as_ref()) == Some(&key))
+                .map(|o| ObjectRef::from_obj(o.as_ref()))
+                .collect()
+        }
+        _ => Vec::new(),
+    })
+}
+
+async fn reconcile(goc: Arc<GitOpsCluster>, ctx: Arc<Context>) -> Result<Action, OperatorError> {
+    if controller::argocd_namespace_of(&goc, &ctx.opts).is_none() {
+        // Another principal's.
+        return Ok(Action::await_change());
+    }
+    let key = placement::goc_key(&goc);
+    let done =
+        controller::reconcile_gitopscluster(&ctx.client, &ctx.opts, &goc, ctx.every_goc()).await?;
+    ctx.succeeded(&key);
+    tracing::debug!(gitopscluster = %key, ?done, "GitOpsCluster reconciled");
+    Ok(Action::requeue(if done.requeue_soon {
+        SOON
+    } else {
+        ctx.opts.resync
+    }))
+}
+
+/// Sweeps when `obj` names no GitOpsCluster or one that is gone, and looks again every
+/// `resync` while it does (the cluster may be assigned meanwhile: its GitOpsCluster decides).
+async fn sweep_orphan<K>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, OperatorError>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let owner = fleet::owner(obj.as_ref());
+    let orphan =
+        owner.is_none_or(|o| !ctx.gocs.state().iter().any(|g| placement::goc_key(g) == *o));
+    if !orphan {
+        return Ok(Action::await_change());
+    }
+    let offboarded = controller::sweep(&ctx.client, &ctx.opts, ctx.every_goc()).await?;
+    if !offboarded.is_empty() {
+        tracing::info!(clusters = ?offboarded, "objects of no GitOpsCluster removed");
+    }
+    ctx.succeeded(&fleet::name_in(obj.as_ref()));
+    Ok(Action::requeue(ctx.opts.resync))
+}
+
+fn retry<K>(obj: Arc<K>, error: &OperatorError, ctx: Arc<Context>) -> Action
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let name = fleet::name_in(obj.as_ref());
+    let after = ctx.failed(name.clone());
+    tracing::warn!(object = %name, error = %error, retry_in = ?after, "GitOpsCluster operator: reconciliation failed; retrying");
+    Action::requeue(after)
 }

@@ -1,7 +1,7 @@
 //! The GitOpsCluster conditions of upstream argocd-pull-integration (its 14 condition types and
 //! 5 reasons), so tools keyed on upstream's status read this operator's GitOpsClusters unchanged.
 //!
-//! Owns the vocabulary and the pure translation of what one pass found for a GitOpsCluster
+//! Owns the vocabulary and the pure translation of what one reconciliation found for a GitOpsCluster
 //! ([`PassFacts`]) into those conditions. This operator's own conditions (`Ready`,
 //! `PlacementResolved`, ...) are written beside them by the controller. Upstream steps this
 //! operator has no counterpart for — the add-on manager's RBAC, the AddOnTemplate and
@@ -62,7 +62,7 @@ pub struct UpstreamCondition {
     pub message: String,
 }
 
-/// What one pass found for one GitOpsCluster. `None` for a step the pass did not reach.
+/// What one reconciliation found for its GitOpsCluster. `None` for a step it did not reach.
 #[derive(Clone, Debug, Default)]
 pub struct PassFacts {
     /// The principal endpoint (`host`, `port`) the agents dial, or why it is unknown.
@@ -79,11 +79,11 @@ pub struct PassFacts {
     pub import_failures: Vec<String>,
     /// Clusters whose agent ManifestWork could not be written.
     pub work_failures: Vec<String>,
-    /// Clusters this GitOpsCluster onboards in this pass.
+    /// Clusters this GitOpsCluster onboards in this reconciliation.
     pub owned_clusters: usize,
     /// `argoCDCRManifestWork`: `None` when not set; else delivered or why not.
     pub argocd_cr: Option<Result<(), String>>,
-    /// Clusters offboarded in this pass because they left the placement.
+    /// Clusters offboarded in this reconciliation because they left the placement.
     pub removed_clusters: usize,
 }
 
@@ -132,7 +132,7 @@ fn step(
     }
 }
 
-/// Upstream's conditions for what the pass found (`RemovedClustersCleanedUp` only when clusters
+/// Upstream's conditions for what the reconciliation found (`RemovedClustersCleanedUp` only when clusters
 /// were removed, as upstream).
 pub fn upstream_conditions(facts: &PassFacts) -> Vec<UpstreamCondition> {
     let mut out = vec![cond(

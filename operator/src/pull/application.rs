@@ -15,6 +15,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
+use argocd_agent_proto::event::names::is_dns1123_label;
+
 /// Label that opts an Application into the pull model (value parsed like Go's `ParseBool`).
 pub const PULL_LABEL: &str = "apps.open-cluster-management.io/pull-to-ocm-managed-cluster";
 /// Annotation naming the ManagedCluster an Application is pulled to.
@@ -111,17 +113,6 @@ fn parse_go_bool(value: &str) -> Option<bool> {
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
         _ => None,
     }
-}
-
-/// True for a value usable as a Kubernetes namespace name (DNS-1123 label).
-pub fn is_dns1123_label(value: &str) -> bool {
-    !value.is_empty()
-        && value.len() <= 63
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !value.starts_with('-')
-        && !value.ends_with('-')
 }
 
 /// True for a label map that carries the pull label with a true value.
