@@ -2,7 +2,7 @@
 # Benchmarks on real control planes with release builds; each figure is printed next to a baseline
 # measured in the same run, then a summary of every bench.
 #
-# Usage: hack/bench.sh [--compare] [--smoke] [--debug] [--out DIR]
+# Usage: hack/bench.sh [--compare [--publish]] [--smoke] [--debug] [--out DIR] [-- BENCH-COMPARE FLAGS...]
 #   --compare  instead of the benches below, bench-compare: the same scenarios against our principal
 #              and agent and against upstream argocd-agent's, alternating on one pair of fresh planes,
 #              each figure for both with the ours/upstream ratio (bench-compare.{json,tsv,png} in
@@ -15,6 +15,9 @@
 #              the figures then only show that every bench runs end to end, they are not comparable
 #   --out DIR  where bench-fleet and bench-compare write their JSON and PNG (default results/, which
 #              is not committed)
+#   --publish  with --compare (release, not --smoke): after a successful run, copy its chart to
+#              docs/bench-compare.png, the one the README shows beside its side-by-side table
+#   -- ...     with --compare, the rest goes to bench-compare (e.g. -- --rounds 1)
 # Without --compare runs bench-propagation, bench-proxy, bench-resync (when it exists) and bench-fleet
 # in sequence. Charts are drawn with DejaVu Sans: Debian's fonts-dejavu-core is installed if missing.
 set -euo pipefail
@@ -25,16 +28,28 @@ smoke=0
 compare=0
 profile=release
 out=results
+publish=0
+extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --compare) compare=1 ;;
+    --publish) publish=1 ;;
+    --) shift; extra=("$@"); break ;;
     --smoke) smoke=1 ;;
     --debug) profile=debug ;;
     --out) out=${2:?--out needs a directory}; shift ;;
-    *) echo "hack/bench.sh: unknown argument $1 (use --compare, --smoke, --debug, --out DIR)" >&2; exit 2 ;;
+    *) echo "hack/bench.sh: unknown argument $1 (use --compare, --publish, --smoke, --debug, --out DIR, -- FLAGS)" >&2; exit 2 ;;
   esac
   shift
 done
+if [ ${#extra[@]} -gt 0 ] && [ "$compare" = 0 ]; then
+  echo "hack/bench.sh: flags after -- go to bench-compare: use them with --compare" >&2
+  exit 2
+fi
+if [ "$publish" = 1 ] && { [ "$compare" = 0 ] || [ "$smoke" = 1 ] || [ "$profile" = debug ]; }; then
+  echo "hack/bench.sh: --publish needs --compare on a release build without --smoke" >&2
+  exit 2
+fi
 
 if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
   echo "==> installing fonts-dejavu-core (the font of bench-fleet's chart)" >&2
@@ -74,9 +89,14 @@ run() {
 
 if [ "$compare" = 1 ]; then
   if [ "$smoke" = 1 ]; then
-    run bench-compare --smoke --out "$out"
+    run bench-compare --smoke --out "$out" "${extra[@]}"
   else
-    run bench-compare --out "$out"
+    run bench-compare --out "$out" "${extra[@]}"
+  fi
+  if [ "$publish" = 1 ] && [ ${#failed[@]} -eq 0 ]; then
+    mkdir -p docs
+    cp "$out/bench-compare.png" docs/bench-compare.png
+    echo "==> published $out/bench-compare.png as docs/bench-compare.png" >&2
   fi
 elif [ "$smoke" = 1 ]; then
   run bench-propagation --count 20

@@ -1,5 +1,6 @@
 //! The comparison table: one row per figure for both sides, printed, written as JSON and TSV, and
-//! drawn as one chart panel per figure.
+//! drawn as one chart panel per figure (both sides, the unit and the ratio; the run's date, sizes
+//! and load in the chart's subtitle).
 
 use std::path::Path;
 use std::time::Duration;
@@ -77,7 +78,7 @@ pub fn write_results(
         "note": "cells: managed and autonomous, 1 agent, no Argo CD, the bench writes the spoke status \
                  and the spoke's resource tree itself; rows naming simulated agents: the same \
                  protocol-level simulated agents against both principals",
-        "sizes": sizes,
+        "sizes": &sizes,
         "machine": {"cpus": cpus, "load_average_1m_at_end": load},
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
         "figures": rows.iter().map(|r| json!({
@@ -96,7 +97,11 @@ pub fn write_results(
         tsv += &(r.cells().join("\t") + "\n");
     }
     std::fs::write(dir.join("bench-compare.tsv"), tsv)?;
-    draw_chart(&dir.join("bench-compare.png"), rows)?;
+    draw_chart(
+        &dir.join("bench-compare.png"),
+        rows,
+        &run_context(&sizes, load, cpus),
+    )?;
     eprintln!(
         "==> wrote bench-compare.json, bench-compare.tsv and bench-compare.png in {}",
         dir.display()
@@ -104,32 +109,99 @@ pub fn write_results(
     Ok(())
 }
 
-/// One panel per figure, a bar for each side in the figure's own unit.
-fn draw_chart(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
+/// The run's date (UTC, to the minute), for the chart's subtitle.
+fn utc_now() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!(
+        "{}-{:02}-{:02} {:02}:{:02} UTC",
+        t.year(),
+        t.month() as u8,
+        t.day(),
+        t.hour(),
+        t.minute()
+    )
+}
+
+/// The chart's subtitle: when, at which sizes and under which load the figures were measured.
+fn run_context(sizes: &Value, load: f64, cpus: usize) -> String {
+    let size = |k: &str| {
+        sizes
+            .get(k)
+            .map(Value::to_string)
+            .unwrap_or_else(|| "?".into())
+    };
+    format!(
+        "{}; {} round(s), {} samples per latency per round, {} Applications, {} offline changes; \
+         {cpus} CPUs, load average (1 min) {load:.1} at the end",
+        utc_now(),
+        size("rounds"),
+        size("count"),
+        size("apps"),
+        size("changes"),
+    )
+}
+
+/// One panel per figure, a bar for each side in the figure's own unit, the ratio in the panel's
+/// title; figures that are 0 on both sides (the fault counts, when nothing was lost) are listed
+/// as text below the panels instead of as empty panels.
+fn draw_chart(path: &Path, rows: &[Row], context: &str) -> anyhow::Result<()> {
     use plotters::prelude::*;
     register_chart_font()?;
-    const COLUMNS: usize = 3;
-    let lines = rows.len().div_ceil(COLUMNS);
-    let root = BitMapBackend::new(path, (1350, 60 + 260 * lines as u32)).into_drawing_area();
+    const COLUMNS: usize = 4;
+    const PANEL: (u32, u32) = (400, 210);
+    const HEADER: u32 = 64;
+    const TEXT_LINE: u32 = 18;
+    let both_zero = |r: &&Row| r.ours.unwrap_or(0.0) == 0.0 && r.upstream.unwrap_or(0.0) == 0.0;
+    let (zeros, panels): (Vec<&Row>, Vec<&Row>) = rows.iter().partition(both_zero);
+    let lines = panels.len().div_ceil(COLUMNS) as u32;
+    let footer = if zeros.is_empty() {
+        0
+    } else {
+        (zeros.len() as u32 + 1) * TEXT_LINE + 16
+    };
+    let size = (PANEL.0 * COLUMNS as u32, HEADER + PANEL.1 * lines + footer);
+    let root = BitMapBackend::new(path, size).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled(
-        "bench-compare: ours (blue) vs upstream argocd-agent v0.9.0 (orange), lower is better unless a panel says HIGHER",
-        ("sans-serif", 22),
+    root.draw_text(
+        "bench-compare: ours (blue) vs upstream argocd-agent v0.9.0 (orange); each panel: figure \
+         (unit), ours/upstream; lower is better unless a panel says HIGHER",
+        &("sans-serif", 19).into_text_style(&root),
+        (10, 8),
     )?;
+    root.draw_text(
+        context,
+        &("sans-serif", 15).into_text_style(&root),
+        (10, 36),
+    )?;
+    let (body, rest) = root.split_vertically(HEADER + PANEL.1 * lines);
+    let (_, body) = body.split_vertically(HEADER);
     let orange = RGBColor(230, 140, 30);
-    for (area, row) in root.split_evenly((lines, COLUMNS)).iter().zip(rows) {
+    for (area, row) in body
+        .split_evenly((lines as usize, COLUMNS))
+        .iter()
+        .zip(&panels)
+    {
         let top = row.ours.unwrap_or(0.0).max(row.upstream.unwrap_or(0.0));
         let top = if top > 0.0 { top * 1.25 } else { 1.0 };
+        let ratio = row
+            .ratio()
+            .map(|r| format!(": {r:.2}x"))
+            .unwrap_or_default();
         let mut chart = ChartBuilder::on(area)
-            .caption(format!("{} ({})", row.figure, row.unit), ("sans-serif", 13))
-            .margin(10)
-            .y_label_area_size(50)
+            .caption(
+                format!("{} ({}){ratio}", row.figure, row.unit),
+                ("sans-serif", 12),
+            )
+            .margin(8)
+            .y_label_area_size(46)
             .build_cartesian_2d(0f64..2f64, 0f64..top)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
             .disable_x_axis()
-            .label_style(("sans-serif", 12))
+            .max_light_lines(0)
+            .y_labels(5)
+            .label_style(("sans-serif", 11))
             .draw()?;
         for (x, value, color, who) in [
             (0.0, row.ours, BLUE.mix(0.7), "ours"),
@@ -141,10 +213,31 @@ fn draw_chart(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
                 color.filled(),
             )))?;
             chart.draw_series(std::iter::once(Text::new(
-                format!("{who} {}", fmt(value)),
+                format!("{who} {} {}", fmt(value), row.unit),
                 (x + 0.2, v + top * 0.08),
-                ("sans-serif", 13).into_font(),
+                ("sans-serif", 12).into_font(),
             )))?;
+        }
+    }
+    if !zeros.is_empty() {
+        let style = ("sans-serif", 14).into_text_style(&rest);
+        rest.draw_text(
+            "0 or not measured on both sides (ours / upstream):",
+            &style,
+            (10, 8),
+        )?;
+        for (i, row) in zeros.iter().enumerate() {
+            rest.draw_text(
+                &format!(
+                    "{} ({}): {} / {}",
+                    row.figure,
+                    row.unit,
+                    fmt(row.ours),
+                    fmt(row.upstream)
+                ),
+                &style,
+                (24, 8 + TEXT_LINE as i32 * (i as i32 + 1)),
+            )?;
         }
     }
     root.present()?;
