@@ -83,12 +83,13 @@ pub enum RecreateAction {
 }
 
 /// Whether a managed agent takes over a same-named local Application that no hub object created.
+/// Upstream's agent never does (the hub's Application gets an error); `always` is ours, opt-in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum AdoptionPolicy {
     /// Adopt it: the hub's copy wins from then on.
-    #[default]
     Always,
-    /// Leave it alone and report an error to the hub.
+    /// Leave it alone and report an error to the hub (upstream's behaviour).
+    #[default]
     Never,
 }
 
@@ -327,12 +328,15 @@ pub struct AgentArgs {
     )]
     pub source_uid_mismatch_policy: SourceUidMismatchPolicy,
 
-    /// Whether to adopt pre-existing local Applications of the same name (managed only).
+    /// Whether to adopt a pre-existing local Application of a hub Application's name that the hub
+    /// did not create (managed only): `never` (upstream's behaviour) leaves it alone and reports an
+    /// error to the hub; `always` makes it the hub's copy. AppProjects and repository Secrets are
+    /// always taken over, as upstream does.
     #[arg(
         long,
         env = "ARGOCD_AGENT_ADOPTION_POLICY",
         value_enum,
-        default_value_t = AdoptionPolicy::Always,
+        default_value_t = AdoptionPolicy::Never,
         value_name = "POLICY"
     )]
     pub adoption_policy: AdoptionPolicy,
@@ -931,7 +935,11 @@ mod tests {
             config.source_uid_mismatch_policy,
             SourceUidMismatchPolicy::Recreate
         );
-        assert_eq!(config.adoption_policy, AdoptionPolicy::Always);
+        assert_eq!(
+            config.adoption_policy,
+            AdoptionPolicy::Never,
+            "upstream's agent never adopts an unmanaged Application"
+        );
         assert_eq!(config.resync_interval, Some(Duration::from_secs(300)));
         assert_eq!(config.cache_refresh_interval, Some(Duration::from_secs(10)));
         assert_eq!(config.tls_policy, TlsPolicy::default());
@@ -1139,14 +1147,14 @@ mod tests {
         let config = files
             .validate(&[
                 "--source-uid-mismatch-policy=upsert",
-                "--adoption-policy=never",
+                "--adoption-policy=always",
             ])
             .unwrap();
         assert_eq!(
             config.source_uid_mismatch_policy,
             SourceUidMismatchPolicy::Upsert
         );
-        assert_eq!(config.adoption_policy, AdoptionPolicy::Never);
+        assert_eq!(config.adoption_policy, AdoptionPolicy::Always);
         assert!(files.args(&["--adoption-policy=sometimes"]).is_err());
     }
 

@@ -17,8 +17,9 @@
 //! Upstream's identity rules: each copy carries its hub object's uid (source-uid) and the sending
 //! principal's identity (principal-uid, from the `principaluid` extension). A live copy with
 //! another source uid is replaced or updated in place as [`crate::drift::mismatch_policy`]
-//! decides; a local Application without a source uid is adopted per `--adoption-policy`, or never
-//! with `--ignore-unmanaged-apps`; an Application deleted locally comes back with the status it
+//! decides; a local Application without a source uid is left alone (upstream) unless
+//! `--adoption-policy=always` adopts it, and never with `--ignore-unmanaged-apps` (a local
+//! AppProject or repository Secret without one is taken over, as upstream does); an Application deleted locally comes back with the status it
 //! had, then `--on-application-recreate` clears its operation state or requests a sync. Objects
 //! labelled skip-sync are not watched (a copy so labelled locally is drift: it disappears from
 //! the watch, is found in place when recreated and reverted).
@@ -501,15 +502,19 @@ impl ManagedSync {
                      it on the spoke, or rename the hub's"
                 )))
             }
+            None if kind != SyncedKind::Application => {
+                info!(kind = %kind, namespace = %ns, name, "taking over a local object of the same name as the hub's")
+            }
             None => match self.settings.adoption_policy {
                 AdoptionPolicy::Never => {
                     return Err(HandleError::Rejected(format!(
-                        "spoke {kind} {ns}/{name} exists but was not created from the hub, and \
-                         --adoption-policy=never forbids taking it over"
+                        "spoke {kind} {ns}/{name} exists but was not created from the hub; \
+                         delete or rename it on the spoke, or let the agent adopt it with \
+                         --adoption-policy=always"
                     )))
                 }
                 AdoptionPolicy::Always => {
-                    info!(kind = %kind, namespace = %ns, name, "adopting a local object of the same name as the hub's")
+                    info!(kind = %kind, namespace = %ns, name, "adopting a local Application of the same name as the hub's")
                 }
             },
             Some(uid) if uid != wanted_uid => {

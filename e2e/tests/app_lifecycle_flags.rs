@@ -5,9 +5,10 @@
 //!   spoke Application never reaches the hub from an autonomous agent, while unlabelled ones do
 //!   (the positive control); removing the label starts the sync, adding it deletes the other
 //!   side's copy, as upstream. Run with upstream's Go agent and Go principal across the wire;
-//! - `--ignore-unmanaged-apps`: a spoke Application the hub did not create is left alone (the
-//!   hub's Application of that name is refused with an `AgentError`) where without the flag it
-//!   is adopted;
+//! - `--adoption-policy` and `--ignore-unmanaged-apps`: a spoke Application the hub did not create
+//!   is left alone by default, as upstream's agent does (the hub's Application of that name is
+//!   refused with an `AgentError`), adopted with `--adoption-policy=always`, and left alone again
+//!   when `--ignore-unmanaged-apps` is added;
 //! - `--source-uid-mismatch-policy` and the per-object annotation
 //!   `argocd.argoproj.io/source-uid-mismatch-policy`: a spoke copy whose source uid is not its
 //!   hub object's is deleted and created again (`recreate`, a new spoke uid) or updated in place
@@ -474,28 +475,37 @@ async fn skip_sync_keeps_a_spoke_application_from_the_hub_ours_principal_ours_ag
 
 // ---- --ignore-unmanaged-apps -------------------------------------------------------------------
 
-/// A spoke Application named like a new hub Application, not created from the hub: adopted
-/// without the flag (the positive control: the hub's source uid lands on it), left alone with it
-/// (no source uid, the hub Application shows an `AgentError` naming the flag).
+/// A spoke Application named like a new hub Application, not created from the hub: left alone by
+/// default (upstream's agent never adopts one; the hub Application shows an `AgentError` naming
+/// `--adoption-policy`), adopted with `--adoption-policy=always` (the positive control: the hub's
+/// source uid lands on it), left alone again when `--ignore-unmanaged-apps` is added (the
+/// `AgentError` names that flag).
 #[tokio::test]
-async fn ignore_unmanaged_apps_leaves_a_local_application_alone() -> anyhow::Result<()> {
-    let (adopting, ignoring) = tokio::try_join!(
+async fn unmanaged_applications_are_left_alone_unless_adoption_is_asked() -> anyhow::Result<()> {
+    let (default, adopting, ignoring) = tokio::try_join!(
         Cell::start(
-            "unmanaged_adopted",
+            "unmanaged_default",
             (Side::Ours, Side::Ours),
             Mode::Managed,
             false,
             &[]
         ),
         Cell::start(
+            "unmanaged_adopted",
+            (Side::Ours, Side::Ours),
+            Mode::Managed,
+            false,
+            &["--adoption-policy=always"]
+        ),
+        Cell::start(
             "unmanaged_ignored",
             (Side::Ours, Side::Ours),
             Mode::Managed,
             false,
-            &["--ignore-unmanaged-apps"]
+            &["--adoption-policy=always", "--ignore-unmanaged-apps"]
         ),
     )?;
-    for cell in [&adopting, &ignoring] {
+    for cell in [&default, &adopting, &ignoring] {
         let post = PostParams::default();
         cell.spoke_apps
             .create(&post, &cell.app("local", &cell.spoke_ns, json!({}), false))
@@ -522,27 +532,33 @@ async fn ignore_unmanaged_apps_leaves_a_local_application_alone() -> anyhow::Res
             )
         })
         .await?;
-    let condition = ignoring
-        .wait_for("an AgentError on the hub Application", || async {
-            let app = serde_json::to_value(ignoring.hub_apps.get("local").await?)?;
-            Ok(app["status"]["conditions"].as_array().and_then(|c| {
-                c.iter()
-                    .find(|c| c["type"] == "AgentError")
-                    .map(|c| c["message"].as_str().unwrap_or_default().to_string())
-            }))
-        })
-        .await?;
-    anyhow::ensure!(
-        condition.contains("--ignore-unmanaged-apps"),
-        "the refusal names the flag: {condition}"
-    );
-    let local = ignoring.spoke_apps.get("local").await?;
-    anyhow::ensure!(
-        annotation(&local, SOURCE_UID_ANNOTATION).is_none() && local.labels().get("from").is_none(),
-        "the local Application was left alone: {:?}\n{}",
-        local.metadata,
-        ignoring.logs()
-    );
+    for (cell, flag) in [
+        (&default, "--adoption-policy=always"),
+        (&ignoring, "--ignore-unmanaged-apps"),
+    ] {
+        let condition = cell
+            .wait_for("an AgentError on the hub Application", || async {
+                let app = serde_json::to_value(cell.hub_apps.get("local").await?)?;
+                Ok(app["status"]["conditions"].as_array().and_then(|c| {
+                    c.iter()
+                        .find(|c| c["type"] == "AgentError")
+                        .map(|c| c["message"].as_str().unwrap_or_default().to_string())
+                }))
+            })
+            .await?;
+        anyhow::ensure!(
+            condition.contains(flag),
+            "the refusal names {flag}: {condition}"
+        );
+        let local = cell.spoke_apps.get("local").await?;
+        anyhow::ensure!(
+            annotation(&local, SOURCE_UID_ANNOTATION).is_none()
+                && local.labels().get("from").is_none(),
+            "the local Application was left alone: {:?}\n{}",
+            local.metadata,
+            cell.logs()
+        );
+    }
     Ok(())
 }
 

@@ -246,12 +246,30 @@ async fn appprojects_reach_the_agents_they_name(mapping: Mapping) -> anyhow::Res
     let projects: Api<DynamicObject> =
         Api::namespaced_with(hub, &fleet.principal.namespace, &appproject_resource());
     let agent1 = fleet.agents[0].name.clone();
-    // Under destination mapping the project admits Applications in the hub namespace they all
-    // live in: source namespaces say where Applications may live, not which agent runs them.
+    let agent2 = fleet.agents[1].name.clone();
+    // Upstream's rule (DoesAgentMatchWithProject). Namespace mapping: a destination names the agent
+    // AND a source namespace admits the agent's hub namespace; agent 2's namespace is admitted too,
+    // so only the destination keeps the project off spoke 2. Destination mapping: the destination
+    // alone; the source namespaces admit the hub namespace the Applications all live in.
     let source_namespaces: Vec<&str> = match mapping {
-        Mapping::Namespace => Vec::new(),
+        Mapping::Namespace => vec![agent1.as_str(), agent2.as_str()],
         Mapping::Destination => vec![fleet.apps_namespace.as_str()],
     };
+    let spoke1: Api<DynamicObject> = Api::namespaced_with(
+        planes.spokes[0].client().await?,
+        &fleet.agents[0].namespace,
+        &appproject_resource(),
+    );
+    if mapping == Mapping::Namespace {
+        // A destination without a source namespace is not enough: "no-source" is made first and
+        // the agent's events arrive in order, so once "team-a" is on spoke 1 "no-source" would be.
+        let no_source: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+            "metadata": {"name": "no-source", "namespace": fleet.principal.namespace},
+            "spec": {"destinations": [{"name": agent1, "namespace": "*"}], "sourceRepos": ["*"]}
+        }))?;
+        projects.create(&PostParams::default(), &no_source).await?;
+    }
     let proj: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
         "metadata": {"name": "team-a", "namespace": fleet.principal.namespace},
@@ -260,11 +278,6 @@ async fn appprojects_reach_the_agents_they_name(mapping: Mapping) -> anyhow::Res
                  "sourceRepos": ["*"], "roles": [{"name": "ci", "policies": ["p, proj:team-a:ci, applications, get, team-a/*, allow"]}]}
     }))?;
     projects.create(&PostParams::default(), &proj).await?;
-    let spoke1: Api<DynamicObject> = Api::namespaced_with(
-        planes.spokes[0].client().await?,
-        &fleet.agents[0].namespace,
-        &appproject_resource(),
-    );
     let spoke2: Api<DynamicObject> = Api::namespaced_with(
         planes.spokes[1].client().await?,
         &fleet.agents[1].namespace,
@@ -283,14 +296,31 @@ async fn appprojects_reach_the_agents_they_name(mapping: Mapping) -> anyhow::Res
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
+    let expected: &[&str] = match mapping {
+        Mapping::Namespace => &[],
+        Mapping::Destination => &source_namespaces,
+    };
     assert_eq!(
-        kept, source_namespaces,
-        "destination mapping keeps the source namespaces (the spoke's Argo CD admits Applications there)"
+        kept, expected,
+        "destination mapping keeps the source namespaces (the spoke's Argo CD admits Applications \
+         there); namespace mapping drops them"
     );
+    if mapping == Mapping::Namespace {
+        assert!(
+            get_json(&spoke1, "no-source").await?.is_none(),
+            "a project whose source namespaces do not admit the agent reached it"
+        );
+        // Positive control: admitting agent 1's namespace sends it.
+        let admit = json!({"spec": {"sourceNamespaces": [agent1]}});
+        projects
+            .patch("no-source", &PatchParams::default(), &Patch::Merge(&admit))
+            .await?;
+        wait_for(&spoke1, "no-source", "no-source once admitted", |_| true).await?;
+    }
 
-    // Re-targeting the project to agent 2 moves it (under destination mapping although its
-    // source namespaces still cover agent 1's Applications).
-    let retarget = json!({"spec": {"destinations": [{"name": fleet.agents[1].name, "namespace": "guestbook"}]}});
+    // Re-targeting the project to agent 2 moves it: spoke 1 loses it although its source
+    // namespaces still admit agent 1 (namespace mapping) or its Applications (destination mapping).
+    let retarget = json!({"spec": {"destinations": [{"name": agent2, "namespace": "guestbook"}]}});
     projects
         .patch("team-a", &PatchParams::default(), &Patch::Merge(&retarget))
         .await?;

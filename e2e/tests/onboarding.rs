@@ -676,7 +676,7 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
                 "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
                 "metadata": {"name": project},
                 "spec": {"destinations": [{"name": site.cluster, "namespace": "*"}],
-                         "sourceRepos": ["*"]},
+                         "sourceNamespaces": [site.cluster], "sourceRepos": ["*"]},
             }))?,
         )
         .await?;

@@ -53,12 +53,14 @@ async fn wait_gone(api: &Api<Secret>, name: &str, what: &str) -> anyhow::Result<
     .await
 }
 
+/// A hub AppProject for `agent`: upstream's rule under namespace mapping wants both a destination
+/// naming the agent and a source namespace admitting the agent's hub namespace.
 fn project(name: &str, agent: &str) -> anyhow::Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
         "metadata": {"name": name},
         "spec": {"destinations": [{"name": agent, "namespace": "*"}],
-                 "sourceRepos": ["*"]}
+                 "sourceNamespaces": [agent], "sourceRepos": ["*"]}
     }))?)
 }
 
@@ -179,7 +181,8 @@ async fn repository_secrets_follow_their_project_to_managed_agents() -> anyhow::
     .await?;
 
     // Retargeting the project to agent 2 moves the Secret.
-    let retarget = json!({"spec": {"destinations": [{"name": agents[1].name, "namespace": "*"}]}});
+    let retarget = json!({"spec": {"destinations": [{"name": agents[1].name, "namespace": "*"}],
+                                   "sourceNamespaces": [agents[1].name]}});
     hub_projects
         .patch("team-a", &PatchParams::default(), &Patch::Merge(&retarget))
         .await?;

@@ -456,7 +456,7 @@ pub struct WrapArgs {
     pub cluster: Option<String>,
     /// Name of the ManifestWork [default: Argo CD plugin env ARGOCD_ENV_WORK_NAME, else the
     /// Application's name ARGOCD_APP_NAME].
-    #[arg(long, env = "ARGOCD_AGENTCTL_WORK_NAME", value_name = "WORK")]
+    #[arg(long, env = "ARGOCD_AGENTCTL_NAME", value_name = "WORK")]
     pub name: Option<String>,
     /// Folder or file with the manifests, or '-' for stdin.
     #[arg(value_name = "DIR|-", default_value = ".")]

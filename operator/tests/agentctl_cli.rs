@@ -325,6 +325,17 @@ fn help_is_available_on_every_command() {
         let out = ok(&args);
         assert!(out.contains("Usage:"), "{args:?}: {out}");
     }
+    let propagate = ok(&["pki", "propagate", "--help"]);
+    for upstream in ["ARGOCD_AGENT_AGENT_CONTEXT", "ARGOCD_AGENT_AGENT_NAMESPACE"] {
+        assert!(
+            propagate.contains(upstream),
+            "upstream's variable in help: {propagate}"
+        );
+    }
+    assert!(
+        ok(&["--help"]).contains("ARGOCD_AGENTCTL_<FLAG>"),
+        "the top-level help states the naming scheme"
+    );
     let out = ok(&["pki", "init", "--help"]);
     assert!(
         out.contains("ARGOCD_AGENTCTL_DIR"),

@@ -121,43 +121,66 @@ pub fn combined_selector(fixed: Option<&str>, user: Option<&str>) -> Option<Stri
     }
 }
 
-/// Glob match with Argo CD's `!pattern` negation: (matched by a positive, denied by a negative).
-fn glob_verdict<'a>(patterns: impl Iterator<Item = &'a str>, name: &str) -> (bool, bool) {
-    let (mut allowed, mut denied) = (false, false);
-    for p in patterns {
-        match p.strip_prefix('!') {
-            Some(neg) => denied |= WildMatch::new(neg).matches(name),
-            None => allowed |= WildMatch::new(p).matches(name),
-        }
-    }
-    (allowed, denied)
+/// The `agentName` query parameter of a resource-proxy destination URL
+/// (`https://<proxy>:<port>?agentName=<agent>`), the first one as Go's `url.Query().Get` returns.
+fn server_agent_name(server: &str) -> Option<&str> {
+    let (_, query) = server.split_once('?')?;
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("agentName="))
+        .filter(|name| !name.is_empty())
 }
 
+/// Whether destination `dest` names `agent` (upstream's per-destination rule): a named destination
+/// by glob on its name; a nameless one by its server, `*` or a glob in the URL's `agentName`.
 fn names_agent(dest: &ApplicationDestination, agent: &str) -> bool {
-    let by_name = dest
-        .name
-        .as_deref()
-        .is_some_and(|n| !n.starts_with('!') && WildMatch::new(n).matches(agent));
-    let by_server = dest.server.as_deref().is_some_and(|s| {
-        s.split(['?', '&'])
-            .any(|kv| kv == format!("agentName={agent}"))
-    });
-    by_name || by_server
+    match (
+        dest.name.as_deref().filter(|n| !n.is_empty()),
+        dest.server.as_deref(),
+    ) {
+        (Some(name), _) => !name.starts_with('!') && WildMatch::new(name).matches(agent),
+        (None, Some("*")) => true,
+        (None, Some(server)) => {
+            server_agent_name(server).is_some_and(|p| WildMatch::new(p).matches(agent))
+        }
+        (None, None) => false,
+    }
 }
 
-/// Whether an AppProject on the hub applies to `agent` (upstream's DoesAgentMatchWithProject):
-/// a destination names the agent (glob, or `?agentName=` in the server URL) or a source namespace
-/// matches it, and no `!` pattern denies it.
-pub fn project_matches_agent(project: &AppProject, agent: &str) -> bool {
+/// Whether a destination name denies `agent` (`!pattern`); one denial outweighs every match.
+fn denies_agent(dest: &ApplicationDestination, agent: &str) -> bool {
+    dest.name
+        .as_deref()
+        .and_then(|n| n.strip_prefix('!'))
+        .is_some_and(|p| WildMatch::new(p).matches(agent))
+}
+
+/// Whether an AppProject's destinations select `agent` (the destination half of upstream's
+/// DoesAgentMatchWithProject): one names it and no destination name denies it.
+pub fn destinations_match_agent(project: &AppProject, agent: &str) -> bool {
     let destinations = &project.spec.destinations;
-    let (_, dest_denied) =
-        glob_verdict(destinations.iter().filter_map(|d| d.name.as_deref()), agent);
-    let dest_allowed = destinations.iter().any(|d| names_agent(d, agent));
-    let (ns_allowed, ns_denied) = glob_verdict(
-        project.spec.source_namespaces.iter().map(String::as_str),
-        agent,
-    );
-    (dest_allowed || ns_allowed) && !(dest_denied || ns_denied)
+    !destinations.iter().any(|d| denies_agent(d, agent))
+        && destinations.iter().any(|d| names_agent(d, agent))
+}
+
+/// Whether an AppProject's `sourceNamespaces` admit the agent's hub namespace (named after the
+/// agent), as Argo CD's `MatchStringInList(.., REGEXP)` does: `/regex/` (unanchored) or a glob.
+pub fn source_namespaces_match_agent(project: &AppProject, agent: &str) -> bool {
+    project.spec.source_namespaces.iter().any(|pattern| {
+        let regex = pattern
+            .strip_prefix('/')
+            .and_then(|p| p.strip_suffix('/'))
+            .and_then(|p| regex::Regex::new(p).ok());
+        regex.is_some_and(|r| r.is_match(agent)) || WildMatch::new(pattern).matches(agent)
+    })
+}
+
+/// Whether an AppProject on the hub applies to managed agent `agent` under namespace mapping
+/// (upstream's DoesAgentMatchWithProject): its destinations select the agent AND its source
+/// namespaces admit the agent's namespace (an Application in namespace `agent` must be allowed to
+/// use the project, or sending it would be pointless).
+pub fn project_matches_agent(project: &AppProject, agent: &str) -> bool {
+    destinations_match_agent(project, agent) && source_namespaces_match_agent(project, agent)
 }
 
 /// The copy of a hub AppProject an agent receives: destinations that name the agent rewritten to
@@ -505,23 +528,67 @@ mod tests {
     }
 
     #[test]
-    fn project_matching_follows_destinations_source_namespaces_and_denials() {
+    fn project_matching_needs_a_destination_and_a_source_namespace_as_upstream() {
         let p = project(
             json!({"spec": {"destinations": [{"name": "agent-*", "namespace": "guestbook"}],
-                                 "sourceNamespaces": ["team-a"]}}),
+                                 "sourceNamespaces": ["agent-1", "team-a"]}}),
         );
-        assert!(project_matches_agent(&p, "agent-1"));
-        assert!(project_matches_agent(&p, "team-a"));
+        assert!(project_matches_agent(&p, "agent-1"), "both halves match");
+        assert!(
+            !project_matches_agent(&p, "agent-2"),
+            "destination matches, source namespace does not"
+        );
+        assert!(
+            !project_matches_agent(&p, "team-a"),
+            "source namespace matches, destination does not"
+        );
         assert!(!project_matches_agent(&p, "other"));
+        let no_sources = project(json!({"spec": {"destinations": [{"name": "*"}]}}));
+        assert!(destinations_match_agent(&no_sources, "agent-1"));
+        assert!(
+            !project_matches_agent(&no_sources, "agent-1"),
+            "no sourceNamespaces: no agent under namespace mapping"
+        );
+    }
+
+    #[test]
+    fn source_namespaces_match_by_glob_or_slash_delimited_regex() {
+        let p = project(json!({"spec": {"sourceNamespaces": ["ship-?", "/^fleet-[0-9]+$/"]}}));
+        assert!(source_namespaces_match_agent(&p, "ship-1"));
+        assert!(!source_namespaces_match_agent(&p, "ship-10"));
+        assert!(source_namespaces_match_agent(&p, "fleet-42"));
+        assert!(!source_namespaces_match_agent(&p, "fleet-x"));
+        let unanchored = project(json!({"spec": {"sourceNamespaces": ["/east/"]}}));
+        assert!(source_namespaces_match_agent(&unanchored, "us-east-1"));
+    }
+
+    #[test]
+    fn destination_matching_follows_names_servers_and_denials() {
         let denied =
             project(json!({"spec": {"destinations": [{"name": "*"}, {"name": "!agent-2"}]}}));
-        assert!(project_matches_agent(&denied, "agent-1"));
-        assert!(!project_matches_agent(&denied, "agent-2"));
+        assert!(destinations_match_agent(&denied, "agent-1"));
+        assert!(!destinations_match_agent(&denied, "agent-2"));
         let by_url = project(
             json!({"spec": {"destinations": [{"server": "https://proxy:9090?agentName=agent-9"}]}}),
         );
-        assert!(project_matches_agent(&by_url, "agent-9"));
-        assert!(!project_matches_agent(&by_url, "agent-90"));
+        assert!(destinations_match_agent(&by_url, "agent-9"));
+        assert!(!destinations_match_agent(&by_url, "agent-90"));
+        let url_glob = project(
+            json!({"spec": {"destinations": [{"server": "https://proxy:9090?x=1&agentName=agent-*"}]}}),
+        );
+        assert!(destinations_match_agent(&url_glob, "agent-90"));
+        let any_server = project(json!({"spec": {"destinations": [{"server": "*"}]}}));
+        assert!(destinations_match_agent(&any_server, "whoever"));
+        let plain_server = project(
+            json!({"spec": {"destinations": [{"server": "https://kubernetes.default.svc"}]}}),
+        );
+        assert!(!destinations_match_agent(&plain_server, "agent-1"));
+        let named_wins = project(json!({"spec": {"destinations": [
+            {"name": "other", "server": "https://proxy:9090?agentName=agent-1"}]}}));
+        assert!(
+            !destinations_match_agent(&named_wins, "agent-1"),
+            "a named destination is matched by its name only"
+        );
     }
 
     #[test]

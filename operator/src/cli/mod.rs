@@ -1,7 +1,7 @@
 //! The `argocd-agentctl` command line: argument definitions (clap) and command dispatch.
 //!
-//! Owns: the user contract of the CLI (subcommands, flags, `ARGOCD_AGENTCTL_*` environment
-//! variables, exit codes: 0 ok, 2 bad usage or configuration, 1 runtime failure) and the
+//! Owns: the user contract of the CLI (subcommands, flags, environment variables, exit codes:
+//! 0 ok, 2 bad usage or configuration, 1 runtime failure) and the
 //! one-line summaries it prints. The work itself is done by [`crate::pki`] and
 //! [`crate::registration`]; each command group lives in its own module so new groups
 //! (blocklist, fleet, wrap, config) can be added beside them.
@@ -29,9 +29,27 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code for runtime failures.
 pub const EXIT_RUNTIME: u8 = 1;
 
+/// Flags upstream's argocd-agentctl also reads from the environment: they keep upstream's
+/// variable names (`ARGOCD_AGENT_<FLAG>`); every other flag is `ARGOCD_AGENTCTL_<FLAG>`.
+pub const UPSTREAM_ENV_FLAGS: [&str; 4] = [
+    "principal-context",
+    "principal-namespace",
+    "agent-context",
+    "agent-namespace",
+];
+
 /// argocd-agentctl: PKI, JWT keys and agent registration for argocd-agent.
 #[derive(Parser, Debug)]
-#[command(name = "argocd-agentctl", version, about, propagate_version = true)]
+#[command(
+    name = "argocd-agentctl",
+    version,
+    about,
+    propagate_version = true,
+    after_help = "Every flag can also be set through the environment variable shown next to it: \
+                  ARGOCD_AGENTCTL_<FLAG>, except upstream's --principal-context, \
+                  --principal-namespace, --agent-context and --agent-namespace, which keep \
+                  upstream's ARGOCD_AGENT_<FLAG>."
+)]
 pub struct Cli {
     /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
     #[arg(
@@ -279,6 +297,44 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// Every flag's variable: `ARGOCD_AGENT_<FLAG>` for upstream's four, else
+    /// `ARGOCD_AGENTCTL_<FLAG>`.
+    fn expected_env(flag: &str) -> String {
+        let prefix = if UPSTREAM_ENV_FLAGS.contains(&flag) {
+            "ARGOCD_AGENT_"
+        } else {
+            "ARGOCD_AGENTCTL_"
+        };
+        format!("{prefix}{}", flag.replace('-', "_").to_uppercase())
+    }
+
+    fn env_mismatches(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let (Some(flag), Some(env)) = (arg.get_long(), arg.get_env()) else {
+                continue;
+            };
+            let env = env.to_string_lossy();
+            if env != expected_env(flag) {
+                out.push(format!(
+                    "{path} --{flag}: {env}, want {}",
+                    expected_env(flag)
+                ));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            env_mismatches(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_flag_uses_one_environment_naming_scheme() {
+        let mut mismatches = Vec::new();
+        env_mismatches(&Cli::command(), "argocd-agentctl", &mut mismatches);
+        assert!(mismatches.is_empty(), "{mismatches:#?}");
+        assert_eq!(expected_env("agent-context"), "ARGOCD_AGENT_AGENT_CONTEXT");
+        assert_eq!(expected_env("days"), "ARGOCD_AGENTCTL_DAYS");
     }
 
     #[test]

@@ -125,13 +125,13 @@ pub struct AgentClusterArgs {
     /// Kubeconfig of the agent's cluster (default: $KUBECONFIG, which may list several files).
     #[arg(long, env = "ARGOCD_AGENTCTL_AGENT_KUBECONFIG", value_name = "FILE")]
     pub agent_kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context of the agent's cluster.
-    #[arg(long, env = "ARGOCD_AGENTCTL_AGENT_CONTEXT", value_name = "NAME")]
+    /// Kubeconfig context of the agent's cluster (upstream's flag and variable).
+    #[arg(long, env = "ARGOCD_AGENT_AGENT_CONTEXT", value_name = "NAME")]
     pub agent_context: Option<String>,
-    /// Namespace the agent runs in on its cluster.
+    /// Namespace the agent runs in on its cluster (upstream's flag and variable).
     #[arg(
         long,
-        env = "ARGOCD_AGENTCTL_AGENT_NAMESPACE",
+        env = "ARGOCD_AGENT_AGENT_NAMESPACE",
         default_value = "argocd",
         value_name = "NS"
     )]

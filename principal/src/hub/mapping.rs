@@ -19,7 +19,7 @@
 use argocd_agent_kube::argocd::{AppProject, Application, ObjectMetaExt};
 use argocd_agent_kube::skip_sync::is_skip_sync;
 
-use crate::routing::{project_for_agent, project_matches_agent};
+use crate::routing::{destinations_match_agent, project_for_agent, project_matches_agent};
 
 /// Annotation an upstream agent puts on a spoke Application it moved from the principal's
 /// namespace into its own (destination mapping); its events then name the principal's namespace.
@@ -101,17 +101,14 @@ impl AppMapping {
         )
     }
 
-    /// Whether hub AppProject `project` applies to `agent`. Namespace mapping: upstream's
-    /// destination-or-source-namespace match; destination mapping: its destinations only (source
-    /// namespaces say where Applications may live, not which agent runs them).
+    /// Whether hub AppProject `project` applies to `agent` (upstream's DoesAgentMatchWithProject).
+    /// Namespace mapping: its destinations select the agent and its source namespaces admit the
+    /// agent's namespace; destination mapping: its destinations only (source namespaces say where
+    /// Applications may live, not which agent runs them).
     pub fn project_applies(self, project: &AppProject, agent: &str) -> bool {
         match self {
             AppMapping::Namespace => project_matches_agent(project, agent),
-            AppMapping::Destination => {
-                let mut by_destination = project.clone();
-                by_destination.spec.source_namespaces.clear();
-                project_matches_agent(&by_destination, agent)
-            }
+            AppMapping::Destination => destinations_match_agent(project, agent),
         }
     }
 
@@ -223,7 +220,14 @@ mod tests {
             !d.project_applies(&project, "team-x"),
             "a source namespace names no agent under destination mapping"
         );
-        assert!(AppMapping::Namespace.project_applies(&project, "team-x"));
+        assert!(
+            !AppMapping::Namespace.project_applies(&project, "team-x"),
+            "namespace mapping needs a destination too"
+        );
+        assert!(
+            !AppMapping::Namespace.project_applies(&project, "agent-a"),
+            "namespace mapping needs the agent's namespace among the source namespaces"
+        );
         assert_eq!(
             d.project_copy(&project, "agent-a").spec.source_namespaces,
             vec!["team-*".to_string()]
