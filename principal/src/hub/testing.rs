@@ -219,7 +219,9 @@ pub fn app_to(ns: &str, name: &str, agent: &str) -> Value {
     v
 }
 
-/// Hub AppProject `name` (in `argocd`) with one destination per agent pattern.
+/// Hub AppProject `name` (in `argocd`) with one destination per agent pattern, and the same
+/// patterns as its source namespaces: under namespace mapping a project applies to an agent only
+/// when both admit it (upstream's `DoesAgentMatchWithProject`).
 pub fn project(name: &str, agents: &[&str]) -> Value {
     let destinations: Vec<Value> = agents
         .iter()
@@ -227,7 +229,7 @@ pub fn project(name: &str, agents: &[&str]) -> Value {
         .collect();
     json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
            "metadata": {"name": name, "namespace": "argocd", "uid": format!("uid-{name}")},
-           "spec": {"destinations": destinations}})
+           "spec": {"destinations": destinations, "sourceNamespaces": agents}})
 }
 
 /// Hub repository Secret `name` (in `argocd`, uid `uid-<name>`) of AppProject `project`, for
