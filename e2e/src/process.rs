@@ -261,6 +261,11 @@ impl ManagedProcess {
         log_tail(&self.spec.log, n)
     }
 
+    /// The whole log ("" if unreadable), for a failure that needs more than the tail.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.spec.log).unwrap_or_default()
+    }
+
     /// Graceful stop: SIGTERM, then SIGKILL after 5 s.
     pub fn stop(&mut self) {
         self.terminate(libc::SIGTERM, Duration::from_secs(5));

@@ -171,15 +171,12 @@ impl DestCell {
     /// What a failure prints: the principal's and both agents' whole logs (a move that goes
     /// wrong shows its cause long before the wait gives up), the Argo CDs' tails.
     fn logs(&self) -> String {
-        let whole = |p: &e2e::process::ManagedProcess| {
-            std::fs::read_to_string(p.log_path()).unwrap_or_default()
-        };
-        let mut out = format!("--- principal ---\n{}\n", whole(self.principal.process()));
+        let mut out = format!("--- principal ---\n{}\n", self.principal.process().log());
         for a in &self.agents {
             out.push_str(&format!(
                 "--- agent {} ---\n{}\n{}",
                 a.name,
-                whole(a.agent.process()),
+                a.agent.process().log(),
                 a.argocd.log_tails(10)
             ));
         }
@@ -427,14 +424,12 @@ async fn applications_follow_their_destination(principal: Side, agent: Side) -> 
     // Gone from the agent it left, unless upstream's principal dropped the delete (see
     // `upstream_dropped_move_delete`): then that agent is never told, so say so and go on.
     let old = &cell.agents[0].name;
-    let principal_log =
-        || std::fs::read_to_string(cell.principal.process().log_path()).unwrap_or_default();
     let dropped = wait_until("demo-a gone from the agent it left", SYNC_WAIT, || async {
         if cell.spoke_names(0).await?.is_empty() {
             return Ok::<_, anyhow::Error>(Some(false));
         }
         Ok((principal == Side::Upstream
-            && upstream_dropped_move_delete(&principal_log(), old, "demo-a"))
+            && upstream_dropped_move_delete(&cell.principal.process().log(), old, "demo-a"))
         .then_some(true))
     })
     .await
