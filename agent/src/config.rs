@@ -771,7 +771,9 @@ impl AgentArgs {
             .transpose()?;
 
         let process = self.process.check(&FLAGS)?;
-        let label_selector = FLAGS.label_selector(self.label_selector)?;
+        let label_selector = FLAGS
+            .label_selector(self.label_selector)?
+            .map(|s| s.to_string());
 
         Ok(AgentConfig {
             server_address: self.server_address,

@@ -235,14 +235,25 @@ async fn principal_allowed_namespaces_limit_which_hub_namespaces_reach_agents() 
 
 #[tokio::test]
 async fn principal_label_selector_limits_which_applications_reach_agents() -> anyhow::Result<()> {
+    label_selector_scenario("flags_label_selector", &[]).await
+}
+
+/// With the embedded operator on, the hub's one Application watch selects every Application (the
+/// pull model reads them all) and the principal narrows what reaches agents itself: the same
+/// scenario must hold.
+#[tokio::test]
+async fn principal_label_selector_holds_when_the_operator_shares_the_application_watch(
+) -> anyhow::Result<()> {
+    label_selector_scenario("flags_label_selector_shared", &["--enable-operator=true"]).await
+}
+
+/// Only Applications labelled `agent-sync=yes` reach the agent; gaining and losing the label
+/// brings and removes them (the principal started with `extra` flags too).
+async fn label_selector_scenario(name: &str, extra: &[&str]) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let fleet = Fleet::start_with(
-        "flags_label_selector",
-        planes,
-        &["--label-selector=agent-sync=yes"],
-        &[FleetAgent::managed("agent1")],
-    )
-    .await?;
+    let mut flags = vec!["--label-selector=agent-sync=yes"];
+    flags.extend_from_slice(extra);
+    let fleet = Fleet::start_with(name, planes, &flags, &[FleetAgent::managed("agent1")]).await?;
     let hub = fleet.hub_apps(planes, 0).await?;
     let spoke = fleet.spoke_apps(planes, 0).await?;
     let agent = &fleet.agents[0].name;

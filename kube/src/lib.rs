@@ -7,7 +7,7 @@
 //! side of the exec stream's WebSocket channel framing ([`exec_channels`]), informers
 //! that keep one store per watched kind and call add/update/delete handlers ([`informer`]), an
 //! informer's changes handed on as watcher events to `Controller`s of the same process
-//! ([`fanout`]), the
+//! ([`fanout`]), a handler narrowed to part of a shared informer ([`narrowed`]), the
 //! Argo CD resource kinds ([`resources`]), Argo CD's repository Secrets typed ([`repository`]),
 //! Lease-based leader election ([`lease`]) and TLS material
 //! read from Secrets into files ([`secret_files`]). Stopping is
@@ -21,6 +21,7 @@ pub mod exec_channels;
 pub mod fanout;
 pub mod informer;
 pub mod lease;
+pub mod narrowed;
 pub mod repository;
 pub mod resources;
 pub mod secret_files;

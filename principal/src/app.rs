@@ -312,8 +312,12 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         HubOptions {
             namespace_create: config.namespace_create.clone(),
             resync_interval: config.resync_interval,
-            allowed_namespaces: config.allowed_namespaces.clone(),
-            label_selector: config.label_selector.clone(),
+            selection: crate::hub::HubSelection {
+                allowed_namespaces: config.allowed_namespaces.clone(),
+                label_selector: config.label_selector.clone(),
+                // The embedded operator's pull model reads every Application: one watch for both.
+                share_applications: config.enable_operator,
+            },
             mapping: crate::hub::AppMapping::from_flag(config.destination_based_mapping),
             mirror_collisions: metrics.mirror_collisions.clone(),
             changes: metrics.hub_changes.clone(),
@@ -343,8 +347,8 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             ..Default::default()
         };
         let pull_stopped = operator_stopped.clone();
-        // The hub's Application informer, when it holds every Application, is the pull model's
-        // too: one Application watch and store in the process.
+        // The hub's Application informer is the pull model's too (the hub narrows its own view
+        // to --allowed-namespaces and --label-selector): one Application watch and store.
         let applications = match hub.application_events() {
             Some(events) => argocd_agent_operator::pull::ApplicationSource::Informer(events),
             None => argocd_agent_operator::pull::ApplicationSource::OwnWatch,

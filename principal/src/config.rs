@@ -14,6 +14,7 @@ use argocd_agent_kube::secret_files::{self, SecretContent, SecretFile};
 use argocd_agent_proto::identity::{HeaderIdentity, IdentityPattern, IdentitySource};
 use argocd_agent_runtime::binary_config::{self, non_empty, FlagEnv};
 use argocd_agent_runtime::flags::{self, AgentMode, HostPort};
+use argocd_agent_runtime::label_selector::LabelSelector;
 use argocd_agent_runtime::process_args::{
     GrpcMessageArgs, OpsAddressArgs, ProcessArgs, RedisCredentialArgs, TlsPolicyArgs,
 };
@@ -862,7 +863,7 @@ pub struct PrincipalConfig {
     /// Log format.
     pub log_format: LogFormat,
     /// Label selector for watched hub objects.
-    pub label_selector: Option<String>,
+    pub label_selector: Option<LabelSelector>,
     /// OTLP endpoint (accepted, not yet used).
     pub otlp_address: Option<String>,
     /// HA settings; `None` = a single replica.

@@ -16,6 +16,7 @@ use crate::flags::{
     check_label_selector, check_namespace_name, check_namespace_pattern, check_readable_file,
     format_duration, ignore_empty_env, FlagValueError,
 };
+use crate::label_selector::LabelSelector;
 use crate::telemetry::parse_log_filter;
 
 /// Default `--grpc-max-message-size` of both binaries: 16 MiB (upstream: 200 MB). Both sides use
@@ -359,13 +360,14 @@ impl FlagEnv {
             .map_err(|e| self.invalid("log-level", e.to_string()))
     }
 
-    /// `--label-selector`, if set and not empty, has the shape of a Kubernetes label selector.
-    pub fn label_selector(&self, selector: Option<String>) -> Result<Option<String>, ConfigError> {
-        let selector = non_empty(selector);
-        if let Some(selector) = &selector {
-            check_label_selector(selector).map_err(|e| self.invalid_value("label-selector", e))?;
-        }
-        Ok(selector)
+    /// `--label-selector`, if set and not empty, parsed as a Kubernetes label selector.
+    pub fn label_selector(
+        &self,
+        selector: Option<String>,
+    ) -> Result<Option<LabelSelector>, ConfigError> {
+        non_empty(selector)
+            .map(|s| check_label_selector(&s).map_err(|e| self.invalid_value("label-selector", e)))
+            .transpose()
     }
 }
 

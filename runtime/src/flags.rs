@@ -15,6 +15,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 
 pub use argocd_agent_proto::mode::AgentMode;
 
+use crate::label_selector::{is_label_name, LabelSelector, SelectorError};
 use crate::tls::TlsVersion;
 
 /// What is wrong with one flag value.
@@ -307,69 +308,17 @@ pub fn check_host_name(value: &str) -> Result<(), FlagValueError> {
     }
 }
 
-/// Checks the shape of a Kubernetes label selector (`key=value`, `key!=value`, `key`, `!key`,
-/// `key in (a,b)`, `key notin (a,b)`, comma-separated). The API server has the final word.
-pub fn check_label_selector(value: &str) -> Result<(), FlagValueError> {
-    let bad = |reason: &str| FlagValueError::BadLabelSelector {
+/// Checks a Kubernetes label selector (see [`LabelSelector`] for the syntax) and returns it
+/// parsed; an empty one is refused (a flag left empty means "no selector" before this is called).
+pub fn check_label_selector(value: &str) -> Result<LabelSelector, FlagValueError> {
+    let bad = |reason: String| FlagValueError::BadLabelSelector {
         value: value.to_string(),
-        reason: reason.to_string(),
+        reason,
     };
     if value.trim().is_empty() {
-        return Err(bad("it is empty"));
+        return Err(bad("it is empty".to_string()));
     }
-    // Split on commas outside parentheses.
-    let mut depth = 0i32;
-    let mut start = 0;
-    let mut terms = Vec::new();
-    for (i, c) in value.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                terms.push(&value[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-        if !(0..=1).contains(&depth) {
-            return Err(bad("unbalanced parentheses"));
-        }
-    }
-    if depth != 0 {
-        return Err(bad("unbalanced parentheses"));
-    }
-    terms.push(&value[start..]);
-    for term in terms {
-        let term = term.trim();
-        if term.is_empty() {
-            return Err(bad("it contains an empty term"));
-        }
-        let key = term
-            .trim_start_matches('!')
-            .split(|c: char| c == '=' || c == '!' || c.is_whitespace())
-            .next()
-            .unwrap_or_default();
-        if key.is_empty() {
-            return Err(bad("a term has no label key"));
-        }
-    }
-    Ok(())
-}
-
-/// Whether `value` is a label name or value: at most 63 letters, digits, '-', '_' or '.',
-/// starting and ending with a letter or digit.
-fn is_label_name(value: &str) -> bool {
-    let bytes = value.as_bytes();
-    let inner = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
-    match (bytes.first(), bytes.last()) {
-        (Some(first), Some(last)) => {
-            bytes.len() <= 63
-                && first.is_ascii_alphanumeric()
-                && last.is_ascii_alphanumeric()
-                && bytes.iter().all(inner)
-        }
-        _ => false,
-    }
+    value.parse().map_err(|e: SelectorError| bad(e.to_string()))
 }
 
 /// Parses one `key=value` label as upstream's `--namespace-create-labels` does (the value keeps

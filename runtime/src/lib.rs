@@ -14,6 +14,7 @@ pub mod accept;
 pub mod binary_config;
 pub mod dial;
 pub mod flags;
+pub mod label_selector;
 pub mod process_args;
 pub mod redis_client;
 pub mod redis_credentials;

@@ -53,7 +53,7 @@ pub use mapping::AppMapping;
 pub use mirrors::{
     check_mirror_owner, MirrorCollision, MirrorCollisions, MirrorKind, Mirrored, Mirrors,
 };
-pub use view::{HubView, Kind};
+pub use view::{HubSelection, HubView, Kind};
 
 use crate::sessions::{AgentRegistry, AgentSession};
 use mirrors::MirrorOptions;
@@ -73,11 +73,9 @@ pub struct HubOptions {
     pub namespace_create: NamespaceCreation,
     /// Periodic resync of connected agents (`--resync-interval`); `None` = only on connect.
     pub resync_interval: Option<Duration>,
-    /// Hub namespaces whose Applications are watched and served (`--allowed-namespaces`, globs);
-    /// empty = every namespace.
-    pub allowed_namespaces: Vec<String>,
-    /// Only Applications, AppProjects and repository Secrets matching it (`--label-selector`).
-    pub label_selector: Option<String>,
+    /// Which hub Applications are served (`--allowed-namespaces`, `--label-selector`, which
+    /// also narrows AppProjects and repository Secrets) and whether their watch is shared.
+    pub selection: HubSelection,
     /// How hub Applications map to agents (`--destination-based-mapping`).
     pub mapping: AppMapping,
     /// Where refused mirror writes are counted.
@@ -134,8 +132,7 @@ impl Hub {
         let informers = HubInformers::new(
             &client,
             &principal_namespace,
-            options.allowed_namespaces.clone(),
-            options.label_selector.as_deref(),
+            options.selection.clone(),
             options.mapping,
         );
         Hub::from_informers(client, principal_namespace, registry, options, informers)
@@ -156,7 +153,7 @@ impl Hub {
             view.clone(),
             namespaces.clone(),
             MirrorOptions {
-                allowed_namespaces: options.allowed_namespaces,
+                allowed_namespaces: options.selection.allowed_namespaces,
                 collisions: options.mirror_collisions,
             },
         );
@@ -223,7 +220,7 @@ impl Hub {
     }
 
     /// The hub Applications' changes, for the embedded operator's pull model, when the hub's
-    /// Application informer selects every Application (see [`view`]); `None` otherwise.
+    /// Application watch is shared ([`HubSelection::share_applications`]); `None` otherwise.
     pub fn application_events(&self) -> Option<Arc<EventFanout<Application>>> {
         self.app_events.clone()
     }
@@ -528,6 +525,19 @@ mod tests {
         apps: Vec<Value>,
         projects: Vec<Value>,
     ) -> (Fixture, Arc<AgentSession>) {
+        let options = HubOptions {
+            mapping,
+            ..HubOptions::default()
+        };
+        fixture_with(options, apps, projects).await
+    }
+
+    /// [`fixture_mapped`] with any `options`.
+    async fn fixture_with(
+        options: HubOptions,
+        apps: Vec<Value>,
+        projects: Vec<Value>,
+    ) -> (Fixture, Arc<AgentSession>) {
         let registry = testing::registry(&[
             ("team-a", AgentMode::Managed),
             ("team-b", AgentMode::Managed),
@@ -536,10 +546,6 @@ mod tests {
         let managed = registry.get("team-a").unwrap();
         let team_b = registry.get("team-b").unwrap();
         let autonomous = registry.get("auto").unwrap();
-        let options = HubOptions {
-            mapping,
-            ..HubOptions::default()
-        };
         let hub = Hub::with_options(offline_client(), "argocd".into(), registry, options);
         let feeds = drive(hub.take_informers().unwrap());
         feeds
@@ -593,6 +599,83 @@ mod tests {
             vec!["create AppProject shared"]
         );
         assert_eq!(counted(Kind::AppProject, Change::Created), 1);
+    }
+
+    /// With the Application watch shared (the embedded operator reads every Application), the
+    /// hub narrows its own view to `--allowed-namespaces` and `--label-selector` in process,
+    /// exactly as the apiserver's selected watch did: a label added or removed is a create or a
+    /// delete for the agent, other namespaces and unlabelled Applications are neither served
+    /// nor routed, and the shared events still carry every Application.
+    #[tokio::test]
+    async fn a_shared_application_watch_is_narrowed_to_the_selection_in_process() {
+        let labelled = |ns: &str, name: &str, team: Option<&str>| {
+            let mut v = app(ns, name, "v1");
+            if let Some(team) = team {
+                v["metadata"]["labels"] = serde_json::json!({ "sync": team });
+            }
+            v
+        };
+        let options = HubOptions {
+            selection: HubSelection {
+                allowed_namespaces: vec!["team-*".into()],
+                label_selector: Some("sync in (yes)".parse().unwrap()),
+                share_applications: true,
+            },
+            ..HubOptions::default()
+        };
+        let (f, _) = fixture_with(
+            options,
+            vec![
+                labelled("team-a", "in", Some("yes")),
+                labelled("team-a", "unlabelled", None),
+                labelled("other", "elsewhere", Some("yes")),
+            ],
+            vec![project("p", &["team-a"])],
+        )
+        .await;
+        let shared = f.hub.application_events().expect("the watch is shared");
+        let mut events = shared.subscribe();
+        let mut replayed = Vec::new();
+        while let Some(event) = futures::StreamExt::next(&mut events).await {
+            match event {
+                kube::runtime::watcher::Event::InitApply(app) => {
+                    replayed.push(app.name_str().to_string())
+                }
+                kube::runtime::watcher::Event::InitDone => break,
+                _ => {}
+            }
+        }
+        replayed.sort();
+        assert_eq!(
+            replayed,
+            vec!["elsewhere", "in", "unlabelled"],
+            "every Application"
+        );
+        assert!(f.hub.application("team-a", "team-a", "in").is_some());
+        assert!(f
+            .hub
+            .application("team-a", "team-a", "unlabelled")
+            .is_none());
+        assert!(f.hub.view.application_in("other", "elsewhere").is_none());
+        assert_eq!(f.hub.view.applications_of("team-a").len(), 1);
+        // (The first list is not routed: the resync on connect covers it.)
+        // Gaining the label is a create; losing it a delete; out-of-scope changes are silent.
+        apply(&f.feeds.apps, labelled("team-a", "unlabelled", Some("yes")));
+        assert_eq!(
+            received(&f.managed, 1).await,
+            vec!["create Application unlabelled"]
+        );
+        apply(&f.feeds.apps, labelled("team-a", "in", Some("no")));
+        apply(&f.feeds.apps, labelled("other", "elsewhere", Some("yes")));
+        delete(&f.feeds.apps, labelled("team-a", "gone", None));
+        apply(&f.feeds.apps, labelled("team-a", "marker", Some("yes")));
+        let mut got = received(&f.managed, 2).await;
+        got.sort();
+        assert_eq!(
+            got,
+            vec!["create Application marker", "delete Application in"]
+        );
+        assert!(f.hub.application("team-a", "team-a", "in").is_none());
     }
 
     #[tokio::test]

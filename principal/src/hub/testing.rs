@@ -117,7 +117,12 @@ pub fn drive(informers: HubInformers) -> Feeds {
 
 /// The informers of a hub whose principal namespace is `argocd`, with `mapping`, and their view.
 pub fn hub_informers(mapping: AppMapping) -> (HubInformers, HubView) {
-    let informers = HubInformers::new(&offline_client(), "argocd", vec![], None, mapping);
+    let informers = HubInformers::new(
+        &offline_client(),
+        "argocd",
+        super::view::HubSelection::default(),
+        mapping,
+    );
     let view = informers.view();
     (informers, view)
 }

@@ -7,18 +7,23 @@
 //! an AppProject, a repository Secret and the AppProject its `data.project` names (all typed), the GPG keys
 //! ConfigMap (typed, if synced). It holds no copy
 //! of its own: the informer stores are the only cache of these kinds in the principal. When the
-//! Application informer selects every Application (neither `--allowed-namespaces` nor
-//! `--label-selector` narrows it), its changes are also handed on ([`HubInformers::app_events`])
-//! to the embedded operator's pull model, which then keeps no Application watch of its own.
+//! embedded operator runs, the one Application watch selects every Application and its changes
+//! are also handed on ([`HubInformers::app_events`]) to the operator's pull model, which keeps no
+//! Application watch of its own; the hub then narrows what it serves and routes to its selection
+//! in process ([`HubSelection`], with `kube`'s [`Narrowed`] handler), as the apiserver narrows
+//! the watch when nothing else needs every Application.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use argocd_agent_kube::argocd::{AppProject, Application};
 use argocd_agent_kube::fanout::EventFanout;
-use argocd_agent_kube::informer::{Handler, Informer, InformerReader};
+use argocd_agent_kube::informer::{Handler, Informer, InformerReader, Scope};
+use argocd_agent_kube::narrowed::Narrowed;
 use argocd_agent_kube::repository::{RepositoryExt, REPOSITORY_SELECTOR};
 use argocd_agent_kube::skip_sync::without_skip_sync;
 use argocd_agent_proto::event::GPG_KEYS_CONFIGMAP;
+use argocd_agent_runtime::label_selector::LabelSelector;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -52,10 +57,40 @@ impl Kind {
     }
 }
 
+/// Which hub Applications the principal serves, and whether their watch is shared.
+#[derive(Debug, Clone, Default)]
+pub struct HubSelection {
+    /// `--allowed-namespaces` (globs); empty = every namespace.
+    pub allowed_namespaces: Vec<String>,
+    /// `--label-selector` (also narrows AppProjects and repository Secrets).
+    pub label_selector: Option<LabelSelector>,
+    /// Whether another part of the process (the embedded operator's pull model) reads every
+    /// Application: then the one Application watch selects them all, its changes are handed on
+    /// ([`HubInformers::app_events`]), and the hub narrows its own view in process.
+    pub share_applications: bool,
+}
+
+impl HubSelection {
+    /// Whether the hub serves `app`: in an allowed namespace and matching the label selector.
+    pub fn admits(&self) -> Scope<Application> {
+        let (namespaces, selector) = (self.allowed_namespaces.clone(), self.label_selector.clone());
+        Arc::new(move |app: &Application| {
+            namespace_allowed(
+                &namespaces,
+                app.metadata.namespace.as_deref().unwrap_or_default(),
+            ) && selector
+                .as_ref()
+                .is_none_or(|s| s.matches(app.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())))
+        })
+    }
+}
+
 /// The informers of the hub view, before handlers are attached.
 pub struct HubInformers {
     principal_namespace: String,
     mapping: AppMapping,
+    /// Which stored Applications the hub serves.
+    admits: Scope<Application>,
     /// Applications.
     pub apps: Informer<Application>,
     /// AppProjects.
@@ -64,22 +99,22 @@ pub struct HubInformers {
     pub repositories: Informer<Secret>,
     /// The GPG keys ConfigMap.
     pub gpg_keys: Informer<ConfigMap>,
-    /// The Applications' changes for other parts of the process, when `apps` selects every one.
+    /// The Applications' changes for other parts of the process, when `apps` is shared.
     pub app_events: Option<Arc<EventFanout<Application>>>,
 }
 
 impl HubInformers {
-    /// The informers for `client`: Applications in every namespace `allowed_namespaces` admits,
-    /// AppProjects and repository Secrets in `principal_namespace`, narrowed by `label_selector`;
-    /// Applications map to agents by `mapping`.
+    /// The informers for `client`: Applications `selection` admits, AppProjects and repository
+    /// Secrets in `principal_namespace`, narrowed by `selection`'s label selector; Applications
+    /// map to agents by `mapping`.
     pub fn new(
         client: &kube::Client,
         principal_namespace: &str,
-        allowed_namespaces: Vec<String>,
-        label_selector: Option<&str>,
+        selection: HubSelection,
         mapping: AppMapping,
     ) -> HubInformers {
-        let config = |fixed: Option<&str>| match combined_selector(fixed, label_selector) {
+        let user = selection.label_selector.as_ref().map(|s| s.to_string());
+        let config = |fixed: Option<&str>| match combined_selector(fixed, user.as_deref()) {
             Some(selector) => watcher::Config::default().labels(&selector),
             None => watcher::Config::default(),
         };
@@ -88,19 +123,23 @@ impl HubInformers {
         // selector); Applications are, so the operator can share their store, and map to no agent
         // instead ([`AppMapping::agent_of`]).
         let synced = |fixed: Option<&str>| {
-            let selector = without_skip_sync(combined_selector(fixed, label_selector).as_deref());
+            let selector = without_skip_sync(combined_selector(fixed, user.as_deref()).as_deref());
             watcher::Config::default().labels(&selector)
         };
-        let selects_all =
-            allowed_namespaces.is_empty() && combined_selector(None, label_selector).is_none();
-        let apps = Informer::new("hub Applications", Api::all(client.clone()), config(None)).scope(
-            move |app: &Application| {
-                namespace_allowed(
-                    &allowed_namespaces,
-                    app.metadata.namespace.as_deref().unwrap_or_default(),
-                )
-            },
-        );
+        let admits = selection.admits();
+        let apps_api = Api::all(client.clone());
+        // Shared: one watch of every Application, narrowed here. Not shared: the apiserver
+        // narrows by label and the informer keeps only the allowed namespaces.
+        let (apps, app_events) = if selection.share_applications {
+            let apps = Informer::new("hub Applications", apps_api, watcher::Config::default());
+            let events = EventFanout::new(apps.reader());
+            (apps, Some(events))
+        } else {
+            let scope = admits.clone();
+            let apps = Informer::new("hub Applications", apps_api, config(None))
+                .scope(move |app: &Application| scope(app));
+            (apps, None)
+        };
         let projects = Informer::new(
             "hub AppProjects",
             Api::namespaced(client.clone(), principal_namespace),
@@ -119,7 +158,8 @@ impl HubInformers {
         HubInformers {
             principal_namespace: principal_namespace.to_string(),
             mapping,
-            app_events: selects_all.then(|| EventFanout::new(apps.reader())),
+            admits,
+            app_events,
             apps,
             projects,
             repositories,
@@ -135,7 +175,7 @@ impl HubInformers {
         repositories: Arc<dyn Handler<Secret>>,
         gpg_keys: Arc<dyn Handler<ConfigMap>>,
     ) -> HubInformers {
-        self.apps = self.apps.handler(apps);
+        self.apps = self.apps.handler(Narrowed::new(self.admits.clone(), apps));
         if let Some(events) = &self.app_events {
             self.apps = self.apps.handler(events.clone());
         }
@@ -150,6 +190,7 @@ impl HubInformers {
         HubView {
             principal_namespace: self.principal_namespace.clone(),
             mapping: self.mapping,
+            admits: self.admits.clone(),
             apps: self.apps.reader(),
             projects: self.projects.reader(),
             repositories: self.repositories.reader(),
@@ -165,6 +206,8 @@ pub struct HubView {
     principal_namespace: String,
     /// How Applications (and AppProjects) map to agents.
     mapping: AppMapping,
+    /// Which stored Applications the hub serves ([`HubSelection::admits`]).
+    admits: Scope<Application>,
     apps: InformerReader<Application>,
     projects: InformerReader<AppProject>,
     repositories: InformerReader<Secret>,
@@ -213,31 +256,36 @@ impl HubView {
         namespace: &str,
         name: &str,
     ) -> Option<Arc<Application>> {
-        self.apps
-            .get(Some(namespace), name)
+        self.application_in(namespace, name)
             .filter(|app| self.mapping.owns(agent, app))
     }
 
     /// The hub Application `namespace`/`name`, whoever it belongs to (autonomous agents' mirrors
     /// live in the agent's namespace under either mapping).
     pub fn application_in(&self, namespace: &str, name: &str) -> Option<Arc<Application>> {
-        self.apps.get(Some(namespace), name)
+        self.apps
+            .get(Some(namespace), name)
+            .filter(|app| (self.admits)(app))
+    }
+
+    /// Every hub Application the hub serves.
+    fn applications(&self) -> impl Iterator<Item = Arc<Application>> + '_ {
+        self.apps
+            .state()
+            .into_iter()
+            .filter(|app| (self.admits)(app))
     }
 
     /// Every hub Application in `namespace`, whoever it belongs to.
     pub fn applications_in(&self, namespace: &str) -> Vec<Arc<Application>> {
-        self.apps
-            .state()
-            .into_iter()
+        self.applications()
             .filter(|a| a.metadata.namespace.as_deref() == Some(namespace))
             .collect()
     }
 
     /// Every hub Application that belongs to `agent`.
     pub fn applications_of(&self, agent: &str) -> Vec<Arc<Application>> {
-        self.apps
-            .state()
-            .into_iter()
+        self.applications()
             .filter(|a| self.mapping.owns(agent, a))
             .collect()
     }
@@ -320,8 +368,10 @@ mod tests {
         let informers = HubInformers::new(
             &offline_client(),
             "argocd",
-            vec!["team-*".into()],
-            None,
+            HubSelection {
+                allowed_namespaces: vec!["team-*".into()],
+                ..HubSelection::default()
+            },
             AppMapping::Namespace,
         );
         let view = informers.view();
