@@ -5,7 +5,7 @@
 # reproduces it (`cargo +nightly fuzz run --fuzz-dir principal/fuzz -s none TARGET FILE`).
 #
 # Usage: hack/fuzz.sh [SECONDS] [TARGET...]   (targets: cloudevent_decode resp_parser proxy_path
-#                                              journal_reader; default all, one after another)
+#                                              journal_reader; default all, one per core at a time)
 # Env:   CARGO_TARGET_DIR  build cache (default: ~/.cache/argocd-agent-rs/target, outside the clone);
 #                          the corpus each run grows is kept beside it in fuzz-corpus/<target>/
 # Installs what it needs when missing (nightly via rustup, cargo-fuzz via cargo install, g++ via
@@ -45,16 +45,31 @@ step "building the fuzz targets (release, debug assertions and overflow checks o
 work=$CARGO_TARGET_DIR/../fuzz-corpus
 logs=$CARGO_TARGET_DIR/../fuzz-logs
 mkdir -p "$logs"
+rm -f "$logs"/*.status
+# One target per core at a time (each fuzzer is single-threaded), so the smoke costs
+# ceil(targets / cores) x SECONDS of wall time.
+jobs=$(nproc 2>/dev/null || echo 1)
 for t in "${targets[@]}"; do
   [ -d "principal/fuzz/corpus/$t" ] || fail "unknown target '$t' (no principal/fuzz/corpus/$t)"
+done
+fuzz_one() {  # runs target $1; its exit status goes to $logs/$1.status
+  local t=$1 status=0
   mkdir -p "$work/$t"
-  log=$logs/$t.log
-  step "$t: fuzzing for ${seconds}s (log: $log)"
   # The grown corpus goes to $work (first directory); the committed seeds are only read.
-  status=0
   "${fuzz[@]}" run "${opts[@]}" "$t" "$work/$t" "principal/fuzz/corpus/$t" -- \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-    -print_final_stats=1 >"$log" 2>&1 || status=$?
+    -print_final_stats=1 >"$logs/$t.log" 2>&1 || status=$?
+  echo "$status" >"$logs/$t.status"
+}
+for ((i = 0; i < ${#targets[@]}; i += jobs)); do
+  batch=("${targets[@]:i:jobs}")
+  step "fuzzing ${batch[*]} for ${seconds}s (logs: $logs/<target>.log)"
+  for t in "${batch[@]}"; do fuzz_one "$t" & done
+  wait
+done
+for t in "${targets[@]}"; do
+  log=$logs/$t.log
+  status=$(cat "$logs/$t.status")
   stat() { sed -n "s/^stat::$1: *//p" "$log" | tail -1; }
   runs=$(stat number_of_executed_units)
   rate=$(stat average_exec_per_sec)
