@@ -122,13 +122,49 @@ pub fn combined_selector(fixed: Option<&str>, user: Option<&str>) -> Option<Stri
 }
 
 /// The `agentName` query parameter of a resource-proxy destination URL
-/// (`https://<proxy>:<port>?agentName=<agent>`), the first one as Go's `url.Query().Get` returns.
-fn server_agent_name(server: &str) -> Option<&str> {
-    let (_, query) = server.split_once('?')?;
+/// (`https://<proxy>:<port>?agentName=<agent>`), as upstream reads it with Go's
+/// `url.Parse(server).Query().Get("agentName")`: a URL holding an ASCII control character does
+/// not parse; the query ends at `#`; pairs are split on `&`, and one holding `;` or a malformed `%`
+/// escape is dropped (Go's `ParseQuery`); keys and values are percent-decoded with `+` as a space;
+/// the first `agentName` wins; an empty value is none. (Go's host and port checks are not
+/// repeated: a destination whose URL fails them reaches no cluster either way.)
+fn server_agent_name(server: &str) -> Option<String> {
+    if server.bytes().any(|b| b < 0x20 || b == 0x7f) {
+        return None;
+    }
+    let url = server.split_once('#').map_or(server, |(url, _)| url);
+    let (_, query) = url.split_once('?')?;
     query
         .split('&')
-        .find_map(|kv| kv.strip_prefix("agentName="))
+        .filter(|pair| !pair.is_empty() && !pair.contains(';'))
+        .find_map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if query_unescape(key)? != "agentName" {
+                return None;
+            }
+            query_unescape(value)
+        })
         .filter(|name| !name.is_empty())
+}
+
+/// Go's `url.QueryUnescape`: `+` is a space, `%XX` a byte; a `%` not followed by two hex digits
+/// is an error (`None`).
+fn query_unescape(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let malformed = bytes.iter().enumerate().any(|(i, b)| {
+        *b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    });
+    if malformed {
+        return None;
+    }
+    let spaced = s.replace('+', " ");
+    Some(
+        percent_encoding::percent_decode_str(&spaced)
+            .decode_utf8_lossy()
+            .into_owned(),
+    )
 }
 
 /// Whether destination `dest` names `agent` (upstream's per-destination rule): a named destination
@@ -141,7 +177,7 @@ fn names_agent(dest: &ApplicationDestination, agent: &str) -> bool {
         (Some(name), _) => !name.starts_with('!') && WildMatch::new(name).matches(agent),
         (None, Some("*")) => true,
         (None, Some(server)) => {
-            server_agent_name(server).is_some_and(|p| WildMatch::new(p).matches(agent))
+            server_agent_name(server).is_some_and(|p| WildMatch::new(&p).matches(agent))
         }
         (None, None) => false,
     }
@@ -560,6 +596,49 @@ mod tests {
         assert!(!source_namespaces_match_agent(&p, "fleet-x"));
         let unanchored = project(json!({"spec": {"sourceNamespaces": ["/east/"]}}));
         assert!(source_namespaces_match_agent(&unanchored, "us-east-1"));
+    }
+
+    /// Go's `url.Parse(s).Query().Get("agentName")` for each URL (checked against Go 1.x's
+    /// net/url rules: decoding, `+`, first value wins, pairs with `;` or bad escapes dropped).
+    #[test]
+    fn server_agent_name_reads_the_query_as_gos_url_query_get() {
+        let cases: &[(&str, Option<&str>)] = &[
+            ("https://p:9090?agentName=agent-1", Some("agent-1")),
+            ("https://p:9090?agentName=agent%2D1", Some("agent-1")),
+            ("https://p:9090?agentName=agent%2d1", Some("agent-1")),
+            ("https://p:9090?agentName=a+b", Some("a b")),
+            ("https://p:9090?agentName=a%2Bb", Some("a+b")),
+            ("https://p:9090?agent%4Eame=x", Some("x")),
+            (
+                "https://p:9090?agentName=first&agentName=second",
+                Some("first"),
+            ),
+            ("https://p:9090?agentName=&agentName=second", None),
+            (
+                "https://p:9090?agentName=bad%zz&agentName=second",
+                Some("second"),
+            ),
+            (
+                "https://p:9090?agentName=a;b&agentName=second",
+                Some("second"),
+            ),
+            ("https://p:9090?x=1&agentName=agent-*#frag", Some("agent-*")),
+            ("https://p:9090#agentName=x", None),
+            ("https://p:9090?agentname=x", None),
+            ("https://p:9090?agentName", None),
+            ("https://p:9090", None),
+            ("https://p:9090?agentName=a\u{7f}", None),
+        ];
+        for (url, want) in cases {
+            assert_eq!(server_agent_name(url).as_deref(), *want, "{url:?}");
+        }
+        let encoded = project(
+            json!({"spec": {"destinations": [{"server": "https://proxy:9090?agentName=agent%2D%2A"}]}}),
+        );
+        assert!(
+            destinations_match_agent(&encoded, "agent-7"),
+            "decoded before globbing"
+        );
     }
 
     #[test]
