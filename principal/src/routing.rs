@@ -10,11 +10,11 @@ use argocd_agent_kube::argocd::{
     type_meta, AppProject, Application, ApplicationDestination, ObjectMetaExt,
 };
 use argocd_agent_proto::event::EventType;
+use argocd_agent_proto::glob::{glob_match, match_in_list};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use serde_json::Value;
-use wildmatch::WildMatch;
 
 pub use argocd_agent_proto::event::{
     HYDRATE_ANNOTATION, LAST_APPLIED_ANNOTATION, REFRESH_ANNOTATION,
@@ -103,12 +103,10 @@ fn strip_metadata(meta: &mut ObjectMeta) {
 }
 
 /// Whether the principal watches and serves Applications in hub namespace `namespace`
-/// (`--allowed-namespaces`: '*' and '?' globs, as upstream matches them; none = every namespace).
+/// (`--allowed-namespaces`: globs or `/regex/`, as upstream's `MatchStringInList`; none = every
+/// namespace).
 pub fn namespace_allowed(patterns: &[String], namespace: &str) -> bool {
-    patterns.is_empty()
-        || patterns
-            .iter()
-            .any(|p| WildMatch::new(p).matches(namespace))
+    patterns.is_empty() || match_in_list(patterns, namespace)
 }
 
 /// The label selector of a hub watch: the kind's own (`fixed`, e.g. repository Secrets only) and
@@ -174,11 +172,9 @@ fn names_agent(dest: &ApplicationDestination, agent: &str) -> bool {
         dest.name.as_deref().filter(|n| !n.is_empty()),
         dest.server.as_deref(),
     ) {
-        (Some(name), _) => !name.starts_with('!') && WildMatch::new(name).matches(agent),
+        (Some(name), _) => !name.starts_with('!') && glob_match(name, agent),
         (None, Some("*")) => true,
-        (None, Some(server)) => {
-            server_agent_name(server).is_some_and(|p| WildMatch::new(&p).matches(agent))
-        }
+        (None, Some(server)) => server_agent_name(server).is_some_and(|p| glob_match(&p, agent)),
         (None, None) => false,
     }
 }
@@ -188,7 +184,7 @@ fn denies_agent(dest: &ApplicationDestination, agent: &str) -> bool {
     dest.name
         .as_deref()
         .and_then(|n| n.strip_prefix('!'))
-        .is_some_and(|p| WildMatch::new(p).matches(agent))
+        .is_some_and(|p| glob_match(p, agent))
 }
 
 /// Whether an AppProject's destinations select `agent` (the destination half of upstream's
@@ -202,13 +198,7 @@ pub fn destinations_match_agent(project: &AppProject, agent: &str) -> bool {
 /// Whether an AppProject's `sourceNamespaces` admit the agent's hub namespace (named after the
 /// agent), as Argo CD's `MatchStringInList(.., REGEXP)` does: `/regex/` (unanchored) or a glob.
 pub fn source_namespaces_match_agent(project: &AppProject, agent: &str) -> bool {
-    project.spec.source_namespaces.iter().any(|pattern| {
-        let regex = pattern
-            .strip_prefix('/')
-            .and_then(|p| p.strip_suffix('/'))
-            .and_then(|p| regex::Regex::new(p).ok());
-        regex.is_some_and(|r| r.is_match(agent)) || WildMatch::new(pattern).matches(agent)
-    })
+    match_in_list(&project.spec.source_namespaces, agent)
 }
 
 /// Whether an AppProject on the hub applies to managed agent `agent` under namespace mapping
@@ -437,6 +427,13 @@ mod tests {
         assert!(namespace_allowed(&patterns, "agent-a"));
         assert!(!namespace_allowed(&patterns, "agent-ab"));
         assert!(!namespace_allowed(&patterns, "other"));
+        let upstream_syntax = vec![
+            "{dev,prod}-[ab]".to_string(),
+            "/^fleet-[0-9]+$/".to_string(),
+        ];
+        assert!(namespace_allowed(&upstream_syntax, "prod-b"));
+        assert!(!namespace_allowed(&upstream_syntax, "prod-c"));
+        assert!(namespace_allowed(&upstream_syntax, "fleet-7"));
     }
 
     #[test]
@@ -656,6 +653,14 @@ mod tests {
             json!({"spec": {"destinations": [{"server": "https://proxy:9090?x=1&agentName=agent-*"}]}}),
         );
         assert!(destinations_match_agent(&url_glob, "agent-90"));
+        let brackets = project(json!({"spec": {"destinations": [
+            {"name": "agent-[12]"}, {"name": "!{agent-2,agent-3}"}]}}));
+        assert!(destinations_match_agent(&brackets, "agent-1"));
+        assert!(
+            !destinations_match_agent(&brackets, "agent-2"),
+            "denied by a brace glob"
+        );
+        assert!(!destinations_match_agent(&brackets, "agent-4"));
         let any_server = project(json!({"spec": {"destinations": [{"server": "*"}]}}));
         assert!(destinations_match_agent(&any_server, "whoever"));
         let plain_server = project(
