@@ -174,8 +174,8 @@ pub struct AgentArgs {
     )]
     pub namespace: String,
 
-    /// Further local namespaces Applications may live in, comma-separated; '*' and '?' globs
-    /// allowed. As upstream, only used with --destination-based-mapping (an Application whose hub
+    /// Further local namespaces Applications may live in, comma-separated; upstream's patterns
+    /// allowed (globs '*', '?', '[abc]', '[a-z]', '[!...]', or a /regular expression/). As upstream, only used with --destination-based-mapping (an Application whose hub
     /// namespace is neither --namespace nor matched here is refused and reported to the hub).
     #[arg(
         long,

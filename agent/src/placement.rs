@@ -18,7 +18,6 @@ use argocd_agent_proto::sync::HandleError;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tracing::info;
-use wildmatch::WildMatch;
 
 use crate::config::AgentConfig;
 
@@ -121,10 +120,7 @@ impl AppPlacement {
     pub fn admits(&self, namespace: &str) -> bool {
         namespace == self.agent_namespace
             || (self.destination_mapping
-                && self
-                    .allowed
-                    .iter()
-                    .any(|p| WildMatch::new(p).matches(namespace)))
+                && argocd_agent_proto::glob::match_in_list(&self.allowed, namespace))
     }
 
     /// Where the hub Application of hub namespace `hub_namespace` is kept, or why it may not be.

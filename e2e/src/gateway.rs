@@ -50,10 +50,12 @@ pub async fn ensure_namespace(client: &kube::Client, ns: &str) -> anyhow::Result
     }
 }
 
-/// Runs `argocd-agentctl` with `args`, failing with its output if it fails.
+/// Runs `argocd-agentctl` with `args`, failing with its output if it fails. The user's
+/// `~/.config/argocd-agent/ctl.conf` is not read (its default principal would redirect commands).
 pub fn agentctl(args: &[&str]) -> anyhow::Result<String> {
     let out = std::process::Command::new(project_binary("argocd-agentctl")?)
         .args(args)
+        .env("ARGOCD_AGENTCTL_CONFIG", "/dev/null")
         .output()?;
     anyhow::ensure!(
         out.status.success(),

@@ -3,7 +3,8 @@
 //! set up with `argocd-agentctl` itself, and fails a spoke whose agent has no hub namespace and a
 //! hub whose CA was replaced after the certificates were issued, with the check, the reason and
 //! the command that fixes it; `pki dump|propagate|delete` and `jwt delete-key` do what upstream's
-//! do, the deletions only once confirmed.
+//! do, the deletions only once confirmed; named principals in a `config` file (upstream's contexts)
+//! select the hub namespace a command acts on.
 
 use std::process::Output;
 
@@ -18,6 +19,8 @@ fn run(kubeconfig: &str, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Ou
     let mut cmd = std::process::Command::new(project_binary("argocd-agentctl").unwrap());
     cmd.args(args)
         .env("KUBECONFIG", kubeconfig)
+        // Not the user's ~/.config/argocd-agent/ctl.conf; a test names its own with --config.
+        .env("ARGOCD_AGENTCTL_CONFIG", "/dev/null")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -417,6 +420,105 @@ async fn agent_inspect_print_tls_and_reconfigure_read_and_rewrite_the_cluster_se
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
         text(&out).contains("No such agent configured: nobody"),
+        "{}",
+        text(&out)
+    );
+    Ok(())
+}
+
+/// Two principals in one config file, made with `config add`, on one hub in two namespaces: the
+/// default one, `--principal NAME` and `ARGOCD_AGENTCTL_PRINCIPAL` each select where `pki init`
+/// and `jwt create-key` write; a namespace flag still wins over the selected entry; an unknown
+/// name is refused naming the file and the known names.
+#[tokio::test]
+async fn config_contexts_select_the_hub_a_command_acts_on() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    let planes = shared_planes().await;
+    let hub = &planes.hub;
+    let ctx = TestContext::new("agentctl_contexts")?;
+    let (ns_a, ns_b, ns_c) = (
+        ctx.unique("hub-a"),
+        ctx.unique("hub-b"),
+        ctx.unique("hub-c"),
+    );
+    let client = hub.client().await?;
+    for ns in [&ns_a, &ns_b, &ns_c] {
+        ensure_namespace(&client, ns).await?;
+    }
+    let kc = hub.kubeconfig.to_str().unwrap();
+    let config = ctx.dir.join("ctl.conf");
+    let config = config.to_str().unwrap();
+    let ctl = |args: &[&str], env: &[(&str, &str)]| {
+        run(kc, &[&["--config", config][..], args].concat(), env, "")
+    };
+    let ok = |out: Output| {
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let has = |ns: &str, name: &'static str| {
+        let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), ns);
+        async move { anyhow::Ok(api.get_opt(name).await?.is_some()) }
+    };
+
+    for (name, ns, default) in [("hub-a", &ns_a, true), ("hub-b", &ns_b, false)] {
+        let mut args = vec!["config", "add", "principal", "--name", name];
+        args.extend(["--context", &hub.name, "--namespace", ns]);
+        if default {
+            args.push("--set-default");
+        }
+        let out = ok(ctl(&args, &[]));
+        assert!(
+            out.contains(&format!("New principal {name} added successfully")),
+            "{out}"
+        );
+    }
+    let listed = ok(ctl(&["config", "list", "principal"], &[]));
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("hub-a ") && l.trim_end().ends_with('X')),
+        "{listed}"
+    );
+
+    // No --principal: the default one.
+    ok(ctl(&["pki", "init"], &[]));
+    assert!(has(&ns_a, "argocd-agent-ca").await?);
+    assert!(!has(&ns_b, "argocd-agent-ca").await?);
+    // --principal NAME.
+    ok(ctl(&["--principal", "hub-b", "pki", "init"], &[]));
+    assert!(has(&ns_b, "argocd-agent-ca").await?);
+    // Its environment variable, placed after the subcommand as a global flag may be.
+    ok(ctl(
+        &["jwt", "create-key"],
+        &[("ARGOCD_AGENTCTL_PRINCIPAL", "hub-b")],
+    ));
+    assert!(has(&ns_b, "argocd-agent-jwt").await?);
+    assert!(!has(&ns_a, "argocd-agent-jwt").await?);
+    // A namespace flag beats the selected entry's namespace (the context still comes from it).
+    ok(ctl(
+        &["jwt", "create-key", "--principal", "hub-b", "-n", &ns_c],
+        &[],
+    ));
+    assert!(has(&ns_c, "argocd-agent-jwt").await?);
+
+    // Unknown name: exit 2, naming the file and the known principals; nothing written.
+    let out = ctl(&["--principal", "hub-x", "pki", "init", "-n", &ns_c], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    for expected in [config, "\"hub-x\" does not exist", "hub-a, hub-b"] {
+        assert!(
+            text(&out).contains(expected),
+            "{expected:?} in {}",
+            text(&out)
+        );
+    }
+    assert!(!has(&ns_c, "argocd-agent-ca").await?);
+
+    // A malformed file: exit 2 naming the file and the line.
+    std::fs::write(config, "contexts:\n  principals: [\n")?;
+    let out = ctl(&["pki", "init"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains(config) && text(&out).contains("line "),
         "{}",
         text(&out)
     );

@@ -233,8 +233,8 @@ pub struct PrincipalArgs {
     )]
     pub namespace: String,
 
-    /// Hub namespaces whose Applications are synced, comma-separated; '*' and '?' globs allowed.
-    /// An Application in any other namespace is not sent to (or kept on) its agent, nor is the
+    /// Hub namespaces whose Applications are synced, comma-separated; upstream's patterns allowed
+    /// (globs '*', '?', '[abc]', '[a-z]', '[!...]', or a /regular expression/). An Application in any other namespace is not sent to (or kept on) its agent, nor is the
     /// status of one accepted from it [default: every namespace].
     #[arg(
         long,

@@ -10,11 +10,11 @@ use argocd_agent_kube::argocd::{
     type_meta, AppProject, Application, ApplicationDestination, ObjectMetaExt,
 };
 use argocd_agent_proto::event::EventType;
+use argocd_agent_proto::glob::{glob_match, match_in_list};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use serde_json::Value;
-use wildmatch::WildMatch;
 
 pub use argocd_agent_proto::event::{
     HYDRATE_ANNOTATION, LAST_APPLIED_ANNOTATION, REFRESH_ANNOTATION,
@@ -103,12 +103,10 @@ fn strip_metadata(meta: &mut ObjectMeta) {
 }
 
 /// Whether the principal watches and serves Applications in hub namespace `namespace`
-/// (`--allowed-namespaces`: '*' and '?' globs, as upstream matches them; none = every namespace).
+/// (`--allowed-namespaces`: globs or `/regex/`, as upstream's `MatchStringInList`; none = every
+/// namespace).
 pub fn namespace_allowed(patterns: &[String], namespace: &str) -> bool {
-    patterns.is_empty()
-        || patterns
-            .iter()
-            .any(|p| WildMatch::new(p).matches(namespace))
+    patterns.is_empty() || match_in_list(patterns, namespace)
 }
 
 /// The label selector of a hub watch: the kind's own (`fixed`, e.g. repository Secrets only) and
@@ -122,13 +120,49 @@ pub fn combined_selector(fixed: Option<&str>, user: Option<&str>) -> Option<Stri
 }
 
 /// The `agentName` query parameter of a resource-proxy destination URL
-/// (`https://<proxy>:<port>?agentName=<agent>`), the first one as Go's `url.Query().Get` returns.
-fn server_agent_name(server: &str) -> Option<&str> {
-    let (_, query) = server.split_once('?')?;
+/// (`https://<proxy>:<port>?agentName=<agent>`), as upstream reads it with Go's
+/// `url.Parse(server).Query().Get("agentName")`: a URL holding an ASCII control character does
+/// not parse; the query ends at `#`; pairs are split on `&`, and one holding `;` or a malformed `%`
+/// escape is dropped (Go's `ParseQuery`); keys and values are percent-decoded with `+` as a space;
+/// the first `agentName` wins; an empty value is none. (Go's host and port checks are not
+/// repeated: a destination whose URL fails them reaches no cluster either way.)
+fn server_agent_name(server: &str) -> Option<String> {
+    if server.bytes().any(|b| b < 0x20 || b == 0x7f) {
+        return None;
+    }
+    let url = server.split_once('#').map_or(server, |(url, _)| url);
+    let (_, query) = url.split_once('?')?;
     query
         .split('&')
-        .find_map(|kv| kv.strip_prefix("agentName="))
+        .filter(|pair| !pair.is_empty() && !pair.contains(';'))
+        .find_map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if query_unescape(key)? != "agentName" {
+                return None;
+            }
+            query_unescape(value)
+        })
         .filter(|name| !name.is_empty())
+}
+
+/// Go's `url.QueryUnescape`: `+` is a space, `%XX` a byte; a `%` not followed by two hex digits
+/// is an error (`None`).
+fn query_unescape(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let malformed = bytes.iter().enumerate().any(|(i, b)| {
+        *b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    });
+    if malformed {
+        return None;
+    }
+    let spaced = s.replace('+', " ");
+    Some(
+        percent_encoding::percent_decode_str(&spaced)
+            .decode_utf8_lossy()
+            .into_owned(),
+    )
 }
 
 /// Whether destination `dest` names `agent` (upstream's per-destination rule): a named destination
@@ -138,11 +172,9 @@ fn names_agent(dest: &ApplicationDestination, agent: &str) -> bool {
         dest.name.as_deref().filter(|n| !n.is_empty()),
         dest.server.as_deref(),
     ) {
-        (Some(name), _) => !name.starts_with('!') && WildMatch::new(name).matches(agent),
+        (Some(name), _) => !name.starts_with('!') && glob_match(name, agent),
         (None, Some("*")) => true,
-        (None, Some(server)) => {
-            server_agent_name(server).is_some_and(|p| WildMatch::new(p).matches(agent))
-        }
+        (None, Some(server)) => server_agent_name(server).is_some_and(|p| glob_match(&p, agent)),
         (None, None) => false,
     }
 }
@@ -152,7 +184,7 @@ fn denies_agent(dest: &ApplicationDestination, agent: &str) -> bool {
     dest.name
         .as_deref()
         .and_then(|n| n.strip_prefix('!'))
-        .is_some_and(|p| WildMatch::new(p).matches(agent))
+        .is_some_and(|p| glob_match(p, agent))
 }
 
 /// Whether an AppProject's destinations select `agent` (the destination half of upstream's
@@ -166,13 +198,7 @@ pub fn destinations_match_agent(project: &AppProject, agent: &str) -> bool {
 /// Whether an AppProject's `sourceNamespaces` admit the agent's hub namespace (named after the
 /// agent), as Argo CD's `MatchStringInList(.., REGEXP)` does: `/regex/` (unanchored) or a glob.
 pub fn source_namespaces_match_agent(project: &AppProject, agent: &str) -> bool {
-    project.spec.source_namespaces.iter().any(|pattern| {
-        let regex = pattern
-            .strip_prefix('/')
-            .and_then(|p| p.strip_suffix('/'))
-            .and_then(|p| regex::Regex::new(p).ok());
-        regex.is_some_and(|r| r.is_match(agent)) || WildMatch::new(pattern).matches(agent)
-    })
+    match_in_list(&project.spec.source_namespaces, agent)
 }
 
 /// Whether an AppProject on the hub applies to managed agent `agent` under namespace mapping
@@ -401,6 +427,13 @@ mod tests {
         assert!(namespace_allowed(&patterns, "agent-a"));
         assert!(!namespace_allowed(&patterns, "agent-ab"));
         assert!(!namespace_allowed(&patterns, "other"));
+        let upstream_syntax = vec![
+            "{dev,prod}-[ab]".to_string(),
+            "/^fleet-[0-9]+$/".to_string(),
+        ];
+        assert!(namespace_allowed(&upstream_syntax, "prod-b"));
+        assert!(!namespace_allowed(&upstream_syntax, "prod-c"));
+        assert!(namespace_allowed(&upstream_syntax, "fleet-7"));
     }
 
     #[test]
@@ -562,6 +595,49 @@ mod tests {
         assert!(source_namespaces_match_agent(&unanchored, "us-east-1"));
     }
 
+    /// Go's `url.Parse(s).Query().Get("agentName")` for each URL (checked against Go 1.x's
+    /// net/url rules: decoding, `+`, first value wins, pairs with `;` or bad escapes dropped).
+    #[test]
+    fn server_agent_name_reads_the_query_as_gos_url_query_get() {
+        let cases: &[(&str, Option<&str>)] = &[
+            ("https://p:9090?agentName=agent-1", Some("agent-1")),
+            ("https://p:9090?agentName=agent%2D1", Some("agent-1")),
+            ("https://p:9090?agentName=agent%2d1", Some("agent-1")),
+            ("https://p:9090?agentName=a+b", Some("a b")),
+            ("https://p:9090?agentName=a%2Bb", Some("a+b")),
+            ("https://p:9090?agent%4Eame=x", Some("x")),
+            (
+                "https://p:9090?agentName=first&agentName=second",
+                Some("first"),
+            ),
+            ("https://p:9090?agentName=&agentName=second", None),
+            (
+                "https://p:9090?agentName=bad%zz&agentName=second",
+                Some("second"),
+            ),
+            (
+                "https://p:9090?agentName=a;b&agentName=second",
+                Some("second"),
+            ),
+            ("https://p:9090?x=1&agentName=agent-*#frag", Some("agent-*")),
+            ("https://p:9090#agentName=x", None),
+            ("https://p:9090?agentname=x", None),
+            ("https://p:9090?agentName", None),
+            ("https://p:9090", None),
+            ("https://p:9090?agentName=a\u{7f}", None),
+        ];
+        for (url, want) in cases {
+            assert_eq!(server_agent_name(url).as_deref(), *want, "{url:?}");
+        }
+        let encoded = project(
+            json!({"spec": {"destinations": [{"server": "https://proxy:9090?agentName=agent%2D%2A"}]}}),
+        );
+        assert!(
+            destinations_match_agent(&encoded, "agent-7"),
+            "decoded before globbing"
+        );
+    }
+
     #[test]
     fn destination_matching_follows_names_servers_and_denials() {
         let denied =
@@ -577,6 +653,14 @@ mod tests {
             json!({"spec": {"destinations": [{"server": "https://proxy:9090?x=1&agentName=agent-*"}]}}),
         );
         assert!(destinations_match_agent(&url_glob, "agent-90"));
+        let brackets = project(json!({"spec": {"destinations": [
+            {"name": "agent-[12]"}, {"name": "!{agent-2,agent-3}"}]}}));
+        assert!(destinations_match_agent(&brackets, "agent-1"));
+        assert!(
+            !destinations_match_agent(&brackets, "agent-2"),
+            "denied by a brace glob"
+        );
+        assert!(!destinations_match_agent(&brackets, "agent-4"));
         let any_server = project(json!({"spec": {"destinations": [{"server": "*"}]}}));
         assert!(destinations_match_agent(&any_server, "whoever"));
         let plain_server = project(

@@ -44,13 +44,13 @@ pub enum FlagValueError {
         /// The value as given.
         value: String,
     },
-    /// A namespace allow-list entry that is neither a name nor a glob.
-    #[error(
-        "{value:?} is not a namespace pattern: use lowercase letters, digits, '-' and the globs '*' and '?'"
-    )]
+    /// A namespace allow-list entry that is neither a name, a glob nor a `/regex/`.
+    #[error("{value:?} is not a namespace pattern: {reason}")]
     BadNamespacePattern {
         /// The value as given.
         value: String,
+        /// What is wrong.
+        reason: String,
     },
     /// Not `host:port`.
     #[error("{value:?} is not host:port ({reason}); for example argocd-redis:6379 or [::1]:6379")]
@@ -272,20 +272,47 @@ pub fn check_namespace_name(value: &str) -> Result<(), FlagValueError> {
     }
 }
 
-/// Checks a namespace allow-list entry: a namespace name or a glob over one (`team-*`, `app-?`).
+/// Checks a namespace allow-list entry as Argo CD's `MatchStringInList(.., REGEXP)` reads it
+/// ([`argocd_agent_proto::glob`]): a `/regex/` that compiles, or a glob that compiles and spells
+/// only what a namespace can hold (lowercase letters, digits, '-') besides glob syntax.
 pub fn check_namespace_pattern(value: &str) -> Result<(), FlagValueError> {
-    let ok = !value.is_empty()
-        && value.len() <= 63
-        && value.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'*' | b'?')
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(FlagValueError::BadNamespacePattern {
-            value: value.to_string(),
-        })
+    let bad = |reason: String| FlagValueError::BadNamespacePattern {
+        value: value.to_string(),
+        reason,
+    };
+    let is_regex = value.len() > 1 && value.starts_with('/') && value.ends_with('/');
+    if !is_regex
+        && !value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-*?[]!{},\\".contains(c))
+    {
+        return Err(bad(
+            "use lowercase letters, digits, '-' and the glob syntax '*', '?', '[abc]', '[a-z]', \
+             '[!...]', '{a,b}', or a /regular expression/"
+                .into(),
+        ));
     }
+    // The flag is split at commas, so `{a,b}` arrives as `{a` and `b}`: say so rather than keep
+    // two patterns that do not mean what was written.
+    let unescaped = |brace| {
+        let mut escaped = false;
+        value
+            .chars()
+            .filter(|&c| {
+                let hit = !escaped && c == brace;
+                escaped = !escaped && c == '\\';
+                hit
+            })
+            .count()
+    };
+    if !is_regex && unescaped('{') != unescaped('}') {
+        return Err(bad(
+            "brace alternatives {a,b} cannot be written in this comma-separated flag: give \
+             each alternative as its own entry"
+                .into(),
+        ));
+    }
+    argocd_agent_proto::glob::validate_list(&[value.to_string()]).map_err(bad)
 }
 
 /// Checks that `value` is an IP address or a DNS name (labels of letters, digits and '-').
@@ -469,6 +496,19 @@ mod tests {
         assert!(check_namespace_pattern("team-*").is_ok());
         assert!(check_namespace_pattern("app-?").is_ok());
         assert!(check_namespace_pattern("Team/*").is_err());
+        for ok in ["team-[ab]", "{dev,prod}-*", "[!x]-ns", "/^fleet-[0-9]+$/"] {
+            check_namespace_pattern(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for (bad, why) in [
+            ("team-[a-z0-9]", "expected close range character"),
+            ("team-[", "unexpected end of input"),
+            ("/(/", "regular expression"),
+            ("{dev", "brace alternatives"),
+            ("prod}-*", "brace alternatives"),
+        ] {
+            let err = check_namespace_pattern(bad).unwrap_err().to_string();
+            assert!(err.contains(why) && err.contains(bad), "{bad}: {err}");
+        }
     }
 
     #[test]

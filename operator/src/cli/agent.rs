@@ -11,8 +11,7 @@ use crate::pki::days;
 use crate::pki::directory::PkiDirectory;
 use crate::pki::secrets::SecretStore;
 use crate::registration::{
-    AgentRegistry, DEFAULT_ARGOCD_NAMESPACE, DEFAULT_CLIENT_CERT_DAYS,
-    DEFAULT_RESOURCE_PROXY_ADDRESS,
+    AgentRegistry, DEFAULT_CLIENT_CERT_DAYS, DEFAULT_RESOURCE_PROXY_ADDRESS,
 };
 
 /// `agent` subcommands.
@@ -40,24 +39,38 @@ pub struct HubArgs {
     /// Kubeconfig of the hub cluster (default: $KUBECONFIG, ~/.kube/config or in-cluster).
     #[arg(long, env = "ARGOCD_AGENTCTL_KUBECONFIG", value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context of the hub cluster.
-    #[arg(long, env = "ARGOCD_AGENTCTL_CONTEXT", value_name = "NAME")]
-    context: Option<String>,
-    /// Argo CD namespace on the hub, where cluster secrets live.
+    /// Kubeconfig context of the hub cluster (default: the selected principal's, else the
+    /// current context).
     #[arg(
         long,
-        env = "ARGOCD_AGENTCTL_ARGOCD_NAMESPACE",
-        default_value = DEFAULT_ARGOCD_NAMESPACE,
-        value_name = "NS"
+        visible_alias = "principal-context",
+        env = "ARGOCD_AGENTCTL_CONTEXT",
+        value_name = "NAME"
     )]
-    argocd_namespace: String,
+    context: Option<String>,
+    /// Argo CD namespace on the hub, where cluster secrets live (default: the selected
+    /// principal's namespace, else argocd).
+    #[arg(long, env = "ARGOCD_AGENTCTL_ARGOCD_NAMESPACE", value_name = "NS")]
+    argocd_namespace: Option<String>,
 }
 
 impl HubArgs {
+    /// The hub context and namespace: the flags, else the selected principal.
+    pub(crate) fn target(&self) -> Result<super::contexts::Target, CliError> {
+        super::contexts::principal(self.context.as_deref(), self.argocd_namespace.as_deref())
+    }
+
+    /// The principal's namespace on the hub (where secret argocd-agent-ca is): `flag`, else the
+    /// selected principal's, else argocd.
+    pub(crate) fn principal_namespace(&self, flag: Option<&str>) -> Result<String, CliError> {
+        Ok(super::contexts::principal(self.context.as_deref(), flag)?.namespace)
+    }
+
     pub(crate) async fn registry(&self) -> Result<AgentRegistry, CliError> {
+        let target = self.target()?;
         let client =
-            kubeconfig::client(self.kubeconfig.as_deref(), self.context.as_deref()).await?;
-        Ok(AgentRegistry::new(client, &self.argocd_namespace))
+            kubeconfig::client(self.kubeconfig.as_deref(), target.context.as_deref()).await?;
+        Ok(AgentRegistry::new(client, &target.namespace))
     }
 }
 
@@ -80,15 +93,15 @@ pub struct CreateArgs {
     /// Read the CA from this PKI directory instead of secret argocd-agent-ca.
     #[arg(long, env = "ARGOCD_AGENTCTL_DIR", value_name = "DIR")]
     dir: Option<PathBuf>,
-    /// Principal namespace holding secret argocd-agent-ca (when --dir is not given).
+    /// Principal namespace holding secret argocd-agent-ca (when --dir is not given; default: the
+    /// selected principal's, else argocd).
     #[arg(
         long,
         short = 'n',
         env = "ARGOCD_AGENTCTL_NAMESPACE",
-        default_value = "argocd",
         value_name = "NS"
     )]
-    namespace: String,
+    namespace: Option<String>,
     /// Validity of the resource-proxy client certificate in days.
     #[arg(long, env = "ARGOCD_AGENTCTL_DAYS", default_value_t = DEFAULT_CLIENT_CERT_DAYS)]
     days: u32,
@@ -173,7 +186,8 @@ async fn create(args: CreateArgs) -> Result<(), CliError> {
     let ca = match dir_ca {
         Some(ca) => ca,
         None => {
-            SecretStore::new(registry.client(), &args.namespace)
+            let namespace = args.hub.principal_namespace(args.namespace.as_deref())?;
+            SecretStore::new(registry.client(), &namespace)
                 .load_ca()
                 .await?
         }
@@ -214,7 +228,7 @@ async fn list(args: ListArgs) -> Result<(), CliError> {
             if agents.is_empty() {
                 println!(
                     "No agents registered in namespace {}.",
-                    args.hub.argocd_namespace
+                    args.hub.target()?.namespace
                 );
                 return Ok(());
             }
@@ -245,7 +259,7 @@ async fn delete(args: DeleteArgs) -> Result<(), CliError> {
     if !deleted.secret_deleted && !deleted.namespace_deleted {
         return Err(CliError::runtime(format!(
             "agent {agent} is not registered in namespace {}",
-            args.hub.argocd_namespace
+            args.hub.target()?.namespace
         )));
     }
     let ns = if args.delete_namespace {
@@ -259,7 +273,7 @@ async fn delete(args: DeleteArgs) -> Result<(), CliError> {
     };
     println!(
         "Agent {agent}: secret {}/cluster-{agent} {}{ns}",
-        args.hub.argocd_namespace,
+        args.hub.target()?.namespace,
         if deleted.secret_deleted {
             "deleted"
         } else {

@@ -77,15 +77,15 @@ pub struct ReconfigureArgs {
     /// Issue a new resource-proxy client certificate from the CA (secret argocd-agent-ca).
     #[arg(long, env = "ARGOCD_AGENTCTL_REISSUE_CLIENT_CERT")]
     reissue_client_cert: bool,
-    /// Principal namespace holding secret argocd-agent-ca.
+    /// Principal namespace holding secret argocd-agent-ca (default: the selected principal's,
+    /// else argocd).
     #[arg(
         long,
         short = 'n',
         env = "ARGOCD_AGENTCTL_NAMESPACE",
-        default_value = "argocd",
         value_name = "NS"
     )]
-    namespace: String,
+    namespace: Option<String>,
     /// Validity of a reissued client certificate in days.
     #[arg(long, env = "ARGOCD_AGENTCTL_DAYS", default_value_t = 365)]
     days: u32,
@@ -190,7 +190,8 @@ pub async fn reconfigure(args: ReconfigureArgs) -> Result<(), CliError> {
         }
     }
     let tls = if args.reissue_client_cert {
-        let ca = SecretStore::new(registry.client(), &args.namespace)
+        let namespace = args.hub.principal_namespace(args.namespace.as_deref())?;
+        let ca = SecretStore::new(registry.client(), &namespace)
             .load_ca()
             .await?;
         changed.push("client certificate");

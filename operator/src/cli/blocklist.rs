@@ -46,18 +46,39 @@ pub struct ClusterArgs {
     /// Kubeconfig of the hub cluster.
     #[arg(long, env = "ARGOCD_AGENTCTL_KUBECONFIG", value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context of the hub cluster.
-    #[arg(long, env = "ARGOCD_AGENTCTL_CONTEXT", value_name = "NAME")]
+    /// Kubeconfig context of the hub cluster (default: the selected principal's, else the
+    /// current context).
+    #[arg(
+        long,
+        visible_alias = "principal-context",
+        env = "ARGOCD_AGENTCTL_CONTEXT",
+        value_name = "NAME"
+    )]
     pub context: Option<String>,
-    /// Namespace of the principal on the hub.
+    /// Namespace of the principal on the hub (default: the selected principal's, else argocd).
     #[arg(
         long,
         short = 'n',
+        visible_alias = "principal-namespace",
         env = "ARGOCD_AGENTCTL_NAMESPACE",
-        default_value = "argocd",
         value_name = "NS"
     )]
-    pub namespace: String,
+    pub namespace: Option<String>,
+}
+
+impl ClusterArgs {
+    /// The hub context and principal namespace: the flags, else the selected principal.
+    pub fn target(&self) -> Result<super::contexts::Target, CliError> {
+        super::contexts::principal(self.context.as_deref(), self.namespace.as_deref())
+    }
+
+    /// A client of the hub and the principal's namespace.
+    pub async fn client(&self) -> Result<(kube::Client, String), CliError> {
+        let target = self.target()?;
+        let client =
+            kubeconfig::client(self.kubeconfig.as_deref(), target.context.as_deref()).await?;
+        Ok((client, target.namespace))
+    }
 }
 
 /// `blocklist tls add` flags.
@@ -122,9 +143,8 @@ pub fn fingerprint_of_file(path: &std::path::Path) -> Result<String, CliError> {
 }
 
 async fn api(cluster: &ClusterArgs) -> Result<Api<ConfigMap>, CliError> {
-    let client =
-        kubeconfig::client(cluster.kubeconfig.as_deref(), cluster.context.as_deref()).await?;
-    Ok(Api::namespaced(client, &cluster.namespace))
+    let (client, namespace) = cluster.client().await?;
+    Ok(Api::namespaced(client, &namespace))
 }
 
 fn kube_error(what: &str, e: kube::Error) -> CliError {
@@ -152,7 +172,7 @@ async fn add(args: AddArgs) -> Result<(), CliError> {
             Ok(_) => {
                 println!(
                     "blocklisted {fp} (created {}/{BLOCKLIST_CONFIGMAP})",
-                    args.cluster.namespace
+                    args.cluster.target()?.namespace
                 );
                 return Ok(());
             }

@@ -14,7 +14,7 @@ use clap::{Args, Subcommand};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use super::{kubeconfig, CliError, OutputFormat};
+use super::{CliError, OutputFormat};
 use crate::gitops::crd::GitOpsCluster;
 use crate::registration::AgentRegistry;
 
@@ -319,17 +319,9 @@ pub fn render_text(agents: &[FleetAgent]) -> String {
 pub async fn run(cmd: FleetCommand) -> Result<(), CliError> {
     match cmd {
         FleetCommand::Status(args) => {
-            let client = kubeconfig::client(
-                args.cluster.kubeconfig.as_deref(),
-                args.cluster.context.as_deref(),
-            )
-            .await?;
-            let agents = fleet_status(
-                &client,
-                &args.cluster.namespace,
-                args.principal_metrics.as_deref(),
-            )
-            .await?;
+            let (client, namespace) = args.cluster.client().await?;
+            let agents =
+                fleet_status(&client, &namespace, args.principal_metrics.as_deref()).await?;
             match args.out.output {
                 OutputFormat::Text => print!("{}", render_text(&agents)),
                 OutputFormat::Json => println!(

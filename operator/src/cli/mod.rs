@@ -9,6 +9,8 @@
 pub mod agent;
 pub mod agent_config;
 pub mod blocklist;
+pub mod config;
+pub mod contexts;
 pub mod fleet;
 pub mod jwt;
 pub mod kubeconfig;
@@ -60,6 +62,37 @@ pub struct Cli {
     )]
     pub log_level: String,
 
+    /// The symbolic name of a principal in the config file: the hub commands act on (default:
+    /// the file's default-principal). --context/--principal-context and --namespace/
+    /// --principal-namespace override its fields.
+    #[arg(
+        long,
+        global = true,
+        env = "ARGOCD_AGENTCTL_PRINCIPAL",
+        value_name = "NAME"
+    )]
+    pub principal: Option<String>,
+
+    /// The symbolic name of an agent in the config file: the agent's cluster commands act on.
+    /// --agent-context and --agent-namespace override its fields.
+    #[arg(
+        long,
+        global = true,
+        env = "ARGOCD_AGENTCTL_AGENT",
+        value_name = "NAME"
+    )]
+    pub agent: Option<String>,
+
+    /// The local config file of named principals and agents (upstream's format; see `config`).
+    #[arg(
+        long,
+        global = true,
+        env = "ARGOCD_AGENTCTL_CONFIG",
+        value_name = "FILE",
+        default_value_os_t = contexts::default_path()
+    )]
+    pub config: PathBuf,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -89,6 +122,9 @@ pub enum Command {
     /// Validate principal and agent installations against their clusters.
     #[command(subcommand, visible_alias = "check-config")]
     Validate(validate::ValidateCommand),
+    /// Named principals and agents in the local config file, selected with --principal/--agent.
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
 }
 
 /// Where PKI material is read from and written to: a directory, or Secrets in a namespace.
@@ -102,19 +138,26 @@ pub struct StoreArgs {
     #[arg(long, env = "ARGOCD_AGENTCTL_KUBECONFIG", value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Kubeconfig context of the hub cluster.
-    #[arg(long, env = "ARGOCD_AGENTCTL_CONTEXT", value_name = "NAME")]
+    /// Kubeconfig context of the hub cluster (default: the selected principal's, else the
+    /// current context).
+    #[arg(
+        long,
+        visible_alias = "principal-context",
+        env = "ARGOCD_AGENTCTL_CONTEXT",
+        value_name = "NAME"
+    )]
     pub context: Option<String>,
 
-    /// Namespace of the principal on the hub, where the PKI secrets live.
+    /// Namespace of the principal on the hub, where the PKI secrets live (default: the selected
+    /// principal's, else argocd).
     #[arg(
         long,
         short = 'n',
+        visible_alias = "principal-namespace",
         env = "ARGOCD_AGENTCTL_NAMESPACE",
-        default_value = "argocd",
         value_name = "NS"
     )]
-    pub namespace: String,
+    pub namespace: Option<String>,
 }
 
 /// Resolved storage choice.
@@ -138,13 +181,20 @@ impl StoreArgs {
                 Ok(Store::Dir(crate::pki::directory::PkiDirectory::new(dir)))
             }
             None => {
+                let target = self.target()?;
                 let client =
-                    kubeconfig::client(self.kubeconfig.as_deref(), self.context.as_deref()).await?;
+                    kubeconfig::client(self.kubeconfig.as_deref(), target.context.as_deref())
+                        .await?;
                 Ok(Store::Secrets(Box::new(
-                    crate::pki::secrets::SecretStore::new(client, &self.namespace),
+                    crate::pki::secrets::SecretStore::new(client, &target.namespace),
                 )))
             }
         }
+    }
+
+    /// The hub context and principal namespace: the flags, else the selected principal.
+    pub fn target(&self) -> Result<contexts::Target, CliError> {
+        contexts::principal(self.context.as_deref(), self.namespace.as_deref())
     }
 }
 
@@ -257,7 +307,13 @@ impl From<RegistrationError> for CliError {
 
 /// Run a parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
+    contexts::select(&contexts::Selection {
+        config: cli.config.clone(),
+        principal: cli.principal.clone(),
+        agent: cli.agent.clone(),
+    });
     match cli.command {
+        Command::Config(cmd) => config::run(cmd, &cli.config),
         Command::Pki(cmd) => pki::run(cmd).await,
         Command::Jwt(cmd) => jwt::run(cmd).await,
         Command::Agent(cmd) => agent::run(cmd).await,

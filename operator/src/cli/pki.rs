@@ -125,35 +125,41 @@ pub struct AgentClusterArgs {
     /// Kubeconfig of the agent's cluster (default: $KUBECONFIG, which may list several files).
     #[arg(long, env = "ARGOCD_AGENTCTL_AGENT_KUBECONFIG", value_name = "FILE")]
     pub agent_kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context of the agent's cluster (upstream's flag and variable).
+    /// Kubeconfig context of the agent's cluster (upstream's flag and variable; default: the
+    /// selected --agent's).
     #[arg(long, env = "ARGOCD_AGENT_AGENT_CONTEXT", value_name = "NAME")]
     pub agent_context: Option<String>,
-    /// Namespace the agent runs in on its cluster (upstream's flag and variable).
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_AGENT_NAMESPACE",
-        default_value = "argocd",
-        value_name = "NS"
-    )]
-    pub agent_namespace: String,
+    /// Namespace the agent runs in on its cluster (upstream's flag and variable; default: the
+    /// selected --agent's, else argocd).
+    #[arg(long, env = "ARGOCD_AGENT_AGENT_NAMESPACE", value_name = "NS")]
+    pub agent_namespace: Option<String>,
 }
 
 impl AgentClusterArgs {
-    /// Whether a kubeconfig or context of the agent's cluster was given.
-    pub fn given(&self) -> bool {
-        self.agent_kubeconfig.is_some() || self.agent_context.is_some()
+    /// The agent's context and namespace: the flags, else the selected agent.
+    pub fn target(&self) -> Result<super::contexts::Target, CliError> {
+        super::contexts::agent(
+            self.agent_context.as_deref(),
+            self.agent_namespace.as_deref(),
+        )
+    }
+
+    /// Whether the agent's cluster was given (kubeconfig, context, or a selected agent).
+    pub fn given(&self) -> Result<bool, CliError> {
+        Ok(self.agent_kubeconfig.is_some() || self.target()?.context.is_some())
     }
 
     /// The Secrets of the agent's namespace on its cluster.
     pub async fn store(&self) -> Result<SecretStore, CliError> {
+        let target = self.target()?;
         let client = kubeconfig::client_for(
             "--agent-kubeconfig",
             "--agent-context",
             self.agent_kubeconfig.as_deref(),
-            self.agent_context.as_deref(),
+            target.context.as_deref(),
         )
         .await?;
-        Ok(SecretStore::new(client, &self.agent_namespace))
+        Ok(SecretStore::new(client, &target.namespace))
     }
 }
 
@@ -315,16 +321,16 @@ async fn issue_agent(args: AgentIssueArgs) -> Result<(), CliError> {
     let target = match &store {
         Store::Dir(_) => store_issued(&store, &role, &issued, &ca, args.force).await?,
         Store::Secrets(hub) => {
-            let agent_store = if args.agent.given() {
+            let agent_store = if args.agent.given()? {
                 args.agent.store().await?
             } else {
-                if args.agent.agent_namespace == hub.namespace() {
+                let agent_namespace = args.agent.target()?.namespace;
+                if agent_namespace == hub.namespace() {
                     return Err(CliError::usage(format!(
-                        "--agent-namespace {} is the principal namespace on the same cluster; the agent's CA secret would replace the hub CA. Use --agent-kubeconfig/--agent-context for the agent's cluster or another --agent-namespace",
-                        args.agent.agent_namespace
+                        "--agent-namespace {agent_namespace} is the principal namespace on the same cluster; the agent's CA secret would replace the hub CA. Use --agent-kubeconfig/--agent-context for the agent's cluster or another --agent-namespace"
                     )));
                 }
-                hub.with_namespace(&args.agent.agent_namespace)
+                hub.with_namespace(&agent_namespace)
             };
             let client_secret = secrets::role_secret(&role, agent_store.namespace(), &issued, &ca);
             let o1 = agent_store.write(&client_secret, args.force).await?;

@@ -101,12 +101,14 @@ pub async fn delete(args: DeleteArgs) -> Result<(), CliError> {
 pub async fn propagate(args: PropagateArgs) -> Result<(), CliError> {
     let store = args.store.open().await?;
     let ca = load_ca(&store).await?;
-    if !args.agent.given() {
+    if !args.agent.given()? {
         return Err(CliError::usage(
             "give the agent's cluster with --agent-context (and --agent-kubeconfig unless $KUBECONFIG holds it); the CA and the agent cannot share a context",
         ));
     }
-    if args.agent.agent_kubeconfig.is_none() && args.agent.agent_context == args.store.context {
+    if args.agent.agent_kubeconfig.is_none()
+        && args.agent.target()?.context == args.store.target()?.context
+    {
         return Err(CliError::usage(
             "PKI and agent cannot reside within the same context: --agent-context names the hub's",
         ));
@@ -115,13 +117,13 @@ pub async fn propagate(args: PropagateArgs) -> Result<(), CliError> {
     if !args.force && agent.get(AGENT_CA_SECRET).await?.is_some() {
         return Err(CliError::usage(format!(
             "agent CA secret {}/{AGENT_CA_SECRET} already exists; delete it or pass --force to replace it",
-            args.agent.agent_namespace
+            agent.namespace()
         )));
     }
     let outcome = agent.write_agent_ca(ca.cert_pem(), args.force).await?;
     println!(
         "Agent CA secret {}/{AGENT_CA_SECRET} {}",
-        args.agent.agent_namespace,
+        agent.namespace(),
         match outcome {
             WriteOutcome::Created => "created",
             WriteOutcome::Replaced => "replaced",

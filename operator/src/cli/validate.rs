@@ -4,7 +4,8 @@
 //!
 //! Owns the checks and where they look: `--principal-context`/`--principal-namespace` select the
 //! hub (the principal's PKI Secrets, its namespace, the agents' cluster Secrets),
-//! `--agent-context`/`--agent-namespace` the spoke (the agent's CA and client certificate), both
+//! `--agent-context`/`--agent-namespace` the spoke (the agent's CA and client certificate), each
+//! defaulting to the entry the global `--principal`/`--agent` select ([`super::contexts`]), both
 //! from one kubeconfig (`--kubeconfig`, else `$KUBECONFIG`, which may list several files, or
 //! `~/.kube/config`), so one command reaches several clusters. Upstream's checks of an Argo CD
 //! operator CR, OpenShift Routes, network policies and deployed components are not made here:
@@ -51,17 +52,14 @@ pub struct KubeconfigArgs {
 /// Where the principal is installed.
 #[derive(Args, Debug, Clone)]
 pub struct PrincipalSide {
-    /// The Kubernetes context of the principal (default: the current context).
+    /// The Kubernetes context of the principal (default: the selected principal's, else the
+    /// current context).
     #[arg(long, env = "ARGOCD_AGENT_PRINCIPAL_CONTEXT", value_name = "NAME")]
     pub principal_context: Option<String>,
-    /// The Kubernetes namespace the principal is installed in.
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_PRINCIPAL_NAMESPACE",
-        default_value = "argocd",
-        value_name = "NS"
-    )]
-    pub principal_namespace: String,
+    /// The Kubernetes namespace the principal is installed in (default: the selected
+    /// principal's, else argocd).
+    #[arg(long, env = "ARGOCD_AGENT_PRINCIPAL_NAMESPACE", value_name = "NS")]
+    pub principal_namespace: Option<String>,
 }
 
 /// Arguments of `validate principal`.
@@ -80,17 +78,14 @@ pub struct AgentArgs {
     kube: KubeconfigArgs,
     #[command(flatten)]
     principal: PrincipalSide,
-    /// The Kubernetes context of the agent (required: the agent's cluster is not the hub's).
+    /// The Kubernetes context of the agent (required unless --agent selects it from the config:
+    /// the agent's cluster is not the hub's).
     #[arg(long, env = "ARGOCD_AGENT_AGENT_CONTEXT", value_name = "NAME")]
-    agent_context: String,
-    /// The Kubernetes namespace the agent is installed in.
-    #[arg(
-        long,
-        env = "ARGOCD_AGENT_AGENT_NAMESPACE",
-        default_value = "argocd",
-        value_name = "NS"
-    )]
-    agent_namespace: String,
+    agent_context: Option<String>,
+    /// The Kubernetes namespace the agent is installed in (default: the selected agent's, else
+    /// argocd).
+    #[arg(long, env = "ARGOCD_AGENT_AGENT_NAMESPACE", value_name = "NS")]
+    agent_namespace: Option<String>,
 }
 
 /// One check: what was checked and, if it failed, why and what to do.
@@ -127,15 +122,24 @@ pub async fn run(cmd: ValidateCommand) -> Result<(), CliError> {
         }
         ValidateCommand::Agent(args) => {
             let hub = Side::open(&args.kube, &args.principal).await?;
+            let target = super::contexts::agent(
+                args.agent_context.as_deref(),
+                args.agent_namespace.as_deref(),
+            )?;
+            let Some(context) = target.context else {
+                return Err(CliError::usage(
+                    "the agent's cluster is required: give --agent-context, or --agent NAME from the config",
+                ));
+            };
             let spoke = Side {
                 client: kubeconfig::client_for(
                     "--kubeconfig",
                     "--agent-context",
                     args.kube.kubeconfig.as_deref(),
-                    Some(&args.agent_context),
+                    Some(&context),
                 )
                 .await?,
-                namespace: args.agent_namespace,
+                namespace: target.namespace,
             };
             let mut checks = principal_checks(&hub).await;
             checks.extend(agent_checks(&spoke, &hub).await);
@@ -162,7 +166,11 @@ pub struct Side {
 
 impl Side {
     async fn open(kube: &KubeconfigArgs, principal: &PrincipalSide) -> Result<Side, CliError> {
-        if principal.principal_namespace.trim().is_empty() {
+        let target = super::contexts::principal(
+            principal.principal_context.as_deref(),
+            principal.principal_namespace.as_deref(),
+        )?;
+        if target.namespace.trim().is_empty() {
             return Err(CliError::usage("--principal-namespace is required"));
         }
         Ok(Side {
@@ -170,10 +178,10 @@ impl Side {
                 "--kubeconfig",
                 "--principal-context",
                 kube.kubeconfig.as_deref(),
-                principal.principal_context.as_deref(),
+                target.context.as_deref(),
             )
             .await?,
-            namespace: principal.principal_namespace.clone(),
+            namespace: target.namespace,
         })
     }
 
