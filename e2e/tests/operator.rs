@@ -947,8 +947,8 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
         .await?;
     gocs.create(&PostParams::default(), &bad("second", "all", "managed")?)
         .await?;
-    // An Argo CD namespace this principal does not serve: another principal's GitOpsCluster,
-    // left alone (argocd_namespace_of).
+    // An Argo CD namespace no principal serves: nothing made for it; this principal, serving
+    // the GitOpsCluster's own namespace, says so in its status (home_of_unserved).
     let mut foreign = bad("foreign", "all", "managed")?;
     foreign.spec.argo_server = Some(serde_json::from_value(
         json!({"argoNamespace": "kube-system"}),
@@ -1010,11 +1010,14 @@ async fn gitopscluster_onboards_selected_clusters_and_offboards_them_with_ocm_pl
         condition(&g, "ClustersRegistered").unwrap().1,
         "RegistrationFailed"
     );
-    // That pass ran after "foreign" existed and left it alone.
-    let foreign = gocs.get("foreign").await?;
+    // That pass ran after "foreign" existed: reported, not claimed.
+    let foreign = wait_goc(&gocs, "foreign", "unserved namespace reported", |g| {
+        condition(g, "ArgoServerVerified").is_some_and(|c| c.1 == "ArgoServerNotFound")
+    })
+    .await?;
     assert!(
-        foreign.status.is_none() && foreign.metadata.finalizers.unwrap_or_default().is_empty(),
-        "a GitOpsCluster naming another principal's Argo CD namespace is left alone"
+        foreign.metadata.finalizers.unwrap_or_default().is_empty(),
+        "a GitOpsCluster naming an Argo CD namespace no principal serves is not claimed"
     );
     for name in ["missing", "badmode", "second", "foreign"] {
         gocs.delete(name, &DeleteParams::default()).await?;
@@ -1202,7 +1205,11 @@ async fn two_principals_on_one_hub_each_reconcile_only_the_gitopscluster_naming_
         let g = gocs.get(name).await?;
         assert_eq!(
             g.metadata.finalizers.unwrap_or_default(),
-            vec![argocd_agent_operator::gitops::FINALIZER.to_string()],
+            vec![format!(
+                "{}-{}",
+                argocd_agent_operator::gitops::FINALIZER,
+                namespaces[names.iter().position(|n| *n == name).unwrap()]
+            )],
             "{name}: one finalizer, its owner's"
         );
     }

@@ -487,10 +487,6 @@ where
 }
 
 async fn reconcile(goc: Arc<GitOpsCluster>, ctx: Arc<Context>) -> Result<Action, OperatorError> {
-    if controller::argocd_namespace_of(&goc, &ctx.opts).is_none() {
-        // Another principal's.
-        return Ok(Action::await_change());
-    }
     let key = placement::goc_key(&goc);
     let done =
         controller::reconcile_gitopscluster(&ctx.client, &ctx.opts, &goc, ctx.every_goc()).await?;
@@ -503,15 +499,23 @@ async fn reconcile(goc: Arc<GitOpsCluster>, ctx: Arc<Context>) -> Result<Action,
     }))
 }
 
-/// Sweeps when `obj` names no GitOpsCluster or one that is gone, and looks again every
-/// `resync` while it does (the cluster may be assigned meanwhile: its GitOpsCluster decides).
+/// Sweeps when `obj`, this principal's, names no GitOpsCluster or one that is gone or that
+/// this principal no longer serves, and looks again every `resync` while it does (the cluster
+/// may be assigned meanwhile: its GitOpsCluster decides).
 async fn sweep_orphan<K>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, OperatorError>
 where
     K: kube::Resource<DynamicType = ()>,
 {
+    if fleet::principal_of(obj.as_ref()).is_some_and(|p| *p != ctx.opts.namespace) {
+        // Another principal's.
+        return Ok(Action::await_change());
+    }
     let owner = fleet::owner(obj.as_ref());
-    let orphan =
-        owner.is_none_or(|o| !ctx.gocs.state().iter().any(|g| placement::goc_key(g) == *o));
+    let orphan = owner.is_none_or(|o| {
+        !ctx.gocs.state().iter().any(|g| {
+            placement::goc_key(g) == *o && fleet::argocd_namespace_of(g, &ctx.opts).is_some()
+        })
+    });
     if !orphan {
         return Ok(Action::await_change());
     }

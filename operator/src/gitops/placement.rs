@@ -151,10 +151,28 @@ pub fn decided_clusters<'a>(
         .collect()
 }
 
-/// Reads the Placement and its decisions from the hub.
+/// Reads the Placement and its decisions from the hub, adding the offline tolerations the
+/// Placement lacks.
 pub async fn resolve(
     client: &kube::Client,
     goc: &GitOpsCluster,
+) -> Result<BTreeSet<String>, PlacementError> {
+    resolve_as(client, goc, true).await
+}
+
+/// Reads the Placement and its decisions from the hub, writing nothing: for another
+/// principal's GitOpsCluster, whose Placement is that principal's to amend.
+pub async fn resolve_read_only(
+    client: &kube::Client,
+    goc: &GitOpsCluster,
+) -> Result<BTreeSet<String>, PlacementError> {
+    resolve_as(client, goc, false).await
+}
+
+async fn resolve_as(
+    client: &kube::Client,
+    goc: &GitOpsCluster,
+    add_tolerations: bool,
 ) -> Result<BTreeSet<String>, PlacementError> {
     let (namespace, name) = placement_key(goc)?;
     let api_err = |e: kube::Error| PlacementError::Api {
@@ -167,9 +185,11 @@ pub async fn resolve(
     let Some(placement) = placements.get_opt(&name).await.map_err(api_err)? else {
         return Err(PlacementError::NotFound { namespace, name });
     };
-    ensure_tolerations(&placements, &placement)
-        .await
-        .map_err(api_err)?;
+    if add_tolerations {
+        ensure_tolerations(&placements, &placement)
+            .await
+            .map_err(api_err)?;
+    }
     let decisions: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &placement_decision_resource());
     let list = decisions
