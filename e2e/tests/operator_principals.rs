@@ -4,7 +4,8 @@
 //! a GitOpsCluster naming a namespace no principal serves is reported by the principal serving
 //! its own namespace, a cluster selected by two principals' GitOpsClusters goes to the oldest
 //! (the other reports the conflict, writes nothing for it, and takes over when the winner goes),
-//! and a GitOpsCluster moving to another principal leaves nothing of the old one behind.
+//! and a GitOpsCluster moving to another principal leaves nothing of the old one behind; each
+//! principal's pull model wraps only the Applications of its own Argo CD namespaces.
 //!
 //! The test plays OCM's placement controller (it writes the PlacementDecisions) and no work
 //! agent runs: what is asserted is what each operator writes on the hub.
@@ -303,6 +304,119 @@ async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fightin
 
     gocs_b.delete("gb", &DeleteParams::default()).await?;
     wait_agent_work(&hub, &cluster, "the cluster offboarded", |w| w.is_none()).await?;
+    drop((a, b));
+    Ok(())
+}
+
+/// Each principal's pull model handles the Applications of its own Argo CD namespaces only: an
+/// Application in a's namespace is wrapped by a alone (b's log never names it), one in a
+/// namespace neither serves by nobody.
+#[tokio::test]
+async fn each_principals_pull_model_handles_only_its_argo_cd_namespaces_applications(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("pull_principals")?;
+    let hub = planes.hub.client().await?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let (ns_a, ns_b, nobody) = (ctx.unique("hub-a"), ctx.unique("hub-b"), ctx.unique("apps"));
+    let a = Principal::start(
+        "a",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ns_a,
+        &["--enable-operator=true"],
+    )
+    .await?;
+    let b = Principal::start(
+        "b",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ns_b,
+        &["--enable-operator=true"],
+    )
+    .await?;
+    ensure_namespace(&hub, &nobody).await?;
+    let cluster = ctx.unique("c");
+    let clusters: Api<DynamicObject> = Api::all_with(
+        hub.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1", "ManagedCluster"),
+            "managedclusters",
+        ),
+    );
+    clusters
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+                "metadata": {"name": cluster}, "spec": {"hubAcceptsClient": true}}))?,
+        )
+        .await?;
+    ensure_namespace(&hub, &cluster).await?;
+    let application = |name: &str, ns: &str| -> anyhow::Result<DynamicObject> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": name, "namespace": ns,
+                         "labels": {"apps.open-cluster-management.io/pull-to-ocm-managed-cluster": "true"},
+                         "annotations": {"apps.open-cluster-management.io/ocm-managed-cluster": cluster,
+                                         "argocd.argoproj.io/skip-reconcile": "true"}},
+            "spec": {"project": "default",
+                     "source": {"repoURL": "https://github.com/argoproj/argocd-example-apps.git",
+                                "path": "guestbook", "targetRevision": "HEAD"},
+                     "destination": {"name": cluster, "namespace": "guestbook"}}
+        }))?)
+    };
+    let apps = |ns: &str| {
+        Api::<DynamicObject>::namespaced_with(
+            hub.clone(),
+            ns,
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+                "applications",
+            ),
+        )
+    };
+    // The unserved one first: handled, it would be wrapped before the other.
+    apps(&nobody)
+        .create(&PostParams::default(), &application("stray", &nobody)?)
+        .await?;
+    apps(&ns_a)
+        .create(&PostParams::default(), &application("mine", &ns_a)?)
+        .await?;
+    let works: Api<ManifestWork> = Api::namespaced(hub.clone(), &cluster);
+    let hub_namespace = |w: &ManifestWork| {
+        w.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("apps.open-cluster-management.io/hub-application-namespace"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until("a's Application wrapped", WAIT, || async {
+        let listed = works.list(&Default::default()).await?.items;
+        Ok::<_, kube::Error>(
+            listed
+                .iter()
+                .any(|w| hub_namespace(w) == ns_a)
+                .then_some(()),
+        )
+    })
+    .await?;
+    let listed = works.list(&Default::default()).await?.items;
+    assert!(
+        listed.iter().all(|w| hub_namespace(w) == ns_a),
+        "only a's Application is wrapped: {:?}",
+        listed.iter().map(hub_namespace).collect::<Vec<_>>()
+    );
+    let applied = |log: &str, app: &str| {
+        log.lines()
+            .any(|l| l.contains("ManifestWork applied") && l.contains(app))
+    };
+    let mine = format!("{ns_a}/mine");
+    assert!(applied(&a.process.log(), &mine), "a wrapped {mine}");
+    assert!(!applied(&b.process.log(), &mine), "b left {mine} alone");
     drop((a, b));
     Ok(())
 }
