@@ -39,7 +39,7 @@ use super::csr::process_csrs;
 pub use super::fleet::argocd_namespace_of;
 use super::fleet::{
     finalizer_of, home_of_unserved, is_live, kube_err, name_in, owner, principal_of, Fleet,
-    Responsible, Selection, INVALID_MODE,
+    Responsible, Selection, Stores, INVALID_MODE,
 };
 use super::placement::goc_key;
 use super::server_discovery::{discover_principal_endpoint, endpoint_for, write_back};
@@ -106,6 +106,8 @@ impl Pki {
         fleet: &Fleet,
         goc: &GitOpsCluster,
     ) -> Result<Pki, OperatorError> {
+        // The PKI Secrets are read from the API, not a store: a CA read stale (absent) would
+        // be generated anew over the existing one, invalidating every certificate it signed.
         let store = SecretStore::new(client.clone(), &opts.namespace);
         let ca = match ensure_ca(&store, &opts.certs).await {
             Ok((ca, _)) => Ok(ca),
@@ -181,16 +183,18 @@ impl Pki {
 }
 
 /// Reconciles the GitOpsCluster `goc`, given every GitOpsCluster on the hub (`every`, which
-/// includes `goc`). A GitOpsCluster another principal serves is left alone.
+/// includes `goc`) and the operator's stores of the other kinds it reads ([`Stores`]). A
+/// GitOpsCluster another principal serves is left alone.
 pub async fn reconcile_gitopscluster(
     client: &kube::Client,
     opts: &OperatorOptions,
+    stores: &Stores,
     goc: &GitOpsCluster,
     mut every: Vec<GitOpsCluster>,
 ) -> Result<Reconciled, OperatorError> {
     let mut summary = Reconciled::default();
     if argocd_namespace_of(goc, opts).is_none() {
-        return reconcile_unserved(client, opts, goc, every).await;
+        return reconcile_unserved(client, opts, stores, goc, every).await;
     }
     let key = goc_key(goc);
     let api: Api<GitOpsCluster> =
@@ -212,7 +216,7 @@ pub async fn reconcile_gitopscluster(
     }
     every.retain(|g| goc_key(g) != key);
     every.push(goc.clone());
-    let fleet = Fleet::gather(client, opts, every).await?;
+    let fleet = Fleet::gather(client, opts, stores, every).await?;
 
     let mut outcomes: BTreeMap<String, ClusterOutcome> = BTreeMap::new();
     let mut wanted_cr_works: BTreeSet<(String, String)> = BTreeSet::new();
@@ -351,13 +355,14 @@ pub async fn reconcile_gitopscluster(
 async fn reconcile_unserved(
     client: &kube::Client,
     opts: &OperatorOptions,
+    stores: &Stores,
     goc: &GitOpsCluster,
     every: Vec<GitOpsCluster>,
 ) -> Result<Reconciled, OperatorError> {
     let mut summary = Reconciled::default();
     let key = goc_key(goc);
     if goc.finalizers().iter().any(|f| *f == finalizer_of(opts)) {
-        let fleet = Fleet::gather(client, opts, every).await?;
+        let fleet = Fleet::gather(client, opts, stores, every).await?;
         offboard(
             client,
             &fleet,
@@ -515,6 +520,8 @@ async fn onboard(
             ))
         }
     };
+    // Read from the API, not a store: the operator keeps no store of namespaces (one get per
+    // selected cluster and pass, the only cluster-wide read it needs of them).
     let namespaces: Api<Namespace> = Api::all(client.clone());
     if namespaces
         .get_opt(cluster)
@@ -761,9 +768,10 @@ async fn offboard(
 pub async fn sweep(
     client: &kube::Client,
     opts: &OperatorOptions,
+    stores: &Stores,
     every: Vec<GitOpsCluster>,
 ) -> Result<BTreeSet<String>, OperatorError> {
-    let fleet = Fleet::gather(client, opts, every).await?;
+    let fleet = Fleet::gather(client, opts, stores, every).await?;
     let mut summary = Reconciled::default();
     offboard(
         client,

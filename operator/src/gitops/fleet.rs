@@ -19,13 +19,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams};
+use kube::api::DynamicObject;
+use kube::runtime::reflector::Store;
 
-use super::agent_work::{
-    AGENT_WORK_NAME, MANAGED_BY_LABEL, MANAGED_BY_OPERATOR, OWNER_ANNOTATION, PRINCIPAL_ANNOTATION,
-};
+use super::agent_work::{AGENT_WORK_NAME, OWNER_ANNOTATION, PRINCIPAL_ANNOTATION};
 use super::crd::GitOpsCluster;
-use super::placement::{assign_clusters, goc_key, resolve, resolve_read_only, PlacementError};
+use super::placement::{assign_clusters, goc_key, resolve, PlacementError};
 use super::{OperatorError, OperatorOptions, FINALIZER};
 use crate::pull::manifestwork::ManifestWork;
 
@@ -126,6 +125,27 @@ pub enum Responsible {
     Sweep,
 }
 
+/// The operator's stores the fleet is read from (one watch each, shared with the controller's
+/// triggers): Placements, PlacementDecisions, the operator's ManifestWorks (label
+/// `app.kubernetes.io/managed-by=argocd-agent-operator`, any principal's) and its cluster Secrets
+/// in each of this principal's Argo CD namespaces.
+///
+/// A store may lag behind a write of this very operator by a moment; every write carries what
+/// it read (a replace its resourceVersion, a create nothing), so a stale read ends in a conflict
+/// and a retry, never in a lost update, and each change of a stored object triggers the
+/// GitOpsClusters it concerns again.
+#[derive(Clone)]
+pub struct Stores {
+    /// Placements.
+    pub placements: Store<DynamicObject>,
+    /// PlacementDecisions.
+    pub decisions: Store<DynamicObject>,
+    /// The operator's ManifestWorks.
+    pub works: Store<ManifestWork>,
+    /// The operator's cluster Secrets, one store per Argo CD namespace.
+    pub secrets: Vec<Store<Secret>>,
+}
+
 /// The fleet at one moment.
 pub struct Fleet {
     /// This principal ([`PRINCIPAL_ANNOTATION`]'s value on its objects).
@@ -149,13 +169,14 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Reads the fleet, given every GitOpsCluster on the hub: resolves the placements of the
-    /// served live ones (adding the offline tolerations they lack) and, read-only, of the live
-    /// ones another principal claims, assigns the clusters across them, and lists the
-    /// operator's objects.
+    /// Reads the fleet from the operator's stores, given every GitOpsCluster on the hub (its
+    /// store): resolves the placements of the served live ones (adding the offline tolerations
+    /// they lack) and, read-only, of the live ones another principal claims, assigns the
+    /// clusters across them, and takes the operator's objects.
     pub async fn gather(
         client: &kube::Client,
         opts: &OperatorOptions,
+        stores: &Stores,
         mut gocs: Vec<GitOpsCluster>,
     ) -> Result<Fleet, OperatorError> {
         gocs.sort_by_key(goc_key);
@@ -166,9 +187,11 @@ impl Fleet {
         let mut selections = BTreeMap::new();
         for goc in served.iter().filter(|g| is_live(g)) {
             let selected = match goc.mode() {
-                "managed" | "autonomous" => resolve(client, goc)
-                    .await
-                    .map_err(|e: PlacementError| (e.reason().to_owned(), e.to_string())),
+                "managed" | "autonomous" => {
+                    resolve(client, &stores.placements, &stores.decisions, goc, true)
+                        .await
+                        .map_err(|e: PlacementError| (e.reason().to_owned(), e.to_string()))
+                }
                 other => Err((
                     INVALID_MODE.to_owned(),
                     format!("spec.argoCDAgentAddon.mode is {other:?}; use managed or autonomous"),
@@ -180,7 +203,8 @@ impl Fleet {
         // their placements are read, never written: they are that principal's to fix.
         let mut competing = Vec::new();
         for goc in others.iter().filter(|g| competes(g, opts)) {
-            if let Ok(clusters) = resolve_read_only(client, goc).await {
+            let read = resolve(client, &stores.placements, &stores.decisions, goc, false);
+            if let Ok(clusters) = read.await {
                 competing.push((goc, clusters));
             }
         }
@@ -212,30 +236,23 @@ impl Fleet {
             cluster_secrets: Vec::new(),
             foreign_agent_works: BTreeMap::new(),
         };
-        let managed =
-            ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_OPERATOR}"));
-        let works_api: Api<ManifestWork> = Api::all(client.clone());
-        let works = works_api
-            .list(&managed)
-            .await
-            .map_err(kube_err("listing agent ManifestWorks"))?
-            .items;
-        for work in works {
-            if fleet.ours(&work) {
-                fleet.works.push(work);
+        for work in stores.works.state() {
+            if fleet.ours(work.as_ref()) {
+                fleet.works.push(work.as_ref().clone());
             } else if work.metadata.name.as_deref() == Some(AGENT_WORK_NAME) {
                 let cluster = work.metadata.namespace.clone().unwrap_or_default();
-                fleet.foreign_agent_works.insert(cluster, work);
+                fleet
+                    .foreign_agent_works
+                    .insert(cluster, work.as_ref().clone());
             }
         }
-        for ns in opts.argocd_namespaces() {
-            let secrets_api: Api<Secret> = Api::namespaced(client.clone(), &ns);
-            let secrets = secrets_api
-                .list(&managed)
-                .await
-                .map_err(kube_err(format!("listing cluster secrets in {ns}")))?
-                .items;
-            let ours: Vec<Secret> = secrets.into_iter().filter(|s| fleet.ours(s)).collect();
+        for store in &stores.secrets {
+            let ours: Vec<Secret> = store
+                .state()
+                .into_iter()
+                .filter(|s| fleet.ours(s.as_ref()))
+                .map(|s| s.as_ref().clone())
+                .collect();
             fleet.cluster_secrets.extend(ours);
         }
         Ok(fleet)
