@@ -12,8 +12,12 @@
 //! read-only. A GitOpsCluster whose placement cannot be resolved or whose spec is invalid keeps
 //! its existing clusters untouched (a typo must not offboard a fleet) and says why in its
 //! status. Only the GitOpsClusters this principal serves ([`argocd_namespace_of`]) are
-//! reconciled, so several principals on one hub never overwrite each other's objects.
-//! [`sweep`] removes an object no GitOpsCluster wants and whose owner is gone.
+//! reconciled (this principal's finalizer is its claim: [`finalizer_of`]), so several principals
+//! on one hub never overwrite each other's objects; of the others, one this principal still
+//! claims (it moved elsewhere) has its objects of this principal removed and the claim released,
+//! and one naming a namespace no principal serves is reported by the principal serving its own
+//! namespace ([`home_of_unserved`]); any other is neither read nor written. [`sweep`] removes
+//! an object no GitOpsCluster wants and whose owner is gone or served elsewhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 
