@@ -524,6 +524,27 @@ mod tests {
     }
 
     #[test]
+    fn another_principals_gitopscluster_competes_for_clusters_only_while_claimed_live_and_valid() {
+        let p = OperatorOptions::new("hub-p");
+        let q = OperatorOptions::new("hub-q");
+        let claimed = with_finalizers(goc("g", Some("hub-q")), &[&finalizer_of(&q)]);
+        assert!(competes(&claimed, &p));
+        // Not claimed (no principal serves it, or its principal has not reconciled it yet).
+        assert!(!competes(&goc("g", Some("hub-q")), &p));
+        // Being deleted: its clusters are free to take over.
+        let mut deleted = claimed.clone();
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        assert!(!competes(&deleted, &p));
+        // A mode its principal refuses: it onboards nothing.
+        let mut sideways = claimed.clone();
+        sideways.spec.argocd_agent_addon.mode = Some("sideways".into());
+        assert!(!competes(&sideways, &p));
+    }
+
+    #[test]
     fn a_gitopscluster_naming_an_unserved_namespace_is_reported_by_the_home_principal_alone() {
         // "ns" is the GitOpsCluster's own namespace: served by `home` only.
         let home = OperatorOptions::new("ns");
