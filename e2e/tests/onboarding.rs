@@ -258,6 +258,9 @@ impl Site {
                 "metadata": {"name": "sites", "namespace": ns},
                 "spec": {
                     "placementRef": {"kind": "Placement", "name": "sites"},
+                    // Each test's own namespace is served by no principal: name the principal's
+                    // (upstream's default is the GitOpsCluster's namespace).
+                    "argoServer": {"argoNamespace": PRINCIPAL_NS},
                     "argoCDAgentAddon": {
                         "mode": "managed",
                         "principalServerAddress": "127.0.0.1",

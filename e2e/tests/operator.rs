@@ -1067,10 +1067,10 @@ mod ocm_played_by_the_test_since_addon_manager_is_not_built_and_placement_never_
 
     /// Bad input is reported in the status: a missing Placement, an invalid mode, a GitOpsCluster
     /// claiming a cluster another one holds (the older keeps it), a decision naming a cluster without
-    /// a namespace; a GitOpsCluster naming an Argo CD namespace this principal does not serve is left
-    /// alone (no status, no finalizer, nothing written).
+    /// a namespace; a GitOpsCluster naming an Argo CD namespace no principal serves is reported
+    /// (ArgoServerNotFound) by the principal serving its own namespace, and not claimed.
     #[tokio::test]
-    async fn bad_input_is_reported_in_the_status_and_foreign_gitopsclusters_are_left_alone(
+    async fn bad_input_is_reported_in_the_status_and_unserved_gitopsclusters_are_not_claimed(
     ) -> anyhow::Result<()> {
         let f = Fleet::start("operator_bad_input").await?;
         let (hub, ctx, ns, clusters, gocs, secrets) =
@@ -1091,8 +1091,8 @@ mod ocm_played_by_the_test_since_addon_manager_is_not_built_and_placement_never_
             .await?;
         gocs.create(&PostParams::default(), &bad("second", "all", "managed")?)
             .await?;
-        // An Argo CD namespace this principal does not serve: another principal's GitOpsCluster,
-        // left alone (argocd_namespace_of).
+        // An Argo CD namespace no principal serves: nothing made for it; this principal, serving
+        // the GitOpsCluster's own namespace, says so in its status (home_of_unserved).
         let mut foreign = bad("foreign", "all", "managed")?;
         foreign.spec.argo_server = Some(serde_json::from_value(
             json!({"argoNamespace": "kube-system"}),
@@ -1154,11 +1154,14 @@ mod ocm_played_by_the_test_since_addon_manager_is_not_built_and_placement_never_
             condition(&g, "ClustersRegistered").unwrap().1,
             "RegistrationFailed"
         );
-        // That pass ran after "foreign" existed and left it alone.
-        let foreign = gocs.get("foreign").await?;
+        // That pass ran after "foreign" existed: reported, not claimed.
+        let foreign = wait_goc(gocs, "foreign", "unserved namespace reported", |g| {
+            condition(g, "ArgoServerVerified").is_some_and(|c| c.1 == "ArgoServerNotFound")
+        })
+        .await?;
         assert!(
-            foreign.status.is_none() && foreign.metadata.finalizers.unwrap_or_default().is_empty(),
-            "a GitOpsCluster naming another principal's Argo CD namespace is left alone"
+            foreign.metadata.finalizers.unwrap_or_default().is_empty(),
+            "a GitOpsCluster naming an Argo CD namespace no principal serves is not claimed"
         );
         for name in ["missing", "badmode", "second", "foreign"] {
             gocs.delete(name, &DeleteParams::default()).await?;
@@ -1354,7 +1357,11 @@ async fn two_principals_on_one_hub_each_reconcile_only_the_gitopscluster_naming_
         let g = gocs.get(name).await?;
         assert_eq!(
             g.metadata.finalizers.unwrap_or_default(),
-            vec![argocd_agent_operator::gitops::FINALIZER.to_string()],
+            vec![format!(
+                "{}-{}",
+                argocd_agent_operator::gitops::FINALIZER,
+                namespaces[names.iter().position(|n| *n == name).unwrap()]
+            )],
             "{name}: one finalizer, its owner's"
         );
     }

@@ -342,8 +342,11 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             opts.lease_duration = ha.lease_duration;
             opts.lease_retry = ha.renew_interval;
         }
+        // The pull model handles the Applications of the Argo CD namespaces this principal
+        // serves, so several principals on one hub never act on one another's.
         let pull = argocd_agent_operator::pull::PullModelOptions {
             argocd_namespace: config.namespace.clone(),
+            application_namespaces: Some(opts.argocd_namespaces()),
             ..Default::default()
         };
         let pull_stopped = operator_stopped.clone();

@@ -52,6 +52,10 @@ pub const MANAGED_BY_OPERATOR: &str = "argocd-agent-operator";
 pub const CLUSTER_NAME_LABEL: &str = "apps.open-cluster-management.io/cluster-name";
 /// Annotation naming the owning GitOpsCluster as `namespace/name`.
 pub const OWNER_ANNOTATION: &str = "apps.open-cluster-management.io/gitopscluster";
+/// Annotation naming the principal (its namespace) whose operator created a hub object, so that
+/// with several principals on one hub each knows its own objects even after the GitOpsCluster
+/// that owned them moved to another principal.
+pub const PRINCIPAL_ANNOTATION: &str = "argocd-agent.argoproj-labs.io/principal";
 /// Feedback value name for the Deployment's ready replicas.
 pub const FEEDBACK_READY_REPLICAS: &str = "readyReplicas";
 

@@ -12,8 +12,12 @@
 //! read-only. A GitOpsCluster whose placement cannot be resolved or whose spec is invalid keeps
 //! its existing clusters untouched (a typo must not offboard a fleet) and says why in its
 //! status. Only the GitOpsClusters this principal serves ([`argocd_namespace_of`]) are
-//! reconciled, so several principals on one hub never overwrite each other's objects.
-//! [`sweep`] removes an object no GitOpsCluster wants and whose owner is gone.
+//! reconciled (this principal's finalizer is its claim: [`finalizer_of`]), so several principals
+//! on one hub never overwrite each other's objects; of the others, one this principal still
+//! claims (it moved elsewhere) has its objects of this principal removed and the claim released,
+//! and one naming a namespace no principal serves is reported by the principal serving its own
+//! namespace ([`home_of_unserved`]); any other is neither read nor written. [`sweep`] removes
+//! an object no GitOpsCluster wants and whose owner is gone or served elsewhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,7 +32,7 @@ use serde_json::{json, Value};
 
 use super::agent_work::{
     agent_readiness, build_agent_manifest_work, embedded_client_tls, hub_labels, AgentDeployment,
-    AGENT_WORK_NAME, CLUSTER_NAME_LABEL, OWNER_ANNOTATION,
+    AGENT_WORK_NAME, CLUSTER_NAME_LABEL, OWNER_ANNOTATION, PRINCIPAL_ANNOTATION,
 };
 use super::argocd_cr::{build_cr_work, cr_work_name, validate, CrDelivery};
 use super::certs::{
@@ -38,11 +42,14 @@ use super::crd::*;
 use super::csr::process_csrs;
 pub use super::fleet::argocd_namespace_of;
 use super::fleet::{
-    is_live, kube_err, name_in, owner, Fleet, Responsible, Selection, INVALID_MODE,
+    finalizer_of, home_of_unserved, is_live, kube_err, name_in, owner, principal_of, Fleet,
+    Responsible, Selection, Stores, INVALID_MODE,
 };
 use super::placement::goc_key;
 use super::server_discovery::{discover_principal_endpoint, endpoint_for, write_back};
-use super::upstream_conditions::{upstream_conditions, PassFacts};
+use super::upstream_conditions::{
+    upstream_conditions, PassFacts, ARGO_SERVER_VERIFIED, REASON_ARGO_SERVER_NOT_FOUND,
+};
 use super::{OperatorError, OperatorOptions, FINALIZER};
 use crate::pki::jwt::{generate_jwt_signing_key, JwtKeyAlgorithm};
 use crate::pki::secrets::{
@@ -103,6 +110,8 @@ impl Pki {
         fleet: &Fleet,
         goc: &GitOpsCluster,
     ) -> Result<Pki, OperatorError> {
+        // The PKI Secrets are read from the API, not a store: a CA read stale (absent) would
+        // be generated anew over the existing one, invalidating every certificate it signed.
         let store = SecretStore::new(client.clone(), &opts.namespace);
         let ca = match ensure_ca(&store, &opts.certs).await {
             Ok((ca, _)) => Ok(ca),
@@ -178,40 +187,40 @@ impl Pki {
 }
 
 /// Reconciles the GitOpsCluster `goc`, given every GitOpsCluster on the hub (`every`, which
-/// includes `goc`). A GitOpsCluster another principal serves is left alone.
+/// includes `goc`) and the operator's stores of the other kinds it reads ([`Stores`]). A
+/// GitOpsCluster another principal serves is left alone.
 pub async fn reconcile_gitopscluster(
     client: &kube::Client,
     opts: &OperatorOptions,
+    stores: &Stores,
     goc: &GitOpsCluster,
     mut every: Vec<GitOpsCluster>,
 ) -> Result<Reconciled, OperatorError> {
     let mut summary = Reconciled::default();
     if argocd_namespace_of(goc, opts).is_none() {
-        return Ok(summary);
+        return reconcile_unserved(client, opts, stores, goc, every).await;
     }
     let key = goc_key(goc);
     let api: Api<GitOpsCluster> =
         Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
     let mut goc = goc.clone();
-    // The finalizer first, so nothing is created for a GitOpsCluster that could vanish
-    // without cleanup.
-    if is_live(&goc) && !goc.finalizers().iter().any(|f| f == FINALIZER) {
-        let mut finalizers = goc.finalizers().to_vec();
-        finalizers.push(FINALIZER.to_owned());
-        goc = api
-            .patch(
-                &goc.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
-            )
-            .await
-            .map_err(kube_err(format!(
-                "adding the finalizer to GitOpsCluster {key}"
-            )))?;
+    // The finalizer (this principal's claim) first, so nothing is created for a GitOpsCluster
+    // that could vanish without cleanup; the legacy one is replaced.
+    let own = finalizer_of(opts);
+    let has = |g: &GitOpsCluster, f: &str| g.finalizers().iter().any(|x| x == f);
+    if is_live(&goc) && (!has(&goc, &own) || has(&goc, FINALIZER)) {
+        let mut finalizers: Vec<String> = goc
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER && **f != own)
+            .cloned()
+            .collect();
+        finalizers.push(own.clone());
+        goc = patch_finalizers(&api, &goc, finalizers).await?;
     }
     every.retain(|g| goc_key(g) != key);
     every.push(goc.clone());
-    let fleet = Fleet::gather(client, opts, every).await?;
+    let fleet = Fleet::gather(client, opts, stores, every).await?;
 
     let mut outcomes: BTreeMap<String, ClusterOutcome> = BTreeMap::new();
     let mut wanted_cr_works: BTreeSet<(String, String)> = BTreeSet::new();
@@ -269,40 +278,9 @@ pub async fn reconcile_gitopscluster(
     .await?;
 
     // A deleted GitOpsCluster's finalizer: released once none of its objects remain.
-    if !is_live(&goc) && goc.finalizers().iter().any(|f| f == FINALIZER) {
-        let remaining = fleet
-            .works
-            .iter()
-            .filter(|w| owner(*w) == Some(&key))
-            .count()
-            + fleet
-                .cluster_secrets
-                .iter()
-                .filter(|s| owner(*s) == Some(&key))
-                .count();
-        if remaining > 0 {
-            // Deleted above; released once they are gone.
-            summary.requeue_soon = true;
-        } else {
-            let finalizers: Vec<String> = goc
-                .finalizers()
-                .iter()
-                .filter(|f| *f != FINALIZER)
-                .cloned()
-                .collect();
-            match api
-                .patch(
-                    &goc.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
-                )
-                .await
-            {
-                Ok(_) | Err(kube::Error::Api(_)) => {}
-                Err(e) => return Err(kube_err(format!("releasing GitOpsCluster {key}"))(e)),
-            }
-            tracing::info!(gitopscluster = %key, "offboarding complete; finalizer released");
-        }
+    if !is_live(&goc) {
+        summary.requeue_soon =
+            release_once_offboarded(client, opts, &fleet, &goc, |_, _| true).await?;
     }
 
     let Some(pki) = pki else {
@@ -371,6 +349,152 @@ pub async fn reconcile_gitopscluster(
     Ok(summary)
 }
 
+/// A GitOpsCluster this principal does not serve. When it carries this principal's claim (its
+/// Argo CD namespace moved to another principal, or to one no principal serves), this principal
+/// removes what it made for it (the sweep's responsibility, [`Fleet::responsible`]) and then
+/// releases its claim. When no principal claims it and this principal serves its own namespace
+/// ([`home_of_unserved`]), its status says that no principal serves the namespace it names
+/// (multicloud-integrations' `ArgoServerVerified` `False`, `ArgoServerNotFound`). Otherwise
+/// nothing is read or written.
+async fn reconcile_unserved(
+    client: &kube::Client,
+    opts: &OperatorOptions,
+    stores: &Stores,
+    goc: &GitOpsCluster,
+    every: Vec<GitOpsCluster>,
+) -> Result<Reconciled, OperatorError> {
+    let mut summary = Reconciled::default();
+    let key = goc_key(goc);
+    if goc.finalizers().iter().any(|f| *f == finalizer_of(opts)) {
+        let fleet = Fleet::gather(client, opts, stores, every).await?;
+        offboard(
+            client,
+            &fleet,
+            &Responsible::Sweep,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            &mut summary,
+        )
+        .await?;
+        if !summary.offboarded.is_empty() {
+            tracing::info!(gitopscluster = %key, clusters = ?summary.offboarded, "GitOpsCluster no longer served by this principal; its objects removed");
+        }
+        summary.requeue_soon = release_once_offboarded(client, opts, &fleet, goc, |cluster, o| {
+            fleet.responsible_for(cluster, o) == Responsible::Sweep
+        })
+        .await?;
+        return Ok(summary);
+    }
+    let Some(named) = home_of_unserved(goc, opts) else {
+        return Ok(summary);
+    };
+    let served: Vec<String> = opts.argocd_namespaces().into_iter().collect();
+    let message = format!(
+        "spec.argoServer.argoNamespace {named:?} is served by no principal on this hub (no principal \
+         claims this GitOpsCluster); this principal serves {} and reports here because it serves \
+         the GitOpsCluster's namespace; name one of a principal's Argo CD namespaces",
+        served.join(", ")
+    );
+    tracing::info!(gitopscluster = %key, argo_namespace = %named, "GitOpsCluster names an Argo CD namespace no principal serves");
+    let generation = goc.metadata.generation;
+    let cond = |type_: &str| Condition {
+        type_: type_.to_owned(),
+        status: "False".to_owned(),
+        reason: REASON_ARGO_SERVER_NOT_FOUND.to_owned(),
+        message: message.clone(),
+        observed_generation: generation,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let status = GitOpsClusterStatus {
+        conditions: vec![cond(ARGO_SERVER_VERIFIED), cond(CONDITION_READY)],
+        observed_generation: generation,
+        clusters: Vec::new(),
+    };
+    write_status(client, goc, status).await?;
+    if goc.finalizers().iter().any(|f| f == FINALIZER) {
+        // Nobody serves it, so nobody else releases the legacy claim.
+        let api: Api<GitOpsCluster> =
+            Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
+        let rest = goc
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        patch_finalizers(&api, goc, rest).await?;
+    }
+    Ok(summary)
+}
+
+/// Releases this principal's claim on `goc` (and the legacy one) once none of the objects it
+/// owns that `counts` (given their cluster and owner) remain in `fleet`; `true` when some remain
+/// (look again soon).
+async fn release_once_offboarded(
+    client: &kube::Client,
+    opts: &OperatorOptions,
+    fleet: &Fleet,
+    goc: &GitOpsCluster,
+    counts: impl Fn(&str, Option<&String>) -> bool,
+) -> Result<bool, OperatorError> {
+    let key = goc_key(goc);
+    let own = finalizer_of(opts);
+    if !goc.finalizers().iter().any(|f| *f == own || f == FINALIZER) {
+        return Ok(false);
+    }
+    let works = fleet
+        .works
+        .iter()
+        .map(|w| (w.namespace().unwrap_or_default(), owner(w)));
+    let secrets = fleet.cluster_secrets.iter().map(|s| {
+        let cluster = s.labels().get(CLUSTER_NAME_LABEL).cloned();
+        (cluster.unwrap_or_default(), owner(s))
+    });
+    let remaining = works
+        .chain(secrets)
+        .filter(|(cluster, o)| *o == Some(&key) && counts(cluster, *o))
+        .count();
+    if remaining > 0 {
+        // Deleted; released once they are gone.
+        return Ok(true);
+    }
+    let finalizers: Vec<String> = goc
+        .finalizers()
+        .iter()
+        .filter(|f| **f != own && *f != FINALIZER)
+        .cloned()
+        .collect();
+    let api: Api<GitOpsCluster> =
+        Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
+    match patch_finalizers(&api, goc, finalizers).await {
+        Ok(_) => {}
+        // Gone meanwhile, or being deleted with nothing left to hold.
+        Err(OperatorError::Kube {
+            source: kube::Error::Api(_),
+            ..
+        }) => {}
+        Err(e) => return Err(e),
+    }
+    tracing::info!(gitopscluster = %key, "offboarding complete; finalizer released");
+    Ok(false)
+}
+
+async fn patch_finalizers(
+    api: &Api<GitOpsCluster>,
+    goc: &GitOpsCluster,
+    finalizers: Vec<String>,
+) -> Result<GitOpsCluster, OperatorError> {
+    api.patch(
+        &goc.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+    )
+    .await
+    .map_err(kube_err(format!(
+        "updating the finalizers of GitOpsCluster {}",
+        goc_key(goc)
+    )))
+}
+
 /// Onboards `cluster`, assigned to the live `goc`: its Argo CD cluster secret, agent
 /// ManifestWork and Argo CD CR ManifestWork (recorded in `wanted_cr_works`).
 #[allow(clippy::too_many_arguments)]
@@ -400,6 +524,8 @@ async fn onboard(
             ))
         }
     };
+    // Read from the API, not a store: the operator keeps no store of namespaces (one get per
+    // selected cluster and pass, the only cluster-wide read it needs of them).
     let namespaces: Api<Namespace> = Api::all(client.clone());
     if namespaces
         .get_opt(cluster)
@@ -422,6 +548,19 @@ async fn onboard(
         Ok(endpoint) => endpoint.clone(),
         Err(why) => return Ok(ClusterOutcome::failed(status, why.clone())),
     };
+    // Another principal's agent is still on the cluster (its GitOpsCluster lost the cluster to
+    // this older one, or went): that principal removes it; wait, writing nothing for the cluster.
+    if let Some(theirs) = fleet.foreign_agent_works.get(cluster.as_str()) {
+        return Ok(ClusterOutcome::failed(
+            status,
+            format!(
+                "ManifestWork {cluster}/{AGENT_WORK_NAME} belongs to principal {:?} (GitOpsCluster {:?}); \
+                 waiting for it to remove it",
+                principal_of(theirs).map_or("", String::as_str),
+                owner(theirs).map_or("", String::as_str),
+            ),
+        ));
+    }
     let now = Utc::now();
     let validity = opts.certs.leaf_validity(ca, now);
 
@@ -455,11 +594,7 @@ async fn onboard(
         .map(|i| i.not_after.to_rfc3339());
     let mut desired_secret =
         build_cluster_secret(&agent, &argocd_ns, &server_url, &tls, &hub_labels(cluster));
-    desired_secret
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(OWNER_ANNOTATION.to_owned(), owner_key.clone());
+    stamp(&mut desired_secret.metadata, owner_key, opts);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &argocd_ns);
     if !secret_is_current(existing_secret, &desired_secret) {
         upsert(
@@ -503,7 +638,7 @@ async fn onboard(
         .clone()
         .filter(|i| !i.is_empty())
         .unwrap_or_else(|| opts.agent_image.clone());
-    let desired_work = build_agent_manifest_work(&AgentDeployment {
+    let mut desired_work = build_agent_manifest_work(&AgentDeployment {
         cluster,
         owner: owner_key,
         mode: goc.mode(),
@@ -515,6 +650,7 @@ async fn onboard(
         client_tls: client_tls.as_ref(),
         grants: opts.agent_grants,
     });
+    stamp(&mut desired_work.metadata, owner_key, opts);
     if existing_work.is_none_or(|w| !work_is_current(w, &desired_work)) {
         let api: Api<ManifestWork> = Api::namespaced(client.clone(), cluster);
         upsert(
@@ -532,7 +668,7 @@ async fn onboard(
     }
     if let Some(Ok(manifests)) = cr_manifests {
         let name = cr_work_name(&goc.namespace().unwrap_or_default(), &goc.name_any());
-        let desired = build_cr_work(&CrDelivery {
+        let mut desired = build_cr_work(&CrDelivery {
             cluster,
             owner: owner_key,
             name: &name,
@@ -540,6 +676,7 @@ async fn onboard(
             principal_address: &principal_address,
             principal_port,
         });
+        stamp(&mut desired.metadata, owner_key, opts);
         let existing = fleet
             .works
             .iter()
@@ -635,9 +772,10 @@ async fn offboard(
 pub async fn sweep(
     client: &kube::Client,
     opts: &OperatorOptions,
+    stores: &Stores,
     every: Vec<GitOpsCluster>,
 ) -> Result<BTreeSet<String>, OperatorError> {
-    let fleet = Fleet::gather(client, opts, every).await?;
+    let fleet = Fleet::gather(client, opts, stores, every).await?;
     let mut summary = Reconciled::default();
     offboard(
         client,
@@ -880,6 +1018,13 @@ fn cluster_secret_tls(secret: &Secret) -> Option<ClusterTlsMaterial> {
         cert_pem: field("certData")?,
         key_pem: field("keyData")?,
     })
+}
+
+/// Marks a hub object as made by this principal for the GitOpsCluster `owner_key`.
+fn stamp(meta: &mut ObjectMeta, owner_key: &str, opts: &OperatorOptions) {
+    let annotations = meta.annotations.get_or_insert_with(Default::default);
+    annotations.insert(OWNER_ANNOTATION.to_owned(), owner_key.to_owned());
+    annotations.insert(PRINCIPAL_ANNOTATION.to_owned(), opts.namespace.clone());
 }
 
 fn secret_is_current(existing: Option<&Secret>, desired: &Secret) -> bool {

@@ -138,7 +138,8 @@ fn raw_objects_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ArgoServerSpec {
-    /// Namespace of the hub Argo CD (default: the principal's namespace).
+    /// Namespace of the hub Argo CD, served by one principal on the hub (default: the
+    /// GitOpsCluster's own namespace, as upstream).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argo_namespace: Option<String>,
 }

@@ -108,7 +108,9 @@ pub struct OperatorFlags {
     pub operator_agent_image: Option<String>,
 
     /// Namespace of the hub Argo CD, where cluster secrets are written [default: the principal's
-    /// --namespace]. A GitOpsCluster's spec.argoServer.argoNamespace wins over it.
+    /// --namespace]. This principal serves the GitOpsClusters naming it (or one of the others
+    /// it serves) in spec.argoServer.argoNamespace, or, naming none, living in it (upstream's
+    /// default: the GitOpsCluster's own namespace).
     #[arg(
         long,
         env = "ARGOCD_PRINCIPAL_OPERATOR_ARGOCD_NAMESPACE",

@@ -1,24 +1,31 @@
 //! The fleet as one GitOpsCluster's reconciliation sees it: the decisions that are global
-//! although each GitOpsCluster is reconciled on its own.
+//! although each GitOpsCluster is reconciled on its own, and global across the principals of one
+//! hub.
 //!
-//! Owns which GitOpsClusters this principal serves ([`argocd_namespace_of`]), every served
-//! GitOpsCluster's selection and the assignment of each cluster to one of them (a cluster
-//! selected by two goes to the oldest), which GitOpsClusters are frozen (placement unresolvable
-//! or spec invalid: their objects are left alone), the operator's existing objects of this
-//! principal, and who is responsible for each of those objects ([`Fleet::responsible`]): the
-//! GitOpsCluster its cluster is assigned to, else its owner, else, for objects whose
-//! GitOpsCluster is gone, the orphan sweep ([`Responsible::Sweep`]). So each object has exactly
-//! one reconciler that may write or delete it.
+//! Owns which GitOpsClusters this principal serves ([`argocd_namespace_of`]), which it must
+//! report on although no principal serves them ([`home_of_unserved`]), which are claimed by
+//! another principal ([`claimed_elsewhere`]: they carry another principal's cleanup finalizer,
+//! [`finalizer_of`]), every served GitOpsCluster's selection and the assignment of each cluster
+//! to one GitOpsCluster across the hub (a cluster selected by two goes to the oldest, whichever
+//! principal serves it: the other reports the conflict and writes nothing for that cluster, and
+//! takes over when the winner goes), which GitOpsClusters are frozen (placement unresolvable or
+//! spec invalid: their objects are left alone), the operator's existing objects of this
+//! principal ([`PRINCIPAL_ANNOTATION`]), and who is responsible for each of those objects
+//! ([`Fleet::responsible`]): the served GitOpsCluster its cluster is assigned to, else its
+//! served owner, else the orphan sweep ([`Responsible::Sweep`]) for objects whose GitOpsCluster
+//! is gone, moved to another principal, or lost its cluster to another principal's. So each
+//! object has exactly one reconciler that may write or delete it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams};
+use kube::api::DynamicObject;
+use kube::runtime::reflector::Store;
 
-use super::agent_work::{MANAGED_BY_LABEL, MANAGED_BY_OPERATOR, OWNER_ANNOTATION};
+use super::agent_work::{AGENT_WORK_NAME, OWNER_ANNOTATION, PRINCIPAL_ANNOTATION};
 use super::crd::GitOpsCluster;
 use super::placement::{assign_clusters, goc_key, resolve, PlacementError};
-use super::{OperatorError, OperatorOptions};
+use super::{OperatorError, OperatorOptions, FINALIZER};
 use crate::pull::manifestwork::ManifestWork;
 
 /// Reason of a GitOpsCluster whose spec is refused before its Placement is evaluated: an
@@ -28,26 +35,83 @@ pub(crate) const INVALID_MODE: &str = "InvalidMode";
 /// A GitOpsCluster's selection, or why it has none (reason, message).
 pub(crate) type Selection = Result<BTreeSet<String>, (String, String)>;
 
-/// The hub namespace `goc`'s cluster Secrets go to when this operator owns `goc`; `None` when
-/// another principal's does.
-///
-/// Ownership, with several principals (each with its embedded operator) on one hub: a
-/// GitOpsCluster belongs to the principal serving the Argo CD it names in
-/// `spec.argoServer.argoNamespace` (upstream's field: where the Argo CD it feeds runs), that is
-/// the principal whose Argo CD namespaces ([`OperatorOptions::argocd_namespaces`]: its own,
-/// `--operator-argocd-namespace`, `--operator-extra-argocd-namespaces`) include it. Every other
-/// principal leaves it alone: no finalizer, no status, its objects neither created nor
-/// offboarded. A GitOpsCluster naming no namespace (our extension) goes to the operator's default
-/// Argo CD namespace, so with several principals on one hub each GitOpsCluster must name one.
-pub fn argocd_namespace_of(goc: &GitOpsCluster, opts: &OperatorOptions) -> Option<String> {
-    let ns = goc
-        .spec
+/// The Argo CD namespace `goc` names: `spec.argoServer.argoNamespace`, else, as upstream
+/// argocd-pull-integration ("argoCDNamespace is the same as GitOpsCluster namespace"), the
+/// GitOpsCluster's own namespace.
+pub fn named_argocd_namespace(goc: &GitOpsCluster) -> String {
+    goc.spec
         .argo_server
         .as_ref()
         .and_then(|a| a.argo_namespace.clone())
         .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| opts.argocd_namespace().to_owned());
+        .unwrap_or_else(|| goc.metadata.namespace.clone().unwrap_or_default())
+}
+
+/// The hub namespace `goc`'s cluster Secrets go to when this operator owns `goc`; `None` when
+/// another principal's does (or none does).
+///
+/// Ownership, with several principals (each with its embedded operator) on one hub: a
+/// GitOpsCluster belongs to the principal serving the Argo CD it names
+/// ([`named_argocd_namespace`]: `spec.argoServer.argoNamespace`, else the GitOpsCluster's own
+/// namespace, upstream's default), that is the principal whose Argo CD namespaces
+/// ([`OperatorOptions::argocd_namespaces`]: its own, `--operator-argocd-namespace`,
+/// `--operator-extra-argocd-namespaces`) include it. So exactly one principal is responsible
+/// for a GitOpsCluster naming no namespace too: the one serving the GitOpsCluster's namespace.
+/// Every other principal leaves it alone: no finalizer, no status, its objects neither created
+/// nor offboarded.
+pub fn argocd_namespace_of(goc: &GitOpsCluster, opts: &OperatorOptions) -> Option<String> {
+    let ns = named_argocd_namespace(goc);
     opts.argocd_namespaces().contains(&ns).then_some(ns)
+}
+
+/// This principal's cleanup finalizer on the GitOpsClusters it serves: [`FINALIZER`] followed by
+/// its namespace (a hash of it when the name would pass Kubernetes' 63 characters), so that
+/// principals tell their claims apart: one whose GitOpsCluster moved to another principal releases
+/// its own once its objects are gone, without touching the new owner's. [`FINALIZER`] alone is
+/// what earlier versions put, for one principal per hub.
+pub fn finalizer_of(opts: &OperatorOptions) -> String {
+    let name_part = FINALIZER.rsplit('/').next().unwrap_or(FINALIZER);
+    let suffix = if name_part.len() + 1 + opts.namespace.len() <= 63 {
+        opts.namespace.clone()
+    } else {
+        // FNV-1a: stable across builds, unlike std's hasher.
+        let hash = opts
+            .namespace
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        format!("{hash:016x}")
+    };
+    format!("{FINALIZER}-{suffix}")
+}
+
+/// Whether another principal claims `goc`: it carries a principal's cleanup finalizer
+/// ([`finalizer_of`]) that is not this principal's. (The legacy [`FINALIZER`] names no
+/// principal; the principal serving the GitOpsCluster replaces it with its own.)
+pub fn claimed_elsewhere(goc: &GitOpsCluster, opts: &OperatorOptions) -> bool {
+    let own = finalizer_of(opts);
+    let prefix = format!("{FINALIZER}-");
+    goc.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f.starts_with(&prefix) && *f != own)
+}
+
+/// The namespace no principal may serve for `goc`, when this principal is the one to say so:
+/// `goc` names an Argo CD namespace this principal does not serve, no principal claims it, and
+/// this principal serves the GitOpsCluster's own namespace (upstream's default Argo CD
+/// namespace, so at most one principal is this "home"). A GitOpsCluster whose own namespace no
+/// principal serves has no home: nobody reports on it.
+pub fn home_of_unserved(goc: &GitOpsCluster, opts: &OperatorOptions) -> Option<String> {
+    if argocd_namespace_of(goc, opts).is_some() || claimed_elsewhere(goc, opts) || !is_live(goc) {
+        return None;
+    }
+    let own = goc.metadata.namespace.clone().unwrap_or_default();
+    opts.argocd_namespaces()
+        .contains(&own)
+        .then(|| named_argocd_namespace(goc))
 }
 
 /// Who decides about one of the operator's objects.
@@ -61,15 +125,38 @@ pub enum Responsible {
     Sweep,
 }
 
+/// The operator's stores the fleet is read from (one watch each, shared with the controller's
+/// triggers): Placements, PlacementDecisions, the operator's ManifestWorks (label
+/// `app.kubernetes.io/managed-by=argocd-agent-operator`, any principal's) and its cluster Secrets
+/// in each of this principal's Argo CD namespaces.
+///
+/// A store may lag behind a write of this very operator by a moment; every write carries what
+/// it read (a replace its resourceVersion, a create nothing), so a stale read ends in a conflict
+/// and a retry, never in a lost update, and each change of a stored object triggers the
+/// GitOpsClusters it concerns again.
+#[derive(Clone)]
+pub struct Stores {
+    /// Placements.
+    pub placements: Store<DynamicObject>,
+    /// PlacementDecisions.
+    pub decisions: Store<DynamicObject>,
+    /// The operator's ManifestWorks.
+    pub works: Store<ManifestWork>,
+    /// The operator's cluster Secrets, one store per Argo CD namespace.
+    pub secrets: Vec<Store<Secret>>,
+}
+
 /// The fleet at one moment.
 pub struct Fleet {
+    /// This principal ([`PRINCIPAL_ANNOTATION`]'s value on its objects).
+    principal: String,
     /// Every GitOpsCluster on the hub (any principal's), by key.
     every_goc: BTreeSet<String>,
     /// The GitOpsClusters this principal serves, sorted by key.
     pub served: Vec<GitOpsCluster>,
     /// The selection of every served, live GitOpsCluster.
     pub selections: BTreeMap<String, Selection>,
-    /// Each selected cluster's GitOpsCluster (by key).
+    /// Each selected cluster's GitOpsCluster (by key), across the principals of the hub.
     pub assignment: BTreeMap<String, String>,
     /// GitOpsClusters whose objects are left alone (unresolvable or invalid).
     pub frozen: BTreeSet<String>,
@@ -77,26 +164,34 @@ pub struct Fleet {
     pub works: Vec<ManifestWork>,
     /// The operator's Argo CD cluster Secrets of this principal.
     pub cluster_secrets: Vec<Secret>,
+    /// Agent ManifestWorks of other principals, by cluster namespace.
+    pub foreign_agent_works: BTreeMap<String, ManifestWork>,
 }
 
 impl Fleet {
-    /// Reads the fleet, given every GitOpsCluster on the hub: resolves the placements of the
-    /// served live ones (adding the offline tolerations they lack) and lists the operator's
-    /// objects.
+    /// Reads the fleet from the operator's stores, given every GitOpsCluster on the hub (its
+    /// store): resolves the placements of the served live ones (adding the offline tolerations
+    /// they lack) and, read-only, of the live ones another principal claims, assigns the
+    /// clusters across them, and takes the operator's objects.
     pub async fn gather(
         client: &kube::Client,
         opts: &OperatorOptions,
+        stores: &Stores,
         mut gocs: Vec<GitOpsCluster>,
     ) -> Result<Fleet, OperatorError> {
         gocs.sort_by_key(goc_key);
         let every_goc: BTreeSet<String> = gocs.iter().map(goc_key).collect();
-        gocs.retain(|g| argocd_namespace_of(g, opts).is_some());
+        let (served, others): (Vec<_>, Vec<_>) = gocs
+            .into_iter()
+            .partition(|g| argocd_namespace_of(g, opts).is_some());
         let mut selections = BTreeMap::new();
-        for goc in gocs.iter().filter(|g| is_live(g)) {
+        for goc in served.iter().filter(|g| is_live(g)) {
             let selected = match goc.mode() {
-                "managed" | "autonomous" => resolve(client, goc)
-                    .await
-                    .map_err(|e: PlacementError| (e.reason().to_owned(), e.to_string())),
+                "managed" | "autonomous" => {
+                    resolve(client, &stores.placements, &stores.decisions, goc, true)
+                        .await
+                        .map_err(|e: PlacementError| (e.reason().to_owned(), e.to_string()))
+                }
                 other => Err((
                     INVALID_MODE.to_owned(),
                     format!("spec.argoCDAgentAddon.mode is {other:?}; use managed or autonomous"),
@@ -104,21 +199,25 @@ impl Fleet {
             };
             selections.insert(goc_key(goc), selected);
         }
+        // Another principal's GitOpsClusters compete for clusters (oldest wins across the hub);
+        // their placements are read, never written: they are that principal's to fix.
+        let mut competing = Vec::new();
+        for goc in others.iter().filter(|g| competes(g, opts)) {
+            let read = resolve(client, &stores.placements, &stores.decisions, goc, false);
+            if let Ok(clusters) = read.await {
+                competing.push((goc, clusters));
+            }
+        }
         let assignment = assign_clusters(
-            &gocs
+            &served
                 .iter()
                 .filter(|g| is_live(g))
                 .filter_map(|g| {
-                    let key = goc_key(g);
-                    let clusters = selections.get(&key)?.as_ref().ok()?.clone();
-                    let created = g
-                        .metadata
-                        .creation_timestamp
-                        .as_ref()
-                        .map(|t| format!("{:020}", t.0.as_second()))
-                        .unwrap_or_default();
-                    Some((key, created, clusters))
+                    let clusters = selections.get(&goc_key(g))?.as_ref().ok()?.clone();
+                    Some((g, clusters))
                 })
+                .chain(competing)
+                .map(|(g, clusters)| (goc_key(g), creation_key(g), clusters))
                 .collect::<Vec<_>>(),
         );
         let frozen = selections
@@ -127,31 +226,33 @@ impl Fleet {
             .map(|(k, _)| k.clone())
             .collect();
         let mut fleet = Fleet {
+            principal: opts.namespace.clone(),
             every_goc,
-            served: gocs,
+            served,
             selections,
             assignment,
             frozen,
             works: Vec::new(),
             cluster_secrets: Vec::new(),
+            foreign_agent_works: BTreeMap::new(),
         };
-        let managed =
-            ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_OPERATOR}"));
-        let works_api: Api<ManifestWork> = Api::all(client.clone());
-        let works = works_api
-            .list(&managed)
-            .await
-            .map_err(kube_err("listing agent ManifestWorks"))?
-            .items;
-        fleet.works = works.into_iter().filter(|w| fleet.ours(w)).collect();
-        for ns in opts.argocd_namespaces() {
-            let secrets_api: Api<Secret> = Api::namespaced(client.clone(), &ns);
-            let secrets = secrets_api
-                .list(&managed)
-                .await
-                .map_err(kube_err(format!("listing cluster secrets in {ns}")))?
-                .items;
-            let ours: Vec<Secret> = secrets.into_iter().filter(|s| fleet.ours(s)).collect();
+        for work in stores.works.state() {
+            if fleet.ours(work.as_ref()) {
+                fleet.works.push(work.as_ref().clone());
+            } else if work.metadata.name.as_deref() == Some(AGENT_WORK_NAME) {
+                let cluster = work.metadata.namespace.clone().unwrap_or_default();
+                fleet
+                    .foreign_agent_works
+                    .insert(cluster, work.as_ref().clone());
+            }
+        }
+        for store in &stores.secrets {
+            let ours: Vec<Secret> = store
+                .state()
+                .into_iter()
+                .filter(|s| fleet.ours(s.as_ref()))
+                .map(|s| s.as_ref().clone())
+                .collect();
             fleet.cluster_secrets.extend(ours);
         }
         Ok(fleet)
@@ -162,23 +263,34 @@ impl Fleet {
         self.served.iter().filter(|g| is_live(g))
     }
 
-    /// Whether an object of the operator is this principal's: owned by a served GitOpsCluster,
-    /// by none, or by one that is gone (objects of another principal's are left to it).
+    /// Whether an object of the operator is this principal's: it says so
+    /// ([`PRINCIPAL_ANNOTATION`]); an object of an earlier version, saying nothing, when owned
+    /// by a served GitOpsCluster, by none, or by one that is gone.
     pub fn ours(&self, obj: &impl kube::Resource) -> bool {
-        owner(obj).is_none_or(|o| !self.every_goc.contains(o) || self.serves(o))
+        match principal_of(obj) {
+            Some(p) => *p == self.principal,
+            None => owner(obj).is_none_or(|o| !self.every_goc.contains(o) || self.serves(o)),
+        }
     }
 
     fn serves(&self, key: &str) -> bool {
         self.served.iter().any(|g| goc_key(g) == key)
     }
 
-    /// Who decides about `obj`, an object of this principal's for `cluster`.
+    /// Who decides about `obj`, an object of this principal's for `cluster`: the served
+    /// GitOpsCluster the cluster is assigned to; when it is assigned to none or to another
+    /// principal's, the object's served owner (which offboards it); else the sweep. A frozen
+    /// owner's objects stay.
     pub fn responsible(&self, cluster: &str, obj: &impl kube::Resource) -> Responsible {
-        let owner = owner(obj);
+        self.responsible_for(cluster, owner(obj))
+    }
+
+    /// [`Fleet::responsible`] for an object of `owner`.
+    pub fn responsible_for(&self, cluster: &str, owner: Option<&String>) -> Responsible {
         if owner.is_some_and(|o| self.frozen.contains(o)) {
             return Responsible::Nobody;
         }
-        if let Some(assigned) = self.assignment.get(cluster) {
+        if let Some(assigned) = self.assignment.get(cluster).filter(|a| self.serves(a)) {
             return Responsible::GitOpsCluster(assigned.clone());
         }
         match owner {
@@ -186,6 +298,29 @@ impl Fleet {
             _ => Responsible::Sweep,
         }
     }
+}
+
+/// Whether another principal's GitOpsCluster competes for clusters with this principal's: live,
+/// claimed by its principal, with a mode its principal accepts.
+fn competes(goc: &GitOpsCluster, opts: &OperatorOptions) -> bool {
+    is_live(goc) && claimed_elsewhere(goc, opts) && matches!(goc.mode(), "managed" | "autonomous")
+}
+
+/// Sort key of "oldest first": the creation time.
+fn creation_key(goc: &GitOpsCluster) -> String {
+    goc.metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| format!("{:020}", t.0.as_second()))
+        .unwrap_or_default()
+}
+
+/// The principal that created an object of the operator.
+pub fn principal_of(obj: &impl kube::Resource) -> Option<&String> {
+    obj.meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PRINCIPAL_ANNOTATION))
 }
 
 /// The GitOpsCluster (key) that created an object of the operator.
@@ -239,13 +374,19 @@ mod tests {
         let mut opts = OperatorOptions::new("agents");
         opts.argocd_namespace = Some("argocd".into());
         opts.extra_argocd_namespaces = vec!["gitops".into()];
+        // Naming none (or an empty one): upstream's default, the GitOpsCluster's own namespace
+        // ("ns" here), which this principal does not serve...
+        assert_eq!(argocd_namespace_of(&goc("g", None), &opts), None);
+        assert_eq!(argocd_namespace_of(&goc("g", Some("")), &opts), None);
+        // ...and the one serving it does, alone.
+        let home = OperatorOptions::new("ns");
         assert_eq!(
-            argocd_namespace_of(&goc("g", None), &opts).as_deref(),
-            Some("argocd")
+            argocd_namespace_of(&goc("g", None), &home).as_deref(),
+            Some("ns")
         );
         assert_eq!(
-            argocd_namespace_of(&goc("g", Some("")), &opts).as_deref(),
-            Some("argocd")
+            argocd_namespace_of(&goc("g", Some("")), &home).as_deref(),
+            Some("ns")
         );
         for served in ["agents", "argocd", "gitops"] {
             assert_eq!(
@@ -267,9 +408,16 @@ mod tests {
     }
 
     fn work(cluster: &str, owner: Option<&str>) -> ManifestWork {
-        let mut meta = json!({"name": "argocd-agent", "namespace": cluster});
+        marked_work(cluster, owner, None)
+    }
+
+    fn marked_work(cluster: &str, owner: Option<&str>, principal: Option<&str>) -> ManifestWork {
+        let mut meta = json!({"name": "argocd-agent", "namespace": cluster, "annotations": {}});
         if let Some(o) = owner {
-            meta["annotations"] = json!({ OWNER_ANNOTATION: o });
+            meta["annotations"][OWNER_ANNOTATION] = json!(o);
+        }
+        if let Some(p) = principal {
+            meta["annotations"][PRINCIPAL_ANNOTATION] = json!(p);
         }
         serde_json::from_value(json!({
             "apiVersion": "work.open-cluster-management.io/v1",
@@ -283,15 +431,21 @@ mod tests {
     #[test]
     fn every_object_has_one_reconciler_the_assigned_gitopscluster_first() {
         let fleet = Fleet {
+            principal: "hub-p".into(),
             every_goc: ["ns/a", "ns/b", "ns/frozen", "ns/theirs"]
                 .map(String::from)
                 .into(),
             served: vec![goc("a", None), goc("b", None), goc("frozen", None)],
             selections: BTreeMap::new(),
-            assignment: [("c1".to_string(), "ns/a".to_string())].into(),
+            assignment: [
+                ("c1".to_string(), "ns/a".to_string()),
+                ("c3".to_string(), "ns/theirs".to_string()),
+            ]
+            .into(),
             frozen: ["ns/frozen".to_string()].into(),
             works: Vec::new(),
             cluster_secrets: Vec::new(),
+            foreign_agent_works: BTreeMap::new(),
         };
         let by = |k: &str| Responsible::GitOpsCluster(k.into());
         // The assigned GitOpsCluster decides, whoever created the object (it adopts it).
@@ -323,5 +477,91 @@ mod tests {
         assert!(!fleet.ours(&work("c1", Some("ns/theirs"))));
         assert!(fleet.ours(&work("c1", Some("ns/gone"))));
         assert!(fleet.ours(&work("c1", None)));
+        // Objects that say whose they are: this principal's even when their GitOpsCluster moved
+        // to another principal, and then swept...
+        let moved = marked_work("c2", Some("ns/theirs"), Some("hub-p"));
+        assert!(fleet.ours(&moved));
+        assert_eq!(fleet.responsible("c2", &moved), Responsible::Sweep);
+        // ...never another principal's, whatever their owner.
+        assert!(!fleet.ours(&marked_work("c1", Some("ns/a"), Some("hub-q"))));
+        assert!(!fleet.ours(&marked_work("c1", None, Some("hub-q"))));
+        // A cluster assigned to another principal's (older) GitOpsCluster: this principal's
+        // objects for it are offboarded by their served owner, or swept.
+        assert_eq!(
+            fleet.responsible("c3", &marked_work("c3", Some("ns/b"), Some("hub-p"))),
+            by("ns/b")
+        );
+        assert_eq!(
+            fleet.responsible("c3", &marked_work("c3", Some("ns/gone"), Some("hub-p"))),
+            Responsible::Sweep
+        );
+    }
+
+    fn with_finalizers(mut g: GitOpsCluster, finalizers: &[&str]) -> GitOpsCluster {
+        g.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
+        g
+    }
+
+    #[test]
+    fn principals_claim_with_finalizers_of_their_own() {
+        let p = OperatorOptions::new("hub-p");
+        let q = OperatorOptions::new("hub-q");
+        assert_eq!(finalizer_of(&p), format!("{FINALIZER}-hub-p"));
+        assert_ne!(finalizer_of(&p), finalizer_of(&q));
+        // A namespace too long for a finalizer's name: a hash of it, within 63 characters.
+        let long = OperatorOptions::new(&"n".repeat(63));
+        let name = finalizer_of(&long);
+        assert!(name.rsplit('/').next().unwrap().len() <= 63, "{name}");
+        assert_eq!(name, finalizer_of(&OperatorOptions::new(&"n".repeat(63))));
+        let g = with_finalizers(goc("g", Some("x")), &[&finalizer_of(&q), "other/f"]);
+        assert!(claimed_elsewhere(&g, &p));
+        assert!(!claimed_elsewhere(&g, &q), "its own claim is not another's");
+        // The legacy finalizer names nobody.
+        assert!(!claimed_elsewhere(
+            &with_finalizers(goc("g", Some("x")), &[FINALIZER]),
+            &p
+        ));
+    }
+
+    #[test]
+    fn another_principals_gitopscluster_competes_for_clusters_only_while_claimed_live_and_valid() {
+        let p = OperatorOptions::new("hub-p");
+        let q = OperatorOptions::new("hub-q");
+        let claimed = with_finalizers(goc("g", Some("hub-q")), &[&finalizer_of(&q)]);
+        assert!(competes(&claimed, &p));
+        // Not claimed (no principal serves it, or its principal has not reconciled it yet).
+        assert!(!competes(&goc("g", Some("hub-q")), &p));
+        // Being deleted: its clusters are free to take over.
+        let mut deleted = claimed.clone();
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        assert!(!competes(&deleted, &p));
+        // A mode its principal refuses: it onboards nothing.
+        let mut sideways = claimed.clone();
+        sideways.spec.argocd_agent_addon.mode = Some("sideways".into());
+        assert!(!competes(&sideways, &p));
+    }
+
+    #[test]
+    fn a_gitopscluster_naming_an_unserved_namespace_is_reported_by_the_home_principal_alone() {
+        // "ns" is the GitOpsCluster's own namespace: served by `home` only.
+        let home = OperatorOptions::new("ns");
+        let mut other = OperatorOptions::new("hub-q");
+        other.extra_argocd_namespaces = vec!["served-by-q".into()];
+        let typo = goc("g", Some("typo"));
+        assert_eq!(home_of_unserved(&typo, &home).as_deref(), Some("typo"));
+        assert_eq!(home_of_unserved(&typo, &other), None, "not its home");
+        // Served by someone: its server reconciles it, nobody reports it unserved.
+        let by_q = goc("g", Some("served-by-q"));
+        assert!(argocd_namespace_of(&by_q, &other).is_some());
+        assert_eq!(home_of_unserved(&by_q, &other), None);
+        // Claimed by another principal (which serves a namespace home does not know of).
+        let claimed = with_finalizers(goc("g", Some("served-by-q")), &[&finalizer_of(&other)]);
+        assert_eq!(home_of_unserved(&claimed, &home), None);
+        // Naming none: the home serves it (upstream's default), so it is no one's typo.
+        assert_eq!(home_of_unserved(&goc("g", None), &home), None);
+        assert!(argocd_namespace_of(&goc("g", None), &home).is_some());
     }
 }

@@ -6,7 +6,7 @@
 //! Owns how the operator runs ([`run_operator`]): Lease election so that one replica
 //! reconciles, and, while leading, a `kube::runtime::Controller` of GitOpsClusters
 //! ([`run_controllers`]): one watch and store per kind it reads ([`SharedWatch`], as the pull
-//! model's controllers), each change mapped to the GitOpsClusters it concerns ([`triggers`]),
+//! model's controllers), which reconciliations read instead of the API ([`fleet::Stores`]), each change mapped to the GitOpsClusters it concerns ([`triggers`]),
 //! one GitOpsCluster reconciled at a time ([`controller::reconcile_gitopscluster`], over the
 //! fleet's global decisions in [`fleet`]), failures retried with backoff, and every
 //! GitOpsCluster again each resync interval (certificate renewal, drift); beside it the sweep of
@@ -219,6 +219,8 @@ struct Context {
     client: kube::Client,
     opts: OperatorOptions,
     gocs: Store<GitOpsCluster>,
+    /// What a reconciliation reads of the other kinds.
+    stores: fleet::Stores,
     /// Consecutive failures per object, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -322,6 +324,12 @@ pub async fn run_controllers(
         client: client.clone(),
         opts: opts.clone(),
         gocs: main.store.clone(),
+        stores: fleet::Stores {
+            placements: placements.store(),
+            decisions: decisions.store(),
+            works: works.store(),
+            secrets: secrets.iter().map(SharedWatch::store).collect(),
+        },
         failures: Mutex::default(),
     });
     let gocs_store = main.store.clone();
@@ -368,7 +376,12 @@ pub async fn run_controllers(
         ));
     }
     let config = watches::controller_config(1, DEBOUNCE);
-    let reads = [main.ready.clone()];
+    // Every reconciliation reads these stores: it starts once they are all filled.
+    let reads: Vec<_> = [main.ready.clone()]
+        .into_iter()
+        .chain([placements.ready(), decisions.ready(), works.ready()])
+        .chain(secrets.iter().map(SharedWatch::ready))
+        .collect();
 
     // The sweep: per object of the operator, and for those of a GitOpsCluster just deleted.
     let sweep_works = {
@@ -487,13 +500,28 @@ where
 }
 
 async fn reconcile(goc: Arc<GitOpsCluster>, ctx: Arc<Context>) -> Result<Action, OperatorError> {
-    if controller::argocd_namespace_of(&goc, &ctx.opts).is_none() {
-        // Another principal's.
-        return Ok(Action::await_change());
-    }
     let key = placement::goc_key(&goc);
-    let done =
-        controller::reconcile_gitopscluster(&ctx.client, &ctx.opts, &goc, ctx.every_goc()).await?;
+    let done = match controller::reconcile_gitopscluster(
+        &ctx.client,
+        &ctx.opts,
+        &ctx.stores,
+        &goc,
+        ctx.every_goc(),
+    )
+    .await
+    {
+        Ok(done) => done,
+        Err(OperatorError::Kube {
+            action,
+            source: kube::Error::Api(s),
+        }) if s.code == 409 => {
+            // A write based on a store that had not yet seen an earlier write (or a concurrent
+            // one): the store catches up by the next pass, soon.
+            tracing::debug!(gitopscluster = %key, %action, "conflict on a write; looking again soon");
+            return Ok(Action::requeue(SOON));
+        }
+        Err(e) => return Err(e),
+    };
     ctx.succeeded(&key);
     tracing::debug!(gitopscluster = %key, ?done, "GitOpsCluster reconciled");
     Ok(Action::requeue(if done.requeue_soon {
@@ -503,19 +531,28 @@ async fn reconcile(goc: Arc<GitOpsCluster>, ctx: Arc<Context>) -> Result<Action,
     }))
 }
 
-/// Sweeps when `obj` names no GitOpsCluster or one that is gone, and looks again every
-/// `resync` while it does (the cluster may be assigned meanwhile: its GitOpsCluster decides).
+/// Sweeps when `obj`, this principal's, names no GitOpsCluster or one that is gone or that
+/// this principal no longer serves, and looks again every `resync` while it does (the cluster
+/// may be assigned meanwhile: its GitOpsCluster decides).
 async fn sweep_orphan<K>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, OperatorError>
 where
     K: kube::Resource<DynamicType = ()>,
 {
+    if fleet::principal_of(obj.as_ref()).is_some_and(|p| *p != ctx.opts.namespace) {
+        // Another principal's.
+        return Ok(Action::await_change());
+    }
     let owner = fleet::owner(obj.as_ref());
-    let orphan =
-        owner.is_none_or(|o| !ctx.gocs.state().iter().any(|g| placement::goc_key(g) == *o));
+    let orphan = owner.is_none_or(|o| {
+        !ctx.gocs.state().iter().any(|g| {
+            placement::goc_key(g) == *o && fleet::argocd_namespace_of(g, &ctx.opts).is_some()
+        })
+    });
     if !orphan {
         return Ok(Action::await_change());
     }
-    let offboarded = controller::sweep(&ctx.client, &ctx.opts, ctx.every_goc()).await?;
+    let offboarded =
+        controller::sweep(&ctx.client, &ctx.opts, &ctx.stores, ctx.every_goc()).await?;
     if !offboarded.is_empty() {
         tracing::info!(clusters = ?offboarded, "objects of no GitOpsCluster removed");
     }

@@ -9,13 +9,15 @@
 //! Placement is given tolerations for the `unreachable` and `unavailable` taints
 //! ([`ensure_tolerations`]); a cluster removed from the placement on purpose is still offboarded.
 //!
-//! Owns the OCM resource descriptions it reads (Placement, PlacementDecision) and the pure
-//! functions over them; the controller does the listing.
+//! Owns the OCM resource descriptions it reads (Placement, PlacementDecision) and the functions
+//! over them; the objects come from the operator's stores of both kinds.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::crd::GitOpsCluster;
 
@@ -151,32 +153,59 @@ pub fn decided_clusters<'a>(
         .collect()
 }
 
-/// Reads the Placement and its decisions from the hub.
+/// The clusters `goc`'s Placement selects, read from the operator's stores of Placements and
+/// PlacementDecisions (a change of either triggers the GitOpsClusters naming the Placement, so a
+/// store that lags is read again at once). With `add_tolerations`, the Placement is given the
+/// offline tolerations it lacks (a write to the hub; another principal's Placement is read only).
 pub async fn resolve(
     client: &kube::Client,
+    placements: &Store<DynamicObject>,
+    decisions: &Store<DynamicObject>,
     goc: &GitOpsCluster,
+    add_tolerations: bool,
 ) -> Result<BTreeSet<String>, PlacementError> {
+    let (placement, selected) = selected_in(placements, decisions, goc)?;
+    if add_tolerations {
+        let (namespace, name) = placement_key(goc)?;
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &namespace, &placement_resource());
+        ensure_tolerations(&api, &placement)
+            .await
+            .map_err(|e| PlacementError::Api {
+                namespace,
+                name,
+                message: e.to_string(),
+            })?;
+    }
+    Ok(selected)
+}
+
+/// `goc`'s Placement in `placements` and the clusters its decisions in `decisions` select.
+pub fn selected_in(
+    placements: &Store<DynamicObject>,
+    decisions: &Store<DynamicObject>,
+    goc: &GitOpsCluster,
+) -> Result<(Arc<DynamicObject>, BTreeSet<String>), PlacementError> {
     let (namespace, name) = placement_key(goc)?;
-    let api_err = |e: kube::Error| PlacementError::Api {
-        namespace: namespace.clone(),
-        name: name.clone(),
-        message: e.to_string(),
-    };
-    let placements: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &namespace, &placement_resource());
-    let Some(placement) = placements.get_opt(&name).await.map_err(api_err)? else {
+    let key = ObjectRef::new_with(&name, placement_resource()).within(&namespace);
+    let Some(placement) = placements.get(&key) else {
         return Err(PlacementError::NotFound { namespace, name });
     };
-    ensure_tolerations(&placements, &placement)
-        .await
-        .map_err(api_err)?;
-    let decisions: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &namespace, &placement_decision_resource());
-    let list = decisions
-        .list(&ListParams::default().labels(&format!("{PLACEMENT_LABEL}={name}")))
-        .await
-        .map_err(api_err)?;
-    Ok(decided_clusters(&list.items))
+    let decided = decisions.state();
+    let selected = decided_clusters(
+        decided
+            .iter()
+            .filter(|d| {
+                d.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && d.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(PLACEMENT_LABEL))
+                        == Some(&name)
+            })
+            .map(|d| d.as_ref()),
+    );
+    Ok((placement, selected))
 }
 
 /// Adds the [`OFFLINE_TAINTS`] tolerations to `placement` when it lacks them (a merge patch of
@@ -193,13 +222,20 @@ pub async fn ensure_tolerations(
         "metadata": {"resourceVersion": placement.metadata.resource_version},
         "spec": {"tolerations": tolerations},
     });
-    placements
+    match placements
         .patch(
             name,
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(&patch),
         )
-        .await?;
+        .await
+    {
+        Ok(_) => {}
+        // Read from a store that lags behind: the Placement's change triggers another pass,
+        // which reads it anew.
+        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+        Err(e) => return Err(e),
+    }
     tracing::info!(
         placement = name,
         "added tolerations for the unreachable/unavailable taints, so offline sites stay onboarded"
@@ -306,6 +342,50 @@ mod tests {
         };
         let got = decided_clusters(&[d(&["b", "a"]), d(&["a", "c", ""])]);
         assert_eq!(got.into_iter().collect::<Vec<_>>(), ["a", "b", "c"]);
+    }
+
+    fn store(objects: Vec<serde_json::Value>, ar: ApiResource) -> Store<DynamicObject> {
+        let mut writer = kube::runtime::reflector::store::Writer::new(ar);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Init);
+        for o in objects {
+            let o: DynamicObject = serde_json::from_value(o).unwrap();
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::InitApply(o));
+        }
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        writer.as_reader()
+    }
+
+    #[test]
+    fn the_selection_is_read_from_the_stores_decisions_of_that_placement_only() {
+        let placements = store(
+            vec![
+                json!({"apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                        "kind": "Placement", "metadata": {"name": "p", "namespace": "ns"}}),
+            ],
+            placement_resource(),
+        );
+        let decision = |ns: &str, placement: &str, clusters: &[&str]| {
+            json!({"apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                   "kind": "PlacementDecision",
+                   "metadata": {"name": format!("{placement}-{}", clusters.join("-")),
+                                "namespace": ns, "labels": {PLACEMENT_LABEL: placement}},
+                   "status": {"decisions": clusters.iter()
+                       .map(|c| json!({"clusterName": c, "reason": ""})).collect::<Vec<_>>()}})
+        };
+        let decisions = store(
+            vec![
+                decision("ns", "p", &["a", "b"]),
+                decision("ns", "p", &["c"]),
+                decision("ns", "q", &["other"]),
+                decision("elsewhere", "p", &["stranger"]),
+            ],
+            placement_decision_resource(),
+        );
+        let (_, selected) =
+            selected_in(&placements, &decisions, &goc(json!({"name": "p"}))).unwrap();
+        assert_eq!(selected.into_iter().collect::<Vec<_>>(), ["a", "b", "c"]);
+        let missing = selected_in(&placements, &decisions, &goc(json!({"name": "q"})));
+        assert_eq!(missing.unwrap_err().reason(), "PlacementNotFound");
     }
 
     #[test]

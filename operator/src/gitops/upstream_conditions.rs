@@ -9,6 +9,13 @@
 //! add-on framework) — are reported `True` with a message that says so, so "all True" still means
 //! "onboarded" to such tools.
 
+/// Upstream open-cluster-management-io/multicloud-integrations' GitOpsCluster (whose
+/// `spec.argoServer.argoNamespace` this operator reads): the Argo CD that field names was found.
+/// Written `False` ([`REASON_ARGO_SERVER_NOT_FOUND`]) on a GitOpsCluster naming a namespace no
+/// principal on the hub serves, by the principal serving the GitOpsCluster's own namespace.
+pub const ARGO_SERVER_VERIFIED: &str = "ArgoServerVerified";
+/// multicloud-integrations' reason of [`ARGO_SERVER_VERIFIED`] `False`.
+pub const REASON_ARGO_SERVER_NOT_FOUND: &str = "ArgoServerNotFound";
 /// Upstream: RBAC for the add-on manager is ready.
 pub const RBAC_READY: &str = "RBACReady";
 /// Upstream: the principal's address and port are known.

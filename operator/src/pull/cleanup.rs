@@ -109,6 +109,10 @@ async fn check_work(work: Arc<ManifestWork>, ctx: Arc<Context>) -> Result<Action
     let Some((app_ns, app_name)) = hub_application_of(&work) else {
         return Ok(Action::await_change()); // not made by the pull model
     };
+    if !ctx.opts.handles(&app_ns) {
+        // Another pull model's: its Application is not in this one's caches.
+        return Ok(Action::await_change());
+    }
     if work.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -141,6 +145,9 @@ async fn finalize(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, ku
         return Ok(Action::await_change());
     }
     let (namespace, name) = (app.namespace().unwrap_or_default(), app.name_any());
+    if !ctx.opts.handles(&namespace) {
+        return Ok(Action::await_change());
+    }
     let api = ctx.app_api(&namespace);
     let Some(app) = api.get_opt(&name).await? else {
         return Ok(Action::await_change());

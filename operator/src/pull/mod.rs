@@ -32,6 +32,7 @@ pub mod watches;
 
 use argocd_agent_kube::fanout::EventFanout;
 use argocd_agent_kube::CancellationToken;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +60,13 @@ pub const REPORT_MANAGER: &str = "argocd-agent-appset-report";
 pub struct PullModelOptions {
     /// Namespace of the hub's Argo CD, where cluster Secrets are written.
     pub argocd_namespace: String,
+    /// The hub namespaces whose Applications (and ApplicationSets) these controllers handle, and
+    /// so the ManifestWorks they handle: those whose hub Application (upstream's
+    /// `apps.open-cluster-management.io/hub-application-namespace` annotation) lives in one of
+    /// them. `None`: every namespace (one pull model per hub, as upstream's). Several principals
+    /// on one hub each give their Argo CD namespaces, so that no two act on one Application or
+    /// ManifestWork.
+    pub application_namespaces: Option<BTreeSet<String>>,
     /// Run the cluster Secret controller (turn off when another component registers clusters).
     pub cluster_secrets: bool,
     /// Run the `MulticlusterApplicationSetReport` controller.
@@ -73,11 +81,27 @@ impl Default for PullModelOptions {
     fn default() -> Self {
         PullModelOptions {
             argocd_namespace: "argocd".to_string(),
+            application_namespaces: None,
             cluster_secrets: true,
             appset_report: true,
             concurrency: 8,
             retry_after: Duration::from_secs(5),
         }
+    }
+}
+
+impl PullModelOptions {
+    /// Whether the Applications of hub namespace `namespace` are these controllers' to handle.
+    pub fn handles(&self, namespace: &str) -> bool {
+        self.application_namespaces
+            .as_ref()
+            .is_none_or(|n| n.contains(namespace))
+    }
+
+    /// Whether `work` is these controllers' to handle: its hub Application's namespace is
+    /// handled (a work naming no hub Application is not the pull model's).
+    pub fn handles_work(&self, work: &ManifestWork) -> bool {
+        manifestwork::hub_application_of(work).is_some_and(|(ns, _)| self.handles(&ns))
     }
 }
 
@@ -264,4 +288,42 @@ where
 {
     watch.run(shutdown).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn work(annotations: serde_json::Value) -> ManifestWork {
+        serde_json::from_value(json!({
+            "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+            "metadata": {"name": "w", "namespace": "c1", "annotations": annotations},
+            "spec": {},
+        }))
+        .expect("a ManifestWork")
+    }
+
+    #[test]
+    fn a_scoped_pull_model_handles_only_its_namespaces_applications_and_works() {
+        let hub_app = |ns: &str| {
+            work(json!({
+                manifestwork::HUB_APP_NAMESPACE_ANNOTATION: ns,
+                manifestwork::HUB_APP_NAME_ANNOTATION: "guestbook",
+            }))
+        };
+        let everyone = PullModelOptions::default();
+        assert!(everyone.handles("anywhere"));
+        assert!(everyone.handles_work(&hub_app("anywhere")));
+        let scoped = PullModelOptions {
+            application_namespaces: Some(["argocd-a".to_string()].into()),
+            ..Default::default()
+        };
+        assert!(scoped.handles("argocd-a"));
+        assert!(!scoped.handles("argocd-b"));
+        assert!(scoped.handles_work(&hub_app("argocd-a")));
+        assert!(!scoped.handles_work(&hub_app("argocd-b")));
+        // Not the pull model's at all.
+        assert!(!everyone.handles_work(&work(json!({}))));
+    }
 }

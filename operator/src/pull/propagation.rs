@@ -146,6 +146,10 @@ impl Context {
 }
 
 async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, PropagationError> {
+    if !ctx.opts.handles(&app.namespace().unwrap_or_default()) {
+        // Another pull model's (another principal's Argo CD namespace).
+        return Ok(Action::await_change());
+    }
     let has_spec_error = conditions(&app)
         .iter()
         .any(|c| c.type_.as_deref() == Some(SPEC_ERROR_CONDITION));

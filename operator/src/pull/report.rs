@@ -487,6 +487,10 @@ impl Context {
 
     /// Writes, or deletes, the report of `key`; `prune_only` leaves a wanted report alone.
     async fn reconcile(&self, key: &AppSetKey, prune_only: bool) -> Result<Action, ReportError> {
+        if !self.opts.handles(&key.namespace) {
+            // Another pull model's ApplicationSet.
+            return Ok(Action::await_change());
+        }
         let existing = self
             .reports
             .get(&ObjectRef::new(&key.name).within(&key.namespace));

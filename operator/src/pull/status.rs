@@ -253,7 +253,7 @@ struct Context {
 }
 
 async fn reconcile(work: Arc<ManifestWork>, ctx: Arc<Context>) -> Result<Action, StatusError> {
-    if work.metadata.deletion_timestamp.is_some() {
+    if work.metadata.deletion_timestamp.is_some() || !ctx.opts.handles_work(&work) {
         return Ok(Action::await_change());
     }
     let Some((namespace, name)) = hub_application_of(&work) else {

@@ -81,6 +81,11 @@ where
         self.writer.as_reader()
     }
 
+    /// Whether the store is filled, for a reader that needs no events.
+    pub fn ready(&self) -> Ready {
+        Ready(self.filled.subscribe())
+    }
+
     /// The store, and every event of the watch from its start, each after the store applied it.
     pub fn subscribe(&mut self) -> Subscription<K> {
         let (tx, events) = mpsc::unbounded();

@@ -1,0 +1,422 @@
+//! Several principals on one hub, each with its embedded GitOpsCluster operator, sharing the
+//! GitOpsClusters, Placements and managed clusters of the hub (issue 18): exactly one principal
+//! answers each GitOpsCluster (upstream's default Argo CD namespace is the GitOpsCluster's own),
+//! a GitOpsCluster naming a namespace no principal serves is reported by the principal serving
+//! its own namespace, a cluster selected by two principals' GitOpsClusters goes to the oldest
+//! (the other reports the conflict, writes nothing for it, and takes over when the winner goes),
+//! and a GitOpsCluster moving to another principal leaves nothing of the old one behind; each
+//! principal's pull model wraps only the Applications of its own Argo CD namespaces.
+//!
+//! The test plays OCM's placement controller (it writes the PlacementDecisions) and no work
+//! agent runs: what is asserted is what each operator writes on the hub.
+
+use std::time::Duration;
+
+use argocd_agent_operator::gitops::agent_work::{AGENT_WORK_NAME, PRINCIPAL_ANNOTATION};
+use argocd_agent_operator::gitops::crd::GitOpsCluster;
+use argocd_agent_operator::gitops::FINALIZER;
+use argocd_agent_operator::pull::manifestwork::ManifestWork;
+use e2e::gateway::{ensure_namespace, Pki, Principal};
+use e2e::{shared_planes, wait_until, TestContext};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn ocm(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta1", kind),
+        plural,
+    )
+}
+
+/// A Placement `name` in `ns` and its decision naming `clusters` (as OCM's placement
+/// controller would write it).
+async fn placement(
+    hub: &kube::Client,
+    ns: &str,
+    name: &str,
+    clusters: &[&str],
+) -> anyhow::Result<()> {
+    let placements: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), ns, &ocm("Placement", "placements"));
+    placements
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
+                "metadata": {"name": name, "namespace": ns}, "spec": {}}))?,
+        )
+        .await?;
+    let decisions: Api<DynamicObject> = Api::namespaced_with(
+        hub.clone(),
+        ns,
+        &ocm("PlacementDecision", "placementdecisions"),
+    );
+    let decision = format!("{name}-decision-1");
+    decisions
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                "kind": "PlacementDecision",
+                "metadata": {"name": decision, "namespace": ns,
+                             "labels": {"cluster.open-cluster-management.io/placement": name}}}))?,
+        )
+        .await?;
+    let decided: Vec<_> = clusters
+        .iter()
+        .map(|c| json!({"clusterName": c, "reason": "Selected"}))
+        .collect();
+    decisions
+        .patch_status(
+            &decision,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"decisions": decided}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// A GitOpsCluster `name` in `ns` over Placement `placement`, naming `argo_namespace` when given
+/// (upstream's GitOpsCluster names none).
+fn gitopscluster(
+    ns: &str,
+    name: &str,
+    placement: &str,
+    argo_namespace: Option<&str>,
+    grpc_port: u16,
+) -> anyhow::Result<GitOpsCluster> {
+    let mut spec = json!({
+        "placementRef": {"kind": "Placement", "name": placement},
+        "argoCDAgentAddon": {"mode": "managed", "principalServerAddress": "127.0.0.1",
+                             "principalServerPort": grpc_port.to_string(),
+                             "agentKeyInManifestWork": true},
+    });
+    if let Some(argo) = argo_namespace {
+        spec["argoServer"] = json!({ "argoNamespace": argo });
+    }
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "apps.open-cluster-management.io/v1alpha1", "kind": "GitOpsCluster",
+        "metadata": {"name": name, "namespace": ns}, "spec": spec,
+    }))?)
+}
+
+fn condition(goc: &GitOpsCluster, type_: &str) -> Option<(String, String, String)> {
+    goc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+fn finalizers(goc: &GitOpsCluster) -> Vec<String> {
+    goc.metadata.finalizers.clone().unwrap_or_default()
+}
+
+/// The agent ManifestWork of `cluster` as (principal, owner), once `pred` holds for it.
+async fn wait_agent_work(
+    hub: &kube::Client,
+    cluster: &str,
+    what: &str,
+    pred: impl Fn(Option<&ManifestWork>) -> bool,
+) -> anyhow::Result<Option<(String, String)>> {
+    let api: Api<ManifestWork> = Api::namespaced(hub.clone(), cluster);
+    let work = wait_until(what, WAIT, || async {
+        let work = api.get_opt(AGENT_WORK_NAME).await?;
+        Ok::<_, kube::Error>(pred(work.as_ref()).then_some(work))
+    })
+    .await?;
+    Ok(work.map(|w| {
+        let a = w.metadata.annotations.unwrap_or_default();
+        let get = |k: &str| a.get(k).cloned().unwrap_or_default();
+        (
+            get(PRINCIPAL_ANNOTATION),
+            get("apps.open-cluster-management.io/gitopscluster"),
+        )
+    }))
+}
+
+fn by(work: Option<&ManifestWork>, principal: &str) -> bool {
+    work.and_then(|w| w.metadata.annotations.as_ref())
+        .and_then(|a| a.get(PRINCIPAL_ANNOTATION))
+        .is_some_and(|p| p == principal)
+}
+
+#[tokio::test]
+async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fighting_with_ocm_placement_played_by_the_test(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("operator_principals")?;
+    let hub = planes.hub.client().await?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let (ns_a, ns_b) = (ctx.unique("hub-a"), ctx.unique("hub-b"));
+    let a = Principal::start(
+        "a",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ns_a,
+        &["--enable-operator=true"],
+    )
+    .await?;
+    let b = Principal::start(
+        "b",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ns_b,
+        &["--enable-operator=true"],
+    )
+    .await?;
+    let fin = |ns: &str| format!("{FINALIZER}-{ns}");
+    let cluster = ctx.unique("c");
+    ensure_namespace(&hub, &cluster).await?;
+    let gocs_a: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns_a);
+    let gocs_b: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns_b);
+    let secrets_a: Api<Secret> = Api::namespaced(hub.clone(), &ns_a);
+    let secrets_b: Api<Secret> = Api::namespaced(hub.clone(), &ns_b);
+    let cluster_secret = format!("cluster-{cluster}");
+
+    // 1. Naming no Argo CD namespace, as upstream's: the principal serving the GitOpsCluster's
+    //    namespace (a's) claims and onboards it; b neither claims nor registers the cluster.
+    placement(&hub, &ns_a, "pa", &[&cluster]).await?;
+    gocs_a
+        .create(
+            &PostParams::default(),
+            &gitopscluster(&ns_a, "ga", "pa", None, a.grpc_port)?,
+        )
+        .await?;
+    let work = wait_agent_work(&hub, &cluster, "a's agent ManifestWork", |w| by(w, &ns_a)).await?;
+    assert_eq!(work.map(|w| w.1), Some(format!("{ns_a}/ga")), "owned by ga");
+    let ga = gocs_a.get("ga").await?;
+    assert_eq!(finalizers(&ga), [fin(&ns_a)], "claimed by a alone");
+    wait_until("a's cluster Secret", WAIT, || async {
+        Ok::<_, kube::Error>(secrets_a.get_opt(&cluster_secret).await?.map(|_| ()))
+    })
+    .await?;
+
+    // 2. A namespace no principal serves: a (home of the GitOpsCluster's namespace) reports it
+    //    with multicloud-integrations' condition and claims nothing.
+    gocs_a
+        .create(
+            &PostParams::default(),
+            &gitopscluster(&ns_a, "typo", "pa", Some("no-such-argocd"), a.grpc_port)?,
+        )
+        .await?;
+    let typo = wait_until("the unserved namespace reported", WAIT, || async {
+        let g = gocs_a.get("typo").await?;
+        Ok::<_, kube::Error>(
+            condition(&g, "ArgoServerVerified")
+                .is_some_and(|c| c.0 == "False" && c.1 == "ArgoServerNotFound")
+                .then_some(g),
+        )
+    })
+    .await?;
+    assert!(finalizers(&typo).is_empty(), "{:?}", finalizers(&typo));
+    assert!(condition(&typo, "ArgoServerVerified")
+        .unwrap()
+        .2
+        .contains("no-such-argocd"));
+    gocs_a.delete("typo", &DeleteParams::default()).await?;
+
+    // 3. b's GitOpsCluster, younger, selects the same cluster: ga keeps it, gb reports the
+    //    conflict naming ga, and b writes nothing for the cluster.
+    let ga_created = ga.metadata.creation_timestamp.clone().expect("created").0;
+    wait_until("a second after ga's creation", WAIT, || async {
+        let later = k8s_openapi::jiff::Timestamp::now().as_second() > ga_created.as_second();
+        Ok::<_, kube::Error>(later.then_some(()))
+    })
+    .await?;
+    placement(&hub, &ns_b, "pb", &[&cluster]).await?;
+    gocs_b
+        .create(
+            &PostParams::default(),
+            &gitopscluster(&ns_b, "gb", "pb", None, b.grpc_port)?,
+        )
+        .await?;
+    let gb = wait_until("gb reports the conflict", WAIT, || async {
+        let g = gocs_b.get("gb").await?;
+        Ok::<_, kube::Error>(
+            condition(&g, "ClustersRegistered")
+                .is_some_and(|c| c.1 == "ClusterConflict")
+                .then_some(g),
+        )
+    })
+    .await?;
+    let message = condition(&gb, "ClustersRegistered").unwrap().2;
+    assert!(message.contains(&format!("{ns_a}/ga")), "{message}");
+    assert!(gb
+        .status
+        .as_ref()
+        .unwrap()
+        .clusters
+        .iter()
+        .any(|c| c.name == cluster && c.phase == "Conflict"));
+    assert!(
+        by(
+            Api::<ManifestWork>::namespaced(hub.clone(), &cluster)
+                .get_opt(AGENT_WORK_NAME)
+                .await?
+                .as_ref(),
+            &ns_a
+        ),
+        "the agent ManifestWork stays a's"
+    );
+    assert!(secrets_b.get_opt(&cluster_secret).await?.is_none());
+
+    // 4. The winner goes: a offboards the cluster, b takes it over.
+    gocs_a.delete("ga", &DeleteParams::default()).await?;
+    let work = wait_agent_work(&hub, &cluster, "b's agent ManifestWork", |w| by(w, &ns_b)).await?;
+    assert_eq!(work.map(|w| w.1), Some(format!("{ns_b}/gb")));
+    wait_until("the cluster Secret moved from a to b", WAIT, || async {
+        let moved = secrets_a.get_opt(&cluster_secret).await?.is_none()
+            && secrets_b.get_opt(&cluster_secret).await?.is_some();
+        Ok::<_, kube::Error>(moved.then_some(()))
+    })
+    .await?;
+
+    // 5. gb moves to a's Argo CD namespace: b removes what it made and releases its claim; a
+    //    claims gb and onboards the cluster.
+    gocs_b
+        .patch(
+            "gb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"argoServer": {"argoNamespace": ns_a}}})),
+        )
+        .await?;
+    let work = wait_agent_work(&hub, &cluster, "a's agent ManifestWork for gb", |w| {
+        by(w, &ns_a)
+    })
+    .await?;
+    assert_eq!(work.map(|w| w.1), Some(format!("{ns_b}/gb")));
+    wait_until("b's objects gone and its claim released", WAIT, || async {
+        let gb = gocs_b.get("gb").await?;
+        let done = secrets_b.get_opt(&cluster_secret).await?.is_none()
+            && secrets_a.get_opt(&cluster_secret).await?.is_some()
+            && finalizers(&gb) == [fin(&ns_a)];
+        Ok::<_, kube::Error>(done.then_some(()))
+    })
+    .await?;
+
+    gocs_b.delete("gb", &DeleteParams::default()).await?;
+    wait_agent_work(&hub, &cluster, "the cluster offboarded", |w| w.is_none()).await?;
+    drop((a, b));
+    Ok(())
+}
+
+/// Each principal's pull model handles the Applications of its own Argo CD namespaces only: an
+/// Application in a's namespace is wrapped by a alone (b's log never names it), one in a
+/// namespace neither serves by nobody.
+#[tokio::test]
+async fn each_principals_pull_model_handles_only_its_argo_cd_namespaces_applications(
+) -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let ctx = TestContext::new("pull_principals")?;
+    let hub = planes.hub.client().await?;
+    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let (ns_a, ns_b, nobody) = (ctx.unique("hub-a"), ctx.unique("hub-b"), ctx.unique("apps"));
+    let a = Principal::start(
+        "a",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ns_a,
+        &["--enable-operator=true"],
+    )
+    .await?;
+    let b = Principal::start(
+        "b",
+        &ctx.dir,
+        &planes.hub,
+        &pki,
+        &ns_b,
+        &["--enable-operator=true"],
+    )
+    .await?;
+    ensure_namespace(&hub, &nobody).await?;
+    let cluster = ctx.unique("c");
+    let clusters: Api<DynamicObject> = Api::all_with(
+        hub.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1", "ManagedCluster"),
+            "managedclusters",
+        ),
+    );
+    clusters
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+                "metadata": {"name": cluster}, "spec": {"hubAcceptsClient": true}}))?,
+        )
+        .await?;
+    ensure_namespace(&hub, &cluster).await?;
+    let application = |name: &str, ns: &str| -> anyhow::Result<DynamicObject> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": name, "namespace": ns,
+                         "labels": {"apps.open-cluster-management.io/pull-to-ocm-managed-cluster": "true"},
+                         "annotations": {"apps.open-cluster-management.io/ocm-managed-cluster": cluster,
+                                         "argocd.argoproj.io/skip-reconcile": "true"}},
+            "spec": {"project": "default",
+                     "source": {"repoURL": "https://github.com/argoproj/argocd-example-apps.git",
+                                "path": "guestbook", "targetRevision": "HEAD"},
+                     "destination": {"name": cluster, "namespace": "guestbook"}}
+        }))?)
+    };
+    let apps = |ns: &str| {
+        Api::<DynamicObject>::namespaced_with(
+            hub.clone(),
+            ns,
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+                "applications",
+            ),
+        )
+    };
+    // The unserved one first: handled, it would be wrapped before the other.
+    apps(&nobody)
+        .create(&PostParams::default(), &application("stray", &nobody)?)
+        .await?;
+    apps(&ns_a)
+        .create(&PostParams::default(), &application("mine", &ns_a)?)
+        .await?;
+    let works: Api<ManifestWork> = Api::namespaced(hub.clone(), &cluster);
+    let hub_namespace = |w: &ManifestWork| {
+        w.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("apps.open-cluster-management.io/hub-application-namespace"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until("a's Application wrapped", WAIT, || async {
+        let listed = works.list(&Default::default()).await?.items;
+        Ok::<_, kube::Error>(
+            listed
+                .iter()
+                .any(|w| hub_namespace(w) == ns_a)
+                .then_some(()),
+        )
+    })
+    .await?;
+    let listed = works.list(&Default::default()).await?.items;
+    assert!(
+        listed.iter().all(|w| hub_namespace(w) == ns_a),
+        "only a's Application is wrapped: {:?}",
+        listed.iter().map(hub_namespace).collect::<Vec<_>>()
+    );
+    let applied = |log: &str, app: &str| {
+        log.lines()
+            .any(|l| l.contains("ManifestWork applied") && l.contains(app))
+    };
+    let mine = format!("{ns_a}/mine");
+    assert!(applied(&a.process.log(), &mine), "a wrapped {mine}");
+    assert!(!applied(&b.process.log(), &mine), "b left {mine} alone");
+    drop((a, b));
+    Ok(())
+}
