@@ -7,8 +7,9 @@
 //! and a GitOpsCluster moving to another principal leaves nothing of the old one behind; each
 //! principal's pull model wraps only the Applications of its own Argo CD namespaces.
 //!
-//! The test plays OCM's placement controller (it writes the PlacementDecisions) and no work
-//! agent runs: what is asserted is what each operator writes on the hub.
+//! OCM's real placement controller decides the Placements (over a ManagedCluster the test creates
+//! as a hub admin would, with no klusterlet joining it); no work agent runs: what is asserted is
+//! what each operator writes on the hub.
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use argocd_agent_operator::gitops::crd::GitOpsCluster;
 use argocd_agent_operator::gitops::FINALIZER;
 use argocd_agent_operator::pull::manifestwork::ManifestWork;
 use e2e::gateway::{ensure_namespace, Pki, Principal};
+use e2e::ocm::{create_label_placement, managed_cluster_resource, shared_ocm_hub};
 use e2e::{shared_planes, wait_until, TestContext};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -25,56 +27,21 @@ use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn ocm(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta1", kind),
-        plural,
-    )
-}
+/// The label the test's ManagedCluster carries and its Placements select.
+const SITE_LABEL: &str = "operator-principals.test/site";
 
-/// A Placement `name` in `ns` and its decision naming `clusters` (as OCM's placement
-/// controller would write it).
-async fn placement(
-    hub: &kube::Client,
-    ns: &str,
-    name: &str,
-    clusters: &[&str],
-) -> anyhow::Result<()> {
-    let placements: Api<DynamicObject> =
-        Api::namespaced_with(hub.clone(), ns, &ocm("Placement", "placements"));
-    placements
+/// ManagedCluster `name`, created by the hub admin and accepted (no klusterlet joins it: OCM
+/// taints it unreachable, which the operator's Placement tolerations admit as upstream's do),
+/// labelled `SITE_LABEL=site` so real Placements can select it.
+async fn managed_cluster(hub: &kube::Client, name: &str, site: &str) -> anyhow::Result<()> {
+    let clusters: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_cluster_resource());
+    clusters
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({
-                "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
-                "metadata": {"name": name, "namespace": ns}, "spec": {}}))?,
-        )
-        .await?;
-    let decisions: Api<DynamicObject> = Api::namespaced_with(
-        hub.clone(),
-        ns,
-        &ocm("PlacementDecision", "placementdecisions"),
-    );
-    let decision = format!("{name}-decision-1");
-    decisions
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "cluster.open-cluster-management.io/v1beta1",
-                "kind": "PlacementDecision",
-                "metadata": {"name": decision, "namespace": ns,
-                             "labels": {"cluster.open-cluster-management.io/placement": name}}}))?,
-        )
-        .await?;
-    let decided: Vec<_> = clusters
-        .iter()
-        .map(|c| json!({"clusterName": c, "reason": "Selected"}))
-        .collect();
-    decisions
-        .patch_status(
-            &decision,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {"decisions": decided}})),
+                "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+                "metadata": {"name": name, "labels": {SITE_LABEL: site}},
+                "spec": {"hubAcceptsClient": true}}))?,
         )
         .await?;
     Ok(())
@@ -147,9 +114,10 @@ fn by(work: Option<&ManifestWork>, principal: &str) -> bool {
 }
 
 #[tokio::test]
-async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fighting_with_ocm_placement_played_by_the_test(
+async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fighting(
 ) -> anyhow::Result<()> {
     let planes = shared_planes().await;
+    shared_ocm_hub().await;
     let ctx = TestContext::new("operator_principals")?;
     let hub = planes.hub.client().await?;
     let pki = Pki::create(&ctx.dir.join("pki"))?;
@@ -173,7 +141,8 @@ async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fightin
     )
     .await?;
     let fin = |ns: &str| format!("{FINALIZER}-{ns}");
-    let cluster = ctx.unique("c");
+    let (cluster, site) = (ctx.unique("c"), ctx.unique("site"));
+    managed_cluster(&hub, &cluster, &site).await?;
     ensure_namespace(&hub, &cluster).await?;
     let gocs_a: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns_a);
     let gocs_b: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns_b);
@@ -183,7 +152,7 @@ async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fightin
 
     // 1. Naming no Argo CD namespace, as upstream's: the principal serving the GitOpsCluster's
     //    namespace (a's) claims and onboards it; b neither claims nor registers the cluster.
-    placement(&hub, &ns_a, "pa", &[&cluster]).await?;
+    create_label_placement(&hub, &ns_a, "pa", (SITE_LABEL, &site)).await?;
     gocs_a
         .create(
             &PostParams::default(),
@@ -231,7 +200,7 @@ async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fightin
         Ok::<_, kube::Error>(later.then_some(()))
     })
     .await?;
-    placement(&hub, &ns_b, "pb", &[&cluster]).await?;
+    create_label_placement(&hub, &ns_b, "pb", (SITE_LABEL, &site)).await?;
     gocs_b
         .create(
             &PostParams::default(),
