@@ -28,6 +28,7 @@ use crate::connection::{Connection, ConnectionSettings};
 use crate::managed::{ManagedSettings, ManagedSync};
 use crate::metrics::AgentMetrics;
 use crate::placement::{AppPlacement, PrincipalNamespace};
+use crate::reported::Reported;
 use argocd_agent_kube::secret_files;
 use argocd_agent_proto::mode::AgentMode;
 use argocd_agent_proto::sync::resync::jittered;
@@ -187,12 +188,18 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             )
         }
         AgentMode::Autonomous => {
+            let reported = Reported::open(&config.queue_dir).unwrap_or_else(|e| {
+                warn!(queue_dir = %config.queue_dir.display(), error = %e,
+                    "cannot read or write the record of what was reported to the principal; keeping it in memory (behind a principal comparing specs only, a restart then sends every object once)");
+                Reported::default()
+            });
             let sync = AutonomousSync::new(
                 client,
                 config.namespace.clone(),
                 config.label_selector.clone(),
                 outbox.clone(),
                 full_resync,
+                reported,
             );
             let watchers = tokio::spawn(sync.clone().run_watchers());
             let periodic = sync.clone();

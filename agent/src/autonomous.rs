@@ -12,6 +12,13 @@
 //! skip-sync ([`argocd_agent_kube::skip_sync`]) are not watched and count as absent: one that
 //! gains the label is reported deleted, as upstream's agent does.
 //!
+//! Behind upstream's principal, whose `request-update` carries the mirror's spec checksum
+//! (upstream's resync compares specs only) instead of ours over everything the spoke owns, an
+//! object whose spec matches is sent only when what that checksum does not cover (status,
+//! operation, labels, annotations) changed since it was last reported ([`crate::reported`], kept
+//! across restarts): an unchanged fleet resyncs with no resends, a status that changed while the
+//! agent was down is still sent, once.
+//!
 //! Restart: what was queued survives in the durable outbox; what changed while the process was
 //! down is found by the principal's checksum resync on connect, so the first list after start
 //! only records what it sees, unless the outbox was lost ([`AutonomousSync::new`]'s
@@ -23,7 +30,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use argocd_agent_proto::event::{set_checksum, Event, EventType, ResourceKey, AGENT_SOURCE};
+use argocd_agent_proto::event::{
+    set_checksum, spec_checksum, Event, EventType, ResourceKey, AGENT_SOURCE,
+};
 use argocd_agent_proto::payload::{RequestSyncedResourceList, RequestUpdate, SyncedResource};
 use argocd_agent_proto::sync::resync::{owned_checksum, synced_resource_key, RESYNC_REQUEST_KEY};
 use argocd_agent_proto::sync::{keyed_request, EventHandler, HandleError, Outbox};
@@ -37,6 +46,7 @@ use argocd_agent_kube::errors::{handle_error, is_not_found};
 use argocd_agent_kube::skip_sync::{is_skip_sync, without_skip_sync};
 
 use crate::managed::patch_params;
+use crate::reported::Reported;
 use crate::spoke_copy::{SpokeObject, SyncedKind, REFRESH_ANNOTATION};
 use crate::spoke_watch::{SpokeInformers, SpokeObserver};
 
@@ -61,6 +71,46 @@ struct SentState {
     /// uid and resourceVersion of the newest object queued per (kind, name): a resync answer
     /// built from a read older than what the watch already queued must not replace it.
     newest: HashMap<(SyncedKind, String), (String, u64)>,
+    /// What was last reported per object, across restarts.
+    reported: Reported,
+}
+
+/// Whether the spoke object whose [`owned_checksum`] is `owned` and spec checksum `spec` must be
+/// sent to answer a `request-update` carrying `asked`: ours asks with the owned checksum, equal
+/// when nothing differs; upstream's principal asks with the mirror's spec checksum, and then
+/// an equal spec still needs the object when what it does not compare changed since it was last
+/// reported (`last_reported`, `None` when unknown).
+fn mirror_differs(
+    owned: &[u8],
+    spec: Option<&[u8]>,
+    asked: &[u8],
+    last_reported: Option<&[u8]>,
+) -> bool {
+    let spec_equal = spec == Some(asked);
+    owned != asked && !(spec_equal && last_reported == Some(owned))
+}
+
+/// The spec checksum upstream's principal (v0.9.0, `internal/resync`) sends in its
+/// `request-update` for the hub mirror of Application `json`: its spec as that principal writes
+/// it, the project prefixed with the agent's name (`agentPrefixedProjectName`), which is the
+/// mirror's namespace, `mirror_namespace`, the request's own (the destination it rewrites too is
+/// left out of the checksum). `None` for AppProjects (upstream rewrites more of their mirrors:
+/// they are compared by our checksum alone, as before) and without a namespace.
+fn upstream_mirror_spec_checksum(
+    kind: SyncedKind,
+    json: &serde_json::Value,
+    mirror_namespace: &str,
+) -> Option<Vec<u8>> {
+    if kind != SyncedKind::Application || mirror_namespace.is_empty() {
+        return None;
+    }
+    let mut mirror = serde_json::json!({ "spec": json.get("spec")?.clone() });
+    let project = mirror
+        .pointer("/spec/project")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default();
+    mirror["spec"]["project"] = format!("{mirror_namespace}-{project}").into();
+    spec_checksum(&mirror, Some(kind.kind())).ok()
 }
 
 /// `metadata.resourceVersion` as a number (etcd revisions are; `None` when it is not).
@@ -78,19 +128,23 @@ fn rejected(e: impl std::fmt::Display) -> HandleError {
 impl AutonomousSync {
     /// Autonomous sync of `namespace`, of the objects `label_selector` selects that are not
     /// labelled skip-sync; `full_resync` sends every object once after start (the outbox of an
-    /// earlier run was lost or damaged).
+    /// earlier run was lost or damaged); `reported` is what earlier runs reported.
     pub fn new(
         client: kube::Client,
         namespace: String,
         label_selector: Option<String>,
         outbox: Arc<Outbox>,
         full_resync: bool,
+        reported: Reported,
     ) -> Arc<Self> {
         let label_selector = Some(without_skip_sync(label_selector.as_deref()));
         let api = |kind: SyncedKind| {
             Api::namespaced_with(client.clone(), &namespace, &kind.api_resource())
         };
-        let mut state = SentState::default();
+        let mut state = SentState {
+            reported,
+            ..SentState::default()
+        };
         if !full_resync {
             state.record_only = HashSet::from([SyncedKind::Application, SyncedKind::AppProject]);
         }
@@ -173,6 +227,7 @@ impl AutonomousSync {
         if let Some(v) = version {
             st.newest.insert(key.clone(), (uid, v));
         }
+        st.reported.set(kind, &key.1, &checksum);
         st.sent.insert(key, checksum);
         Ok(())
     }
@@ -192,6 +247,7 @@ impl AutonomousSync {
             .map_err(rejected)?;
         self.push(ev)?;
         let mut st = self.lock();
+        st.reported.remove(kind, name);
         st.sent.remove(&(kind, name.to_string()));
         st.newest.remove(&(kind, name.to_string()));
         Ok(())
@@ -274,14 +330,23 @@ impl AutonomousSync {
         };
         match self.live(kind, &req.name).await? {
             Some(live) if live.uid_str() == req.uid || req.uid.is_empty() => {
-                let checksum = owned_checksum(&live.to_json());
-                if checksum != req.checksum {
-                    debug!(kind = %kind, name = %req.name, "hub mirror differs; sending the spoke's object");
-                    // No uid in the request: the principal has no mirror of it (it asked after
-                    // our key list), so it is announced as new.
-                    self.report(kind, &live, checksum, req.uid.is_empty())?;
+                let json = live.to_json();
+                let checksum = owned_checksum(&json);
+                // With no uid the principal has no mirror (it asked after our key list).
+                let spec = (!req.uid.is_empty())
+                    .then(|| upstream_mirror_spec_checksum(kind, &json, &req.namespace))
+                    .flatten();
+                let last = self
+                    .lock()
+                    .reported
+                    .get(kind, &req.name)
+                    .map(<[u8]>::to_vec);
+                if !mirror_differs(&checksum, spec.as_deref(), &req.checksum, last.as_deref()) {
+                    return Ok(());
                 }
-                Ok(())
+                debug!(kind = %kind, name = %req.name, "hub mirror differs; sending the spoke's object");
+                // No uid in the request: announced as new.
+                self.report(kind, &live, checksum, req.uid.is_empty())
             }
             _ => {
                 debug!(kind = %kind, name = %req.name, "hub mirrors an object the spoke no longer has");
@@ -492,6 +557,41 @@ mod tests {
         obj
     }
 
+    #[test]
+    fn behind_a_principal_comparing_specs_only_an_equal_spec_is_sent_only_when_the_rest_changed() {
+        let (owned, spec, other) = (&[1u8][..], &[2u8][..], &[3u8][..]);
+        // Ours asks with the owned checksum.
+        assert!(!mirror_differs(owned, Some(spec), owned, None));
+        assert!(mirror_differs(owned, Some(spec), other, Some(owned)));
+        // Upstream's asks with the spec checksum: equal spec, nothing else changed since the
+        // last report: nothing to send (an unchanged fleet resyncs without resends).
+        assert!(!mirror_differs(owned, Some(spec), spec, Some(owned)));
+        // Equal spec, but the status (or labels) changed since the last report, or no record.
+        assert!(mirror_differs(owned, Some(spec), spec, Some(other)));
+        assert!(mirror_differs(owned, Some(spec), spec, None));
+        // Another spec.
+        assert!(mirror_differs(owned, Some(spec), other, Some(owned)));
+        // No mirror (no uid asked): always sent.
+        assert!(mirror_differs(owned, None, spec, Some(owned)));
+    }
+
+    #[test]
+    fn upstreams_mirror_spec_checksum_covers_the_prefixed_project_and_not_the_destination() {
+        let spoke = json!({"spec": {"project": "default", "destination": {"server": "https://kubernetes.default.svc"},
+                                    "source": {"path": "demo"}}});
+        let mirror = json!({"kind": "Application", "spec": {"project": "agent-a-default",
+                                    "destination": {"name": "agent-a"}, "source": {"path": "demo"}}});
+        let upstream = spec_checksum(&mirror, None).unwrap();
+        assert_eq!(
+            upstream_mirror_spec_checksum(SyncedKind::Application, &spoke, "agent-a"),
+            Some(upstream)
+        );
+        assert_eq!(
+            upstream_mirror_spec_checksum(SyncedKind::AppProject, &spoke, "agent-a"),
+            None
+        );
+    }
+
     #[tokio::test]
     async fn after_the_first_list_adds_changes_deletions_and_relist_vanishings_are_reported() {
         let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
@@ -501,6 +601,7 @@ mod tests {
             None,
             outbox.clone(),
             false,
+            Reported::default(),
         );
         // The first list only records (the principal's resync on connect finds what changed).
         let history = watch_history(|name, version| named(name, &format!("r{version}")));
@@ -517,7 +618,14 @@ mod tests {
     async fn an_older_read_never_replaces_a_newer_queued_object() {
         let client = unreachable_client();
         let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
-        let sync = AutonomousSync::new(client, "ns".into(), None, outbox.clone(), false);
+        let sync = AutonomousSync::new(
+            client,
+            "ns".into(),
+            None,
+            outbox.clone(),
+            false,
+            Reported::default(),
+        );
         let (newer, older) = (app("r3", "12"), app("r2", "11"));
         sync.report(
             SyncedKind::Application,
@@ -545,7 +653,14 @@ mod tests {
         let client = unreachable_client();
         let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
         // Past the first list (full resync): every object seen is reported.
-        let sync = AutonomousSync::new(client, "ns".into(), None, outbox.clone(), true);
+        let sync = AutonomousSync::new(
+            client,
+            "ns".into(),
+            None,
+            outbox.clone(),
+            true,
+            Reported::default(),
+        );
         let (first, second) = (app("r1", "10"), app("r2", "11"));
         sync.on_applied(SyncedKind::Application, &first);
         sync.on_applied(SyncedKind::Application, &second);

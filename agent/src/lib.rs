@@ -11,5 +11,6 @@ pub mod live;
 pub mod managed;
 pub mod metrics;
 pub mod placement;
+pub mod reported;
 pub mod spoke_copy;
 pub mod spoke_watch;

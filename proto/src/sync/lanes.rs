@@ -211,19 +211,29 @@ impl Lanes {
         }
     }
 
-    /// Hands `ev` to its lane, waiting for room (backpressure on the stream reader).
-    pub async fn dispatch(&self, ev: Event) -> Result<(), Event> {
+    /// The sender of the lane `ev` belongs to (the lane starts on its first event).
+    fn lane(&self, ev: &Event) -> &mpsc::Sender<Box<Event>> {
         let mut h = DefaultHasher::new();
-        ordering_key(&ev).hash(&mut h);
+        ordering_key(ev).hash(&mut h);
         let lane = &self.senders[(h.finish() % self.senders.len() as u64) as usize];
-        let sender = match lane.get() {
+        match lane.get() {
             Some(tx) => tx,
             None => {
                 let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
                 lane.get_or_init(|| (self.start_lane)(&mut tasks))
             }
-        };
-        sender.send(Box::new(ev)).await.map_err(|e| *e.0)
+        }
+    }
+
+    /// Hands `ev` to its lane, waiting for room (backpressure on the stream reader).
+    pub async fn dispatch(&self, ev: Event) -> Result<(), Event> {
+        self.lane(&ev).send(Box::new(ev)).await.map_err(|e| *e.0)
+    }
+
+    /// Hands `ev` to its lane if it has room now; else gives it back (boxed, as lanes queue it),
+    /// with whether the lane is full (then [`dispatch`](Self::dispatch) waits for room) or gone.
+    pub fn try_dispatch(&self, ev: Event) -> Result<(), mpsc::error::TrySendError<Box<Event>>> {
+        self.lane(&ev).try_send(Box::new(ev))
     }
 
     /// Stops accepting events and waits for the lanes to finish what they hold.

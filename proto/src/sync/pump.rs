@@ -2,7 +2,8 @@
 //!
 //! Sending: the control lane (ACKs, heartbeats, request replies that must not wait) always goes
 //! first; then the [`Outbox`] (resends and new events). Receiving: ACKs settle the outbox at once,
-//! everything else goes to the [`Lanes`]. The stream ends when the peer closes it, on an error, or
+//! everything else goes to the [`Lanes`]; while a full lane keeps the reader waiting, the outbox
+//! is told ([`Outbox::reading_stalled`]): the ACKs behind are unread, not late. The stream ends when the peer closes it, on an error, or
 //! on shutdown; the outbox keeps everything that was not ACKed for the next stream.
 
 use futures::{Stream, StreamExt};
@@ -27,6 +28,20 @@ pub enum StreamEnd {
     Error(tonic::Status),
     /// Our side shut down, or our outbound channel was closed.
     Shutdown,
+}
+
+/// Hands `ev` to its lane; while the lane has no room, the outbox knows the reader is stalled.
+async fn dispatch(lanes: &Lanes, outbox: &Outbox, ev: Event) -> Result<(), Event> {
+    use tokio::sync::mpsc::error::TrySendError;
+    let ev = match lanes.try_dispatch(ev) {
+        Ok(()) => return Ok(()),
+        Err(TrySendError::Closed(ev)) => return Err(*ev),
+        Err(TrySendError::Full(ev)) => *ev,
+    };
+    outbox.reading_stalled(std::time::Instant::now());
+    let handed = lanes.dispatch(ev).await;
+    outbox.reading_resumed(std::time::Instant::now());
+    handed
 }
 
 /// Runs the stream until it ends. `inbound` is the peer's events, `outbound` feeds our side of the
@@ -76,7 +91,7 @@ where
                                 }
                             }
                             outbox.ack(&ev);
-                        } else if lanes.dispatch(ev).await.is_err() {
+                        } else if dispatch(lanes, outbox, ev).await.is_err() {
                             return StreamEnd::Shutdown;
                         }
                     }
@@ -102,4 +117,92 @@ where
     };
     outbox.set_connected(false);
     end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{EventType, Target};
+    use crate::sync::lanes::{EventHandler, HandleError};
+    use crate::sync::outbox::OutboxConfig;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Takes 20 ms per event, as a lane answering resync requests with an apiserver read does.
+    struct Slow;
+
+    impl EventHandler for Slow {
+        async fn handle(&self, _event: Event) -> Result<(), HandleError> {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_ack_queued_behind_requests_our_lanes_are_slow_to_take_is_not_resent_for() {
+        let resends = prometheus_client::metrics::counter::Counter::<u64>::default();
+        let outbox = Outbox::new(OutboxConfig {
+            resend_initial: Duration::from_millis(100),
+            resends: resends.clone(),
+            ..OutboxConfig::default()
+        });
+        outbox
+            .push(
+                Event::new(EventType::Create, Target::Application, "t")
+                    .with_ids("mine", "m1")
+                    .with_json(&"x")
+                    .unwrap(),
+            )
+            .unwrap();
+        let (ctl_tx, mut ctl_rx) = mpsc::channel(64);
+        let lanes = Lanes::start(Arc::new(Slow), 1, 1, ctl_tx);
+        let (peer_tx, inbound) = futures::channel::mpsc::unbounded();
+        let (out_tx, mut out_rx) = mpsc::channel(64);
+        let outbox_ref = &outbox;
+        let peer = async move {
+            let mine = Event::try_from_stream_event(out_rx.recv().await.unwrap()).unwrap();
+            // 30 requests (600 ms of lane work, 6 resend delays) ahead of the ACK of ours.
+            for i in 0..30 {
+                let req = Event::new(EventType::RequestUpdate, Target::Application, "p")
+                    .with_ids(format!("r{i}"), format!("p{i}"))
+                    .with_json(&"x")
+                    .unwrap();
+                peer_tx.unbounded_send(Ok(req.into_stream_event())).unwrap();
+            }
+            peer_tx
+                .unbounded_send(Ok(mine.ack().into_stream_event()))
+                .unwrap();
+            while !outbox_ref.is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // Whatever else we sent meanwhile: resends of ours.
+            let mut again = 0;
+            while let Ok(ev) = out_rx.try_recv() {
+                again += usize::from(Event::try_from_stream_event(ev).unwrap().event_id == "m1");
+            }
+            drop(peer_tx);
+            again
+        };
+        let (end, again) = tokio::join!(
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                run_stream(
+                    inbound,
+                    out_tx,
+                    &outbox,
+                    &mut ctl_rx,
+                    &lanes,
+                    std::future::pending(),
+                    |_| {}
+                )
+            ),
+            peer
+        );
+        assert!(matches!(end, Ok(StreamEnd::PeerClosed)), "{end:?}");
+        assert_eq!(
+            (again, resends.get()),
+            (0, 0),
+            "resent while the ACK sat unread"
+        );
+    }
 }

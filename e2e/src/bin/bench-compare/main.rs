@@ -29,6 +29,9 @@
 //! `--fleet-agents` (100) of them busy, RSS per idle agent and a reconnect storm at
 //! `--storm-agents` (1000), for `--fleet-rounds` (1) rounds; `--skip-fleet` skips it.
 //!
+//! `--modes managed,autonomous` and `--sides ours,upstream` (both by default) run only those
+//! cells, e.g. `--modes autonomous --sides ours --skip-fleet` for our autonomous catch-up alone.
+//!
 //! `--smoke`: 1 round, small sizes, finishes in a few minutes (the fleet part in about 1 more).
 //! Full runs default to the sizes (5,000 Applications and 5,000 offline changes per cell).
 //! Build with `--release` (`hack/bench.sh --compare` does).
@@ -59,6 +62,10 @@ pub struct Sizes {
     pub changes: usize,
     pub idle: Duration,
     pub converge_limit: Duration,
+    /// `--modes`: the modes whose cells run (both by default).
+    pub modes: Vec<Mode>,
+    /// `--sides`: the sides whose cells run (both by default).
+    pub sides: Vec<Side>,
 }
 
 impl Sizes {
@@ -89,6 +96,10 @@ impl Sizes {
             changes: num("changes", changes)?,
             idle: Duration::from_secs(num("idle-seconds", idle)? as u64),
             converge_limit: Duration::from_secs(num("converge-seconds", limit)? as u64),
+            modes: chosen("modes", &[Mode::Managed, Mode::Autonomous], |m: &Mode| {
+                m.flag()
+            })?,
+            sides: chosen("sides", &[Side::Ours, Side::Upstream], |s: &Side| s.label())?,
         };
         anyhow::ensure!(
             sizes.apps >= sizes.changes,
@@ -96,6 +107,27 @@ impl Sizes {
         );
         Ok(sizes)
     }
+}
+
+/// The values of the comma-separated flag `--<name>` among `all` (named by `label`), in `all`'s
+/// order; all of them without the flag.
+fn chosen<T: Copy>(name: &str, all: &[T], label: fn(&T) -> &'static str) -> anyhow::Result<Vec<T>> {
+    let Some(value) = flag_value(name) else {
+        return Ok(all.to_vec());
+    };
+    let wanted: Vec<&str> = value.split(',').map(str::trim).collect();
+    if let Some(bad) = wanted.iter().find(|w| !all.iter().any(|v| label(v) == **w)) {
+        let known: Vec<&str> = all.iter().map(label).collect();
+        anyhow::bail!(
+            "--{name}: unknown value {bad:?} (one or more of {})",
+            known.join(",")
+        );
+    }
+    Ok(all
+        .iter()
+        .copied()
+        .filter(|v| wanted.contains(&label(v)))
+        .collect())
 }
 
 /// The planes and PKI every cell uses.
@@ -129,10 +161,15 @@ async fn main() -> anyhow::Result<()> {
 
     let mut cells = Vec::new();
     let mut failures = Vec::new();
-    let cases = (1..=sizes.rounds).flat_map(|round| {
-        [Mode::Managed, Mode::Autonomous]
-            .into_iter()
-            .flat_map(move |mode| [Side::Ours, Side::Upstream].map(move |side| (round, mode, side)))
+    let (modes, sides) = (sizes.modes.clone(), sizes.sides.clone());
+    let cases = (1..=sizes.rounds).flat_map(move |round| {
+        let sides = sides.clone();
+        modes.clone().into_iter().flat_map(move |mode| {
+            sides
+                .clone()
+                .into_iter()
+                .map(move |side| (round, mode, side))
+        })
     });
     for (round, mode, side) in cases {
         eprintln!(
