@@ -113,6 +113,25 @@ fn by(work: Option<&ManifestWork>, principal: &str) -> bool {
         .is_some_and(|p| p == principal)
 }
 
+/// Principals `a` and `b` on the shared hub, each with the operator on and its own Argo CD
+/// namespace: `((namespace a, a), (namespace b, b))`.
+async fn two_principals(
+    ctx: &TestContext,
+    pki: &Pki,
+) -> anyhow::Result<((String, Principal), (String, Principal))> {
+    let hub = &shared_planes().await.hub;
+    let mut started = Vec::new();
+    for name in ["a", "b"] {
+        let ns = ctx.unique(&format!("hub-{name}"));
+        let principal =
+            Principal::start(name, &ctx.dir, hub, pki, &ns, &["--enable-operator=true"]).await?;
+        started.push((ns, principal));
+    }
+    let b = started.pop().expect("two started");
+    let a = started.pop().expect("two started");
+    Ok((a, b))
+}
+
 #[tokio::test]
 async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fighting(
 ) -> anyhow::Result<()> {
@@ -121,25 +140,7 @@ async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fightin
     let ctx = TestContext::new("operator_principals")?;
     let hub = planes.hub.client().await?;
     let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let (ns_a, ns_b) = (ctx.unique("hub-a"), ctx.unique("hub-b"));
-    let a = Principal::start(
-        "a",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &ns_a,
-        &["--enable-operator=true"],
-    )
-    .await?;
-    let b = Principal::start(
-        "b",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &ns_b,
-        &["--enable-operator=true"],
-    )
-    .await?;
+    let ((ns_a, a), (ns_b, b)) = two_principals(&ctx, &pki).await?;
     let fin = |ns: &str| format!("{FINALIZER}-{ns}");
     let (cluster, site) = (ctx.unique("c"), ctx.unique("site"));
     managed_cluster(&hub, &cluster, &site).await?;
@@ -287,25 +288,8 @@ async fn each_principals_pull_model_handles_only_its_argo_cd_namespaces_applicat
     let ctx = TestContext::new("pull_principals")?;
     let hub = planes.hub.client().await?;
     let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let (ns_a, ns_b, nobody) = (ctx.unique("hub-a"), ctx.unique("hub-b"), ctx.unique("apps"));
-    let a = Principal::start(
-        "a",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &ns_a,
-        &["--enable-operator=true"],
-    )
-    .await?;
-    let b = Principal::start(
-        "b",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &ns_b,
-        &["--enable-operator=true"],
-    )
-    .await?;
+    let ((ns_a, a), (_, b)) = two_principals(&ctx, &pki).await?;
+    let nobody = ctx.unique("apps");
     ensure_namespace(&hub, &nobody).await?;
     let cluster = ctx.unique("c");
     let clusters: Api<DynamicObject> = Api::all_with(
