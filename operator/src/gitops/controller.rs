@@ -367,15 +367,7 @@ async fn reconcile_unserved(
     let key = goc_key(goc);
     if goc.finalizers().iter().any(|f| *f == finalizer_of(opts)) {
         let fleet = Fleet::gather(client, opts, stores, every).await?;
-        offboard(
-            client,
-            &fleet,
-            &Responsible::Sweep,
-            &BTreeSet::new(),
-            &BTreeSet::new(),
-            &mut summary,
-        )
-        .await?;
+        offboard_swept(client, &fleet, &mut summary).await?;
         if !summary.offboarded.is_empty() {
             tracing::info!(gitopscluster = %key, clusters = ?summary.offboarded, "GitOpsCluster no longer served by this principal; its objects removed");
         }
@@ -777,16 +769,27 @@ pub async fn sweep(
 ) -> Result<BTreeSet<String>, OperatorError> {
     let fleet = Fleet::gather(client, opts, stores, every).await?;
     let mut summary = Reconciled::default();
+    offboard_swept(client, &fleet, &mut summary).await?;
+    Ok(summary.offboarded)
+}
+
+/// Offboards every object of the operator's that `fleet` leaves to the sweep (no GitOpsCluster
+/// this principal serves wants it), into `summary`.
+async fn offboard_swept(
+    client: &kube::Client,
+    fleet: &Fleet,
+    summary: &mut Reconciled,
+) -> Result<(), OperatorError> {
     offboard(
         client,
-        &fleet,
+        fleet,
         &Responsible::Sweep,
         &BTreeSet::new(),
         &BTreeSet::new(),
-        &mut summary,
+        summary,
     )
     .await?;
-    Ok(summary.offboarded)
+    Ok(())
 }
 
 /// Creates the principal's JWT signing key Secret when missing (as upstream; an ES256 key, which
