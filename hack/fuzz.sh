@@ -4,8 +4,11 @@
 # execs/s, peak RSS, corpus size). Exits non-zero on the first crash, naming the input file that
 # reproduces it (`cargo +nightly fuzz run --fuzz-dir principal/fuzz -s none TARGET FILE`).
 #
-# Usage: hack/fuzz.sh [SECONDS] [TARGET...]   (targets: cloudevent_decode resp_parser proxy_path
-#                                              journal_reader; default all, one per core at a time)
+# Usage: hack/fuzz.sh [--dev] [SECONDS] [TARGET...]   (targets: cloudevent_decode resp_parser proxy_path
+#                                                      journal_reader; default all, one per core at a time)
+#   --dev  build the targets unoptimised (cargo fuzz --dev): a fraction of the release build's time, fewer
+#          execs/s; what the smoke in hack/test.sh uses (a cold release build of every dependency with
+#          coverage instrumentation took 696 s of a cold CI run on 2 cores). Longer runs: leave it off.
 # Env:   CARGO_TARGET_DIR  build cache (default: ~/.cache/argocd-agent-rs/target, outside the clone);
 #                          the corpus each run grows is kept beside it in fuzz-corpus/<target>/
 # Installs what it needs when missing (nightly via rustup, cargo-fuzz via cargo install, g++ via
@@ -14,6 +17,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/argocd-agent-rs/target}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+profile=(--release)
+profile_name="release, debug assertions and overflow checks on"
+if [ "${1:-}" = "--dev" ]; then
+  profile=(--dev)
+  profile_name="dev: unoptimised, debug assertions and overflow checks on"
+  shift
+fi
 seconds=${1:-60}
 shift || true
 targets=("$@")
@@ -38,8 +48,8 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 fuzz=(cargo +nightly fuzz)
-opts=(--fuzz-dir principal/fuzz --sanitizer none)
-step "building the fuzz targets (release, debug assertions and overflow checks on)"
+opts=(--fuzz-dir principal/fuzz --sanitizer none "${profile[@]}")
+step "building the fuzz targets ($profile_name)"
 "${fuzz[@]}" build "${opts[@]}" || fail "the fuzz targets do not build"
 
 work=$CARGO_TARGET_DIR/../fuzz-corpus

@@ -4,7 +4,7 @@
 #
 # Env: CARGO_TARGET_DIR   build cache (default: ~/.cache/argocd-agent-rs/target, outside the clone)
 #      TEST_FILTER        optional cargo test filter
-# Also runs the fuzz smoke (hack/fuzz.sh 60) and the bench smoke (hack/bench.sh --smoke --debug).
+# Also runs the fuzz smoke (hack/fuzz.sh --dev 60) and the bench smoke (hack/bench.sh --smoke --debug).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/argocd-agent-rs/target}
@@ -40,6 +40,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings || fail "clippy f
 step "building the binaries the end-to-end tests start"
 cargo build --workspace --bins --locked || fail "build failed"
 
+# The test binaries need no peer to compile: on a cold machine this overlaps the peers' Go build.
+step "compiling the test binaries"
+cargo test --workspace --locked --no-run || fail "the tests do not compile"
+
 step "waiting for the real peers"
 wait "$peers_pid" || fail "hack/peers.sh could not provide the real peers (its message is above)"
 trap - EXIT
@@ -50,8 +54,8 @@ cargo test --workspace --locked ${TEST_FILTER:+"$TEST_FILTER"} || fail "tests fa
 step "quickstart: the README's first command end to end (real Argo CD syncs the demo; --once)"
 "$CARGO_TARGET_DIR/debug/quickstart" --once >/dev/null || fail "the quickstart did not complete"
 
-step "fuzz smoke: 60 s of each cargo-fuzz target (nightly and cargo-fuzz installed when missing)"
-bash hack/fuzz.sh 60 || fail "fuzzing found a crash or could not run (see hack/fuzz.sh's message above)"
+step "fuzz smoke: 60 s of each cargo-fuzz target, unoptimised build (nightly and cargo-fuzz installed when missing)"
+bash hack/fuzz.sh --dev 60 || fail "fuzzing found a crash or could not run (see hack/fuzz.sh's message above)"
 
 step "bench smoke: every bench command end to end at tiny sizes (debug build; figures printed, not asserted)"
 bash hack/bench.sh --smoke --debug --out "$CARGO_TARGET_DIR/../bench-smoke" || fail "a bench command failed"

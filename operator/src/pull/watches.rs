@@ -9,7 +9,8 @@
 //! [`subscribe`](SharedWatch::subscribe)s before the watch starts and receives every event
 //! (applies, deletes, relists) after the store has taken it; kube's own shared stores
 //! (`store_shared`) do not hand on deletions, which drift repair and finalization need. A failing
-//! watch is logged here, once per kind. [`run_controller`] is the shape every pull controller runs
+//! watch is logged here, once per kind. Objects are kept without `managedFields`, as in
+//! `argocd_agent_kube::informer`. [`run_controller`] is the shape every pull controller runs
 //! in: concurrency, debounce, error policy and graceful shutdown on the `CancellationToken`.
 //!
 //! Readiness: a controller starts only once every store it reads is filled ([`Ready`], set by the
@@ -102,7 +103,10 @@ where
         let name = self.name;
         let subscribers = self.subscribers;
         let filled = self.filled;
-        let events = reflector::reflector(self.writer, watcher::watcher(self.api, self.config))
+        // As the informers do: nothing reads managedFields, often an object's largest part.
+        let objects =
+            watcher::watcher(self.api, self.config).modify(|o| o.meta_mut().managed_fields = None);
+        let events = reflector::reflector(self.writer, objects)
             .default_backoff()
             .for_each(|event| {
                 match event {
