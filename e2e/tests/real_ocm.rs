@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use argocd_agent_operator::pull::application::{
     APP_NAMESPACE_ANNOTATION, CLUSTER_ANNOTATION, PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
 };
+use argocd_agent_operator::pull::cluster_secret::cluster_secret_name;
 use argocd_agent_operator::pull::manifestwork::manifest_work_name;
 use argocd_agent_operator::pull::report::MulticlusterApplicationSetReport;
 use e2e::argocd::ArgoCd;
@@ -958,6 +959,36 @@ async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_an
     }
     let placement = ctx.unique("sites");
     create_label_placement(&hub, ns, &placement, label).await?;
+    // In the order upstream's instructions apply them: the Placement decided (and both clusters
+    // registered with the hub Argo CD by the pull model) before the ApplicationSet exists. Argo
+    // CD's controller retries a generator that finds no PlacementDecision only after 3 minutes.
+    let decisions: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), ns, &placement_decision_resource());
+    let cluster_secrets: Api<Secret> = Api::namespaced(hub.clone(), ns);
+    let mut clusters_wanted: Vec<String> = sites.iter().map(|(c, _)| c.clone()).collect();
+    clusters_wanted.sort();
+    wait_until(
+        "the Placement deciding both clusters, each with its cluster Secret",
+        REACT_WAIT,
+        || async {
+            let selector = format!("{PLACEMENT_LABEL}={placement}");
+            let listed = decisions
+                .list(&ListParams::default().labels(&selector))
+                .await?;
+            let mut decided: Vec<String> =
+                listed.items.iter().flat_map(decision_clusters).collect();
+            decided.sort();
+            let mut registered = true;
+            for cluster in &clusters_wanted {
+                registered &= cluster_secrets
+                    .get_opt(&cluster_secret_name(cluster))
+                    .await?
+                    .is_some();
+            }
+            Ok::<_, kube::Error>((decided == clusters_wanted && registered).then_some(()))
+        },
+    )
+    .await?;
     let mut template = pulled_demo_application(ns, &git.url("apps"), "{{name}}", &spoke_ns, &dest);
     template.metadata.name = Some(format!("{{{{name}}}}-{set}"));
     template.metadata.namespace = None;
