@@ -121,7 +121,7 @@ fn by(work: Option<&ManifestWork>, principal: &str) -> bool {
 fn watch_revisions(gocs: &Api<GitOpsCluster>, name: &str, type_: &str) -> Revisions {
     use futures::StreamExt;
     use kube::runtime::watcher;
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Seen::default();
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let task = tokio::spawn({
         let (gocs, seen, type_) = (gocs.clone(), seen.clone(), type_.to_string());
@@ -141,9 +141,12 @@ fn watch_revisions(gocs: &Api<GitOpsCluster>, name: &str, type_: &str) -> Revisi
     Revisions { seen, task }
 }
 
+/// (resourceVersion, condition reason) of each revision seen.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
+
 /// A running [`watch_revisions`].
 struct Revisions {
-    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>,
+    seen: Seen,
     task: tokio::task::JoinHandle<()>,
 }
 
