@@ -57,7 +57,7 @@ use e2e::ocm::{
 use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::process::{print_log_tail, temp_dir};
 use e2e::tcp_proxy::TcpProxy;
-use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
+use e2e::{shared_planes, wait_until, ControlPlane, SharedPlanes, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
@@ -301,6 +301,26 @@ impl Site {
         }
     }
 
+    /// Starts the site's klusterlet on `spoke` (its log watched by `logs`) and waits until the
+    /// cluster joined `hub` and is available.
+    async fn join(
+        &self,
+        spoke: &ControlPlane,
+        hub: &ControlPlane,
+        dir: &std::path::Path,
+        lease_duration_seconds: Option<u32>,
+        logs: &mut FailureLogs,
+    ) -> anyhow::Result<Klusterlet> {
+        let options = self.klusterlet_options(lease_duration_seconds);
+        let klusterlet = Klusterlet::start_with(&self.cluster, spoke, hub, dir, &options).await?;
+        logs.watch(
+            format!("klusterlet-{}", self.cluster),
+            klusterlet.log_path().to_path_buf(),
+        );
+        wait_cluster_available(&hub.client().await?, &self.cluster, JOIN_WAIT).await?;
+        Ok(klusterlet)
+    }
+
     fn works(&self, hub: &kube::Client) -> Api<DynamicObject> {
         Api::namespaced_with(hub.clone(), &self.cluster, &manifest_work_resource())
     }
@@ -420,19 +440,9 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
     register_argocd_operator_kind(&spoke_client).await?;
 
     // The spoke joins through the registration flow.
-    let klusterlet = Klusterlet::start_with(
-        &site.cluster,
-        spoke,
-        &planes.hub,
-        &ctx.dir,
-        &site.klusterlet_options(None),
-    )
-    .await?;
-    logs.watch(
-        format!("klusterlet-{}", site.cluster),
-        klusterlet.log_path().to_path_buf(),
-    );
-    wait_cluster_available(&hub, &site.cluster, JOIN_WAIT).await?;
+    let _klusterlet = site
+        .join(spoke, &planes.hub, &ctx.dir, None, &mut logs)
+        .await?;
     let joined = started.elapsed();
 
     site.create_hub_objects(&hub, operator.principal.grpc_port)
@@ -888,19 +898,9 @@ async fn unreachable_site_stays_onboarded_and_deselected_site_is_offboarded() ->
     register_argocd_operator_kind(&spoke_client).await?;
 
     // A 1 s lease: the hub declares the cluster unreachable 5 lease periods after its last renewal.
-    let mut klusterlet = Klusterlet::start_with(
-        &site.cluster,
-        spoke,
-        &planes.hub,
-        &ctx.dir,
-        &site.klusterlet_options(Some(1)),
-    )
-    .await?;
-    logs.watch(
-        format!("klusterlet-{}", site.cluster),
-        klusterlet.log_path().to_path_buf(),
-    );
-    wait_cluster_available(&hub, &site.cluster, JOIN_WAIT).await?;
+    let mut klusterlet = site
+        .join(spoke, &planes.hub, &ctx.dir, Some(1), &mut logs)
+        .await?;
     site.create_hub_objects(&hub, operator.principal.grpc_port)
         .await?;
     site.wait_decided(&hub).await?;
@@ -1097,19 +1097,9 @@ async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_and_its_
             Some(i32::from(node_port)),
             "the apiserver reserved it"
         );
-        let klusterlet = Klusterlet::start_with(
-            &site.cluster,
-            spoke,
-            &planes.hub,
-            &ctx.dir,
-            &site.klusterlet_options(None),
-        )
-        .await?;
-        logs.watch(
-            format!("klusterlet-{}", site.cluster),
-            klusterlet.log_path().to_path_buf(),
-        );
-        wait_cluster_available(&hub, &site.cluster, JOIN_WAIT).await?;
+        let _klusterlet = site
+            .join(spoke, &planes.hub, &ctx.dir, None, &mut logs)
+            .await?;
         create_label_placement(&hub, &site.gitops_ns, "sites", (TEST_LABEL, &site.label)).await?;
         let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &site.gitops_ns);
         create_endpointless_gitopscluster(

@@ -169,6 +169,72 @@ impl Revisions {
     }
 }
 
+/// Principal `a`'s GitOpsCluster `ga`, naming no Argo CD namespace (upstream's), over a Placement
+/// `pa` selecting the clusters of `site`; waits until a's agent ManifestWork for `cluster`, owned
+/// by ga, exists. Returns ga as then.
+async fn onboard_by_a(
+    hub: &kube::Client,
+    (ns_a, a): (&str, &Principal),
+    cluster: &str,
+    site: &str,
+) -> anyhow::Result<GitOpsCluster> {
+    let gocs_a: Api<GitOpsCluster> = Api::namespaced(hub.clone(), ns_a);
+    create_label_placement(hub, ns_a, "pa", (SITE_LABEL, site)).await?;
+    gocs_a
+        .create(
+            &PostParams::default(),
+            &gitopscluster(ns_a, "ga", "pa", None, a.grpc_port)?,
+        )
+        .await?;
+    let work = wait_agent_work(hub, cluster, "a's agent ManifestWork", |w| by(w, ns_a)).await?;
+    assert_eq!(work.map(|w| w.1), Some(format!("{ns_a}/ga")), "owned by ga");
+    Ok(gocs_a.get("ga").await?)
+}
+
+/// Principal `b`'s GitOpsCluster `gb` over a Placement `pb` selecting the same `site` as `older`
+/// (created at least a second after it, so younger on the hub); waits until gb reports the
+/// conflict. Returns gb as then.
+async fn contest_by_b(
+    hub: &kube::Client,
+    older: &GitOpsCluster,
+    (ns_b, b): (&str, &Principal),
+    site: &str,
+) -> anyhow::Result<GitOpsCluster> {
+    let created = older
+        .metadata
+        .creation_timestamp
+        .clone()
+        .expect("created")
+        .0;
+    wait_until(
+        "a second after the older GitOpsCluster's creation",
+        WAIT,
+        || async {
+            let later = k8s_openapi::jiff::Timestamp::now().as_second() > created.as_second();
+            Ok::<_, kube::Error>(later.then_some(()))
+        },
+    )
+    .await?;
+    let gocs_b: Api<GitOpsCluster> = Api::namespaced(hub.clone(), ns_b);
+    create_label_placement(hub, ns_b, "pb", (SITE_LABEL, site)).await?;
+    gocs_b
+        .create(
+            &PostParams::default(),
+            &gitopscluster(ns_b, "gb", "pb", None, b.grpc_port)?,
+        )
+        .await?;
+    wait_until("gb reports the conflict", WAIT, || async {
+        let g = gocs_b.get("gb").await?;
+        Ok::<_, kube::Error>(in_conflict(&g).then_some(g))
+    })
+    .await
+}
+
+/// `ClustersRegistered` says `ClusterConflict`.
+fn in_conflict(goc: &GitOpsCluster) -> bool {
+    condition(goc, "ClustersRegistered").is_some_and(|c| c.1 == "ClusterConflict")
+}
+
 /// Principals `a` and `b` on the shared hub, each with the operator on and its own Argo CD
 /// namespace: `((namespace a, a), (namespace b, b))`.
 async fn two_principals(
@@ -209,16 +275,7 @@ async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fightin
 
     // 1. Naming no Argo CD namespace, as upstream's: the principal serving the GitOpsCluster's
     //    namespace (a's) claims and onboards it; b neither claims nor registers the cluster.
-    create_label_placement(&hub, &ns_a, "pa", (SITE_LABEL, &site)).await?;
-    gocs_a
-        .create(
-            &PostParams::default(),
-            &gitopscluster(&ns_a, "ga", "pa", None, a.grpc_port)?,
-        )
-        .await?;
-    let work = wait_agent_work(&hub, &cluster, "a's agent ManifestWork", |w| by(w, &ns_a)).await?;
-    assert_eq!(work.map(|w| w.1), Some(format!("{ns_a}/ga")), "owned by ga");
-    let ga = gocs_a.get("ga").await?;
+    let ga = onboard_by_a(&hub, (&ns_a, &a), &cluster, &site).await?;
     assert_eq!(finalizers(&ga), [fin(&ns_a)], "claimed by a alone");
     wait_until("a's cluster Secret", WAIT, || async {
         Ok::<_, kube::Error>(secrets_a.get_opt(&cluster_secret).await?.map(|_| ()))
@@ -296,28 +353,7 @@ async fn principals_on_one_hub_share_gitopsclusters_and_clusters_without_fightin
 
     // 3. b's GitOpsCluster, younger, selects the same cluster: ga keeps it, gb reports the
     //    conflict naming ga, and b writes nothing for the cluster.
-    let ga_created = ga.metadata.creation_timestamp.clone().expect("created").0;
-    wait_until("a second after ga's creation", WAIT, || async {
-        let later = k8s_openapi::jiff::Timestamp::now().as_second() > ga_created.as_second();
-        Ok::<_, kube::Error>(later.then_some(()))
-    })
-    .await?;
-    create_label_placement(&hub, &ns_b, "pb", (SITE_LABEL, &site)).await?;
-    gocs_b
-        .create(
-            &PostParams::default(),
-            &gitopscluster(&ns_b, "gb", "pb", None, b.grpc_port)?,
-        )
-        .await?;
-    let gb = wait_until("gb reports the conflict", WAIT, || async {
-        let g = gocs_b.get("gb").await?;
-        Ok::<_, kube::Error>(
-            condition(&g, "ClustersRegistered")
-                .is_some_and(|c| c.1 == "ClusterConflict")
-                .then_some(g),
-        )
-    })
-    .await?;
+    let gb = contest_by_b(&hub, &ga, (&ns_b, &b), &site).await?;
     let message = condition(&gb, "ClustersRegistered").unwrap().2;
     assert!(message.contains(&format!("{ns_a}/ga")), "{message}");
     assert!(gb
@@ -403,42 +439,10 @@ async fn a_dead_principals_claim_keeps_its_cluster_until_released_by_hand_then_t
     ensure_namespace(&hub, &cluster).await?;
     let gocs_a: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns_a);
     let gocs_b: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns_b);
-    create_label_placement(&hub, &ns_a, "pa", (SITE_LABEL, &site)).await?;
-    gocs_a
-        .create(
-            &PostParams::default(),
-            &gitopscluster(&ns_a, "ga", "pa", None, a.grpc_port)?,
-        )
-        .await?;
-    wait_agent_work(&hub, &cluster, "a's agent ManifestWork", |w| by(w, &ns_a)).await?;
+    let ga = onboard_by_a(&hub, (&ns_a, &a), &cluster, &site).await?;
     let works: Api<ManifestWork> = Api::namespaced(hub.clone(), &cluster);
     let uid = works.get(AGENT_WORK_NAME).await?.metadata.uid;
-    let ga_created = gocs_a
-        .get("ga")
-        .await?
-        .metadata
-        .creation_timestamp
-        .expect("created")
-        .0;
-    wait_until("a second after ga's creation", WAIT, || async {
-        let later = k8s_openapi::jiff::Timestamp::now().as_second() > ga_created.as_second();
-        Ok::<_, kube::Error>(later.then_some(()))
-    })
-    .await?;
-    create_label_placement(&hub, &ns_b, "pb", (SITE_LABEL, &site)).await?;
-    gocs_b
-        .create(
-            &PostParams::default(),
-            &gitopscluster(&ns_b, "gb", "pb", None, b.grpc_port)?,
-        )
-        .await?;
-    let conflict = |g: &GitOpsCluster| {
-        condition(g, "ClustersRegistered").is_some_and(|c| c.1 == "ClusterConflict")
-    };
-    wait_until("gb reports the conflict", WAIT, || async {
-        Ok::<_, kube::Error>(conflict(&gocs_b.get("gb").await?).then_some(()))
-    })
-    .await?;
+    contest_by_b(&hub, &ga, (&ns_b, &b), &site).await?;
 
     // a dies. Long past its Lease, ga keeps the cluster: a's ManifestWork stays, gb waits.
     a.process.kill();
@@ -452,7 +456,7 @@ async fn a_dead_principals_claim_keeps_its_cluster_until_released_by_hand_then_t
             if !by(work.as_ref(), &ns_a) || work.and_then(|w| w.metadata.uid) != uid {
                 return Ok::<_, kube::Error>(Some(Err("a's agent ManifestWork was taken over")));
             }
-            if !conflict(&gb) {
+            if !in_conflict(&gb) {
                 return Ok(Some(Err("gb stopped reporting the conflict")));
             }
             Ok((killed.elapsed() >= DEAD_HOLD).then_some(Ok(gb)))
