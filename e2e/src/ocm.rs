@@ -12,7 +12,9 @@
 //! status, decision and taint comes from the OCM processes.
 //!
 //! No hub `work manager` runs: plain ManifestWorks need only the spoke's work agent (upstream runs
-//! the manager only for ManifestWorkReplicaSets and completed-work cleanup).
+//! the manager only for ManifestWorkReplicaSets and completed-work cleanup). The work agents run
+//! with OCM's `RawFeedbackJsonString` feature gate, as an admin enables it in the Klusterlet's
+//! `spec.workConfiguration.featureGates`: the pull model's `status.resources` feedback needs it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -155,8 +157,8 @@ pub async fn install_crds(client: &kube::Client, side: CrdSide) -> anyhow::Resul
 }
 
 /// Creates Placement `name` in `namespace` (created if needed) over the `global` cluster set, bound
-/// into that namespace (no registration webhook runs here to bind it), selecting the clusters
-/// labelled `label`=`value`.
+/// into that namespace (no registration webhook runs here to bind it; an existing binding is
+/// kept), selecting the clusters labelled `label`=`value`.
 pub async fn create_label_placement(
     hub: &kube::Client,
     namespace: &str,
@@ -169,7 +171,7 @@ pub async fn create_label_placement(
         namespace,
         &managed_cluster_set_binding_resource(),
     );
-    bindings
+    let created = bindings
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({
@@ -179,7 +181,12 @@ pub async fn create_label_placement(
                 "spec": {"clusterSet": GLOBAL_CLUSTER_SET},
             }))?,
         )
-        .await?;
+        .await;
+    match created {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
     let placements: Api<DynamicObject> =
         Api::namespaced_with(hub.clone(), namespace, &placement_resource());
     placements
@@ -433,6 +440,7 @@ impl Klusterlet {
         .args([
             "--status-sync-interval=1s",
             "--cluster-healthcheck-period=2s",
+            "--feature-gates=RawFeedbackJsonString=true",
         ]);
         let process = ManagedProcess::spawn(spec)?;
         Ok(Klusterlet {

@@ -282,6 +282,21 @@ impl ManagedProcess {
         self.terminate(libc::SIGKILL, Duration::from_secs(5));
     }
 
+    /// Freezes the process where it is (SIGSTOP to its process group), as a starved or
+    /// debugged process: it holds its connections and does nothing until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        if let Some(pid) = self.pid() {
+            signal_group(pid, libc::SIGSTOP);
+        }
+    }
+
+    /// Lets a [`pause`](Self::pause)d process run again (SIGCONT).
+    pub fn resume(&self) {
+        if let Some(pid) = self.pid() {
+            signal_group(pid, libc::SIGCONT);
+        }
+    }
+
     /// Stops (gracefully) and starts the same command again; the log is appended to.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.stop();
@@ -308,6 +323,8 @@ impl ManagedProcess {
         };
         let pid = child.id();
         signal_group(pid, sig);
+        // A paused process handles the signal only once it runs again.
+        signal_group(pid, libc::SIGCONT);
         let deadline = Instant::now() + grace;
         let exited = loop {
             match child.try_wait() {

@@ -3,7 +3,9 @@
 //! from the principal chart. Tests that meet them with real OCM and Argo CD (`real_ocm`) and tests
 //! that drive them directly (`pull_model`) start them the same way. They read Applications the way
 //! they do in `argocd-principal` by default: through an informer of every Application and its
-//! fanout (`ApplicationSource::Informer`), not through a watch of their own.
+//! fanout (`ApplicationSource::Informer`), not through a watch of their own. They ask the work
+//! agents for `status.resources` too (the principal's `--operator-pull-resource-feedback`; the
+//! klusterlets of `e2e::ocm` run with the feature gate that needs).
 
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use argocd_agent_kube::argocd::Application;
 use argocd_agent_kube::fanout::EventFanout;
 use argocd_agent_kube::informer::Informer;
 use argocd_agent_kube::CancellationToken;
+use argocd_agent_operator::pull::manifestwork::Feedback;
 use argocd_agent_operator::pull::{run_pull_model_from, ApplicationSource, PullModelOptions};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -45,6 +48,7 @@ pub async fn start_controllers(planes: &'static SharedPlanes) -> anyhow::Result<
                     let opts = PullModelOptions {
                         argocd_namespace: ARGOCD_NAMESPACE.into(),
                         retry_after: Duration::from_secs(1),
+                        feedback: Feedback::StatusAndResources,
                         ..Default::default()
                     };
                     let informer = Informer::new(

@@ -1,7 +1,9 @@
 //! A small in-test TCP proxy between an agent and its principal, to inject link faults: forward
 //! (normal), cut (every connection closed, new ones closed at once), blackhole (connections stay
 //! open but every byte is dropped, no RST: a half-open link), and a per-chunk delay. Listens on
-//! 127.0.0.1 only. The upstream can be changed (a restarted principal on another port).
+//! 127.0.0.1 only, on a free port or one the caller chose and bound (a node port, where the
+//! discovery test plays kube-proxy). The upstream can be changed (a restarted principal on another
+//! port); it counts the connections it accepted.
 //! [`TcpBalancer`] spreads connections over several upstreams, as a Service over replicas.
 
 use std::net::SocketAddr;
@@ -31,21 +33,36 @@ pub struct TcpProxy {
     mode: watch::Sender<LinkMode>,
     delay_ms: Arc<AtomicU64>,
     upstream: Arc<Mutex<SocketAddr>>,
+    accepted: Arc<AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
 }
 
 impl TcpProxy {
     /// Starts forwarding 127.0.0.1:<port> to `upstream`.
     pub async fn start(upstream: SocketAddr) -> anyhow::Result<TcpProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        TcpProxy::start_on(listener, upstream)
+    }
+
+    /// Starts forwarding what `listener` (bound by the caller: a port chosen beforehand)
+    /// accepts to `upstream`.
+    pub fn start_on(
+        listener: std::net::TcpListener,
+        upstream: SocketAddr,
+    ) -> anyhow::Result<TcpProxy> {
+        listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(listener)?;
         let port = listener.local_addr()?.port();
         let (mode, _) = watch::channel(LinkMode::Forward);
         let delay_ms = Arc::new(AtomicU64::new(0));
         let upstream = Arc::new(Mutex::new(upstream));
+        let accepted = Arc::new(AtomicU64::new(0));
         let accept = {
             let (mode, delay_ms, upstream) = (mode.clone(), delay_ms.clone(), upstream.clone());
+            let accepted = accepted.clone();
             tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::Relaxed);
                     if *mode.borrow() == LinkMode::Cut {
                         drop(client);
                         continue;
@@ -76,8 +93,14 @@ impl TcpProxy {
             mode,
             delay_ms,
             upstream,
+            accepted,
             accept,
         })
+    }
+
+    /// How many connections it accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     /// `127.0.0.1:<port>`.

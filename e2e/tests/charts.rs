@@ -1162,7 +1162,7 @@ async fn release_named_principal_service_is_discovered_by_the_operator_with_the_
     );
 
     let gocs: Api<GitOpsCluster> = Api::namespaced(client.clone(), &ns);
-    create_endpointless_gitopscluster(&gocs, &ns, &ns).await?;
+    create_endpointless_gitopscluster(&gocs, &ns, &ns, "nobody", json!({})).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let in_cluster_name = format!("DNS:{service_name}.{ns}.svc");
     let flow = async {
@@ -1800,7 +1800,7 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
     let ctx = TestContext::new("charts-env-names").unwrap();
     // Every optional setting set, so every variable the templates can emit is rendered.
     let principal = "principal: {allowedNamespaces: [team-a], namespaceCreate: {enable: true, pattern: \"^edge-\", labels: {team: edge, tier: spoke}}, destinationBasedMapping: true, labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
-        operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd, extraArgocdNamespaces: [team-a, team-b], agentLiveView: {enabled: true, write: true}, agentTerminal: {enabled: true}}\n\
+        operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd, extraArgocdNamespaces: [team-a, team-b], agentLiveView: {enabled: true, write: true}, agentTerminal: {enabled: true}, pullResourceFeedback: true}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
     let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b, sourceUidMismatchPolicy: upsert, ignoreUnmanagedApps: true, onApplicationRecreate: resync}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
@@ -1833,12 +1833,14 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
         env_value(&objs, "ARGOCD_PRINCIPAL_OPERATOR_EXTRA_ARGOCD_NAMESPACES").map(|e| &e["value"]),
         Some(&Value::from("team-a,team-b"))
     );
-    // The agents' grants: all set above; by default the agent chart's (reads only).
+    // The agents' grants and the pull model's resource feedback: all set above; by default the
+    // agent chart's grants (reads only) and upstream's feedback.
     let defaults = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", "", None).unwrap());
     for (name, default) in [
         ("ARGOCD_PRINCIPAL_OPERATOR_AGENT_LIVE_VIEW", "true"),
         ("ARGOCD_PRINCIPAL_OPERATOR_AGENT_LIVE_VIEW_WRITE", "false"),
         ("ARGOCD_PRINCIPAL_OPERATOR_AGENT_TERMINAL", "false"),
+        ("ARGOCD_PRINCIPAL_OPERATOR_PULL_RESOURCE_FEEDBACK", "false"),
     ] {
         assert_eq!(
             env_value(&objs, name).map(|e| &e["value"]),

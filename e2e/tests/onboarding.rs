@@ -16,13 +16,15 @@
 //! Upstream's GitOpsCluster contract: its condition types and reasons, the JWT signing key Secret
 //! created, `argoCDCRManifestWork` delivered in its own ManifestWork with the principal endpoint
 //! injected (applied by the real work agent), `RemovedClustersCleanedUp` after a removal, and a
-//! GitOpsCluster without an endpoint getting the principal's NodePort written back.
+//! GitOpsCluster without an endpoint getting the principal's NodePort written back, its agent
+//! connecting through that node port.
 //!
 //! The tests write only what users write: Placements, bindings, GitOpsClusters, Argo CD objects on
 //! the hub, ManagedCluster labels, a Service, and the CRD of the Argo CD operator's `ArgoCD` kind
-//! (as its installer would). The one exception says so in its name: a Node object, since the
-//! planes run no kubelet. One principal serves every test of this binary: a second embedded
-//! operator on the same hub would reconcile the same GitOpsClusters.
+//! (as its installer would). The one exception says so in its name: a Node object and
+//! kube-proxy's forwarding of its node port, since the planes run no kubelet and no kube-proxy.
+//! One principal serves every test of this binary (its Argo CD namespace, which every test's
+//! GitOpsCluster names).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -30,7 +32,7 @@ use std::time::{Duration, Instant};
 use argocd_agent_operator::gitops::agent_work::{
     agent_live_view_role, agent_live_view_rules, agent_live_view_write_rules, agent_role_rules,
     agent_terminal_role, agent_terminal_rules, AGENT_DEPLOYMENT, AGENT_PARAMS_CONFIGMAP,
-    AGENT_WORK_NAME,
+    AGENT_WORK_NAME, PARAM_SERVER_ADDRESS, PARAM_SERVER_PORT,
 };
 use argocd_agent_operator::gitops::crd::GitOpsCluster;
 use argocd_agent_operator::pki::jwt::inspect_jwt_key;
@@ -40,7 +42,8 @@ use argocd_agent_operator::pki::secrets::{
 };
 use argocd_agent_runtime::dial::{connect_tls, TlsTarget};
 use e2e::discovery::{
-    create_endpointless_gitopscluster, register_loopback_node, wait_node_port_written, DISCOVERED,
+    create_endpointless_gitopscluster, hold_node_port, register_loopback_node,
+    wait_node_port_written, DISCOVERED,
 };
 use e2e::gateway::{
     application, application_resource, appproject_resource, client_tls, Pki, Principal, SOURCE_UID,
@@ -53,7 +56,8 @@ use e2e::ocm::{
 };
 use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::process::{print_log_tail, temp_dir};
-use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
+use e2e::tcp_proxy::TcpProxy;
+use e2e::{shared_planes, wait_until, ControlPlane, SharedPlanes, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
@@ -297,6 +301,26 @@ impl Site {
         }
     }
 
+    /// Starts the site's klusterlet on `spoke` (its log watched by `logs`) and waits until the
+    /// cluster joined `hub` and is available.
+    async fn join(
+        &self,
+        spoke: &ControlPlane,
+        hub: &ControlPlane,
+        dir: &std::path::Path,
+        lease_duration_seconds: Option<u32>,
+        logs: &mut FailureLogs,
+    ) -> anyhow::Result<Klusterlet> {
+        let options = self.klusterlet_options(lease_duration_seconds);
+        let klusterlet = Klusterlet::start_with(&self.cluster, spoke, hub, dir, &options).await?;
+        logs.watch(
+            format!("klusterlet-{}", self.cluster),
+            klusterlet.log_path().to_path_buf(),
+        );
+        wait_cluster_available(&hub.client().await?, &self.cluster, JOIN_WAIT).await?;
+        Ok(klusterlet)
+    }
+
     fn works(&self, hub: &kube::Client) -> Api<DynamicObject> {
         Api::namespaced_with(hub.clone(), &self.cluster, &manifest_work_resource())
     }
@@ -416,19 +440,9 @@ async fn spoke_joined_through_ocm_gets_its_agent_from_the_real_work_agent_and_sy
     register_argocd_operator_kind(&spoke_client).await?;
 
     // The spoke joins through the registration flow.
-    let klusterlet = Klusterlet::start_with(
-        &site.cluster,
-        spoke,
-        &planes.hub,
-        &ctx.dir,
-        &site.klusterlet_options(None),
-    )
-    .await?;
-    logs.watch(
-        format!("klusterlet-{}", site.cluster),
-        klusterlet.log_path().to_path_buf(),
-    );
-    wait_cluster_available(&hub, &site.cluster, JOIN_WAIT).await?;
+    let _klusterlet = site
+        .join(spoke, &planes.hub, &ctx.dir, None, &mut logs)
+        .await?;
     let joined = started.elapsed();
 
     site.create_hub_objects(&hub, operator.principal.grpc_port)
@@ -884,19 +898,9 @@ async fn unreachable_site_stays_onboarded_and_deselected_site_is_offboarded() ->
     register_argocd_operator_kind(&spoke_client).await?;
 
     // A 1 s lease: the hub declares the cluster unreachable 5 lease periods after its last renewal.
-    let mut klusterlet = Klusterlet::start_with(
-        &site.cluster,
-        spoke,
-        &planes.hub,
-        &ctx.dir,
-        &site.klusterlet_options(Some(1)),
-    )
-    .await?;
-    logs.watch(
-        format!("klusterlet-{}", site.cluster),
-        klusterlet.log_path().to_path_buf(),
-    );
-    wait_cluster_available(&hub, &site.cluster, JOIN_WAIT).await?;
+    let mut klusterlet = site
+        .join(spoke, &planes.hub, &ctx.dir, Some(1), &mut logs)
+        .await?;
     site.create_hub_objects(&hub, operator.principal.grpc_port)
         .await?;
     site.wait_decided(&hub).await?;
@@ -1041,19 +1045,31 @@ async fn unreachable_site_stays_onboarded_and_deselected_site_is_offboarded() ->
     Ok(())
 }
 
-/// Server discovery as upstream: a GitOpsCluster without `principalServerAddress`/`Port`, the
-/// principal exposed by a `NodePort` Service. The real kube-apiserver allocates the node port;
-/// the Node (InternalIP 127.0.0.1) is registered by the test because the planes run no kubelet.
+/// Server discovery as upstream, dialled: a GitOpsCluster without `principalServerAddress`/`Port`,
+/// the principal exposed by a `NodePort` Service. The operator discovers a node's InternalIP and
+/// the node port, writes them back into the GitOpsCluster and gives them to the agent it deploys;
+/// the agent's pod (run from the Deployment the real work agent applied, allowed to reach only the
+/// apiserver and that node port) connects through it. The real kube-apiserver validates and
+/// reserves the node port; two stand-ins, as the planes run neither a kubelet nor kube-proxy: the
+/// Node (InternalIP 127.0.0.1) is registered by the test, and the test plays kube-proxy, forwarding
+/// 127.0.0.1:<node port> to the Service's target port, where the principal listens.
 #[tokio::test]
-async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_with_the_node_registered_by_the_test_since_no_kubelet_runs(
+async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_and_its_agent_connects_through_it_with_node_and_kube_proxy_played_by_the_test_since_none_runs(
 ) -> anyhow::Result<()> {
     let (planes, ocm, operator) = planes_and_hubs().await;
-    let logs = FailureLogs::new(ocm, operator);
+    let mut logs = FailureLogs::new(ocm, operator);
     let ctx = TestContext::new("discovery")?;
+    let site = Site::new(&ctx, "nodeport");
+    let spoke = &planes.spokes[1];
     let hub = planes.hub.client().await?;
     let node_name = ctx.unique("node");
     let nodes: Api<Node> = Api::all(hub.clone());
     register_loopback_node(&hub, &node_name).await?;
+    // The node port: held on the Node's InternalIP, then asked for by the Service; the test's
+    // kube-proxy forwards it to the target port.
+    let held = hold_node_port()?;
+    let node_port = held.local_addr()?.port();
+    let grpc_port = operator.principal.grpc_port;
     let services: Api<Service> = Api::namespaced(hub.clone(), PRINCIPAL_NS);
     let service = services
         .create(
@@ -1062,47 +1078,123 @@ async fn gitopscluster_without_endpoint_gets_the_node_port_written_back_with_the
                 "metadata": {"name": "argocd-agent-principal"},
                 "spec": {"type": "NodePort", "selector": {"app": "argocd-agent-principal"},
                          "ports": [{"name": "metrics", "port": 8000},
-                                   {"name": "https", "port": 443, "targetPort": 8443}]},
+                                   {"name": "https", "port": 443, "targetPort": grpc_port,
+                                    "nodePort": node_port}]},
             }))?,
         )
         .await?;
-    let node_port = service
+    let allocated = service
         .spec
         .as_ref()
         .and_then(|s| s.ports.as_ref())
         .and_then(|ports| ports.iter().find(|p| p.name.as_deref() == Some("https")))
-        .and_then(|p| p.node_port)
-        .expect("the apiserver allocates a node port");
+        .and_then(|p| p.node_port);
+    let kube_proxy = TcpProxy::start_on(held, ([127, 0, 0, 1], grpc_port).into())?;
 
-    let ns = ctx.unique("gitops");
-    create_label_placement(&hub, &ns, "nobody", (TEST_LABEL, &ctx.unique("none"))).await?;
-    let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &ns);
-    create_endpointless_gitopscluster(&gocs, &ns, PRINCIPAL_NS).await?;
-    let written = wait_node_port_written(&gocs, node_port, REACT_WAIT).await;
-    // Clean up before judging: the Service and Node would change discovery for other tests.
+    let run = async {
+        assert_eq!(
+            allocated,
+            Some(i32::from(node_port)),
+            "the apiserver reserved it"
+        );
+        let _klusterlet = site
+            .join(spoke, &planes.hub, &ctx.dir, None, &mut logs)
+            .await?;
+        create_label_placement(&hub, &site.gitops_ns, "sites", (TEST_LABEL, &site.label)).await?;
+        let gocs: Api<GitOpsCluster> = Api::namespaced(hub.clone(), &site.gitops_ns);
+        create_endpointless_gitopscluster(
+            &gocs,
+            &site.gitops_ns,
+            PRINCIPAL_NS,
+            "sites",
+            json!({"agentNamespace": site.agent_ns, "agentKeyInManifestWork": true}),
+        )
+        .await?;
+        wait_node_port_written(&gocs, i32::from(node_port), REACT_WAIT).await?;
+        wait_until(
+            "ServerDiscovered True naming the node port",
+            REACT_WAIT,
+            || async {
+                let goc = gocs.get(DISCOVERED).await?;
+                let conditions = goc.status.unwrap_or_default().conditions;
+                let discovered = conditions.iter().any(|c| {
+                    c.type_ == "ServerDiscovered"
+                        && c.status == "True"
+                        && c.message == format!("Server at 127.0.0.1:{node_port}")
+                });
+                Ok::<_, kube::Error>(discovered.then_some(()))
+            },
+        )
+        .await?;
+
+        // The agent the operator deploys is given the discovered endpoint...
+        operator.use_operator_pki(&hub).await?;
+        site.wait_work_available(&hub).await?;
+        let spoke_client = spoke.client().await?;
+        let params = Api::<ConfigMap>::namespaced(spoke_client, &site.agent_ns)
+            .get(AGENT_PARAMS_CONFIGMAP)
+            .await?
+            .data
+            .unwrap_or_default();
+        assert_eq!(
+            (
+                params.get(PARAM_SERVER_ADDRESS).map(String::as_str),
+                params.get(PARAM_SERVER_PORT).cloned()
+            ),
+            (Some("127.0.0.1"), Some(node_port.to_string())),
+            "{params:?}"
+        );
+        // ...and, run as a kubelet would run it, reaching nothing but the apiserver and the node
+        // port, connects through the node port.
+        let kubelet = PodRunner::new(spoke, &ctx.dir, Image::ours()?).await?;
+        let pods = kubelet
+            .run_deployment(&site.agent_ns, AGENT_DEPLOYMENT, &[node_port])
+            .await?;
+        let pod: &Pod = &pods[0];
+        logs.watch(
+            format!("pod {}", pod.name),
+            pod.process.log_path().to_path_buf(),
+        );
+        let metrics = pod.port("metrics").expect("the agent exposes metrics");
+        wait_until(
+            "the agent connected through the node port",
+            REACT_WAIT,
+            || async { Ok::<_, anyhow::Error>(connected(metrics).await.then_some(())) },
+        )
+        .await?;
+        assert!(
+            kube_proxy.connections() > 0,
+            "the agent's connection came through the node port"
+        );
+
+        // Offboarded when the GitOpsCluster goes.
+        gocs.delete(DISCOVERED, &DeleteParams::default()).await?;
+        let works = site.works(&hub);
+        wait_until(
+            "GitOpsCluster and agent ManifestWork gone",
+            REACT_WAIT,
+            || async {
+                let left = [
+                    ("GitOpsCluster", gocs.get_opt(DISCOVERED).await?.is_some()),
+                    (
+                        "ManifestWork",
+                        works.get_opt(AGENT_WORK_NAME).await?.is_some(),
+                    ),
+                ];
+                remaining(&left)
+            },
+        )
+        .await?;
+        anyhow::Ok(())
+    };
+    let outcome = run.await;
+    // Always: the Service and Node would change discovery for GitOpsClusters of other tests that
+    // name no endpoint.
     services
         .delete("argocd-agent-principal", &DeleteParams::default())
         .await?;
     nodes.delete(&node_name, &DeleteParams::default()).await?;
-    written?;
-    wait_until(
-        "ServerDiscovered True and PlacementEvaluated NoClusters",
-        REACT_WAIT,
-        || async {
-            let goc = gocs.get(DISCOVERED).await?;
-            let conditions = goc.status.unwrap_or_default().conditions;
-            let has = |type_: &str, status: &str, reason: &str| {
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
-            };
-            let done = has("ServerDiscovered", "True", "Success")
-                && has("PlacementEvaluated", "True", "NoClusters");
-            Ok::<_, kube::Error>(done.then_some(()))
-        },
-    )
-    .await?;
-    gocs.delete(DISCOVERED, &DeleteParams::default()).await?;
+    outcome?;
     logs.passed();
     Ok(())
 }

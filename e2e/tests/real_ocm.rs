@@ -6,13 +6,18 @@
 //! is back. Then the operator's pull model with all of it real: a hub Application opted into the
 //! pull model (controllers of `e2e::pull_model`) is applied on a spoke by the work agent, synced
 //! there by real Argo CD from the local Git server, and its status comes back to the hub through
-//! the work agent's feedback, and a sync requested on the hub runs exactly once there. And the
+//! the work agent's feedback, and a sync requested on the hub runs exactly once there; an
+//! ApplicationSet over an OCM Placement (Argo CD's real ApplicationSet controller, the
+//! `clusterDecisionResource` generator as upstream documents it) pulled to two clusters, each
+//! synced by its own Argo CD, and its MulticlusterApplicationSetReport filled from the work
+//! agents' feedback (per-cluster operation, revision, sync and health, and the resources). And the
 //! manifest-wrapping plugin (`charts/cmp/plugin.yaml`, `argocd-agentctl wrap`) run by Argo CD's
 //! real argocd-cmp-server beside the hub's repo-server: the hub's Argo CD applies the ManifestWork
 //! it renders, the work agent delivers it to a spoke without Argo CD. Tests write
-//! only what a user writes (Placements, bindings, ManifestWorks, Applications, an operation, a
-//! pre-created ManagedCluster's spec); every status, decision, namespace and taint checked here is
-//! OCM's or Argo CD's.
+//! only what a user writes (Placements, bindings, ManifestWorks, Applications, an ApplicationSet
+//! and its generator's ConfigMap, an operation, a pre-created ManagedCluster's spec and labels);
+//! every status, decision, generated Application, namespace and taint checked here is OCM's or
+//! Argo CD's.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -20,7 +25,9 @@ use std::time::{Duration, Instant};
 use argocd_agent_operator::pull::application::{
     APP_NAMESPACE_ANNOTATION, CLUSTER_ANNOTATION, PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
 };
+use argocd_agent_operator::pull::cluster_secret::cluster_secret_name;
 use argocd_agent_operator::pull::manifestwork::manifest_work_name;
+use argocd_agent_operator::pull::report::MulticlusterApplicationSetReport;
 use e2e::argocd::ArgoCd;
 use e2e::gateway::{application_resource, ensure_namespace};
 use e2e::git_server::{demo_manifests, GitServer};
@@ -802,6 +809,378 @@ async fn sync_requested_on_the_hub_runs_exactly_once_on_the_spoke_across_a_work_
         Ok::<_, kube::Error>(hub_apps.get_opt("demo").await?.is_none().then_some(()))
     })
     .await?;
+    logs.passed();
+    Ok(())
+}
+
+/// The ApplicationSet controller's duck-type description of OCM's PlacementDecisions
+/// (`clusterDecisionResource` generator), as argocd-pull-integration's chart ships it.
+const PLACEMENT_GENERATOR: &str = "ocm-placement-generator";
+
+/// `(cluster, spoke Application)` as JSON, for each `(cluster, spoke plane)` of `sites`, where the
+/// Application is `<cluster>-<suffix>` in `spoke_ns`.
+async fn spoke_applications(
+    sites: &[(String, &e2e::ControlPlane)],
+    spoke_ns: &str,
+    suffix: &str,
+) -> anyhow::Result<Vec<(String, Value)>> {
+    let mut apps = Vec::new();
+    for (cluster, spoke) in sites {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(spoke.client().await?, spoke_ns, &application_resource());
+        if let Some(app) = api.get_opt(&format!("{cluster}-{suffix}")).await? {
+            apps.push((cluster.clone(), serde_json::to_value(app)?));
+        }
+    }
+    Ok(apps)
+}
+
+/// What the report should say of `cluster` given its spoke Application: `(cluster, app, sync,
+/// health, operation phase, operation start, revision)`.
+fn expected_condition(cluster: &str, hub_app: &str, spoke_app: &Value) -> [String; 7] {
+    let (sync, health, revision) = sync_state(spoke_app);
+    let phase = spoke_app
+        .pointer("/status/operationState/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    [
+        cluster.to_string(),
+        hub_app.to_string(),
+        sync,
+        health,
+        phase.to_string(),
+        operation_started_at(spoke_app),
+        revision,
+    ]
+}
+
+/// `(apiVersion, kind, name, namespace)` of a spoke Application's `status.resources`.
+fn spoke_resources(spoke_app: &Value) -> Vec<(String, String, String, String)> {
+    let listed = spoke_app
+        .pointer("/status/resources")
+        .cloned()
+        .unwrap_or_default();
+    let typed: Vec<argocd_agent_kube::argocd::ResourceStatus> =
+        serde_json::from_value(listed).unwrap_or_default();
+    let mut refs: Vec<_> = typed
+        .iter()
+        .map(|r| {
+            (
+                r.api_version(),
+                r.kind.clone().unwrap_or_default(),
+                r.name.clone().unwrap_or_default(),
+                r.namespace.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    refs.sort();
+    refs
+}
+
+/// What upstream documents for the pull model with ApplicationSets, all real: an ApplicationSet
+/// whose `clusterDecisionResource` generator reads an OCM Placement (argocd-pull-integration's
+/// `ocm-placement-generator` duck type) makes Argo CD's real ApplicationSet controller generate one
+/// hub Application per decided cluster, which it finds through the cluster Secrets the pull model
+/// writes per ManagedCluster; the pull model wraps each into a ManifestWork, the real work agent
+/// applies it on its spoke, where that spoke's real Argo CD syncs it from Git; the work agents'
+/// feedback (with `status.resources`) fills the MulticlusterApplicationSetReport: per cluster the
+/// sync and health, the operation's phase and start and the synced revision, each equal to what
+/// the spoke's Argo CD says, and the resources deployed. A cluster leaving the Placement leaves
+/// the report with its Application.
+#[tokio::test]
+async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_and_reported_per_cluster(
+) -> anyhow::Result<()> {
+    let (planes, ocm_hub) = ocm().await;
+    e2e::pull_model::start_controllers(planes).await?;
+    let mut logs = FailureLogs::new(ocm_hub);
+    let ctx = TestContext::new("ocm-appset")?;
+    let hub = planes.hub.client().await?;
+    let ns = e2e::pull_model::ARGOCD_NAMESPACE;
+    let label = ("e2e.argocd-agent.io/appset", ctx.suffix.as_str());
+    let (spoke_ns, dest, set) = (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("demo"));
+    let git = GitServer::start(&ctx.unique("git"))?;
+    git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
+
+    // Two managed clusters, one per spoke plane, each with its own Argo CD.
+    let mut klusterlets = Vec::new();
+    let mut argocds = Vec::new();
+    let mut sites: Vec<(String, &e2e::ControlPlane)> = Vec::new();
+    for (i, spoke) in planes.spokes.iter().enumerate() {
+        let cluster = ctx.unique(&format!("set{i}"));
+        let options = KlusterletOptions {
+            labels: vec![(label.0.to_string(), label.1.to_string())],
+            ..Default::default()
+        };
+        let klusterlet =
+            Klusterlet::start_with(&cluster, spoke, &planes.hub, &ctx.dir, &options).await?;
+        logs.watch(&klusterlet);
+        klusterlets.push(klusterlet);
+        argocds.push(
+            ArgoCd::start_spoke(
+                &format!("{}-{i}", ctx.suffix),
+                &ctx.dir,
+                spoke,
+                &spoke_ns,
+                &[],
+            )
+            .await?,
+        );
+        ensure_namespace(&spoke.client().await?, &dest).await?;
+        sites.push((cluster, spoke));
+    }
+    for (cluster, _) in &sites {
+        wait_cluster_available(&hub, cluster, JOIN_WAIT).await?;
+    }
+    let appset_controller =
+        ArgoCd::start_applicationset_controller(&ctx.suffix, &ctx.dir, &planes.hub, ns).await?;
+    let argocd_logs = || {
+        argocds
+            .iter()
+            .chain([&appset_controller])
+            .map(|a| a.log_tails(20))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    // What a user writes on the hub, as upstream documents it: the generator's ConfigMap, a
+    // Placement in the Argo CD namespace, and the ApplicationSet whose template opts into the
+    // pull model with the cluster's name.
+    let cms: Api<ConfigMap> = Api::namespaced(hub.clone(), ns);
+    let generator = serde_json::from_value(json!({
+        "metadata": {"name": PLACEMENT_GENERATOR},
+        "data": {"apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                 "kind": "placementdecisions", "statusListKey": "decisions",
+                 "matchKey": "clusterName"},
+    }))?;
+    match cms.create(&PostParams::default(), &generator).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let placement = ctx.unique("sites");
+    create_label_placement(&hub, ns, &placement, label).await?;
+    // In the order upstream's instructions apply them: the Placement decided (and both clusters
+    // registered with the hub Argo CD by the pull model) before the ApplicationSet exists. Argo
+    // CD's controller retries a generator that finds no PlacementDecision only after 3 minutes.
+    let decisions: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), ns, &placement_decision_resource());
+    let cluster_secrets: Api<Secret> = Api::namespaced(hub.clone(), ns);
+    let mut clusters_wanted: Vec<String> = sites.iter().map(|(c, _)| c.clone()).collect();
+    clusters_wanted.sort();
+    wait_until(
+        "the Placement deciding both clusters, each with its cluster Secret",
+        REACT_WAIT,
+        || async {
+            let selector = format!("{PLACEMENT_LABEL}={placement}");
+            let listed = decisions
+                .list(&ListParams::default().labels(&selector))
+                .await?;
+            let mut decided: Vec<String> =
+                listed.items.iter().flat_map(decision_clusters).collect();
+            decided.sort();
+            let mut registered = true;
+            for cluster in &clusters_wanted {
+                registered &= cluster_secrets
+                    .get_opt(&cluster_secret_name(cluster))
+                    .await?
+                    .is_some();
+            }
+            Ok::<_, kube::Error>((decided == clusters_wanted && registered).then_some(()))
+        },
+    )
+    .await?;
+    let mut template = pulled_demo_application(ns, &git.url("apps"), "{{name}}", &spoke_ns, &dest);
+    template.metadata.name = Some(format!("{{{{name}}}}-{set}"));
+    template.metadata.namespace = None;
+    let template = serde_json::to_value(template)?;
+    let mut spec = template["spec"].clone();
+    spec["destination"] = json!({"server": "https://kubernetes.default.svc", "namespace": dest});
+    let appsets: Api<DynamicObject> = Api::namespaced_with(
+        hub.clone(),
+        ns,
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "ApplicationSet"),
+            "applicationsets",
+        ),
+    );
+    let started = Instant::now();
+    appsets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet",
+                "metadata": {"name": set, "namespace": ns},
+                "spec": {
+                    "generators": [{"clusterDecisionResource": {
+                        "configMapRef": PLACEMENT_GENERATOR,
+                        "labelSelector": {"matchLabels": {PLACEMENT_LABEL: placement}},
+                        "requeueAfterSeconds": 5,
+                    }}],
+                    "template": {"metadata": template["metadata"], "spec": spec},
+                },
+            }))?,
+        )
+        .await?;
+
+    // The real controller generates one Application per decided cluster; each reaches its spoke
+    // and is synced there.
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), ns, &application_resource());
+    for (cluster, spoke) in &sites {
+        let name = format!("{cluster}-{set}");
+        let generated = wait_until(
+            &format!("the ApplicationSet controller to generate {name}"),
+            SYNC_WAIT,
+            || async { hub_apps.get_opt(&name).await },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+        let owners = generated
+            .metadata
+            .owner_references
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            owners
+                .iter()
+                .any(|o| o.kind == "ApplicationSet" && o.name == set),
+            "{name} is the ApplicationSet's: {owners:?}"
+        );
+        wait_greeting(spoke, &dest, "v1")
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    }
+    eprintln!(
+        "[ocm] ApplicationSet generated, pulled and synced on {} clusters in {:.1?}",
+        sites.len(),
+        started.elapsed()
+    );
+
+    // The report: per cluster what that spoke's Argo CD says, and the resources deployed.
+    let reports: Api<MulticlusterApplicationSetReport> = Api::namespaced(hub.clone(), ns);
+    let report_matches = |wanted: usize| {
+        let (reports, sites, spoke_ns, set) = (&reports, &sites, &spoke_ns, &set);
+        async move {
+            let Some(report) = reports.get_opt(set).await? else {
+                return Ok::<_, anyhow::Error>(None);
+            };
+            let spoke_apps = spoke_applications(&sites[..wanted], spoke_ns, set).await?;
+            let expected: Vec<[String; 7]> = spoke_apps
+                .iter()
+                .map(|(c, a)| expected_condition(c, &format!("{ns}/{c}-{set}"), a))
+                .collect();
+            let statuses = &report.spec.statuses;
+            let reported: Vec<[String; 7]> = statuses
+                .cluster_conditions
+                .iter()
+                .map(|c| {
+                    [
+                        c.cluster.clone(),
+                        c.app.clone(),
+                        c.sync_status.clone(),
+                        c.health_status.clone(),
+                        c.operation_state_phase.clone(),
+                        c.operation_state_started_at.clone(),
+                        c.sync_revision.clone(),
+                    ]
+                })
+                .collect();
+            let mut resources: Vec<_> = statuses
+                .resources
+                .iter()
+                .map(|r| {
+                    (
+                        r.api_version.clone(),
+                        r.kind.clone(),
+                        r.name.clone(),
+                        r.namespace.clone(),
+                    )
+                })
+                .collect();
+            resources.sort();
+            let synced = spoke_apps.len() == wanted
+                && expected
+                    .iter()
+                    .all(|e| e[2] == "Synced" && e[3] == "Healthy" && e[4] == "Succeeded");
+            let done = synced
+                && reported == expected
+                && spoke_apps
+                    .iter()
+                    .all(|(_, a)| spoke_resources(a) == resources)
+                && statuses.summary.clusters == wanted.to_string()
+                && statuses.summary.synced == wanted.to_string()
+                && statuses.summary.healthy == wanted.to_string();
+            Ok(done.then_some(report))
+        }
+    };
+    let report = wait_until(
+        "the report of both clusters as their spokes' Argo CD say",
+        SYNC_WAIT,
+        || report_matches(2),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    eprintln!(
+        "[ocm] ApplicationSet report complete {:.1?} after the ApplicationSet was created",
+        started.elapsed()
+    );
+    let statuses = &report.spec.statuses;
+    let kinds: Vec<&str> = statuses.resources.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(
+        kinds.len(),
+        3,
+        "the demo's three resources, listed once: {kinds:?}"
+    );
+    for kind in ["ConfigMap", "Secret", "ServiceAccount"] {
+        assert!(kinds.contains(&kind), "{kind} in {kinds:?}");
+    }
+    assert!(statuses.resources.iter().all(|r| r.namespace == dest));
+    let revision = &statuses.cluster_conditions[0].sync_revision;
+    assert_eq!(revision.len(), 40, "a Git commit: {revision}");
+    assert_eq!(statuses.summary.not_synced, "0");
+    assert_eq!(statuses.summary.in_progress, "0");
+    // The hub Applications carry the spoke's resources too (the work agent's feedback).
+    let hub_app = serde_json::to_value(hub_apps.get(&format!("{}-{set}", sites[0].0)).await?)?;
+    let spoke_app = &spoke_applications(&sites[..1], &spoke_ns, &set).await?[0].1;
+    assert_eq!(spoke_resources(&hub_app), spoke_resources(spoke_app));
+
+    // The second cluster leaves the Placement: the ApplicationSet controller deletes its
+    // Application, the pull model its work, and the report keeps the first cluster only.
+    let clusters: Api<DynamicObject> =
+        Api::all_with(hub.clone(), &e2e::ocm::managed_cluster_resource());
+    clusters
+        .patch(
+            &sites[1].0,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {label.0: "retired"}}})),
+        )
+        .await?;
+    let leaving = format!("{}-{set}", sites[1].0);
+    let works: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &sites[1].0, &manifest_work_resource());
+    wait_until(
+        "the deselected cluster's Application and work gone, the report of one cluster",
+        SYNC_WAIT,
+        || async {
+            let gone = hub_apps.get_opt(&leaving).await?.is_none()
+                && works.list(&ListParams::default()).await?.items.is_empty();
+            Ok::<_, anyhow::Error>(if gone { report_matches(1).await? } else { None })
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+
+    // Deleting the ApplicationSet deletes its report.
+    appsets.delete(&set, &DeleteParams::default()).await?;
+    wait_until(
+        "the report deleted with its ApplicationSet",
+        REACT_WAIT,
+        || async { Ok::<_, kube::Error>(reports.get_opt(&set).await?.is_none().then_some(())) },
+    )
+    .await?;
+    let _ = hub_apps
+        .delete(&format!("{}-{set}", sites[0].0), &DeleteParams::default())
+        .await;
     logs.passed();
     Ok(())
 }

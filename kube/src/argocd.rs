@@ -172,9 +172,53 @@ pub struct ApplicationStatus {
     /// Conditions (errors and warnings) Argo CD or this project report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<ApplicationCondition>>,
-    /// Everything else (`resources`, `summary`, `reconciledAt`, `history`, ...).
+    /// The resources the Application manages, as Argo CD last compared them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Vec<ResourceStatus>>,
+    /// Everything else (`summary`, `reconciledAt`, `history`, ...).
     #[serde(flatten)]
     pub other: Other,
+}
+
+/// An entry of `Application.status.resources`: one resource the Application manages (Argo CD
+/// omits every empty field).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResourceStatus {
+    /// API group (absent for the core group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// API version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Namespace (absent for cluster-scoped resources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `Synced`, `OutOfSync`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// The resource's health, for kinds Argo CD assesses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<StatusOf>,
+    /// Everything else (`hook`, `requiresPruning`, `syncWave`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+impl ResourceStatus {
+    /// `<group>/<version>`, or the version alone for the core group.
+    pub fn api_version(&self) -> String {
+        let version = self.version.as_deref().unwrap_or_default();
+        match self.group.as_deref().filter(|g| !g.is_empty()) {
+            Some(group) => format!("{group}/{version}"),
+            None => version.to_owned(),
+        }
+    }
 }
 
 /// `Application.status.sync` and `Application.status.health`: a `status` word and details.
@@ -374,7 +418,9 @@ mod tests {
                        "health": {"status": "Healthy"},
                        "conditions": [{"type": "AgentError", "message": "m",
                                        "lastTransitionTime": "2026-01-01T00:00:00Z", "extra": 1}],
-                       "resources": [{"kind": "Deployment"}], "reconciledAt": "2026-01-01T00:00:00Z",
+                       "resources": [{"kind": "Deployment", "group": "", "syncWave": -1,
+                                      "health": {"status": "Healthy"}}],
+                       "reconciledAt": "2026-01-01T00:00:00Z",
                        "summary": {}, "operationState": {"phase": "Succeeded",
                                                          "operation": {"sync": {"revision": "r"}}}},
             "future": {"field": [1, 2.5, null]}
@@ -390,6 +436,10 @@ mod tests {
             status.conditions.as_ref().unwrap()[0].type_.as_deref(),
             Some("AgentError")
         );
+        let resource = &status.resources.as_ref().unwrap()[0];
+        assert_eq!(resource.kind.as_deref(), Some("Deployment"));
+        assert_eq!(resource.api_version(), "", "no version, empty group");
+        assert_eq!(resource.other["syncWave"], json!(-1));
         assert_eq!(
             typed.started_operation(),
             Some(&json!({"sync": {"revision": "r"}}))

@@ -347,6 +347,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         let pull = argocd_agent_operator::pull::PullModelOptions {
             argocd_namespace: config.namespace.clone(),
             application_namespaces: Some(opts.argocd_namespaces()),
+            feedback: config.operator.pull_feedback,
             ..Default::default()
         };
         let pull_stopped = operator_stopped.clone();

@@ -16,8 +16,10 @@
 //! on one hub never overwrite each other's objects; of the others, one this principal still
 //! claims (it moved elsewhere) has its objects of this principal removed and the claim released,
 //! and one naming a namespace no principal serves is reported by the principal serving its own
-//! namespace ([`home_of_unserved`]); any other is neither read nor written. [`sweep`] removes
-//! an object no GitOpsCluster wants and whose owner is gone or served elsewhere.
+//! namespace ([`home_of_unserved`], after [`CLAIM_GRACE`]); any other is neither read nor
+//! written. [`sweep`] removes an object no GitOpsCluster wants and whose owner is gone or served
+//! elsewhere, including another principal's whose GitOpsCluster is gone (its claim removed by
+//! hand: [`Fleet::ours`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -43,7 +45,7 @@ use super::csr::process_csrs;
 pub use super::fleet::argocd_namespace_of;
 use super::fleet::{
     finalizer_of, home_of_unserved, is_live, kube_err, name_in, owner, principal_of, Fleet,
-    Responsible, Selection, Stores, INVALID_MODE,
+    Responsible, Selection, Stores, Unclaimed, CLAIM_GRACE, INVALID_MODE,
 };
 use super::placement::goc_key;
 use super::server_discovery::{discover_principal_endpoint, endpoint_for, write_back};
@@ -90,6 +92,8 @@ pub struct Reconciled {
     pub csrs_signed: usize,
     /// Some work is waiting on others (finalizer cleanup): run again soon.
     pub requeue_soon: bool,
+    /// Look again after this long (a GitOpsCluster given time to be claimed by its principal).
+    pub recheck_after: Option<std::time::Duration>,
 }
 
 /// The fleet's PKI and the principal endpoint, as one live GitOpsCluster needs them.
@@ -187,20 +191,23 @@ impl Pki {
 }
 
 /// Reconciles the GitOpsCluster `goc`, given every GitOpsCluster on the hub (`every`, which
-/// includes `goc`) and the operator's stores of the other kinds it reads ([`Stores`]). A
-/// GitOpsCluster another principal serves is left alone.
+/// includes `goc`), the operator's stores of the other kinds it reads ([`Stores`]) and since when
+/// the unserved ones have been unclaimed ([`Unclaimed`]). A GitOpsCluster another principal
+/// serves is left alone.
 pub async fn reconcile_gitopscluster(
     client: &kube::Client,
     opts: &OperatorOptions,
     stores: &Stores,
+    unclaimed: &Unclaimed,
     goc: &GitOpsCluster,
     mut every: Vec<GitOpsCluster>,
 ) -> Result<Reconciled, OperatorError> {
     let mut summary = Reconciled::default();
     if argocd_namespace_of(goc, opts).is_none() {
-        return reconcile_unserved(client, opts, stores, goc, every).await;
+        return reconcile_unserved(client, opts, stores, unclaimed, goc, every).await;
     }
     let key = goc_key(goc);
+    unclaimed.forget(&key);
     let api: Api<GitOpsCluster> =
         Api::namespaced(client.clone(), &goc.namespace().unwrap_or_default());
     let mut goc = goc.clone();
@@ -329,7 +336,7 @@ pub async fn reconcile_gitopscluster(
         &goc,
         &key,
         selection,
-        &fleet.assignment,
+        &fleet,
         &outcomes,
         Some(&pki.ca),
         &pki.server_cert_message,
@@ -354,18 +361,22 @@ pub async fn reconcile_gitopscluster(
 /// removes what it made for it (the sweep's responsibility, [`Fleet::responsible`]) and then
 /// releases its claim. When no principal claims it and this principal serves its own namespace
 /// ([`home_of_unserved`]), its status says that no principal serves the namespace it names
-/// (multicloud-integrations' `ArgoServerVerified` `False`, `ArgoServerNotFound`). Otherwise
+/// (multicloud-integrations' `ArgoServerVerified` `False`, `ArgoServerNotFound`), once it has
+/// stayed unclaimed for [`CLAIM_GRACE`] (the principal serving it claims it first). Otherwise
 /// nothing is read or written.
 async fn reconcile_unserved(
     client: &kube::Client,
     opts: &OperatorOptions,
     stores: &Stores,
+    unclaimed: &Unclaimed,
     goc: &GitOpsCluster,
     every: Vec<GitOpsCluster>,
 ) -> Result<Reconciled, OperatorError> {
     let mut summary = Reconciled::default();
     let key = goc_key(goc);
+    let every_key: BTreeSet<String> = every.iter().map(goc_key).collect();
     if goc.finalizers().iter().any(|f| *f == finalizer_of(opts)) {
+        unclaimed.forget(&key);
         let fleet = Fleet::gather(client, opts, stores, every).await?;
         offboard_swept(client, &fleet, &mut summary).await?;
         if !summary.offboarded.is_empty() {
@@ -378,8 +389,18 @@ async fn reconcile_unserved(
         return Ok(summary);
     }
     let Some(named) = home_of_unserved(goc, opts) else {
+        unclaimed.forget(&key);
         return Ok(summary);
     };
+    let waited = unclaimed.seen(&key, goc, &every_key);
+    if waited.is_none_or(|w| w < CLAIM_GRACE) {
+        let left = CLAIM_GRACE.saturating_sub(waited.unwrap_or_default());
+        if waited.is_none() {
+            tracing::info!(gitopscluster = %key, argo_namespace = %named, wait = ?left, "GitOpsCluster names an Argo CD namespace this principal does not serve and no principal has claimed it; waiting for its principal to claim it before reporting it unserved");
+        }
+        summary.recheck_after = Some(left);
+        return Ok(summary);
+    }
     let served: Vec<String> = opts.argocd_namespaces().into_iter().collect();
     let message = format!(
         "spec.argoServer.argoNamespace {named:?} is served by no principal on this hub (no principal \
@@ -541,15 +562,17 @@ async fn onboard(
         Err(why) => return Ok(ClusterOutcome::failed(status, why.clone())),
     };
     // Another principal's agent is still on the cluster (its GitOpsCluster lost the cluster to
-    // this older one, or went): that principal removes it; wait, writing nothing for the cluster.
+    // this older one, or is being deleted): that principal removes it; wait, writing nothing for
+    // the cluster.
     if let Some(theirs) = fleet.foreign_agent_works.get(cluster.as_str()) {
+        let their_goc = owner(theirs).map_or("", String::as_str);
         return Ok(ClusterOutcome::failed(
             status,
             format!(
-                "ManifestWork {cluster}/{AGENT_WORK_NAME} belongs to principal {:?} (GitOpsCluster {:?}); \
-                 waiting for it to remove it",
+                "ManifestWork {cluster}/{AGENT_WORK_NAME} belongs to principal {:?} (GitOpsCluster {their_goc:?}); \
+                 waiting for it to remove it (if that principal is gone for good: delete \
+                 GitOpsCluster {their_goc} and remove its finalizer, and what it left is taken over)",
                 principal_of(theirs).map_or("", String::as_str),
-                owner(theirs).map_or("", String::as_str),
             ),
         ));
     }
@@ -819,7 +842,7 @@ fn goc_status(
     goc: &GitOpsCluster,
     key: &str,
     selection: &Selection,
-    assignment: &BTreeMap<String, String>,
+    fleet: &Fleet,
     outcomes: &BTreeMap<String, ClusterOutcome>,
     ca_state: Option<&Result<CertificateAuthority, String>>,
     server_cert_message: &str,
@@ -872,13 +895,13 @@ fn goc_status(
             let mut unregistered = Vec::new();
             let mut not_ready = Vec::new();
             for c in selected {
-                match assignment.get(c) {
+                match fleet.assignment.get(c) {
                     Some(owner) if owner != key => {
                         conflicts.push(format!("{c} (owned by {owner})"));
                         clusters.push(ClusterOnboardingStatus {
                             name: c.clone(),
                             phase: "Conflict".into(),
-                            message: format!("also selected by GitOpsCluster {owner}, which is older and manages it; remove {c} from one of the two placements"),
+                            message: conflict_message(c, owner, fleet.claims.get(owner)),
                             mode: goc.mode().to_owned(),
                             ..Default::default()
                         });
@@ -960,6 +983,25 @@ fn goc_status(
         observed_generation: generation,
         clusters,
     }
+}
+
+/// Why `cluster` is skipped: the older GitOpsCluster `owner` manages it; when another principal
+/// serves `owner` (its `claim`), how to release a principal gone for good, since a claim does
+/// not expire.
+fn conflict_message(cluster: &str, owner: &str, claim: Option<&String>) -> String {
+    let mut message = format!(
+        "also selected by GitOpsCluster {owner}, which is older and manages it; remove {cluster} from one of the two placements"
+    );
+    if let Some(claim) = claim {
+        let (namespace, name) = owner.split_once('/').unwrap_or(("", owner));
+        message.push_str(&format!(
+            ". {owner} is another principal's (its claim: finalizer {claim}); a claim does not \
+             expire while that principal is down. If it is gone for good, release the cluster: \
+             `kubectl -n {namespace} delete gitopscluster {name} --wait=false` and remove \
+             finalizer {claim} from it; what it left is then removed or taken over here"
+        ));
+    }
+    message
 }
 
 async fn write_status(
@@ -1129,5 +1171,20 @@ mod tests {
         let mut none = ObjectMeta::default();
         carry_over(&ObjectMeta::default(), &mut none);
         assert_eq!(none.finalizers, None, "no empty finalizer list is written");
+    }
+
+    #[test]
+    fn a_conflict_with_another_principal_says_how_to_release_its_claim() {
+        let ours = conflict_message("c1", "team/older", None);
+        assert!(ours.contains("GitOpsCluster team/older"), "{ours}");
+        assert!(!ours.contains("finalizer"), "same principal: {ours}");
+        let claim = format!("{FINALIZER}-hub-a");
+        let theirs = conflict_message("c1", "team/older", Some(&claim));
+        assert!(theirs.contains("does not expire"), "{theirs}");
+        assert!(
+            theirs.contains("kubectl -n team delete gitopscluster older")
+                && theirs.contains(&claim),
+            "{theirs}"
+        );
     }
 }

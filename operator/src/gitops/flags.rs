@@ -4,7 +4,7 @@
 //! the principal Service server discovery reads, the default agent image, the hub Argo CD namespace (and the further namespaces GitOpsClusters
 //! may register clusters in), the agents' namespace on the spokes and the cluster-wide grants
 //! their ManifestWorks carry (the agent chart's `liveView.enabled`, `liveView.write`,
-//! `terminal.enabled`).
+//! `terminal.enabled`), and what the OCM pull model asks the work agents to report.
 //!
 //! Owns [`OperatorFlags`], their validation into [`OperatorSettings`], and how the settings fill
 //! [`OperatorOptions`]. A GitOpsCluster's own spec fields still win over these defaults.
@@ -21,6 +21,7 @@ use argocd_agent_proto::event::names::is_dns1123_label;
 use super::agent_work::AgentGrants;
 use super::certs::{CertPolicy, PRINCIPAL_SERVICE};
 use super::OperatorOptions;
+use crate::pull::manifestwork::Feedback;
 
 /// `--operator-*` flags of `argocd-principal`.
 #[derive(Debug, Clone, Args, PartialEq, Eq)]
@@ -164,6 +165,17 @@ pub struct OperatorFlags {
         action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub operator_agent_terminal: bool,
+
+    /// Ask the OCM work agents for each pulled Application's status.resources too, so the hub
+    /// Application and its ApplicationSet's MulticlusterApplicationSetReport list what it
+    /// deployed (upstream's report takes them from ACM's search add-on). Needs the work agents'
+    /// RawFeedbackJsonString feature gate (the Klusterlet's spec.workConfiguration.featureGates);
+    /// they return at most their --max-json-raw-length (1 KiB by default: about eight
+    /// resources), and say so on the hub Application when an Application has more.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_OPERATOR_PULL_RESOURCE_FEEDBACK", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub operator_pull_resource_feedback: bool,
 }
 
 /// Validated operator settings.
@@ -189,6 +201,8 @@ pub struct OperatorSettings {
     pub agent_namespace: Option<String>,
     /// The agents' cluster-wide grants.
     pub agent_grants: AgentGrants,
+    /// What the pull model asks the work agents to bring back.
+    pub pull_feedback: Feedback,
 }
 
 fn non_blank(v: Option<String>) -> Option<String> {
@@ -279,6 +293,11 @@ impl OperatorFlags {
                 live_view_write: self.operator_agent_live_view_write,
                 terminal: self.operator_agent_terminal,
             },
+            pull_feedback: if self.operator_pull_resource_feedback {
+                Feedback::StatusAndResources
+            } else {
+                Feedback::Status
+            },
             extra_argocd_namespaces: self
                 .operator_extra_argocd_namespaces
                 .into_iter()
@@ -355,6 +374,13 @@ mod tests {
                 terminal: false
             },
             "the agent chart's defaults"
+        );
+        assert_eq!(s.pull_feedback, Feedback::Status, "upstream's feedback");
+        assert_eq!(
+            parse(&["--operator-pull-resource-feedback"])
+                .unwrap()
+                .pull_feedback,
+            Feedback::StatusAndResources
         );
     }
 

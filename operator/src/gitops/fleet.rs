@@ -15,8 +15,22 @@
 //! served owner, else the orphan sweep ([`Responsible::Sweep`]) for objects whose GitOpsCluster
 //! is gone, moved to another principal, or lost its cluster to another principal's. So each
 //! object has exactly one reconciler that may write or delete it.
+//!
+//! A claim does not expire: a principal that stops (crashed, paused, mid-upgrade, uninstalled)
+//! keeps its GitOpsClusters' clusters, as an unreachable site keeps its agent. Taking a cluster
+//! over on a timeout (its operator Lease, say) would repoint the cluster's agent at another hub
+//! and replace its Applications during an ordinary outage, and the returning principal's older
+//! GitOpsCluster would take it back: the fleet would flap between hubs. A principal gone for good
+//! is released as any controller's finalizer is, by hand: its GitOpsCluster deleted and the claim
+//! removed (the waiting GitOpsCluster's status says which), after which the objects it left are
+//! orphans ([`Fleet::ours`]) that the surviving principals sweep or adopt. Upstream has no such
+//! case (one GitOpsCluster controller per hub). Likewise a GitOpsCluster that names an Argo CD
+//! namespace no principal has claimed yet is reported unserved by its home principal only after
+//! [`CLAIM_GRACE`] ([`Unclaimed`]), so the principal that serves it has time to claim it first.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::DynamicObject;
@@ -90,13 +104,61 @@ pub fn finalizer_of(opts: &OperatorOptions) -> String {
 /// ([`finalizer_of`]) that is not this principal's. (The legacy [`FINALIZER`] names no
 /// principal; the principal serving the GitOpsCluster replaces it with its own.)
 pub fn claimed_elsewhere(goc: &GitOpsCluster, opts: &OperatorOptions) -> bool {
+    claim_elsewhere(goc, opts).is_some()
+}
+
+/// Another principal's claim on `goc`: its cleanup finalizer, which an admin removes to release
+/// the GitOpsCluster of a principal gone for good.
+pub fn claim_elsewhere<'a>(goc: &'a GitOpsCluster, opts: &OperatorOptions) -> Option<&'a String> {
     let own = finalizer_of(opts);
     let prefix = format!("{FINALIZER}-");
     goc.metadata
         .finalizers
         .iter()
         .flatten()
-        .any(|f| f.starts_with(&prefix) && *f != own)
+        .find(|f| f.starts_with(&prefix) && **f != own)
+}
+
+/// How long a GitOpsCluster naming an Argo CD namespace this principal does not serve may stay
+/// unclaimed before its home principal ([`home_of_unserved`]) reports that no principal serves
+/// it. The serving principal claims a GitOpsCluster at its first reconciliation, within a second
+/// of its creation or edit, and its standby replica takes over within one operator Lease
+/// duration (15 s by default): without the wait, the home principal would write
+/// `ArgoServerNotFound` for a moment before the serving principal's first status.
+pub const CLAIM_GRACE: Duration = Duration::from_secs(15);
+
+/// Since when each GitOpsCluster naming an Argo CD namespace this principal does not serve has
+/// been seen unclaimed, at its current generation (an edit of the spec starts the wait again).
+/// Kept in memory: a restarted principal waits [`CLAIM_GRACE`] again.
+#[derive(Debug, Default)]
+pub struct Unclaimed(Mutex<HashMap<String, (Option<i64>, Instant)>>);
+
+impl Unclaimed {
+    /// How long `goc` (key `key`) has been seen unclaimed at its generation; `None` the first
+    /// time. Entries of GitOpsClusters not in `every` (keys of every GitOpsCluster on the hub) are
+    /// dropped, so the map never outgrows the hub's GitOpsClusters.
+    pub fn seen(
+        &self,
+        key: &str,
+        goc: &GitOpsCluster,
+        every: &BTreeSet<String>,
+    ) -> Option<Duration> {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|k, _| every.contains(k));
+        let generation = goc.metadata.generation;
+        match seen.get(key) {
+            Some((g, since)) if *g == generation => Some(since.elapsed()),
+            _ => {
+                seen.insert(key.to_owned(), (generation, Instant::now()));
+                None
+            }
+        }
+    }
+
+    /// Forgets `key`: it is claimed, served here, or no longer unserved.
+    pub fn forget(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
 }
 
 /// The namespace no principal may serve for `goc`, when this principal is the one to say so:
@@ -166,6 +228,9 @@ pub struct Fleet {
     pub cluster_secrets: Vec<Secret>,
     /// Agent ManifestWorks of other principals, by cluster namespace.
     pub foreign_agent_works: BTreeMap<String, ManifestWork>,
+    /// The claim (cleanup finalizer) of every other principal's GitOpsCluster competing for
+    /// clusters, by key: what an admin removes if that principal is gone for good.
+    pub claims: BTreeMap<String, String>,
 }
 
 impl Fleet {
@@ -202,7 +267,11 @@ impl Fleet {
         // Another principal's GitOpsClusters compete for clusters (oldest wins across the hub);
         // their placements are read, never written: they are that principal's to fix.
         let mut competing = Vec::new();
+        let mut claims = BTreeMap::new();
         for goc in others.iter().filter(|g| competes(g, opts)) {
+            if let Some(claim) = claim_elsewhere(goc, opts) {
+                claims.insert(goc_key(goc), claim.clone());
+            }
             let read = resolve(client, &stores.placements, &stores.decisions, goc, false);
             if let Ok(clusters) = read.await {
                 competing.push((goc, clusters));
@@ -235,6 +304,7 @@ impl Fleet {
             works: Vec::new(),
             cluster_secrets: Vec::new(),
             foreign_agent_works: BTreeMap::new(),
+            claims,
         };
         for work in stores.works.state() {
             if fleet.ours(work.as_ref()) {
@@ -263,13 +333,19 @@ impl Fleet {
         self.served.iter().filter(|g| is_live(g))
     }
 
-    /// Whether an object of the operator is this principal's: it says so
-    /// ([`PRINCIPAL_ANNOTATION`]); an object of an earlier version, saying nothing, when owned
-    /// by a served GitOpsCluster, by none, or by one that is gone.
+    /// Whether an object of the operator is this principal's to decide about: it says so
+    /// ([`PRINCIPAL_ANNOTATION`]); another principal's whose GitOpsCluster is gone (that
+    /// principal removes its objects before it releases its claim, so such an object outlived a
+    /// claim removed by hand: the principal is gone, and its orphans are swept, or adopted by
+    /// the GitOpsCluster the cluster is assigned to, by whichever principal sees them); an object
+    /// of an earlier version, saying nothing, when owned by a served GitOpsCluster, by none, or
+    /// by one that is gone.
     pub fn ours(&self, obj: &impl kube::Resource) -> bool {
+        let gone = |o: &String| !self.every_goc.contains(o);
         match principal_of(obj) {
-            Some(p) => *p == self.principal,
-            None => owner(obj).is_none_or(|o| !self.every_goc.contains(o) || self.serves(o)),
+            Some(p) if *p == self.principal => true,
+            Some(_) => owner(obj).is_some_and(gone),
+            None => owner(obj).is_none_or(|o| gone(o) || self.serves(o)),
         }
     }
 
@@ -282,6 +358,17 @@ impl Fleet {
     /// principal's, the object's served owner (which offboards it); else the sweep. A frozen
     /// owner's objects stay.
     pub fn responsible(&self, cluster: &str, obj: &impl kube::Resource) -> Responsible {
+        let left_by_another = principal_of(obj).is_some_and(|p| *p != self.principal);
+        if left_by_another
+            && self
+                .assignment
+                .get(cluster)
+                .is_some_and(|a| !self.serves(a))
+        {
+            // Another principal's orphan on a cluster a third principal's GitOpsCluster has:
+            // that principal adopts it.
+            return Responsible::Nobody;
+        }
         self.responsible_for(cluster, owner(obj))
     }
 
@@ -446,6 +533,7 @@ mod tests {
             works: Vec::new(),
             cluster_secrets: Vec::new(),
             foreign_agent_works: BTreeMap::new(),
+            claims: BTreeMap::new(),
         };
         let by = |k: &str| Responsible::GitOpsCluster(k.into());
         // The assigned GitOpsCluster decides, whoever created the object (it adopts it).
@@ -482,9 +570,20 @@ mod tests {
         let moved = marked_work("c2", Some("ns/theirs"), Some("hub-p"));
         assert!(fleet.ours(&moved));
         assert_eq!(fleet.responsible("c2", &moved), Responsible::Sweep);
-        // ...never another principal's, whatever their owner.
+        // ...never another principal's while their GitOpsCluster exists, whatever it is...
         assert!(!fleet.ours(&marked_work("c1", Some("ns/a"), Some("hub-q"))));
+        assert!(!fleet.ours(&marked_work("c1", Some("ns/theirs"), Some("hub-q"))));
         assert!(!fleet.ours(&marked_work("c1", None, Some("hub-q"))));
+        // ...but once it is gone (its principal's claim removed by hand): an orphan, adopted by
+        // the GitOpsCluster its cluster is assigned to, or swept.
+        let left = marked_work("c1", Some("ns/released"), Some("hub-q"));
+        assert!(fleet.ours(&left));
+        assert_eq!(fleet.responsible("c1", &left), by("ns/a"));
+        let left = marked_work("c2", Some("ns/released"), Some("hub-q"));
+        assert_eq!(fleet.responsible("c2", &left), Responsible::Sweep);
+        // On a cluster another principal's GitOpsCluster has, that principal adopts it.
+        let left = marked_work("c3", Some("ns/released"), Some("hub-q"));
+        assert_eq!(fleet.responsible("c3", &left), Responsible::Nobody);
         // A cluster assigned to another principal's (older) GitOpsCluster: this principal's
         // objects for it are offboarded by their served owner, or swept.
         assert_eq!(
@@ -515,6 +614,7 @@ mod tests {
         assert_eq!(name, finalizer_of(&OperatorOptions::new(&"n".repeat(63))));
         let g = with_finalizers(goc("g", Some("x")), &[&finalizer_of(&q), "other/f"]);
         assert!(claimed_elsewhere(&g, &p));
+        assert_eq!(claim_elsewhere(&g, &p), Some(&finalizer_of(&q)));
         assert!(!claimed_elsewhere(&g, &q), "its own claim is not another's");
         // The legacy finalizer names nobody.
         assert!(!claimed_elsewhere(
@@ -542,6 +642,28 @@ mod tests {
         let mut sideways = claimed.clone();
         sideways.spec.argocd_agent_addon.mode = Some("sideways".into());
         assert!(!competes(&sideways, &p));
+    }
+
+    #[test]
+    fn an_unclaimed_gitopscluster_is_timed_per_generation_and_forgotten_when_gone() {
+        let unclaimed = Unclaimed::default();
+        let mut g = goc("g", Some("elsewhere"));
+        g.metadata.generation = Some(1);
+        let every: BTreeSet<String> = ["ns/g".to_string()].into();
+        assert_eq!(unclaimed.seen("ns/g", &g, &every), None, "first sighting");
+        let waited = unclaimed.seen("ns/g", &g, &every).expect("seen before");
+        assert!(waited < CLAIM_GRACE, "{waited:?}");
+        // An edit (new generation) starts the wait again.
+        g.metadata.generation = Some(2);
+        assert_eq!(unclaimed.seen("ns/g", &g, &every), None);
+        assert!(unclaimed.seen("ns/g", &g, &every).is_some());
+        unclaimed.forget("ns/g");
+        assert_eq!(unclaimed.seen("ns/g", &g, &every), None, "forgotten");
+        // A GitOpsCluster no longer on the hub is dropped at the next look at any other.
+        let other = goc("h", Some("elsewhere"));
+        let now: BTreeSet<String> = ["ns/h".to_string()].into();
+        assert_eq!(unclaimed.seen("ns/h", &other, &now), None);
+        assert_eq!(unclaimed.0.lock().unwrap().len(), 1, "ns/g dropped");
     }
 
     #[test]

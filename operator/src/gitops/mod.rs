@@ -223,6 +223,8 @@ struct Context {
     stores: fleet::Stores,
     /// Consecutive failures per object, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Since when GitOpsClusters naming a namespace no principal claimed have been unclaimed.
+    unclaimed: fleet::Unclaimed,
 }
 
 impl Context {
@@ -331,6 +333,7 @@ pub async fn run_controllers(
             secrets: secrets.iter().map(SharedWatch::store).collect(),
         },
         failures: Mutex::default(),
+        unclaimed: fleet::Unclaimed::default(),
     });
     let gocs_store = main.store.clone();
     let by = || gocs_store.clone();
@@ -505,6 +508,7 @@ async fn reconcile(goc: Arc<GitOpsCluster>, ctx: Arc<Context>) -> Result<Action,
         &ctx.client,
         &ctx.opts,
         &ctx.stores,
+        &ctx.unclaimed,
         &goc,
         ctx.every_goc(),
     )
@@ -527,27 +531,33 @@ async fn reconcile(goc: Arc<GitOpsCluster>, ctx: Arc<Context>) -> Result<Action,
     Ok(Action::requeue(if done.requeue_soon {
         SOON
     } else {
-        ctx.opts.resync
+        done.recheck_after
+            .map_or(ctx.opts.resync, |after| after.min(ctx.opts.resync))
     }))
 }
 
 /// Sweeps when `obj`, this principal's, names no GitOpsCluster or one that is gone or that
-/// this principal no longer serves, and looks again every `resync` while it does (the cluster
-/// may be assigned meanwhile: its GitOpsCluster decides).
+/// this principal no longer serves, or when `obj`, another principal's, outlived its
+/// GitOpsCluster (that principal's claim was removed by hand: [`fleet::Fleet::ours`]), and looks
+/// again every `resync` while it does (the cluster may be assigned meanwhile: its GitOpsCluster
+/// decides).
 async fn sweep_orphan<K>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, OperatorError>
 where
     K: kube::Resource<DynamicType = ()>,
 {
-    if fleet::principal_of(obj.as_ref()).is_some_and(|p| *p != ctx.opts.namespace) {
-        // Another principal's.
-        return Ok(Action::await_change());
-    }
     let owner = fleet::owner(obj.as_ref());
-    let orphan = owner.is_none_or(|o| {
-        !ctx.gocs.state().iter().any(|g| {
-            placement::goc_key(g) == *o && fleet::argocd_namespace_of(g, &ctx.opts).is_some()
+    let gocs = ctx.gocs.state();
+    let exists = |o: &String| gocs.iter().any(|g| placement::goc_key(g) == *o);
+    let orphan = if fleet::principal_of(obj.as_ref()).is_some_and(|p| *p != ctx.opts.namespace) {
+        // Another principal's: left to it while its GitOpsCluster exists.
+        owner.is_some_and(|o| !exists(o))
+    } else {
+        owner.is_none_or(|o| {
+            !gocs.iter().any(|g| {
+                placement::goc_key(g) == *o && fleet::argocd_namespace_of(g, &ctx.opts).is_some()
+            })
         })
-    });
+    };
     if !orphan {
         return Ok(Action::await_change());
     }

@@ -42,6 +42,12 @@ pub const FEEDBACK_SYNC_REVISION: &str = "syncRevision";
 /// Feedback value carrying the spoke Application's `status.operationState.message` (ours: upstream
 /// does not bring the message back, so a failed sync on the hub says nothing about why).
 pub const FEEDBACK_OPERATION_MESSAGE: &str = "operationStateMessage";
+/// Feedback value carrying the spoke Application's `status.resources` as raw JSON (ours, asked for
+/// with [`Feedback::StatusAndResources`]: upstream's report lists resources from ACM's search
+/// add-on, which OCM alone does not have). The work agent returns a list only with its
+/// `RawFeedbackJsonString` feature gate and within its `--max-json-raw-length` (1 KiB by
+/// default, about eight resources); otherwise it reports the value unsynced.
+pub const FEEDBACK_RESOURCES: &str = "resources";
 /// The payload field the work agent must not write again once the spoke changed it: Argo CD on
 /// the spoke removes `.operation` when the sync it asks for has run.
 pub const OPERATION_PATH: &str = ".operation";
@@ -426,9 +432,22 @@ fn payload_destination(meta: &ObjectMeta) -> (Option<String>, Option<String>) {
     (non_empty(name), non_empty(server))
 }
 
+/// Which of the spoke Application's status the work agent is asked to bring back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Feedback {
+    /// Health, sync status and revision, the last operation's phase and start (upstream's
+    /// values) and its message.
+    #[default]
+    Status,
+    /// Those and `status.resources` ([`FEEDBACK_RESOURCES`]): the hub Application and the
+    /// ApplicationSet report then list what it deployed. Needs the work agents'
+    /// `RawFeedbackJsonString` feature gate (OCM's default: off).
+    StatusAndResources,
+}
+
 /// The feedback rules that bring the spoke Application's state back.
-pub fn application_feedback_rules() -> Vec<FeedbackRule> {
-    let paths = [
+pub fn application_feedback_rules(feedback: Feedback) -> Vec<FeedbackRule> {
+    let mut paths = vec![
         (FEEDBACK_HEALTH, ".status.health.status"),
         (FEEDBACK_SYNC, ".status.sync.status"),
         (
@@ -439,6 +458,9 @@ pub fn application_feedback_rules() -> Vec<FeedbackRule> {
         (FEEDBACK_SYNC_REVISION, ".status.sync.revision"),
         (FEEDBACK_OPERATION_MESSAGE, ".status.operationState.message"),
     ];
+    if feedback == Feedback::StatusAndResources {
+        paths.push((FEEDBACK_RESOURCES, ".status.resources"));
+    }
     // One rule per value, like upstream: the work agent skips a whole rule whose path is absent.
     paths
         .iter()
@@ -461,6 +483,7 @@ pub fn application_feedback_rules() -> Vec<FeedbackRule> {
 pub fn build_manifest_work(
     app: &Application,
     target: &PullTarget,
+    feedback: Feedback,
 ) -> Result<ManifestWork, BuildError> {
     let meta = &app.metadata;
     let namespace = meta.namespace.clone().unwrap_or_default();
@@ -503,7 +526,7 @@ pub fn build_manifest_work(
                 name: name.clone(),
                 namespace: target.spoke_namespace.clone(),
             },
-            feedback_rules: application_feedback_rules(),
+            feedback_rules: application_feedback_rules(feedback),
             update_strategy: Some(UpdateStrategy {
                 type_: "ServerSideApply".into(),
                 server_side_apply: Some(ServerSideApplyConfig {
@@ -715,7 +738,7 @@ mod tests {
     #[test]
     fn manifest_work_carries_payload_feedback_rules_and_hub_references() {
         let app = hub_app();
-        let work = build_manifest_work(&app, &target(&app)).expect("built");
+        let work = build_manifest_work(&app, &target(&app), Feedback::Status).expect("built");
         assert_eq!(work.metadata.name.as_deref(), Some("guestbook-3f2a9"));
         assert_eq!(work.metadata.namespace.as_deref(), Some("cluster1"));
         assert_eq!(work.metadata.labels.as_ref().unwrap()[PULL_LABEL], "true");
@@ -756,6 +779,13 @@ mod tests {
         );
         assert!(paths.contains(&("syncRevision".into(), ".status.sync.revision".into())));
         assert!(config.feedback_rules.iter().all(|r| r.type_ == "JSONPaths"));
+        // Asked for, the resources too, as one more rule of their own.
+        let with_resources = application_feedback_rules(Feedback::StatusAndResources);
+        assert_eq!(with_resources.len(), config.feedback_rules.len() + 1);
+        assert_eq!(
+            serde_json::to_value(with_resources.last().unwrap()).unwrap(),
+            json!({"type": "JSONPaths", "jsonPaths": [{"name": "resources", "path": ".status.resources"}]})
+        );
         // The wire form uses upstream's field names.
         let wire = serde_json::to_value(&work).unwrap();
         assert_eq!(wire["apiVersion"], "work.open-cluster-management.io/v1");
@@ -817,7 +847,7 @@ mod tests {
     #[test]
     fn work_counts_as_applied_only_at_its_current_generation() {
         let app = hub_app();
-        let mut work = build_manifest_work(&app, &target(&app)).unwrap();
+        let mut work = build_manifest_work(&app, &target(&app), Feedback::Status).unwrap();
         assert!(!applied_at_current_generation(&work), "no status yet");
         work.metadata.generation = Some(3);
         let applied = |status: &str, generation: i64| ManifestWorkStatus {
@@ -844,7 +874,7 @@ mod tests {
     fn app_without_uid_cannot_be_wrapped() {
         let mut app = hub_app();
         app.metadata.uid = None;
-        let err = build_manifest_work(&app, &target(&hub_app())).unwrap_err();
+        let err = build_manifest_work(&app, &target(&hub_app()), Feedback::Status).unwrap_err();
         assert!(
             err.to_string()
                 .contains("apps/guestbook has no metadata.uid"),
@@ -855,7 +885,7 @@ mod tests {
     #[test]
     fn current_work_ignores_server_defaults_but_not_payload_changes() {
         let app = hub_app();
-        let desired = build_manifest_work(&app, &target(&app)).unwrap();
+        let desired = build_manifest_work(&app, &target(&app), Feedback::Status).unwrap();
         let mut existing: ManifestWork = serde_json::from_value({
             let mut v = serde_json::to_value(&desired).unwrap();
             v["spec"]["manifestConfigs"][0]["feedbackScrapeType"] = json!("Poll");

@@ -71,6 +71,8 @@ pub struct PullModelOptions {
     pub cluster_secrets: bool,
     /// Run the `MulticlusterApplicationSetReport` controller.
     pub appset_report: bool,
+    /// What the work agents bring back of each pulled Application.
+    pub feedback: manifestwork::Feedback,
     /// How many Applications / ManifestWorks are reconciled at once.
     pub concurrency: u16,
     /// Wait before retrying a failed write.
@@ -84,6 +86,7 @@ impl Default for PullModelOptions {
             application_namespaces: None,
             cluster_secrets: true,
             appset_report: true,
+            feedback: manifestwork::Feedback::Status,
             concurrency: 8,
             retry_after: Duration::from_secs(5),
         }

@@ -188,7 +188,7 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
         }
         return Ok(Action::await_change());
     }
-    let mut work = build_manifest_work(&app, &target)?;
+    let mut work = build_manifest_work(&app, &target, ctx.opts.feedback)?;
     let work_name = work.name_any();
     let existing = ctx
         .works

@@ -235,35 +235,20 @@ fn problem_conditions(app: &Application) -> Vec<Condition> {
         .collect()
 }
 
-/// An entry of `Application.status.resources`, as far as the report names it.
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct ResourceStatus {
-    group: String,
-    version: String,
-    kind: String,
-    name: String,
-    namespace: String,
-}
-
-/// The resources the Application deploys (from `status.resources`; absent for basic-pull
-/// Applications, whose status feedback does not carry them).
+/// The resources the Application deploys (`status.resources`: Argo CD's on the spoke, brought
+/// to a basic-pull Application by the work agent's feedback when the pull model asks for it,
+/// [`super::manifestwork::Feedback::StatusAndResources`]).
 fn deployed_resources(app: &Application) -> Vec<ResourceRef> {
-    let Some(listed) = app.status.as_ref().and_then(|s| s.other.get("resources")) else {
-        return Vec::new();
-    };
-    let entries: Vec<ResourceStatus> = serde_json::from_value(listed.clone()).unwrap_or_default();
-    entries
+    app.status
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
         .into_iter()
+        .flatten()
         .map(|r| ResourceRef {
-            api_version: if r.group.is_empty() {
-                r.version
-            } else {
-                format!("{}/{}", r.group, r.version)
-            },
-            kind: r.kind,
-            name: r.name,
-            namespace: r.namespace,
+            api_version: r.api_version(),
+            kind: r.kind.clone().unwrap_or_default(),
+            name: r.name.clone().unwrap_or_default(),
+            namespace: r.namespace.clone().unwrap_or_default(),
         })
         .collect()
 }
@@ -789,10 +774,10 @@ mod tests {
             .unwrap();
             status.sync.as_mut().unwrap().other =
                 serde_json::from_value(json!({"revision": revision})).unwrap();
-            status.other = serde_json::from_value(json!({"resources": [
+            status.resources = serde_json::from_value(json!([
                 {"version": "v1", "kind": "ConfigMap", "namespace": "demo", "name": "demo-config", "status": "Synced"},
                 {"group": "apps", "version": "v1", "kind": "Deployment", "namespace": "demo", "name": "web"}
-            ]}))
+            ]))
             .unwrap();
             a
         };

@@ -1,16 +1,20 @@
 //! The status controller: a pulled Application's spoke state, reported by the OCM work agent as
 //! ManifestWork status feedback, written into the hub Application's status.
 //!
-//! Owns the parsing of feedback values (malformed ones are reported, never trusted), the
-//! translation into a merge patch of the hub Application (`status.health.status`,
-//! `status.sync.status` and `.revision`, `status.operationState`), and the `ManifestWorkError` condition that
-//! says why a cluster did not apply the work. It never touches the spec or the ManifestWork.
+//! Owns the parsing of feedback values (malformed ones are reported, never trusted; the raw JSON
+//! of `status.resources` bounded by [`MAX_RESOURCES_FEEDBACK`]), the translation into a merge
+//! patch of the hub Application (`status.health.status`, `status.sync.status` and `.revision`,
+//! `status.operationState`, `status.resources`), and the `ManifestWorkError` condition that says
+//! why a cluster did not apply the work or did not report all of its status. It never touches
+//! the spec or the ManifestWork.
 
 use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
 use std::time::Duration;
 
-use argocd_agent_kube::argocd::{Application, ApplicationStatus, OperationState, StatusOf};
+use argocd_agent_kube::argocd::{
+    Application, ApplicationStatus, OperationState, ResourceStatus, StatusOf,
+};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::ResourceExt;
@@ -20,15 +24,18 @@ use super::application::{
     conditions, now_rfc3339, pull_intent, with_condition, WORK_ERROR_CONDITION,
 };
 use super::manifestwork::{
-    hub_application_of, manifest_work_name_of, ManifestCondition, ManifestWork, FEEDBACK_HEALTH,
-    FEEDBACK_OPERATION_MESSAGE, FEEDBACK_OPERATION_PHASE, FEEDBACK_OPERATION_STARTED_AT,
-    FEEDBACK_SYNC, FEEDBACK_SYNC_REVISION,
+    hub_application_of, manifest_work_name_of, FeedbackValue, ManifestCondition, ManifestWork,
+    FEEDBACK_HEALTH, FEEDBACK_OPERATION_MESSAGE, FEEDBACK_OPERATION_PHASE,
+    FEEDBACK_OPERATION_STARTED_AT, FEEDBACK_RESOURCES, FEEDBACK_SYNC, FEEDBACK_SYNC_REVISION,
 };
 use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, STATUS_MANAGER};
 
+/// The manifest condition the work agent sets False when it could not read a feedback value.
+pub const FEEDBACK_SYNCED_CONDITION: &str = "StatusFeedbackSynced";
+
 /// The spoke Application's state as far as the feedback carried it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SpokeStatus {
     /// `status.health.status`.
     pub health: Option<String>,
@@ -42,7 +49,14 @@ pub struct SpokeStatus {
     pub operation_started_at: Option<String>,
     /// `status.operationState.message`.
     pub operation_message: Option<String>,
+    /// `status.resources`, when the work agent reports it ([`FEEDBACK_RESOURCES`]).
+    pub resources: Option<Vec<ResourceStatus>>,
 }
+
+/// Largest `status.resources` feedback value read (raw JSON). The work agent's own bound
+/// (`--max-json-raw-length`) is 1 KiB by default; this one holds whatever it is raised to, and
+/// keeps what a spoke can make the hub parse and write back small.
+pub const MAX_RESOURCES_FEEDBACK: usize = 256 * 1024;
 
 /// A feedback value that cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +83,32 @@ pub enum FeedbackError {
         /// The value.
         value: String,
     },
+    /// A value that should be raw JSON (`JsonRaw`) is not.
+    #[error("feedback value {name} has type {type_:?} but JsonRaw was expected")]
+    NotJson {
+        /// The feedback name.
+        name: String,
+        /// The declared type.
+        type_: String,
+    },
+    /// Raw JSON longer than [`MAX_RESOURCES_FEEDBACK`].
+    #[error("feedback value {name} is {len} bytes of JSON, more than the {max} read")]
+    TooLarge {
+        /// The feedback name.
+        name: String,
+        /// Its length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// Raw JSON that is not what Argo CD writes there.
+    #[error("feedback value {name} is not a list of Argo CD resource statuses: {reason}")]
+    NotResources {
+        /// The feedback name.
+        name: String,
+        /// The parser's complaint.
+        reason: String,
+    },
 }
 
 /// The manifest status entry of the wrapped Application (the first manifest if none matches).
@@ -93,6 +133,13 @@ pub fn read_feedback(work: &ManifestWork) -> (SpokeStatus, Vec<FeedbackError>) {
         return (status, problems);
     };
     for value in &manifest.status_feedback.values {
+        if value.name == FEEDBACK_RESOURCES {
+            match read_resources(value) {
+                Ok(resources) => status.resources = Some(resources),
+                Err(e) => problems.push(e),
+            }
+            continue;
+        }
         let slot = match value.name.as_str() {
             FEEDBACK_HEALTH => &mut status.health,
             FEEDBACK_SYNC => &mut status.sync,
@@ -133,6 +180,32 @@ pub fn read_feedback(work: &ManifestWork) -> (SpokeStatus, Vec<FeedbackError>) {
     (status, problems)
 }
 
+/// The spoke Application's `status.resources` from its raw JSON feedback value.
+fn read_resources(value: &FeedbackValue) -> Result<Vec<ResourceStatus>, FeedbackError> {
+    let name = value.name.clone();
+    let field = &value.field_value;
+    let raw = match (field.type_.as_str(), &field.json_raw) {
+        ("JsonRaw", Some(raw)) => raw,
+        _ => {
+            return Err(FeedbackError::NotJson {
+                name,
+                type_: field.type_.clone(),
+            })
+        }
+    };
+    if raw.len() > MAX_RESOURCES_FEEDBACK {
+        return Err(FeedbackError::TooLarge {
+            name,
+            len: raw.len(),
+            max: MAX_RESOURCES_FEEDBACK,
+        });
+    }
+    serde_json::from_str(raw).map_err(|e| FeedbackError::NotResources {
+        name,
+        reason: e.to_string(),
+    })
+}
+
 /// Why the cluster did not (fully) apply the work, as one message; `None` when all is well.
 pub fn work_problem(work: &ManifestWork, feedback: &[FeedbackError]) -> Option<String> {
     let cluster = work.namespace().unwrap_or_default();
@@ -152,6 +225,17 @@ pub fn work_problem(work: &ManifestWork, feedback: &[FeedbackError]) -> Option<S
         parts.push(format!(
             "Application not applied on cluster {cluster}: {}: {}",
             c.reason, c.message
+        ));
+    }
+    // The work agent could not read all the values asked for (e.g. `status.resources` without
+    // its RawFeedbackJsonString feature gate, or longer than its --max-json-raw-length).
+    let unsynced = |c: &&super::manifestwork::WorkCondition| {
+        c.type_ == FEEDBACK_SYNCED_CONDITION && c.status == "False"
+    };
+    if let Some(c) = application_manifest(work).and_then(|m| m.conditions.iter().find(unsynced)) {
+        parts.push(format!(
+            "status feedback incomplete on cluster {cluster}: {}",
+            c.message
         ));
     }
     if !feedback.is_empty() {
@@ -222,6 +306,13 @@ pub fn status_patch(
                 ..OperationState::default()
             });
         }
+    }
+    if let Some(resources) = spoke
+        .resources
+        .as_ref()
+        .filter(|r| current.and_then(|c| c.resources.as_ref()) != Some(*r))
+    {
+        status.resources = Some(resources.clone());
     }
     status.conditions = with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now);
     if status == ApplicationStatus::default() {
@@ -431,6 +522,75 @@ mod tests {
                    "status": {"conditions": [{"type": WORK_ERROR_CONDITION, "message": problem,
                                               "lastTransitionTime": "now"}]}})
         );
+    }
+
+    fn raw(name: &str, json: &str) -> Value {
+        json!({"name": name, "fieldValue": {"type": "JsonRaw", "jsonRaw": json}})
+    }
+
+    #[test]
+    fn resources_feedback_becomes_the_hub_applications_resources() {
+        let listed = r#"[{"version":"v1","kind":"ConfigMap","namespace":"demo","name":"demo-config","status":"Synced"},{"group":"apps","version":"v1","kind":"Deployment","namespace":"demo","name":"web","status":"Synced","health":{"status":"Healthy"}}]"#;
+        let work = work_with_feedback(
+            json!([string("healthStatus", "Healthy"), raw("resources", listed)]),
+            json!([]),
+        );
+        let (spoke, problems) = read_feedback(&work);
+        assert!(problems.is_empty(), "{problems:?}");
+        let resources = spoke.resources.clone().expect("read");
+        assert_eq!(resources[1].api_version(), "apps/v1");
+        let patch = status_patch(&app(json!({})), &spoke, None, "now").expect("a change");
+        assert_eq!(
+            patch["status"]["resources"],
+            serde_json::from_str::<Value>(listed).unwrap()
+        );
+        let current = app(json!({"health": {"status": "Healthy"},
+                                 "resources": serde_json::from_str::<Value>(listed).unwrap()}));
+        assert_eq!(
+            status_patch(&current, &spoke, None, "now"),
+            None,
+            "unchanged"
+        );
+    }
+
+    #[test]
+    fn bad_resources_feedback_is_reported_and_bounded() {
+        let huge = format!("[{}]", vec!["{}"; MAX_RESOURCES_FEEDBACK / 2].join(","));
+        for (value, expected) in [
+            (string("resources", "[]"), "has type \"String\" but JsonRaw"),
+            (
+                raw("resources", r#"{"kind":"ConfigMap"}"#),
+                "not a list of Argo CD resource statuses",
+            ),
+            (raw("resources", &huge), "bytes of JSON, more than the"),
+        ] {
+            let work = work_with_feedback(json!([value]), json!([]));
+            let (spoke, problems) = read_feedback(&work);
+            assert_eq!(spoke.resources, None);
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(
+                problems[0].to_string().contains(expected),
+                "{}",
+                problems[0]
+            );
+        }
+    }
+
+    #[test]
+    fn feedback_the_work_agent_could_not_read_is_reported() {
+        let mut work = work_with_feedback(json!([string("healthStatus", "Healthy")]), json!([]));
+        let message = "Sync status feedback failed with error the length of returned json raw string for name resources is larger than the maximum length 1024";
+        work.status.as_mut().unwrap().resource_status.manifests[0].conditions = vec![
+            serde_json::from_value(json!({"type": "StatusFeedbackSynced", "status": "False",
+                                          "reason": "StatusFeedbackSyncFailed", "message": message}))
+            .unwrap(),
+        ];
+        let problem = work_problem(&work, &[]).expect("reported");
+        assert!(
+            problem.contains("status feedback incomplete on cluster cluster1"),
+            "{problem}"
+        );
+        assert!(problem.contains("maximum length 1024"), "{problem}");
     }
 
     #[test]
