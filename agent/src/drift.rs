@@ -35,9 +35,7 @@ impl CachedCopy {
 
     /// What the live object should look like in its managed view.
     pub fn baseline(&self) -> ManagedView {
-        self.applied
-            .clone()
-            .unwrap_or_else(|| managed_view(&self.desired))
+        self.applied.unwrap_or_else(|| managed_view(&self.desired))
     }
 }
 
@@ -77,7 +75,7 @@ pub fn status_report(
     let view = reported_view(live);
     match last {
         Some(last) if *last == view => StatusReport::Unchanged,
-        None if view.status.is_none() && view.operation.is_none() => StatusReport::RecordOnly(view),
+        None if view.is_empty() => StatusReport::RecordOnly(view),
         _ => StatusReport::Send(view),
     }
 }

@@ -382,30 +382,73 @@ pub fn replacement_body(live: &SpokeObject, desired: &SpokeObject) -> SpokeObjec
     body
 }
 
-/// What drift revert protects of an object (see [`managed_view`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ManagedView {
-    spec: Option<Value>,
-    data: BTreeMap<String, Value>,
-    binary_data: BTreeMap<String, Value>,
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
+/// What drift revert protects of an object (see [`managed_view`]), kept as the SHA-256 of its
+/// canonical JSON: the agent keeps one per object and only ever compares them, so a digest
+/// serves where a copy of the spec, labels and annotations would cost kilobytes per object.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ManagedView(ViewDigest);
+
+/// The parts of an object [`managed_view`] digests, borrowed. Absent and empty maps serialise
+/// alike (`None`), so they compare equal.
+#[derive(Serialize)]
+struct ManagedParts<'a> {
+    spec: Option<&'a Value>,
+    data: Option<&'a BTreeMap<String, Value>>,
+    binary_data: Option<&'a BTreeMap<String, Value>>,
+    labels: Option<&'a BTreeMap<String, String>>,
+    annotations: BTreeMap<&'a str, &'a str>,
 }
+
+/// Annotations the spoke may change on its own, outside what drift revert protects.
+const SPOKE_OWNED_ANNOTATIONS: [&str; 3] = [
+    LAST_APPLIED_ANNOTATION,
+    REFRESH_ANNOTATION,
+    HYDRATE_ANNOTATION,
+];
 
 /// What drift revert protects: spec (data for a Secret; data and binary data for a ConfigMap), labels and annotations (minus the ones the
 /// spoke may change on its own: last-applied-configuration and refresh). Absent
 /// labels/annotations/data equal empty ones.
 pub fn managed_view(obj: &SpokeObject) -> ManagedView {
-    let mut annotations = obj.metadata.annotations.clone().unwrap_or_default();
-    annotations.remove(LAST_APPLIED_ANNOTATION);
-    annotations.remove(REFRESH_ANNOTATION);
-    annotations.remove(HYDRATE_ANNOTATION);
-    ManagedView {
-        spec: obj.spec.clone(),
-        data: obj.data.clone().unwrap_or_default(),
-        binary_data: obj.binary_data.clone().unwrap_or_default(),
-        labels: obj.metadata.labels.clone().unwrap_or_default(),
+    let annotations = obj
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !SPOKE_OWNED_ANNOTATIONS.contains(&k.as_str()))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    ManagedView(ViewDigest::of(&ManagedParts {
+        spec: obj.spec.as_ref(),
+        data: obj.data.as_ref().filter(|m| !m.is_empty()),
+        binary_data: obj.binary_data.as_ref().filter(|m| !m.is_empty()),
+        labels: obj.metadata.labels.as_ref().filter(|m| !m.is_empty()),
         annotations,
+    }))
+}
+
+impl fmt::Debug for ManagedView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ManagedView({:?})", self.0)
+    }
+}
+
+/// SHA-256 of a view's JSON. Canonical because every map in it is ordered by key
+/// (`serde_json::Map` is a `BTreeMap` without the `preserve_order` feature, which a test guards).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ViewDigest([u8; 32]);
+
+impl ViewDigest {
+    fn of(parts: &impl Serialize) -> Self {
+        use sha2::{Digest, Sha256};
+        let json = serde_json::to_vec(parts).expect("a view of JSON values serialises");
+        ViewDigest(Sha256::digest(json).into())
+    }
+}
+
+impl fmt::Debug for ViewDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(&self.0[..8]))
     }
 }
 
@@ -434,20 +477,26 @@ pub fn with_requested_operation(mut live: Application, operation: &Value) -> App
     live
 }
 
-/// What status reporting watches on a spoke Application (see [`reported_view`]).
-#[derive(Debug, Clone, PartialEq)]
+/// What status reporting watches on a spoke Application (see [`reported_view`]): a digest of its
+/// `status` and `operation`, and whether it has neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReportedView {
-    /// The live `status`.
-    pub status: Option<Value>,
-    /// The live `operation`.
-    pub operation: Option<Value>,
+    digest: ViewDigest,
+    empty: bool,
+}
+
+impl ReportedView {
+    /// The Application has neither a `status` nor an `operation`.
+    pub fn is_empty(&self) -> bool {
+        self.empty
+    }
 }
 
 /// What status reporting watches on a spoke Application: its `status` and `operation`.
 pub fn reported_view(obj: &SpokeObject) -> ReportedView {
     ReportedView {
-        status: obj.status.clone(),
-        operation: obj.operation.clone(),
+        digest: ViewDigest::of(&(&obj.status, &obj.operation)),
+        empty: obj.status.is_none() && obj.operation.is_none(),
     }
 }
 
@@ -456,6 +505,37 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn views_do_not_depend_on_the_order_maps_were_built_in_and_absent_maps_equal_empty_ones() {
+        // Guards the canonical JSON behind the digests: with serde_json's `preserve_order`
+        // (a feature any dependency could switch on) these maps would serialise differently.
+        let a: SpokeObject = serde_json::from_value(json!({
+            "metadata": {"name": "a", "labels": {"x": "1", "y": "2"}},
+            "spec": {"project": "default", "source": {"path": "p", "repoURL": "r"}},
+            "status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}
+        }))
+        .unwrap();
+        let b: SpokeObject = serde_json::from_value(json!({
+            "metadata": {"name": "a", "labels": {"y": "2", "x": "1"}, "annotations": {}},
+            "spec": {"source": {"repoURL": "r", "path": "p"}, "project": "default"},
+            "status": {"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}
+        }))
+        .unwrap();
+        assert_eq!(managed_view(&a), managed_view(&b));
+        assert_eq!(reported_view(&a), reported_view(&b));
+        let mut c = b.clone();
+        c.spec.as_mut().unwrap()["project"] = json!("other");
+        assert_ne!(managed_view(&a), managed_view(&c));
+        c.status.as_mut().unwrap()["sync"]["status"] = json!("OutOfSync");
+        assert_ne!(reported_view(&a), reported_view(&c));
+        assert!(!reported_view(&a).is_empty());
+        let mut d = SpokeObject::clone(&a);
+        d.status = None;
+        assert!(reported_view(&d).is_empty());
+        d.operation = Some(json!({"sync": {}}));
+        assert!(!reported_view(&d).is_empty());
+    }
 
     /// `v` (JSON) as the agent would read it.
     fn object(v: Value) -> SpokeObject {
