@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use argocd_agent_proto::event::Event;
+use argocd_agent_proto::event::{Event, Target, AGENT_SOURCE};
+use argocd_agent_proto::payload::{ResourceRequest, ResourceResponse};
 use argocd_agent_proto::pb::authapi::authentication_client::AuthenticationClient;
 use argocd_agent_proto::pb::authapi::{AuthRequest, AuthResponse};
 use argocd_agent_proto::pb::eventstreamapi::event_stream_client::EventStreamClient;
@@ -147,6 +148,25 @@ pub async fn next_matching(
         }
     })
     .await?
+}
+
+/// Waits for the next resource-proxy request on `inbound` and answers it as an agent would, with
+/// HTTP `status` and the JSON `body`; returns the request.
+pub async fn answer_resource_request(
+    tx: &mpsc::Sender<WireEvent>,
+    inbound: &mut Streaming<WireEvent>,
+    status: i64,
+    body: &str,
+) -> anyhow::Result<ResourceRequest> {
+    let request = next_matching(inbound, |e| e.target == Target::Resource).await?;
+    let response = ResourceResponse {
+        uuid: request.event_id.clone(),
+        status,
+        resource: body.into(),
+    };
+    tx.send(Event::resource_response(AGENT_SOURCE, &response)?.to_stream_event())
+        .await?;
+    Ok(request.data_as()?)
 }
 
 /// Sends `ev` and returns the error of its ACK (`None` = accepted).

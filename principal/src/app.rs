@@ -106,7 +106,11 @@ async fn start_live_view(
             tokens: tokens.clone(),
             metrics: metrics.resource_proxy.clone(),
             body_timeout: config.request_body_timeout,
-            body_budget: Default::default(),
+            body_budget: crate::resource_proxy::BodyBudget::new(
+                crate::resource_proxy::MAX_BODY_BYTES_IN_FLIGHT,
+                config.max_request_bodies_in_flight.0,
+                config.max_request_bodies_in_flight.1,
+            ),
             terminal: crate::terminal::TerminalPolicy::new(
                 config.terminal_idle_timeout,
                 config.terminal_max_sessions,

@@ -19,7 +19,8 @@
 //!
 //! [`ConnectionLimit`] caps the connections one key holds open at once: on the gRPC listener an
 //! agent identity (`--max-connections-per-agent`; the connection over it gets GOAWAY
-//! `ENHANCE_YOUR_CALM` naming the flag), on the Redis proxy a client IP.
+//! `ENHANCE_YOUR_CALM` naming the flag), on the Redis proxy a client IP; [`AgentCaps`] caps places
+//! per agent and in all at once (web terminal sessions, resource-proxy request bodies).
 //!
 //! And, on the gRPC listener only, `--keepalive-min-interval` ([`PingEnforcement`],
 //! [`KeepaliveEnforced`]): grpc-go's `keepalive.EnforcementPolicy{MinTime}`, which the h2 crate
@@ -116,6 +117,58 @@ impl<K: Eq + Hash> Drop for ConnectionSlot<K> {
                 open.remove(&self.key);
             }
         }
+    }
+}
+
+/// Places held at once per agent and in all, each capped (web terminal sessions, resource-proxy
+/// request bodies being received): an [`AgentPlace`] holds one of each until dropped.
+#[derive(Debug, Clone)]
+pub struct AgentCaps {
+    per_agent: Arc<ConnectionLimit<String>>,
+    all: Arc<ConnectionLimit<()>>,
+}
+
+/// Which cap of an [`AgentCaps`] is full, with the places held under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapFull {
+    /// The agent holds its maximum.
+    Agent(usize),
+    /// All agents together hold the maximum.
+    All(usize),
+}
+
+/// One agent's place among [`AgentCaps`]; frees it under both caps when dropped.
+#[derive(Debug)]
+pub struct AgentPlace {
+    _agent: ConnectionSlot<String>,
+    _all: ConnectionSlot<()>,
+}
+
+impl AgentCaps {
+    /// At most `max_per_agent` places per agent and `max_all` in all.
+    pub fn new(max_all: usize, max_per_agent: usize) -> Self {
+        AgentCaps {
+            per_agent: ConnectionLimit::new(max_per_agent),
+            all: ConnectionLimit::new(max_all),
+        }
+    }
+
+    /// A place for `agent`, or which cap is full (the agent's is checked first).
+    pub fn admit(&self, agent: &str) -> Result<AgentPlace, CapFull> {
+        let mine = self
+            .per_agent
+            .admit(agent.to_string())
+            .map_err(CapFull::Agent)?;
+        let all = self.all.admit(()).map_err(CapFull::All)?;
+        Ok(AgentPlace {
+            _agent: mine,
+            _all: all,
+        })
+    }
+
+    /// Places `agent` holds now.
+    pub fn open(&self, agent: &str) -> usize {
+        self.per_agent.open(&agent.to_string())
     }
 }
 
@@ -982,6 +1035,21 @@ mod tests {
             !limit.open.lock().unwrap().contains_key("a"),
             "a key with no connections is forgotten"
         );
+    }
+
+    #[test]
+    fn an_agent_holds_at_most_its_cap_and_all_agents_the_total() {
+        let caps = AgentCaps::new(3, 2);
+        let a = [caps.admit("a").unwrap(), caps.admit("a").unwrap()];
+        assert_eq!(caps.admit("a").err(), Some(CapFull::Agent(2)));
+        let b = caps.admit("b").expect("another agent has room");
+        assert_eq!(caps.admit("c").err(), Some(CapFull::All(3)));
+        assert_eq!(caps.open("c"), 0, "a refused admission holds no place");
+        assert_eq!(caps.open("a"), 2);
+        drop(a);
+        let _c = caps.admit("c").expect("dropped places are free again");
+        assert_eq!(caps.open("a"), 0);
+        drop(b);
     }
 
     #[test]

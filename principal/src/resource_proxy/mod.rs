@@ -11,12 +11,18 @@
 //! not answer in time, 413 for a request body over the limit (refused from its declared length
 //! when it has one), 408 closing the connection for a body that has not arrived in full within
 //! `--request-body-timeout` (a stalled client holds nothing past it). What request bodies hold is
-//! bounded across all clients ([`BodyBudget`]): at most [`MAX_BODIES_READ_AT_ONCE`] bodies are
-//! read at once, a body's next part is read only once the budget has room for it, HTTP/1.1 reads
-//! at most [`READ_QUANTUM`] at a time and HTTP/2 lets a connection send that much ahead of what
-//! the proxy reads, so slow or stalled clients wait (within their timeout) instead of growing the
-//! principal; the price is that clients stalling bodies can delay others' writes by up to that
-//! timeout. Each request is counted once in
+//! bounded across all clients ([`BodyBudget`]): at most `--max-request-bodies-in-flight` bodies
+//! are being received at once (read or waiting for their turn), and at most
+//! `--max-request-bodies-in-flight-per-agent` of one agent's (its client certificate or bearer
+//! token); a body over either cap is answered 429 with `Retry-After: 1` at once, its HTTP/1.1
+//! connection closed, so a client stalling many bodies holds the buffers of a bounded number of
+//! connections, and one agent's stalls leave room for the others' writes. Of the bodies admitted,
+//! at most [`MAX_BODIES_READ_AT_ONCE`] are read at once, a body's next part is read only once the
+//! budget has room for it, HTTP/1.1 reads at most [`READ_QUANTUM`] at a time and HTTP/2 lets a
+//! connection send that much ahead of what the proxy reads, so slow or stalled clients wait
+//! (within their timeout) instead of growing the principal. A request without a body takes no
+//! place. The price: agents stalling bodies together up to the caps delay or refuse (429) others'
+//! writes until their timeout. Each request is counted once in
 //! [`ProxyMetrics`] (agent, status code, and the reason when the proxy answered it itself). Path
 //! parsing is in [`route`]; `/version` answers in [`version`]; the request/answer matching in
 //! [`crate::live`].
@@ -45,6 +51,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use tokio::net::TcpListener;
 
+use crate::listener::{AgentCaps, AgentPlace, CapFull};
 use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
 use crate::metrics::ProxyMetrics;
 use crate::sessions::AgentRegistry;
@@ -57,9 +64,15 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_REQUEST_BODY: usize = 4 << 20;
 /// Answer parts buffered per request for a slow client.
 const PART_BUFFER: usize = 16;
-/// Request bodies read at once, across all clients (the others wait before their first byte is
-/// read: a body being read holds TLS and HTTP buffers of its connection besides its bytes).
+/// Request bodies read at once, across all clients (the others admitted wait before their first
+/// byte is read: a body being read holds TLS and HTTP buffers of its connection besides its bytes).
 pub const MAX_BODIES_READ_AT_ONCE: usize = 32;
+/// Default `--max-request-bodies-in-flight`: request bodies being received at once, read or
+/// waiting for their turn (each holds its connection's TLS and HTTP buffers, up to ~100 KiB).
+pub const DEFAULT_MAX_BODIES_IN_FLIGHT: usize = 64;
+/// Default `--max-request-bodies-in-flight-per-agent` (argocd-server writes to a cluster one
+/// resource action or deletion at a time; a body takes its place only while it arrives).
+pub const DEFAULT_MAX_BODIES_IN_FLIGHT_PER_AGENT: usize = 8;
 /// Request-body bytes the proxy holds at once while reading bodies, across all clients: one body
 /// of the largest size and a part of each other body read at once.
 pub const MAX_BODY_BYTES_IN_FLIGHT: usize =
@@ -68,28 +81,59 @@ pub const MAX_BODY_BYTES_IN_FLIGHT: usize =
 /// stream and connection windows (what a client may send before the proxy reads it).
 pub const READ_QUANTUM: usize = 16 << 10;
 
-/// Room for request bodies being read, shared by every connection of the proxy (see the module
-/// docs): a body holds one of the readers and its bytes against the budget from before they are
-/// read until the body is complete or refused.
+/// Room for request bodies being received, shared by every connection of the proxy (see the
+/// module docs): a body holds a place among those in flight (per agent and in all) from its
+/// admission, then one of the readers and its bytes against the budget from before they are read,
+/// until the body is complete or refused.
 #[derive(Clone)]
 pub struct BodyBudget {
+    in_flight: AgentCaps,
     bytes: Arc<tokio::sync::Semaphore>,
     readers: Arc<tokio::sync::Semaphore>,
 }
 
 impl Default for BodyBudget {
     fn default() -> Self {
-        Self::new(MAX_BODY_BYTES_IN_FLIGHT)
+        Self::new(
+            MAX_BODY_BYTES_IN_FLIGHT,
+            DEFAULT_MAX_BODIES_IN_FLIGHT,
+            DEFAULT_MAX_BODIES_IN_FLIGHT_PER_AGENT,
+        )
     }
 }
 
 impl BodyBudget {
-    /// A budget of `bytes`, read by at most [`MAX_BODIES_READ_AT_ONCE`] bodies at once.
-    pub fn new(bytes: usize) -> Self {
+    /// A budget of `bytes`, for at most `max_in_flight` bodies at once (`max_per_agent` of one
+    /// agent's), read by at most [`MAX_BODIES_READ_AT_ONCE`] at once.
+    pub fn new(bytes: usize, max_in_flight: usize, max_per_agent: usize) -> Self {
         BodyBudget {
+            in_flight: AgentCaps::new(max_in_flight, max_per_agent),
             bytes: Arc::new(tokio::sync::Semaphore::new(bytes)),
             readers: Arc::new(tokio::sync::Semaphore::new(MAX_BODIES_READ_AT_ONCE)),
         }
+    }
+
+    /// A place for a body of `agent`'s, or the 429 to answer instead (naming the full cap's flag;
+    /// the connection closed, so that it frees its buffers).
+    fn admit(&self, agent: &str) -> Result<AgentPlace, Response<ProxyBody>> {
+        let message = match self.in_flight.admit(agent) {
+            Ok(place) => return Ok(place),
+            Err(CapFull::Agent(n)) => format!(
+                "agent {agent} already has {n} request bodies being received, the most \
+                 --max-request-bodies-in-flight-per-agent allows: retry once they arrived"
+            ),
+            Err(CapFull::All(n)) => format!(
+                "the resource proxy already receives {n} request bodies, the most \
+                 --max-request-bodies-in-flight allows: retry later"
+            ),
+        };
+        tracing::debug!(agent, "resource proxy: request body refused: {message}");
+        let mut resp = status_response(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", message);
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        Err(closing(resp))
     }
 
     /// Waits for room for `bytes`.
@@ -127,7 +171,7 @@ pub struct ResourceProxy {
     pub metrics: ProxyMetrics,
     /// Longest a request body may take to arrive (`--request-body-timeout`).
     pub body_timeout: Duration,
-    /// Room for request bodies being read.
+    /// Room for request bodies being received.
     pub body_budget: BodyBudget,
     /// How web terminals are bounded (`--terminal-*`) and observed.
     pub terminal: crate::terminal::TerminalPolicy,
@@ -380,7 +424,14 @@ impl ResourceProxy {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let body = match read_body(req.into_body(), self.body_timeout, &self.body_budget).await {
+        let body = match read_body(
+            req.into_body(),
+            self.body_timeout,
+            &self.body_budget,
+            agent.as_str(),
+        )
+        .await
+        {
             Ok(body) => body,
             Err(refused) => return refused,
         };
@@ -522,19 +573,33 @@ impl ResourceProxy {
     }
 }
 
-/// Reads a request body of at most [`MAX_REQUEST_BODY`] bytes that arrives within `timeout`,
-/// each part only once `budget` has room for it; otherwise the answer to send instead (413, or
-/// 408 closing the connection: a client that stalls mid-body holds no buffer or task beyond the
-/// timeout).
+/// `resp` with `Connection: close` (HTTP/1.1; hyper leaves the header out of HTTP/2 responses).
+fn closing(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    resp
+}
+
+/// Reads a request body of `agent`'s of at most [`MAX_REQUEST_BODY`] bytes that arrives within
+/// `timeout`, admitted among the bodies in flight and each part read only once `budget` has room
+/// for it; otherwise the answer to send instead (413; 429 closing the connection when a cap of
+/// bodies in flight is full; 408 closing the connection: a client that stalls mid-body holds no
+/// buffer or task beyond the timeout). An empty body takes no place.
 async fn read_body<B>(
     body: B,
     timeout: Duration,
     budget: &BodyBudget,
+    agent: &str,
 ) -> Result<Vec<u8>, Response<ProxyBody>>
 where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
+    if body.is_end_stream() {
+        return Ok(Vec::new());
+    }
     let declared = body.size_hint().lower();
     if declared > MAX_REQUEST_BODY as u64 {
         return Err(status_response(
@@ -543,6 +608,7 @@ where
             format!("request body of {declared} bytes refused (limit {MAX_REQUEST_BODY} bytes)"),
         ));
     }
+    let _place = budget.admit(agent)?;
     let read = read_within_budget(Limited::new(body, MAX_REQUEST_BODY), budget);
     match tokio::time::timeout(timeout, read).await {
         Ok(Ok(b)) => Ok(b),
@@ -551,21 +617,14 @@ where
             "RequestEntityTooLarge",
             format!("request body refused (limit {MAX_REQUEST_BODY} bytes): {e}"),
         )),
-        Err(_) => {
-            let mut resp = status_response(
-                StatusCode::REQUEST_TIMEOUT,
-                "Timeout",
-                format!(
-                    "request body not received within {} (--request-body-timeout)",
-                    argocd_agent_runtime::flags::format_duration(timeout)
-                ),
-            );
-            resp.headers_mut().insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
-            Err(resp)
-        }
+        Err(_) => Err(closing(status_response(
+            StatusCode::REQUEST_TIMEOUT,
+            "Timeout",
+            format!(
+                "request body not received within {} (--request-body-timeout)",
+                argocd_agent_runtime::flags::format_duration(timeout)
+            ),
+        ))),
     }
 }
 
@@ -691,9 +750,14 @@ mod tests {
             ])))]);
         let stalled = StreamBody::new(first.chain(futures::stream::pending()));
         let started = std::time::Instant::now();
-        let refused = read_body(stalled, Duration::from_millis(200), &BodyBudget::default())
-            .await
-            .unwrap_err();
+        let refused = read_body(
+            stalled,
+            Duration::from_millis(200),
+            &BodyBudget::default(),
+            "a",
+        )
+        .await
+        .unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(2));
         assert_eq!(refused.status(), StatusCode::REQUEST_TIMEOUT);
         assert_eq!(refused.headers()[http::header::CONNECTION], "close");
@@ -707,13 +771,13 @@ mod tests {
     async fn request_bodies_over_the_limit_are_refused_from_their_declared_length() {
         let big = Full::new(Bytes::from(vec![0u8; MAX_REQUEST_BODY + 1]));
         let budget = BodyBudget::default();
-        let refused = read_body(big, Duration::from_secs(30), &budget)
+        let refused = read_body(big, Duration::from_secs(30), &budget, "a")
             .await
             .unwrap_err();
         assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
         let small = Full::new(Bytes::from_static(b"{}"));
         assert_eq!(
-            read_body(small, Duration::from_secs(30), &budget)
+            read_body(small, Duration::from_secs(30), &budget, "a")
                 .await
                 .unwrap(),
             b"{}"
@@ -733,12 +797,12 @@ mod tests {
 
     #[tokio::test]
     async fn bodies_being_read_wait_for_room_in_the_shared_budget() {
-        let budget = BodyBudget::new(3 * READ_QUANTUM);
+        let budget = BodyBudget::new(3 * READ_QUANTUM, 2, 2);
         // The stalled body holds its part and room for the next one: two of the three quanta.
-        let stalled = read_body(quanta(1, true), Duration::from_millis(500), &budget);
+        let stalled = read_body(quanta(1, true), Duration::from_millis(500), &budget, "a");
         let started = std::time::Instant::now();
         let whole = async {
-            let read = read_body(quanta(2, false), Duration::from_secs(10), &budget).await;
+            let read = read_body(quanta(2, false), Duration::from_secs(10), &budget, "a").await;
             (read, started.elapsed())
         };
         let (stalled, (whole, took)) = tokio::join!(stalled, whole);
@@ -750,6 +814,54 @@ mod tests {
         );
         // Everything is given back.
         assert_eq!(budget.bytes.available_permits(), 3 * READ_QUANTUM);
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_caps_in_flight_are_answered_429_at_once_and_empty_ones_take_no_place()
+    {
+        let budget = BodyBudget::new(MAX_BODY_BYTES_IN_FLIGHT, 3, 2);
+        let timeout = Duration::from_millis(500);
+        let stalled = |agent| read_body(quanta(1, true), timeout, &budget, agent);
+        let held = futures::future::join_all([stalled("a"), stalled("a"), stalled("b")]);
+        let refused = async {
+            // Once the three are admitted (they hold their places until their timeout).
+            tokio::task::yield_now().await;
+            let started = std::time::Instant::now();
+            let mut answers = Vec::new();
+            for agent in ["a", "c"] {
+                answers.push(read_body(quanta(1, false), timeout, &budget, agent).await);
+            }
+            let empty = read_body(Full::new(Bytes::new()), timeout, &budget, "c").await;
+            (answers, empty, started.elapsed())
+        };
+        let (held, (answers, empty, took)) = tokio::join!(held, refused);
+        assert!(
+            took < timeout,
+            "refused at once, not after waiting ({took:?})"
+        );
+        assert_eq!(empty.unwrap(), Vec::<u8>::new());
+        for (answer, flag) in answers.into_iter().zip([
+            "--max-request-bodies-in-flight-per-agent",
+            "--max-request-bodies-in-flight allows",
+        ]) {
+            let refused = answer.unwrap_err();
+            assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(refused.headers()[http::header::RETRY_AFTER], "1");
+            assert_eq!(refused.headers()[http::header::CONNECTION], "close");
+            let body = refused.into_body().collect().await.unwrap().to_bytes();
+            let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(status["reason"], "TooManyRequests");
+            assert!(
+                status["message"].as_str().unwrap().contains(flag),
+                "{status}"
+            );
+        }
+        for h in held {
+            assert_eq!(h.unwrap_err().status(), StatusCode::REQUEST_TIMEOUT);
+        }
+        // Their places are free again.
+        let read = read_body(quanta(1, false), timeout, &budget, "a").await;
+        assert_eq!(read.unwrap().len(), READ_QUANTUM);
     }
 
     #[test]
