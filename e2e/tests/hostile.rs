@@ -18,10 +18,11 @@
 //!   an AppProject or Application made on the hub; each attempt is an error ACK and a count in
 //!   `argocd_principal_mirror_collisions_total{agent_name}`.
 //! - Stalled resource proxy request bodies: 500 requests at once from ten agents that send all of
-//!   a 4 MiB body but its last byte: the 64 admitted (`--max-request-bodies-in-flight`, at most 8
-//!   of one agent's, `--max-request-bodies-in-flight-per-agent`) are answered 408 and closed after
-//!   `--request-body-timeout`, the others 429 at once, and the principal's peak RSS stays within the
-//!   bound; while one agent holds its 8, another agent's write and its own reads are served.
+//!   a 16 KiB or 4 MiB body but its last byte: those admitted (at most 64 bodies and 8 MiB, of one
+//!   agent's 8 bodies and 4 MiB; `--max-request-bodies-in-flight`, `…-per-agent`) are answered 408
+//!   and closed after `--request-body-timeout`, the others 429 at once, and the principal's peak
+//!   RSS stays within the bound; while one agent holds its 4 MiB, another agent's 2 MiB write and
+//!   the first agent's reads are served.
 //! - Connections per agent: past `--max-connections-per-agent` the next connection gets GOAWAY
 //!   (ResourceExhausted) and a count; other agents are unaffected.
 //! - Redis proxy: 2,000 short-lived SUBSCRIBE clients through a real agent leave no subscriber on
@@ -875,11 +876,12 @@ async fn an_agent_cannot_write_or_delete_hub_objects_it_does_not_own_by_choosing
     Ok(())
 }
 
-/// What one stalled-body request of [`stall_bodies`] saw: the agent it was for, the answer read
-/// before the close (empty when the close reset the connection first) and how long after its head
-/// the close came.
+/// What one stalled-body request of [`stall_bodies`] saw: the agent it was for, the body length
+/// it declared, the answer read before the close (empty when the close reset the connection
+/// first) and how long after its head the close came.
 struct StalledBody {
     agent: String,
+    declared: usize,
     answer: String,
     closed_after: Duration,
 }
@@ -897,39 +899,38 @@ impl StalledBody {
     }
 }
 
+/// The largest body the resource proxy accepts, less one byte: a body of this length that sends
+/// all but its last byte holds 4 MiB in the proxy.
+const BIG_BODY: usize = (4 << 20) - 1;
+
 /// The stalled-body attack on the resource proxy of `s`: for each of `agents` (name, certificate
-/// and key PEM), `per_agent` TLS connections (handshakes 64 at a time, so that a loaded machine
-/// does not time them out); once all are connected, each sends a request head declaring a body
-/// just under the 4 MiB limit, then all of the body but its last byte as fast as the principal
-/// takes it, and waits for the principal to answer and close (at most `within`). Returns once
-/// every head was sent: how long sending them took, and the requests.
+/// and key PEM), one TLS connection per entry of `declared` (handshakes 64 at a time, so that a
+/// loaded machine does not time them out); once all are connected, each sends a request head
+/// declaring a body of that length, then all of the body but its last byte as fast as the
+/// principal takes it, and waits for the principal to answer and close (at most `within`).
+/// Returns once every head was sent: how long sending them took, and the requests.
 async fn stall_bodies(
     s: &LonePrincipal,
     agents: &[(String, (String, String))],
-    per_agent: usize,
+    declared: &[usize],
     within: Duration,
 ) -> anyhow::Result<(
     Duration,
     Vec<tokio::task::JoinHandle<anyhow::Result<StalledBody>>>,
 )> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const DECLARED: usize = (4 << 20) - 1;
     let address = format!("127.0.0.1:{}", s.principal.resource_proxy_port);
-    let head = format!(
-        "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: localhost\r\n\
-         Content-Type: application/json\r\nContent-Length: {DECLARED}\r\n\r\n"
-    );
-    let body = bytes::Bytes::from(vec![b' '; DECLARED - 1]);
+    let body = bytes::Bytes::from(vec![b' '; BIG_BODY]);
     let handshakes = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
     let mut connecting = Vec::new();
     for (name, (c, k)) in agents {
         let tls = std::sync::Arc::new(client_tls(&s.pki, Some((c, k)), &[b"http/1.1"])?);
-        for _ in 0..per_agent {
+        for &size in declared {
             let (handshakes, tls, address) = (handshakes.clone(), tls.clone(), address.clone());
             let name = name.clone();
             connecting.push(tokio::spawn(async move {
                 let _turn = handshakes.acquire_owned().await?;
-                anyhow::Ok((name, tls_connect(&address, tls).await?))
+                anyhow::Ok((name, size, tls_connect(&address, tls).await?))
             }));
         }
     }
@@ -942,14 +943,18 @@ async fn stall_bodies(
     let started = Instant::now();
     let requests = connections
         .into_iter()
-        .map(|(agent, conn)| {
-            let (head, body, sent) = (head.clone(), body.clone(), sent_tx.clone());
+        .map(|(agent, declared, conn)| {
+            let (body, sent) = (body.slice(..declared - 1), sent_tx.clone());
             tokio::spawn(async move {
                 let (mut read, mut write) = tokio::io::split(conn);
+                let head = format!(
+                    "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: localhost\r\n\
+                     Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+                );
                 write.write_all(head.as_bytes()).await?;
                 let sent_at = Instant::now();
                 let _ = sent.send(()).await;
-                // The principal reads what its budget has room for; the rest waits in the socket.
+                // The principal reads a body it admitted; the rest waits in the socket.
                 let writer = tokio::spawn(async move {
                     let _ = write.write_all(&body).await;
                     let _ = write.flush().await;
@@ -961,6 +966,7 @@ async fn stall_bodies(
                 anyhow::ensure!(closed.is_ok(), "connection still open after {within:?}");
                 anyhow::Ok(StalledBody {
                     agent,
+                    declared,
                     answer: String::from_utf8_lossy(&answer).into_owned(),
                     closed_after: sent_at.elapsed(),
                 })
@@ -976,58 +982,67 @@ async fn stall_bodies(
     Ok((started.elapsed(), requests))
 }
 
-/// Asserts that `bodies` were refused at once (429, within `timeout` / 2) or held until `timeout`
-/// and then answered 408 (a close may reset the connection before the client reads the answer);
-/// returns how many of each agent's were held.
-fn held_or_refused(
-    bodies: &[StalledBody],
-    timeout: Duration,
-) -> anyhow::Result<BTreeMap<String, usize>> {
-    let mut held = BTreeMap::new();
+/// Asserts that each of `bodies` was refused at once (429 with `Retry-After: 1` and its
+/// connection closed, within `timeout` / 2) or held until `timeout` and then answered 408 (a
+/// close may reset the connection before the client reads the answer); returns those held.
+fn held_or_refused(bodies: &[StalledBody], timeout: Duration) -> anyhow::Result<Vec<&StalledBody>> {
+    let mut held = Vec::new();
     for b in bodies {
         let took = b.closed_after;
         if took < timeout / 2 {
             anyhow::ensure!(b.answered(429), "refused with {:?}", b.status());
-            if !b.status().is_empty() {
-                let answer = b.answer.to_ascii_lowercase();
-                anyhow::ensure!(
-                    answer.contains("retry-after: 1\r\n")
+            let answer = b.answer.to_ascii_lowercase();
+            anyhow::ensure!(
+                b.status().is_empty()
+                    || (answer.contains("retry-after: 1\r\n")
                         && answer.contains("connection: close\r\n")
-                        && answer.contains("--max-request-bodies-in-flight"),
-                    "{}",
-                    b.answer
-                );
-            }
+                        && answer.contains("retry once they arrived")),
+                "{}",
+                b.answer
+            );
         } else {
             anyhow::ensure!(b.answered(408), "held, then {:?}", b.status());
             anyhow::ensure!(
                 took >= timeout - Duration::from_millis(500) && took <= timeout * 2,
                 "closed {took:?} after the request head (--request-body-timeout={timeout:?})"
             );
-            *held.entry(b.agent.clone()).or_insert(0) += 1;
+            held.push(b);
         }
     }
     Ok(held)
 }
 
+/// How many of `bodies` each agent has, and how many bytes they declare.
+fn per_agent(bodies: &[&StalledBody]) -> BTreeMap<String, (usize, usize)> {
+    let mut out = BTreeMap::new();
+    for b in bodies {
+        let (n, bytes) = out.entry(b.agent.clone()).or_insert((0, 0));
+        *n += 1;
+        *bytes += b.declared;
+    }
+    out
+}
+
 #[tokio::test]
 async fn stalled_resource_proxy_request_bodies_past_the_caps_are_refused_and_memory_stays_flat(
 ) -> anyhow::Result<()> {
-    // Long enough for every head to arrive before the first held body times out; the connections
-    // wait for each other before sending them.
     let timeout = Duration::from_secs(10);
+    // The connections wait for each other before sending their heads, so that all of them are
+    // stalled at once.
     let s = LonePrincipal::start(
         "stalled_bodies",
         &["--request-body-timeout=10s", "--request-header-timeout=60s"],
     )
     .await?;
-    // 10x the issue's 50: 500 stalled bodies from ten agents (50 each, over the per-agent cap of
-    // 8, and 80 together, over the cap of 64 in all). The proxy reads a body only for a connected
-    // agent's requests.
+    // 10x the issue's 50: 500 stalled bodies from ten agents, half of them just under 4 MiB and
+    // half 16 KiB, so that each cap is reached: 50 bodies of each agent (8 may be in flight), 500
+    // together (64 may), 100 MiB declared by each agent (4 MiB may), 1 GiB in all (8 MiB may).
+    // The proxy reads a body only for a connected agent's requests.
     const AGENTS: usize = 10;
     const PER_AGENT: usize = 50;
-    const MAX_IN_FLIGHT: usize = 64;
-    const MAX_PER_AGENT: usize = 8;
+    let declared: Vec<usize> = (0..PER_AGENT)
+        .map(|i| if i % 2 == 0 { BIG_BODY } else { 16 << 10 })
+        .collect();
     let mut agents = Vec::new();
     let mut streams = Vec::new();
     for a in 0..AGENTS {
@@ -1041,27 +1056,38 @@ async fn stalled_resource_proxy_request_bodies_past_the_caps_are_refused_and_mem
     let pid = s.principal.process.pid().expect("principal running");
     let rss = RssUnderAttack::start(
         pid,
-        "500 stalled resource-proxy request bodies of 4 MiB from 10 agents",
+        "500 stalled resource-proxy request bodies (16 KiB and 4 MiB) from 10 agents",
     )?;
-    let (sending, requests) = stall_bodies(&s, &agents, PER_AGENT, timeout * 3).await?;
+    let (sending, requests) = stall_bodies(&s, &agents, &declared, timeout * 3).await?;
     let mut bodies = Vec::new();
     for r in requests {
         bodies.push(r.await??);
     }
     let held = held_or_refused(&bodies, timeout)?;
-    let held_count: usize = held.values().sum();
+    let big = held.iter().filter(|b| b.declared == BIG_BODY).count();
+    let by_agent = per_agent(&held);
     eprintln!(
-        "[hostile] {} stalled bodies (heads sent within {sending:?}): {held_count} held and \
-         answered 408 ({held:?}), the others refused 429 at once",
-        bodies.len()
+        "[hostile] {} stalled bodies (heads sent within {sending:?}): {} held and answered 408 \
+         ({big} of 4 MiB; per agent, bodies and bytes: {by_agent:?}), the others refused 429 at once",
+        bodies.len(),
+        held.len()
     );
     anyhow::ensure!(
         sending < timeout / 2,
         "the heads took {sending:?} to send: the attack was not at once"
     );
-    // Exactly the cap in all was held, at most the per-agent cap of each agent's.
-    assert_eq!(held_count, MAX_IN_FLIGHT, "{held:?}");
-    assert!(held.values().all(|n| *n <= MAX_PER_AGENT), "{held:?}");
+    // Within every cap: --max-request-bodies-in-flight(-per-agent) and the bytes.
+    assert!(!held.is_empty() && held.len() <= 64, "{} held", held.len());
+    assert!(
+        by_agent
+            .values()
+            .all(|(n, bytes)| *n <= 8 && *bytes <= 4 << 20),
+        "{by_agent:?}"
+    );
+    assert!(
+        held.iter().map(|b| b.declared).sum::<usize>() <= 8 << 20,
+        "{big} bodies of 4 MiB held"
+    );
     // The proxy counted them so.
     let metrics = Scrape::of(s.principal.ops_port).await?;
     let counted = |code| {
@@ -1070,10 +1096,10 @@ async fn stalled_resource_proxy_request_bodies_past_the_caps_are_refused_and_mem
             &[("code", code)],
         )
     };
-    assert_eq!(counted("408")? as usize, held_count);
-    assert_eq!(counted("429")? as usize, AGENTS * PER_AGENT - held_count);
-    // The bodies' budget and the buffers of the connections holding a place, not what was
-    // declared nor one buffer per attacking connection.
+    assert_eq!(counted("408")? as usize, held.len());
+    assert_eq!(counted("429")? as usize, AGENTS * PER_AGENT - held.len());
+    // The bodies held and the buffers of their connections, not what was declared nor one
+    // buffer per attacking connection.
     rss.check_bound()?;
     // The agents' streams outlived it.
     for ((name, _), (tx, mut inbound)) in agents.iter().zip(streams) {
@@ -1097,30 +1123,38 @@ async fn an_agent_stalling_request_bodies_leaves_room_for_the_writes_of_others(
     let (other, other_tx, mut other_in) = connected_managed_agent(&s, "other").await?;
     let hog_pem = agent_identity(&s.pki, &hog)?;
     let other_pem = agent_identity(&s.pki, &other)?;
-    let (_, requests) =
-        stall_bodies(&s, &[(hog.clone(), hog_pem.clone())], 20, timeout * 3).await?;
-    let refused = |code: &'static str| {
+    // Three bodies of 4 MiB at once: together they would fill the 8 MiB the proxy holds.
+    let (_, requests) = stall_bodies(
+        &s,
+        &[(hog.clone(), hog_pem.clone())],
+        &[BIG_BODY; 3],
+        timeout * 3,
+    )
+    .await?;
+    let hog_answered = |code: &'static str| {
         let hog = hog.clone();
         let port = s.principal.ops_port;
         async move {
             let metrics = Scrape::of(port).await?;
             let labels = [("agent_name", hog.as_str()), ("code", code)];
-            Ok::<_, anyhow::Error>(
-                metrics.sample("argocd_principal_resource_proxy_requests", &labels),
-            )
+            anyhow::Ok(metrics.sample("argocd_principal_resource_proxy_requests", &labels))
         }
     };
     wait_until(
-        "the hog's bodies over its cap refused",
+        "two of the hog's three bodies refused",
         Duration::from_secs(10),
-        || async { Ok::<_, anyhow::Error>(refused("429").await?.filter(|n| *n >= 12.0)) },
+        || async { Ok::<_, anyhow::Error>(hog_answered("429").await?.filter(|n| *n >= 2.0)) },
     )
     .await?;
 
-    // While the hog holds its 8 places, another agent writes, and the hog itself reads.
+    // While the hog holds 4 MiB, another agent writes 2 MiB (what the raw agent's stream takes in
+    // one event), and the hog itself reads.
     let port = s.principal.resource_proxy_port;
     let started = Instant::now();
-    let write = br#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}"#;
+    let write = format!(
+        r#"{{"kind":"ConfigMap","data":{{"x":"{}"}}}}"#,
+        "y".repeat(2 << 20)
+    );
     let (written, relayed) = tokio::join!(
         https_request(
             &s.pki,
@@ -1128,13 +1162,13 @@ async fn an_agent_stalling_request_bodies_leaves_room_for_the_writes_of_others(
             (&other_pem.0, &other_pem.1),
             "POST",
             "/api/v1/namespaces/default/configmaps",
-            write
+            write.as_bytes()
         ),
         answer_resource_request(&other_tx, &mut other_in, 201, r#"{"kind":"ConfigMap"}"#)
     );
     let (status, body) = written?;
     assert_eq!(status, 201, "{body:.300}");
-    assert_eq!(relayed?.body, write.to_vec(), "the body relayed whole");
+    assert!(relayed?.body == write.as_bytes(), "the body relayed whole");
     let (read, _) = tokio::join!(
         https_request(
             &s.pki,
@@ -1150,9 +1184,9 @@ async fn an_agent_stalling_request_bodies_leaves_room_for_the_writes_of_others(
     let took = started.elapsed();
     assert!(took < timeout / 2, "served only after {took:?}");
     assert_eq!(
-        refused("408").await?,
+        hog_answered("408").await?,
         None,
-        "the hog's bodies are still held"
+        "the hog's body is still held"
     );
 
     let mut bodies = Vec::new();
@@ -1160,18 +1194,17 @@ async fn an_agent_stalling_request_bodies_leaves_room_for_the_writes_of_others(
         bodies.push(r.await??);
     }
     let held = held_or_refused(&bodies, timeout)?;
-    eprintln!("[hostile] 20 stalled bodies of one agent: held {held:?}; others served in {took:?}");
-    assert_eq!(held.get(&hog), Some(&8), "{held:?}");
+    eprintln!(
+        "[hostile] three stalled 4 MiB bodies of one agent: {} held; another agent's 2 MiB write \
+         and the agent's read served in {took:?}",
+        held.len()
+    );
+    assert_eq!(held.len(), 1);
     for b in bodies
         .iter()
         .filter(|b| !b.status().is_empty() && b.answered(429))
     {
-        assert!(
-            b.answer
-                .contains("--max-request-bodies-in-flight-per-agent"),
-            "{}",
-            b.answer
-        );
+        assert!(b.answer.contains("one agent's may declare"), "{}", b.answer);
     }
     Ok(())
 }

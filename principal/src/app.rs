@@ -107,9 +107,11 @@ async fn start_live_view(
             metrics: metrics.resource_proxy.clone(),
             body_timeout: config.request_body_timeout,
             body_budget: crate::resource_proxy::BodyBudget::new(
-                crate::resource_proxy::MAX_BODY_BYTES_IN_FLIGHT,
-                config.max_request_bodies_in_flight.0,
-                config.max_request_bodies_in_flight.1,
+                config.max_request_bodies_in_flight,
+                (
+                    crate::resource_proxy::MAX_BODY_BYTES_IN_FLIGHT,
+                    crate::resource_proxy::MAX_AGENT_BODY_BYTES_IN_FLIGHT,
+                ),
             ),
             terminal: crate::terminal::TerminalPolicy::new(
                 config.terminal_idle_timeout,
