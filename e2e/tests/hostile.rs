@@ -39,10 +39,10 @@ use argocd_agent_proto::event::{Event, EventType, Target};
 use e2e::bench::RssUnderAttack;
 use e2e::gateway::{
     agent_identity, application, application_resource, appproject_resource, client_tls,
-    ensure_namespace, http_get, https_request, tls_connect, Agent,
+    ensure_namespace, http_get, tls_connect, Agent,
 };
 use e2e::metrics::Scrape;
-use e2e::raw_agent::{answer_resource_request, send_for_ack, try_authenticate, LonePrincipal};
+use e2e::raw_agent::{send_for_ack, try_authenticate, LonePrincipal};
 use e2e::redis::{resp_command, resp_exchange};
 use e2e::{shared_planes, wait_until, Redis};
 use futures::FutureExt;
@@ -1144,44 +1144,42 @@ async fn an_agent_stalling_request_bodies_leaves_room_for_the_writes_of_others(
     wait_until(
         "one of the hog's bodies refused",
         Duration::from_secs(10),
-        || async { Ok::<_, anyhow::Error>(hog_answered("429").await?) },
+        || hog_answered("429"),
     )
     .await?;
 
     // While the hog holds 4 MiB, another agent writes 2 MiB (what the raw agent's stream takes in
     // one event), and the hog itself reads.
-    let port = s.principal.resource_proxy_port;
     let started = Instant::now();
     let write = format!(
         r#"{{"kind":"ConfigMap","data":{{"x":"{}"}}}}"#,
         "y".repeat(2 << 20)
     );
-    let (written, relayed) = tokio::join!(
-        https_request(
-            &s.pki,
-            port,
-            (&other_pem.0, &other_pem.1),
-            "POST",
-            "/api/v1/namespaces/default/configmaps",
-            write.as_bytes()
-        ),
-        answer_resource_request(&other_tx, &mut other_in, 201, r#"{"kind":"ConfigMap"}"#)
+    let post = (
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        write.as_bytes(),
     );
-    let (status, body) = written?;
+    let other_pem = (other_pem.0.as_str(), other_pem.1.as_str());
+    let ((status, body), relayed) = s
+        .through_resource_proxy(other_pem, post, (&other_tx, &mut other_in), (201, "{}"))
+        .await?;
     assert_eq!(status, 201, "{body:.300}");
-    assert!(relayed?.body == write.as_bytes(), "the body relayed whole");
-    let (read, _) = tokio::join!(
-        https_request(
-            &s.pki,
-            port,
-            (&hog_pem.0, &hog_pem.1),
-            "GET",
-            "/api/v1/namespaces/default/configmaps/x",
-            b""
-        ),
-        answer_resource_request(&hog_tx, &mut hog_in, 200, r#"{"kind":"ConfigMap"}"#)
+    assert!(relayed.body == write.as_bytes(), "the body relayed whole");
+    let get = (
+        "GET",
+        "/api/v1/namespaces/default/configmaps/x",
+        b"".as_slice(),
     );
-    assert_eq!(read?.0, 200, "a request without a body takes no place");
+    let ((status, _), _) = s
+        .through_resource_proxy(
+            (&hog_pem.0, &hog_pem.1),
+            get,
+            (&hog_tx, &mut hog_in),
+            (200, "{}"),
+        )
+        .await?;
+    assert_eq!(status, 200, "a request without a body takes no place");
     let took = started.elapsed();
     assert!(took < timeout / 2, "served only after {took:?}");
     assert_eq!(

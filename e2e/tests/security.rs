@@ -22,13 +22,11 @@ use argocd_agent_proto::event::{Event, EventType, Target};
 use argocd_agent_proto::pb::eventstreamapi::Event as WireEvent;
 use e2e::gateway::{
     agent_identity, agentctl, application, application_resource, appproject_resource, client_tls,
-    ensure_namespace, forge_client_cert_shaped, grpc_channel, http_get, https_request, tls_connect,
-    Agent, Pki, Principal,
+    ensure_namespace, forge_client_cert_shaped, grpc_channel, http_get, https_request, Agent, Pki,
+    Principal,
 };
 use e2e::metrics::Scrape;
-use e2e::raw_agent::{
-    answer_resource_request, authenticate, send_for_ack, try_authenticate, LonePrincipal,
-};
+use e2e::raw_agent::{authenticate, send_for_ack, try_authenticate, LonePrincipal};
 use e2e::{shared_planes, wait_until};
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
@@ -906,13 +904,14 @@ async fn slowloris_connections_are_closed_and_real_clients_still_served() -> any
     stream_alive(&tx, &mut inbound, &name).await?;
     // The resource proxy relays a request to this raw agent, which answers it at once (left
     // unanswered, the proxy would wait its fixed 30 s answer timeout).
-    let answer = answer_resource_request(&tx, &mut inbound, 200, r#"{"kind":"APIVersions"}"#);
-    let (proxied, answered) = tokio::join!(
-        https_request(&s.pki, p.resource_proxy_port, (&c, &k), "GET", "/api", b""),
-        answer
-    );
-    answered?;
-    let (status, body) = proxied?;
+    let ((status, body), _) = s
+        .through_resource_proxy(
+            (&c, &k),
+            ("GET", "/api", b""),
+            (&tx, &mut inbound),
+            (200, r#"{"kind":"APIVersions"}"#),
+        )
+        .await?;
     assert_eq!(
         status, 200,
         "resource proxy did not relay the answer: {body:.300}"

@@ -89,6 +89,8 @@ pub struct BodyBudget {
     bodies: AgentCaps,
     /// Their declared lengths, a body without one counted at [`MAX_REQUEST_BODY`].
     bytes: AgentCaps,
+    /// The caps of `bytes`: in all, and of one agent's.
+    max_bytes: (usize, usize),
 }
 
 impl Default for BodyBudget {
@@ -113,13 +115,13 @@ impl BodyBudget {
         BodyBudget {
             bodies: AgentCaps::new(bodies.0, bodies.1),
             bytes: AgentCaps::new(bytes.0, bytes.1),
+            max_bytes: bytes,
         }
     }
 
-    /// A place for a body of `agent`'s of `size` bytes, or the 429 to answer instead (saying which
-    /// cap is full; the connection closed, so that it frees its buffers).
-    fn admit(&self, agent: &str, size: usize) -> Result<BodyPlace, Response<ProxyBody>> {
-        let refused = match self.bodies.admit(agent) {
+    /// A place for a body of `agent`'s of `size` bytes, or why there is none (which cap is full).
+    fn admit(&self, agent: &str, size: usize) -> Result<BodyPlace, String> {
+        Err(match self.bodies.admit(agent) {
             Err(CapFull::Agent(n)) => format!(
                 "agent {agent} already has {n} request bodies being received, the most \
                  --max-request-bodies-in-flight-per-agent allows"
@@ -132,27 +134,16 @@ impl BodyBudget {
                 Ok(bytes) => return Ok((body, bytes)),
                 Err(CapFull::Agent(n)) => format!(
                     "agent {agent}'s request bodies being received declare {n} bytes; with this \
-                     one's {size} they would pass the {MAX_AGENT_BODY_BYTES_IN_FLIGHT} bytes one \
-                     agent's may declare at once"
+                     one's {size} they would pass the {} bytes one agent's may declare at once",
+                    self.max_bytes.1
                 ),
                 Err(CapFull::All(n)) => format!(
                     "the request bodies being received declare {n} bytes; with this one's {size} \
-                     they would pass the {MAX_BODY_BYTES_IN_FLIGHT} bytes the resource proxy \
-                     holds at once"
+                     they would pass the {} bytes the resource proxy holds at once",
+                    self.max_bytes.0
                 ),
             },
-        };
-        tracing::debug!(agent, "resource proxy: request body refused: {refused}");
-        let mut resp = status_response(
-            StatusCode::TOO_MANY_REQUESTS,
-            "TooManyRequests",
-            format!("{refused}: retry once they arrived"),
-        );
-        resp.headers_mut().insert(
-            http::header::RETRY_AFTER,
-            http::HeaderValue::from_static("1"),
-        );
-        Err(closing(resp))
+        })
     }
 }
 
@@ -614,7 +605,20 @@ where
         .exact()
         .map_or(MAX_REQUEST_BODY, |n| n as usize)
         .min(MAX_REQUEST_BODY);
-    let _place = budget.admit(agent, size)?;
+    let _place = budget.admit(agent, size).map_err(|refused| {
+        tracing::debug!(agent, "resource proxy: request body refused: {refused}");
+        let mut resp = status_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyRequests",
+            format!("{refused}: retry once they arrived"),
+        );
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        // The connection closes, so that it frees its buffers.
+        closing(resp)
+    })?;
     match tokio::time::timeout(timeout, read_all(Limited::new(body, size), size)).await {
         Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => Err(status_response(
