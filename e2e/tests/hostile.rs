@@ -18,11 +18,11 @@
 //!   an AppProject or Application made on the hub; each attempt is an error ACK and a count in
 //!   `argocd_principal_mirror_collisions_total{agent_name}`.
 //! - Stalled resource proxy request bodies: 500 requests at once from ten agents that send all of
-//!   a 16 KiB or 4 MiB body but its last byte: those admitted (at most 64 bodies and 8 MiB, of one
-//!   agent's 8 bodies and 4 MiB; `--max-request-bodies-in-flight`, `…-per-agent`) are answered 408
-//!   and closed after `--request-body-timeout`, the others 429 at once, and the principal's peak
-//!   RSS stays within the bound; while one agent holds its 4 MiB, another agent's 2 MiB write and
-//!   the first agent's reads are served.
+//!   a 16 KiB or 3 MiB body but its last byte: those admitted (64 bodies and at most 8 MiB, of one
+//!   agent's at most 8 bodies and 4 MiB; `--max-request-bodies-in-flight`, `…-per-agent`) are
+//!   answered 408 and closed after `--request-body-timeout`, the others 429 at once, and the
+//!   principal's peak RSS stays within the bound; while one agent holds its 4 MiB, another agent's
+//!   2 MiB write and the first agent's reads are served.
 //! - Connections per agent: past `--max-connections-per-agent` the next connection gets GOAWAY
 //!   (ResourceExhausted) and a count; other agents are unaffected.
 //! - Redis proxy: 2,000 short-lived SUBSCRIBE clients through a real agent leave no subscriber on
@@ -1034,14 +1034,17 @@ async fn stalled_resource_proxy_request_bodies_past_the_caps_are_refused_and_mem
         &["--request-body-timeout=10s", "--request-header-timeout=60s"],
     )
     .await?;
-    // 10x the issue's 50: 500 stalled bodies from ten agents, half of them just under 4 MiB and
-    // half 16 KiB, so that each cap is reached: 50 bodies of each agent (8 may be in flight), 500
-    // together (64 may), 100 MiB declared by each agent (4 MiB may), 1 GiB in all (8 MiB may).
-    // The proxy reads a body only for a connected agent's requests.
+    // 10x the issue's 50: 500 stalled bodies from ten agents, half of them of 3 MiB and half of
+    // 16 KiB, so that each cap is reached whatever order they arrive in: 50 bodies of each agent
+    // (8 may be in flight), 500 together (64 may), 75 MiB declared by each agent (4 MiB may: one
+    // large body and small ones), 750 MiB in all (8 MiB may: two large bodies and small ones).
+    // The small ones always fit the bytes, so exactly 64 are held. The proxy reads a body only
+    // for a connected agent's requests.
     const AGENTS: usize = 10;
     const PER_AGENT: usize = 50;
+    const LARGE: usize = 3 << 20;
     let declared: Vec<usize> = (0..PER_AGENT)
-        .map(|i| if i % 2 == 0 { BIG_BODY } else { 16 << 10 })
+        .map(|i| if i % 2 == 0 { LARGE } else { 16 << 10 })
         .collect();
     let mut agents = Vec::new();
     let mut streams = Vec::new();
@@ -1056,7 +1059,7 @@ async fn stalled_resource_proxy_request_bodies_past_the_caps_are_refused_and_mem
     let pid = s.principal.process.pid().expect("principal running");
     let rss = RssUnderAttack::start(
         pid,
-        "500 stalled resource-proxy request bodies (16 KiB and 4 MiB) from 10 agents",
+        "500 stalled resource-proxy request bodies (16 KiB and 3 MiB) from 10 agents",
     )?;
     let (sending, requests) = stall_bodies(&s, &agents, &declared, timeout * 3).await?;
     let mut bodies = Vec::new();
@@ -1064,11 +1067,12 @@ async fn stalled_resource_proxy_request_bodies_past_the_caps_are_refused_and_mem
         bodies.push(r.await??);
     }
     let held = held_or_refused(&bodies, timeout)?;
-    let big = held.iter().filter(|b| b.declared == BIG_BODY).count();
+    let large = held.iter().filter(|b| b.declared == LARGE).count();
     let by_agent = per_agent(&held);
     eprintln!(
         "[hostile] {} stalled bodies (heads sent within {sending:?}): {} held and answered 408 \
-         ({big} of 4 MiB; per agent, bodies and bytes: {by_agent:?}), the others refused 429 at once",
+         ({large} of 3 MiB; per agent, bodies and bytes: {by_agent:?}), the others refused 429 at \
+         once",
         bodies.len(),
         held.len()
     );
@@ -1077,7 +1081,7 @@ async fn stalled_resource_proxy_request_bodies_past_the_caps_are_refused_and_mem
         "the heads took {sending:?} to send: the attack was not at once"
     );
     // Within every cap: --max-request-bodies-in-flight(-per-agent) and the bytes.
-    assert!(!held.is_empty() && held.len() <= 64, "{} held", held.len());
+    assert_eq!(held.len(), 64, "bodies held");
     assert!(
         by_agent
             .values()
@@ -1086,7 +1090,7 @@ async fn stalled_resource_proxy_request_bodies_past_the_caps_are_refused_and_mem
     );
     assert!(
         held.iter().map(|b| b.declared).sum::<usize>() <= 8 << 20,
-        "{big} bodies of 4 MiB held"
+        "{large} bodies of 3 MiB held"
     );
     // The proxy counted them so.
     let metrics = Scrape::of(s.principal.ops_port).await?;
