@@ -174,6 +174,30 @@ pub fn http_response(raw: &[u8]) -> (u16, String) {
     (status, body)
 }
 
+/// One HTTP/1.1 request over mutual TLS to `127.0.0.1:port` presenting `identity` (cert PEM, key
+/// PEM); returns (status, body) of the answer (within 60 s).
+pub async fn https_request(
+    pki: &Pki,
+    port: u16,
+    identity: (&str, &str),
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tls = client_tls(pki, Some(identity), &[b"http/1.1"])?;
+    let mut s = tls_connect(&format!("127.0.0.1:{port}"), std::sync::Arc::new(tls)).await?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await?;
+    s.write_all(body).await?;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut buf)).await?;
+    Ok(http_response(&buf))
+}
+
 /// A running `argocd-principal`.
 pub struct Principal {
     /// The process.

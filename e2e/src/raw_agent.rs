@@ -1,11 +1,12 @@
 //! Speaking the agent protocol by hand: a principal started alone (no agent processes), and the
 //! client steps an agent takes (mutual-TLS channel, Authenticate, Subscribe, events and their
-//! ACKs) with certificates, tokens and events of the test's choosing, so refusal and attack tests
-//! can send what a real agent never would.
+//! ACKs, answers to resource-proxy requests) with certificates, tokens and events of the test's
+//! choosing, so refusal and attack tests can send what a real agent never would.
 
 use std::time::Duration;
 
-use argocd_agent_proto::event::Event;
+use argocd_agent_proto::event::{Event, Target, AGENT_SOURCE};
+use argocd_agent_proto::payload::{ResourceRequest, ResourceResponse};
 use argocd_agent_proto::pb::authapi::authentication_client::AuthenticationClient;
 use argocd_agent_proto::pb::authapi::{AuthRequest, AuthResponse};
 use argocd_agent_proto::pb::eventstreamapi::event_stream_client::EventStreamClient;
@@ -15,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status, Streaming};
 
-use crate::gateway::{client_tls, grpc_channel, Pki, Principal};
+use crate::gateway::{client_tls, grpc_channel, https_request, Pki, Principal};
 use crate::shared::{shared_planes, TestContext};
 
 /// How long [`next_matching`] waits for the event it looks for.
@@ -63,6 +64,25 @@ impl LonePrincipal {
             "managed",
         )
         .await
+    }
+
+    /// An HTTP/1.1 `method` request for `path` with `body` through the principal's resource proxy,
+    /// presenting `identity`, which the raw agent on (`tx`, `inbound`) answers with `answer`
+    /// (status, JSON body): returns the (status, body) the client got and the request the agent
+    /// got.
+    pub async fn through_resource_proxy(
+        &self,
+        identity: (&str, &str),
+        (method, path, body): (&str, &str, &[u8]),
+        (tx, inbound): (&mpsc::Sender<WireEvent>, &mut Streaming<WireEvent>),
+        (status, answer): (i64, &str),
+    ) -> anyhow::Result<((u16, String), ResourceRequest)> {
+        let port = self.principal.resource_proxy_port;
+        let (answer, request) = tokio::join!(
+            https_request(&self.pki, port, identity, method, path, body),
+            answer_resource_request(tx, inbound, status, answer)
+        );
+        Ok((answer?, request?))
     }
 
     /// Opens an event stream presenting `identity` and bearer `token`; returns the sender of
@@ -147,6 +167,25 @@ pub async fn next_matching(
         }
     })
     .await?
+}
+
+/// Waits for the next resource-proxy request on `inbound` and answers it as an agent would, with
+/// HTTP `status` and the JSON `body`; returns the request.
+async fn answer_resource_request(
+    tx: &mpsc::Sender<WireEvent>,
+    inbound: &mut Streaming<WireEvent>,
+    status: i64,
+    body: &str,
+) -> anyhow::Result<ResourceRequest> {
+    let request = next_matching(inbound, |e| e.target == Target::Resource).await?;
+    let response = ResourceResponse {
+        uuid: request.event_id.clone(),
+        status,
+        resource: body.into(),
+    };
+    tx.send(Event::resource_response(AGENT_SOURCE, &response)?.to_stream_event())
+        .await?;
+    Ok(request.data_as()?)
 }
 
 /// Sends `ev` and returns the error of its ACK (`None` = accepted).

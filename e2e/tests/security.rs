@@ -18,16 +18,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use argocd_agent_proto::event::{Event, EventType, Target, AGENT_SOURCE};
-use argocd_agent_proto::payload::ResourceResponse;
+use argocd_agent_proto::event::{Event, EventType, Target};
 use argocd_agent_proto::pb::eventstreamapi::Event as WireEvent;
 use e2e::gateway::{
     agent_identity, agentctl, application, application_resource, appproject_resource, client_tls,
-    ensure_namespace, forge_client_cert_shaped, grpc_channel, http_get, http_response, tls_connect,
-    Agent, Pki, Principal,
+    ensure_namespace, forge_client_cert_shaped, grpc_channel, http_get, https_request, Agent, Pki,
+    Principal,
 };
 use e2e::metrics::Scrape;
-use e2e::raw_agent::{authenticate, next_matching, send_for_ack, try_authenticate, LonePrincipal};
+use e2e::raw_agent::{authenticate, send_for_ack, try_authenticate, LonePrincipal};
 use e2e::{shared_planes, wait_until};
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
@@ -757,28 +756,6 @@ fn nested_json(depth: usize) -> Vec<u8> {
     v
 }
 
-/// One HTTP/1.1 request over mutual TLS to `127.0.0.1:port`; returns (status, body).
-async fn https_request(
-    pki: &Pki,
-    port: u16,
-    identity: (&str, &str),
-    method: &str,
-    path: &str,
-    body: &[u8],
-) -> anyhow::Result<(u16, String)> {
-    let tls = client_tls(pki, Some(identity), &[b"http/1.1"])?;
-    let mut s = tls_connect(&format!("127.0.0.1:{port}"), std::sync::Arc::new(tls)).await?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await?;
-    s.write_all(body).await?;
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut buf)).await?;
-    Ok(http_response(&buf))
-}
-
 #[tokio::test]
 async fn deeply_nested_json_gets_a_clean_error_and_everything_keeps_working() -> anyhow::Result<()>
 {
@@ -927,23 +904,14 @@ async fn slowloris_connections_are_closed_and_real_clients_still_served() -> any
     stream_alive(&tx, &mut inbound, &name).await?;
     // The resource proxy relays a request to this raw agent, which answers it at once (left
     // unanswered, the proxy would wait its fixed 30 s answer timeout).
-    let answer = async {
-        let request = next_matching(&mut inbound, |e| e.target == Target::Resource).await?;
-        let response = ResourceResponse {
-            uuid: request.event_id,
-            status: 200,
-            resource: r#"{"kind":"APIVersions"}"#.into(),
-        };
-        tx.send(Event::resource_response(AGENT_SOURCE, &response)?.to_stream_event())
-            .await?;
-        anyhow::Ok(())
-    };
-    let (proxied, answered) = tokio::join!(
-        https_request(&s.pki, p.resource_proxy_port, (&c, &k), "GET", "/api", b""),
-        answer
-    );
-    answered?;
-    let (status, body) = proxied?;
+    let ((status, body), _) = s
+        .through_resource_proxy(
+            (&c, &k),
+            ("GET", "/api", b""),
+            (&tx, &mut inbound),
+            (200, r#"{"kind":"APIVersions"}"#),
+        )
+        .await?;
     assert_eq!(
         status, 200,
         "resource proxy did not relay the answer: {body:.300}"

@@ -106,7 +106,13 @@ async fn start_live_view(
             tokens: tokens.clone(),
             metrics: metrics.resource_proxy.clone(),
             body_timeout: config.request_body_timeout,
-            body_budget: Default::default(),
+            body_budget: crate::resource_proxy::BodyBudget::new(
+                config.max_request_bodies_in_flight,
+                (
+                    crate::resource_proxy::MAX_BODY_BYTES_IN_FLIGHT,
+                    crate::resource_proxy::MAX_AGENT_BODY_BYTES_IN_FLIGHT,
+                ),
+            ),
             terminal: crate::terminal::TerminalPolicy::new(
                 config.terminal_idle_timeout,
                 config.terminal_max_sessions,

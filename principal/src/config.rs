@@ -155,6 +155,29 @@ pub struct PrincipalArgs {
     )]
     pub request_body_timeout: Duration,
 
+    /// Resource proxy request bodies being received at once, read or waiting for their turn, from
+    /// all clients; one more is answered 429 (Retry-After: 1) naming this flag and its HTTP/1.1
+    /// connection closed. Bounds the memory of stalled bodies (each holds its connection's TLS and
+    /// HTTP buffers, up to ~100 KiB) [at least 1].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_MAX_REQUEST_BODIES_IN_FLIGHT",
+        default_value_t = crate::resource_proxy::DEFAULT_MAX_BODIES_IN_FLIGHT,
+        value_name = "N"
+    )]
+    pub max_request_bodies_in_flight: usize,
+
+    /// Resource proxy request bodies of one agent (the agent a request is for: its bearer token's
+    /// or client certificate's) being received at once; one more is answered 429 naming this flag,
+    /// so an agent stalling bodies leaves room for the others' writes [at least 1].
+    #[arg(
+        long,
+        env = "ARGOCD_PRINCIPAL_MAX_REQUEST_BODIES_IN_FLIGHT_PER_AGENT",
+        default_value_t = crate::resource_proxy::DEFAULT_MAX_BODIES_IN_FLIGHT_PER_AGENT,
+        value_name = "N"
+    )]
+    pub max_request_bodies_in_flight_per_agent: usize,
+
     /// A web terminal (pods/exec through the resource proxy) with no data in either direction
     /// this long is ended, and with it the exec on the spoke.
     #[arg(
@@ -791,6 +814,8 @@ pub struct PrincipalConfig {
     pub request_header_timeout: Duration,
     /// Longest a resource proxy request body may take to arrive.
     pub request_body_timeout: Duration,
+    /// Resource proxy request bodies received at once in all, and per agent.
+    pub max_request_bodies_in_flight: (usize, usize),
     /// A web terminal idle this long is ended.
     pub terminal_idle_timeout: Duration,
     /// Web terminal sessions open at once in all.
@@ -1224,6 +1249,14 @@ impl PrincipalArgs {
                 self.redis_proxy_max_subscriptions_per_connection,
             ),
             ("max-connections-per-agent", self.max_connections_per_agent),
+            (
+                "max-request-bodies-in-flight",
+                self.max_request_bodies_in_flight,
+            ),
+            (
+                "max-request-bodies-in-flight-per-agent",
+                self.max_request_bodies_in_flight_per_agent,
+            ),
             ("terminal-max-sessions", self.terminal_max_sessions),
             (
                 "terminal-max-sessions-per-agent",
@@ -1312,6 +1345,10 @@ impl PrincipalArgs {
             tls_handshake_timeout: self.tls_handshake_timeout,
             request_header_timeout: self.request_header_timeout,
             request_body_timeout: self.request_body_timeout,
+            max_request_bodies_in_flight: (
+                self.max_request_bodies_in_flight,
+                self.max_request_bodies_in_flight_per_agent,
+            ),
             terminal_idle_timeout: self.terminal_idle_timeout,
             terminal_max_sessions: self.terminal_max_sessions,
             terminal_max_sessions_per_agent: self.terminal_max_sessions_per_agent,
@@ -1505,6 +1542,7 @@ mod tests {
         assert_eq!(config.redis_proxy_max_connections_per_ip, 512);
         assert_eq!(config.redis_proxy_max_subscriptions_per_connection, 64);
         assert_eq!(config.max_connections_per_agent, 16);
+        assert_eq!(config.max_request_bodies_in_flight, (64, 8));
         assert_eq!(
             (
                 config.terminal_max_sessions,
@@ -1553,8 +1591,11 @@ mod tests {
                 "--max-connections-per-agent=1",
                 "--terminal-max-sessions=5",
                 "--terminal-max-sessions-per-agent=2",
+                "--max-request-bodies-in-flight=7",
+                "--max-request-bodies-in-flight-per-agent=3",
             ])
             .unwrap();
+        assert_eq!(config.max_request_bodies_in_flight, (7, 3));
         assert_eq!(
             (
                 config.terminal_max_sessions,
@@ -1590,6 +1631,14 @@ mod tests {
             (
                 "--terminal-max-sessions-per-agent=0",
                 "ARGOCD_PRINCIPAL_TERMINAL_MAX_SESSIONS_PER_AGENT",
+            ),
+            (
+                "--max-request-bodies-in-flight=0",
+                "ARGOCD_PRINCIPAL_MAX_REQUEST_BODIES_IN_FLIGHT",
+            ),
+            (
+                "--max-request-bodies-in-flight-per-agent=0",
+                "ARGOCD_PRINCIPAL_MAX_REQUEST_BODIES_IN_FLIGHT_PER_AGENT",
             ),
         ] {
             let err = files.validate(&[flag]).unwrap_err().to_string();

@@ -19,7 +19,8 @@
 //!
 //! [`ConnectionLimit`] caps the connections one key holds open at once: on the gRPC listener an
 //! agent identity (`--max-connections-per-agent`; the connection over it gets GOAWAY
-//! `ENHANCE_YOUR_CALM` naming the flag), on the Redis proxy a client IP.
+//! `ENHANCE_YOUR_CALM` naming the flag), on the Redis proxy a client IP; [`AgentCaps`] caps places
+//! per agent and in all at once (web terminal sessions, resource-proxy request bodies).
 //!
 //! And, on the gRPC listener only, `--keepalive-min-interval` ([`PingEnforcement`],
 //! [`KeepaliveEnforced`]): grpc-go's `keepalive.EnforcementPolicy{MinTime}`, which the h2 crate
@@ -58,17 +59,20 @@ use crate::metrics::PrincipalMetrics;
 pub const DEFAULT_MAX_CONNECTIONS_PER_AGENT: usize = 16;
 
 /// Connections open per key (agent identity, client IP), at most `max` each; a
-/// [`ConnectionSlot`] counts one in and, dropped with its connection, out.
+/// [`ConnectionSlot`] counts one in and, dropped with its connection, out. Also counts weighted
+/// holdings ([`Self::admit_n`]: bytes, say) against `max`.
 #[derive(Debug)]
 pub struct ConnectionLimit<K: Eq + Hash> {
     max: usize,
     open: Mutex<HashMap<K, usize>>,
 }
 
-/// One admitted connection of `key`; frees its place when dropped.
+/// One admitted connection (or holding of [`ConnectionLimit::admit_n`]) of `key`; frees its place
+/// when dropped.
 #[derive(Debug)]
 pub struct ConnectionSlot<K: Eq + Hash> {
     key: K,
+    weight: usize,
     limit: Arc<ConnectionLimit<K>>,
 }
 
@@ -83,14 +87,20 @@ impl<K: Eq + Hash + Clone> ConnectionLimit<K> {
 
     /// A slot for one more connection of `key`, or `Err(open)` when it already holds the maximum.
     pub fn admit(self: &Arc<Self>, key: K) -> Result<ConnectionSlot<K>, usize> {
+        self.admit_n(key, 1)
+    }
+
+    /// A holding of `weight` for `key`, or `Err(held)` when it would take `key` past the maximum.
+    pub fn admit_n(self: &Arc<Self>, key: K, weight: usize) -> Result<ConnectionSlot<K>, usize> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let count = open.entry(key.clone()).or_default();
-        if *count >= self.max {
-            return Err(*count);
+        let held = open.get(&key).copied().unwrap_or(0);
+        if held.saturating_add(weight) > self.max {
+            return Err(held);
         }
-        *count += 1;
+        *open.entry(key.clone()).or_default() += weight;
         Ok(ConnectionSlot {
             key,
+            weight,
             limit: self.clone(),
         })
     }
@@ -111,11 +121,69 @@ impl<K: Eq + Hash> Drop for ConnectionSlot<K> {
     fn drop(&mut self) {
         let mut open = self.limit.open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(count) = open.get_mut(&self.key) {
-            *count -= 1;
+            *count -= self.weight;
             if *count == 0 {
                 open.remove(&self.key);
             }
         }
+    }
+}
+
+/// Places held at once per agent and in all, each capped (web terminal sessions, resource-proxy
+/// request bodies being received and their bytes): an [`AgentPlace`] holds its weight under both
+/// caps until dropped.
+#[derive(Debug, Clone)]
+pub struct AgentCaps {
+    per_agent: Arc<ConnectionLimit<String>>,
+    all: Arc<ConnectionLimit<()>>,
+}
+
+/// Which cap of an [`AgentCaps`] is full (or would be passed), with what is held under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapFull {
+    /// The agent holds its maximum.
+    Agent(usize),
+    /// All agents together hold the maximum.
+    All(usize),
+}
+
+/// One agent's place among [`AgentCaps`]; frees it under both caps when dropped.
+#[derive(Debug)]
+pub struct AgentPlace {
+    _agent: ConnectionSlot<String>,
+    _all: ConnectionSlot<()>,
+}
+
+impl AgentCaps {
+    /// At most `max_per_agent` places per agent and `max_all` in all.
+    pub fn new(max_all: usize, max_per_agent: usize) -> Self {
+        AgentCaps {
+            per_agent: ConnectionLimit::new(max_per_agent),
+            all: ConnectionLimit::new(max_all),
+        }
+    }
+
+    /// A place for `agent`, or which cap is full (the agent's is checked first).
+    pub fn admit(&self, agent: &str) -> Result<AgentPlace, CapFull> {
+        self.admit_n(agent, 1)
+    }
+
+    /// A place of `weight` for `agent`, or which cap it would pass (the agent's is checked first).
+    pub fn admit_n(&self, agent: &str, weight: usize) -> Result<AgentPlace, CapFull> {
+        let mine = self
+            .per_agent
+            .admit_n(agent.to_string(), weight)
+            .map_err(CapFull::Agent)?;
+        let all = self.all.admit_n((), weight).map_err(CapFull::All)?;
+        Ok(AgentPlace {
+            _agent: mine,
+            _all: all,
+        })
+    }
+
+    /// Places `agent` holds now.
+    pub fn open(&self, agent: &str) -> usize {
+        self.per_agent.open(&agent.to_string())
     }
 }
 
@@ -982,6 +1050,35 @@ mod tests {
             !limit.open.lock().unwrap().contains_key("a"),
             "a key with no connections is forgotten"
         );
+    }
+
+    #[test]
+    fn an_agent_holds_at_most_its_cap_and_all_agents_the_total() {
+        let caps = AgentCaps::new(3, 2);
+        let a = [caps.admit("a").unwrap(), caps.admit("a").unwrap()];
+        assert_eq!(caps.admit("a").err(), Some(CapFull::Agent(2)));
+        let b = caps.admit("b").expect("another agent has room");
+        assert_eq!(caps.admit("c").err(), Some(CapFull::All(3)));
+        assert_eq!(caps.open("c"), 0, "a refused admission holds no place");
+        assert_eq!(caps.open("a"), 2);
+        drop(a);
+        let _c = caps.admit("c").expect("dropped places are free again");
+        assert_eq!(caps.open("a"), 0);
+        drop(b);
+    }
+
+    #[test]
+    fn weighted_places_count_their_weight_and_a_refusal_holds_nothing() {
+        let caps = AgentCaps::new(10, 6);
+        let a = caps.admit_n("a", 5).unwrap();
+        assert_eq!(caps.admit_n("a", 2).err(), Some(CapFull::Agent(5)));
+        assert_eq!(caps.admit_n("b", 6).err(), Some(CapFull::All(5)));
+        assert_eq!(caps.open("b"), 0);
+        let b = caps.admit_n("b", 5).unwrap();
+        drop(a);
+        assert_eq!(caps.open("a"), 0);
+        let _a = caps.admit_n("a", 5).expect("freed by the drop");
+        drop(b);
     }
 
     #[test]

@@ -53,7 +53,7 @@ use tokio_tungstenite::WebSocketStream;
 use tonic::{Status, Streaming};
 
 use crate::auth::authorize_stream;
-use crate::listener::{ConnectionLimit, ConnectionSlot};
+use crate::listener::{AgentCaps, AgentPlace, CapFull};
 use crate::metrics::{PrincipalMetrics, TerminalMetrics};
 use crate::resource_proxy::{status_response, ProxyBody, ANSWER_TIMEOUT};
 use crate::sessions::AgentSession;
@@ -78,10 +78,9 @@ pub const UNAVAILABLE: &str = "unavailable";
 pub struct TerminalPolicy {
     /// A session with no data either way this long is ended (`--terminal-idle-timeout`).
     pub idle_timeout: Duration,
-    /// Sessions open at once per agent (`--terminal-max-sessions-per-agent`).
-    per_agent: Arc<ConnectionLimit<String>>,
-    /// Sessions open at once in all (`--terminal-max-sessions`): one key for every session.
-    all: Arc<ConnectionLimit<()>>,
+    /// Sessions open at once per agent (`--terminal-max-sessions-per-agent`) and in all
+    /// (`--terminal-max-sessions`).
+    caps: AgentCaps,
     /// Open sessions and outcomes.
     pub metrics: TerminalMetrics,
 }
@@ -97,8 +96,7 @@ impl TerminalPolicy {
     ) -> Self {
         TerminalPolicy {
             idle_timeout,
-            per_agent: ConnectionLimit::new(max_sessions_per_agent),
-            all: ConnectionLimit::new(max_sessions),
+            caps: AgentCaps::new(max_sessions, max_sessions_per_agent),
             metrics,
         }
     }
@@ -106,21 +104,19 @@ impl TerminalPolicy {
     /// A place for one more session of `agent`'s, or why there is none (which cap is full and
     /// the flag that sets it).
     fn admit(&self, agent: &str) -> Result<OpenSlot, String> {
-        let mine = self.per_agent.admit(agent.to_string()).map_err(|mine| {
-            format!(
+        let place = self.caps.admit(agent).map_err(|full| match full {
+            CapFull::Agent(mine) => format!(
                 "agent {agent} already has {mine} web terminal session(s) open, the most \
                  --terminal-max-sessions-per-agent allows: close one and try again"
-            )
-        })?;
-        let all = self.all.admit(()).map_err(|all| {
-            format!(
+            ),
+            CapFull::All(all) => format!(
                 "the principal already has {all} web terminal session(s) open, the most \
                  --terminal-max-sessions allows: close one and try again"
-            )
+            ),
         })?;
         self.metrics.opened(agent);
         Ok(OpenSlot {
-            _places: (mine, all),
+            _place: place,
             agent: agent.to_string(),
             metrics: self.metrics.clone(),
         })
@@ -128,13 +124,13 @@ impl TerminalPolicy {
 
     /// Sessions of `agent`'s open now.
     pub fn open_sessions(&self, agent: &str) -> usize {
-        self.per_agent.open(&agent.to_string())
+        self.caps.open(agent)
     }
 }
 
 /// A place among the open sessions, held from admission until the session ended.
 struct OpenSlot {
-    _places: (ConnectionSlot<String>, ConnectionSlot<()>),
+    _place: AgentPlace,
     agent: String,
     metrics: TerminalMetrics,
 }

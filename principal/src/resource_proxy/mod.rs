@@ -11,11 +11,17 @@
 //! not answer in time, 413 for a request body over the limit (refused from its declared length
 //! when it has one), 408 closing the connection for a body that has not arrived in full within
 //! `--request-body-timeout` (a stalled client holds nothing past it). What request bodies hold is
-//! bounded across all clients ([`BodyBudget`]): at most [`MAX_BODIES_READ_AT_ONCE`] bodies are
-//! read at once, a body's next part is read only once the budget has room for it, HTTP/1.1 reads
-//! at most [`READ_QUANTUM`] at a time and HTTP/2 lets a connection send that much ahead of what
-//! the proxy reads, so slow or stalled clients wait (within their timeout) instead of growing the
-//! principal; the price is that clients stalling bodies can delay others' writes by up to that
+//! bounded across all clients ([`BodyBudget`]): at most `--max-request-bodies-in-flight` bodies
+//! are being received at once and `--max-request-bodies-in-flight-per-agent` of one agent's (the
+//! agent of its bearer token or client certificate), declaring together at most
+//! [`MAX_BODY_BYTES_IN_FLIGHT`] bytes and [`MAX_AGENT_BODY_BYTES_IN_FLIGHT`] of one agent's (a
+//! body without a declared length counts as the largest). A body that does not fit is answered
+//! 429 with `Retry-After: 1` at once (as the kube-apiserver's in-flight limit, which client-go
+//! retries) and its HTTP/1.1 connection closed: a client stalling many bodies holds the buffers of
+//! a bounded number of connections, and one agent's stalls leave room for the others' writes.
+//! HTTP/1.1 reads at most [`READ_QUANTUM`] at a time and HTTP/2 lets a connection send that much
+//! ahead of what the proxy reads. A request without a body takes no place. The price: agents
+//! stalling bodies together up to the caps in all get others' writes refused (429) until their
 //! timeout. Each request is counted once in
 //! [`ProxyMetrics`] (agent, status code, and the reason when the proxy answered it itself). Path
 //! parsing is in [`route`]; `/version` answers in [`version`]; the request/answer matching in
@@ -45,6 +51,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use tokio::net::TcpListener;
 
+use crate::listener::{AgentCaps, AgentPlace, CapFull};
 use crate::live::{LiveReply, LiveRequests, LiveWaiter, WaitKind};
 use crate::metrics::ProxyMetrics;
 use crate::sessions::AgentRegistry;
@@ -57,58 +64,86 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_REQUEST_BODY: usize = 4 << 20;
 /// Answer parts buffered per request for a slow client.
 const PART_BUFFER: usize = 16;
-/// Request bodies read at once, across all clients (the others wait before their first byte is
-/// read: a body being read holds TLS and HTTP buffers of its connection besides its bytes).
-pub const MAX_BODIES_READ_AT_ONCE: usize = 32;
-/// Request-body bytes the proxy holds at once while reading bodies, across all clients: one body
-/// of the largest size and a part of each other body read at once.
-pub const MAX_BODY_BYTES_IN_FLIGHT: usize =
-    MAX_REQUEST_BODY + MAX_BODIES_READ_AT_ONCE * READ_QUANTUM;
-/// The most a connection reads of a request body at a time: HTTP/1.1's read buffer and HTTP/2's
-/// stream and connection windows (what a client may send before the proxy reads it).
+/// Default `--max-request-bodies-in-flight`: request bodies being received at once (each holds
+/// its connection's TLS and HTTP buffers, up to ~100 KiB).
+pub const DEFAULT_MAX_BODIES_IN_FLIGHT: usize = 64;
+/// Default `--max-request-bodies-in-flight-per-agent` (argocd-server writes to a cluster one
+/// resource action or deletion at a time; a body takes its place only while it arrives).
+pub const DEFAULT_MAX_BODIES_IN_FLIGHT_PER_AGENT: usize = 8;
+/// Request-body bytes the proxy holds at once, across all clients: two bodies of the largest size.
+pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 2 * MAX_REQUEST_BODY;
+/// Request-body bytes one agent's bodies hold at once: one body of the largest size, so that one
+/// agent leaves room for another's.
+pub const MAX_AGENT_BODY_BYTES_IN_FLIGHT: usize = MAX_REQUEST_BODY;
+/// The most a connection sends of a request body ahead of what the proxy reads: HTTP/1.1's read
+/// buffer and HTTP/2's stream and connection windows.
 pub const READ_QUANTUM: usize = 16 << 10;
 
-/// Room for request bodies being read, shared by every connection of the proxy (see the module
-/// docs): a body holds one of the readers and its bytes against the budget from before they are
-/// read until the body is complete or refused.
+/// Room for request bodies being received, shared by every connection of the proxy (see the
+/// module docs): a body is admitted, or refused, at once, holding a place among the bodies in
+/// flight and its declared length among their bytes, per agent and in all, until it is complete
+/// or refused. Nothing waits for room, so no body holds room while waiting for more.
 #[derive(Clone)]
 pub struct BodyBudget {
-    bytes: Arc<tokio::sync::Semaphore>,
-    readers: Arc<tokio::sync::Semaphore>,
+    /// Bodies (`--max-request-bodies-in-flight`, `…-per-agent`).
+    bodies: AgentCaps,
+    /// Their declared lengths, a body without one counted at [`MAX_REQUEST_BODY`].
+    bytes: AgentCaps,
+    /// The caps of `bytes`: in all, and of one agent's.
+    max_bytes: (usize, usize),
 }
 
 impl Default for BodyBudget {
     fn default() -> Self {
-        Self::new(MAX_BODY_BYTES_IN_FLIGHT)
+        Self::new(
+            (
+                DEFAULT_MAX_BODIES_IN_FLIGHT,
+                DEFAULT_MAX_BODIES_IN_FLIGHT_PER_AGENT,
+            ),
+            (MAX_BODY_BYTES_IN_FLIGHT, MAX_AGENT_BODY_BYTES_IN_FLIGHT),
+        )
     }
 }
 
+/// What an admitted body holds until it is complete or refused.
+type BodyPlace = (AgentPlace, AgentPlace);
+
 impl BodyBudget {
-    /// A budget of `bytes`, read by at most [`MAX_BODIES_READ_AT_ONCE`] bodies at once.
-    pub fn new(bytes: usize) -> Self {
+    /// At most `bodies.0` bodies at once in all and `bodies.1` of one agent's, declaring at most
+    /// `bytes.0` bytes in all and `bytes.1` of one agent's.
+    pub fn new(bodies: (usize, usize), bytes: (usize, usize)) -> Self {
         BodyBudget {
-            bytes: Arc::new(tokio::sync::Semaphore::new(bytes)),
-            readers: Arc::new(tokio::sync::Semaphore::new(MAX_BODIES_READ_AT_ONCE)),
+            bodies: AgentCaps::new(bodies.0, bodies.1),
+            bytes: AgentCaps::new(bytes.0, bytes.1),
+            max_bytes: bytes,
         }
     }
 
-    /// Waits for room for `bytes`.
-    async fn reserve(&self, bytes: usize) -> tokio::sync::OwnedSemaphorePermit {
-        let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
-        self.bytes
-            .clone()
-            .acquire_many_owned(bytes)
-            .await
-            .expect("the body budget is never closed")
-    }
-
-    /// Waits for a turn to read a body.
-    async fn reader(&self) -> tokio::sync::OwnedSemaphorePermit {
-        self.readers
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the body budget is never closed")
+    /// A place for a body of `agent`'s of `size` bytes, or why there is none (which cap is full).
+    fn admit(&self, agent: &str, size: usize) -> Result<BodyPlace, String> {
+        Err(match self.bodies.admit(agent) {
+            Err(CapFull::Agent(n)) => format!(
+                "agent {agent} already has {n} request bodies being received, the most \
+                 --max-request-bodies-in-flight-per-agent allows"
+            ),
+            Err(CapFull::All(n)) => format!(
+                "the resource proxy already receives {n} request bodies, the most \
+                 --max-request-bodies-in-flight allows"
+            ),
+            Ok(body) => match self.bytes.admit_n(agent, size) {
+                Ok(bytes) => return Ok((body, bytes)),
+                Err(CapFull::Agent(n)) => format!(
+                    "agent {agent}'s request bodies being received declare {n} bytes; with this \
+                     one's {size} they would pass the {} bytes one agent's may declare at once",
+                    self.max_bytes.1
+                ),
+                Err(CapFull::All(n)) => format!(
+                    "the request bodies being received declare {n} bytes; with this one's {size} \
+                     they would pass the {} bytes the resource proxy holds at once",
+                    self.max_bytes.0
+                ),
+            },
+        })
     }
 }
 
@@ -127,7 +162,7 @@ pub struct ResourceProxy {
     pub metrics: ProxyMetrics,
     /// Longest a request body may take to arrive (`--request-body-timeout`).
     pub body_timeout: Duration,
-    /// Room for request bodies being read.
+    /// Room for request bodies being received.
     pub body_budget: BodyBudget,
     /// How web terminals are bounded (`--terminal-*`) and observed.
     pub terminal: crate::terminal::TerminalPolicy,
@@ -380,7 +415,14 @@ impl ResourceProxy {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let body = match read_body(req.into_body(), self.body_timeout, &self.body_budget).await {
+        let body = match read_body(
+            req.into_body(),
+            self.body_timeout,
+            &self.body_budget,
+            agent.as_str(),
+        )
+        .await
+        {
             Ok(body) => body,
             Err(refused) => return refused,
         };
@@ -522,81 +564,90 @@ impl ResourceProxy {
     }
 }
 
-/// Reads a request body of at most [`MAX_REQUEST_BODY`] bytes that arrives within `timeout`,
-/// each part only once `budget` has room for it; otherwise the answer to send instead (413, or
-/// 408 closing the connection: a client that stalls mid-body holds no buffer or task beyond the
-/// timeout).
+/// `resp` with `Connection: close` (HTTP/1.1; hyper leaves the header out of HTTP/2 responses).
+fn closing(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    resp
+}
+
+/// Reads a request body of `agent`'s of at most [`MAX_REQUEST_BODY`] bytes that arrives within
+/// `timeout`, once `budget` admitted it; otherwise the answer to send instead (413; 429 closing
+/// the connection when the budget has no room for it; 408 closing the connection: a client that
+/// stalls mid-body holds no buffer or task beyond the timeout). An empty body takes no place.
 async fn read_body<B>(
     body: B,
     timeout: Duration,
     budget: &BodyBudget,
+    agent: &str,
 ) -> Result<Vec<u8>, Response<ProxyBody>>
 where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let declared = body.size_hint().lower();
-    if declared > MAX_REQUEST_BODY as u64 {
+    if body.is_end_stream() {
+        return Ok(Vec::new());
+    }
+    let hint = body.size_hint();
+    if hint.lower() > MAX_REQUEST_BODY as u64 {
         return Err(status_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             "RequestEntityTooLarge",
-            format!("request body of {declared} bytes refused (limit {MAX_REQUEST_BODY} bytes)"),
+            format!(
+                "request body of {} bytes refused (limit {MAX_REQUEST_BODY} bytes)",
+                hint.lower()
+            ),
         ));
     }
-    let read = read_within_budget(Limited::new(body, MAX_REQUEST_BODY), budget);
-    match tokio::time::timeout(timeout, read).await {
+    let size = hint
+        .exact()
+        .map_or(MAX_REQUEST_BODY, |n| n as usize)
+        .min(MAX_REQUEST_BODY);
+    let _place = budget.admit(agent, size).map_err(|refused| {
+        tracing::debug!(agent, "resource proxy: request body refused: {refused}");
+        let mut resp = status_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyRequests",
+            format!("{refused}: retry once they arrived"),
+        );
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        // The connection closes, so that it frees its buffers.
+        closing(resp)
+    })?;
+    match tokio::time::timeout(timeout, read_all(Limited::new(body, size), size)).await {
         Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => Err(status_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             "RequestEntityTooLarge",
-            format!("request body refused (limit {MAX_REQUEST_BODY} bytes): {e}"),
+            format!("request body refused (limit {size} bytes): {e}"),
         )),
-        Err(_) => {
-            let mut resp = status_response(
-                StatusCode::REQUEST_TIMEOUT,
-                "Timeout",
-                format!(
-                    "request body not received within {} (--request-body-timeout)",
-                    argocd_agent_runtime::flags::format_duration(timeout)
-                ),
-            );
-            resp.headers_mut().insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
-            Err(resp)
-        }
+        Err(_) => Err(closing(status_response(
+            StatusCode::REQUEST_TIMEOUT,
+            "Timeout",
+            format!(
+                "request body not received within {} (--request-body-timeout)",
+                argocd_agent_runtime::flags::format_duration(timeout)
+            ),
+        ))),
     }
 }
 
-/// Reads `body` whole in a reader's turn, holding room in `budget` for each part before it is
-/// read (a whole [`READ_QUANTUM`], given back down to the part's size once it arrived) until the
-/// body is read.
-async fn read_within_budget<B: hyper::body::Body>(
-    body: B,
-    budget: &BodyBudget,
-) -> Result<Vec<u8>, B::Error> {
-    let _turn = budget.reader().await;
+/// Reads `body` (of at most `size` bytes) whole into one buffer of that capacity: its pages are
+/// touched only as the bytes arrive, and it is never copied to grow.
+async fn read_all<B: hyper::body::Body>(body: B, size: usize) -> Result<Vec<u8>, B::Error> {
     let mut body = std::pin::pin!(body);
-    let mut read = Vec::new();
-    let mut held = budget.reserve(0).await;
-    loop {
-        let mut room = budget.reserve(READ_QUANTUM).await;
-        let Some(frame) = body.frame().await.transpose()? else {
-            return Ok(read);
-        };
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers
-        };
-        let size = bytes::Buf::remaining(&data);
-        if size > READ_QUANTUM {
-            room.merge(budget.reserve(size - READ_QUANTUM).await);
-        } else if let Some(used) = room.split(size) {
-            room = used;
+    let mut read = Vec::with_capacity(size);
+    while let Some(frame) = body.frame().await.transpose()? {
+        if let Ok(data) = frame.into_data() {
+            bytes::BufMut::put(&mut read, data);
         }
-        held.merge(room);
-        bytes::BufMut::put(&mut read, data);
     }
+    Ok(read)
 }
 
 /// Binds `addr` and serves the proxy with `tls` (which must require client certificates) under
@@ -691,9 +742,14 @@ mod tests {
             ])))]);
         let stalled = StreamBody::new(first.chain(futures::stream::pending()));
         let started = std::time::Instant::now();
-        let refused = read_body(stalled, Duration::from_millis(200), &BodyBudget::default())
-            .await
-            .unwrap_err();
+        let refused = read_body(
+            stalled,
+            Duration::from_millis(200),
+            &BodyBudget::default(),
+            "a",
+        )
+        .await
+        .unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(2));
         assert_eq!(refused.status(), StatusCode::REQUEST_TIMEOUT);
         assert_eq!(refused.headers()[http::header::CONNECTION], "close");
@@ -707,49 +763,161 @@ mod tests {
     async fn request_bodies_over_the_limit_are_refused_from_their_declared_length() {
         let big = Full::new(Bytes::from(vec![0u8; MAX_REQUEST_BODY + 1]));
         let budget = BodyBudget::default();
-        let refused = read_body(big, Duration::from_secs(30), &budget)
+        let refused = read_body(big, Duration::from_secs(30), &budget, "a")
             .await
             .unwrap_err();
         assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
         let small = Full::new(Bytes::from_static(b"{}"));
         assert_eq!(
-            read_body(small, Duration::from_secs(30), &budget)
+            read_body(small, Duration::from_secs(30), &budget, "a")
                 .await
                 .unwrap(),
             b"{}"
         );
     }
 
-    /// A body of `parts` parts of [`READ_QUANTUM`] bytes, then stalled when `stall`.
-    fn quanta(
-        parts: usize,
-        stall: bool,
-    ) -> StreamBody<impl futures::Stream<Item = Result<Frame<Bytes>, std::io::Error>>> {
-        let part = || Ok(Frame::data(Bytes::from(vec![b'x'; READ_QUANTUM])));
-        let sent = futures::stream::iter((0..parts).map(move |_| part()));
-        let end = futures::stream::pending().take(usize::from(stall));
-        StreamBody::new(sent.chain(end))
+    /// A body declaring `declared` bytes (a Content-Length) that sends `sent` of them and then
+    /// stalls, unless it sent them all.
+    struct Declared {
+        sent: Option<Bytes>,
+        declared: u64,
+        stalls: bool,
+    }
+
+    impl Declared {
+        fn new(sent: usize, declared: usize) -> Self {
+            Declared {
+                sent: Some(Bytes::from(vec![b'x'; sent])),
+                declared: declared as u64,
+                stalls: sent < declared,
+            }
+        }
+    }
+
+    /// `n` bytes sent in full.
+    fn whole(n: usize) -> Declared {
+        Declared::new(n, n)
+    }
+
+    impl hyper::body::Body for Declared {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            match self.sent.take() {
+                Some(data) => std::task::Poll::Ready(Some(Ok(Frame::data(data)))),
+                None if self.stalls => std::task::Poll::Pending,
+                None => std::task::Poll::Ready(None),
+            }
+        }
+
+        fn size_hint(&self) -> hyper::body::SizeHint {
+            hyper::body::SizeHint::with_exact(self.declared)
+        }
+    }
+
+    /// The status and message of a refusal.
+    async fn refusal(answer: Result<Vec<u8>, Response<ProxyBody>>) -> (StatusCode, String) {
+        let refused = answer.unwrap_err();
+        let status = refused.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(refused.headers()[http::header::RETRY_AFTER], "1");
+            assert_eq!(refused.headers()[http::header::CONNECTION], "close");
+        }
+        let body = refused.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        (status, body["message"].as_str().unwrap().to_string())
     }
 
     #[tokio::test]
-    async fn bodies_being_read_wait_for_room_in_the_shared_budget() {
-        let budget = BodyBudget::new(3 * READ_QUANTUM);
-        // The stalled body holds its part and room for the next one: two of the three quanta.
-        let stalled = read_body(quanta(1, true), Duration::from_millis(500), &budget);
-        let started = std::time::Instant::now();
-        let whole = async {
-            let read = read_body(quanta(2, false), Duration::from_secs(10), &budget).await;
-            (read, started.elapsed())
+    async fn bodies_past_a_cap_of_bodies_in_flight_are_answered_429_at_once_and_empty_ones_take_no_place(
+    ) {
+        let budget = BodyBudget::new((3, 2), (MAX_BODY_BYTES_IN_FLIGHT, MAX_REQUEST_BODY));
+        let timeout = Duration::from_millis(500);
+        let stalled = |agent| read_body(Declared::new(10, 100), timeout, &budget, agent);
+        let held = futures::future::join_all([stalled("a"), stalled("a"), stalled("b")]);
+        let refused = async {
+            // Once the three are admitted (they hold their places until their timeout).
+            tokio::task::yield_now().await;
+            let started = std::time::Instant::now();
+            let mine = read_body(whole(10), timeout, &budget, "a").await;
+            let all = read_body(whole(10), timeout, &budget, "c").await;
+            let empty = read_body(Full::new(Bytes::new()), timeout, &budget, "c").await;
+            (mine, all, empty, started.elapsed())
         };
-        let (stalled, (whole, took)) = tokio::join!(stalled, whole);
-        assert_eq!(stalled.unwrap_err().status(), StatusCode::REQUEST_TIMEOUT);
-        assert_eq!(whole.unwrap().len(), 2 * READ_QUANTUM);
+        let (held, (mine, all, empty, took)) = tokio::join!(held, refused);
         assert!(
-            took >= Duration::from_millis(500),
-            "the second part was read before the stalled body gave its room back ({took:?})"
+            took < timeout,
+            "refused at once, not after waiting ({took:?})"
         );
-        // Everything is given back.
-        assert_eq!(budget.bytes.available_permits(), 3 * READ_QUANTUM);
+        assert_eq!(empty.unwrap(), Vec::<u8>::new());
+        let (status, message) = refusal(mine).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            message.contains("--max-request-bodies-in-flight-per-agent"),
+            "{message}"
+        );
+        let (status, message) = refusal(all).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            message.contains("--max-request-bodies-in-flight allows"),
+            "{message}"
+        );
+        for h in held {
+            assert_eq!(refusal(h).await.0, StatusCode::REQUEST_TIMEOUT);
+        }
+        // Their places are free again.
+        let read = read_body(whole(10), timeout, &budget, "a").await;
+        assert_eq!(read.unwrap().len(), 10);
+    }
+
+    #[tokio::test]
+    async fn bodies_whose_declared_bytes_do_not_fit_are_refused_per_agent_and_in_all() {
+        let budget = BodyBudget::new((10, 10), (100, 60));
+        let timeout = Duration::from_millis(500);
+        let held = futures::future::join_all([
+            read_body(Declared::new(1, 50), timeout, &budget, "a"),
+            read_body(Declared::new(1, 40), timeout, &budget, "b"),
+        ]);
+        let others = async {
+            tokio::task::yield_now().await;
+            let mine = read_body(whole(20), timeout, &budget, "a").await;
+            let all = read_body(whole(20), timeout, &budget, "c").await;
+            // What fits is read at once: the bytes are admitted, not waited for.
+            let fits = read_body(whole(10), timeout, &budget, "c").await;
+            (mine, all, fits)
+        };
+        let (held, (mine, all, fits)) = tokio::join!(held, others);
+        assert_eq!(fits.unwrap().len(), 10);
+        let (status, message) = refusal(mine).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            message.contains("declare 50 bytes; with this one's 20"),
+            "{message}"
+        );
+        assert!(message.contains("one agent's may declare"), "{message}");
+        let (status, message) = refusal(all).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(message.contains("declare 90 bytes"), "{message}");
+        for h in held {
+            assert_eq!(refusal(h).await.0, StatusCode::REQUEST_TIMEOUT);
+        }
+        // A body without a declared length counts as the largest.
+        let budget = BodyBudget::default();
+        let unknown = || {
+            StreamBody::new(futures::stream::pending::<
+                Result<Frame<Bytes>, std::io::Error>,
+            >())
+        };
+        let (first, second) = tokio::join!(
+            read_body(unknown(), timeout, &budget, "a"),
+            read_body(unknown(), timeout, &budget, "a")
+        );
+        assert_eq!(refusal(first).await.0, StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(refusal(second).await.0, StatusCode::TOO_MANY_REQUESTS);
     }
 
     #[test]
