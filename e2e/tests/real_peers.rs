@@ -19,6 +19,7 @@ use e2e::gateway::{
     agentctl, application_resource, appproject_resource, ensure_namespace, text, Pki,
 };
 use e2e::git_server::{demo_manifests, GitServer};
+use e2e::http1_proxy::Http1Proxy;
 use e2e::kubelet::FakeKubelet;
 use e2e::redis::resp_exchange;
 use e2e::scenario::{self, register_agent_cluster, wait_greeting, wait_synced, SYNC_WAIT};
@@ -131,6 +132,9 @@ struct Cell {
     /// With [`Proxies::Redis`]: the hub's argocd-server, whose Redis is the principal's Redis
     /// proxy, and the password-protected hub Redis behind that proxy.
     hub_view: Option<HubView>,
+    /// With [`CellOptions::http1_proxy`]: the HTTP/1.1-only nginx the agent reaches the
+    /// principal through.
+    http1_proxy: Option<Http1Proxy>,
 }
 
 /// How a cell is started beyond its sides and mode.
@@ -144,6 +148,8 @@ struct CellOptions<'a> {
     principal_args: &'a [&'a str],
     /// The principal's live-view proxies the cell uses.
     proxies: Proxies,
+    /// The agent reaches the principal through an HTTP/1.1-only nginx ([`Http1Proxy`]).
+    http1_proxy: bool,
 }
 
 /// Which of the principal's live-view proxies a cell serves beyond the event stream.
@@ -229,6 +235,7 @@ impl Cell {
             agent_args,
             principal_args: extra_principal_args,
             proxies,
+            http1_proxy,
         } = options;
         let planes = shared_planes().await;
         // Managed cells on one spoke, autonomous ones on the other: spreads the Argo CD load.
@@ -329,13 +336,20 @@ impl Cell {
             &principal_args,
         )
         .await?;
+        let http1_proxy = if http1_proxy {
+            Some(Http1Proxy::start(&ctx.suffix, &ctx.dir, &principal.address(), &pki, &name).await?)
+        } else {
+            None
+        };
         let agent = AnyAgent::start(
             agent,
             &name,
             &ctx.dir,
             spoke,
             &pki,
-            &principal.address(),
+            &http1_proxy
+                .as_ref()
+                .map_or_else(|| principal.address(), Http1Proxy::address),
             mode,
             &spoke_ns,
             argocd.as_ref(),
@@ -392,15 +406,24 @@ impl Cell {
             spoke_apps,
             _resource_proxy_port: resource_proxy_port,
             hub_view,
+            http1_proxy,
         })
     }
 
     /// Log tails of every process of the cell, for failure messages.
     fn logs(&self) -> String {
         format!(
-            "--- principal ---\n{}\n--- agent ---\n{}\n{}{}",
+            "--- principal ---\n{}\n--- agent ---\n{}\n{}{}{}",
             self.principal.process().log_tail(30),
             self.agent.process().log_tail(30),
+            self.http1_proxy
+                .as_ref()
+                .map(|p| format!(
+                    "--- nginx ---\n{}\n{}\n",
+                    p.process.log_tail(10),
+                    p.requests().join("\n")
+                ))
+                .unwrap_or_default(),
             self.argocd
                 .as_ref()
                 .map(|a| a.log_tails(10))
@@ -2082,6 +2105,245 @@ async fn compressed_upstream_agent_on_our_principal() -> anyhow::Result<()> {
 #[tokio::test]
 async fn compressed_agent_of_ours_on_upstream_principal() -> anyhow::Result<()> {
     compressed_agent_syncs_an_app(Side::Upstream, Side::Ours).await
+}
+
+// ---- gRPC over WebSocket through an HTTP/1.1-only proxy (--enable-websocket) -------------------
+//
+// Between agent and principal a real nginx that speaks only HTTP/1.1 (no h2 in its ALPN) and
+// passes WebSocket upgrades, re-encrypting with the agent's certificate as upstream's own e2e
+// proxy does ([`Http1Proxy`]). Upstream's agent cannot take part: its WebSocket transport,
+// golang.stackrox.io/grpc-http1, is refused by the module proxy here (e2e/peers/agent).
+
+/// The agent's ops port (our agent only).
+fn our_agent_port(cell: &Cell) -> u16 {
+    match &cell.agent {
+        AnyAgent::Ours(a) => a.ops_port,
+        AnyAgent::Upstream(_) => unreachable!("the WebSocket cells run our agent"),
+    }
+}
+
+/// Waits until our agent's connection gauge reads `connected`.
+async fn wait_agent_connection(cell: &Cell, connected: bool, what: &str) -> anyhow::Result<()> {
+    let port = our_agent_port(cell);
+    wait_until(what, SYNC_WAIT, || async move {
+        let now = e2e::metrics::agent_connected(port).await.unwrap_or(false);
+        Ok::<_, anyhow::Error>((now == connected).then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))
+}
+
+/// Both ends with `--enable-websocket` and only an HTTP/1.1 proxy between them: an Application
+/// created on the hub is synced by the spoke's real Argo CD and its status comes back, every call
+/// having crossed nginx as a WebSocket upgrade; when the proxy dies the agent's stream breaks, it
+/// reconnects once the proxy is back, and a later change syncs too.
+#[tokio::test]
+async fn websocket_through_an_http1_only_proxy_syncs_an_app_and_reconnects_ours_principal_ours_agent(
+) -> anyhow::Result<()> {
+    let options = CellOptions {
+        with_argocd: true,
+        principal_args: &["--enable-websocket"],
+        agent_args: &["--enable-websocket", "--keepalive-interval=5s"],
+        http1_proxy: true,
+        ..CellOptions::default()
+    };
+    let mut cell = Cell::start_full("websocket", Side::Ours, Side::Ours, Mode::Managed, options)
+        .await?;
+    cell.hub_apps
+        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+        .await?;
+    cell.wait_greeting("v1").await?;
+    cell.wait_synced(
+        &cell.hub_apps,
+        &cell.first,
+        "the Application Synced through the HTTP/1.1-only proxy",
+    )
+    .await?;
+    // nginx logs a WebSocket when it closes: the calls made before the stream opened are there,
+    // each an HTTP/1.1 upgrade switched by the principal; nothing else crossed it.
+    let requests = cell.http1_proxy.as_ref().expect("a proxy cell").requests();
+    for method in ["/versionapi.Version/Version", "/authapi.Authentication/Authenticate"] {
+        let line = format!("HTTP/1.1 GET {method} 101 upgrade=websocket");
+        anyhow::ensure!(
+            requests.contains(&line),
+            "{line:?} not in nginx's log:\n{}",
+            requests.join("\n")
+        );
+    }
+    anyhow::ensure!(
+        requests
+            .iter()
+            .all(|l| l.starts_with("HTTP/1.1 GET /") && l.ends_with(" 101 upgrade=websocket")),
+        "only WebSocket upgrades crossed the proxy:\n{}",
+        requests.join("\n")
+    );
+
+    // The proxy dies: the stream breaks; back on the same port, the agent reconnects through it.
+    let proxy = cell.http1_proxy.as_mut().expect("a proxy cell");
+    proxy.process.kill();
+    wait_agent_connection(&cell, false, "the agent noticed the proxy is gone").await?;
+    let proxy = cell.http1_proxy.as_mut().expect("a proxy cell");
+    proxy.process.start_again()?;
+    proxy.wait_listening().await?;
+    wait_agent_connection(&cell, true, "the agent reconnected through the proxy").await?;
+
+    // A change after the reconnect reaches the spoke and is synced.
+    let second = cell.commit_second_version()?;
+    cell.patch_app(&cell.hub_apps, json!({"spec": {"source": {"path": "demo2"}}}))
+        .await?;
+    cell.wait_greeting("v2").await?;
+    cell.wait_synced(
+        &cell.hub_apps,
+        &second,
+        "the hub Application Synced at the new path after the reconnect",
+    )
+    .await?;
+    Ok(())
+}
+
+/// Without `--enable-websocket`, an agent behind the same proxy cannot connect (the proxy offers
+/// no HTTP/2) and says what to do: a refusal naming the flag, logged and in its readiness, never
+/// a connection.
+#[tokio::test]
+async fn without_enable_websocket_our_agent_behind_an_http1_only_proxy_fails_naming_the_flag(
+) -> anyhow::Result<()> {
+    let options = CellOptions {
+        principal_args: &["--enable-websocket"],
+        http1_proxy: true,
+        ..CellOptions::default()
+    };
+    let cell = Cell::start_full(
+        "websocket_missing",
+        Side::Ours,
+        Side::Ours,
+        Mode::Managed,
+        options,
+    )
+    .await?;
+    let hint = "start the principal and this agent with --enable-websocket";
+    wait_until("the agent's refusal naming the flag", SYNC_WAIT, || async {
+        Ok::<_, anyhow::Error>(cell.agent.process().log().contains(hint).then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    let port = our_agent_port(&cell);
+    let (status, body) = e2e::gateway::http_get(port, "/readyz").await?;
+    anyhow::ensure!(
+        status == 503 && body.contains("--enable-websocket"),
+        "readiness says why: {status} {body}"
+    );
+    anyhow::ensure!(
+        !e2e::metrics::agent_connected(port).await?,
+        "never connected:\n{}",
+        cell.logs()
+    );
+    // Positive control: the same principal, straight (HTTP/2 on the same port), serves the same
+    // kind of agent; so the proxy is what stands in the way.
+    let direct_dir = cell.ctx.dir.join("direct");
+    std::fs::create_dir_all(&direct_dir)?;
+    let direct = AnyAgent::start(
+        Side::Ours,
+        &cell.name,
+        &direct_dir,
+        cell.spoke,
+        &cell.pki,
+        &cell.principal.address(),
+        Mode::Managed,
+        &cell.ctx.unique("direct"),
+        None,
+        &[],
+    )
+    .await?;
+    match &direct {
+        AnyAgent::Ours(a) => a.wait_connected().await?,
+        AnyAgent::Upstream(_) => unreachable!(),
+    }
+    Ok(())
+}
+
+/// Upstream's Go agent without the flag on our principal with it: `--enable-websocket` keeps
+/// native gRPC on the same port (as upstream's downgrading handler does), so its Application syncs.
+#[tokio::test]
+async fn upstream_agent_over_http2_on_our_principal_with_enable_websocket() -> anyhow::Result<()> {
+    let options = CellOptions {
+        with_argocd: true,
+        principal_args: &["--enable-websocket"],
+        ..CellOptions::default()
+    };
+    let cell = Cell::start_full(
+        "websocket_native",
+        Side::Ours,
+        Side::Upstream,
+        Mode::Managed,
+        options,
+    )
+    .await?;
+    cell.hub_apps
+        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+        .await?;
+    cell.wait_greeting("v1").await?;
+    cell.wait_synced(
+        &cell.hub_apps,
+        &cell.first,
+        "the Go agent's Application Synced on a principal that also serves WebSocket",
+    )
+    .await?;
+    Ok(())
+}
+
+/// Our agent with `--enable-websocket` on upstream's principal with it: that principal serves
+/// HTTP/1.1 only through grpc-http1, which this build of it lacks (the module proxy refuses the
+/// module; e2e/peers/agent's stand-in answers 501), so the agent fails and quotes the answer; and
+/// without the flag our agent syncs on that same principal over HTTP/2, which upstream's
+/// downgrading handler still serves.
+#[tokio::test]
+async fn our_agent_on_upstream_principal_with_enable_websocket_http2_syncs_and_websocket_quotes_the_refusal(
+) -> anyhow::Result<()> {
+    let options = CellOptions {
+        with_argocd: true,
+        principal_args: &["--enable-websocket"],
+        ..CellOptions::default()
+    };
+    let cell = Cell::start_full(
+        "websocket_upstream",
+        Side::Upstream,
+        Side::Ours,
+        Mode::Managed,
+        options,
+    )
+    .await?;
+    cell.hub_apps
+        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+        .await?;
+    cell.wait_greeting("v1").await?;
+    cell.wait_synced(
+        &cell.hub_apps,
+        &cell.first,
+        "our HTTP/2 agent's Application Synced on upstream's WebSocket-enabled principal",
+    )
+    .await?;
+    let ws_dir = cell.ctx.dir.join("ws");
+    std::fs::create_dir_all(&ws_dir)?;
+    let ws_agent = AnyAgent::start(
+        Side::Ours,
+        &cell.name,
+        &ws_dir,
+        cell.spoke,
+        &cell.pki,
+        &cell.principal.address(),
+        Mode::Managed,
+        &cell.ctx.unique("ws"),
+        None,
+        &["--enable-websocket"],
+    )
+    .await?;
+    let quoted = "HTTP 501 Not Implemented: gRPC over HTTP/1 is not available in this build";
+    wait_until("our WebSocket agent quoting the refusal", SYNC_WAIT, || async {
+        Ok::<_, anyhow::Error>(ws_agent.process().log().contains(quoted).then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", ws_agent.process().log_tail(30)))?;
+    Ok(())
 }
 
 // ---- a mixed fleet: Go and Rust agents on one principal of ours ----------------------------------

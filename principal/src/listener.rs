@@ -21,6 +21,15 @@
 //! agent identity (`--max-connections-per-agent`; the connection over it gets GOAWAY
 //! `ENHANCE_YOUR_CALM` naming the flag), on the Redis proxy a client IP.
 //!
+//! With `--enable-websocket` the gRPC listener also takes HTTP/1.1 connections (ALPN `http/1.1`
+//! offered beside `h2`): each connection's protocol is known from ALPN, or, when none was
+//! negotiated (a TLS-terminating proxy that re-encrypts without ALPN, or plaintext behind a mesh),
+//! from its first bytes ([`argocd_agent_runtime::grpc_websocket::sniff`]); an HTTP/2 one goes to
+//! the gRPC server as before, an HTTP/1.1 one to [`Http1Calls`] (gRPC over WebSocket) with the
+//! same identity, blocklist watch, header timeout and `--max-connections-per-agent` slot — so
+//! there, where every call is a connection of its own, the cap bounds an agent's calls at once
+//! (over it, HTTP 429 naming the flag).
+//!
 //! And, on the gRPC listener only, `--keepalive-min-interval` ([`PingEnforcement`],
 //! [`KeepaliveEnforced`]): grpc-go's `keepalive.EnforcementPolicy{MinTime}`, which the h2 crate
 //! under tonic does not have (it answers every PING). The connection's HTTP/2 frames are scanned
@@ -40,6 +49,8 @@ use argocd_agent_proto::identity::{
     cert_fingerprint, AgentIdentity, HeaderIdentity, IdentitySource,
 };
 use argocd_agent_runtime::accept::{serve_connections, serve_tls_connections, HandshakeFailure};
+use argocd_agent_runtime::grpc_websocket::sniff::{sniff, Rewind, Wire};
+use argocd_agent_runtime::tls::{ALPN_H2, ALPN_HTTP1};
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -503,6 +514,31 @@ async fn refuse_over_cap<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, reaso
     .await;
 }
 
+/// Ends an HTTP/1.1 connection over `--max-connections-per-agent`: `429 Too Many Requests` with
+/// the reason, then (as [`refuse_over_cap`]) the client's input drained until it closes.
+async fn refuse_http1_over_cap<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, reason: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answer = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{reason}",
+        reason.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.flush().await?;
+        let mut sink = [0u8; 4096];
+        let mut drained = 0;
+        while drained < 64 << 10 {
+            match stream.read(&mut sink).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        stream.shutdown().await
+    })
+    .await;
+}
+
 /// Where a connection that broke the ping policy is on its way out.
 #[derive(Debug)]
 enum Ending {
@@ -772,9 +808,35 @@ pub enum PeerCredential {
 /// The transport under an agent connection: mutual TLS, or plaintext behind a service mesh.
 type AgentTransport = Either<TlsStream<TcpStream>, TcpStream>;
 
+/// An agent connection that speaks HTTP/1.1, its first bytes (read to tell) replayed.
+pub type Http1Connection = Rewind<GuardedStream<AgentTransport>>;
+
+/// Serves an agent's HTTP/1.1 connection (gRPC over WebSocket with `--enable-websocket`); without
+/// it, every connection is taken as HTTP/2, as before.
+pub type Http1Calls = Arc<
+    dyn Fn(Http1Connection, PeerIdentity) -> Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Which protocol `stream` speaks: HTTP/2 unless `http1` is served, then by the ALPN protocol
+/// negotiated (`alpn`) or, without one, by its first bytes.
+async fn wire_of(
+    stream: GuardedStream<AgentTransport>,
+    alpn: Option<Vec<u8>>,
+    http1: bool,
+) -> std::io::Result<(Wire, Rewind<GuardedStream<AgentTransport>>)> {
+    match alpn.as_deref() {
+        _ if !http1 => Ok((Wire::Http2, Rewind::new(stream))),
+        Some(ALPN_H2) => Ok((Wire::Http2, Rewind::new(stream))),
+        Some(ALPN_HTTP1) => Ok((Wire::Http1, Rewind::new(stream))),
+        _ => sniff(stream).await,
+    }
+}
+
 /// An accepted agent connection.
 pub struct AgentConnection {
-    stream: KeepaliveEnforced<GuardedStream<AgentTransport>>,
+    stream: KeepaliveEnforced<Rewind<GuardedStream<AgentTransport>>>,
     peer: PeerIdentity,
     /// Its place under `--max-connections-per-agent` (TLS only), freed when the server drops it.
     _slot: Option<ConnectionSlot<String>>,
@@ -831,7 +893,9 @@ impl AsyncWrite for AgentConnection {
 /// Accepts connections on `listener` forever, handing finished mutual-TLS connections that
 /// `policy` admits to the returned channel (the gRPC server's incoming stream), each under
 /// `--keepalive-min-interval` ([`KeepaliveEnforced`]) and within `per_agent`, keyed by the agent
-/// the certificate names (or, when it names none, by the certificate).
+/// the certificate names (or, when it names none, by the certificate); HTTP/1.1 connections go to
+/// `http1` when given (`--enable-websocket`).
+#[allow(clippy::too_many_arguments)]
 pub fn accept_loop(
     listener: TcpListener,
     tls: ReloadingServerConfig,
@@ -840,6 +904,7 @@ pub fn accept_loop(
     policy: ConnectionPolicy,
     keepalive_min_interval: Option<Duration>,
     per_agent: Arc<ConnectionLimit<String>>,
+    http1: Option<Http1Calls>,
 ) -> mpsc::Receiver<Result<AgentConnection, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     let handshake_timeout = policy.handshake_timeout;
@@ -855,47 +920,10 @@ pub fn accept_loop(
             let metrics = metrics.clone();
             let policy = policy.clone();
             let per_agent = per_agent.clone();
+            let http1 = http1.clone();
             async move {
-                match admit(handshake, &policy).await {
-                    Ok(admitted) => {
-                        let identity = agent_of_certificate(admitted.leaf.as_deref(), &source);
-                        if let Err(reason) = &identity {
-                            metrics.auth_failure("certificate_identity");
-                            tracing::warn!(%remote, %reason, "client certificate does not name a valid agent");
-                        }
-                        let key = match (&identity, &admitted.leaf) {
-                            (Ok(id), _) => id.name.as_str().to_string(),
-                            (Err(_), Some(der)) => format!("certificate {}", cert_fingerprint(der)),
-                            (Err(_), None) => "no certificate".to_string(),
-                        };
-                        let slot = match per_agent.admit(key.clone()) {
-                            Ok(slot) => slot,
-                            Err(open) => {
-                                metrics.auth_failure("too_many_connections");
-                                let reason = format!(
-                                    "too many connections: {key} already holds {open} (--max-connections-per-agent={})",
-                                    per_agent.max()
-                                );
-                                tracing::warn!(%remote, %reason, "connection refused");
-                                refuse_over_cap(admitted.stream, &reason).await;
-                                return;
-                            }
-                        };
-                        let peer = PeerIdentity {
-                            credential: PeerCredential::Certificate(identity),
-                            remote: Some(remote),
-                        };
-                        let _ = tx
-                            .send(Ok(AgentConnection {
-                                stream: KeepaliveEnforced::new(
-                                    admitted.stream.map(Either::Left),
-                                    keepalive_min_interval,
-                                ),
-                                peer,
-                                _slot: Some(slot),
-                            }))
-                            .await;
-                    }
+                let admitted = match admit(handshake, &policy).await {
+                    Ok(admitted) => admitted,
                     Err((refusal, reason)) => {
                         metrics.auth_failure(refusal.reason());
                         if refusal == Refusal::Blocklisted {
@@ -903,12 +931,82 @@ pub fn accept_loop(
                         } else {
                             tracing::info!(%remote, %reason, "connection dropped");
                         }
+                        return;
                     }
+                };
+                let identity = agent_of_certificate(admitted.leaf.as_deref(), &source);
+                if let Err(reason) = &identity {
+                    metrics.auth_failure("certificate_identity");
+                    tracing::warn!(%remote, %reason, "client certificate does not name a valid agent");
                 }
+                let key = match (&identity, &admitted.leaf) {
+                    (Ok(id), _) => id.name.as_str().to_string(),
+                    (Err(_), Some(der)) => format!("certificate {}", cert_fingerprint(der)),
+                    (Err(_), None) => "no certificate".to_string(),
+                };
+                let alpn = admitted.stream.get_ref().get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                let stream = admitted.stream.map(Either::Left);
+                let (wire, stream) = match wire_of(stream, alpn, http1.is_some()).await {
+                    Ok(routed) => routed,
+                    Err(e) => {
+                        tracing::debug!(%remote, error = %e, "connection ended before its first request");
+                        return;
+                    }
+                };
+                let slot = match per_agent.admit(key.clone()) {
+                    Ok(slot) => slot,
+                    Err(open) => {
+                        metrics.auth_failure("too_many_connections");
+                        let reason = format!(
+                            "too many connections: {key} already holds {open} (--max-connections-per-agent={})",
+                            per_agent.max()
+                        );
+                        tracing::warn!(%remote, %reason, "connection refused");
+                        match wire {
+                            Wire::Http2 => refuse_over_cap(stream, &reason).await,
+                            Wire::Http1 => refuse_http1_over_cap(stream, &reason).await,
+                        }
+                        return;
+                    }
+                };
+                let peer = PeerIdentity {
+                    credential: PeerCredential::Certificate(identity),
+                    remote: Some(remote),
+                };
+                serve(wire, stream, peer, Some(slot), keepalive_min_interval, &tx, http1.as_ref())
+                    .await;
             }
         },
     ));
     rx
+}
+
+/// Hands a routed connection to the gRPC server (HTTP/2) or serves it as HTTP/1.1 (`http1`,
+/// present whenever the connection was routed there), holding `slot` as long as it is open.
+async fn serve(
+    wire: Wire,
+    stream: Rewind<GuardedStream<AgentTransport>>,
+    peer: PeerIdentity,
+    slot: Option<ConnectionSlot<String>>,
+    keepalive_min_interval: Option<Duration>,
+    grpc: &mpsc::Sender<Result<AgentConnection, std::io::Error>>,
+    http1: Option<&Http1Calls>,
+) {
+    match (wire, http1) {
+        (Wire::Http1, Some(http1)) => {
+            http1(stream, peer).await;
+            drop(slot);
+        }
+        _ => {
+            let _ = grpc
+                .send(Ok(AgentConnection {
+                    stream: KeepaliveEnforced::new(stream, keepalive_min_interval),
+                    peer,
+                    _slot: slot,
+                }))
+                .await;
+        }
+    }
 }
 
 /// [`accept_loop`] for `--insecure-plaintext`: connections without TLS, as a service mesh sidecar
@@ -921,6 +1019,7 @@ pub fn plaintext_accept_loop(
     header: HeaderIdentity,
     policy: ConnectionPolicy,
     keepalive_min_interval: Option<Duration>,
+    http1: Option<Http1Calls>,
 ) -> mpsc::Receiver<Result<AgentConnection, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     let header = Arc::new(header);
@@ -931,22 +1030,25 @@ pub fn plaintext_accept_loop(
         move |tcp, remote| {
             let tx = tx.clone();
             let header = header.clone();
+            let http1 = http1.clone();
             let request_header_timeout = policy.request_header_timeout;
             async move {
                 if let Err(e) = tcp.set_nodelay(true) {
                     tracing::debug!(%remote, error = %e, "cannot disable Nagle's delay");
                 }
                 let stream = GuardedStream::new(Either::Right(tcp), request_header_timeout, None);
-                let _ = tx
-                    .send(Ok(AgentConnection {
-                        stream: KeepaliveEnforced::new(stream, keepalive_min_interval),
-                        peer: PeerIdentity {
-                            credential: PeerCredential::MeshHeader(header),
-                            remote: Some(remote),
-                        },
-                        _slot: None,
-                    }))
-                    .await;
+                let (wire, stream) = match wire_of(stream, None, http1.is_some()).await {
+                    Ok(routed) => routed,
+                    Err(e) => {
+                        tracing::debug!(%remote, error = %e, "connection ended before its first request");
+                        return;
+                    }
+                };
+                let peer = PeerIdentity {
+                    credential: PeerCredential::MeshHeader(header),
+                    remote: Some(remote),
+                };
+                serve(wire, stream, peer, None, keepalive_min_interval, &tx, http1.as_ref()).await;
             }
         },
     ));
