@@ -908,7 +908,11 @@ mod tests {
         assert!(plaintext.tls.is_none() && plaintext.tls_secrets.is_empty());
         // HTTP/2 unless asked; the WebSocket transport goes with either.
         assert!(!config.enable_websocket);
-        assert!(bare(&["--enable-websocket", "--insecure-plaintext"], &[]).unwrap().enable_websocket);
+        assert!(
+            bare(&["--enable-websocket", "--insecure-plaintext"], &[])
+                .unwrap()
+                .enable_websocket
+        );
         let err = files
             .validate(&["--insecure-plaintext"])
             .unwrap_err()

@@ -663,7 +663,8 @@ impl Connection {
         let classify = |e: &(dyn StdError + 'static)| classify_transport(e, s.websocket);
         let tls = match &self.tls {
             None if s.websocket => {
-                let target = WebSocketTarget::<ReloadingClientConfig>::Plaintext(s.server.to_string());
+                let target =
+                    WebSocketTarget::<ReloadingClientConfig>::Plaintext(s.server.to_string());
                 return dial_grpc_websocket(target, options, s.max_message_size)
                     .await
                     .map(GrpcChannel::WebSocket)
@@ -956,20 +957,27 @@ mod tests {
         let native = classify_transport(&no_h2, false);
         assert!(native.is_refusal());
         assert!(
-            native.to_string().contains("start the principal and this agent with --enable-websocket"),
+            native
+                .to_string()
+                .contains("start the principal and this agent with --enable-websocket"),
             "{native}"
         );
         // With the flag, the same alert means the principal offers no http/1.1.
         let websocket = classify_transport(&no_h2, true);
         assert!(
-            websocket.to_string().contains("start it with --enable-websocket"),
+            websocket
+                .to_string()
+                .contains("start it with --enable-websocket"),
             "{websocket}"
         );
         // A server that picked http/1.1 for a native dial (it offered both) says so too.
         let picked = std::io::Error::other(ConnectError::NotHttp2("http/1.1".into()));
         let picked = classify_transport(&picked, false);
         assert!(picked.is_refusal());
-        assert!(picked.message.contains("\"http/1.1\" instead of h2"), "{picked}");
+        assert!(
+            picked.message.contains("\"http/1.1\" instead of h2"),
+            "{picked}"
+        );
     }
 
     #[test]

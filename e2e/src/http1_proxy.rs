@@ -104,13 +104,17 @@ http {{
         );
         let conf = dir.join("nginx.conf");
         std::fs::write(&conf, config)?;
-        let spec = ProcessSpec::new(format!("nginx-{name}"), nginx_binary()?, dir.join("nginx.log"))
-            .arg("-e")
-            .arg(dir.join("error.log"))
-            .arg("-p")
-            .arg(&dir)
-            .arg("-c")
-            .arg(&conf);
+        let spec = ProcessSpec::new(
+            format!("nginx-{name}"),
+            nginx_binary()?,
+            dir.join("nginx.log"),
+        )
+        .arg("-e")
+        .arg(dir.join("error.log"))
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg(&conf);
         let proxy = Http1Proxy {
             process: ManagedProcess::spawn(spec)?,
             port,
@@ -126,7 +130,12 @@ http {{
         wait_until("nginx listening", Duration::from_secs(20), || {
             let address = address.clone();
             async move {
-                Ok::<_, anyhow::Error>(tokio::net::TcpStream::connect(&address).await.ok().map(|_| ()))
+                Ok::<_, anyhow::Error>(
+                    tokio::net::TcpStream::connect(&address)
+                        .await
+                        .ok()
+                        .map(|_| ()),
+                )
             }
         })
         .await

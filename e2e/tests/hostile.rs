@@ -689,7 +689,8 @@ async fn an_agent_holding_its_cap_of_connections_gets_goaway_for_the_next_one() 
 }
 
 /// A gRPC-over-WebSocket call in progress (the test speaks the wire by hand).
-type WsCall = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+type WsCall =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
 
 /// Opens a gRPC-over-WebSocket call to `path` as agent `identity`, the upgrade as grpc-http1's
 /// client sends it (ALPN http/1.1, subprotocol grpc-ws, the gRPC headers on the upgrade); `Err`
@@ -771,7 +772,11 @@ async fn websocket_calls_are_held_to_the_native_bounds_before_login() -> anyhow:
     }
     rss.check_bound()?;
     eprintln!("[hostile] {CALLS} oversized WebSocket calls before login: close codes {codes:?}");
-    assert_eq!(codes, BTreeMap::from([(Some(1009), CALLS)]), "each closed as too big");
+    assert_eq!(
+        codes,
+        BTreeMap::from([(Some(1009), CALLS)]),
+        "each closed as too big"
+    );
 
     // A stream without a token is answered trailers-only, Unauthenticated, saying why.
     let mut subscribe = websocket_call(&s, (&c, &k), "/eventstreamapi.EventStream/Subscribe")
@@ -804,8 +809,8 @@ async fn websocket_calls_are_held_to_the_native_bounds_before_login() -> anyhow:
 }
 
 #[tokio::test]
-async fn an_agent_holding_its_cap_of_websocket_calls_gets_429_naming_the_flag(
-) -> anyhow::Result<()> {
+async fn an_agent_holding_its_cap_of_websocket_calls_gets_429_naming_the_flag() -> anyhow::Result<()>
+{
     let s = LonePrincipal::start(
         "ws_cap",
         &["--enable-websocket", "--max-connections-per-agent=2"],
@@ -835,11 +840,22 @@ async fn an_agent_holding_its_cap_of_websocket_calls_gets_429_naming_the_flag(
     );
     // Another agent is not affected, and a finished call frees its place.
     let (_, other) = new_agent(&s, "wsother")?;
-    assert!(websocket_call(&s, (&other.0, &other.1), version).await?.is_ok());
+    assert!(websocket_call(&s, (&other.0, &other.1), version)
+        .await?
+        .is_ok());
     drop(held);
-    wait_until("a call once one closed", Duration::from_secs(10), || async {
-        Ok::<_, anyhow::Error>(websocket_call(&s, (&c, &k), version).await?.ok().map(|_| ()))
-    })
+    wait_until(
+        "a call once one closed",
+        Duration::from_secs(10),
+        || async {
+            Ok::<_, anyhow::Error>(
+                websocket_call(&s, (&c, &k), version)
+                    .await?
+                    .ok()
+                    .map(|_| ()),
+            )
+        },
+    )
     .await?;
     Ok(())
 }

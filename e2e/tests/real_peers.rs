@@ -2147,8 +2147,8 @@ async fn websocket_through_an_http1_only_proxy_syncs_an_app_and_reconnects_ours_
         http1_proxy: true,
         ..CellOptions::default()
     };
-    let mut cell = Cell::start_full("websocket", Side::Ours, Side::Ours, Mode::Managed, options)
-        .await?;
+    let mut cell =
+        Cell::start_full("websocket", Side::Ours, Side::Ours, Mode::Managed, options).await?;
     cell.hub_apps
         .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
         .await?;
@@ -2162,7 +2162,10 @@ async fn websocket_through_an_http1_only_proxy_syncs_an_app_and_reconnects_ours_
     // nginx logs a WebSocket when it closes: the calls made before the stream opened are there,
     // each an HTTP/1.1 upgrade switched by the principal; nothing else crossed it.
     let requests = cell.http1_proxy.as_ref().expect("a proxy cell").requests();
-    for method in ["/versionapi.Version/Version", "/authapi.Authentication/Authenticate"] {
+    for method in [
+        "/versionapi.Version/Version",
+        "/authapi.Authentication/Authenticate",
+    ] {
         let line = format!("HTTP/1.1 GET {method} 101 upgrade=websocket");
         anyhow::ensure!(
             requests.contains(&line),
@@ -2189,8 +2192,11 @@ async fn websocket_through_an_http1_only_proxy_syncs_an_app_and_reconnects_ours_
 
     // A change after the reconnect reaches the spoke and is synced.
     let second = cell.commit_second_version()?;
-    cell.patch_app(&cell.hub_apps, json!({"spec": {"source": {"path": "demo2"}}}))
-        .await?;
+    cell.patch_app(
+        &cell.hub_apps,
+        json!({"spec": {"source": {"path": "demo2"}}}),
+    )
+    .await?;
     cell.wait_greeting("v2").await?;
     cell.wait_synced(
         &cell.hub_apps,
@@ -2338,9 +2344,13 @@ async fn our_agent_on_upstream_principal_with_enable_websocket_http2_syncs_and_w
     )
     .await?;
     let quoted = "HTTP 501 Not Implemented: gRPC over HTTP/1 is not available in this build";
-    wait_until("our WebSocket agent quoting the refusal", SYNC_WAIT, || async {
-        Ok::<_, anyhow::Error>(ws_agent.process().log().contains(quoted).then_some(()))
-    })
+    wait_until(
+        "our WebSocket agent quoting the refusal",
+        SYNC_WAIT,
+        || async {
+            Ok::<_, anyhow::Error>(ws_agent.process().log().contains(quoted).then_some(()))
+        },
+    )
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", ws_agent.process().log_tail(30)))?;
     Ok(())

@@ -24,9 +24,7 @@ use argocd_agent_runtime::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
-use argocd_agent_runtime::tls::{
-    expiry, CertificateExpiry, ServerTlsOptions, ALPN_H2, ALPN_HTTP1,
-};
+use argocd_agent_runtime::tls::{expiry, CertificateExpiry, ServerTlsOptions, ALPN_H2, ALPN_HTTP1};
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::CompressionEncoding::Gzip;
@@ -455,7 +453,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         issuer,
         registry,
         hub: hub.clone(),
-        metrics,
+        metrics: metrics.clone(),
         live,
         identity,
         pins,
@@ -534,7 +532,6 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             header_timeout: config.request_header_timeout,
         })
     });
-    let grpc_addr = listener.local_addr()?;
     let incoming = match (tls, &config.auth) {
         (Some(tls), AuthMethod::Mtls(source)) => accept_loop(
             listener,

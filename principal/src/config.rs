@@ -1490,8 +1490,16 @@ mod tests {
         assert_eq!(config.tls_policy, TlsPolicy::default());
         assert_eq!(config.auth, AuthMethod::Mtls(IdentitySource::CommonName));
         assert!(!config.insecure_plaintext, "plaintext is never the default");
-        assert!(!config.enable_websocket, "HTTP/1.1 is served only on request");
-        assert!(files.validate(&["--enable-websocket"]).unwrap().enable_websocket);
+        assert!(
+            !config.enable_websocket,
+            "HTTP/1.1 is served only on request"
+        );
+        assert!(
+            files
+                .validate(&["--enable-websocket"])
+                .unwrap()
+                .enable_websocket
+        );
         assert_eq!(
             config.allowed_agent_modes,
             vec![AgentMode::Managed, AgentMode::Autonomous]

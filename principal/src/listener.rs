@@ -50,8 +50,8 @@ use argocd_agent_proto::identity::{
 };
 use argocd_agent_runtime::accept::{serve_connections, serve_tls_connections, HandshakeFailure};
 use argocd_agent_runtime::grpc_websocket::sniff::{sniff, Rewind, Wire};
-use argocd_agent_runtime::tls::{ALPN_H2, ALPN_HTTP1};
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
+use argocd_agent_runtime::tls::{ALPN_H2, ALPN_HTTP1};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -814,9 +814,7 @@ pub type Http1Connection = Rewind<GuardedStream<AgentTransport>>;
 /// Serves an agent's HTTP/1.1 connection (gRPC over WebSocket with `--enable-websocket`); without
 /// it, every connection is taken as HTTP/2, as before.
 pub type Http1Calls = Arc<
-    dyn Fn(Http1Connection, PeerIdentity) -> Pin<Box<dyn Future<Output = ()> + Send>>
-        + Send
-        + Sync,
+    dyn Fn(Http1Connection, PeerIdentity) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync,
 >;
 
 /// Which protocol `stream` speaks: HTTP/2 unless `http1` is served, then by the ALPN protocol
@@ -944,7 +942,13 @@ pub fn accept_loop(
                     (Err(_), Some(der)) => format!("certificate {}", cert_fingerprint(der)),
                     (Err(_), None) => "no certificate".to_string(),
                 };
-                let alpn = admitted.stream.get_ref().get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                let alpn = admitted
+                    .stream
+                    .get_ref()
+                    .get_ref()
+                    .1
+                    .alpn_protocol()
+                    .map(<[u8]>::to_vec);
                 let stream = admitted.stream.map(Either::Left);
                 let (wire, stream) = match wire_of(stream, alpn, http1.is_some()).await {
                     Ok(routed) => routed,
@@ -973,8 +977,16 @@ pub fn accept_loop(
                     credential: PeerCredential::Certificate(identity),
                     remote: Some(remote),
                 };
-                serve(wire, stream, peer, Some(slot), keepalive_min_interval, &tx, http1.as_ref())
-                    .await;
+                serve(
+                    wire,
+                    stream,
+                    peer,
+                    Some(slot),
+                    keepalive_min_interval,
+                    &tx,
+                    http1.as_ref(),
+                )
+                .await;
             }
         },
     ));
@@ -1048,7 +1060,16 @@ pub fn plaintext_accept_loop(
                     credential: PeerCredential::MeshHeader(header),
                     remote: Some(remote),
                 };
-                serve(wire, stream, peer, None, keepalive_min_interval, &tx, http1.as_ref()).await;
+                serve(
+                    wire,
+                    stream,
+                    peer,
+                    None,
+                    keepalive_min_interval,
+                    &tx,
+                    http1.as_ref(),
+                )
+                .await;
             }
         },
     ));

@@ -111,12 +111,15 @@ mod tests {
         for path in [
             "/eventstreamapi.EventStream/Subscribe",
             "/eventstreamapi.EventStream/Push",
-            "/logstreamapi.LogStreamService/StreamLogs",
+            "/principal.apis.logstreamapi.LogStreamService/StreamLogs",
         ] {
             assert_eq!(request_limit(path, max), max, "{path}");
         }
         assert_eq!(
-            request_limit("/terminalstreamapi.TerminalStreamService/StreamTerminal", max),
+            request_limit(
+                "/terminalstreamapi.TerminalStreamService/StreamTerminal",
+                max
+            ),
             crate::terminal::MAX_CALL_MESSAGE
         );
     }

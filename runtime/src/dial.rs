@@ -27,8 +27,6 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
-use tower::Service;
-
 use crate::grpc_websocket::client::{ChannelOptions, Dial, Io, WebSocketChannel};
 use crate::grpc_websocket::socket::Keepalive;
 use crate::tls::{ReloadingClientConfig, ALPN_H2, ALPN_HTTP1};

@@ -39,7 +39,11 @@ impl Version for Answer {
         &self,
         req: Request<VersionRequest>,
     ) -> Result<Response<VersionResponse>, Status> {
-        if req.metadata().get("authorization").is_some_and(|v| v == "bad") {
+        if req
+            .metadata()
+            .get("authorization")
+            .is_some_and(|v| v == "bad")
+        {
             return Err(Status::unauthenticated("token expired"));
         }
         Ok(Response::new(VersionResponse {
@@ -115,7 +119,9 @@ async fn go_shaped_client(
     address: &str,
     path: &str,
 ) -> tokio_tungstenite::WebSocketStream<TcpStream> {
-    let mut request = format!("ws://{address}{path}").into_client_request().unwrap();
+    let mut request = format!("ws://{address}{path}")
+        .into_client_request()
+        .unwrap();
     let h = request.headers_mut();
     h.insert("content-type", "application/grpc".parse().unwrap());
     h.insert("te", "trailers".parse().unwrap());
@@ -236,14 +242,20 @@ fn upgrade_request(path: &str) -> String {
 /// A connection upgraded for `path` by hand, the 101 answer read off it.
 async fn raw_upgrade(address: &str, path: &str) -> TcpStream {
     let mut tcp = TcpStream::connect(address).await.unwrap();
-    tcp.write_all(upgrade_request(path).as_bytes()).await.unwrap();
+    tcp.write_all(upgrade_request(path).as_bytes())
+        .await
+        .unwrap();
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         let mut byte = [0u8; 1];
         assert_eq!(tcp.read(&mut byte).await.unwrap(), 1, "the server answers");
         head.push(byte[0]);
     }
-    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
     tcp
 }
 
@@ -269,7 +281,10 @@ async fn requests_that_are_not_grpc_websocket_calls_are_answered_with_the_reason
     )
     .await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-    assert!(answer.contains("only gRPC over WebSocket (subprotocol grpc-ws"), "{answer}");
+    assert!(
+        answer.contains("only gRPC over WebSocket (subprotocol grpc-ws"),
+        "{answer}"
+    );
     // The subprotocol, but a proxy dropped the Upgrade headers: server.go's own reason.
     let answer = raw_http(
         &address,
@@ -312,8 +327,7 @@ async fn a_silent_peer_is_dropped_after_the_keepalive_and_a_talking_one_is_not()
     )
     .await;
     let mut sink = Vec::new();
-    let dropped =
-        tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut sink)).await;
+    let dropped = tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut sink)).await;
     assert!(dropped.is_ok(), "a silent peer is dropped");
     // A client that answers pings (tungstenite does while it reads) stays connected.
     let mut talking = go_shaped_client(
@@ -321,16 +335,24 @@ async fn a_silent_peer_is_dropped_after_the_keepalive_and_a_talking_one_is_not()
         "/terminalstreamapi.TerminalStreamService/StreamTerminal",
     )
     .await;
-    let pinged = tokio::time::timeout(Duration::from_secs(2), async {
+    // The response headers come at once (a streaming answer); then only pings, one per interval,
+    // each answered while this client reads.
+    let headers = metadata(next_frame(&mut talking).await);
+    assert_eq!(headers["content-type"], "application/grpc");
+    let pinged = tokio::time::timeout(Duration::from_secs(3), async {
         let mut pings = 0;
         while pings < 4 {
-            if let Some(Ok(Message::Ping(_))) = talking.next().await {
-                pings += 1;
+            match talking.next().await {
+                Some(Ok(Message::Ping(_))) => pings += 1,
+                other => panic!("expected pings only, got {other:?}"),
             }
         }
     })
     .await;
-    assert!(pinged.is_ok(), "pinged every interval and answered: still open");
+    assert!(
+        pinged.is_ok(),
+        "pinged every interval and answered: still open"
+    );
     talking
         .send(Message::binary(grpc_message(&TerminalStreamData {
             request_uuid: "alive".into(),
@@ -338,7 +360,6 @@ async fn a_silent_peer_is_dropped_after_the_keepalive_and_a_talking_one_is_not()
         })))
         .await
         .unwrap();
-    let _headers = next_frame(&mut talking).await;
     let Frame::Message(echo) = next_frame(&mut talking).await else {
         panic!("expected the echo");
     };
@@ -352,7 +373,9 @@ fn our_channel(address: &str, max: usize) -> WebSocketChannel {
     let dial: Dial = Arc::new(move || {
         let target = target.clone();
         Box::pin(async move {
-            let tcp = TcpStream::connect(target).await.map_err(|e| e.to_string())?;
+            let tcp = TcpStream::connect(target)
+                .await
+                .map_err(|e| e.to_string())?;
             Ok(Box::new(tcp) as Box<dyn Io>)
         })
     });
@@ -398,7 +421,10 @@ async fn our_client_and_server_carry_unary_calls_errors_and_a_bidi_stream() {
         .await
         .unwrap();
         let echo = replies.message().await.unwrap().expect("an echo");
-        assert_eq!((echo.request_uuid.as_str(), echo.data.len()), (&*format!("m{i}"), 1000 * i));
+        assert_eq!(
+            (echo.request_uuid.as_str(), echo.data.len()),
+            (&*format!("m{i}"), 1000 * i)
+        );
         assert_eq!(echo.stream_type, "echo");
     }
     // Half-close: the server's stream ends, and the call ends with OK trailers.
@@ -438,6 +464,8 @@ struct GoShapedServer {
 /// A server that answers like grpc-http1's (nhooyr's Accept without Subprotocols: no
 /// Sec-WebSocket-Protocol in the 101) with `headers` as its first metadata frame, then, unless
 /// that carries Grpc-Status, `message` and Go-written trailers.
+// tungstenite's handshake callback returns its large error response type by value.
+#[allow(clippy::result_large_err)]
 async fn go_shaped_server(headers: &'static str, message: Vec<u8>) -> GoShapedServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
@@ -456,7 +484,9 @@ async fn go_shaped_server(headers: &'static str, message: Vec<u8>) -> GoShapedSe
                         .push((req.uri().path().to_string(), req.headers().clone()));
                     Ok(resp)
                 };
-                let mut ws = tokio_tungstenite::accept_hdr_async(tcp, callback).await.unwrap();
+                let mut ws = tokio_tungstenite::accept_hdr_async(tcp, callback)
+                    .await
+                    .unwrap();
                 // The request: one message, then the end of stream.
                 let first = ws.next().await.unwrap().unwrap().into_data();
                 assert!(matches!(frame::decode(first), Ok(Frame::Message(_))));

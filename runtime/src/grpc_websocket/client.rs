@@ -183,8 +183,10 @@ impl Inner {
         let key = generate_key();
         let mut upgrade = Request::new(Empty::<Bytes>::new());
         *upgrade.uri_mut() = path.parse().map_err(|e| Status::internal(format!("{e}")))?;
-        *upgrade.headers_mut() = handshake::upgrade_headers(&head.headers, &self.options.host, &key)
-            .map_err(|e| Status::internal(format!("a request header cannot travel in an upgrade: {e}")))?;
+        *upgrade.headers_mut() =
+            handshake::upgrade_headers(&head.headers, &self.options.host, &key).map_err(|e| {
+                Status::internal(format!("a request header cannot travel in an upgrade: {e}"))
+            })?;
         let answer = sender.send_request(upgrade).await.map_err(|e| {
             unavailable(format!(
                 "the WebSocket upgrade of {path} to {} failed: {e}",

@@ -277,7 +277,10 @@ mod tests {
         assert_eq!(frame[0], 0x80);
         assert_eq!(&frame[1..5], &(block.len() as u32).to_be_bytes());
         assert_eq!(&frame[5..], block);
-        assert_eq!(decode(frame), Ok(Frame::Metadata(Bytes::from_static(block))));
+        assert_eq!(
+            decode(frame),
+            Ok(Frame::Metadata(Bytes::from_static(block)))
+        );
     }
 
     #[test]

@@ -76,7 +76,9 @@ pub fn offer(method: &http::Method, headers: &HeaderMap) -> Result<HeaderValue, 
             "a WebSocket upgrade is a GET request",
         ));
     }
-    if headers.get(header::SEC_WEBSOCKET_VERSION).map(HeaderValue::as_bytes)
+    if headers
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .map(HeaderValue::as_bytes)
         != Some(WEBSOCKET_VERSION.as_bytes())
     {
         return Err(refuse(

@@ -2,9 +2,9 @@
 //! answered by the very gRPC service that serves native calls, as grpc-http1's downgrading handler
 //! hands them to `grpc.Server.ServeHTTP`.
 //!
-//! Owns: the HTTP/1.1 connection (one request, its headers within the header timeout and
-//! [`MAX_HEADER_BYTES`]; anything but an offer of [`SUBPROTOCOL`] answered with the reason,
-//! [`super::handshake::offer`]); per call, the WebSocket with a message limit fixed by the
+//! Owns: the HTTP/1.1 connection (one request: an upgrade, or a refusal that closes it; its
+//! headers within the header timeout and [`MAX_HEADER_BYTES`]; anything but an offer of
+//! [`SUBPROTOCOL`] answered with the reason, [`super::handshake::offer`]); per call, the WebSocket with a message limit fixed by the
 //! method before any message is read (so a call the service would refuse at its decoding limit
 //! cannot make the server buffer more first), the gRPC request built from the upgrade request
 //! (its headers, the connection's extensions — who the peer is — and a body of the client's
@@ -107,7 +107,6 @@ where
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_timeout)
             .max_buf_size(MAX_HEADER_BYTES)
-            .keep_alive(false)
             .serve_connection(TokioIo::new(io), answer)
             .with_upgrades();
         if let Err(e) = connection.await {
@@ -116,13 +115,23 @@ where
     }
 
     /// Accepts an offer (the call then runs in a task of its own) or answers why not.
-    fn answer(&self, mut req: Request<Incoming>, extensions: http::Extensions) -> Response<Full<Bytes>> {
+    fn answer(
+        &self,
+        mut req: Request<Incoming>,
+        extensions: http::Extensions,
+    ) -> Response<Full<Bytes>> {
         let key = match handshake::offer(req.method(), req.headers()) {
             Ok(key) => key,
             Err(refusal) => {
                 tracing::debug!(path = %req.uri().path(), reason = %refusal.reason,
                     "refused an HTTP/1.1 request on the gRPC port");
-                return text(refusal.status, refusal.reason);
+                let mut refused = text(refusal.status, refusal.reason);
+                // One request per connection: a refused one ends it.
+                refused.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+                return refused;
             }
         };
         let upgrade = hyper::upgrade::on(&mut req);
@@ -185,7 +194,9 @@ fn request_body(incoming: mpsc::Receiver<Result<Bytes, SocketError>>) -> tonic::
             Some(Err(e)) => Err(Status::unavailable(e.to_string())),
             Some(Ok(message)) if frame::is_end_of_stream(&message) => return None,
             Some(Ok(message)) => match frame::decode(message) {
-                Ok(Frame::Message(m)) => return Some((Ok(hyper::body::Frame::data(m)), Some(incoming))),
+                Ok(Frame::Message(m)) => {
+                    return Some((Ok(hyper::body::Frame::data(m)), Some(incoming)))
+                }
                 Ok(Frame::Metadata(_)) => Err(Status::internal(
                     "the client sent a metadata frame that is not its end of stream",
                 )),
@@ -233,7 +244,9 @@ where
     let trailers = 'body: loop {
         let chunk = match body.frame().await {
             None => {
-                break failure_trailers(Status::internal("the gRPC response ended without trailers"))
+                break failure_trailers(Status::internal(
+                    "the gRPC response ended without trailers",
+                ))
             }
             Some(Err(e)) => break failure_trailers(Status::unknown(e.into().to_string())),
             Some(Ok(chunk)) => chunk,

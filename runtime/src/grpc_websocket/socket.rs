@@ -255,12 +255,17 @@ async fn read<S: AsyncRead + AsyncWrite + Unpin>(
             Some(Ok(Message::Text(_))) => {
                 break Some(give_up(
                     SocketError::Text,
-                    Some(close_frame(CloseCode::Unsupported, "gRPC over WebSocket is binary")),
+                    Some(close_frame(
+                        CloseCode::Unsupported,
+                        "gRPC over WebSocket is binary",
+                    )),
                 ));
             }
             Some(Ok(Message::Close(frame))) => {
                 closing_since.get_or_insert_with(Instant::now);
-                if let Some(f) = frame.filter(|f| !matches!(f.code, CloseCode::Normal | CloseCode::Away)) {
+                if let Some(f) =
+                    frame.filter(|f| !matches!(f.code, CloseCode::Normal | CloseCode::Away))
+                {
                     if let Some(tx) = consumer.take() {
                         let error = SocketError::ClosedWith {
                             code: f.code.into(),
