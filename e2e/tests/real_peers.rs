@@ -166,6 +166,30 @@ enum Proxies {
     Redis,
 }
 
+/// How a cell's agent reaches its principal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    /// Straight, native gRPC.
+    Http2,
+    /// Both ends with `--enable-websocket`, through an HTTP/1.1-only nginx ([`Http1Proxy`]).
+    WebSocketProxy,
+}
+
+impl Link {
+    /// `options` with this link's flags and proxy.
+    fn apply(self, options: CellOptions<'static>) -> CellOptions<'static> {
+        match self {
+            Link::Http2 => options,
+            Link::WebSocketProxy => CellOptions {
+                principal_args: &["--enable-websocket"],
+                agent_args: &["--enable-websocket"],
+                http1_proxy: true,
+                ..options
+            },
+        }
+    }
+}
+
 /// The hub side of a [`Proxies::Redis`] cell.
 struct HubView {
     server: ArgoCd,
@@ -203,12 +227,18 @@ impl Cell {
     }
 
     /// A managed cell without Argo CD whose principal serves the resource proxy: ours always does;
-    /// an upstream principal gets it switched on (see [`e2e::upstream::hold_resource_proxy_port`]).
-    async fn start_live(scenario: &str, principal: Side, agent: Side) -> anyhow::Result<Cell> {
-        let options = CellOptions {
+    /// an upstream principal gets it switched on (see [`e2e::upstream::hold_resource_proxy_port`]);
+    /// the agent reaches the principal over `link`.
+    async fn start_live(
+        scenario: &str,
+        principal: Side,
+        agent: Side,
+        link: Link,
+    ) -> anyhow::Result<Cell> {
+        let options = link.apply(CellOptions {
             proxies: Proxies::Resource,
             ..CellOptions::default()
-        };
+        });
         Cell::start_full(scenario, principal, agent, Mode::Managed, options).await
     }
 
@@ -1333,8 +1363,12 @@ const UPSTREAM_STAND_IN_VERSION: &str = "1.28.5+argocd-agent";
 /// `StreamLogs` and always ask the kubelet for timestamps: our principal removes them unless
 /// asked; upstream's principal passes them on (its own behaviour with its own agent), so there
 /// each line's text is compared after its timestamp.
-async fn pod_logs_through_the_principal(principal: Side, agent: Side) -> anyhow::Result<()> {
-    let cell = Cell::start_live("pod_logs", principal, agent).await?;
+async fn pod_logs_through_the_principal(
+    principal: Side,
+    agent: Side,
+    link: Link,
+) -> anyhow::Result<()> {
+    let cell = Cell::start_live("pod_logs", principal, agent, link).await?;
     let (kubelet, kubeconfig) = cell.pod_on_fake_kubelet().await?;
     let ns = cell.dest.as_str();
     let kubectl = |args: &[&str]| cell.kubectl(&kubeconfig, args);
@@ -1464,22 +1498,30 @@ async fn pod_logs_through_the_principal(principal: Side, agent: Side) -> anyhow:
 
 #[tokio::test]
 async fn pod_logs_through_our_principal_ours_agent() -> anyhow::Result<()> {
-    pod_logs_through_the_principal(Side::Ours, Side::Ours).await
+    pod_logs_through_the_principal(Side::Ours, Side::Ours, Link::Http2).await
+}
+
+/// The same with our agent's `StreamLogs` calls carried as gRPC over WebSocket through an
+/// HTTP/1.1-only proxy.
+#[tokio::test]
+async fn pod_logs_over_websocket_through_an_http1_only_proxy_ours_principal_ours_agent(
+) -> anyhow::Result<()> {
+    pod_logs_through_the_principal(Side::Ours, Side::Ours, Link::WebSocketProxy).await
 }
 
 #[tokio::test]
 async fn pod_logs_through_our_principal_upstream_agent() -> anyhow::Result<()> {
-    pod_logs_through_the_principal(Side::Ours, Side::Upstream).await
+    pod_logs_through_the_principal(Side::Ours, Side::Upstream, Link::Http2).await
 }
 
 #[tokio::test]
 async fn pod_logs_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
-    pod_logs_through_the_principal(Side::Upstream, Side::Ours).await
+    pod_logs_through_the_principal(Side::Upstream, Side::Ours, Link::Http2).await
 }
 
 #[tokio::test]
 async fn pod_logs_through_upstream_principal_upstream_agent() -> anyhow::Result<()> {
-    pod_logs_through_the_principal(Side::Upstream, Side::Upstream).await
+    pod_logs_through_the_principal(Side::Upstream, Side::Upstream, Link::Http2).await
 }
 
 /// `kubectl exec` (client-go's WebSocket executor, `v5.channel.k8s.io`) through the principal's
@@ -1492,9 +1534,13 @@ async fn pod_logs_through_upstream_principal_upstream_agent() -> anyhow::Result<
 /// the kubelet. Through upstream's principal, which asks for a TTY and ends the WebSocket without
 /// an exit status, the command's output comes back, and our agent refuses the untracked pod
 /// itself (upstream's principal asks the agent without reading the pod).
-async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Result<()> {
+async fn exec_through_the_principal(
+    principal: Side,
+    agent: Side,
+    link: Link,
+) -> anyhow::Result<()> {
     use tokio::io::AsyncWriteExt;
-    let cell = Cell::start_live("exec", principal, agent).await?;
+    let cell = Cell::start_live("exec", principal, agent, link).await?;
     let (kubelet, kubeconfig) = cell.pod_on_fake_kubelet().await?;
     let ns = cell.dest.as_str();
     // Upstream's principal runs every session with a TTY (it serves Argo CD's web terminal), on
@@ -1661,17 +1707,25 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
 
 #[tokio::test]
 async fn exec_through_our_principal_ours_agent() -> anyhow::Result<()> {
-    exec_through_the_principal(Side::Ours, Side::Ours).await
+    exec_through_the_principal(Side::Ours, Side::Ours, Link::Http2).await
+}
+
+/// The same with our agent's `StreamTerminal` call carried as gRPC over WebSocket through an
+/// HTTP/1.1-only proxy.
+#[tokio::test]
+async fn exec_over_websocket_through_an_http1_only_proxy_ours_principal_ours_agent(
+) -> anyhow::Result<()> {
+    exec_through_the_principal(Side::Ours, Side::Ours, Link::WebSocketProxy).await
 }
 
 #[tokio::test]
 async fn exec_through_our_principal_upstream_agent() -> anyhow::Result<()> {
-    exec_through_the_principal(Side::Ours, Side::Upstream).await
+    exec_through_the_principal(Side::Ours, Side::Upstream, Link::Http2).await
 }
 
 #[tokio::test]
 async fn exec_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
-    exec_through_the_principal(Side::Upstream, Side::Ours).await
+    exec_through_the_principal(Side::Upstream, Side::Ours, Link::Http2).await
 }
 
 /// Upstream's own pair, the baseline of the matrix. Its principal tears a session down as soon as
@@ -1680,7 +1734,12 @@ async fn exec_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
 /// 2026-11-25. Exactly that symptom is retried once, and said so; any other failure is not.
 #[tokio::test]
 async fn exec_through_upstream_principal_upstream_agent() -> anyhow::Result<()> {
-    let first = tokio::spawn(exec_through_the_principal(Side::Upstream, Side::Upstream)).await;
+    let first = tokio::spawn(exec_through_the_principal(
+        Side::Upstream,
+        Side::Upstream,
+        Link::Http2,
+    ))
+    .await;
     match first {
         Ok(result) => result,
         Err(e) if e.is_panic() => {
@@ -1696,7 +1755,7 @@ async fn exec_through_upstream_principal_upstream_agent() -> anyhow::Result<()> 
             eprintln!(
                 "[real_peers] upstream's pair dropped the exec output (close 1006); retrying once"
             );
-            exec_through_the_principal(Side::Upstream, Side::Upstream).await
+            exec_through_the_principal(Side::Upstream, Side::Upstream, Link::Http2).await
         }
         Err(e) => Err(e.into()),
     }
@@ -2140,13 +2199,10 @@ async fn wait_agent_connection(cell: &Cell, connected: bool, what: &str) -> anyh
 #[tokio::test]
 async fn websocket_through_an_http1_only_proxy_syncs_an_app_and_reconnects_ours_principal_ours_agent(
 ) -> anyhow::Result<()> {
-    let options = CellOptions {
+    let options = Link::WebSocketProxy.apply(CellOptions {
         with_argocd: true,
-        principal_args: &["--enable-websocket"],
-        agent_args: &["--enable-websocket", "--keepalive-interval=5s"],
-        http1_proxy: true,
         ..CellOptions::default()
-    };
+    });
     let mut cell =
         Cell::start_full("websocket", Side::Ours, Side::Ours, Mode::Managed, options).await?;
     cell.hub_apps

@@ -808,14 +808,12 @@ pub enum PeerCredential {
 /// The transport under an agent connection: mutual TLS, or plaintext behind a service mesh.
 type AgentTransport = Either<TlsStream<TcpStream>, TcpStream>;
 
-/// An agent connection that speaks HTTP/1.1, its first bytes (read to tell) replayed.
-pub type Http1Connection = Rewind<GuardedStream<AgentTransport>>;
-
 /// Serves an agent's HTTP/1.1 connection (gRPC over WebSocket with `--enable-websocket`); without
-/// it, every connection is taken as HTTP/2, as before.
-pub type Http1Calls = Arc<
-    dyn Fn(Http1Connection, PeerIdentity) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync,
->;
+/// it, every connection is taken as HTTP/2, as before. The connection carries its peer
+/// ([`Connected::connect_info`]) and its `--max-connections-per-agent` slot, which it frees when
+/// dropped, whoever ends up holding it (an upgraded call outlives the HTTP/1.1 exchange).
+pub type Http1Calls =
+    Arc<dyn Fn(AgentConnection) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// Which protocol `stream` speaks: HTTP/2 unless `http1` is served, then by the ALPN protocol
 /// negotiated (`alpn`) or, without one, by its first bytes.
@@ -993,8 +991,9 @@ pub fn accept_loop(
     rx
 }
 
-/// Hands a routed connection to the gRPC server (HTTP/2) or serves it as HTTP/1.1 (`http1`,
-/// present whenever the connection was routed there), holding `slot` as long as it is open.
+/// Hands a routed connection to the gRPC server (HTTP/2, under `--keepalive-min-interval`) or
+/// serves it as HTTP/1.1 (`http1`, present whenever the connection was routed there); `slot` is
+/// held as long as the connection is open.
 async fn serve(
     wire: Wire,
     stream: Rewind<GuardedStream<AgentTransport>>,
@@ -1004,19 +1003,16 @@ async fn serve(
     grpc: &mpsc::Sender<Result<AgentConnection, std::io::Error>>,
     http1: Option<&Http1Calls>,
 ) {
+    let connection = |min_interval| AgentConnection {
+        stream: KeepaliveEnforced::new(stream, min_interval),
+        peer,
+        _slot: slot,
+    };
     match (wire, http1) {
-        (Wire::Http1, Some(http1)) => {
-            http1(stream, peer).await;
-            drop(slot);
-        }
+        // HTTP/2 PINGs are not HTTP/1.1's: the keepalive enforcement stays with HTTP/2.
+        (Wire::Http1, Some(http1)) => http1(connection(None)).await,
         _ => {
-            let _ = grpc
-                .send(Ok(AgentConnection {
-                    stream: KeepaliveEnforced::new(stream, keepalive_min_interval),
-                    peer,
-                    _slot: slot,
-                }))
-                .await;
+            let _ = grpc.send(Ok(connection(keepalive_min_interval))).await;
         }
     }
 }

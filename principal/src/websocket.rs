@@ -23,6 +23,7 @@ use argocd_agent_proto::pb::versionapi::version_server::VersionServer;
 use argocd_agent_runtime::grpc_websocket::server::WebSocketServer;
 use argocd_agent_runtime::grpc_websocket::socket::Keepalive;
 use tonic::server::NamedService;
+use tonic::transport::server::Connected;
 
 use crate::auth::{AuthService, VersionService, AUTH_MAX_MESSAGE_SIZE};
 use crate::eventstream::EventStreamService;
@@ -80,11 +81,11 @@ pub fn http1_calls(settings: WebSocketSettings) -> Http1Calls {
         Some(settings.keepalive),
         settings.header_timeout,
     );
-    Arc::new(move |connection, peer| {
+    Arc::new(move |connection| {
         let server = server.clone();
         let call: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
             let mut extensions = http::Extensions::new();
-            extensions.insert(peer);
+            extensions.insert(connection.connect_info());
             server.serve(connection, extensions).await;
         });
         call
