@@ -641,6 +641,17 @@ async fn stalled_oversized_calls_before_authentication_do_not_grow_the_principal
     Ok(())
 }
 
+/// The principal counted a connection over `--max-connections-per-agent`.
+async fn assert_over_cap_counted(s: &LonePrincipal) -> anyhow::Result<()> {
+    let metrics = Scrape::of(s.principal.ops_port).await?;
+    let refused = metrics.value(
+        "argocd_principal_auth_failures",
+        &[("reason", "too_many_connections")],
+    )?;
+    anyhow::ensure!(refused >= 1.0, "refusal not counted");
+    Ok(())
+}
+
 #[tokio::test]
 async fn an_agent_holding_its_cap_of_connections_gets_goaway_for_the_next_one() -> anyhow::Result<()>
 {
@@ -656,16 +667,9 @@ async fn an_agent_holding_its_cap_of_connections_gets_goaway_for_the_next_one() 
         tokio::time::timeout(Duration::from_secs(10), max.wait_for(|m| *m == 16)).await??;
     }
     let refused = login(&s, (&c, &k), "managed").await;
-    let metrics = Scrape::of(s.principal.ops_port).await?;
     eprintln!("[hostile] third connection of one agent: {refused:?}");
     assert!(refused.is_err(), "a third connection was served");
-    assert!(
-        metrics.value(
-            "argocd_principal_auth_failures",
-            &[("reason", "too_many_connections")]
-        )? >= 1.0,
-        "refusal not counted"
-    );
+    assert_over_cap_counted(&s).await?;
     assert!(
         s.principal
             .process
@@ -830,14 +834,7 @@ async fn an_agent_holding_its_cap_of_websocket_calls_gets_429_naming_the_flag() 
     };
     assert_eq!(status, 429, "{text}");
     assert!(text.contains("--max-connections-per-agent=2"), "{text}");
-    let metrics = Scrape::of(s.principal.ops_port).await?;
-    assert!(
-        metrics.value(
-            "argocd_principal_auth_failures",
-            &[("reason", "too_many_connections")]
-        )? >= 1.0,
-        "refusal not counted"
-    );
+    assert_over_cap_counted(&s).await?;
     // Another agent is not affected, and a finished call frees its place.
     let (_, other) = new_agent(&s, "wsother")?;
     assert!(websocket_call(&s, (&other.0, &other.1), version)

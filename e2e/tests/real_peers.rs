@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use e2e::argocd::{ArgoCd, RedisEndpoint};
 use e2e::gateway::{
-    agentctl, application_resource, appproject_resource, ensure_namespace, text, Pki,
+    agentctl, application_resource, appproject_resource, ensure_namespace, text, Agent, Pki,
 };
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::http1_proxy::Http1Proxy;
@@ -472,6 +472,34 @@ impl Cell {
             app.metadata.finalizers = Some(vec![BACKGROUND_CASCADE.to_string()]);
         }
         app
+    }
+
+    /// Creates the demo Application in the agent's hub namespace and waits until the spoke's real
+    /// Argo CD deployed it and its Synced status is on the hub (`what` names that wait).
+    async fn create_and_sync_demo(&self, what: &str) -> anyhow::Result<()> {
+        self.hub_apps
+            .create(&PostParams::default(), &self.demo_app(&self.name, false))
+            .await?;
+        self.wait_greeting("v1").await?;
+        self.wait_synced(&self.hub_apps, &self.first, what).await?;
+        Ok(())
+    }
+
+    /// Starts one more agent of ours as the cell's agent (its certificate), managed, with a spoke
+    /// namespace and files of its own named `label`, and `extra` flags.
+    async fn another_agent_of_ours(&self, label: &str, extra: &[&str]) -> anyhow::Result<Agent> {
+        let dir = self.ctx.dir.join(label);
+        std::fs::create_dir_all(&dir)?;
+        Agent::start(
+            &self.name,
+            &dir,
+            self.spoke,
+            &self.pki,
+            &self.principal.address(),
+            &self.ctx.unique(label),
+            extra,
+        )
+        .await
     }
 
     /// Commits the demo app's second version under path `demo2` (greeting `v2`); returns the commit.
@@ -2143,17 +2171,8 @@ async fn compressed_agent_syncs_an_app(principal: Side, agent: Side) -> anyhow::
         &["--enable-compression"],
     )
     .await?;
-    cell.hub_apps
-        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
-        .await?;
-    cell.wait_greeting("v1").await?;
-    cell.wait_synced(
-        &cell.hub_apps,
-        &cell.first,
-        "the Application Synced with a gzip-compressing agent",
-    )
-    .await?;
-    Ok(())
+    cell.create_and_sync_demo("the Application Synced with a gzip-compressing agent")
+        .await
 }
 
 #[tokio::test]
@@ -2205,16 +2224,8 @@ async fn websocket_through_an_http1_only_proxy_syncs_an_app_and_reconnects_ours_
     });
     let mut cell =
         Cell::start_full("websocket", Side::Ours, Side::Ours, Mode::Managed, options).await?;
-    cell.hub_apps
-        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+    cell.create_and_sync_demo("the Application Synced through the HTTP/1.1-only proxy")
         .await?;
-    cell.wait_greeting("v1").await?;
-    cell.wait_synced(
-        &cell.hub_apps,
-        &cell.first,
-        "the Application Synced through the HTTP/1.1-only proxy",
-    )
-    .await?;
     // nginx logs a WebSocket when it closes: the calls made before the stream opened are there,
     // each an HTTP/1.1 upgrade switched by the principal; nothing else crossed it.
     let requests = cell.http1_proxy.as_ref().expect("a proxy cell").requests();
@@ -2301,55 +2312,40 @@ async fn without_enable_websocket_our_agent_behind_an_http1_only_proxy_fails_nam
     );
     // Positive control: the same principal, straight (HTTP/2 on the same port), serves the same
     // kind of agent; so the proxy is what stands in the way.
-    let direct_dir = cell.ctx.dir.join("direct");
-    std::fs::create_dir_all(&direct_dir)?;
-    let direct = AnyAgent::start(
-        Side::Ours,
-        &cell.name,
-        &direct_dir,
-        cell.spoke,
-        &cell.pki,
-        &cell.principal.address(),
-        Mode::Managed,
-        &cell.ctx.unique("direct"),
-        None,
-        &[],
-    )
-    .await?;
-    match &direct {
-        AnyAgent::Ours(a) => a.wait_connected().await?,
-        AnyAgent::Upstream(_) => unreachable!(),
-    }
+    cell.another_agent_of_ours("direct", &[])
+        .await?
+        .wait_connected()
+        .await?;
     Ok(())
+}
+
+/// A cell whose principal (`principal`'s side) runs with `--enable-websocket` and whose agent
+/// (`agent`'s side, without the flag) is straight on it, with the demo Application synced by the
+/// spoke's real Argo CD over HTTP/2.
+async fn synced_over_http2_beside_websocket(
+    scenario: &str,
+    principal: Side,
+    agent: Side,
+) -> anyhow::Result<Cell> {
+    let options = CellOptions {
+        with_argocd: true,
+        principal_args: &["--enable-websocket"],
+        ..CellOptions::default()
+    };
+    let cell = Cell::start_full(scenario, principal, agent, Mode::Managed, options).await?;
+    cell.create_and_sync_demo(&format!(
+        "the Application of the {agent:?} agent Synced over HTTP/2 on the {principal:?} \
+         principal with --enable-websocket"
+    ))
+    .await?;
+    Ok(cell)
 }
 
 /// Upstream's Go agent without the flag on our principal with it: `--enable-websocket` keeps
 /// native gRPC on the same port (as upstream's downgrading handler does), so its Application syncs.
 #[tokio::test]
 async fn upstream_agent_over_http2_on_our_principal_with_enable_websocket() -> anyhow::Result<()> {
-    let options = CellOptions {
-        with_argocd: true,
-        principal_args: &["--enable-websocket"],
-        ..CellOptions::default()
-    };
-    let cell = Cell::start_full(
-        "websocket_native",
-        Side::Ours,
-        Side::Upstream,
-        Mode::Managed,
-        options,
-    )
-    .await?;
-    cell.hub_apps
-        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
-        .await?;
-    cell.wait_greeting("v1").await?;
-    cell.wait_synced(
-        &cell.hub_apps,
-        &cell.first,
-        "the Go agent's Application Synced on a principal that also serves WebSocket",
-    )
-    .await?;
+    synced_over_http2_beside_websocket("websocket_native", Side::Ours, Side::Upstream).await?;
     Ok(())
 }
 
@@ -2361,54 +2357,19 @@ async fn upstream_agent_over_http2_on_our_principal_with_enable_websocket() -> a
 #[tokio::test]
 async fn our_agent_on_upstream_principal_with_enable_websocket_http2_syncs_and_websocket_quotes_the_refusal(
 ) -> anyhow::Result<()> {
-    let options = CellOptions {
-        with_argocd: true,
-        principal_args: &["--enable-websocket"],
-        ..CellOptions::default()
-    };
-    let cell = Cell::start_full(
-        "websocket_upstream",
-        Side::Upstream,
-        Side::Ours,
-        Mode::Managed,
-        options,
-    )
-    .await?;
-    cell.hub_apps
-        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+    let cell = synced_over_http2_beside_websocket("websocket_upstream", Side::Upstream, Side::Ours)
         .await?;
-    cell.wait_greeting("v1").await?;
-    cell.wait_synced(
-        &cell.hub_apps,
-        &cell.first,
-        "our HTTP/2 agent's Application Synced on upstream's WebSocket-enabled principal",
-    )
-    .await?;
-    let ws_dir = cell.ctx.dir.join("ws");
-    std::fs::create_dir_all(&ws_dir)?;
-    let ws_agent = AnyAgent::start(
-        Side::Ours,
-        &cell.name,
-        &ws_dir,
-        cell.spoke,
-        &cell.pki,
-        &cell.principal.address(),
-        Mode::Managed,
-        &cell.ctx.unique("ws"),
-        None,
-        &["--enable-websocket"],
-    )
-    .await?;
+    let ws_agent = cell
+        .another_agent_of_ours("ws", &["--enable-websocket"])
+        .await?;
     let quoted = "HTTP 501 Not Implemented: gRPC over HTTP/1 is not available in this build";
     wait_until(
         "our WebSocket agent quoting the refusal",
         SYNC_WAIT,
-        || async {
-            Ok::<_, anyhow::Error>(ws_agent.process().log().contains(quoted).then_some(()))
-        },
+        || async { Ok::<_, anyhow::Error>(ws_agent.process.log().contains(quoted).then_some(())) },
     )
     .await
-    .map_err(|e| anyhow::anyhow!("{e}\n{}", ws_agent.process().log_tail(30)))?;
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", ws_agent.process.log_tail(30)))?;
     Ok(())
 }
 

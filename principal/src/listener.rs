@@ -490,41 +490,31 @@ fn calm_down_frame(last_stream_id: u32, debug: &[u8]) -> Vec<u8> {
     frame
 }
 
-/// Ends a connection over `--max-connections-per-agent` the HTTP/2 way: the server preface (an
-/// empty SETTINGS frame) and a GOAWAY `ENHANCE_YOUR_CALM` whose debug data says why, then the
-/// client's input is drained until it closes (at most a second and 64 KiB), so the goodbye is
-/// not lost to a reset.
-async fn refuse_over_cap<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, reason: &str) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// How a connection over `--max-connections-per-agent` is ended the HTTP/2 way: the server
+/// preface (an empty SETTINGS frame) and a GOAWAY `ENHANCE_YOUR_CALM` whose debug data says why.
+fn goaway_over_cap(reason: &str) -> Vec<u8> {
     let mut goodbye = vec![0, 0, 0, FRAME_SETTINGS, 0, 0, 0, 0, 0];
     goodbye.extend(calm_down_frame(0, reason.as_bytes()));
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        stream.write_all(&goodbye).await?;
-        stream.flush().await?;
-        let mut sink = [0u8; 4096];
-        let mut drained = 0;
-        while drained < 64 << 10 {
-            match stream.read(&mut sink).await? {
-                0 => break,
-                n => drained += n,
-            }
-        }
-        stream.shutdown().await
-    })
-    .await;
+    goodbye
 }
 
-/// Ends an HTTP/1.1 connection over `--max-connections-per-agent`: `429 Too Many Requests` with
-/// the reason, then (as [`refuse_over_cap`]) the client's input drained until it closes.
-async fn refuse_http1_over_cap<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, reason: &str) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let answer = format!(
+/// How an HTTP/1.1 connection over `--max-connections-per-agent` is ended: `429 Too Many
+/// Requests` with the reason.
+fn too_many_requests(reason: &str) -> Vec<u8> {
+    format!(
         "HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\n\
          connection: close\r\ncontent-length: {}\r\n\r\n{reason}",
         reason.len()
-    );
+    )
+    .into_bytes()
+}
+
+/// Writes `goodbye`, then drains the client's input until it closes (at most a second and
+/// 64 KiB), so the goodbye is not lost to a reset.
+async fn say_goodbye<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, goodbye: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        stream.write_all(answer.as_bytes()).await?;
+        stream.write_all(goodbye).await?;
         stream.flush().await?;
         let mut sink = [0u8; 4096];
         let mut drained = 0;
@@ -815,19 +805,26 @@ type AgentTransport = Either<TlsStream<TcpStream>, TcpStream>;
 pub type Http1Calls =
     Arc<dyn Fn(AgentConnection) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
-/// Which protocol `stream` speaks: HTTP/2 unless `http1` is served, then by the ALPN protocol
-/// negotiated (`alpn`) or, without one, by its first bytes.
+/// Which protocol `stream` (from `remote`) speaks: HTTP/2 unless `http1` is served, then by the
+/// ALPN protocol negotiated (`alpn`) or, without one, by its first bytes; `None` when it ended
+/// (or timed out) before saying.
 async fn wire_of(
     stream: GuardedStream<AgentTransport>,
     alpn: Option<Vec<u8>>,
     http1: bool,
-) -> std::io::Result<(Wire, Rewind<GuardedStream<AgentTransport>>)> {
-    match alpn.as_deref() {
+    remote: std::net::SocketAddr,
+) -> Option<(Wire, Rewind<GuardedStream<AgentTransport>>)> {
+    let routed = match alpn.as_deref() {
         _ if !http1 => Ok((Wire::Http2, Rewind::new(stream))),
         Some(ALPN_H2) => Ok((Wire::Http2, Rewind::new(stream))),
         Some(ALPN_HTTP1) => Ok((Wire::Http1, Rewind::new(stream))),
         _ => sniff(stream).await,
-    }
+    };
+    routed
+        .inspect_err(|e| {
+            tracing::debug!(%remote, error = %e, "connection ended before its first request");
+        })
+        .ok()
 }
 
 /// An accepted agent connection.
@@ -948,12 +945,9 @@ pub fn accept_loop(
                     .alpn_protocol()
                     .map(<[u8]>::to_vec);
                 let stream = admitted.stream.map(Either::Left);
-                let (wire, stream) = match wire_of(stream, alpn, http1.is_some()).await {
-                    Ok(routed) => routed,
-                    Err(e) => {
-                        tracing::debug!(%remote, error = %e, "connection ended before its first request");
-                        return;
-                    }
+                let Some((wire, stream)) = wire_of(stream, alpn, http1.is_some(), remote).await
+                else {
+                    return;
                 };
                 let slot = match per_agent.admit(key.clone()) {
                     Ok(slot) => slot,
@@ -964,10 +958,11 @@ pub fn accept_loop(
                             per_agent.max()
                         );
                         tracing::warn!(%remote, %reason, "connection refused");
-                        match wire {
-                            Wire::Http2 => refuse_over_cap(stream, &reason).await,
-                            Wire::Http1 => refuse_http1_over_cap(stream, &reason).await,
-                        }
+                        let goodbye = match wire {
+                            Wire::Http2 => goaway_over_cap(&reason),
+                            Wire::Http1 => too_many_requests(&reason),
+                        };
+                        say_goodbye(stream, &goodbye).await;
                         return;
                     }
                 };
@@ -1045,12 +1040,9 @@ pub fn plaintext_accept_loop(
                     tracing::debug!(%remote, error = %e, "cannot disable Nagle's delay");
                 }
                 let stream = GuardedStream::new(Either::Right(tcp), request_header_timeout, None);
-                let (wire, stream) = match wire_of(stream, None, http1.is_some()).await {
-                    Ok(routed) => routed,
-                    Err(e) => {
-                        tracing::debug!(%remote, error = %e, "connection ended before its first request");
-                        return;
-                    }
+                let Some((wire, stream)) = wire_of(stream, None, http1.is_some(), remote).await
+                else {
+                    return;
                 };
                 let peer = PeerIdentity {
                     credential: PeerCredential::MeshHeader(header),

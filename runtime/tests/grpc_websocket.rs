@@ -114,10 +114,12 @@ fn grpc_message(message: &impl prost::Message) -> Vec<u8> {
 }
 
 /// The WebSocket a grpc-http1 client opens for `path` (client/ws_proxy.go: websocket.Dial with
-/// the gRPC request's headers and Subprotocols ["grpc-ws"]; grpc-go sends content-type and te).
+/// the gRPC request's headers and Subprotocols ["grpc-ws"]; grpc-go sends content-type and te),
+/// the call's `metadata` among the headers.
 async fn go_shaped_client(
     address: &str,
     path: &str,
+    metadata: &[(&'static str, &str)],
 ) -> tokio_tungstenite::WebSocketStream<TcpStream> {
     let mut request = format!("ws://{address}{path}")
         .into_client_request()
@@ -127,10 +129,27 @@ async fn go_shaped_client(
     h.insert("te", "trailers".parse().unwrap());
     h.insert("user-agent", "grpc-go/1.75.0".parse().unwrap());
     h.insert("sec-websocket-protocol", "grpc-ws".parse().unwrap());
+    for (name, value) in metadata {
+        h.insert(*name, value.parse().unwrap());
+    }
     let tcp = TcpStream::connect(address).await.unwrap();
     let (ws, answer) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
     assert_eq!(answer.headers()["sec-websocket-protocol"], "grpc-ws");
     ws
+}
+
+/// Sends a unary request as grpc-http1's client does (ws_proxy.go writeToServer): the message as
+/// one binary WebSocket message, then EndStreamHeader.
+async fn send_unary(
+    ws: &mut tokio_tungstenite::WebSocketStream<TcpStream>,
+    request: &impl prost::Message,
+) {
+    ws.send(Message::binary(grpc_message(request)))
+        .await
+        .unwrap();
+    ws.send(Message::binary(Bytes::from_static(&END_OF_STREAM)))
+        .await
+        .unwrap();
 }
 
 /// The next binary message's frame.
@@ -155,14 +174,8 @@ fn metadata(frame: Frame) -> http::HeaderMap {
 async fn our_server_answers_a_grpc_http1_shaped_unary_call_with_headers_message_trailers_and_a_normal_close(
 ) {
     let address = our_server(64 << 10, None).await;
-    let mut ws = go_shaped_client(&address, "/versionapi.Version/Version").await;
-    // ws_proxy.go writeToServer: each request message as one binary message, then EndStreamHeader.
-    ws.send(Message::binary(grpc_message(&VersionRequest {})))
-        .await
-        .unwrap();
-    ws.send(Message::binary(Bytes::from_static(&END_OF_STREAM)))
-        .await
-        .unwrap();
+    let mut ws = go_shaped_client(&address, "/versionapi.Version/Version", &[]).await;
+    send_unary(&mut ws, &VersionRequest {}).await;
     // websocket_writer.go: WriteHeader sends the headers as a metadata frame first...
     let headers = metadata(next_frame(&mut ws).await);
     assert_eq!(headers["content-type"], "application/grpc");
@@ -186,21 +199,13 @@ async fn our_server_answers_a_grpc_http1_shaped_unary_call_with_headers_message_
 #[tokio::test]
 async fn an_error_before_any_message_is_one_trailers_only_metadata_frame() {
     let address = our_server(64 << 10, None).await;
-    let mut request = format!("ws://{address}/versionapi.Version/Version")
-        .into_client_request()
-        .unwrap();
-    let h = request.headers_mut();
-    h.insert("content-type", "application/grpc".parse().unwrap());
-    h.insert("authorization", "bad".parse().unwrap());
-    h.insert("sec-websocket-protocol", "grpc-ws".parse().unwrap());
-    let tcp = TcpStream::connect(&address).await.unwrap();
-    let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
-    ws.send(Message::binary(grpc_message(&VersionRequest {})))
-        .await
-        .unwrap();
-    ws.send(Message::binary(Bytes::from_static(&END_OF_STREAM)))
-        .await
-        .unwrap();
+    let mut ws = go_shaped_client(
+        &address,
+        "/versionapi.Version/Version",
+        &[("authorization", "bad")],
+    )
+    .await;
+    send_unary(&mut ws, &VersionRequest {}).await;
     // ws_proxy.go readFromServer: Grpc-Status in the first metadata frame = Trailers-Only.
     let only = metadata(next_frame(&mut ws).await);
     assert_eq!(only["grpc-status"], "16");
@@ -333,6 +338,7 @@ async fn a_silent_peer_is_dropped_after_the_keepalive_and_a_talking_one_is_not()
     let mut talking = go_shaped_client(
         &address,
         "/terminalstreamapi.TerminalStreamService/StreamTerminal",
+        &[],
     )
     .await;
     // The response headers come at once (a streaming answer); then only pings, one per interval,
