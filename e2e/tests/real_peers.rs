@@ -474,6 +474,34 @@ impl Cell {
         app
     }
 
+    /// With an [`Http1Proxy`], waits until nginx logged each of `methods` as a WebSocket upgrade the
+    /// principal switched (nginx writes a WebSocket's line when it closes); returns its log. Without
+    /// one, nothing crossed a proxy and the log is empty.
+    async fn wait_proxied(&self, methods: &[&str]) -> anyhow::Result<Vec<String>> {
+        let Some(proxy) = &self.http1_proxy else {
+            return Ok(Vec::new());
+        };
+        let lines: Vec<String> = methods
+            .iter()
+            .map(|m| format!("HTTP/1.1 GET {m} 101 upgrade=websocket"))
+            .collect();
+        wait_until("the calls in nginx's log", SYNC_WAIT, || async {
+            let requests = proxy.requests();
+            Ok::<_, anyhow::Error>(lines.iter().all(|l| requests.contains(l)).then_some(()))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}: {lines:?}\n{}", self.logs()))?;
+        let requests = proxy.requests();
+        anyhow::ensure!(
+            requests
+                .iter()
+                .all(|l| l.starts_with("HTTP/1.1 GET /") && l.ends_with(" 101 upgrade=websocket")),
+            "only WebSocket upgrades crossed the proxy:\n{}",
+            requests.join("\n")
+        );
+        Ok(requests)
+    }
+
     /// Creates the demo Application in the agent's hub namespace and waits until the spoke's real
     /// Argo CD deployed it and its Synced status is on the hub (`what` names that wait).
     async fn create_and_sync_demo(&self, what: &str) -> anyhow::Result<()> {
@@ -1521,6 +1549,12 @@ async fn pod_logs_through_the_principal(
     )
     .await
     .map_err(|e| fail("the follow stream is closed", &e.to_string()))?;
+    // Over WebSocket, each StreamLogs call and the RefreshToken that precedes it crossed nginx.
+    cell.wait_proxied(&[
+        REFRESH_TOKEN,
+        "/principal.apis.logstreamapi.LogStreamService/StreamLogs",
+    ])
+    .await?;
     Ok(())
 }
 
@@ -1730,6 +1764,12 @@ async fn exec_through_the_principal(
         1,
         "no exec reached the kubelet"
     );
+    // Over WebSocket, each StreamTerminal call and the RefreshToken that precedes it crossed nginx.
+    cell.wait_proxied(&[
+        REFRESH_TOKEN,
+        "/terminalstreamapi.TerminalStreamService/StreamTerminal",
+    ])
+    .await?;
     Ok(())
 }
 
@@ -2192,6 +2232,9 @@ async fn compressed_agent_of_ours_on_upstream_principal() -> anyhow::Result<()> 
 // proxy does ([`Http1Proxy`]). Upstream's agent cannot take part: its WebSocket transport,
 // golang.stackrox.io/grpc-http1, is refused by the module proxy here (e2e/peers/agent).
 
+/// The path of the `RefreshToken` call.
+const REFRESH_TOKEN: &str = "/authapi.Authentication/RefreshToken";
+
 /// The agent's ops port (our agent only).
 fn our_agent_port(cell: &Cell) -> u16 {
     match &cell.agent {
@@ -2214,39 +2257,30 @@ async fn wait_agent_connection(cell: &Cell, connected: bool, what: &str) -> anyh
 /// Both ends with `--enable-websocket` and only an HTTP/1.1 proxy between them: an Application
 /// created on the hub is synced by the spoke's real Argo CD and its status comes back, every call
 /// having crossed nginx as a WebSocket upgrade; when the proxy dies the agent's stream breaks, it
-/// reconnects once the proxy is back, and a later change syncs too.
+/// reconnects once the proxy is back — refreshing its expired access token over WebSocket rather
+/// than logging in again — and a later change syncs too.
 #[tokio::test]
 async fn websocket_through_an_http1_only_proxy_syncs_an_app_and_reconnects_ours_principal_ours_agent(
 ) -> anyhow::Result<()> {
-    let options = Link::WebSocketProxy.apply(CellOptions {
-        with_argocd: true,
-        ..CellOptions::default()
-    });
+    let options = CellOptions {
+        // Shorter than the agent's 30 s expiry margin: every reconnect refreshes the token.
+        principal_args: &["--enable-websocket", "--access-token-lifetime=20s"],
+        ..Link::WebSocketProxy.apply(CellOptions {
+            with_argocd: true,
+            ..CellOptions::default()
+        })
+    };
     let mut cell =
         Cell::start_full("websocket", Side::Ours, Side::Ours, Mode::Managed, options).await?;
     cell.create_and_sync_demo("the Application Synced through the HTTP/1.1-only proxy")
         .await?;
-    // nginx logs a WebSocket when it closes: the calls made before the stream opened are there,
-    // each an HTTP/1.1 upgrade switched by the principal; nothing else crossed it.
-    let requests = cell.http1_proxy.as_ref().expect("a proxy cell").requests();
-    for method in [
+    // The calls made before the stream opened crossed nginx, each an HTTP/1.1 upgrade switched
+    // by the principal; nothing else crossed it.
+    cell.wait_proxied(&[
         "/versionapi.Version/Version",
         "/authapi.Authentication/Authenticate",
-    ] {
-        let line = format!("HTTP/1.1 GET {method} 101 upgrade=websocket");
-        anyhow::ensure!(
-            requests.contains(&line),
-            "{line:?} not in nginx's log:\n{}",
-            requests.join("\n")
-        );
-    }
-    anyhow::ensure!(
-        requests
-            .iter()
-            .all(|l| l.starts_with("HTTP/1.1 GET /") && l.ends_with(" 101 upgrade=websocket")),
-        "only WebSocket upgrades crossed the proxy:\n{}",
-        requests.join("\n")
-    );
+    ])
+    .await?;
 
     // The proxy dies: the stream breaks; back on the same port, the agent reconnects through it.
     let proxy = cell.http1_proxy.as_mut().expect("a proxy cell");
@@ -2271,6 +2305,18 @@ async fn websocket_through_an_http1_only_proxy_syncs_an_app_and_reconnects_ours_
         "the hub Application Synced at the new path after the reconnect",
     )
     .await?;
+    // The reconnect refreshed the token over WebSocket; had RefreshToken failed there, the agent
+    // would have logged in again.
+    let requests = cell.wait_proxied(&[REFRESH_TOKEN]).await?;
+    let logins = requests
+        .iter()
+        .filter(|l| l.contains(" /authapi.Authentication/Authenticate "))
+        .count();
+    anyhow::ensure!(
+        logins == 1,
+        "{logins} logins, one expected:\n{}",
+        requests.join("\n")
+    );
     Ok(())
 }
 

@@ -115,21 +115,35 @@ async fn hub_app_reaches_spoke(
     .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))
 }
 
-#[tokio::test]
-async fn header_auth_behind_a_mesh_sidecar_names_our_agent_and_serves_it() -> anyhow::Result<()> {
+/// A principal with header auth on its plaintext listener (`extra` flags beside) in a fresh test
+/// context `name`, with the context and its PKI.
+async fn mesh_principal(
+    name: &str,
+    extra: &[&str],
+) -> anyhow::Result<(TestContext, Pki, Principal)> {
     let planes = shared_planes().await;
-    let ctx = TestContext::new("mesh_ours")?;
+    let ctx = TestContext::new(name)?;
     let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let hub = planes.hub.client().await?;
+    let mut args = vec!["--insecure-plaintext".to_string(), header_auth()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let principal = Principal::start(
         "p",
         &ctx.dir,
         &planes.hub,
         &pki,
         &ctx.unique("argocd"),
-        &["--insecure-plaintext", &header_auth()],
+        &args,
     )
     .await?;
+    Ok((ctx, pki, principal))
+}
+
+#[tokio::test]
+async fn header_auth_behind_a_mesh_sidecar_names_our_agent_and_serves_it() -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let (ctx, _pki, principal) = mesh_principal("mesh_ours", &[]).await?;
+    let hub = planes.hub.client().await?;
     assert!(
         principal
             .process
@@ -215,18 +229,7 @@ async fn header_auth_behind_a_mesh_sidecar_names_our_agent_and_serves_it() -> an
 #[tokio::test]
 async fn header_auth_on_the_plaintext_listener_serves_websocket_and_http2_on_one_port(
 ) -> anyhow::Result<()> {
-    let planes = shared_planes().await;
-    let ctx = TestContext::new("mesh_websocket")?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let principal = Principal::start(
-        "p",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &ctx.unique("argocd"),
-        &["--insecure-plaintext", &header_auth(), "--enable-websocket"],
-    )
-    .await?;
+    let (_ctx, _pki, principal) = mesh_principal("mesh_websocket", &["--enable-websocket"]).await?;
     let address = principal.address();
     for websocket in [true, false] {
         let token =
@@ -255,18 +258,8 @@ async fn header_auth_on_the_plaintext_listener_serves_websocket_and_http2_on_one
 async fn upstream_go_agent_with_header_creds_through_the_sidecar_on_our_principal(
 ) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let ctx = TestContext::new("mesh_go")?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let (ctx, pki, principal) = mesh_principal("mesh_go", &[]).await?;
     let hub = planes.hub.client().await?;
-    let principal = Principal::start(
-        "p",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &ctx.unique("argocd"),
-        &["--insecure-plaintext", &header_auth()],
-    )
-    .await?;
     let name = ctx.unique("go-mesh");
     ensure_namespace(&hub, &name).await?;
     // The Go agent's certificate names somebody else: in plaintext mode it is not used, and the

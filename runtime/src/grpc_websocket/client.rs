@@ -29,7 +29,7 @@ use tonic::Status;
 use super::frame::{self, Frame, MessageSplitter, END_OF_STREAM, PREFIX_LEN};
 use super::handshake;
 use super::server::READ_BUFFER;
-use super::socket::{CallSocket, Keepalive, Outgoing, SocketError};
+use super::socket::{queue_messages, CallSocket, Keepalive, Outgoing, SocketError};
 
 /// A byte stream a call runs on (TCP, or TLS over TCP).
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -265,24 +265,10 @@ async fn send_request(
                 Err(_) => continue,
             },
         };
-        splitter.push(data);
-        let mut broken = None;
-        loop {
-            match splitter.next_message() {
-                Ok(Some(message)) => {
-                    if outgoing.send(Outgoing::Message(message)).await.is_err() {
-                        return;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    broken = Some(e.to_string());
-                    break;
-                }
-            }
-        }
-        if broken.is_some() {
-            break broken;
+        match queue_messages(&mut splitter, data, &outgoing).await {
+            None => return,
+            Some(Err(e)) => break Some(e.to_string()),
+            Some(Ok(())) => {}
         }
     };
     let last = match failure {

@@ -30,7 +30,7 @@ use tower::{Service, ServiceExt};
 
 use super::frame::{self, Frame, MessageSplitter, PREFIX_LEN, SUBPROTOCOL};
 use super::handshake;
-use super::socket::{CallSocket, Keepalive, Outgoing, SocketError};
+use super::socket::{queue_messages, CallSocket, Keepalive, Outgoing, SocketError};
 
 /// Largest upgrade request head (request line and headers: the gRPC metadata, a JWT among them).
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
@@ -241,7 +241,7 @@ where
     }
     let mut splitter = MessageSplitter::new(limit);
     let mut body = std::pin::pin!(body);
-    let trailers = 'body: loop {
+    let trailers = loop {
         let chunk = match body.frame().await {
             None => {
                 break failure_trailers(Status::internal(
@@ -259,17 +259,10 @@ where
                 (Err(_), Ok(())) => continue,
             },
         };
-        splitter.push(data);
-        loop {
-            match splitter.next_message() {
-                Ok(Some(message)) => {
-                    if out.send(Outgoing::Message(message)).await.is_err() {
-                        return;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => break 'body failure_trailers(Status::internal(e.to_string())),
-            }
+        match queue_messages(&mut splitter, data, out).await {
+            None => return,
+            Some(Err(e)) => break failure_trailers(Status::internal(e.to_string())),
+            Some(Ok(())) => {}
         }
     };
     let _ = out

@@ -10,7 +10,8 @@
 //! up when nothing at all is heard from the peer for the interval plus the timeout while the
 //! reader is reading (time the reader waits on its own consumer does not count: that is
 //! backpressure, not silence). After either side's close the connection is dropped within
-//! [`CLOSE_WAIT`].
+//! [`CLOSE_WAIT`]. Also what both ends do with the gRPC body they send: queue its messages as
+//! they are cut from it ([`queue_messages`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,6 +26,8 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
+
+use super::frame::{FrameError, MessageSplitter};
 
 /// Longest wait for the peer's part of a close (its answer to ours, or the end of the connection
 /// after its own), and for a last error to be taken by the call.
@@ -282,6 +285,24 @@ async fn read<S: AsyncRead + AsyncWrite + Unpin>(
         let _ = tokio::time::timeout(CLOSE_WAIT, tx.send(Err(error))).await;
     }
     ended.cancel();
+}
+
+/// Adds `chunk` of a gRPC body to `splitter` and queues every whole message it then holds on
+/// `out`, one WebSocket message each (what both ends do with the body they send): `None` when the
+/// WebSocket is gone, `Some(Err)` when the body does not cut into messages.
+pub async fn queue_messages(
+    splitter: &mut MessageSplitter,
+    chunk: Bytes,
+    out: &mpsc::Sender<Outgoing>,
+) -> Option<Result<(), FrameError>> {
+    splitter.push(chunk);
+    loop {
+        match splitter.next_message() {
+            Ok(Some(message)) => out.send(Outgoing::Message(message)).await.ok()?,
+            Ok(None) => return Some(Ok(())),
+            Err(e) => return Some(Err(e)),
+        }
+    }
 }
 
 /// Sleeps until `at`, or forever without one.
