@@ -12,7 +12,7 @@
 #   wire    cewire: our CloudEvents checked with cloudevents/sdk-go, the library upstream uses
 # and installs from Debian what the harness runs beside them: redis-server/redis-cli (Argo CD's cache,
 # password-protected as Argo CD configures it), git (repo-server clones from a local `git daemon`),
-# openssl.
+# openssl, nginx (the HTTP/1.1-only proxy the --enable-websocket tests put between agent and principal).
 #
 # Usage: hack/peers.sh               build every peer that is missing (progress on stderr)
 #        hack/peers.sh NAME...       build only these
@@ -59,6 +59,7 @@ command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 command -v redis-cli >/dev/null || need_pkgs+=(redis-tools)
 command -v git >/dev/null || need_pkgs+=(git)
 command -v openssl >/dev/null || need_pkgs+=(openssl)
+command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need_pkgs+=(nginx)
 if [[ ${#need_pkgs[@]} -gt 0 ]]; then
   say "installing ${need_pkgs[*]} from Debian"
   apt-get update -qq >/dev/null || fail "apt-get update failed"
@@ -66,6 +67,9 @@ if [[ ${#need_pkgs[@]} -gt 0 ]]; then
     || fail "apt-get install ${need_pkgs[*]} failed"
   systemctl disable --now redis-server >/dev/null 2>&1 || true
   pkill -x redis-server 2>/dev/null || true
+  # Debian starts nginx on port 80 with its default config; the tests start their own.
+  systemctl disable --now nginx >/dev/null 2>&1 || true
+  if [[ -f /run/nginx.pid ]]; then /usr/sbin/nginx -s quit 2>/dev/null || true; fi
 fi
 
 command -v go >/dev/null || fail "go not found: install Go 1.26 (the machine image ships it in /usr/local/go/bin)"

@@ -17,7 +17,7 @@ use argocd_agent_runtime::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
 use argocd_agent_runtime::tls::{
-    expiry, CertificateExpiry, ClientTlsOptions, ReloadingClientConfig, ALPN_H2,
+    expiry, CertificateExpiry, ClientTlsOptions, ReloadingClientConfig, ALPN_H2, ALPN_HTTP1,
 };
 use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
@@ -67,6 +67,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         version = env!("CARGO_PKG_VERSION"),
         mode = %config.mode,
         principal = %config.server_address,
+        transport = if config.enable_websocket {
+            "grpc over websocket (http/1.1, a connection per call)"
+        } else {
+            "grpc (http/2)"
+        },
         namespace = %config.namespace,
         metrics = %ops.metrics_addr,
         health = %ops.health_addr,
@@ -298,7 +303,11 @@ fn load_tls(
 ) -> Result<ReloadingClientConfig, ConfigProblem> {
     let options = ClientTlsOptions::new(&files.ca)
         .with_client_cert(&files.cert, &files.key)
-        .with_alpn(&[ALPN_H2])
+        .with_alpn(&[if config.enable_websocket {
+            ALPN_HTTP1
+        } else {
+            ALPN_H2
+        }])
         .with_policy(config.tls_policy.clone());
     ReloadingClientConfig::load(options).map_err(|e| {
         ConfigProblem(format!(

@@ -295,6 +295,16 @@ pub struct AgentArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub enable_compression: bool,
 
+    /// Carry every call to the principal (authentication, the event stream, logs, terminals)
+    /// as gRPC over WebSocket on HTTP/1.1, one connection per call, for proxies or load
+    /// balancers between the two that do not pass HTTP/2; the principal needs
+    /// --enable-websocket too (upstream's flag and wire, golang.stackrox.io/grpc-http1). With
+    /// --keepalive-interval and --keepalive-timeout each call's WebSocket is pinged.
+    #[arg(long, env = "ARGOCD_AGENT_ENABLE_WEBSOCKET", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub enable_websocket: bool,
+
     /// Where container logs are read from: a Kubernetes-shaped HTTP(S) endpoint serving
     /// `GET /api/v1/namespaces/{ns}/pods/{pod}/log` [default: this cluster's apiserver].
     #[arg(long, env = "ARGOCD_AGENT_LOG_ENDPOINT", value_name = "URL")]
@@ -460,6 +470,8 @@ pub struct AgentConfig {
     pub enable_resource_proxy: bool,
     /// Send gzip-compressed gRPC messages.
     pub enable_compression: bool,
+    /// Carry every call as gRPC over WebSocket on HTTP/1.1.
+    pub enable_websocket: bool,
     /// Container log source; `None` = the spoke apiserver's `pods/log`.
     pub log_endpoint: Option<http::Uri>,
     /// Destination-based mapping (managed only; always false: refused until implemented).
@@ -797,6 +809,7 @@ impl AgentArgs {
             grpc_max_message_size,
             enable_resource_proxy: self.enable_resource_proxy,
             enable_compression: self.enable_compression,
+            enable_websocket: self.enable_websocket,
             log_endpoint,
             destination_based_mapping: self.destination_based_mapping,
             create_namespace: self.create_namespace,
@@ -893,6 +906,13 @@ mod tests {
         assert!(config.tls.is_some());
         let plaintext = bare(&["--insecure-plaintext"], &[]).unwrap();
         assert!(plaintext.tls.is_none() && plaintext.tls_secrets.is_empty());
+        // HTTP/2 unless asked; the WebSocket transport goes with either.
+        assert!(!config.enable_websocket);
+        assert!(
+            bare(&["--enable-websocket", "--insecure-plaintext"], &[])
+                .unwrap()
+                .enable_websocket
+        );
         let err = files
             .validate(&["--insecure-plaintext"])
             .unwrap_err()

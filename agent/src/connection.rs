@@ -2,7 +2,8 @@
 //! reconnect forever.
 //!
 //! Owns: the transport's settings (TCP to `--server-address`, TLS with the hot-reloading client
-//! config, ALPN h2, SNI `--tls-server-name`, HTTP/2 keepalive so a half-open link is noticed),
+//! config, ALPN h2, SNI `--tls-server-name`, HTTP/2 keepalive so a half-open link is noticed; or,
+//! with `--enable-websocket`, gRPC over WebSocket on HTTP/1.1 for every call, ALPN http/1.1),
 //! dialled by the runtime's [`argocd_agent_runtime::dial`]; the session tokens (Authenticate with
 //! mTLS, RefreshToken when the access token runs out — see [`token`]); the `Subscribe` stream
 //! driven by `proto::sync::run_stream` against the process-wide [`Outbox`]; the reconnection
@@ -30,7 +31,8 @@ use argocd_agent_proto::pb::versionapi::VersionRequest;
 use argocd_agent_proto::sync::{run_stream, EventHandler, Lanes, Outbox, StreamEnd};
 use argocd_agent_proto::version::{auth_version_for, check_compatible};
 use argocd_agent_runtime::dial::{
-    dial_grpc, dial_grpc_plaintext, rustls_error_in, GrpcDialOptions, TlsTarget,
+    dial_grpc, dial_grpc_plaintext, dial_grpc_websocket, error_in, rustls_error_in, ConnectError,
+    GrpcChannel, GrpcDialOptions, TlsTarget, WebSocketTarget,
 };
 use argocd_agent_runtime::flags::{format_duration, AgentMode, HostPort};
 use argocd_agent_runtime::telemetry::HealthState;
@@ -42,7 +44,6 @@ use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::CompressionEncoding;
 use tonic::metadata::MetadataValue;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tracing::{debug, error, info, warn};
 
@@ -96,6 +97,8 @@ pub struct ConnectionSettings {
     pub backoff_max: Duration,
     /// Send gzip-compressed messages (`--enable-compression`).
     pub compression: bool,
+    /// Carry every call as gRPC over WebSocket on HTTP/1.1 (`--enable-websocket`).
+    pub websocket: bool,
     /// Maximum distinct resources the outbox holds (for the offline readiness rule).
     pub outbox_capacity: usize,
 }
@@ -113,6 +116,7 @@ impl ConnectionSettings {
             max_message_size: config.grpc_max_message_size,
             backoff_max: config.reconnect_backoff_max,
             compression: config.enable_compression,
+            websocket: config.enable_websocket,
             outbox_capacity,
         }
     }
@@ -195,7 +199,7 @@ macro_rules! with_gzip {
 }
 
 /// What the principal's unauthenticated `Version` RPC answers, if it answers in time.
-async fn principal_version(channel: &Channel, compression: bool) -> Option<String> {
+async fn principal_version(channel: &GrpcChannel, compression: bool) -> Option<String> {
     let mut client = with_gzip!(VersionClient::new(channel.clone()), compression);
     match tokio::time::timeout(RPC_TIMEOUT, client.version(VersionRequest::default())).await {
         Ok(Ok(resp)) => Some(resp.into_inner().version),
@@ -237,9 +241,27 @@ pub fn classify_status(stage: Stage, status: &Status) -> Failure {
     }
 }
 
-/// Classifies a transport error (TCP, TLS, HTTP/2) by the TLS error in its chain, if any.
-fn classify_transport(error: &(dyn StdError + 'static)) -> Failure {
+/// What to fix when the two ends (or a proxy between them) do not agree on HTTP/2 versus
+/// HTTP/1.1: `websocket` is whether this agent runs with `--enable-websocket`.
+fn protocol_fix(websocket: bool) -> &'static str {
+    if websocket {
+        "the principal does not serve gRPC over WebSocket on HTTP/1.1 (it offered no http/1.1): start it \
+         with --enable-websocket, or drop --enable-websocket here if nothing between the two needs it"
+    } else {
+        "the principal, or a proxy or load balancer between it and this agent, does not speak HTTP/2: \
+         if what is in between passes only HTTP/1.1, start the principal and this agent with \
+         --enable-websocket (gRPC over WebSocket)"
+    }
+}
+
+/// Classifies a transport error (TCP, TLS, HTTP/2) by the TLS error in its chain, if any, or a
+/// protocol the server negotiated that this agent does not speak (`websocket`: whether it runs
+/// with `--enable-websocket`).
+fn classify_transport(error: &(dyn StdError + 'static), websocket: bool) -> Failure {
     let fix = match rustls_error_in(error) {
+        Some(rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol)) => {
+            Some(protocol_fix(websocket))
+        }
         Some(rustls::Error::AlertReceived(_)) => Some(
             "the principal rejected the TLS handshake: check that --tls-client-cert/--tls-client-key were issued \
              by the principal's agent CA and have not expired",
@@ -248,7 +270,12 @@ fn classify_transport(error: &(dyn StdError + 'static)) -> Failure {
             "the principal's certificate is not trusted: check that --tls-ca holds the CA that signed it and that \
              --tls-server-name matches a name in it",
         ),
-        _ => None,
+        _ => match error_in::<ConnectError>(error) {
+            Some(ConnectError::NotHttp2(_) | ConnectError::NotHttp1(_)) => {
+                Some(protocol_fix(websocket))
+            }
+            _ => None,
+        },
     };
     Failure {
         stage: Stage::Connect,
@@ -295,8 +322,8 @@ enum Attempt {
 /// current stream, and whether to send gzip.
 #[derive(Clone)]
 pub struct LinkState {
-    /// The HTTP/2 connection of the current stream.
-    pub channel: Channel,
+    /// The channel of the current stream (an HTTP/2 connection, or per-call WebSockets).
+    pub channel: GrpcChannel,
     /// The access token `Subscribe` was opened with.
     pub token: MetadataValue<tonic::metadata::Ascii>,
     /// The session's refresh token: access tokens last minutes (`--access-token-lifetime`), a
@@ -330,7 +357,7 @@ impl LinkState {
     pub fn log_client(
         &self,
     ) -> argocd_agent_proto::pb::logstreamapi::log_stream_service_client::LogStreamServiceClient<
-        Channel,
+        GrpcChannel,
     > {
         use argocd_agent_proto::pb::logstreamapi::log_stream_service_client::LogStreamServiceClient;
         with_gzip!(
@@ -342,7 +369,7 @@ impl LinkState {
     /// `client` sending gzip when the agent does on its stream, and accepting it.
     pub fn terminal_client(
         &self,
-    ) -> argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_client::TerminalStreamServiceClient<Channel>{
+    ) -> argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_client::TerminalStreamServiceClient<GrpcChannel>{
         use argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_client::TerminalStreamServiceClient;
         with_gzip!(
             TerminalStreamServiceClient::new(self.channel.clone()),
@@ -624,18 +651,32 @@ impl Connection {
         }
     }
 
-    /// Opens the HTTP/2 connection: TCP, TLS (ALPN h2, SNI), keepalive; without TLS under
-    /// `--insecure-plaintext`.
-    async fn dial(&self) -> Result<Channel, Failure> {
+    /// Opens the channel: TCP, TLS (ALPN h2, SNI), HTTP/2 keepalive; without TLS under
+    /// `--insecure-plaintext`; with `--enable-websocket`, gRPC over WebSocket (ALPN http/1.1, a
+    /// connection per call, each pinged per the keepalive).
+    async fn dial(&self) -> Result<GrpcChannel, Failure> {
         let s = &self.settings;
         let options = GrpcDialOptions {
             connect_timeout: Some(CONNECT_TIMEOUT),
             keepalive: s.keepalive,
         };
-        let Some(tls) = &self.tls else {
-            return dial_grpc_plaintext(&s.server.to_string(), options)
-                .await
-                .map_err(|e| classify_transport(&e));
+        let classify = |e: &(dyn StdError + 'static)| classify_transport(e, s.websocket);
+        let tls = match &self.tls {
+            None if s.websocket => {
+                let target =
+                    WebSocketTarget::<ReloadingClientConfig>::Plaintext(s.server.to_string());
+                return dial_grpc_websocket(target, options, s.max_message_size)
+                    .await
+                    .map(GrpcChannel::WebSocket)
+                    .map_err(|e| classify(&e));
+            }
+            None => {
+                return dial_grpc_plaintext(&s.server.to_string(), options)
+                    .await
+                    .map(GrpcChannel::Http2)
+                    .map_err(|e| classify(&e))
+            }
+            Some(tls) => tls,
         };
         let server_name = ServerName::try_from(s.server_name.clone()).map_err(|e| {
             Failure::transient(
@@ -644,14 +685,25 @@ impl Connection {
             )
         })?;
         let target = TlsTarget::new(s.server.to_string(), server_name);
+        if s.websocket {
+            return dial_grpc_websocket(
+                WebSocketTarget::Tls(target, tls.clone()),
+                options,
+                s.max_message_size,
+            )
+            .await
+            .map(GrpcChannel::WebSocket)
+            .map_err(|e| classify(&e));
+        }
         dial_grpc(&target, tls.clone(), options)
             .await
-            .map_err(|e| classify_transport(&e))
+            .map(GrpcChannel::Http2)
+            .map_err(|e| classify(&e))
     }
 
     /// A usable access token: the held one, a refreshed one, or a new session. Returns the
     /// token and whether it was obtained just now.
-    async fn access_token(&mut self, channel: &Channel) -> Result<(String, bool), Failure> {
+    async fn access_token(&mut self, channel: &GrpcChannel) -> Result<(String, bool), Failure> {
         let limit = self.settings.max_message_size;
         let auth = AuthenticationClient::new(channel.clone())
             .max_decoding_message_size(limit)
@@ -757,7 +809,7 @@ impl Connection {
     /// Opens `Subscribe` with a valid access token (`authorization` metadata, raw JWT).
     async fn subscribe(
         &mut self,
-        channel: &Channel,
+        channel: &GrpcChannel,
         out_rx: mpsc::Receiver<WireEvent>,
     ) -> Result<tonic::Streaming<WireEvent>, SubscribeFailure> {
         let limit = self.settings.max_message_size;
@@ -867,10 +919,13 @@ mod tests {
             std::io::ErrorKind::ConnectionRefused,
             "Connection refused (os error 111)",
         );
-        assert!(!classify_transport(&refused).is_refusal());
-        let untrusted = classify_transport(&handshake_error(rustls::Error::InvalidCertificate(
-            rustls::CertificateError::UnknownIssuer,
-        )));
+        assert!(!classify_transport(&refused, false).is_refusal());
+        let untrusted = classify_transport(
+            &handshake_error(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            )),
+            false,
+        );
         assert!(untrusted.to_string().contains("--tls-ca"), "{untrusted}");
         assert!(
             untrusted
@@ -878,16 +933,51 @@ mod tests {
                 .contains("invalid peer certificate: UnknownIssuer"),
             "{untrusted}"
         );
-        let rejected = classify_transport(&handshake_error(rustls::Error::AlertReceived(
-            rustls::AlertDescription::CertificateRequired,
-        )));
+        let rejected = classify_transport(
+            &handshake_error(rustls::Error::AlertReceived(
+                rustls::AlertDescription::CertificateRequired,
+            )),
+            false,
+        );
         assert!(
             rejected.to_string().contains("--tls-client-cert"),
             "{rejected}"
         );
         // Words in a message are not what decides.
         let worded = std::io::Error::other("certificate alert");
-        assert!(!classify_transport(&worded).is_refusal());
+        assert!(!classify_transport(&worded, false).is_refusal());
+    }
+
+    #[test]
+    fn an_http1_only_peer_is_a_refusal_that_names_enable_websocket() {
+        // A TLS proxy without h2 (nginx without http2) refuses ALPN h2 with a fatal alert.
+        let no_h2 = handshake_error(rustls::Error::AlertReceived(
+            rustls::AlertDescription::NoApplicationProtocol,
+        ));
+        let native = classify_transport(&no_h2, false);
+        assert!(native.is_refusal());
+        assert!(
+            native
+                .to_string()
+                .contains("start the principal and this agent with --enable-websocket"),
+            "{native}"
+        );
+        // With the flag, the same alert means the principal offers no http/1.1.
+        let websocket = classify_transport(&no_h2, true);
+        assert!(
+            websocket
+                .to_string()
+                .contains("start it with --enable-websocket"),
+            "{websocket}"
+        );
+        // A server that picked http/1.1 for a native dial (it offered both) says so too.
+        let picked = std::io::Error::other(ConnectError::NotHttp2("http/1.1".into()));
+        let picked = classify_transport(&picked, false);
+        assert!(picked.is_refusal());
+        assert!(
+            picked.message.contains("\"http/1.1\" instead of h2"),
+            "{picked}"
+        );
     }
 
     #[test]
@@ -912,7 +1002,7 @@ mod tests {
     }
 
     /// A Version server on loopback that records each request's `grpc-encoding` header.
-    async fn recording_version_server() -> (Channel, Arc<std::sync::Mutex<Vec<String>>>) {
+    async fn recording_version_server() -> (GrpcChannel, Arc<std::sync::Mutex<Vec<String>>>) {
         use argocd_agent_proto::pb::versionapi::version_server::{Version, VersionServer};
         use argocd_agent_proto::pb::versionapi::VersionResponse;
         struct Answer;
@@ -950,7 +1040,7 @@ mod tests {
             .connect()
             .await
             .unwrap();
-        (channel, seen)
+        (GrpcChannel::Http2(channel), seen)
     }
 
     #[tokio::test]

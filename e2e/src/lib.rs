@@ -20,6 +20,7 @@ pub mod fleet_load;
 pub mod gateway;
 pub mod git_server;
 pub mod helm;
+pub mod http1_proxy;
 pub mod kubelet;
 pub mod kubelet_exec;
 pub mod mesh_sidecar;

@@ -1799,10 +1799,10 @@ fn env_names_in_help(name: &str) -> BTreeSet<String> {
 async fn every_rendered_variable_is_one_the_binary_reads() {
     let ctx = TestContext::new("charts-env-names").unwrap();
     // Every optional setting set, so every variable the templates can emit is rendered.
-    let principal = "principal: {allowedNamespaces: [team-a], namespaceCreate: {enable: true, pattern: \"^edge-\", labels: {team: edge, tier: spoke}}, destinationBasedMapping: true, labelSelector: a=b, grpcMaxMessageSize: 32MiB}\n\
+    let principal = "principal: {allowedNamespaces: [team-a], namespaceCreate: {enable: true, pattern: \"^edge-\", labels: {team: edge, tier: spoke}}, destinationBasedMapping: true, labelSelector: a=b, grpcMaxMessageSize: 32MiB, enableWebSocket: true}\n\
         operator: {principalAddress: hub.example.com, principalPort: 8443, resourceProxyAddress: \"proxy:9090\", agentImage: img, argocdNamespace: argocd, agentNamespace: argocd, extraArgocdNamespaces: [team-a, team-b], agentLiveView: {enabled: true, write: true}, agentTerminal: {enabled: true}, pullResourceFeedback: true}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
-    let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b, sourceUidMismatchPolicy: upsert, ignoreUnmanagedApps: true, onApplicationRecreate: resync}\n\
+    let agent = "agent: {serverAddress: \"hub:443\", tlsServerName: hub, enableWebSocket: true, destinationBasedMapping: true, createNamespace: true, allowedNamespaces: [a], keepaliveInterval: 30s, heartbeatInterval: 10s, reconnectBackoffMax: 1m, resyncInterval: 5m, labelSelector: a=b, sourceUidMismatchPolicy: upsert, ignoreUnmanagedApps: true, onApplicationRecreate: resync}\n\
         tracing: {otlpAddress: \"collector:4317\"}\n";
     for (chart, values, binary) in [
         (PRINCIPAL_CHART, principal, "argocd-principal"),
@@ -1827,6 +1827,27 @@ async fn every_rendered_variable_is_one_the_binary_reads() {
                 "{chart} sets {name}, which the binary does not read"
             );
         }
+        // enableWebSocket turns --enable-websocket on; off by default, it is not rendered.
+        let websocket = if binary == "argocd-principal" {
+            "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET"
+        } else {
+            "ARGOCD_AGENT_ENABLE_WEBSOCKET"
+        };
+        assert_eq!(
+            env_value(&objs, websocket).map(|e| &e["value"]),
+            Some(&Value::from("true")),
+            "{chart}: {websocket}"
+        );
+        let default_values = if binary == "argocd-principal" {
+            ""
+        } else {
+            AGENT_VALUES
+        };
+        let defaults = objects(&render(&ctx.dir, chart, "argocd", default_values, None).unwrap());
+        assert!(
+            env_value(&defaults, websocket).is_none(),
+            "{chart}: {websocket} by default"
+        );
     }
     let objs = objects(&render(&ctx.dir, PRINCIPAL_CHART, "argocd", principal, None).unwrap());
     assert_eq!(

@@ -25,6 +25,10 @@
 //!   2 MiB write and the first agent's reads are served.
 //! - Connections per agent: past `--max-connections-per-agent` the next connection gets GOAWAY
 //!   (ResourceExhausted) and a count; other agents are unaffected.
+//! - gRPC over WebSocket (`--enable-websocket`) held to the same bounds: 200 calls before login
+//!   each declaring a 16 MiB message are closed with 1009 from their frame header and keep the
+//!   principal's peak RSS within the bound; a stream without a token is refused; past
+//!   `--max-connections-per-agent` the next call's upgrade gets HTTP 429 naming the flag.
 //! - Redis proxy: 2,000 short-lived SUBSCRIBE clients through a real agent leave no subscriber on
 //!   the spoke's (password-protected) Redis once they are gone; the client over
 //!   `--redis-proxy-max-connections-per-ip` and the channel over
@@ -45,7 +49,7 @@ use e2e::metrics::Scrape;
 use e2e::raw_agent::{send_for_ack, try_authenticate, LonePrincipal};
 use e2e::redis::{resp_command, resp_exchange};
 use e2e::{shared_planes, wait_until, Redis};
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
@@ -640,6 +644,17 @@ async fn stalled_oversized_calls_before_authentication_do_not_grow_the_principal
     Ok(())
 }
 
+/// The principal counted a connection over `--max-connections-per-agent`.
+async fn assert_over_cap_counted(s: &LonePrincipal) -> anyhow::Result<()> {
+    let metrics = Scrape::of(s.principal.ops_port).await?;
+    let refused = metrics.value(
+        "argocd_principal_auth_failures",
+        &[("reason", "too_many_connections")],
+    )?;
+    anyhow::ensure!(refused >= 1.0, "refusal not counted");
+    Ok(())
+}
+
 #[tokio::test]
 async fn an_agent_holding_its_cap_of_connections_gets_goaway_for_the_next_one() -> anyhow::Result<()>
 {
@@ -655,16 +670,9 @@ async fn an_agent_holding_its_cap_of_connections_gets_goaway_for_the_next_one() 
         tokio::time::timeout(Duration::from_secs(10), max.wait_for(|m| *m == 16)).await??;
     }
     let refused = login(&s, (&c, &k), "managed").await;
-    let metrics = Scrape::of(s.principal.ops_port).await?;
     eprintln!("[hostile] third connection of one agent: {refused:?}");
     assert!(refused.is_err(), "a third connection was served");
-    assert!(
-        metrics.value(
-            "argocd_principal_auth_failures",
-            &[("reason", "too_many_connections")]
-        )? >= 1.0,
-        "refusal not counted"
-    );
+    assert_over_cap_counted(&s).await?;
     assert!(
         s.principal
             .process
@@ -682,6 +690,171 @@ async fn an_agent_holding_its_cap_of_connections_gets_goaway_for_the_next_one() 
         "a login once a connection closed",
         Duration::from_secs(10),
         || async { Ok::<_, String>(login(&s, (&c, &k), "managed").await.ok()) },
+    )
+    .await?;
+    Ok(())
+}
+
+/// A gRPC-over-WebSocket call in progress (the test speaks the wire by hand).
+type WsCall =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// Opens a gRPC-over-WebSocket call to `path` as agent `identity`, the upgrade as grpc-http1's
+/// client sends it (ALPN http/1.1, subprotocol grpc-ws, the gRPC headers on the upgrade); `Err`
+/// is a refused upgrade's HTTP status and text.
+async fn websocket_call(
+    s: &LonePrincipal,
+    identity: (&str, &str),
+    path: &str,
+) -> anyhow::Result<Result<WsCall, (u16, String)>> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let tls = std::sync::Arc::new(client_tls(&s.pki, Some(identity), &[b"http/1.1"])?);
+    let io = tls_connect(&s.principal.address(), tls).await?;
+    let mut request = format!("wss://localhost{path}").into_client_request()?;
+    let h = request.headers_mut();
+    h.insert("content-type", "application/grpc".parse()?);
+    h.insert("te", "trailers".parse()?);
+    h.insert("sec-websocket-protocol", "grpc-ws".parse()?);
+    match tokio_tungstenite::client_async(request, io).await {
+        Ok((ws, _)) => Ok(Ok(ws)),
+        Err(tokio_tungstenite::tungstenite::Error::Http(refused)) => Ok(Err((
+            refused.status().as_u16(),
+            String::from_utf8_lossy(refused.body().as_deref().unwrap_or_default()).into_owned(),
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Sends, under `call`'s WebSocket, the header of a binary frame declaring a gRPC message of
+/// 16 MiB and its first 64 KiB, then reads what the principal answers until it closes; the close
+/// code it sent, if any.
+async fn oversized_frame(mut call: WsCall) -> anyhow::Result<Option<u16>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let io = call.get_mut();
+    let declared: u64 = 5 + (16 << 20) - 1;
+    let mut bytes = vec![0x82u8, 0x80 | 127];
+    bytes.extend(declared.to_be_bytes());
+    bytes.extend([7, 7, 7, 7]); // the mask key
+    bytes.extend([0u8; 64 << 10]);
+    let _ = io.write_all(&bytes).await;
+    let _ = io.flush().await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), io.read_to_end(&mut answer)).await;
+    // An unmasked close frame: 0x88, its length, then the code.
+    Ok(answer
+        .windows(4)
+        .find(|w| w[0] == 0x88 && w[1] >= 2 && w[1] < 126)
+        .map(|w| u16::from_be_bytes([w[2], w[3]])))
+}
+
+#[tokio::test]
+async fn websocket_calls_are_held_to_the_native_bounds_before_login() -> anyhow::Result<()> {
+    let s = LonePrincipal::start(
+        "ws_bounds",
+        &["--enable-websocket", "--max-connections-per-agent=256"],
+    )
+    .await?;
+    let (_, (c, k)) = new_agent(&s, "ws")?;
+    let pid = s.principal.process.pid().expect("principal running");
+
+    // Each call is a connection: 200 at once, Authenticate and Ping in turn, each declaring a
+    // message of 16 MiB (the post-login limit) where 64 KiB is allowed before a session.
+    const CALLS: usize = 200;
+    let rss = RssUnderAttack::start(pid, "200 stalled 16 MiB WebSocket calls before login")?;
+    let mut calls = Vec::new();
+    for i in 0..CALLS {
+        let path = if i % 2 == 0 {
+            "/authapi.Authentication/Authenticate"
+        } else {
+            "/eventstreamapi.EventStream/Ping"
+        };
+        let call = websocket_call(&s, (&c, &k), path)
+            .await?
+            .map_err(|refused| anyhow::anyhow!("upgrade {i} refused: {refused:?}"))?;
+        calls.push(tokio::spawn(oversized_frame(call)));
+    }
+    let mut codes = BTreeMap::new();
+    for call in calls {
+        *codes.entry(call.await??).or_insert(0) += 1;
+    }
+    rss.check_bound()?;
+    eprintln!("[hostile] {CALLS} oversized WebSocket calls before login: close codes {codes:?}");
+    assert_eq!(
+        codes,
+        BTreeMap::from([(Some(1009), CALLS)]),
+        "each closed as too big"
+    );
+
+    // A stream without a token is answered trailers-only, Unauthenticated, saying why.
+    let mut subscribe = websocket_call(&s, (&c, &k), "/eventstreamapi.EventStream/Subscribe")
+        .await?
+        .map_err(|refused| anyhow::anyhow!("{refused:?}"))?;
+    let first = loop {
+        match tokio::time::timeout(Duration::from_secs(20), subscribe.next()).await? {
+            Some(Ok(tokio_tungstenite::tungstenite::Message::Binary(b))) => break b,
+            Some(Ok(_)) => continue,
+            other => anyhow::bail!("no answer to an unauthenticated Subscribe: {other:?}"),
+        }
+    };
+    use argocd_agent_runtime::grpc_websocket::frame;
+    let frame::Frame::Metadata(block) = frame::decode(first)? else {
+        anyhow::bail!("the answer is not metadata");
+    };
+    let headers = frame::parse_metadata(&block)?;
+    assert_eq!(headers["grpc-status"], "16", "{headers:?}");
+    assert!(
+        headers["grpc-message"]
+            .to_str()?
+            .contains("missing%20authorization%20metadata"),
+        "{headers:?}"
+    );
+    // The principal still serves agents, natively.
+    login(&s, (&c, &k), "managed")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_agent_holding_its_cap_of_websocket_calls_gets_429_naming_the_flag() -> anyhow::Result<()>
+{
+    let s = LonePrincipal::start(
+        "ws_cap",
+        &["--enable-websocket", "--max-connections-per-agent=2"],
+    )
+    .await?;
+    let (_, (c, k)) = new_agent(&s, "wscap")?;
+    let version = "/versionapi.Version/Version";
+    // Two calls open (the principal waits for their request message): the agent's cap.
+    let held = [
+        websocket_call(&s, (&c, &k), version).await?,
+        websocket_call(&s, (&c, &k), version).await?,
+    ];
+    assert!(held.iter().all(Result::is_ok), "the first two are switched");
+    let refused = websocket_call(&s, (&c, &k), version).await?;
+    let Err((status, text)) = refused else {
+        anyhow::bail!("a third call was switched");
+    };
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains("--max-connections-per-agent=2"), "{text}");
+    assert_over_cap_counted(&s).await?;
+    // Another agent is not affected, and a finished call frees its place.
+    let (_, other) = new_agent(&s, "wsother")?;
+    assert!(websocket_call(&s, (&other.0, &other.1), version)
+        .await?
+        .is_ok());
+    drop(held);
+    wait_until(
+        "a call once one closed",
+        Duration::from_secs(10),
+        || async {
+            Ok::<_, anyhow::Error>(
+                websocket_call(&s, (&c, &k), version)
+                    .await?
+                    .ok()
+                    .map(|_| ()),
+            )
+        },
     )
     .await?;
     Ok(())

@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use e2e::argocd::{ArgoCd, RedisEndpoint};
 use e2e::gateway::{
-    agentctl, application_resource, appproject_resource, ensure_namespace, text, Pki,
+    agentctl, application_resource, appproject_resource, ensure_namespace, text, Agent, Pki,
 };
 use e2e::git_server::{demo_manifests, GitServer};
+use e2e::http1_proxy::Http1Proxy;
 use e2e::kubelet::FakeKubelet;
 use e2e::redis::resp_exchange;
 use e2e::scenario::{self, register_agent_cluster, wait_greeting, wait_synced, SYNC_WAIT};
@@ -131,6 +132,9 @@ struct Cell {
     /// With [`Proxies::Redis`]: the hub's argocd-server, whose Redis is the principal's Redis
     /// proxy, and the password-protected hub Redis behind that proxy.
     hub_view: Option<HubView>,
+    /// With [`CellOptions::http1_proxy`]: the HTTP/1.1-only nginx the agent reaches the
+    /// principal through.
+    http1_proxy: Option<Http1Proxy>,
 }
 
 /// How a cell is started beyond its sides and mode.
@@ -144,6 +148,8 @@ struct CellOptions<'a> {
     principal_args: &'a [&'a str],
     /// The principal's live-view proxies the cell uses.
     proxies: Proxies,
+    /// The agent reaches the principal through an HTTP/1.1-only nginx ([`Http1Proxy`]).
+    http1_proxy: bool,
 }
 
 /// Which of the principal's live-view proxies a cell serves beyond the event stream.
@@ -158,6 +164,30 @@ enum Proxies {
     /// argocd-server using it (see [`e2e::upstream::hold_redis_proxy_port`]); the agent reads the
     /// spoke Argo CD's password-protected Redis.
     Redis,
+}
+
+/// How a cell's agent reaches its principal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    /// Straight, native gRPC.
+    Http2,
+    /// Both ends with `--enable-websocket`, through an HTTP/1.1-only nginx ([`Http1Proxy`]).
+    WebSocketProxy,
+}
+
+impl Link {
+    /// `options` with this link's flags and proxy.
+    fn apply(self, options: CellOptions<'static>) -> CellOptions<'static> {
+        match self {
+            Link::Http2 => options,
+            Link::WebSocketProxy => CellOptions {
+                principal_args: &["--enable-websocket"],
+                agent_args: &["--enable-websocket"],
+                http1_proxy: true,
+                ..options
+            },
+        }
+    }
 }
 
 /// The hub side of a [`Proxies::Redis`] cell.
@@ -197,12 +227,18 @@ impl Cell {
     }
 
     /// A managed cell without Argo CD whose principal serves the resource proxy: ours always does;
-    /// an upstream principal gets it switched on (see [`e2e::upstream::hold_resource_proxy_port`]).
-    async fn start_live(scenario: &str, principal: Side, agent: Side) -> anyhow::Result<Cell> {
-        let options = CellOptions {
+    /// an upstream principal gets it switched on (see [`e2e::upstream::hold_resource_proxy_port`]);
+    /// the agent reaches the principal over `link`.
+    async fn start_live(
+        scenario: &str,
+        principal: Side,
+        agent: Side,
+        link: Link,
+    ) -> anyhow::Result<Cell> {
+        let options = link.apply(CellOptions {
             proxies: Proxies::Resource,
             ..CellOptions::default()
-        };
+        });
         Cell::start_full(scenario, principal, agent, Mode::Managed, options).await
     }
 
@@ -229,6 +265,7 @@ impl Cell {
             agent_args,
             principal_args: extra_principal_args,
             proxies,
+            http1_proxy,
         } = options;
         let planes = shared_planes().await;
         // Managed cells on one spoke, autonomous ones on the other: spreads the Argo CD load.
@@ -329,13 +366,20 @@ impl Cell {
             &principal_args,
         )
         .await?;
+        let http1_proxy = if http1_proxy {
+            Some(Http1Proxy::start(&ctx.suffix, &ctx.dir, &principal.address(), &pki, &name).await?)
+        } else {
+            None
+        };
         let agent = AnyAgent::start(
             agent,
             &name,
             &ctx.dir,
             spoke,
             &pki,
-            &principal.address(),
+            &http1_proxy
+                .as_ref()
+                .map_or_else(|| principal.address(), Http1Proxy::address),
             mode,
             &spoke_ns,
             argocd.as_ref(),
@@ -392,15 +436,24 @@ impl Cell {
             spoke_apps,
             _resource_proxy_port: resource_proxy_port,
             hub_view,
+            http1_proxy,
         })
     }
 
     /// Log tails of every process of the cell, for failure messages.
     fn logs(&self) -> String {
         format!(
-            "--- principal ---\n{}\n--- agent ---\n{}\n{}{}",
+            "--- principal ---\n{}\n--- agent ---\n{}\n{}{}{}",
             self.principal.process().log_tail(30),
             self.agent.process().log_tail(30),
+            self.http1_proxy
+                .as_ref()
+                .map(|p| format!(
+                    "--- nginx ---\n{}\n{}\n",
+                    p.process.log_tail(10),
+                    p.requests().join("\n")
+                ))
+                .unwrap_or_default(),
             self.argocd
                 .as_ref()
                 .map(|a| a.log_tails(10))
@@ -419,6 +472,62 @@ impl Cell {
             app.metadata.finalizers = Some(vec![BACKGROUND_CASCADE.to_string()]);
         }
         app
+    }
+
+    /// With an [`Http1Proxy`], waits until nginx logged each of `methods` as a WebSocket upgrade the
+    /// principal switched (nginx writes a WebSocket's line when it closes); returns its log. Without
+    /// one, nothing crossed a proxy and the log is empty.
+    async fn wait_proxied(&self, methods: &[&str]) -> anyhow::Result<Vec<String>> {
+        let Some(proxy) = &self.http1_proxy else {
+            return Ok(Vec::new());
+        };
+        let lines: Vec<String> = methods
+            .iter()
+            .map(|m| format!("HTTP/1.1 GET {m} 101 upgrade=websocket"))
+            .collect();
+        wait_until("the calls in nginx's log", SYNC_WAIT, || async {
+            let requests = proxy.requests();
+            Ok::<_, anyhow::Error>(lines.iter().all(|l| requests.contains(l)).then_some(()))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}: {lines:?}\n{}", self.logs()))?;
+        let requests = proxy.requests();
+        anyhow::ensure!(
+            requests
+                .iter()
+                .all(|l| l.starts_with("HTTP/1.1 GET /") && l.ends_with(" 101 upgrade=websocket")),
+            "only WebSocket upgrades crossed the proxy:\n{}",
+            requests.join("\n")
+        );
+        Ok(requests)
+    }
+
+    /// Creates the demo Application in the agent's hub namespace and waits until the spoke's real
+    /// Argo CD deployed it and its Synced status is on the hub (`what` names that wait).
+    async fn create_and_sync_demo(&self, what: &str) -> anyhow::Result<()> {
+        self.hub_apps
+            .create(&PostParams::default(), &self.demo_app(&self.name, false))
+            .await?;
+        self.wait_greeting("v1").await?;
+        self.wait_synced(&self.hub_apps, &self.first, what).await?;
+        Ok(())
+    }
+
+    /// Starts one more agent of ours as the cell's agent (its certificate), managed, with a spoke
+    /// namespace and files of its own named `label`, and `extra` flags.
+    async fn another_agent_of_ours(&self, label: &str, extra: &[&str]) -> anyhow::Result<Agent> {
+        let dir = self.ctx.dir.join(label);
+        std::fs::create_dir_all(&dir)?;
+        Agent::start(
+            &self.name,
+            &dir,
+            self.spoke,
+            &self.pki,
+            &self.principal.address(),
+            &self.ctx.unique(label),
+            extra,
+        )
+        .await
     }
 
     /// Commits the demo app's second version under path `demo2` (greeting `v2`); returns the commit.
@@ -1310,8 +1419,12 @@ const UPSTREAM_STAND_IN_VERSION: &str = "1.28.5+argocd-agent";
 /// `StreamLogs` and always ask the kubelet for timestamps: our principal removes them unless
 /// asked; upstream's principal passes them on (its own behaviour with its own agent), so there
 /// each line's text is compared after its timestamp.
-async fn pod_logs_through_the_principal(principal: Side, agent: Side) -> anyhow::Result<()> {
-    let cell = Cell::start_live("pod_logs", principal, agent).await?;
+async fn pod_logs_through_the_principal(
+    principal: Side,
+    agent: Side,
+    link: Link,
+) -> anyhow::Result<()> {
+    let cell = Cell::start_live("pod_logs", principal, agent, link).await?;
     let (kubelet, kubeconfig) = cell.pod_on_fake_kubelet().await?;
     let ns = cell.dest.as_str();
     let kubectl = |args: &[&str]| cell.kubectl(&kubeconfig, args);
@@ -1436,27 +1549,41 @@ async fn pod_logs_through_the_principal(principal: Side, agent: Side) -> anyhow:
     )
     .await
     .map_err(|e| fail("the follow stream is closed", &e.to_string()))?;
+    // Over WebSocket, each StreamLogs call and the RefreshToken that precedes it crossed nginx.
+    cell.wait_proxied(&[
+        REFRESH_TOKEN,
+        "/principal.apis.logstreamapi.LogStreamService/StreamLogs",
+    ])
+    .await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn pod_logs_through_our_principal_ours_agent() -> anyhow::Result<()> {
-    pod_logs_through_the_principal(Side::Ours, Side::Ours).await
+    pod_logs_through_the_principal(Side::Ours, Side::Ours, Link::Http2).await
+}
+
+/// The same with our agent's `StreamLogs` calls carried as gRPC over WebSocket through an
+/// HTTP/1.1-only proxy.
+#[tokio::test]
+async fn pod_logs_over_websocket_through_an_http1_only_proxy_ours_principal_ours_agent(
+) -> anyhow::Result<()> {
+    pod_logs_through_the_principal(Side::Ours, Side::Ours, Link::WebSocketProxy).await
 }
 
 #[tokio::test]
 async fn pod_logs_through_our_principal_upstream_agent() -> anyhow::Result<()> {
-    pod_logs_through_the_principal(Side::Ours, Side::Upstream).await
+    pod_logs_through_the_principal(Side::Ours, Side::Upstream, Link::Http2).await
 }
 
 #[tokio::test]
 async fn pod_logs_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
-    pod_logs_through_the_principal(Side::Upstream, Side::Ours).await
+    pod_logs_through_the_principal(Side::Upstream, Side::Ours, Link::Http2).await
 }
 
 #[tokio::test]
 async fn pod_logs_through_upstream_principal_upstream_agent() -> anyhow::Result<()> {
-    pod_logs_through_the_principal(Side::Upstream, Side::Upstream).await
+    pod_logs_through_the_principal(Side::Upstream, Side::Upstream, Link::Http2).await
 }
 
 /// `kubectl exec` (client-go's WebSocket executor, `v5.channel.k8s.io`) through the principal's
@@ -1469,9 +1596,13 @@ async fn pod_logs_through_upstream_principal_upstream_agent() -> anyhow::Result<
 /// the kubelet. Through upstream's principal, which asks for a TTY and ends the WebSocket without
 /// an exit status, the command's output comes back, and our agent refuses the untracked pod
 /// itself (upstream's principal asks the agent without reading the pod).
-async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Result<()> {
+async fn exec_through_the_principal(
+    principal: Side,
+    agent: Side,
+    link: Link,
+) -> anyhow::Result<()> {
     use tokio::io::AsyncWriteExt;
-    let cell = Cell::start_live("exec", principal, agent).await?;
+    let cell = Cell::start_live("exec", principal, agent, link).await?;
     let (kubelet, kubeconfig) = cell.pod_on_fake_kubelet().await?;
     let ns = cell.dest.as_str();
     // Upstream's principal runs every session with a TTY (it serves Argo CD's web terminal), on
@@ -1633,22 +1764,36 @@ async fn exec_through_the_principal(principal: Side, agent: Side) -> anyhow::Res
         1,
         "no exec reached the kubelet"
     );
+    // Over WebSocket, each StreamTerminal call and the RefreshToken that precedes it crossed nginx.
+    cell.wait_proxied(&[
+        REFRESH_TOKEN,
+        "/terminalstreamapi.TerminalStreamService/StreamTerminal",
+    ])
+    .await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn exec_through_our_principal_ours_agent() -> anyhow::Result<()> {
-    exec_through_the_principal(Side::Ours, Side::Ours).await
+    exec_through_the_principal(Side::Ours, Side::Ours, Link::Http2).await
+}
+
+/// The same with our agent's `StreamTerminal` call carried as gRPC over WebSocket through an
+/// HTTP/1.1-only proxy.
+#[tokio::test]
+async fn exec_over_websocket_through_an_http1_only_proxy_ours_principal_ours_agent(
+) -> anyhow::Result<()> {
+    exec_through_the_principal(Side::Ours, Side::Ours, Link::WebSocketProxy).await
 }
 
 #[tokio::test]
 async fn exec_through_our_principal_upstream_agent() -> anyhow::Result<()> {
-    exec_through_the_principal(Side::Ours, Side::Upstream).await
+    exec_through_the_principal(Side::Ours, Side::Upstream, Link::Http2).await
 }
 
 #[tokio::test]
 async fn exec_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
-    exec_through_the_principal(Side::Upstream, Side::Ours).await
+    exec_through_the_principal(Side::Upstream, Side::Ours, Link::Http2).await
 }
 
 /// Upstream's own pair, the baseline of the matrix. Its principal tears a session down as soon as
@@ -1657,7 +1802,12 @@ async fn exec_through_upstream_principal_ours_agent() -> anyhow::Result<()> {
 /// 2026-11-25. Exactly that symptom is retried once, and said so; any other failure is not.
 #[tokio::test]
 async fn exec_through_upstream_principal_upstream_agent() -> anyhow::Result<()> {
-    let first = tokio::spawn(exec_through_the_principal(Side::Upstream, Side::Upstream)).await;
+    let first = tokio::spawn(exec_through_the_principal(
+        Side::Upstream,
+        Side::Upstream,
+        Link::Http2,
+    ))
+    .await;
     match first {
         Ok(result) => result,
         Err(e) if e.is_panic() => {
@@ -1673,7 +1823,7 @@ async fn exec_through_upstream_principal_upstream_agent() -> anyhow::Result<()> 
             eprintln!(
                 "[real_peers] upstream's pair dropped the exec output (close 1006); retrying once"
             );
-            exec_through_the_principal(Side::Upstream, Side::Upstream).await
+            exec_through_the_principal(Side::Upstream, Side::Upstream, Link::Http2).await
         }
         Err(e) => Err(e.into()),
     }
@@ -2061,17 +2211,8 @@ async fn compressed_agent_syncs_an_app(principal: Side, agent: Side) -> anyhow::
         &["--enable-compression"],
     )
     .await?;
-    cell.hub_apps
-        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
-        .await?;
-    cell.wait_greeting("v1").await?;
-    cell.wait_synced(
-        &cell.hub_apps,
-        &cell.first,
-        "the Application Synced with a gzip-compressing agent",
-    )
-    .await?;
-    Ok(())
+    cell.create_and_sync_demo("the Application Synced with a gzip-compressing agent")
+        .await
 }
 
 #[tokio::test]
@@ -2082,6 +2223,200 @@ async fn compressed_upstream_agent_on_our_principal() -> anyhow::Result<()> {
 #[tokio::test]
 async fn compressed_agent_of_ours_on_upstream_principal() -> anyhow::Result<()> {
     compressed_agent_syncs_an_app(Side::Upstream, Side::Ours).await
+}
+
+// ---- gRPC over WebSocket through an HTTP/1.1-only proxy (--enable-websocket) -------------------
+//
+// Between agent and principal a real nginx that speaks only HTTP/1.1 (no h2 in its ALPN) and
+// passes WebSocket upgrades, re-encrypting with the agent's certificate as upstream's own e2e
+// proxy does ([`Http1Proxy`]). Upstream's agent cannot take part: its WebSocket transport,
+// golang.stackrox.io/grpc-http1, is refused by the module proxy here (e2e/peers/agent).
+
+/// The path of the `RefreshToken` call.
+const REFRESH_TOKEN: &str = "/authapi.Authentication/RefreshToken";
+
+/// The agent's ops port (our agent only).
+fn our_agent_port(cell: &Cell) -> u16 {
+    match &cell.agent {
+        AnyAgent::Ours(a) => a.ops_port,
+        AnyAgent::Upstream(_) => unreachable!("the WebSocket cells run our agent"),
+    }
+}
+
+/// Waits until our agent's connection gauge reads `connected`.
+async fn wait_agent_connection(cell: &Cell, connected: bool, what: &str) -> anyhow::Result<()> {
+    let port = our_agent_port(cell);
+    wait_until(what, SYNC_WAIT, || async move {
+        let now = e2e::metrics::agent_connected(port).await.unwrap_or(false);
+        Ok::<_, anyhow::Error>((now == connected).then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))
+}
+
+/// Both ends with `--enable-websocket` and only an HTTP/1.1 proxy between them: an Application
+/// created on the hub is synced by the spoke's real Argo CD and its status comes back, every call
+/// having crossed nginx as a WebSocket upgrade; when the proxy dies the agent's stream breaks, it
+/// reconnects once the proxy is back — refreshing its expired access token over WebSocket rather
+/// than logging in again — and a later change syncs too.
+#[tokio::test]
+async fn websocket_through_an_http1_only_proxy_syncs_an_app_and_reconnects_ours_principal_ours_agent(
+) -> anyhow::Result<()> {
+    let options = CellOptions {
+        // Shorter than the agent's 30 s expiry margin: every reconnect refreshes the token.
+        principal_args: &["--enable-websocket", "--access-token-lifetime=20s"],
+        ..Link::WebSocketProxy.apply(CellOptions {
+            with_argocd: true,
+            ..CellOptions::default()
+        })
+    };
+    let mut cell =
+        Cell::start_full("websocket", Side::Ours, Side::Ours, Mode::Managed, options).await?;
+    cell.create_and_sync_demo("the Application Synced through the HTTP/1.1-only proxy")
+        .await?;
+    // The calls made before the stream opened crossed nginx, each an HTTP/1.1 upgrade switched
+    // by the principal; nothing else crossed it.
+    cell.wait_proxied(&[
+        "/versionapi.Version/Version",
+        "/authapi.Authentication/Authenticate",
+    ])
+    .await?;
+
+    // The proxy dies: the stream breaks; back on the same port, the agent reconnects through it.
+    let proxy = cell.http1_proxy.as_mut().expect("a proxy cell");
+    proxy.process.kill();
+    wait_agent_connection(&cell, false, "the agent noticed the proxy is gone").await?;
+    let proxy = cell.http1_proxy.as_mut().expect("a proxy cell");
+    proxy.process.start_again()?;
+    proxy.wait_listening().await?;
+    wait_agent_connection(&cell, true, "the agent reconnected through the proxy").await?;
+
+    // A change after the reconnect reaches the spoke and is synced.
+    let second = cell.commit_second_version()?;
+    cell.patch_app(
+        &cell.hub_apps,
+        json!({"spec": {"source": {"path": "demo2"}}}),
+    )
+    .await?;
+    cell.wait_greeting("v2").await?;
+    cell.wait_synced(
+        &cell.hub_apps,
+        &second,
+        "the hub Application Synced at the new path after the reconnect",
+    )
+    .await?;
+    // The reconnect refreshed the token over WebSocket; had RefreshToken failed there, the agent
+    // would have logged in again.
+    let requests = cell.wait_proxied(&[REFRESH_TOKEN]).await?;
+    let logins = requests
+        .iter()
+        .filter(|l| l.contains(" /authapi.Authentication/Authenticate "))
+        .count();
+    anyhow::ensure!(
+        logins == 1,
+        "{logins} logins, one expected:\n{}",
+        requests.join("\n")
+    );
+    Ok(())
+}
+
+/// Without `--enable-websocket`, an agent behind the same proxy cannot connect (the proxy offers
+/// no HTTP/2) and says what to do: a refusal naming the flag, logged and in its readiness, never
+/// a connection.
+#[tokio::test]
+async fn without_enable_websocket_our_agent_behind_an_http1_only_proxy_fails_naming_the_flag(
+) -> anyhow::Result<()> {
+    let options = CellOptions {
+        principal_args: &["--enable-websocket"],
+        http1_proxy: true,
+        ..CellOptions::default()
+    };
+    let cell = Cell::start_full(
+        "websocket_missing",
+        Side::Ours,
+        Side::Ours,
+        Mode::Managed,
+        options,
+    )
+    .await?;
+    let hint = "start the principal and this agent with --enable-websocket";
+    wait_until("the agent's refusal naming the flag", SYNC_WAIT, || async {
+        Ok::<_, anyhow::Error>(cell.agent.process().log().contains(hint).then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    let port = our_agent_port(&cell);
+    let (status, body) = e2e::gateway::http_get(port, "/readyz").await?;
+    anyhow::ensure!(
+        status == 503 && body.contains("--enable-websocket"),
+        "readiness says why: {status} {body}"
+    );
+    anyhow::ensure!(
+        !e2e::metrics::agent_connected(port).await?,
+        "never connected:\n{}",
+        cell.logs()
+    );
+    // Positive control: the same principal, straight (HTTP/2 on the same port), serves the same
+    // kind of agent; so the proxy is what stands in the way.
+    cell.another_agent_of_ours("direct", &[])
+        .await?
+        .wait_connected()
+        .await?;
+    Ok(())
+}
+
+/// A cell whose principal (`principal`'s side) runs with `--enable-websocket` and whose agent
+/// (`agent`'s side, without the flag) is straight on it, with the demo Application synced by the
+/// spoke's real Argo CD over HTTP/2.
+async fn synced_over_http2_beside_websocket(
+    scenario: &str,
+    principal: Side,
+    agent: Side,
+) -> anyhow::Result<Cell> {
+    let options = CellOptions {
+        with_argocd: true,
+        principal_args: &["--enable-websocket"],
+        ..CellOptions::default()
+    };
+    let cell = Cell::start_full(scenario, principal, agent, Mode::Managed, options).await?;
+    cell.create_and_sync_demo(&format!(
+        "the Application of the {agent:?} agent Synced over HTTP/2 on the {principal:?} \
+         principal with --enable-websocket"
+    ))
+    .await?;
+    Ok(cell)
+}
+
+/// Upstream's Go agent without the flag on our principal with it: `--enable-websocket` keeps
+/// native gRPC on the same port (as upstream's downgrading handler does), so its Application syncs.
+#[tokio::test]
+async fn upstream_agent_over_http2_on_our_principal_with_enable_websocket() -> anyhow::Result<()> {
+    synced_over_http2_beside_websocket("websocket_native", Side::Ours, Side::Upstream).await?;
+    Ok(())
+}
+
+/// Our agent with `--enable-websocket` on upstream's principal with it: that principal serves
+/// HTTP/1.1 only through grpc-http1, which this build of it lacks (the module proxy refuses the
+/// module; e2e/peers/agent's stand-in answers 501), so the agent fails and quotes the answer; and
+/// without the flag our agent syncs on that same principal over HTTP/2, which upstream's
+/// downgrading handler still serves.
+#[tokio::test]
+async fn our_agent_on_upstream_principal_with_enable_websocket_http2_syncs_and_websocket_quotes_the_refusal(
+) -> anyhow::Result<()> {
+    let cell = synced_over_http2_beside_websocket("websocket_upstream", Side::Upstream, Side::Ours)
+        .await?;
+    let ws_agent = cell
+        .another_agent_of_ours("ws", &["--enable-websocket"])
+        .await?;
+    let quoted = "HTTP 501 Not Implemented: gRPC over HTTP/1 is not available in this build";
+    wait_until(
+        "our WebSocket agent quoting the refusal",
+        SYNC_WAIT,
+        || async { Ok::<_, anyhow::Error>(ws_agent.process.log().contains(quoted).then_some(())) },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", ws_agent.process.log_tail(30)))?;
+    Ok(())
 }
 
 // ---- a mixed fleet: Go and Rust agents on one principal of ours ----------------------------------

@@ -6,7 +6,9 @@
 //!   `x-forwarded-client-cert` as a sidecar does after terminating mTLS); our agent and upstream's
 //!   Go agent with `--insecure-plaintext` connect through it, are named by the header, and get
 //!   their hub Applications. Without the sidecar (no header) the principal refuses the login with
-//!   its reason, and the name in the header is what decides the agent.
+//!   its reason, and the name in the header is what decides the agent. With `--enable-websocket`
+//!   the plaintext listener tells gRPC over WebSocket from HTTP/2 by the first bytes and the
+//!   header decides on both.
 //! - TLS material from Kubernetes Secrets (`--tls-secret-name`, `--tls-ca-secret-name` on the
 //!   principal, `--tls-secret-name`, `--root-ca-secret-name` on the agent) instead of files: both
 //!   sides connect with it, a certificate rotated in the Secret is served to new connections
@@ -20,7 +22,10 @@ use std::time::Duration;
 use argocd_agent_proto::pb::authapi::authentication_client::AuthenticationClient;
 use argocd_agent_proto::pb::authapi::AuthRequest;
 use argocd_agent_proto::version::version_string;
-use argocd_agent_runtime::dial::{dial_grpc_plaintext, GrpcDialOptions};
+use argocd_agent_runtime::dial::{
+    dial_grpc_plaintext, dial_grpc_websocket, GrpcChannel, GrpcDialOptions, WebSocketTarget,
+};
+use argocd_agent_runtime::tls::ReloadingClientConfig;
 use argocd_agent_runtime::tls::{parse_certificates, PemInput};
 use e2e::binaries::project_binary;
 use e2e::gateway::{
@@ -41,13 +46,26 @@ fn header_auth() -> String {
     format!("--auth=header:{XFCC}:{XFCC_AGENT_REGEX}")
 }
 
-/// Authenticate over plaintext at `address`, optionally sending `xfcc` as the mesh header
-/// (what a client reaching the principal without a sidecar could send); the principal's
-/// answer, or its refusal's message.
-async fn plaintext_login(address: &str, xfcc: Option<&str>) -> Result<String, String> {
-    let channel = dial_grpc_plaintext(address, GrpcDialOptions::default())
-        .await
-        .map_err(|e| format!("dial: {e}"))?;
+/// Authenticate over plaintext at `address` (HTTP/2, or gRPC over WebSocket when `websocket`),
+/// optionally sending `xfcc` as the mesh header (what a client reaching the principal without a
+/// sidecar could send); the principal's answer, or its refusal's message.
+async fn plaintext_login_over(
+    address: &str,
+    xfcc: Option<&str>,
+    websocket: bool,
+) -> Result<String, String> {
+    let channel = if websocket {
+        let target = WebSocketTarget::<ReloadingClientConfig>::Plaintext(address.to_string());
+        dial_grpc_websocket(target, GrpcDialOptions::default(), 1 << 20)
+            .await
+            .map(GrpcChannel::WebSocket)
+            .map_err(|e| format!("dial: {e}"))?
+    } else {
+        dial_grpc_plaintext(address, GrpcDialOptions::default())
+            .await
+            .map(GrpcChannel::Http2)
+            .map_err(|e| format!("dial: {e}"))?
+    };
     let mut req = tonic::Request::new(AuthRequest {
         method: "header".into(),
         credentials: Default::default(),
@@ -64,6 +82,11 @@ async fn plaintext_login(address: &str, xfcc: Option<&str>) -> Result<String, St
         .await
         .map(|r| r.into_inner().access_token)
         .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
+}
+
+/// [`plaintext_login_over`] HTTP/2.
+async fn plaintext_login(address: &str, xfcc: Option<&str>) -> Result<String, String> {
+    plaintext_login_over(address, xfcc, false).await
 }
 
 /// An Application created in `agent`'s hub namespace reaches its spoke namespace `spoke_ns`.
@@ -92,21 +115,35 @@ async fn hub_app_reaches_spoke(
     .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))
 }
 
-#[tokio::test]
-async fn header_auth_behind_a_mesh_sidecar_names_our_agent_and_serves_it() -> anyhow::Result<()> {
+/// A principal with header auth on its plaintext listener (`extra` flags beside) in a fresh test
+/// context `name`, with the context and its PKI.
+async fn mesh_principal(
+    name: &str,
+    extra: &[&str],
+) -> anyhow::Result<(TestContext, Pki, Principal)> {
     let planes = shared_planes().await;
-    let ctx = TestContext::new("mesh_ours")?;
+    let ctx = TestContext::new(name)?;
     let pki = Pki::create(&ctx.dir.join("pki"))?;
-    let hub = planes.hub.client().await?;
+    let mut args = vec!["--insecure-plaintext".to_string(), header_auth()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let principal = Principal::start(
         "p",
         &ctx.dir,
         &planes.hub,
         &pki,
         &ctx.unique("argocd"),
-        &["--insecure-plaintext", &header_auth()],
+        &args,
     )
     .await?;
+    Ok((ctx, pki, principal))
+}
+
+#[tokio::test]
+async fn header_auth_behind_a_mesh_sidecar_names_our_agent_and_serves_it() -> anyhow::Result<()> {
+    let planes = shared_planes().await;
+    let (ctx, _pki, principal) = mesh_principal("mesh_ours", &[]).await?;
+    let hub = planes.hub.client().await?;
     assert!(
         principal
             .process
@@ -185,22 +222,44 @@ async fn header_auth_behind_a_mesh_sidecar_names_our_agent_and_serves_it() -> an
     Ok(())
 }
 
+/// `--insecure-plaintext` with `--enable-websocket`: without TLS there is no ALPN, so the
+/// listener tells each connection by its first bytes; a login over gRPC-over-WebSocket (the
+/// header travelling on the upgrade, as a sidecar passing HTTP/1.1 would set it) and one over
+/// HTTP/2 on the same port are both answered, and both are refused without the header.
+#[tokio::test]
+async fn header_auth_on_the_plaintext_listener_serves_websocket_and_http2_on_one_port(
+) -> anyhow::Result<()> {
+    let (_ctx, _pki, principal) = mesh_principal("mesh_websocket", &["--enable-websocket"]).await?;
+    let address = principal.address();
+    for websocket in [true, false] {
+        let token =
+            plaintext_login_over(&address, Some(&xfcc_for("ws-agent", "agents")), websocket)
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "websocket={websocket}: {e}\n{}",
+                        principal.process.log_tail(30)
+                    )
+                })?;
+        assert!(!token.is_empty());
+        let refused = plaintext_login_over(&address, None, websocket)
+            .await
+            .unwrap_err();
+        assert!(
+            refused.starts_with("Unauthenticated")
+                && refused.contains("header \"x-forwarded-client-cert\" not found"),
+            "websocket={websocket}: {refused}"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn upstream_go_agent_with_header_creds_through_the_sidecar_on_our_principal(
 ) -> anyhow::Result<()> {
     let planes = shared_planes().await;
-    let ctx = TestContext::new("mesh_go")?;
-    let pki = Pki::create(&ctx.dir.join("pki"))?;
+    let (ctx, pki, principal) = mesh_principal("mesh_go", &[]).await?;
     let hub = planes.hub.client().await?;
-    let principal = Principal::start(
-        "p",
-        &ctx.dir,
-        &planes.hub,
-        &pki,
-        &ctx.unique("argocd"),
-        &["--insecure-plaintext", &header_auth()],
-    )
-    .await?;
     let name = ctx.unique("go-mesh");
     ensure_namespace(&hub, &name).await?;
     // The Go agent's certificate names somebody else: in plaintext mode it is not used, and the

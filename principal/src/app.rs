@@ -2,7 +2,9 @@
 //!
 //! Owns the process lifecycle and the composition of the connection path, top to bottom: ops
 //! endpoints (metrics, health) → hub client and watches → TLS listener with certificate identity →
-//! gRPC services (authentication, version, event stream) → orderly shutdown on SIGTERM/Ctrl-C.
+//! gRPC services (authentication, version, event stream), one set of routes served as native gRPC
+//! and, with `--enable-websocket`, as gRPC over WebSocket ([`crate::websocket`]) → orderly
+//! shutdown on SIGTERM/Ctrl-C.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,13 +17,14 @@ use argocd_agent_proto::pb::logstreamapi::log_stream_service_server::LogStreamSe
 use argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_server::TerminalStreamServiceServer;
 use argocd_agent_proto::pb::versionapi::version_server::VersionServer;
 use argocd_agent_proto::sync::OutboxConfig;
+use argocd_agent_runtime::grpc_websocket::socket::Keepalive;
 use argocd_agent_runtime::redis_client::RedisTarget;
 use argocd_agent_runtime::redis_pool::RedisPool;
 use argocd_agent_runtime::telemetry::{
     shutdown_signal, start_ops_servers, HealthState, MetricsRegistry,
 };
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
-use argocd_agent_runtime::tls::{expiry, CertificateExpiry, ServerTlsOptions};
+use argocd_agent_runtime::tls::{expiry, CertificateExpiry, ServerTlsOptions, ALPN_H2, ALPN_HTTP1};
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::CompressionEncoding::Gzip;
@@ -40,6 +43,12 @@ use crate::tokens::TokenIssuer;
 
 /// How often certificate files are checked for rotation.
 const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
+/// The gRPC listener's pings to agents (HTTP/2 PING, or WebSocket ping per call): the link is
+/// dead when one goes unanswered.
+const GRPC_KEEPALIVE: Keepalive = Keepalive {
+    interval: Duration::from_secs(30),
+    timeout: Duration::from_secs(10),
+};
 
 /// The hub's Kubernetes client (`--kubeconfig` / `--kubecontext`, see [`argocd_agent_kube::client`]).
 pub async fn kube_client(cfg: &KubeClientConfig) -> anyhow::Result<kube::Client> {
@@ -245,7 +254,11 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             ReloadingServerConfig::load(
                 ServerTlsOptions::new(&config.tls.cert, &config.tls.key)
                     .require_client_certs(&config.tls.client_ca)
-                    .with_alpn(&[b"h2"])
+                    .with_alpn(if config.enable_websocket {
+                        &[ALPN_H2, ALPN_HTTP1]
+                    } else {
+                        &[ALPN_H2]
+                    })
                     .with_policy(config.tls_policy.clone()),
             )
             .context("loading the gRPC listener's TLS files")?,
@@ -415,34 +428,6 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
             )
         })?;
     let grpc_addr = listener.local_addr()?;
-    let incoming = match (tls, &config.auth) {
-        (Some(tls), AuthMethod::Mtls(source)) => accept_loop(
-            listener,
-            tls,
-            source.clone(),
-            metrics.clone(),
-            policy,
-            config.keepalive_min_interval,
-            crate::listener::ConnectionLimit::new(config.max_connections_per_agent),
-        ),
-        (None, AuthMethod::Header(header)) => plaintext_accept_loop(
-            listener,
-            header.clone(),
-            policy,
-            config.keepalive_min_interval,
-        ),
-        // PrincipalConfig::validate refuses the other pairings.
-        _ => anyhow::bail!(
-            "--auth={} cannot be served {} TLS",
-            config.auth.name(),
-            if config.insecure_plaintext {
-                "without"
-            } else {
-                "with"
-            }
-        ),
-    };
-
     let max = config.grpc_max_message_size;
     let pins = crate::mode_pin::ModePins::spawn(client_for_identity.clone(), &config.namespace);
     let auth = AuthService {
@@ -475,82 +460,121 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         issuer,
         registry,
         hub: hub.clone(),
-        metrics,
+        metrics: metrics.clone(),
         live,
         identity,
         pins,
         cluster_info,
         shutdown: stop_streams.clone(),
     };
+    // gzip both ways, as upstream agents started with --enable-compression use it on every call
+    // (answers are compressed only on calls whose client compresses: `compression`).
+    let routes = tonic::service::Routes::new(like_request(
+        AuthenticationServer::new(auth)
+            .max_decoding_message_size(crate::auth::AUTH_MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(max)
+            .accept_compressed(Gzip)
+            .send_compressed(Gzip),
+    ))
+    .add_service(like_request(
+        VersionServer::new(VersionService)
+            .max_decoding_message_size(crate::auth::AUTH_MAX_MESSAGE_SIZE)
+            .accept_compressed(Gzip)
+            .send_compressed(Gzip),
+    ))
+    .add_service(like_request(
+        tonic::service::interceptor::InterceptedService::new(
+            {
+                let events = Arc::new(events);
+                let server = |limit: usize| {
+                    EventStreamServer::from_arc(events.clone())
+                        .max_decoding_message_size(limit)
+                        .max_encoding_message_size(max)
+                        .accept_compressed(Gzip)
+                        .send_compressed(Gzip)
+                };
+                crate::eventstream::PingLimited {
+                    stream: server(max),
+                    ping: server(crate::auth::AUTH_MAX_MESSAGE_SIZE),
+                }
+            },
+            {
+                let leadership = leadership.clone();
+                move |req| leadership.admit(req)
+            },
+        ),
+    ))
+    // Container logs pushed by upstream agents (ours answer on the event stream).
+    .add_service(like_request(
+        tonic::service::interceptor::InterceptedService::new(
+            LogStreamServiceServer::new(log_stream)
+                .max_decoding_message_size(max)
+                .accept_compressed(Gzip)
+                .send_compressed(Gzip),
+            {
+                let leadership = leadership.clone();
+                move |req| leadership.admit(req)
+            },
+        ),
+    ))
+    // Web terminal sessions, which every agent opens per terminal-request event.
+    .add_service(like_request(
+        tonic::service::interceptor::InterceptedService::new(
+            TerminalStreamServiceServer::new(terminal_stream)
+                .max_decoding_message_size(crate::terminal::MAX_CALL_MESSAGE)
+                .accept_compressed(Gzip)
+                .send_compressed(Gzip),
+            {
+                let leadership = leadership.clone();
+                move |req| leadership.admit(req)
+            },
+        ),
+    ));
+    // --enable-websocket: HTTP/1.1 connections carry gRPC over WebSocket to the same routes.
+    let http1 = config.enable_websocket.then(|| {
+        crate::websocket::http1_calls(crate::websocket::WebSocketSettings {
+            routes: routes.clone(),
+            max_message_size: max,
+            keepalive: GRPC_KEEPALIVE,
+            header_timeout: config.request_header_timeout,
+        })
+    });
+    let incoming = match (tls, &config.auth) {
+        (Some(tls), AuthMethod::Mtls(source)) => accept_loop(
+            listener,
+            tls,
+            source.clone(),
+            metrics.clone(),
+            policy,
+            config.keepalive_min_interval,
+            crate::listener::ConnectionLimit::new(config.max_connections_per_agent),
+            http1,
+        ),
+        (None, AuthMethod::Header(header)) => plaintext_accept_loop(
+            listener,
+            header.clone(),
+            policy,
+            config.keepalive_min_interval,
+            http1,
+        ),
+        // PrincipalConfig::validate refuses the other pairings.
+        _ => anyhow::bail!(
+            "--auth={} cannot be served {} TLS",
+            config.auth.name(),
+            if config.insecure_plaintext {
+                "without"
+            } else {
+                "with"
+            }
+        ),
+    };
+
     let (stop_grpc, grpc_stopped) = oneshot::channel::<()>();
-    let mut server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .max_concurrent_streams(crate::auth::MAX_STREAMS_PER_CONNECTION);
-    let grpc = server
-        // gzip both ways, as upstream agents started with --enable-compression use it on every call
-        // (answers are compressed only on calls whose client compresses: `compression`).
-        .add_service(like_request(
-            AuthenticationServer::new(auth)
-                .max_decoding_message_size(crate::auth::AUTH_MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(max)
-                .accept_compressed(Gzip)
-                .send_compressed(Gzip),
-        ))
-        .add_service(like_request(
-            VersionServer::new(VersionService)
-                .max_decoding_message_size(crate::auth::AUTH_MAX_MESSAGE_SIZE)
-                .accept_compressed(Gzip)
-                .send_compressed(Gzip),
-        ))
-        .add_service(like_request(
-            tonic::service::interceptor::InterceptedService::new(
-                {
-                    let events = Arc::new(events);
-                    let server = |limit: usize| {
-                        EventStreamServer::from_arc(events.clone())
-                            .max_decoding_message_size(limit)
-                            .max_encoding_message_size(max)
-                            .accept_compressed(Gzip)
-                            .send_compressed(Gzip)
-                    };
-                    crate::eventstream::PingLimited {
-                        stream: server(max),
-                        ping: server(crate::auth::AUTH_MAX_MESSAGE_SIZE),
-                    }
-                },
-                {
-                    let leadership = leadership.clone();
-                    move |req| leadership.admit(req)
-                },
-            ),
-        ))
-        // Container logs pushed by upstream agents (ours answer on the event stream).
-        .add_service(like_request(
-            tonic::service::interceptor::InterceptedService::new(
-                LogStreamServiceServer::new(log_stream)
-                    .max_decoding_message_size(max)
-                    .accept_compressed(Gzip)
-                    .send_compressed(Gzip),
-                {
-                    let leadership = leadership.clone();
-                    move |req| leadership.admit(req)
-                },
-            ),
-        ))
-        // Web terminal sessions, which every agent opens per terminal-request event.
-        .add_service(like_request(
-            tonic::service::interceptor::InterceptedService::new(
-                TerminalStreamServiceServer::new(terminal_stream)
-                    .max_decoding_message_size(crate::terminal::MAX_MESSAGE + 1024)
-                    .accept_compressed(Gzip)
-                    .send_compressed(Gzip),
-                {
-                    let leadership = leadership.clone();
-                    move |req| leadership.admit(req)
-                },
-            ),
-        ))
+    let grpc = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(GRPC_KEEPALIVE.interval))
+        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.timeout))
+        .max_concurrent_streams(crate::auth::MAX_STREAMS_PER_CONNECTION)
+        .add_routes(routes)
         .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move {
             let _ = grpc_stopped.await;
         });
@@ -559,6 +583,7 @@ pub async fn run(config: PrincipalConfig) -> anyhow::Result<()> {
         version = env!("CARGO_PKG_VERSION"),
         namespace = %config.namespace,
         grpc = %grpc_addr,
+        websocket = config.enable_websocket,
         metrics = %ops.metrics_addr,
         health = %ops.health_addr,
         "argocd-principal started"

@@ -247,6 +247,15 @@ pub struct PrincipalArgs {
         default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     pub insecure_plaintext: bool,
 
+    /// Also serve gRPC over WebSocket on HTTP/1.1 on --listen-address, for agents behind
+    /// proxies or load balancers that do not pass HTTP/2 (agents need --enable-websocket too):
+    /// upstream's flag, wire-compatible with its golang.stackrox.io/grpc-http1 transport. Native
+    /// gRPC keeps being served on the same port.
+    #[arg(long, env = "ARGOCD_PRINCIPAL_ENABLE_WEBSOCKET", default_value_t = false,
+        action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    pub enable_websocket: bool,
+
     /// Namespace of Argo CD on the hub.
     #[arg(
         long,
@@ -828,6 +837,8 @@ pub struct PrincipalConfig {
     pub auth: AuthMethod,
     /// The gRPC listener serves without TLS (`--insecure-plaintext`, behind a service mesh).
     pub insecure_plaintext: bool,
+    /// The gRPC listener also serves gRPC over WebSocket on HTTP/1.1 (`--enable-websocket`).
+    pub enable_websocket: bool,
     /// Argo CD namespace on the hub.
     pub namespace: String,
     /// Hub namespaces whose Applications are synced (globs); empty = every namespace.
@@ -1355,6 +1366,7 @@ impl PrincipalArgs {
             jwt_key,
             auth: self.auth,
             insecure_plaintext: self.insecure_plaintext,
+            enable_websocket: self.enable_websocket,
             namespace: self.namespace,
             allowed_namespaces,
             namespace_create,
@@ -1515,6 +1527,16 @@ mod tests {
         assert_eq!(config.tls_policy, TlsPolicy::default());
         assert_eq!(config.auth, AuthMethod::Mtls(IdentitySource::CommonName));
         assert!(!config.insecure_plaintext, "plaintext is never the default");
+        assert!(
+            !config.enable_websocket,
+            "HTTP/1.1 is served only on request"
+        );
+        assert!(
+            files
+                .validate(&["--enable-websocket"])
+                .unwrap()
+                .enable_websocket
+        );
         assert_eq!(
             config.allowed_agent_modes,
             vec![AgentMode::Managed, AgentMode::Autonomous]

@@ -214,7 +214,7 @@ pub struct PingLimited<S> {
 }
 
 /// Path of the `Ping` method.
-const PING_PATH: &str = "/eventstreamapi.EventStream/Ping";
+pub const PING_PATH: &str = "/eventstreamapi.EventStream/Ping";
 
 impl<S, B> tonic::codegen::Service<http::Request<B>> for PingLimited<S>
 where

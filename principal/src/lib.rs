@@ -1,7 +1,8 @@
 //! The principal (hub) of argocd-agent: accepts agents over mutual-TLS gRPC, authenticates them,
 //! streams Application/AppProject events to them and writes their status back on the hub.
 //!
-//! The connection path, composed in [`app::run`]: [`listener`] (TLS accept, certificate identity) →
+//! The connection path, composed in [`app::run`]: [`listener`] (TLS accept, certificate identity;
+//! HTTP/1.1 connections to gRPC over WebSocket, [`websocket`], with `--enable-websocket`) →
 //! [`auth`] (Authenticate/RefreshToken, token ↔ certificate check, the agent's pinned mode:
 //! [`mode_pin`]) → [`eventstream`] (one stream
 //! per agent over its [`sessions`] outbox) → [`hub`] / [`inbound`] (hub watches and writes), with
@@ -32,4 +33,5 @@ pub mod sessions;
 pub mod startup_secrets;
 pub mod terminal;
 pub mod tokens;
+pub mod websocket;
 pub mod write_limit;

@@ -22,6 +22,15 @@
 //! `ENHANCE_YOUR_CALM` naming the flag), on the Redis proxy a client IP; [`AgentCaps`] caps places
 //! per agent and in all at once (web terminal sessions, resource-proxy request bodies).
 //!
+//! With `--enable-websocket` the gRPC listener also takes HTTP/1.1 connections (ALPN `http/1.1`
+//! offered beside `h2`): each connection's protocol is known from ALPN, or, when none was
+//! negotiated (a TLS-terminating proxy that re-encrypts without ALPN, or plaintext behind a mesh),
+//! from its first bytes ([`argocd_agent_runtime::grpc_websocket::sniff`]); an HTTP/2 one goes to
+//! the gRPC server as before, an HTTP/1.1 one to [`Http1Calls`] (gRPC over WebSocket) with the
+//! same identity, blocklist watch, header timeout and `--max-connections-per-agent` slot — so
+//! there, where every call is a connection of its own, the cap bounds an agent's calls at once
+//! (over it, HTTP 429 naming the flag).
+//!
 //! And, on the gRPC listener only, `--keepalive-min-interval` ([`PingEnforcement`],
 //! [`KeepaliveEnforced`]): grpc-go's `keepalive.EnforcementPolicy{MinTime}`, which the h2 crate
 //! under tonic does not have (it answers every PING). The connection's HTTP/2 frames are scanned
@@ -41,7 +50,9 @@ use argocd_agent_proto::identity::{
     cert_fingerprint, AgentIdentity, HeaderIdentity, IdentitySource,
 };
 use argocd_agent_runtime::accept::{serve_connections, serve_tls_connections, HandshakeFailure};
+use argocd_agent_runtime::grpc_websocket::sniff::{sniff, Rewind, Wire};
 use argocd_agent_runtime::tls::reload::ReloadingServerConfig;
+use argocd_agent_runtime::tls::{ALPN_H2, ALPN_HTTP1};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -547,16 +558,31 @@ fn calm_down_frame(last_stream_id: u32, debug: &[u8]) -> Vec<u8> {
     frame
 }
 
-/// Ends a connection over `--max-connections-per-agent` the HTTP/2 way: the server preface (an
-/// empty SETTINGS frame) and a GOAWAY `ENHANCE_YOUR_CALM` whose debug data says why, then the
-/// client's input is drained until it closes (at most a second and 64 KiB), so the goodbye is
-/// not lost to a reset.
-async fn refuse_over_cap<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, reason: &str) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// How a connection over `--max-connections-per-agent` is ended the HTTP/2 way: the server
+/// preface (an empty SETTINGS frame) and a GOAWAY `ENHANCE_YOUR_CALM` whose debug data says why.
+fn goaway_over_cap(reason: &str) -> Vec<u8> {
     let mut goodbye = vec![0, 0, 0, FRAME_SETTINGS, 0, 0, 0, 0, 0];
     goodbye.extend(calm_down_frame(0, reason.as_bytes()));
+    goodbye
+}
+
+/// How an HTTP/1.1 connection over `--max-connections-per-agent` is ended: `429 Too Many
+/// Requests` with the reason.
+fn too_many_requests(reason: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{reason}",
+        reason.len()
+    )
+    .into_bytes()
+}
+
+/// Writes `goodbye`, then drains the client's input until it closes (at most a second and
+/// 64 KiB), so the goodbye is not lost to a reset.
+async fn say_goodbye<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, goodbye: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        stream.write_all(&goodbye).await?;
+        stream.write_all(goodbye).await?;
         stream.flush().await?;
         let mut sink = [0u8; 4096];
         let mut drained = 0;
@@ -840,9 +866,38 @@ pub enum PeerCredential {
 /// The transport under an agent connection: mutual TLS, or plaintext behind a service mesh.
 type AgentTransport = Either<TlsStream<TcpStream>, TcpStream>;
 
+/// Serves an agent's HTTP/1.1 connection (gRPC over WebSocket with `--enable-websocket`); without
+/// it, every connection is taken as HTTP/2, as before. The connection carries its peer
+/// ([`Connected::connect_info`]) and its `--max-connections-per-agent` slot, which it frees when
+/// dropped, whoever ends up holding it (an upgraded call outlives the HTTP/1.1 exchange).
+pub type Http1Calls =
+    Arc<dyn Fn(AgentConnection) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Which protocol `stream` (from `remote`) speaks: HTTP/2 unless `http1` is served, then by the
+/// ALPN protocol negotiated (`alpn`) or, without one, by its first bytes; `None` when it ended
+/// (or timed out) before saying.
+async fn wire_of(
+    stream: GuardedStream<AgentTransport>,
+    alpn: Option<Vec<u8>>,
+    http1: bool,
+    remote: std::net::SocketAddr,
+) -> Option<(Wire, Rewind<GuardedStream<AgentTransport>>)> {
+    let routed = match alpn.as_deref() {
+        _ if !http1 => Ok((Wire::Http2, Rewind::new(stream))),
+        Some(ALPN_H2) => Ok((Wire::Http2, Rewind::new(stream))),
+        Some(ALPN_HTTP1) => Ok((Wire::Http1, Rewind::new(stream))),
+        _ => sniff(stream).await,
+    };
+    routed
+        .inspect_err(|e| {
+            tracing::debug!(%remote, error = %e, "connection ended before its first request");
+        })
+        .ok()
+}
+
 /// An accepted agent connection.
 pub struct AgentConnection {
-    stream: KeepaliveEnforced<GuardedStream<AgentTransport>>,
+    stream: KeepaliveEnforced<Rewind<GuardedStream<AgentTransport>>>,
     peer: PeerIdentity,
     /// Its place under `--max-connections-per-agent` (TLS only), freed when the server drops it.
     _slot: Option<ConnectionSlot<String>>,
@@ -899,7 +954,9 @@ impl AsyncWrite for AgentConnection {
 /// Accepts connections on `listener` forever, handing finished mutual-TLS connections that
 /// `policy` admits to the returned channel (the gRPC server's incoming stream), each under
 /// `--keepalive-min-interval` ([`KeepaliveEnforced`]) and within `per_agent`, keyed by the agent
-/// the certificate names (or, when it names none, by the certificate).
+/// the certificate names (or, when it names none, by the certificate); HTTP/1.1 connections go to
+/// `http1` when given (`--enable-websocket`).
+#[allow(clippy::too_many_arguments)]
 pub fn accept_loop(
     listener: TcpListener,
     tls: ReloadingServerConfig,
@@ -908,6 +965,7 @@ pub fn accept_loop(
     policy: ConnectionPolicy,
     keepalive_min_interval: Option<Duration>,
     per_agent: Arc<ConnectionLimit<String>>,
+    http1: Option<Http1Calls>,
 ) -> mpsc::Receiver<Result<AgentConnection, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     let handshake_timeout = policy.handshake_timeout;
@@ -923,47 +981,10 @@ pub fn accept_loop(
             let metrics = metrics.clone();
             let policy = policy.clone();
             let per_agent = per_agent.clone();
+            let http1 = http1.clone();
             async move {
-                match admit(handshake, &policy).await {
-                    Ok(admitted) => {
-                        let identity = agent_of_certificate(admitted.leaf.as_deref(), &source);
-                        if let Err(reason) = &identity {
-                            metrics.auth_failure("certificate_identity");
-                            tracing::warn!(%remote, %reason, "client certificate does not name a valid agent");
-                        }
-                        let key = match (&identity, &admitted.leaf) {
-                            (Ok(id), _) => id.name.as_str().to_string(),
-                            (Err(_), Some(der)) => format!("certificate {}", cert_fingerprint(der)),
-                            (Err(_), None) => "no certificate".to_string(),
-                        };
-                        let slot = match per_agent.admit(key.clone()) {
-                            Ok(slot) => slot,
-                            Err(open) => {
-                                metrics.auth_failure("too_many_connections");
-                                let reason = format!(
-                                    "too many connections: {key} already holds {open} (--max-connections-per-agent={})",
-                                    per_agent.max()
-                                );
-                                tracing::warn!(%remote, %reason, "connection refused");
-                                refuse_over_cap(admitted.stream, &reason).await;
-                                return;
-                            }
-                        };
-                        let peer = PeerIdentity {
-                            credential: PeerCredential::Certificate(identity),
-                            remote: Some(remote),
-                        };
-                        let _ = tx
-                            .send(Ok(AgentConnection {
-                                stream: KeepaliveEnforced::new(
-                                    admitted.stream.map(Either::Left),
-                                    keepalive_min_interval,
-                                ),
-                                peer,
-                                _slot: Some(slot),
-                            }))
-                            .await;
-                    }
+                let admitted = match admit(handshake, &policy).await {
+                    Ok(admitted) => admitted,
                     Err((refusal, reason)) => {
                         metrics.auth_failure(refusal.reason());
                         if refusal == Refusal::Blocklisted {
@@ -971,12 +992,92 @@ pub fn accept_loop(
                         } else {
                             tracing::info!(%remote, %reason, "connection dropped");
                         }
+                        return;
                     }
+                };
+                let identity = agent_of_certificate(admitted.leaf.as_deref(), &source);
+                if let Err(reason) = &identity {
+                    metrics.auth_failure("certificate_identity");
+                    tracing::warn!(%remote, %reason, "client certificate does not name a valid agent");
                 }
+                let key = match (&identity, &admitted.leaf) {
+                    (Ok(id), _) => id.name.as_str().to_string(),
+                    (Err(_), Some(der)) => format!("certificate {}", cert_fingerprint(der)),
+                    (Err(_), None) => "no certificate".to_string(),
+                };
+                let alpn = admitted
+                    .stream
+                    .get_ref()
+                    .get_ref()
+                    .1
+                    .alpn_protocol()
+                    .map(<[u8]>::to_vec);
+                let stream = admitted.stream.map(Either::Left);
+                let Some((wire, stream)) = wire_of(stream, alpn, http1.is_some(), remote).await
+                else {
+                    return;
+                };
+                let slot = match per_agent.admit(key.clone()) {
+                    Ok(slot) => slot,
+                    Err(open) => {
+                        metrics.auth_failure("too_many_connections");
+                        let reason = format!(
+                            "too many connections: {key} already holds {open} (--max-connections-per-agent={})",
+                            per_agent.max()
+                        );
+                        tracing::warn!(%remote, %reason, "connection refused");
+                        let goodbye = match wire {
+                            Wire::Http2 => goaway_over_cap(&reason),
+                            Wire::Http1 => too_many_requests(&reason),
+                        };
+                        say_goodbye(stream, &goodbye).await;
+                        return;
+                    }
+                };
+                let peer = PeerIdentity {
+                    credential: PeerCredential::Certificate(identity),
+                    remote: Some(remote),
+                };
+                serve(
+                    wire,
+                    stream,
+                    peer,
+                    Some(slot),
+                    keepalive_min_interval,
+                    &tx,
+                    http1.as_ref(),
+                )
+                .await;
             }
         },
     ));
     rx
+}
+
+/// Hands a routed connection to the gRPC server (HTTP/2, under `--keepalive-min-interval`) or
+/// serves it as HTTP/1.1 (`http1`, present whenever the connection was routed there); `slot` is
+/// held as long as the connection is open.
+async fn serve(
+    wire: Wire,
+    stream: Rewind<GuardedStream<AgentTransport>>,
+    peer: PeerIdentity,
+    slot: Option<ConnectionSlot<String>>,
+    keepalive_min_interval: Option<Duration>,
+    grpc: &mpsc::Sender<Result<AgentConnection, std::io::Error>>,
+    http1: Option<&Http1Calls>,
+) {
+    let connection = |min_interval| AgentConnection {
+        stream: KeepaliveEnforced::new(stream, min_interval),
+        peer,
+        _slot: slot,
+    };
+    match (wire, http1) {
+        // HTTP/2 PINGs are not HTTP/1.1's: the keepalive enforcement stays with HTTP/2.
+        (Wire::Http1, Some(http1)) => http1(connection(None)).await,
+        _ => {
+            let _ = grpc.send(Ok(connection(keepalive_min_interval))).await;
+        }
+    }
 }
 
 /// [`accept_loop`] for `--insecure-plaintext`: connections without TLS, as a service mesh sidecar
@@ -989,6 +1090,7 @@ pub fn plaintext_accept_loop(
     header: HeaderIdentity,
     policy: ConnectionPolicy,
     keepalive_min_interval: Option<Duration>,
+    http1: Option<Http1Calls>,
 ) -> mpsc::Receiver<Result<AgentConnection, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     let header = Arc::new(header);
@@ -999,22 +1101,31 @@ pub fn plaintext_accept_loop(
         move |tcp, remote| {
             let tx = tx.clone();
             let header = header.clone();
+            let http1 = http1.clone();
             let request_header_timeout = policy.request_header_timeout;
             async move {
                 if let Err(e) = tcp.set_nodelay(true) {
                     tracing::debug!(%remote, error = %e, "cannot disable Nagle's delay");
                 }
                 let stream = GuardedStream::new(Either::Right(tcp), request_header_timeout, None);
-                let _ = tx
-                    .send(Ok(AgentConnection {
-                        stream: KeepaliveEnforced::new(stream, keepalive_min_interval),
-                        peer: PeerIdentity {
-                            credential: PeerCredential::MeshHeader(header),
-                            remote: Some(remote),
-                        },
-                        _slot: None,
-                    }))
-                    .await;
+                let Some((wire, stream)) = wire_of(stream, None, http1.is_some(), remote).await
+                else {
+                    return;
+                };
+                let peer = PeerIdentity {
+                    credential: PeerCredential::MeshHeader(header),
+                    remote: Some(remote),
+                };
+                serve(
+                    wire,
+                    stream,
+                    peer,
+                    None,
+                    keepalive_min_interval,
+                    &tx,
+                    http1.as_ref(),
+                )
+                .await;
             }
         },
     ));

@@ -39,6 +39,7 @@ use argocd_agent_proto::identity::AgentName;
 use argocd_agent_proto::payload::ContainerTerminalRequest;
 use argocd_agent_proto::pb::terminalstreamapi::terminal_stream_service_server::TerminalStreamService;
 use argocd_agent_proto::pb::terminalstreamapi::TerminalStreamData;
+use argocd_agent_runtime::grpc_websocket::handshake;
 use futures::{SinkExt, StreamExt};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -46,7 +47,6 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
@@ -62,6 +62,9 @@ use crate::tokens::TokenIssuer;
 /// Largest WebSocket or gRPC message of a session (a terminal's keystrokes and screenfuls are far
 /// smaller; the agent reads output in 32 KiB pieces).
 pub const MAX_MESSAGE: usize = 64 << 10;
+/// Largest `StreamTerminal` message decoded from an agent: a [`MAX_MESSAGE`] of data and its
+/// envelope.
+pub const MAX_CALL_MESSAGE: usize = MAX_MESSAGE + 1024;
 /// Messages buffered per direction.
 pub const BUFFER: usize = 16;
 /// Default of `--terminal-max-sessions`.
@@ -406,22 +409,7 @@ async fn accept(
 fn switching_protocols(key: &http::HeaderValue, protocol: &'static str) -> Response<ProxyBody> {
     let mut resp = Response::new(crate::resource_proxy::empty_body());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let h = resp.headers_mut();
-    h.insert(
-        http::header::CONNECTION,
-        http::HeaderValue::from_static("Upgrade"),
-    );
-    h.insert(
-        http::header::UPGRADE,
-        http::HeaderValue::from_static("websocket"),
-    );
-    if let Ok(accept) = http::HeaderValue::from_str(&derive_accept_key(key.as_bytes())) {
-        h.insert(http::header::SEC_WEBSOCKET_ACCEPT, accept);
-    }
-    h.insert(
-        http::header::SEC_WEBSOCKET_PROTOCOL,
-        http::HeaderValue::from_static(protocol),
-    );
+    *resp.headers_mut() = handshake::switching_protocols(key, protocol);
     resp
 }
 

@@ -4,10 +4,15 @@
 //! Owns: TCP connect (no Nagle delay) and the client side of the TLS handshake for a server name
 //! ([`connect_tls`]), refusing a server that negotiated an ALPN protocol other than h2 and
 //! building the tonic [`Channel`] with its connect timeout and HTTP/2 keepalive ([`dial_grpc`];
-//! without TLS behind a service mesh, [`dial_grpc_plaintext`]),
+//! without TLS behind a service mesh, [`dial_grpc_plaintext`]); or, for links that pass only
+//! HTTP/1.1, a gRPC-over-WebSocket channel, one connection per call, its keepalive pinging each
+//! call's WebSocket ([`dial_grpc_websocket`], refusing a server that negotiated anything but
+//! http/1.1; the connection made to check the server carries the first call); either one as a
+//! [`GrpcChannel`] for tonic's clients;
 //! the client TLS config taken afresh for every connection so certificate reloads apply
-//! ([`ClientTlsSource`]), and finding the rustls error inside a transport error's chain
-//! ([`rustls_error_in`]) so callers classify TLS failures by their type, never by their text.
+//! ([`ClientTlsSource`]), and finding the rustls error (or any other) inside a transport error's
+//! chain ([`rustls_error_in`], [`error_in`]) so callers classify failures by their type, never by
+//! their text.
 //! What a failure means to an operator (which flag to check) is the caller's.
 
 use std::error::Error as StdError;
@@ -22,7 +27,9 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::tls::{ReloadingClientConfig, ALPN_H2};
+use crate::grpc_websocket::client::{ChannelOptions, Dial, Io, WebSocketChannel};
+use crate::grpc_websocket::socket::Keepalive;
+use crate::tls::{ReloadingClientConfig, ALPN_H2, ALPN_HTTP1};
 
 /// Where a dial takes its client TLS config from, asked again at each connection.
 pub trait ClientTlsSource: Clone + Send + Sync + 'static {
@@ -79,6 +86,9 @@ pub enum ConnectError {
     /// The server chose an application protocol other than HTTP/2.
     #[error("the server negotiated ALPN {0:?} instead of h2")]
     NotHttp2(String),
+    /// The server chose an application protocol other than HTTP/1.1 for gRPC over WebSocket.
+    #[error("the server negotiated ALPN {0:?} instead of http/1.1 (gRPC over WebSocket)")]
+    NotHttp1(String),
 }
 
 /// Connects to `target` and completes the TLS handshake with `tls`.
@@ -168,19 +178,134 @@ pub async fn dial_grpc(
     endpoint.connect_with_connector(connector).await
 }
 
+/// Where a gRPC-over-WebSocket dial connects: a TLS server, or a plaintext address behind a
+/// service mesh.
+#[derive(Clone)]
+pub enum WebSocketTarget<T: ClientTlsSource> {
+    /// TLS (ALPN http/1.1, or none) with `tls`.
+    Tls(TlsTarget, T),
+    /// Plain TCP to `host:port`.
+    Plaintext(String),
+}
+
+impl<T: ClientTlsSource> WebSocketTarget<T> {
+    fn address(&self) -> &str {
+        match self {
+            WebSocketTarget::Tls(target, _) => &target.address,
+            WebSocketTarget::Plaintext(address) => address,
+        }
+    }
+
+    /// One connection, TLS completed and its ALPN protocol checked.
+    async fn connect(&self) -> Result<Box<dyn Io>, ConnectError> {
+        match self {
+            WebSocketTarget::Tls(target, tls) => {
+                let stream = connect_tls(target, tls).await?;
+                match stream.get_ref().1.alpn_protocol() {
+                    None | Some(ALPN_HTTP1) => Ok(Box::new(stream)),
+                    Some(other) => Err(ConnectError::NotHttp1(
+                        String::from_utf8_lossy(other).into_owned(),
+                    )),
+                }
+            }
+            WebSocketTarget::Plaintext(address) => {
+                let tcp = TcpStream::connect(address.as_str())
+                    .await
+                    .map_err(ConnectError::Tcp)?;
+                tcp.set_nodelay(true).map_err(ConnectError::Tcp)?;
+                Ok(Box::new(tcp))
+            }
+        }
+    }
+}
+
+/// Opens a gRPC-over-WebSocket channel to `target`, messages of at most `max_message_size` bytes
+/// either way: connects once (under the connect timeout) so that a server that cannot be reached
+/// fails here, as an HTTP/2 dial does, and keeps that connection for the first call; each later
+/// call dials its own. The keepalive of `options` pings each call's WebSocket.
+pub async fn dial_grpc_websocket<T: ClientTlsSource>(
+    target: WebSocketTarget<T>,
+    options: GrpcDialOptions,
+    max_message_size: usize,
+) -> Result<WebSocketChannel, ConnectError> {
+    let first = match options.connect_timeout {
+        Some(limit) => tokio::time::timeout(limit, target.connect())
+            .await
+            .map_err(|_| {
+                ConnectError::Tcp(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no connection to {} within {limit:?}", target.address()),
+                ))
+            })??,
+        None => target.connect().await?,
+    };
+    let channel_options = ChannelOptions {
+        host: target.address().to_string(),
+        max_message_size,
+        keepalive: options.keepalive.map(|k| Keepalive {
+            interval: k.interval,
+            timeout: k.timeout,
+        }),
+        connect_timeout: options.connect_timeout,
+    };
+    let dial: Dial = Arc::new(move || {
+        let target = target.clone();
+        Box::pin(async move { target.connect().await.map_err(|e| e.to_string()) })
+    });
+    Ok(WebSocketChannel::new(dial, channel_options, Some(first)))
+}
+
+/// A gRPC channel over HTTP/2 or over WebSocket, for tonic's generated clients.
+#[derive(Clone)]
+pub enum GrpcChannel {
+    /// Native gRPC.
+    Http2(Channel),
+    /// gRPC over WebSocket on HTTP/1.1.
+    WebSocket(WebSocketChannel),
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for GrpcChannel {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = tower::BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        match self {
+            GrpcChannel::Http2(c) => c.poll_ready(cx).map_err(Into::into),
+            GrpcChannel::WebSocket(c) => c.poll_ready(cx).map_err(Into::into),
+        }
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        use futures::TryFutureExt;
+        match self {
+            GrpcChannel::Http2(c) => Box::pin(c.call(request).map_err(Into::into)),
+            GrpcChannel::WebSocket(c) => Box::pin(c.call(request).map_err(Into::into)),
+        }
+    }
+}
+
 /// The `rustls::Error` somewhere in `error`'s chain, looking inside `std::io::Error`s too (their
 /// `source()` skips the error they wrap, which is where tokio-rustls puts rustls's).
 pub fn rustls_error_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
+    error_in(error)
+}
+
+/// The error of type `E` somewhere in `error`'s chain, looking inside `std::io::Error`s too.
+pub fn error_in<'a, E: StdError + 'static>(error: &'a (dyn StdError + 'static)) -> Option<&'a E> {
     let mut next = Some(error);
     while let Some(e) = next {
-        if let Some(found) = e.downcast_ref::<rustls::Error>() {
+        if let Some(found) = e.downcast_ref::<E>() {
             return Some(found);
         }
         if let Some(wrapped) = e
             .downcast_ref::<std::io::Error>()
             .and_then(std::io::Error::get_ref)
         {
-            if let Some(found) = rustls_error_in(wrapped) {
+            if let Some(found) = error_in(wrapped) {
                 return Some(found);
             }
         }

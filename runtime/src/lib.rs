@@ -3,7 +3,7 @@
 //! Owns what a long-running process needs around the wire contract ([`argocd_agent_proto`]):
 //! TLS configuration builders, certificate reloading and expiry ([`tls`]); the accept loop of every
 //! listener with its TLS handshake deadline ([`accept`]) and the TLS and gRPC client dial
-//! ([`dial`]); command-line and environment parsing ([`flags`], the flags every binary shares in
+//! ([`dial`]), gRPC over WebSocket for HTTP/1.1-only links ([`grpc_websocket`]); command-line and environment parsing ([`flags`], the flags every binary shares in
 //! [`process_args`], with the validation machinery of whole configurations in [`binary_config`]
 //! Redis credentials in [`redis_credentials`], connections to Redis in [`redis_client`] and those
 //! kept open between commands in [`redis_pool`]); and telemetry — logging,
@@ -14,6 +14,7 @@ pub mod accept;
 pub mod binary_config;
 pub mod dial;
 pub mod flags;
+pub mod grpc_websocket;
 pub mod label_selector;
 pub mod process_args;
 pub mod redis_client;

@@ -33,6 +33,8 @@ pub use reload::{
 
 /// ALPN id for HTTP/2 (gRPC).
 pub const ALPN_H2: &[u8] = b"h2";
+/// ALPN id for HTTP/1.1 (gRPC over WebSocket, `--enable-websocket`).
+pub const ALPN_HTTP1: &[u8] = b"http/1.1";
 
 /// The crypto provider every config in this crate is built with (`ring`), explicit so that
 /// the process-wide default provider never matters.
