@@ -10,32 +10,47 @@ use clap::ValueEnum;
 
 use crate::config::SourceUidMismatchPolicy;
 use crate::spoke_copy::{
-    managed_view, reported_view, ManagedView, ReportedView, SpokeObject, SyncedKind,
+    managed_view, reported_view, ManagedView, PackedObject, ReportedView, SpokeObject, SyncedKind,
 };
 
 /// The last hub copy received for one object, and what the apiserver stored when the agent last
 /// wrote it (the apiserver may prune or normalise fields, so drift is judged against what was
 /// stored, not against what was sent: otherwise a pruned field would be "reverted" forever).
+/// The copy is kept packed (its JSON) with its managed view: it is compared on every hub event
+/// but read whole only to revert, recreate or resync.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedCopy {
     /// The spoke copy built from the last hub object received.
-    pub desired: SpokeObject,
+    desired: PackedObject,
+    /// [`managed_view`] of `desired`.
+    desired_view: ManagedView,
     /// [`managed_view`] of the object as stored after the agent's last write of `desired`.
     pub applied: Option<ManagedView>,
 }
 
 impl CachedCopy {
-    /// A copy not yet written.
-    pub fn new(desired: SpokeObject) -> Self {
+    /// A copy of `desired` not yet written.
+    pub fn new(desired: &SpokeObject) -> Self {
         CachedCopy {
-            desired,
+            desired: PackedObject::pack(desired),
+            desired_view: managed_view(desired),
             applied: None,
         }
     }
 
+    /// The spoke copy built from the last hub object received.
+    pub fn desired(&self) -> SpokeObject {
+        self.desired.unpack()
+    }
+
+    /// Whether this is the copy of `desired`.
+    pub fn holds(&self, desired: &SpokeObject) -> bool {
+        self.desired == PackedObject::pack(desired)
+    }
+
     /// What the live object should look like in its managed view.
     pub fn baseline(&self) -> ManagedView {
-        self.applied.unwrap_or_else(|| managed_view(&self.desired))
+        self.applied.unwrap_or(self.desired_view)
     }
 }
 
@@ -142,7 +157,7 @@ pub fn on_deleted(
         };
     }
     match cached {
-        Some(c) => DeletedAction::Recreate(Box::new(c.desired.clone())),
+        Some(c) => DeletedAction::Recreate(Box::new(c.desired())),
         None => DeletedAction::Ignore,
     }
 }
@@ -241,29 +256,29 @@ mod tests {
 
     #[test]
     fn local_spec_or_label_edit_is_drift_status_change_is_not() {
-        let cached = CachedCopy::new(desired());
-        let mut live = live_of(&cached.desired);
+        let cached = CachedCopy::new(&desired());
+        let mut live = live_of(&cached.desired());
         assert!(!needs_revert(&live, Some(&cached)));
         live.status = Some(json!({"health": {"status": "Healthy"}}));
         assert!(!needs_revert(&live, Some(&cached)));
         live.spec = Some(json!({"project": "sneaky"}));
         assert!(needs_revert(&live, Some(&cached)));
-        let mut live = live_of(&cached.desired);
+        let mut live = live_of(&cached.desired());
         live.metadata.labels = Some(BTreeMap::from([("a".into(), "2".into())]));
         assert!(needs_revert(&live, Some(&cached)));
     }
 
     #[test]
     fn no_revert_without_hub_copy_or_while_terminating() {
-        let cached = CachedCopy::new(desired());
-        let mut live = live_of(&cached.desired);
+        let cached = CachedCopy::new(&desired());
+        let mut live = live_of(&cached.desired());
         live.spec = Some(json!({"project": "sneaky"}));
         assert!(!needs_revert(&live, None));
         let mut terminating = live.clone();
         terminating.metadata.deletion_timestamp =
             serde_json::from_value(json!("2024-01-01T00:00:00Z")).unwrap();
         assert!(!needs_revert(&terminating, Some(&cached)));
-        let mut stripped = live_of(&cached.desired);
+        let mut stripped = live_of(&cached.desired());
         stripped.metadata.annotations = Some(BTreeMap::new());
         assert!(
             needs_revert(&stripped, Some(&cached)),
@@ -273,9 +288,10 @@ mod tests {
 
     #[test]
     fn drift_is_judged_against_what_the_apiserver_stored() {
-        let mut cached = CachedCopy::new(desired());
-        cached.desired.spec = Some(json!({"project": "default", "unknownField": true,
-                                          "destination": {"name": "in-cluster", "namespace": "ns"}}));
+        let mut sent = desired();
+        sent.spec = Some(json!({"project": "default", "unknownField": true,
+                                "destination": {"name": "in-cluster", "namespace": "ns"}}));
+        let mut cached = CachedCopy::new(&sent);
         // The apiserver pruned the unknown field; that is not drift.
         let live = live_of(&desired());
         cached.applied = Some(managed_view(&live));
@@ -315,15 +331,15 @@ mod tests {
 
     #[test]
     fn deletion_is_confirmed_when_expected_recreated_when_not() {
-        let cached = CachedCopy::new(desired());
-        let gone = live_of(&cached.desired);
+        let cached = CachedCopy::new(&desired());
+        let gone = live_of(&cached.desired());
         assert_eq!(
             on_deleted(&gone, true, Some(&cached)),
             DeletedAction::Confirm
         );
         assert_eq!(
             on_deleted(&gone, false, Some(&cached)),
-            DeletedAction::Recreate(Box::new(cached.desired.clone()))
+            DeletedAction::Recreate(Box::new(cached.desired()))
         );
         assert_eq!(on_deleted(&gone, false, None), DeletedAction::Ignore);
         let mut foreign = gone.clone();

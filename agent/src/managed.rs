@@ -264,7 +264,7 @@ impl ManagedSync {
         self.lock()
             .cache
             .get(&ObjectKey::new(kind, &self.settings.namespace, name))
-            .map(|c| c.desired.clone())
+            .map(CachedCopy::desired)
     }
 
     fn lock(&self) -> MutexGuard<'_, SpokeState> {
@@ -427,10 +427,9 @@ impl ManagedSync {
             let mut st = self.lock();
             st.expected_deletions.remove(&key);
             match st.cache.get_mut(&key) {
-                Some(c) if c.desired == desired => {}
+                Some(c) if c.holds(&desired) => {}
                 _ => {
-                    st.cache
-                        .insert(key.clone(), CachedCopy::new(desired.clone()));
+                    st.cache.insert(key.clone(), CachedCopy::new(&desired));
                 }
             }
         }
@@ -593,7 +592,7 @@ impl ManagedSync {
     fn record_applied(&self, kind: SyncedKind, desired: &SpokeObject, stored: &SpokeObject) {
         let mut st = self.lock();
         if let Some(c) = st.cache.get_mut(&ObjectKey::of(kind, desired)) {
-            if c.desired == *desired {
+            if c.holds(desired) {
                 c.applied = Some(managed_view(stored));
             }
         }
@@ -689,10 +688,9 @@ impl ManagedSync {
             // spoke is concerned. Keep the cache if it describes another (newer) hub object.
             {
                 let mut st = self.lock();
-                let stale = st
-                    .cache
-                    .get(&key)
-                    .is_none_or(|c| hub_uid.is_empty() || c.desired.source_uid() == Some(hub_uid));
+                let stale = st.cache.get(&key).is_none_or(|c| {
+                    hub_uid.is_empty() || c.desired().source_uid() == Some(hub_uid)
+                });
                 if stale {
                     st.cache.remove(&key);
                 }
@@ -902,10 +900,8 @@ impl ManagedSync {
             for live in listed.iter().filter(|l| l.source_uid().is_some()) {
                 let key = ObjectKey::of(kind, live);
                 if !st.cache.contains_key(&key) && !live.is_terminating() {
-                    let copy = CachedCopy {
-                        desired: hub_copy_of_live(kind, live),
-                        applied: Some(managed_view(live)),
-                    };
+                    let mut copy = CachedCopy::new(&hub_copy_of_live(kind, live));
+                    copy.applied = Some(managed_view(live));
                     st.cache.insert(key, copy);
                     seeded += 1;
                 }
@@ -946,7 +942,7 @@ impl ManagedSync {
         let (revert, report) = {
             let st = self.lock();
             let cached = st.cache.get(&key);
-            let revert = needs_revert(live, cached).then(|| cached.map(|c| c.desired.clone()));
+            let revert = needs_revert(live, cached).then(|| cached.map(CachedCopy::desired));
             let report = match status_report(kind, live, st.reported.get(&key)) {
                 // The first list since start: the resync after it carries each status checksum
                 // and the principal asks for the statuses the hub lacks, so a restart with

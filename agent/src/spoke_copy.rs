@@ -8,8 +8,8 @@
 //! [`spoke_copy`] (hub object → spoke object, a pure function), [`replacement_body`] (the PUT
 //! body that replaces everything but the live status and operation), [`with_requested_operation`]
 //! (a spoke Application with the hub's operation), and the comparison views [`managed_view`]
-//! (what drift revert protects) and [`reported_view`] (what status reporting watches). It does
-//! not talk to Kubernetes.
+//! (what drift revert protects) and [`reported_view`] (what status reporting watches), and
+//! [`PackedObject`] (a spoke object kept as its JSON). It does not talk to Kubernetes.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -452,6 +452,33 @@ impl fmt::Debug for ViewDigest {
     }
 }
 
+/// A spoke object kept as its JSON: for the copy the agent holds of every object but reads only
+/// on rare paths (drift revert, recreation, resync). Parsed, an object's `serde_json::Value`
+/// trees take about three times its JSON, and a managed agent holds one copy per object.
+/// Equal objects pack to equal bytes (every map in them is ordered by key), so packs compare
+/// as the objects do.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PackedObject(Box<[u8]>);
+
+impl PackedObject {
+    /// `obj` as JSON.
+    pub fn pack(obj: &SpokeObject) -> Self {
+        let json = serde_json::to_vec(obj).expect("a spoke object of JSON values serialises");
+        PackedObject(json.into_boxed_slice())
+    }
+
+    /// The object packed.
+    pub fn unpack(&self) -> SpokeObject {
+        serde_json::from_slice(&self.0).expect("packed from a spoke object, which reads back")
+    }
+}
+
+impl fmt::Debug for PackedObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PackedObject({} bytes)", self.0.len())
+    }
+}
+
 /// Whether `live` already matches `desired` in everything an upsert writes (managed view and
 /// finalizers), so no write is needed.
 pub fn matches_desired(live: &SpokeObject, desired: &SpokeObject) -> bool {
@@ -535,6 +562,28 @@ mod tests {
         assert!(reported_view(&d).is_empty());
         d.operation = Some(json!({"sync": {}}));
         assert!(!reported_view(&d).is_empty());
+    }
+
+    #[test]
+    fn a_packed_object_unpacks_to_itself_and_packs_compare_as_the_objects_do() {
+        let app = hub_app();
+        let packed = PackedObject::pack(&app);
+        assert_eq!(packed.unpack(), app);
+        assert_eq!(PackedObject::pack(&packed.unpack()), packed);
+        let mut reordered = app.clone();
+        reordered.metadata.labels = Some(BTreeMap::from([
+            ("z".to_string(), "1".to_string()),
+            ("a".to_string(), "2".to_string()),
+        ]));
+        let mut same = app.clone();
+        same.metadata.labels = Some(BTreeMap::from([
+            ("a".to_string(), "2".to_string()),
+            ("z".to_string(), "1".to_string()),
+        ]));
+        assert_eq!(PackedObject::pack(&reordered), PackedObject::pack(&same));
+        let mut changed = app.clone();
+        changed.spec.as_mut().unwrap()["project"] = json!("other");
+        assert_ne!(PackedObject::pack(&changed), packed);
     }
 
     /// `v` (JSON) as the agent would read it.
