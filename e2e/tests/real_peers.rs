@@ -1171,18 +1171,26 @@ cells!(autonomous_app_lifecycle, Mode::Autonomous, {
     autonomous_app_lifecycle_upstream_principal_upstream_agent: Upstream, Upstream;
 });
 
+/// Who is restarted in [`autonomous_restart_resends_only_what_changed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Restarted {
+    /// The agent alone, the principal keeps running: an intermittently connected site.
+    AgentAlone,
+    /// The principal too, before the agent comes back.
+    AgentAndPrincipal,
+}
+
 /// Behind upstream's principal, whose resync compares spec checksums only: our agent restarted
-/// with nothing changed sends no object at all in answer to the principal's resync (it used to
-/// send every one at every resync, its own checksum never equal to upstream's), and restarted
-/// after one Application's status changed while it was down sends that one only, whose status
-/// then reaches the hub mirror. Both restarts restart the principal too: upstream's principal
-/// resyncs an agent only on its first connection per principal process, and our agent restarted
-/// alone gets no working stream from it (PROTOCOL.md note 10: a known defect, open). The spoke
-/// statuses are written by the test: real Argo CD rewrites status on its own clock, and the
-/// counts need statuses changed on cue.
-#[tokio::test]
-async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_agent_with_status_written_by_the_test_since_real_argocd_rewrites_status_on_its_own_clock(
-) -> anyhow::Result<()> {
+/// with nothing changed sends no object at all in answer to the resync (it used to send every
+/// one at every resync, its own checksum never equal to upstream's), and restarted after one
+/// Application's status changed while it was down sends that one only, whose status then reaches
+/// the hub mirror; a change after the restart reaches the mirror too. Restarted alone, our agent
+/// asks for the resync itself (upstream's principal resyncs an agent on connect only once per
+/// principal process) on a stream whose response headers upstream's principal sends only with
+/// its first message (PROTOCOL.md note 10); restarted with the principal, the principal asks.
+/// The spoke statuses are written by the test: real Argo CD rewrites status on its own clock,
+/// and the counts need statuses changed on cue.
+async fn autonomous_restart_resends_only_what_changed(restarted: Restarted) -> anyhow::Result<()> {
     let mut cell = Cell::start(
         "autonomous_restart",
         Side::Upstream,
@@ -1261,17 +1269,15 @@ async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_ag
                 )
                 .await?;
         }
-        // Upstream's principal resyncs an autonomous agent on connect only once per principal
-        // process (its resyncStatus): restarted, it resyncs ours again. (Without it, ours does
-        // not get a stream back at all: see the note below.)
-        cell.principal.restart().await?;
+        if restarted == Restarted::AgentAndPrincipal {
+            cell.principal.restart().await?;
+        }
         cell.agent.process_mut().start_again()?;
         let AnyAgent::Ours(agent) = &cell.agent else {
             unreachable!("our agent")
         };
         let port = agent.ops_port;
-        // Settled: the principal's resync on connect asked about both mirrors and everything
-        // the agent queued was ACKed.
+        // Settled: the resync asked about both mirrors and everything the agent queued was ACKed.
         wait_until("the principal's resync answered", SYNC_WAIT, || async {
             let scrape = e2e::metrics::Scrape::of(port).await?;
             let asked = scrape.baseline(
@@ -1303,7 +1309,30 @@ async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_ag
         );
     }
 
+    // The stream after the restart carries later changes too.
+    cell.spoke_apps
+        .patch(
+            "steady",
+            &PatchParams::default(),
+            &Patch::Merge(health("Progressing")),
+        )
+        .await?;
+    mirror_health(&cell, "steady", "Progressing")
+        .await
+        .map_err(|e| anyhow::anyhow!("a change after the restart: {e}\n{}", logs(&cell)))?;
     Ok(())
+}
+
+#[tokio::test]
+async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_agent_restarted_alone_with_status_written_by_the_test(
+) -> anyhow::Result<()> {
+    autonomous_restart_resends_only_what_changed(Restarted::AgentAlone).await
+}
+
+#[tokio::test]
+async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_agent_restarted_with_the_principal_with_status_written_by_the_test(
+) -> anyhow::Result<()> {
+    autonomous_restart_resends_only_what_changed(Restarted::AgentAndPrincipal).await
 }
 
 // ---- live view through the resource proxy: pod logs and exec -------------------------------------
