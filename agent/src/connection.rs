@@ -6,6 +6,7 @@
 //! with `--enable-websocket`, gRPC over WebSocket on HTTP/1.1 for every call, ALPN http/1.1),
 //! dialled by the runtime's [`argocd_agent_runtime::dial`]; the session tokens (Authenticate with
 //! mTLS, RefreshToken when the access token runs out — see [`token`]); the `Subscribe` stream
+//! (streaming without waiting for the principal's response headers, as grpc-go's client does)
 //! driven by `proto::sync::run_stream` against the process-wide [`Outbox`]; the reconnection
 //! schedule ([`backoff`]); the classification of failures into transient ones and refusals that
 //! need an operator (TLS failures by their rustls error, not their text); and what the outside
@@ -60,8 +61,15 @@ pub const AUTH_METHOD_MTLS: &str = "mtls";
 pub const AUTH_METHOD_HEADER: &str = "header";
 /// Limit on TCP connect + TLS handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-/// Limit on each unary auth call and on opening the stream.
+/// Limit on each unary call (Version, Authenticate, RefreshToken).
 const RPC_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long opening `Subscribe` waits for the principal's response headers before streaming
+/// without them. A refusal (a stale token, an unknown agent) comes back at once; an accepted call
+/// gets its headers from grpc-go's server (upstream's principal) only with the first message that
+/// principal sends, and one with nothing to send (an autonomous agent reconnecting to a principal
+/// that resynced it before) sends none until the agent has spoken: waiting for them would wait
+/// forever. grpc-go's client (upstream's agent) never waits for them.
+const HEADERS_GRACE: Duration = Duration::from_secs(1);
 /// Inbound processing lanes per stream (events of one resource stay in one lane, in order).
 const LANES: usize = 8;
 /// Events buffered per lane before the stream reader waits.
@@ -811,7 +819,7 @@ impl Connection {
         &mut self,
         channel: &GrpcChannel,
         out_rx: mpsc::Receiver<WireEvent>,
-    ) -> Result<tonic::Streaming<WireEvent>, SubscribeFailure> {
+    ) -> Result<Inbound, SubscribeFailure> {
         let limit = self.settings.max_message_size;
         let (access, fresh) = self
             .access_token(channel)
@@ -832,8 +840,20 @@ impl Connection {
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         let mut client = with_gzip!(client, self.settings.compression);
-        match tokio::time::timeout(RPC_TIMEOUT, client.subscribe(request)).await {
-            Ok(Ok(resp)) => Ok(resp.into_inner()),
+        // Polled here first and then by the inbound stream: the call (and our side of the
+        // stream) is under way from the first poll on, whether or not the headers came.
+        let mut call = Box::pin(async move { client.subscribe(request).await });
+        match tokio::time::timeout(HEADERS_GRACE, &mut call).await {
+            Ok(Ok(resp)) => Ok(resp.into_inner().boxed()),
+            Err(_) => {
+                debug!("no response headers yet; streaming without them");
+                Ok(futures::stream::once(call)
+                    .flat_map(|answer| match answer {
+                        Ok(resp) => resp.into_inner().left_stream(),
+                        Err(status) => futures::stream::iter([Err(status)]).right_stream(),
+                    })
+                    .boxed())
+            }
             Ok(Err(status)) if status.code() == Code::Unauthenticated && !fresh => {
                 debug!(error = %status.message(),
                     "the principal rejected the held session token; authenticating again");
@@ -849,13 +869,12 @@ impl Connection {
                     &status,
                 )))
             }
-            Err(_) => Err(SubscribeFailure::Failed(Failure::transient(
-                Stage::Subscribe,
-                format!("no answer within {}", format_duration(RPC_TIMEOUT)),
-            ))),
         }
     }
 }
+
+/// The principal's side of the event stream, readable before its response headers arrived.
+type Inbound = futures::stream::BoxStream<'static, Result<WireEvent, Status>>;
 
 /// Why `Subscribe` did not open.
 enum SubscribeFailure {
@@ -1055,6 +1074,118 @@ mod tests {
             Some("v0.9.0")
         );
         assert_eq!(*seen.lock().unwrap(), ["gzip", "identity"]);
+    }
+
+    /// An EventStream server that, like grpc-go's serving upstream's principal, sends its
+    /// response headers only with its first message, which here answers the client's first one.
+    async fn headers_with_first_message_server() -> Channel {
+        use argocd_agent_proto::pb::eventstreamapi::event_stream_server::{
+            EventStream, EventStreamServer,
+        };
+        use argocd_agent_proto::pb::eventstreamapi::{PingRequest, PongReply, PushSummary};
+        struct AnswersFirst;
+        #[tonic::async_trait]
+        impl EventStream for AnswersFirst {
+            type SubscribeStream = futures::stream::BoxStream<'static, Result<WireEvent, Status>>;
+            async fn subscribe(
+                &self,
+                req: tonic::Request<tonic::Streaming<WireEvent>>,
+            ) -> Result<tonic::Response<Self::SubscribeStream>, Status> {
+                // tonic sends the headers once this returns.
+                let mut inbound = req.into_inner();
+                let first = inbound
+                    .message()
+                    .await?
+                    .ok_or_else(|| Status::aborted("none"))?;
+                let answer = Event::try_from_stream_event(first)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?
+                    .ack();
+                let answers = futures::stream::iter([Ok(answer.into_stream_event())])
+                    .chain(futures::stream::pending());
+                Ok(tonic::Response::new(answers.boxed()))
+            }
+            async fn push(
+                &self,
+                _: tonic::Request<tonic::Streaming<WireEvent>>,
+            ) -> Result<tonic::Response<PushSummary>, Status> {
+                Err(Status::unimplemented("push"))
+            }
+            async fn ping(
+                &self,
+                _: tonic::Request<PingRequest>,
+            ) -> Result<tonic::Response<PongReply>, Status> {
+                Err(Status::unimplemented("ping"))
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(EventStreamServer::new(AnswersFirst))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// A JWT (unsigned: the agent reads only `exp`) that runs out in an hour.
+    fn token_valid_for_an_hour() -> String {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use base64::Engine as _;
+        let claims = serde_json::json!({"exp": unix_now() + 3600});
+        format!("e30.{}.sig", URL_SAFE_NO_PAD.encode(claims.to_string()))
+    }
+
+    #[tokio::test]
+    async fn the_stream_opens_before_a_principal_that_answers_first_sent_its_headers() {
+        let channel = headers_with_first_message_server().await;
+        let settings = ConnectionSettings {
+            server: "127.0.0.1:1".parse().unwrap(),
+            server_name: "localhost".into(),
+            mode: AgentMode::Autonomous,
+            namespace: "argocd".into(),
+            keepalive: None,
+            heartbeat_interval: None,
+            max_message_size: 1 << 20,
+            backoff_max: Duration::from_secs(1),
+            compression: false,
+            outbox_capacity: 10,
+        };
+        let outbox = Arc::new(Outbox::new(Default::default()));
+        let mut conn = Connection::new(
+            settings,
+            None,
+            outbox,
+            AgentMetrics::default(),
+            HealthState::new(),
+        );
+        let token = token_valid_for_an_hour();
+        conn.tokens = Some(SessionTokens::new(token.clone(), token));
+        let (out_tx, out_rx) = mpsc::channel(4);
+        let opened = tokio::time::timeout(
+            HEADERS_GRACE + Duration::from_secs(5),
+            conn.subscribe(&channel, out_rx),
+        )
+        .await;
+        let Ok(Ok(mut inbound)) = opened else {
+            panic!("Subscribe did not open without the principal's headers");
+        };
+        let resync = Event::request_resource_resync(AGENT_SOURCE).unwrap();
+        out_tx
+            .send(resync.clone().into_stream_event())
+            .await
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), inbound.next())
+            .await
+            .expect("the principal's answer to our first message")
+            .expect("a message")
+            .expect("not an error");
+        let answer = Event::try_from_stream_event(answer).unwrap();
+        assert!(answer.is_ack(), "{answer:?}");
+        assert_eq!(answer.event_id, resync.event_id);
     }
 
     #[test]

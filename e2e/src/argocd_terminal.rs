@@ -3,8 +3,9 @@
 //! `argocd.token` cookie, carrying JSON messages (`{"operation":"stdin","data":..}`,
 //! `{"operation":"resize","cols":..,"rows":..}` in; `{"operation":"stdout","data":..}` out).
 //!
-//! Owns the client side only, and turning `exec.enabled` on in a hub Argo CD's `argocd-cm` (the
-//! built-in `role:admin` already holds `exec, create`).
+//! Owns the client side only, turning `exec.enabled` on in a hub Argo CD's `argocd-cm` (the
+//! built-in `role:admin` already holds `exec, create`), and the checks every web terminal test
+//! makes of a session into a pod on a [`FakeKubelet`] ([`check_shell_session`]).
 
 use std::time::Duration;
 
@@ -18,6 +19,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use crate::argocd::ArgoCd;
+use crate::kubelet::FakeKubelet;
+use crate::wait::wait_until;
 
 /// Which container of which Application's pod to open a terminal into.
 #[derive(Debug, Clone)]
@@ -157,4 +160,70 @@ impl Terminal {
     pub async fn close(mut self) {
         let _ = self.ws.close(None).await;
     }
+}
+
+/// [`Terminal::open`], retried for up to a minute: argocd-server picks `exec.enabled` up from its
+/// settings watch ([`enable_exec`]), so the first opens may be refused. Fails with the last
+/// refusal.
+pub async fn open_once_enabled(
+    port: u16,
+    token: &str,
+    target: &TerminalTarget,
+) -> anyhow::Result<Terminal> {
+    let last_error = std::sync::Mutex::new(String::new());
+    wait_until("the terminal opens", Duration::from_secs(60), || async {
+        let t = Terminal::open(port, token, target).await;
+        if let Err(e) = &t {
+            *last_error.lock().unwrap_or_else(|e| e.into_inner()) = e.to_string();
+        }
+        Ok::<_, anyhow::Error>(t.ok())
+    })
+    .await
+    .map_err(|e| {
+        let last = last_error.lock().unwrap_or_else(|e| e.into_inner());
+        anyhow::anyhow!("{e}: {last}")
+    })
+}
+
+/// Checks a session `term` just opened into `target`, a pod on `kubelet`: a command's output
+/// comes back, stderr too (the web terminal asks for a TTY, and a terminal merges them), the
+/// kubelet ran the one exec of `target`'s shell with a TTY in its container, and a resize
+/// reaches the kubelet, each within `wait`.
+pub async fn check_shell_session(
+    term: &mut Terminal,
+    kubelet: &FakeKubelet,
+    target: &TerminalTarget,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let marker = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    term.resize(100, 30).await?;
+    term.input(&format!("echo hello-$((6*7))-{marker}\n"))
+        .await?;
+    term.read_until(&format!("hello-42-{marker}"), wait).await?;
+    term.input("echo to-stderr-$((1+1)) >&2\n").await?;
+    term.read_until("to-stderr-2", wait).await?;
+    let execs = kubelet
+        .stats
+        .execs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    anyhow::ensure!(execs.len() == 1, "one exec at the kubelet: {execs:?}");
+    let seen = &execs[0];
+    let want = format!("{}/{}/{}", target.namespace, target.pod, target.container);
+    anyhow::ensure!(seen.target == want, "exec into {want}: {seen:?}");
+    anyhow::ensure!(
+        seen.command == [target.shell.as_str()],
+        "the shell: {seen:?}"
+    );
+    anyhow::ensure!(seen.tty, "the web terminal asks for a TTY: {seen:?}");
+    wait_until("the resize at the kubelet", wait, || async {
+        let resizes = kubelet
+            .stats
+            .resizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Ok::<_, anyhow::Error>(resizes.contains(&(100, 30)).then_some(()))
+    })
+    .await
 }

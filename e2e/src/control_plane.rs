@@ -1,7 +1,9 @@
 //! One real Kubernetes control plane: etcd 3.6 and kube-apiserver 1.36 (built from their Go modules by
 //! `hack/peers.sh`), on free loopback ports with a temporary data directory, an admin kubeconfig, and
 //! the Argo CD / OCM CRDs installed. No kubelet, scheduler or controller-manager run here: objects are
-//! stored and watched, never executed (no pods, no garbage collector, no namespace finalisation).
+//! stored and watched, never executed (no pods, no namespace finalisation), and garbage is collected
+//! only on a plane a test started kube-controller-manager's garbage collector on
+//! ([`ControlPlane::run_garbage_collector`]).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -16,6 +18,9 @@ use crate::ports::free_port;
 use crate::process::{print_log_tail, temp_dir, ManagedProcess, ProcessSpec};
 use crate::wait::wait_until;
 
+/// What kube-controller-manager's garbage collector logs once its graph covers every resource
+/// and it starts collecting.
+const GC_SYNCED: &str = "Proceeding to collect garbage";
 /// Bearer token of the plane's `admin` user (group system:masters).
 const ADMIN_TOKEN_LEN: usize = 32;
 /// File names, in the plane's directory, of the client CA's certificate and key.
@@ -40,6 +45,9 @@ pub struct ControlPlane {
     etcd: ManagedProcess,
     /// Behind a lock so a plane shared by a test binary can be stopped and restarted through `&self`.
     apiserver: Mutex<ManagedProcess>,
+    /// kube-controller-manager's garbage collector, once a test asked for it
+    /// ([`ControlPlane::run_garbage_collector`]).
+    garbage_collector: Mutex<Option<ManagedProcess>>,
 }
 
 impl ControlPlane {
@@ -66,6 +74,7 @@ impl ControlPlane {
             dir,
             etcd: etcd.0,
             apiserver: Mutex::new(apiserver),
+            garbage_collector: Mutex::new(None),
         };
         plane.wait_ready_and_install()?;
         plane.startup = started.elapsed();
@@ -180,6 +189,55 @@ impl ControlPlane {
     /// certificate and private key, e.g. for a CSR signer.
     pub fn client_ca(&self) -> (PathBuf, PathBuf) {
         (self.dir.join(CLIENT_CA_CERT), self.dir.join(CLIENT_CA_KEY))
+    }
+
+    /// Runs kube-controller-manager with its garbage collector alone on this plane from now on
+    /// (once per plane; later calls find it running) and waits until the collector has synced
+    /// its view of every resource. Deletions with `propagationPolicy: Foreground` complete only
+    /// with it: it removes the `foregroundDeletion` finalizer once no dependent blocks it. The
+    /// rest of the plane's tests see a collector as every real cluster has one.
+    pub async fn run_garbage_collector(&self) -> anyhow::Result<()> {
+        let log = {
+            let mut running = self
+                .garbage_collector
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let alive = running.as_mut().is_some_and(ManagedProcess::is_running);
+            if let Some(process) = running.as_ref().filter(|_| alive) {
+                process.log_path().to_path_buf()
+            } else {
+                let log = self.dir.join("kube-controller-manager-gc.log");
+                let process = ManagedProcess::spawn(
+                    ProcessSpec::new(
+                        format!("garbage-collector-{}", self.name),
+                        Peer::Kube.binary("kube-controller-manager")?,
+                        &log,
+                    )
+                    .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                    .args([
+                        "--controllers=garbage-collector-controller",
+                        "--leader-elect=false",
+                        "--secure-port=0",
+                        "-v=2",
+                    ]),
+                )?;
+                *running = Some(process);
+                log
+            }
+        };
+        wait_until(
+            &format!("the garbage collector of {} synced", self.name),
+            Duration::from_secs(60),
+            || {
+                let log = log.clone();
+                async move {
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    Ok::<_, std::io::Error>(text.contains(GC_SYNCED).then_some(()))
+                }
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", crate::process::log_tail(&log, 30)))
     }
 
     fn apiserver(&self) -> MutexGuard<'_, ManagedProcess> {

@@ -43,6 +43,27 @@ pub fn demo_manifests(greeting: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// A pod of the demo app bound to the fake kubelet's node `node` (its health is left out of the
+/// app's: the app is Healthy before the kubelet reports it).
+pub fn demo_pod(name: &str, node: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations:
+    argocd.argoproj.io/ignore-healthcheck: \"true\"
+spec:
+  nodeName: {node}
+  serviceAccountName: demo
+  automountServiceAccountToken: false
+  containers:
+  - name: web
+    image: registry.invalid/web:1
+"
+    )
+}
+
 /// A PreSync hook Job to add to the demo manifests that never completes on the test planes (no Job
 /// controller, no kubelet): a sync of the app stays Running until someone terminates it.
 pub const PRESYNC_HOOK_JOB: &str = "apiVersion: batch/v1

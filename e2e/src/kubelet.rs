@@ -25,6 +25,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 use crate::control_plane::ControlPlane;
+use crate::wait::wait_until;
 
 /// Lines of history per container.
 pub const HISTORY: u32 = 20;
@@ -110,6 +111,27 @@ impl FakeKubelet {
             node: node.to_string(),
             stats,
             nodes,
+        })
+    }
+
+    /// Waits up to `wait` until `n` exec processes have ended in all and none runs: a session's
+    /// shell ended on the spoke. The error says how often a client closed stdin.
+    pub async fn wait_execs_ended(
+        &self,
+        n: usize,
+        what: &str,
+        wait: Duration,
+    ) -> anyhow::Result<()> {
+        let stats = &self.stats;
+        wait_until(what, wait, || async {
+            let ended = stats.execs_ended.load(Ordering::SeqCst) == n
+                && stats.execs_open.load(Ordering::SeqCst) == 0;
+            Ok::<_, anyhow::Error>(ended.then_some(()))
+        })
+        .await
+        .map_err(|e| {
+            let closed = stats.stdin_closed.load(Ordering::SeqCst);
+            anyhow::anyhow!("{e} (stdin closed {closed} times)")
         })
     }
 

@@ -5,7 +5,9 @@
 //! `kubectl exec` — arrives here unchanged.
 //!
 //! A stand-in only for the container runtime: the command runs as a process of this test on the
-//! host (no container, no PTY; with `tty=1` stderr goes out on stdout, as a terminal merges them).
+//! host (no container, no PTY; with `tty=1` stderr goes out on stdout, as a terminal merges them,
+//! and Ctrl-D typed on an empty line ends the input, as a terminal's line editing makes it:
+//! [`TtyInput`]).
 //! Stdin, resizes (recorded), close-stdin and the exit status (`Success`, or `Failure` with the
 //! exit code, as the kubelet reports it) follow the channel protocol
 //! (`argocd_agent_kube::exec_channels`). When the client goes away the process is killed and
@@ -147,6 +149,7 @@ where
         }
     };
     let mut stdin = child.stdin.take();
+    let mut typed = TtyInput::default();
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
     let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);
@@ -174,8 +177,12 @@ where
             msg = rx.next() => match msg {
                 Some(Ok(Message::Binary(data))) => match exec_channels::decode_client(&data) {
                     Ok(ClientFrame::Stdin(bytes)) => {
+                        let (bytes, end) = match tty {
+                            true => typed.feed(bytes),
+                            false => (bytes.to_vec(), false),
+                        };
                         if let Some(w) = stdin.as_mut() {
-                            if w.write_all(bytes).await.is_err() {
+                            if w.write_all(&bytes).await.is_err() || end {
                                 stdin = None;
                             }
                         }
@@ -219,6 +226,44 @@ where
     }
 }
 
+/// What a terminal makes of typed input, as far as the tests need it: Ctrl-D (EOT) on an empty
+/// line is the end of input (the shell reading from a terminal exits); within a line it passes
+/// the line so far on and is itself dropped. Argo CD's web terminal types Ctrl-D when the browser
+/// goes away; without a PTY here, a shell would take it as a byte and wait on.
+#[derive(Debug)]
+struct TtyInput {
+    /// Nothing typed since the last line was passed on.
+    line_empty: bool,
+}
+
+impl Default for TtyInput {
+    fn default() -> Self {
+        TtyInput { line_empty: true }
+    }
+}
+
+/// Ctrl-D, ASCII end of transmission.
+const EOT: u8 = 0x04;
+
+impl TtyInput {
+    /// What the process reads of `typed`, and whether its input ends after that.
+    fn feed(&mut self, typed: &[u8]) -> (Vec<u8>, bool) {
+        let mut read = Vec::with_capacity(typed.len());
+        for &b in typed {
+            if b == EOT {
+                if self.line_empty {
+                    return (read, true);
+                }
+                self.line_empty = true;
+                continue;
+            }
+            read.push(b);
+            self.line_empty = matches!(b, b'\n' | b'\r');
+        }
+        (read, false)
+    }
+}
+
 /// The kubelet's `Status` for a command that exited with `code` (client-go turns the `ExitCode`
 /// cause into the exit code `kubectl exec` exits with).
 fn exit_failure(code: i32) -> Vec<u8> {
@@ -240,4 +285,25 @@ fn normal_close() -> Message {
         code: CloseCode::from(exec_channels::NORMAL_CLOSURE),
         reason: "".into(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ctrl_d_on_an_empty_line_ends_a_terminals_input_and_elsewhere_is_dropped() {
+        let fed = |typed: &mut TtyInput, bytes: &[u8]| {
+            let (read, end) = typed.feed(bytes);
+            (String::from_utf8(read).unwrap(), end)
+        };
+        let mut typed = TtyInput::default();
+        assert_eq!(fed(&mut typed, b"\x04"), (String::new(), true));
+        let mut typed = TtyInput::default();
+        assert_eq!(fed(&mut typed, b"echo hi\n"), ("echo hi\n".into(), false));
+        assert_eq!(fed(&mut typed, b"\x04rest"), (String::new(), true));
+        let mut typed = TtyInput::default();
+        assert_eq!(fed(&mut typed, b"ech\x04o\n"), ("echo\n".into(), false));
+        assert_eq!(fed(&mut typed, b"ls\x04\x04"), ("ls".into(), true));
+    }
 }

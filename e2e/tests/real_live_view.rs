@@ -33,10 +33,12 @@ use std::time::{Duration, Instant};
 
 use argocd_agent_proto::event::{PRINCIPAL_UID_ANNOTATION, SOURCE_UID_ANNOTATION};
 use e2e::argocd::{ArgoCd, RedisEndpoint};
-use e2e::argocd_terminal::{enable_exec, Terminal, TerminalTarget};
+use e2e::argocd_terminal::{
+    check_shell_session, enable_exec, open_once_enabled, Terminal, TerminalTarget,
+};
 use e2e::binaries::workspace_root;
 use e2e::gateway::{agentctl, application_resource, ensure_namespace, Pki};
-use e2e::git_server::{demo_manifests, GitServer, PRESYNC_HOOK_JOB};
+use e2e::git_server::{demo_manifests, demo_pod, GitServer, PRESYNC_HOOK_JOB};
 use e2e::helm::{create_principal_secrets, create_secret, installed_deployment, Helm, Release};
 use e2e::kubelet::FakeKubelet;
 use e2e::pod_runner::{Image, Pod, PodRunner};
@@ -982,27 +984,6 @@ async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_
 // (`e2e::kubelet`: the planes run none): it runs the shell as a host process instead of in a
 // container, and reports the pod Running, as a kubelet writes.
 
-/// A pod of the demo app bound to the fake kubelet's node `node` (its health is left out of the
-/// app's: the app is Healthy before the kubelet reports it).
-fn demo_pod(name: &str, node: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  annotations:
-    argocd.argoproj.io/ignore-healthcheck: \"true\"
-spec:
-  nodeName: {node}
-  serviceAccountName: demo
-  automountServiceAccountToken: false
-  containers:
-  - name: web
-    image: registry.invalid/web:1
-"
-    )
-}
-
 impl LiveView {
     /// A client of our principal's resource proxy as the agent's cluster, authenticated as the
     /// hub's cluster Secret is (the agent's client certificate): what argocd-server uses.
@@ -1157,63 +1138,20 @@ async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_prin
         project: "default".into(),
         shell: "bash".into(),
     };
-    // argocd-server picks `exec.enabled` up from its settings watch: retry the first open.
-    let last_error = std::sync::Mutex::new(String::new());
-    let open = || async {
-        let t = Terminal::open(port, &token, &target).await;
-        if let Err(e) = &t {
-            *last_error.lock().unwrap() = e.to_string();
-        }
-        Ok::<_, anyhow::Error>(t.ok())
-    };
-    let mut term = wait_until("the terminal opens", Duration::from_secs(60), open)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}: {}\n{}", last_error.lock().unwrap(), lv.logs()))?;
-
-    let marker = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    term.resize(100, 30).await?;
-    term.input(&format!("echo hello-$((6*7))-{marker}\n"))
-        .await?;
-    term.read_until(&format!("hello-42-{marker}"), wait)
+    let mut term = open_once_enabled(port, &token, &target)
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", lv.logs()))?;
-    term.input("echo to-stderr-$((1+1)) >&2\n").await?;
-    term.read_until("to-stderr-2", wait).await?;
-    let execs = kubelet.stats.execs.lock().unwrap().clone();
-    assert_eq!(execs.len(), 1, "{execs:?}");
-    assert_eq!(execs[0].target, format!("{}/web-1/web", lv.dest));
-    assert_eq!(execs[0].command, ["bash"]);
-    assert!(execs[0].tty, "the web terminal asks for a TTY");
-    wait_until("the resize at the kubelet", wait, || async {
-        let resizes = kubelet.stats.resizes.lock().unwrap().clone();
-        Ok::<_, anyhow::Error>(resizes.contains(&(100, 30)).then_some(()))
-    })
-    .await?;
-
-    // The browser goes away: the shell on the spoke ends (argocd-server closes its stdin).
-    term.close().await;
-    let ended = |n: usize| {
-        let stats = kubelet.stats.clone();
-        move || {
-            let stats = stats.clone();
-            async move {
-                use std::sync::atomic::Ordering::SeqCst;
-                Ok::<_, anyhow::Error>(
-                    (stats.execs_ended.load(SeqCst) == n && stats.execs_open.load(SeqCst) == 0)
-                        .then_some(()),
-                )
-            }
-        }
-    };
-    wait_until("the shell ended after the browser left", wait, ended(1))
+    check_shell_session(&mut term, &kubelet, &target, wait)
         .await
-        .map_err(|e| {
-            let closed = kubelet
-                .stats
-                .stdin_closed
-                .load(std::sync::atomic::Ordering::SeqCst);
-            anyhow::anyhow!("{e} (stdin closed {closed} times)\n{}", lv.logs())
-        })?;
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", lv.logs()))?;
+
+    // The browser goes away: the shell on the spoke ends (argocd-server types Ctrl-D, then ends
+    // its stdin).
+    term.close().await;
+    kubelet
+        .wait_execs_ended(1, "the shell ended after the browser left", wait)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", lv.logs()))?;
 
     // Idle: after the last output, nothing either way; the principal ends the session.
     let mut term = Terminal::open(port, &token, &target).await?;
@@ -1226,7 +1164,9 @@ async fn hub_app_logs_and_web_terminal_reach_a_pod_on_the_spoke_through_our_prin
         quiet >= TERMINAL_IDLE - Duration::from_millis(500),
         "closed after {quiet:?}, before the idle timeout {TERMINAL_IDLE:?}"
     );
-    wait_until("the idle shell ended on the spoke", wait, ended(2)).await?;
+    kubelet
+        .wait_execs_ended(2, "the idle shell ended on the spoke", wait)
+        .await?;
     assert!(
         kubelet
             .stats

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::argocd::{ArgoCd, RedisEndpoint};
+use e2e::argocd_terminal::{check_shell_session, enable_exec, open_once_enabled, TerminalTarget};
 use e2e::gateway::{
     agentctl, application_resource, appproject_resource, ensure_namespace, text, Agent, Pki,
 };
@@ -162,7 +163,8 @@ enum Proxies {
     Resource,
     /// The Redis proxy in front of a password-protected hub Redis, with the hub's real
     /// argocd-server using it (see [`e2e::upstream::hold_redis_proxy_port`]); the agent reads the
-    /// spoke Argo CD's password-protected Redis.
+    /// spoke Argo CD's password-protected Redis. And the resource proxy, through which that
+    /// argocd-server reaches the agent's cluster (see [`Cell::register_cluster_on_hub`]).
     Redis,
 }
 
@@ -315,7 +317,8 @@ impl Cell {
         ensure_namespace(&spoke.client().await?, &dest).await?;
 
         let (resource_proxy_port, mut principal_args) = match (principal, proxies) {
-            (Side::Upstream, Proxies::Resource) => (
+            // The resource proxy's port first, always: a Redis cell holds both.
+            (Side::Upstream, Proxies::Resource | Proxies::Redis) => (
                 Some(e2e::upstream::hold_resource_proxy_port().await?),
                 e2e::upstream::resource_proxy_args(&pki),
             ),
@@ -438,6 +441,41 @@ impl Cell {
             hub_view,
             http1_proxy,
         })
+    }
+
+    /// The port of the principal's resource proxy on 127.0.0.1.
+    fn resource_proxy_port(&self) -> anyhow::Result<u16> {
+        Ok(match &self.principal {
+            AnyPrincipal::Ours(principal) => principal.resource_proxy_port,
+            AnyPrincipal::Upstream(_) => {
+                anyhow::ensure!(
+                    self._resource_proxy_port.is_some(),
+                    "start the cell with Cell::start_live or Cell::start_hub_view: the upstream \
+                     principal's resource proxy is off"
+                );
+                e2e::upstream::RESOURCE_PROXY_PORT
+            }
+        })
+    }
+
+    /// The agent's Argo CD cluster Secret on the hub, as `argocd-agentctl agent create` makes
+    /// it: its server is the principal's resource proxy, which the hub argocd-server reaches the
+    /// agent's cluster through (with the agent's client certificate).
+    fn register_cluster_on_hub(&self, hub: &ControlPlane) -> anyhow::Result<()> {
+        agentctl(&[
+            "agent",
+            "create",
+            &self.name,
+            "--dir",
+            self.pki.dir.to_str().expect("utf-8 path"),
+            "--kubeconfig",
+            hub.kubeconfig.to_str().expect("utf-8 path"),
+            "--resource-proxy-server",
+            &format!("127.0.0.1:{}", self.resource_proxy_port()?),
+            "--argocd-namespace",
+            &self.principal_ns,
+        ])?;
+        Ok(())
     }
 
     /// Log tails of every process of the cell, for failure messages.
@@ -733,6 +771,11 @@ async fn managed_app_delete_cascades(
     mode: Mode,
 ) -> anyhow::Result<()> {
     let cell = Cell::start("managed_delete", principal, agent, mode, true).await?;
+    // Upstream's agent deletes the spoke copy with `propagationPolicy: Foreground`
+    // (internal/manager/application/application.go:375): the `foregroundDeletion` finalizer that
+    // puts on it is removed only by kube-controller-manager's garbage collector, which every real
+    // cluster runs (ours deletes in the background and needs none).
+    cell.spoke.run_garbage_collector().await?;
     let (hub_apps, spoke_apps) = (&cell.hub_apps, &cell.spoke_apps);
     hub_apps
         .create(&PostParams::default(), &cell.demo_app(&cell.name, true))
@@ -760,15 +803,10 @@ async fn managed_app_delete_cascades(
     Ok(())
 }
 
-// Upstream's agent deletes the spoke copy with `propagationPolicy: Foreground`
-// (internal/manager/application/application.go:375): the `foregroundDeletion` finalizer is only
-// removed by kube-controller-manager's garbage collector, which these test planes do not run.
 cells!(managed_app_delete_cascades, Mode::Managed, {
     managed_app_delete_cascades_ours_principal_ours_agent: Ours, Ours;
-    #[ignore = "upstream v0.9.0: the agent deletes with Foreground propagation; its foregroundDeletion finalizer needs a garbage collector (kube-controller-manager), which the test planes do not run"]
     managed_app_delete_cascades_ours_principal_upstream_agent: Ours, Upstream;
     managed_app_delete_cascades_upstream_principal_ours_agent: Upstream, Ours;
-    #[ignore = "upstream v0.9.0: the agent deletes with Foreground propagation; its foregroundDeletion finalizer needs a garbage collector (kube-controller-manager), which the test planes do not run"]
     managed_app_delete_cascades_upstream_principal_upstream_agent: Upstream, Upstream;
 });
 
@@ -1171,18 +1209,26 @@ cells!(autonomous_app_lifecycle, Mode::Autonomous, {
     autonomous_app_lifecycle_upstream_principal_upstream_agent: Upstream, Upstream;
 });
 
+/// Who is restarted in [`autonomous_restart_resends_only_what_changed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Restarted {
+    /// The agent alone, the principal keeps running: an intermittently connected site.
+    AgentAlone,
+    /// The principal too, before the agent comes back.
+    AgentAndPrincipal,
+}
+
 /// Behind upstream's principal, whose resync compares spec checksums only: our agent restarted
-/// with nothing changed sends no object at all in answer to the principal's resync (it used to
-/// send every one at every resync, its own checksum never equal to upstream's), and restarted
-/// after one Application's status changed while it was down sends that one only, whose status
-/// then reaches the hub mirror. Both restarts restart the principal too: upstream's principal
-/// resyncs an agent only on its first connection per principal process, and our agent restarted
-/// alone gets no working stream from it (PROTOCOL.md note 10: a known defect, open). The spoke
-/// statuses are written by the test: real Argo CD rewrites status on its own clock, and the
-/// counts need statuses changed on cue.
-#[tokio::test]
-async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_agent_with_status_written_by_the_test_since_real_argocd_rewrites_status_on_its_own_clock(
-) -> anyhow::Result<()> {
+/// with nothing changed sends no object at all in answer to the resync (it used to send every
+/// one at every resync, its own checksum never equal to upstream's), and restarted after one
+/// Application's status changed while it was down sends that one only, whose status then reaches
+/// the hub mirror; a change after the restart reaches the mirror too. Restarted alone, our agent
+/// asks for the resync itself (upstream's principal resyncs an agent on connect only once per
+/// principal process) on a stream whose response headers upstream's principal sends only with
+/// its first message (PROTOCOL.md note 10); restarted with the principal, the principal asks.
+/// The spoke statuses are written by the test: real Argo CD rewrites status on its own clock,
+/// and the counts need statuses changed on cue.
+async fn autonomous_restart_resends_only_what_changed(restarted: Restarted) -> anyhow::Result<()> {
     let mut cell = Cell::start(
         "autonomous_restart",
         Side::Upstream,
@@ -1261,17 +1307,15 @@ async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_ag
                 )
                 .await?;
         }
-        // Upstream's principal resyncs an autonomous agent on connect only once per principal
-        // process (its resyncStatus): restarted, it resyncs ours again. (Without it, ours does
-        // not get a stream back at all: see the note below.)
-        cell.principal.restart().await?;
+        if restarted == Restarted::AgentAndPrincipal {
+            cell.principal.restart().await?;
+        }
         cell.agent.process_mut().start_again()?;
         let AnyAgent::Ours(agent) = &cell.agent else {
             unreachable!("our agent")
         };
         let port = agent.ops_port;
-        // Settled: the principal's resync on connect asked about both mirrors and everything
-        // the agent queued was ACKed.
+        // Settled: the resync asked about both mirrors and everything the agent queued was ACKed.
         wait_until("the principal's resync answered", SYNC_WAIT, || async {
             let scrape = e2e::metrics::Scrape::of(port).await?;
             let asked = scrape.baseline(
@@ -1303,7 +1347,30 @@ async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_ag
         );
     }
 
+    // The stream after the restart carries later changes too.
+    cell.spoke_apps
+        .patch(
+            "steady",
+            &PatchParams::default(),
+            &Patch::Merge(health("Progressing")),
+        )
+        .await?;
+    mirror_health(&cell, "steady", "Progressing")
+        .await
+        .map_err(|e| anyhow::anyhow!("a change after the restart: {e}\n{}", logs(&cell)))?;
     Ok(())
+}
+
+#[tokio::test]
+async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_agent_restarted_alone_with_status_written_by_the_test(
+) -> anyhow::Result<()> {
+    autonomous_restart_resends_only_what_changed(Restarted::AgentAlone).await
+}
+
+#[tokio::test]
+async fn autonomous_restart_resends_only_what_changed_upstream_principal_ours_agent_restarted_with_the_principal_with_status_written_by_the_test(
+) -> anyhow::Result<()> {
+    autonomous_restart_resends_only_what_changed(Restarted::AgentAndPrincipal).await
 }
 
 // ---- live view through the resource proxy: pod logs and exec -------------------------------------
@@ -1353,16 +1420,7 @@ impl Cell {
     /// through the principal's resource proxy (the agent is connected), returns the kubelet and
     /// the proxy's kubeconfig.
     async fn pod_on_fake_kubelet(&self) -> anyhow::Result<(FakeKubelet, PathBuf)> {
-        let proxy_port = match &self.principal {
-            AnyPrincipal::Ours(principal) => principal.resource_proxy_port,
-            AnyPrincipal::Upstream(_) => {
-                anyhow::ensure!(
-                    self._resource_proxy_port.is_some(),
-                    "start the cell with Cell::start_live: the upstream principal's resource proxy is off"
-                );
-                e2e::upstream::RESOURCE_PROXY_PORT
-            }
-        };
+        let proxy_port = self.resource_proxy_port()?;
         let kubelet = FakeKubelet::start(self.spoke, &self.ctx.unique("node")).await?;
         let spoke = self.spoke.client().await?;
         Api::<ConfigMap>::namespaced(spoke.clone(), &self.spoke_ns)
@@ -2071,46 +2129,32 @@ async fn hub_reads_the_resource_tree_through_the_redis_proxy(
     // cluster (its cluster Secret names our resource proxy; the Application stays on the hub, in
     // argocd-server's namespace) is validated against that cluster's `/version` and API list.
     // Our principal answers `/version` for a Go agent with upstream's stand-in (the Go agent
-    // answers it with the API group list, which Argo CD cannot parse as a version).
-    if let AnyPrincipal::Ours(ours) = &cell.principal {
-        let hub = &shared_planes().await.hub;
-        agentctl(&[
-            "agent",
+    // answers it with the API group list, which Argo CD cannot parse as a version); upstream's
+    // principal answers it with that stand-in itself.
+    cell.register_cluster_on_hub(&shared_planes().await.hub)?;
+    let repo = cell.git.url("apps");
+    server
+        .cli(&[
+            "app",
             "create",
+            "version-probe",
+            "--repo",
+            &repo,
+            "--path",
+            "demo",
+            "--dest-name",
             &cell.name,
-            "--dir",
-            cell.pki.dir.to_str().expect("utf-8 path"),
-            "--kubeconfig",
-            hub.kubeconfig.to_str().expect("utf-8 path"),
-            "--resource-proxy-server",
-            &format!("127.0.0.1:{}", ours.resource_proxy_port),
-            "--argocd-namespace",
-            &cell.principal_ns,
-        ])?;
-        let repo = cell.git.url("apps");
-        server
-            .cli(&[
-                "app",
-                "create",
-                "version-probe",
-                "--repo",
-                &repo,
-                "--path",
-                "demo",
-                "--dest-name",
-                &cell.name,
-                "--dest-namespace",
-                &cell.dest,
-                "--project",
-                "default",
-            ])
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "argocd app create against the agent's cluster: {e}\n{}",
-                    cell.logs()
-                )
-            })?;
-    }
+            "--dest-namespace",
+            &cell.dest,
+            "--project",
+            "default",
+        ])
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "argocd app create against the agent's cluster: {e}\n{}",
+                cell.logs()
+            )
+        })?;
 
     // Watching the tree: argocd-server SUBSCRIBEs to the app's channel through the proxy (the
     // agent subscribes on the spoke Redis) and sends the tree again on each message there, which
@@ -2196,17 +2240,140 @@ cells!(hub_reads_the_resource_tree_through_the_redis_proxy, Mode::Managed, {
     redis_proxy_resource_tree_upstream_principal_upstream_agent: Upstream, Upstream;
 });
 
+/// The hub's real argocd-server opens a web terminal into a pod of an Application on the spoke
+/// (the pod is in the app's resource tree, read through the Redis proxy; the exec goes through
+/// the resource proxy to the agent's `StreamTerminal`): a command's output comes back, stderr
+/// too (the web terminal runs with a TTY), a resize reaches the kubelet, and closing the
+/// browser's socket ends the shell on the spoke. With the agent gone, the resource proxy
+/// refuses an exec.
+async fn hub_web_terminal_reaches_a_pod_on_the_spoke(
+    principal: Side,
+    agent: Side,
+    _mode: Mode,
+) -> anyhow::Result<()> {
+    let mut cell = Cell::start_hub_view("web_terminal", principal, agent).await?;
+    let hub = &shared_planes().await.hub;
+    let kubelet = FakeKubelet::start(cell.spoke, &cell.ctx.unique("node")).await?;
+    let mut files = demo_manifests("v1");
+    files.push((
+        "pod.yaml",
+        e2e::git_server::demo_pod("web-1", &kubelet.node),
+    ));
+    let revision = cell.git.commit("apps", "demo", &files, "demo with a pod")?;
+    // Destined to the agent's cluster by name: argocd-server reaches the pod through the cluster
+    // Secret's server, the principal's resource proxy (each agent maps it to its own cluster).
+    cell.register_cluster_on_hub(hub)?;
+    let app = scenario::demo_application(
+        "demo",
+        &cell.name,
+        &cell.git.url("apps"),
+        json!({"name": cell.name, "namespace": cell.dest}),
+    );
+    cell.hub_apps.create(&PostParams::default(), &app).await?;
+    cell.wait_synced(&cell.hub_apps, &revision, "the hub Application Synced")
+        .await?;
+    let spoke = cell.spoke.client().await?;
+    kubelet.report_running(&spoke, &cell.dest, "web-1").await?;
+    let view = cell.hub_view.as_ref().expect("a hub view cell");
+    enable_exec(&hub.client().await?, &view.server).await?;
+    let token = view.server.session_token().await?;
+    let port = view.server.server_port.expect("argocd-server has a port");
+    let target = TerminalTarget {
+        pod: "web-1".into(),
+        container: "web".into(),
+        namespace: cell.dest.clone(),
+        app: "demo".into(),
+        app_namespace: cell.name.clone(),
+        project: "default".into(),
+        shell: "bash".into(),
+    };
+    let wait = Duration::from_secs(30);
+    let mut term = open_once_enabled(port, &token, &target)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    check_shell_session(&mut term, &kubelet, &target, wait)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+
+    // The browser goes away: the shell on the spoke ends.
+    term.close().await;
+    kubelet
+        .wait_execs_ended(1, "the shell ended after the browser left", wait)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+
+    // The agent is gone: the resource proxy refuses an exec, as argocd-server asks for it (the
+    // principal knows the agent is not connected once its stream ended).
+    cell.agent.process_mut().stop();
+    let kubeconfig = cell.proxy_kubeconfig(cell.resource_proxy_port()?)?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig)?,
+        &Default::default(),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config)?, &cell.dest);
+    let params = kube::api::AttachParams::default()
+        .container("web")
+        .stdout(true)
+        .stderr(false);
+    let last = std::sync::Mutex::new(String::new());
+    wait_until(
+        "an exec refused as the agent is not connected",
+        wait,
+        || async {
+            let refusal = match pods.exec("web-1", ["true"], &params).await {
+                Ok(_) => "the exec was accepted".to_string(),
+                Err(e) => e.to_string(),
+            };
+            let refused = refusal_names_the_absent_agent(principal, &refusal);
+            *last.lock().unwrap() = refusal;
+            Ok::<_, anyhow::Error>(refused.then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: {}\n{}", last.lock().unwrap(), cell.logs()))?;
+    assert_eq!(
+        kubelet.stats.execs.lock().unwrap().len(),
+        1,
+        "no exec reached the kubelet without the agent"
+    );
+    Ok(())
+}
+
+/// Whether `refusal` (kube-rs's error) is the principal's refusal of an exec for an agent that
+/// is not connected, before any upgrade: ours says so in a 502 `Status`; upstream's answers 502
+/// with no body.
+fn refusal_names_the_absent_agent(principal: Side, refusal: &str) -> bool {
+    match principal {
+        Side::Ours => refusal.contains("not connected") && refusal.contains("502"),
+        Side::Upstream => refusal.contains("502"),
+    }
+}
+
+// Each cell runs the spoke's Argo CD and the hub's argocd-server; an upstream principal's
+// proxies hold the machine's ports 9090 and 6379, so those cells run one at a time.
+cells!(hub_web_terminal_reaches_a_pod_on_the_spoke, Mode::Managed, {
+    hub_web_terminal_ours_principal_ours_agent: Ours, Ours;
+    hub_web_terminal_ours_principal_upstream_agent: Ours, Upstream;
+    hub_web_terminal_upstream_principal_ours_agent: Upstream, Ours;
+    hub_web_terminal_upstream_principal_upstream_agent: Upstream, Upstream;
+});
+
 // ---- gzip on the wire -----------------------------------------------------------------------------
 
 /// An agent started with `--enable-compression` (gzip on every call, upstream's flag) works with
-/// the other implementation's principal: an Application created on the hub is synced by the
-/// spoke's real Argo CD and its status comes back.
-async fn compressed_agent_syncs_an_app(principal: Side, agent: Side) -> anyhow::Result<()> {
+/// either principal: an Application created on the hub is synced by the spoke's real Argo CD and
+/// its status comes back.
+async fn compressed_agent_syncs_an_app(
+    principal: Side,
+    agent: Side,
+    mode: Mode,
+) -> anyhow::Result<()> {
     let cell = Cell::start_with(
         "gzip",
         principal,
         agent,
-        Mode::Managed,
+        mode,
         true,
         &["--enable-compression"],
     )
@@ -2215,15 +2382,12 @@ async fn compressed_agent_syncs_an_app(principal: Side, agent: Side) -> anyhow::
         .await
 }
 
-#[tokio::test]
-async fn compressed_upstream_agent_on_our_principal() -> anyhow::Result<()> {
-    compressed_agent_syncs_an_app(Side::Ours, Side::Upstream).await
-}
-
-#[tokio::test]
-async fn compressed_agent_of_ours_on_upstream_principal() -> anyhow::Result<()> {
-    compressed_agent_syncs_an_app(Side::Upstream, Side::Ours).await
-}
+cells!(compressed_agent_syncs_an_app, Mode::Managed, {
+    compressed_agent_syncs_an_app_ours_principal_ours_agent: Ours, Ours;
+    compressed_agent_syncs_an_app_ours_principal_upstream_agent: Ours, Upstream;
+    compressed_agent_syncs_an_app_upstream_principal_ours_agent: Upstream, Ours;
+    compressed_agent_syncs_an_app_upstream_principal_upstream_agent: Upstream, Upstream;
+});
 
 // ---- gRPC over WebSocket through an HTTP/1.1-only proxy (--enable-websocket) -------------------
 //
