@@ -1078,7 +1078,7 @@ mod tests {
 
     /// An EventStream server that, like grpc-go's serving upstream's principal, sends its
     /// response headers only with its first message, which here answers the client's first one.
-    async fn headers_with_first_message_server() -> Channel {
+    async fn headers_with_first_message_server() -> GrpcChannel {
         use argocd_agent_proto::pb::eventstreamapi::event_stream_server::{
             EventStream, EventStreamServer,
         };
@@ -1124,11 +1124,13 @@ mod tests {
                 .add_service(EventStreamServer::new(AnswersFirst))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
+        GrpcChannel::Http2(
+            tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        )
     }
 
     /// A JWT (unsigned: the agent reads only `exp`) that runs out in an hour.
@@ -1152,6 +1154,7 @@ mod tests {
             max_message_size: 1 << 20,
             backoff_max: Duration::from_secs(1),
             compression: false,
+            websocket: false,
             outbox_capacity: 10,
         };
         let outbox = Arc::new(Outbox::new(Default::default()));
