@@ -10,11 +10,27 @@
 //! the work agent does not put it back when it re-applies the work (`ignoreFields` on spoke
 //! change, [`super::manifestwork`]), so it runs once.
 //!
+//! An ApplicationSet's progressive sync (`RollingSync`) requests the sync of each Application of
+//! a step this way. Argo CD's controller marks the Application `Pending` in the ApplicationSet's
+//! `status.applicationStatus`, requests the sync at every reconciliation while the mark stays,
+//! moves on only when the Application's `operationState.startedAt` is later than the mark (both
+//! kept to the second), and marks it anew when the Application's revision changes. So for an
+//! Application its ApplicationSet marks Pending, the operation reaches the spoke only once the
+//! mark is for the revision the spoke compared against and no earlier than the second after it
+//! ([`delivery_hold`]: the pull model can deliver within the same second, and such a sync would
+//! not count), and once it has run it is cleared only after the ApplicationSet has taken the run
+//! (the mark gone, [`clear_awaits_rollout`]), so that the controller does not request it again.
+//! Argo CD's own application controller clears `.operation` when the sync ends, whatever the
+//! ApplicationSet shows, and can run such a sync twice.
+//!
 //! Owns the baseline annotation (the spoke's `operationState.startedAt` when the request was
 //! delivered, so "a new operation has run" needs no clock comparison across clusters) and the
-//! pure decision [`operation_ran`].
+//! pure decisions [`operation_ran`], [`delivery_hold`] and [`clear_awaits_rollout`].
 
-use argocd_agent_kube::argocd::Application;
+use std::time::Duration;
+
+use argocd_agent_kube::argocd::{Application, ApplicationSet};
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::manifestwork::{applied_at_current_generation, ManifestWork};
@@ -34,7 +50,7 @@ pub fn requested(app: &Application) -> Option<&Value> {
 }
 
 /// The operation the work's payload carries.
-fn carried(work: &ManifestWork) -> Option<&Value> {
+pub fn carried(work: &ManifestWork) -> Option<&Value> {
     work.spec.workload.manifests.first()?.get("operation")
 }
 
@@ -86,6 +102,119 @@ pub fn operation_ran(app: &Application, work: Option<&ManifestWork>) -> bool {
         .as_deref()
         .is_some_and(|p| COMPLETED_PHASES.contains(&p));
     started_after && completed
+}
+
+/// The progressive-sync status of an Application whose sync the ApplicationSet requested and
+/// has not yet seen start.
+const PENDING: &str = "Pending";
+
+fn parse_time(written: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(written)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// An ApplicationSet's progressive-sync mark of an Application as Pending: the controller
+/// requested its sync at `since`, for the revisions the Application showed then.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingMark {
+    /// When it marked the Application Pending (to the second).
+    pub since: DateTime<Utc>,
+    /// The Application's revisions when it did (`status.applicationStatus[].targetRevisions`).
+    pub target_revisions: Vec<String>,
+}
+
+/// The Pending mark `appset` (the ApplicationSet that generated `app`) holds for `app`, if any.
+pub fn rollout_pending_mark(
+    app: &Application,
+    appset: Option<&ApplicationSet>,
+) -> Option<PendingMark> {
+    let entry = appset?.application_status(app.metadata.name.as_deref()?)?;
+    if entry.status != PENDING {
+        return None;
+    }
+    Some(PendingMark {
+        since: parse_time(entry.last_transition_time.as_deref()?)?,
+        target_revisions: entry.target_revisions.clone(),
+    })
+}
+
+/// The revisions an Application shows, as Argo CD's ApplicationSet controller reads them
+/// (`status.sync.revisions` of a multi-source one, else `status.sync.revision`).
+fn revisions(app: &Application) -> Vec<String> {
+    let sync = app.status.as_ref().and_then(|s| s.sync.as_ref());
+    let field = |name: &str| sync.and_then(|s| s.other.get(name));
+    let listed: Vec<String> = field("revisions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.as_str().map(str::to_owned))
+        .collect();
+    if !listed.is_empty() {
+        return listed;
+    }
+    field("revision")
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+        .map(|r| vec![r.to_owned()])
+        .unwrap_or_default()
+}
+
+/// Why the operation an Application in a rollout requests is not delivered yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// The spoke has not compared the Application yet, or the revision it compared against is
+    /// not the one the ApplicationSet marked (or not yet on the hub Application): the controller
+    /// sets an Application whose revision changed back to Waiting and marks it Pending anew, and
+    /// a sync that started before the new mark would not count.
+    Revision,
+    /// Until the second after the mark.
+    For(Duration),
+}
+
+/// Whether the operation `app` requests is held back from its `work`, given the Pending mark of
+/// its ApplicationSet: until the mark is for the revision the spoke compared against and the
+/// hub Application shows, and then until the second after the mark. An operation the work
+/// already carries is not held.
+pub fn delivery_hold(
+    app: &Application,
+    work: Option<&ManifestWork>,
+    mark: Option<&PendingMark>,
+    now: DateTime<Utc>,
+) -> Option<Hold> {
+    let operation = requested(app)?;
+    let mark = mark?;
+    if work.and_then(carried) == Some(operation) {
+        return None;
+    }
+    let spoke = work.map(|w| read_feedback(w).0).unwrap_or_default();
+    let compared = spoke.sync.is_some() && spoke.sync_revision.iter().eq(revisions(app).iter());
+    if !compared || mark.target_revisions != revisions(app) {
+        return Some(Hold::Revision);
+    }
+    let not_before = mark.since + chrono::Duration::seconds(1);
+    (not_before - now)
+        .to_std()
+        .ok()
+        .filter(|d| !d.is_zero())
+        .map(Hold::For)
+}
+
+/// Whether clearing the operation that ran (as `work`'s feedback shows) waits for the
+/// ApplicationSet: it still marks the Application Pending, and the run started after the mark,
+/// so the controller takes it for the sync it requested once it reads the Application's status.
+/// A run that started no later than the mark never counts: it is cleared, and the controller
+/// requests the sync that will.
+pub fn clear_awaits_rollout(work: &ManifestWork, mark: Option<&PendingMark>) -> bool {
+    let Some(mark) = mark else {
+        return false;
+    };
+    read_feedback(work)
+        .0
+        .operation_started_at
+        .as_deref()
+        .and_then(parse_time)
+        .is_some_and(|started| started > mark.since)
 }
 
 #[cfg(test)]
@@ -198,5 +327,166 @@ mod tests {
             "2024-05-01T10:00:00Z",
             "kept while the work carries the same operation"
         );
+    }
+
+    fn appset(entries: Value) -> ApplicationSet {
+        serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet",
+            "metadata": {"name": "fleet", "namespace": "apps"},
+            "status": {"applicationStatus": entries}
+        }))
+        .unwrap()
+    }
+
+    fn entry(app: &str, status: &str, since: &str) -> Value {
+        json!({"application": app, "status": status, "step": "1", "message": "",
+               "lastTransitionTime": since, "targetRevisions": ["4f1c2d"]})
+    }
+
+    fn at(written: &str) -> DateTime<Utc> {
+        parse_time(written).unwrap()
+    }
+
+    const MARKED: &str = "2024-05-01T10:00:00Z";
+
+    fn mark(revisions: &[&str]) -> PendingMark {
+        PendingMark {
+            since: at(MARKED),
+            target_revisions: revisions.iter().map(|r| r.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn an_application_is_pending_in_its_rollout_while_its_applicationset_marks_it() {
+        let hub = app(json!({"sync": {}}));
+        let pending = appset(json!([entry("guestbook", "Pending", MARKED)]));
+        assert_eq!(
+            rollout_pending_mark(&hub, Some(&pending)),
+            Some(mark(&["4f1c2d"]))
+        );
+        for other in [
+            appset(json!([entry("guestbook", "Progressing", MARKED)])),
+            appset(json!([entry("guestbook", "Waiting", MARKED)])),
+            appset(json!([entry("other", "Pending", MARKED)])),
+            appset(json!([])),
+        ] {
+            assert_eq!(rollout_pending_mark(&hub, Some(&other)), None, "{other:?}");
+        }
+        assert_eq!(rollout_pending_mark(&hub, None), None);
+    }
+
+    /// The hub Application requesting `op`, showing `revision` (as the status controller wrote it).
+    fn requesting(op: &Value, revision: Option<&str>) -> Application {
+        let mut hub = app(op.clone());
+        hub.status =
+            serde_json::from_value(json!({"sync": {"status": "OutOfSync", "revision": revision}}))
+                .unwrap();
+        hub
+    }
+
+    /// A work not carrying the operation yet whose feedback says the spoke compared against `revision`.
+    fn compared(revision: Option<&str>) -> ManifestWork {
+        let mut values = vec![
+            json!({"name": "syncStatus", "fieldValue": {"type": "String", "string": "OutOfSync"}}),
+        ];
+        if let Some(r) = revision {
+            values.push(
+                json!({"name": "syncRevision", "fieldValue": {"type": "String", "string": r}}),
+            );
+        }
+        work(json!(null), None, 2, json!(values))
+    }
+
+    #[test]
+    fn a_rollouts_sync_reaches_the_spoke_for_the_marked_revision_in_the_second_after_the_mark() {
+        let op = json!({"sync": {}});
+        let hub = requesting(&op, Some("4f1c2d"));
+        let marked = mark(&["4f1c2d"]);
+        let now = at("2024-05-01T10:00:00.300Z");
+        let ready = compared(Some("4f1c2d"));
+        assert_eq!(
+            delivery_hold(&hub, Some(&ready), Some(&marked), now),
+            Some(Hold::For(Duration::from_millis(700)))
+        );
+        let next_second = at("2024-05-01T10:00:01Z");
+        assert_eq!(
+            delivery_hold(&hub, Some(&ready), Some(&marked), next_second),
+            None
+        );
+        assert_eq!(
+            delivery_hold(&hub, Some(&ready), None, now),
+            None,
+            "not in a rollout"
+        );
+
+        // The ApplicationSet will mark the Application anew: a sync now would not count.
+        for (why, hub, work, mark) in [
+            ("no work yet", hub.clone(), None, marked.clone()),
+            (
+                "the spoke has not compared",
+                hub.clone(),
+                Some(work(json!(null), None, 2, json!([]))),
+                marked.clone(),
+            ),
+            (
+                "the spoke compared another revision",
+                hub.clone(),
+                Some(compared(Some("9e8d7c"))),
+                marked.clone(),
+            ),
+            (
+                "not yet on the hub Application",
+                requesting(&op, None),
+                Some(ready.clone()),
+                marked.clone(),
+            ),
+            (
+                "marked for an older revision",
+                hub.clone(),
+                Some(ready.clone()),
+                mark(&[]),
+            ),
+        ] {
+            assert_eq!(
+                delivery_hold(&hub, work.as_ref(), Some(&mark), next_second),
+                Some(Hold::Revision),
+                "{why}"
+            );
+        }
+        // A multi-source Application reports no single revision: the mark has none either.
+        let multi = requesting(&op, None);
+        assert_eq!(
+            delivery_hold(&multi, Some(&compared(None)), Some(&mark(&[])), next_second),
+            None
+        );
+
+        let carrying = work(op, Some(""), 2, json!([]));
+        assert_eq!(
+            delivery_hold(&hub, Some(&carrying), Some(&marked), now),
+            None,
+            "already delivered"
+        );
+        let mut nothing = hub.clone();
+        nothing.operation = None;
+        assert_eq!(
+            delivery_hold(&nothing, Some(&ready), Some(&marked), now),
+            None
+        );
+    }
+
+    #[test]
+    fn a_run_is_cleared_once_its_rollout_took_it_or_never_can() {
+        let op = json!({"sync": {}});
+        let marked = Some(mark(&["4f1c2d"]));
+        let ran = |started: &str| work(op.clone(), Some(""), 2, feedback("Succeeded", started));
+        assert!(
+            clear_awaits_rollout(&ran("2024-05-01T10:00:01Z"), marked.as_ref()),
+            "the ApplicationSet will take it once it reads the status"
+        );
+        assert!(
+            !clear_awaits_rollout(&ran(MARKED), marked.as_ref()),
+            "started within the second of the mark: never counts"
+        );
+        assert!(!clear_awaits_rollout(&ran("2024-05-01T10:00:01Z"), None));
     }
 }
