@@ -1130,7 +1130,7 @@ async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_an
                 .any(|o| o.kind == "ApplicationSet" && o.name == *set),
             "{name} is the ApplicationSet's: {owners:?}"
         );
-        wait_greeting(spoke, &dest, "v1")
+        wait_greeting(spoke, dest, "v1")
             .await
             .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
     }
@@ -1225,7 +1225,7 @@ async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_an
     assert_eq!(statuses.summary.in_progress, "0");
     // The hub Applications carry the spoke's resources too (the work agent's feedback).
     let hub_app = serde_json::to_value(hub_apps.get(&format!("{}-{set}", sites[0].0)).await?)?;
-    let spoke_app = &spoke_applications(&sites[..1], &spoke_ns, &set).await?[0].1;
+    let spoke_app = &spoke_applications(&sites[..1], spoke_ns, set).await?[0].1;
     assert_eq!(spoke_resources(&hub_app), spoke_resources(spoke_app));
 
     // The second cluster leaves the Placement: the ApplicationSet controller deletes its
@@ -1255,11 +1255,11 @@ async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_an
     .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
 
     // Deleting the ApplicationSet deletes its report.
-    appsets.delete(&set, &DeleteParams::default()).await?;
+    appsets.delete(set, &DeleteParams::default()).await?;
     wait_until(
         "the report deleted with its ApplicationSet",
         REACT_WAIT,
-        || async { Ok::<_, kube::Error>(reports.get_opt(&set).await?.is_none().then_some(())) },
+        || async { Ok::<_, kube::Error>(reports.get_opt(set).await?.is_none().then_some(())) },
     )
     .await?;
     let _ = hub_apps

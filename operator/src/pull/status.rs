@@ -289,8 +289,10 @@ pub fn status_patch(
     problem: Option<&str>,
     now: &str,
 ) -> Option<Value> {
-    let mut status = ApplicationStatus::default();
-    status.conditions = with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now);
+    let mut status = ApplicationStatus {
+        conditions: with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now),
+        ..ApplicationStatus::default()
+    };
     if spoke.health.is_some() && spoke.sync.is_some() {
         spoke_state(app, spoke, now, &mut status);
     }
