@@ -10,7 +10,9 @@
 //! ApplicationSet over an OCM Placement (Argo CD's real ApplicationSet controller, the
 //! `clusterDecisionResource` generator as upstream documents it) pulled to two clusters, each
 //! synced by its own Argo CD, and its MulticlusterApplicationSetReport filled from the work
-//! agents' feedback (per-cluster operation, revision, sync and health, and the resources). And the
+//! agents' feedback (per-cluster operation, revision, sync and health, and the resources); and one
+//! with a two-step `RollingSync` (the controller's progressive syncs on), each step's sync carried
+//! to its spoke by the pull model, the second only once the first is Healthy. And the
 //! manifest-wrapping plugin (`charts/cmp/plugin.yaml`, `argocd-agentctl wrap`) run by Argo CD's
 //! real argocd-cmp-server beside the hub's repo-server: the hub's Argo CD applies the ManifestWork
 //! it renders, the work agent delivers it to a spoke without Argo CD. Tests write
@@ -23,7 +25,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use argocd_agent_kube::argocd::{ApplicationSet, ApplicationSetApplicationStatus};
+use argocd_agent_kube::argocd::{
+    Application, ApplicationSet, ApplicationSetApplicationStatus, StatusOf,
+};
 use argocd_agent_operator::pull::application::{
     APP_NAMESPACE_ANNOTATION, CLUSTER_ANNOTATION, PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
 };
@@ -1276,53 +1280,77 @@ const STEP_LABEL: &str = "e2e.argocd-agent.io/rollout-cluster";
 /// Two steps, each a sync through the pull model after the previous step is Healthy.
 const ROLLOUT_WAIT: Duration = Duration::from_secs(2 * SYNC_WAIT.as_secs());
 
-/// Every version of an ApplicationSet's `status.applicationStatus` that the apiserver sends a
-/// watch, from before the ApplicationSet exists: what the controller wrote, in order.
-struct Progression {
-    versions: Arc<Mutex<Vec<Vec<ApplicationSetApplicationStatus>>>>,
+/// Every distinct value `read` takes from the objects a watch of `api` sends, in order, from
+/// before they exist (each object's versions as the apiserver sends them).
+struct Recorded<T> {
+    values: Arc<Mutex<Vec<T>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Progression {
-    fn watch(api: Api<ApplicationSet>, name: &str) -> Progression {
-        let versions = Arc::new(Mutex::new(Vec::new()));
-        let seen = versions.clone();
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+impl<T: Clone + PartialEq + Send + 'static> Recorded<T> {
+    fn watch<K>(
+        api: Api<K>,
+        config: watcher::Config,
+        read: impl Fn(K) -> T + Send + 'static,
+    ) -> Recorded<T>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let values = Arc::new(Mutex::new(Vec::new()));
+        let seen = values.clone();
         let task = tokio::spawn(async move {
             let mut events = std::pin::pin!(watcher::watcher(api, config)
                 .default_backoff()
                 .applied_objects());
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(set) => {
-                        let entries = set.status.map(|s| s.application_status).unwrap_or_default();
-                        let mut seen = seen.lock().expect("progression lock");
-                        if seen.last() != Some(&entries) {
-                            seen.push(entries);
+                    Ok(object) => {
+                        let value = read(object);
+                        let mut seen = seen.lock().expect("record lock");
+                        if seen.last() != Some(&value) {
+                            seen.push(value);
                         }
                     }
-                    Err(e) => eprintln!("[ocm] ApplicationSet watch: {e}"),
+                    Err(e) => eprintln!("[ocm] watch: {e}"),
                 }
             }
         });
-        Progression { versions, task }
+        Recorded { values, task }
+    }
+
+    fn values(&self) -> Vec<T> {
+        self.values.lock().expect("record lock").clone()
+    }
+}
+
+impl<T> Drop for Recorded<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Every version of an ApplicationSet's `status.applicationStatus` that the apiserver sends a
+/// watch, from before the ApplicationSet exists: what the controller wrote, in order.
+struct Progression(Recorded<Vec<ApplicationSetApplicationStatus>>);
+
+impl Progression {
+    fn watch(api: Api<ApplicationSet>, name: &str) -> Progression {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        Progression(Recorded::watch(api, config, |set: ApplicationSet| {
+            set.status.map(|s| s.application_status).unwrap_or_default()
+        }))
     }
 
     fn versions(&self) -> Vec<Vec<ApplicationSetApplicationStatus>> {
-        self.versions.lock().expect("progression lock").clone()
+        self.0.values()
     }
 
     /// The statuses `app` went through, repeats folded.
     fn path(&self, app: &str) -> Vec<String> {
-        let mut path: Vec<String> = Vec::new();
-        for version in self.versions() {
-            if let Some(entry) = version.iter().find(|e| e.application == app) {
-                if path.last() != Some(&entry.status) {
-                    path.push(entry.status.clone());
-                }
-            }
-        }
-        path
+        fold_repeats(self.versions().iter().filter_map(|version| {
+            let entry = version.iter().find(|e| e.application == app)?;
+            Some(entry.status.clone())
+        }))
     }
 
     /// Every version, one line each: `app=status(step) since: message` per Application.
@@ -1334,8 +1362,8 @@ impl Progression {
                     .map(|e| {
                         let at = e.last_transition_time.as_deref().unwrap_or_default();
                         format!(
-                            "{}={}({}) {at}: {}",
-                            e.application, e.status, e.step, e.message
+                            "{}={}({}) {at} {:?}: {}",
+                            e.application, e.status, e.step, e.target_revisions, e.message
                         )
                     })
                     .collect::<Vec<_>>()
@@ -1346,10 +1374,15 @@ impl Progression {
     }
 }
 
-impl Drop for Progression {
-    fn drop(&mut self) {
-        self.task.abort();
+/// `values` with consecutive repeats folded into one.
+fn fold_repeats(values: impl Iterator<Item = String>) -> Vec<String> {
+    let mut path: Vec<String> = Vec::new();
+    for value in values {
+        if path.last() != Some(&value) {
+            path.push(value);
+        }
     }
+    path
 }
 
 /// A time Argo CD wrote (Go's `metav1.Time`: RFC 3339 in UTC to the second), checked to be of that
@@ -1371,7 +1404,8 @@ fn go_time(written: Option<&str>) -> String {
 /// sync and health back to the hub Application, from which the controller moves on. Asserted from
 /// the controller's own writes (every version of `status.applicationStatus`, watched): each
 /// Application is Pending (its sync requested), then Progressing, then Healthy, and the second
-/// step's leaves Waiting only once the first's is Healthy; and from the spokes: each ran exactly one
+/// step's leaves Waiting only once the first's is Healthy; from the hub Applications' health (a
+/// watch): each Progressing before Healthy; and from the spokes: each ran exactly one
 /// sync, the controller's, the second cluster's starting after the first's Application became
 /// Healthy, and the hub Applications show those syncs with their operation cleared.
 #[tokio::test]
@@ -1402,6 +1436,31 @@ async fn rolling_sync_applicationset_over_the_pull_model_syncs_a_step_only_once_
     };
     let appsets = ground.appsets();
     let progression = Progression::watch(appsets.clone(), &ground.set);
+    // The generated hub Applications as the ApplicationSet controller and the pull model write
+    // them: `(name, health, "sync revision operation? startedAt")`.
+    let hub_states = Recorded::watch(
+        Api::<Application>::namespaced(ground.hub.clone(), e2e::pull_model::ARGOCD_NAMESPACE),
+        watcher::Config::default().labels(STEP_LABEL),
+        |app: Application| {
+            let status = app.status.unwrap_or_default();
+            let word = |of: Option<StatusOf>| of.and_then(|o| o.status).unwrap_or_default();
+            let sync = status.sync.clone();
+            let revision = sync.as_ref().and_then(|s| s.other.get("revision").cloned());
+            let started = status.operation_state.and_then(|o| o.started_at);
+            let rest = format!(
+                "{} {} operation={} started={}",
+                word(sync),
+                revision.unwrap_or_default(),
+                app.operation.is_some(),
+                started.unwrap_or_default()
+            );
+            (
+                app.metadata.name.unwrap_or_default(),
+                word(status.health),
+                rest,
+            )
+        },
+    );
     let started = Instant::now();
     appsets
         .create(
@@ -1409,13 +1468,19 @@ async fn rolling_sync_applicationset_over_the_pull_model_syncs_a_step_only_once_
             &ground.applicationset(template, Some(strategy))?,
         )
         .await?;
-    let failed = |e: anyhow::Error| {
-        anyhow::anyhow!(
-            "{e}\nApplicationSet progression:\n{}\n{}",
+    let timeline = || {
+        let hub = hub_states
+            .values()
+            .iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>();
+        format!(
+            "ApplicationSet progression:\n{}\nhub Applications:\n{}",
             progression.summary(),
-            argocd_logs()
+            hub.join("\n")
         )
     };
+    let failed = |e: anyhow::Error| anyhow::anyhow!("{e}\n{}\n{}", timeline(), argocd_logs());
     let rolled_out = wait_until(
         "the ApplicationSet controller to roll both steps out to Healthy",
         ROLLOUT_WAIT,
@@ -1453,6 +1518,27 @@ async fn rolling_sync_applicationset_over_the_pull_model_syncs_a_step_only_once_
             rest.as_deref(),
             Some(&["Progressing", "Healthy"][..]),
             "{app} went {path:?}"
+        );
+    }
+    // As upstream reports it: the hub Application Progressing before it is Healthy.
+    let health_paths = wait_until("the hub Applications' Healthy seen", REACT_WAIT, || async {
+        let paths: Vec<Vec<String>> = apps
+            .iter()
+            .map(|app| {
+                let health = hub_states.values().into_iter().filter(|(a, ..)| a == app);
+                fold_repeats(health.map(|(_, h, _)| h))
+            })
+            .collect();
+        let seen = paths.iter().all(|p| p.iter().any(|h| h == "Healthy"));
+        Ok::<_, anyhow::Error>(seen.then_some(paths))
+    })
+    .await?;
+    eprintln!("[ocm] hub Applications' health: {health_paths:?}");
+    for (app, path) in apps.iter().zip(health_paths) {
+        let healthy = path.iter().position(|h| h == "Healthy");
+        assert!(
+            healthy.is_some_and(|i| i > 0 && path[i - 1] == "Progressing"),
+            "{app}'s hub Application health went {path:?}"
         );
     }
     for version in progression.versions() {
@@ -1506,7 +1592,8 @@ async fn rolling_sync_applicationset_over_the_pull_model_syncs_a_step_only_once_
         assert_eq!(
             sync_history(spoke_app).len(),
             1,
-            "{name} synced once: {spoke_app}"
+            "{name} synced once: {spoke_app}\n{}",
+            timeline()
         );
     }
     let first_healthy = go_time(

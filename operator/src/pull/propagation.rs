@@ -38,7 +38,7 @@ use super::manifestwork::{
 };
 use super::operation::{
     baseline_for, carried, clear_awaits_rollout, delivery_hold, operation_ran, requested,
-    rollout_pending_mark, Hold, OPERATION_BASELINE_ANNOTATION,
+    rollout_of, Hold, OPERATION_BASELINE_ANNOTATION,
 };
 use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
@@ -206,11 +206,12 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
     let existing = ctx
         .works
         .get(&ObjectRef::new(&work_name).within(&target.cluster));
-    let mark = rollout_pending_mark(&app, ctx.appset_of(&app).as_deref());
+    let rollout = rollout_of(&app, ctx.appset_of(&app).as_deref());
     if operation_ran(&app, existing.as_deref()) {
+        let mark = rollout.as_ref().and_then(|r| r.pending());
         if existing
             .as_deref()
-            .is_some_and(|w| clear_awaits_rollout(w, mark.as_ref()))
+            .is_some_and(|w| clear_awaits_rollout(w, mark))
         {
             // The ApplicationSet's next change (the Pending mark gone) brings it back here.
             tracing::debug!(app = %app_key(&app), "operation ran on the spoke; cleared once its ApplicationSet has taken the run");
@@ -220,7 +221,12 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
         ctx.clear_operation(&app).await?;
         return Ok(Action::await_change());
     }
-    let hold = delivery_hold(&app, existing.as_deref(), mark.as_ref(), chrono::Utc::now());
+    let hold = delivery_hold(
+        &app,
+        existing.as_deref(),
+        rollout.as_ref(),
+        chrono::Utc::now(),
+    );
     let mut sent = app.clone();
     if let Some(hold) = &hold {
         // The work keeps what it carried; the rest of the Application goes out as usual.
@@ -264,7 +270,7 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
     Ok(match hold {
         Some(Hold::For(delay)) => Action::requeue(delay),
         // The feedback, the hub Application or the ApplicationSet changes first.
-        Some(Hold::Revision) | None => Action::await_change(),
+        Some(Hold::Revision | Hold::Waiting) | None => Action::await_change(),
     })
 }
 
