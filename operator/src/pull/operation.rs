@@ -19,8 +19,9 @@
 //! mark is for the revision the spoke compared against and no earlier than the second after it
 //! ([`delivery_hold`]: the pull model can deliver within the same second, and such a sync would
 //! not count); the controller's operation of an Application it has set back to Waiting (it stays
-//! on the hub Application) waits for the next mark; and once it has run it is cleared only after the ApplicationSet has taken the run
-//! (the mark gone, [`clear_awaits_rollout`]), so that the controller does not request it again.
+//! on the hub Application) waits for the next mark; and once it has run it is cleared only after
+//! the ApplicationSet has taken the run (the mark gone, [`clear_awaits_rollout`]), so that the
+//! controller does not request it again.
 //! Argo CD's own application controller clears `.operation` when the sync ends, whatever the
 //! ApplicationSet shows, and can run such a sync twice. (The controller also requires the
 //! Application's `status.reconciledAt`, if set, to be later than the mark; the hub's Argo CD
