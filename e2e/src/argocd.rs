@@ -212,6 +212,8 @@ impl ArgoCd {
     /// Starts the ApplicationSet controller on `plane` for ApplicationSets in `namespace` (Argo
     /// CD's objects prepared there as for the other components; the multi-call binary run under
     /// that name); waits until its metrics server answers. No repo-server: list generators need none.
+    /// Progressive syncs are enabled (`--enable-progressive-syncs`), so a `RollingSync` strategy is
+    /// honoured; an ApplicationSet without one behaves as without the flag.
     pub async fn start_applicationset_controller(
         name: &str,
         dir: &Path,
@@ -237,6 +239,7 @@ impl ArgoCd {
         .env("KUBECONFIG", &plane.kubeconfig)
         .arg(format!("--kubeconfig={}", plane.kubeconfig.display()))
         .arg(format!("--namespace={namespace}"))
+        .arg("--enable-progressive-syncs")
         .args(["--loglevel", "info", "--logformat", "text"])
         .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
         .arg(format!("--probe-addr=127.0.0.1:{}", free_port()))

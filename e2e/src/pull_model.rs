@@ -5,7 +5,9 @@
 //! they do in `argocd-principal` by default: through an informer of every Application and its
 //! fanout (`ApplicationSource::Informer`), not through a watch of their own. They ask the work
 //! agents for `status.resources` too (the principal's `--operator-pull-resource-feedback`; the
-//! klusterlets of `e2e::ocm` run with the feature gate that needs).
+//! klusterlets of `e2e::ocm` run with the feature gate that needs). Argo CD's real ApplicationSet
+//! controller for [`ARGOCD_NAMESPACE`] is shared the same way ([`shared_applicationset_controller`]):
+//! two in one namespace would both reconcile every ApplicationSet there.
 
 use std::time::Duration;
 
@@ -19,6 +21,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
 
+use crate::argocd::ArgoCd;
 use crate::gateway::ensure_namespace;
 use crate::shared::SharedPlanes;
 use crate::wait::wait_until;
@@ -27,6 +30,23 @@ use crate::wait::wait_until;
 pub const ARGOCD_NAMESPACE: &str = "argocd-pull";
 
 static STARTED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+/// Argo CD's ApplicationSet controller for the hub's [`ARGOCD_NAMESPACE`] (progressive syncs
+/// enabled), started on first use and running as long as the test binary.
+pub async fn shared_applicationset_controller(
+    planes: &'static SharedPlanes,
+) -> anyhow::Result<&'static ArgoCd> {
+    static CONTROLLER: tokio::sync::OnceCell<ArgoCd> = tokio::sync::OnceCell::const_new();
+    CONTROLLER
+        .get_or_try_init(|| async {
+            let hub = planes.hub.client().await?;
+            ensure_namespace(&hub, ARGOCD_NAMESPACE).await?;
+            let dir = planes.hub.dir().join("pull-model");
+            ArgoCd::start_applicationset_controller("pull", &dir, &planes.hub, ARGOCD_NAMESPACE)
+                .await
+        })
+        .await
+}
 
 /// Installs the report CRD on `planes`' hub and starts the pull-model controllers against it, on a
 /// runtime of their own that lives as long as the test binary (a test's runtime ends with the

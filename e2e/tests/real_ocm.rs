@@ -10,7 +10,9 @@
 //! ApplicationSet over an OCM Placement (Argo CD's real ApplicationSet controller, the
 //! `clusterDecisionResource` generator as upstream documents it) pulled to two clusters, each
 //! synced by its own Argo CD, and its MulticlusterApplicationSetReport filled from the work
-//! agents' feedback (per-cluster operation, revision, sync and health, and the resources). And the
+//! agents' feedback (per-cluster operation, revision, sync and health, and the resources); and one
+//! with a two-step `RollingSync` (the controller's progressive syncs on), each step's sync carried
+//! to its spoke by the pull model, the second only once the first is Healthy. And the
 //! manifest-wrapping plugin (`charts/cmp/plugin.yaml`, `argocd-agentctl wrap`) run by Argo CD's
 //! real argocd-cmp-server beside the hub's repo-server: the hub's Argo CD applies the ManifestWork
 //! it renders, the work agent delivers it to a spoke without Argo CD. Tests write
@@ -20,8 +22,12 @@
 //! Argo CD's.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use argocd_agent_kube::argocd::{
+    Application, ApplicationSet, ApplicationSetApplicationStatus, StatusOf,
+};
 use argocd_agent_operator::pull::application::{
     APP_NAMESPACE_ANNOTATION, CLUSTER_ANNOTATION, PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
 };
@@ -40,10 +46,12 @@ use e2e::ocm::{
 use e2e::process::print_log_tail;
 use e2e::scenario::{demo_application, sync_state, wait_greeting, SYNC_WAIT};
 use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
+use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::{json, Value};
 
 /// A join takes a few seconds (CSR round trip, then the first health check); generous for a
@@ -877,6 +885,205 @@ fn spoke_resources(spoke_app: &Value) -> Vec<(String, String, String, String)> {
     refs
 }
 
+/// What the ApplicationSet tests stand on, all real: two managed clusters joined through the
+/// registration flow, one per spoke plane, each with its own Argo CD; a Placement in the hub's Argo
+/// CD namespace deciding both (by a label unique to the test); the `clusterDecisionResource`
+/// generator's ConfigMap; both clusters registered with the hub Argo CD by the pull model; the
+/// binary's ApplicationSet controller; the Git server with the demo app. Built in the order
+/// upstream's instructions apply it: the Placement decided before the ApplicationSet exists (Argo
+/// CD's controller retries a generator that found no PlacementDecision only after 3 minutes).
+struct PlacedSites {
+    /// Kept for its drop, which names the test's files when it fails.
+    _ctx: TestContext,
+    logs: FailureLogs,
+    hub: kube::Client,
+    git: GitServer,
+    /// `(cluster, its spoke plane)`, in spoke order.
+    sites: Vec<(String, &'static e2e::ControlPlane)>,
+    _klusterlets: Vec<Klusterlet>,
+    argocds: Vec<ArgoCd>,
+    appset_controller: &'static ArgoCd,
+    /// The ManagedCluster label the Placement selects by.
+    label: (&'static str, String),
+    /// Argo CD's namespace on the spokes.
+    spoke_ns: String,
+    /// Where the demo app deploys on the spokes.
+    dest: String,
+    /// The ApplicationSet's name, the suffix of each generated Application's.
+    set: String,
+    /// The Placement deciding both clusters.
+    placement: String,
+}
+
+impl PlacedSites {
+    async fn start(name: &str) -> anyhow::Result<PlacedSites> {
+        let (planes, ocm_hub) = ocm().await;
+        e2e::pull_model::start_controllers(planes).await?;
+        let appset_controller = e2e::pull_model::shared_applicationset_controller(planes).await?;
+        let mut logs = FailureLogs::new(ocm_hub);
+        let ctx = TestContext::new(name)?;
+        let hub = planes.hub.client().await?;
+        let ns = e2e::pull_model::ARGOCD_NAMESPACE;
+        let label = ("e2e.argocd-agent.io/appset", ctx.suffix.clone());
+        let (spoke_ns, dest, set) = (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("demo"));
+        let git = GitServer::start(&ctx.unique("git"))?;
+        git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
+
+        let mut klusterlets = Vec::new();
+        let mut argocds = Vec::new();
+        let mut sites = Vec::new();
+        for (i, spoke) in planes.spokes.iter().enumerate() {
+            let cluster = ctx.unique(&format!("set{i}"));
+            let options = KlusterletOptions {
+                labels: vec![(label.0.to_string(), label.1.clone())],
+                ..Default::default()
+            };
+            let klusterlet =
+                Klusterlet::start_with(&cluster, spoke, &planes.hub, &ctx.dir, &options).await?;
+            logs.watch(&klusterlet);
+            klusterlets.push(klusterlet);
+            let instance = format!("{}-{i}", ctx.suffix);
+            argocds.push(ArgoCd::start_spoke(&instance, &ctx.dir, spoke, &spoke_ns, &[]).await?);
+            ensure_namespace(&spoke.client().await?, &dest).await?;
+            sites.push((cluster, spoke));
+        }
+        for (cluster, _) in &sites {
+            wait_cluster_available(&hub, cluster, JOIN_WAIT).await?;
+        }
+
+        // What a user writes on the hub, as upstream documents it: the generator's ConfigMap and
+        // a Placement in the Argo CD namespace.
+        let cms: Api<ConfigMap> = Api::namespaced(hub.clone(), ns);
+        let generator = serde_json::from_value(json!({
+            "metadata": {"name": PLACEMENT_GENERATOR},
+            "data": {"apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                     "kind": "placementdecisions", "statusListKey": "decisions",
+                     "matchKey": "clusterName"},
+        }))?;
+        match cms.create(&PostParams::default(), &generator).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        let placement = ctx.unique("sites");
+        create_label_placement(&hub, ns, &placement, (label.0, &label.1)).await?;
+        let decisions: Api<DynamicObject> =
+            Api::namespaced_with(hub.clone(), ns, &placement_decision_resource());
+        let cluster_secrets: Api<Secret> = Api::namespaced(hub.clone(), ns);
+        let mut clusters_wanted: Vec<String> = sites.iter().map(|(c, _)| c.clone()).collect();
+        clusters_wanted.sort();
+        wait_until(
+            "the Placement deciding both clusters, each with its cluster Secret",
+            REACT_WAIT,
+            || async {
+                let selector = format!("{PLACEMENT_LABEL}={placement}");
+                let listed = decisions
+                    .list(&ListParams::default().labels(&selector))
+                    .await?;
+                let mut decided: Vec<String> =
+                    listed.items.iter().flat_map(decision_clusters).collect();
+                decided.sort();
+                let mut registered = true;
+                for cluster in &clusters_wanted {
+                    registered &= cluster_secrets
+                        .get_opt(&cluster_secret_name(cluster))
+                        .await?
+                        .is_some();
+                }
+                Ok::<_, kube::Error>((decided == clusters_wanted && registered).then_some(()))
+            },
+        )
+        .await?;
+        Ok(PlacedSites {
+            _ctx: ctx,
+            logs,
+            hub,
+            git,
+            sites,
+            _klusterlets: klusterlets,
+            argocds,
+            appset_controller,
+            label,
+            spoke_ns,
+            dest,
+            set,
+            placement,
+        })
+    }
+
+    /// The tails of the spokes' Argo CD and the ApplicationSet controller logs.
+    fn argocd_logs(&self) -> String {
+        self.argocds
+            .iter()
+            .chain([self.appset_controller])
+            .map(|a| a.log_tails(20))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The hub Application generated for `cluster`.
+    fn app_name(&self, cluster: &str) -> String {
+        format!("{cluster}-{}", self.set)
+    }
+
+    fn hub_apps(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.hub.clone(),
+            e2e::pull_model::ARGOCD_NAMESPACE,
+            &application_resource(),
+        )
+    }
+
+    fn appsets(&self) -> Api<ApplicationSet> {
+        Api::namespaced(self.hub.clone(), e2e::pull_model::ARGOCD_NAMESPACE)
+    }
+
+    /// The ApplicationSet over the Placement, whose template opts into the pull model with the
+    /// cluster's name (the demo app, automated sync) as `customize` leaves it, with the given
+    /// `spec.strategy`.
+    fn applicationset(
+        &self,
+        customize: impl FnOnce(&mut DynamicObject),
+        strategy: Option<Value>,
+    ) -> anyhow::Result<ApplicationSet> {
+        let ns = e2e::pull_model::ARGOCD_NAMESPACE;
+        let mut template = pulled_demo_application(
+            ns,
+            &self.git.url("apps"),
+            "{{name}}",
+            &self.spoke_ns,
+            &self.dest,
+        );
+        template.metadata.name = Some(format!("{{{{name}}}}-{}", self.set));
+        template.metadata.namespace = None;
+        customize(&mut template);
+        let template = serde_json::to_value(template)?;
+        let mut spec = template["spec"].clone();
+        spec["destination"] =
+            json!({"server": "https://kubernetes.default.svc", "namespace": self.dest});
+        let mut appset_spec = json!({
+            "generators": [{"clusterDecisionResource": {
+                "configMapRef": PLACEMENT_GENERATOR,
+                "labelSelector": {"matchLabels": {PLACEMENT_LABEL: self.placement}},
+                "requeueAfterSeconds": 5,
+            }}],
+            "template": {"metadata": template["metadata"], "spec": spec},
+        });
+        if let Some(strategy) = strategy {
+            appset_spec["strategy"] = strategy;
+        }
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet",
+            "metadata": {"name": self.set, "namespace": ns},
+            "spec": appset_spec,
+        }))?)
+    }
+
+    fn passed(self) {
+        self.logs.passed();
+    }
+}
+
 /// What upstream documents for the pull model with ApplicationSets, all real: an ApplicationSet
 /// whose `clusterDecisionResource` generator reads an OCM Placement (argocd-pull-integration's
 /// `ocm-placement-generator` duck type) makes Argo CD's real ApplicationSet controller generate one
@@ -890,143 +1097,24 @@ fn spoke_resources(spoke_app: &Value) -> Vec<(String, String, String, String)> {
 #[tokio::test]
 async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_and_reported_per_cluster(
 ) -> anyhow::Result<()> {
-    let (planes, ocm_hub) = ocm().await;
-    e2e::pull_model::start_controllers(planes).await?;
-    let mut logs = FailureLogs::new(ocm_hub);
-    let ctx = TestContext::new("ocm-appset")?;
-    let hub = planes.hub.client().await?;
+    let ground = PlacedSites::start("ocm-appset").await?;
+    let (hub, sites, set) = (&ground.hub, &ground.sites, &ground.set);
+    let (spoke_ns, dest, label) = (&ground.spoke_ns, &ground.dest, &ground.label);
     let ns = e2e::pull_model::ARGOCD_NAMESPACE;
-    let label = ("e2e.argocd-agent.io/appset", ctx.suffix.as_str());
-    let (spoke_ns, dest, set) = (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("demo"));
-    let git = GitServer::start(&ctx.unique("git"))?;
-    git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
-
-    // Two managed clusters, one per spoke plane, each with its own Argo CD.
-    let mut klusterlets = Vec::new();
-    let mut argocds = Vec::new();
-    let mut sites: Vec<(String, &e2e::ControlPlane)> = Vec::new();
-    for (i, spoke) in planes.spokes.iter().enumerate() {
-        let cluster = ctx.unique(&format!("set{i}"));
-        let options = KlusterletOptions {
-            labels: vec![(label.0.to_string(), label.1.to_string())],
-            ..Default::default()
-        };
-        let klusterlet =
-            Klusterlet::start_with(&cluster, spoke, &planes.hub, &ctx.dir, &options).await?;
-        logs.watch(&klusterlet);
-        klusterlets.push(klusterlet);
-        argocds.push(
-            ArgoCd::start_spoke(
-                &format!("{}-{i}", ctx.suffix),
-                &ctx.dir,
-                spoke,
-                &spoke_ns,
-                &[],
-            )
-            .await?,
-        );
-        ensure_namespace(&spoke.client().await?, &dest).await?;
-        sites.push((cluster, spoke));
-    }
-    for (cluster, _) in &sites {
-        wait_cluster_available(&hub, cluster, JOIN_WAIT).await?;
-    }
-    let appset_controller =
-        ArgoCd::start_applicationset_controller(&ctx.suffix, &ctx.dir, &planes.hub, ns).await?;
-    let argocd_logs = || {
-        argocds
-            .iter()
-            .chain([&appset_controller])
-            .map(|a| a.log_tails(20))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-
-    // What a user writes on the hub, as upstream documents it: the generator's ConfigMap, a
-    // Placement in the Argo CD namespace, and the ApplicationSet whose template opts into the
-    // pull model with the cluster's name.
-    let cms: Api<ConfigMap> = Api::namespaced(hub.clone(), ns);
-    let generator = serde_json::from_value(json!({
-        "metadata": {"name": PLACEMENT_GENERATOR},
-        "data": {"apiVersion": "cluster.open-cluster-management.io/v1beta1",
-                 "kind": "placementdecisions", "statusListKey": "decisions",
-                 "matchKey": "clusterName"},
-    }))?;
-    match cms.create(&PostParams::default(), &generator).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(e.into()),
-    }
-    let placement = ctx.unique("sites");
-    create_label_placement(&hub, ns, &placement, label).await?;
-    // In the order upstream's instructions apply them: the Placement decided (and both clusters
-    // registered with the hub Argo CD by the pull model) before the ApplicationSet exists. Argo
-    // CD's controller retries a generator that finds no PlacementDecision only after 3 minutes.
-    let decisions: Api<DynamicObject> =
-        Api::namespaced_with(hub.clone(), ns, &placement_decision_resource());
-    let cluster_secrets: Api<Secret> = Api::namespaced(hub.clone(), ns);
-    let mut clusters_wanted: Vec<String> = sites.iter().map(|(c, _)| c.clone()).collect();
-    clusters_wanted.sort();
-    wait_until(
-        "the Placement deciding both clusters, each with its cluster Secret",
-        REACT_WAIT,
-        || async {
-            let selector = format!("{PLACEMENT_LABEL}={placement}");
-            let listed = decisions
-                .list(&ListParams::default().labels(&selector))
-                .await?;
-            let mut decided: Vec<String> =
-                listed.items.iter().flat_map(decision_clusters).collect();
-            decided.sort();
-            let mut registered = true;
-            for cluster in &clusters_wanted {
-                registered &= cluster_secrets
-                    .get_opt(&cluster_secret_name(cluster))
-                    .await?
-                    .is_some();
-            }
-            Ok::<_, kube::Error>((decided == clusters_wanted && registered).then_some(()))
-        },
-    )
-    .await?;
-    let mut template = pulled_demo_application(ns, &git.url("apps"), "{{name}}", &spoke_ns, &dest);
-    template.metadata.name = Some(format!("{{{{name}}}}-{set}"));
-    template.metadata.namespace = None;
-    let template = serde_json::to_value(template)?;
-    let mut spec = template["spec"].clone();
-    spec["destination"] = json!({"server": "https://kubernetes.default.svc", "namespace": dest});
-    let appsets: Api<DynamicObject> = Api::namespaced_with(
-        hub.clone(),
-        ns,
-        &kube::core::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "ApplicationSet"),
-            "applicationsets",
-        ),
-    );
+    let argocd_logs = || ground.argocd_logs();
+    let appsets = ground.appsets();
     let started = Instant::now();
     appsets
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet",
-                "metadata": {"name": set, "namespace": ns},
-                "spec": {
-                    "generators": [{"clusterDecisionResource": {
-                        "configMapRef": PLACEMENT_GENERATOR,
-                        "labelSelector": {"matchLabels": {PLACEMENT_LABEL: placement}},
-                        "requeueAfterSeconds": 5,
-                    }}],
-                    "template": {"metadata": template["metadata"], "spec": spec},
-                },
-            }))?,
+            &ground.applicationset(|_| {}, None)?,
         )
         .await?;
 
     // The real controller generates one Application per decided cluster; each reaches its spoke
     // and is synced there.
-    let hub_apps: Api<DynamicObject> =
-        Api::namespaced_with(hub.clone(), ns, &application_resource());
-    for (cluster, spoke) in &sites {
+    let hub_apps = ground.hub_apps();
+    for (cluster, spoke) in sites {
         let name = format!("{cluster}-{set}");
         let generated = wait_until(
             &format!("the ApplicationSet controller to generate {name}"),
@@ -1043,10 +1131,10 @@ async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_an
         assert!(
             owners
                 .iter()
-                .any(|o| o.kind == "ApplicationSet" && o.name == set),
+                .any(|o| o.kind == "ApplicationSet" && o.name == *set),
             "{name} is the ApplicationSet's: {owners:?}"
         );
-        wait_greeting(spoke, &dest, "v1")
+        wait_greeting(spoke, dest, "v1")
             .await
             .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
     }
@@ -1134,14 +1222,14 @@ async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_an
     for kind in ["ConfigMap", "Secret", "ServiceAccount"] {
         assert!(kinds.contains(&kind), "{kind} in {kinds:?}");
     }
-    assert!(statuses.resources.iter().all(|r| r.namespace == dest));
+    assert!(statuses.resources.iter().all(|r| r.namespace == *dest));
     let revision = &statuses.cluster_conditions[0].sync_revision;
     assert_eq!(revision.len(), 40, "a Git commit: {revision}");
     assert_eq!(statuses.summary.not_synced, "0");
     assert_eq!(statuses.summary.in_progress, "0");
     // The hub Applications carry the spoke's resources too (the work agent's feedback).
     let hub_app = serde_json::to_value(hub_apps.get(&format!("{}-{set}", sites[0].0)).await?)?;
-    let spoke_app = &spoke_applications(&sites[..1], &spoke_ns, &set).await?[0].1;
+    let spoke_app = &spoke_applications(&sites[..1], spoke_ns, set).await?[0].1;
     assert_eq!(spoke_resources(&hub_app), spoke_resources(spoke_app));
 
     // The second cluster leaves the Placement: the ApplicationSet controller deletes its
@@ -1171,17 +1259,361 @@ async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_an
     .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
 
     // Deleting the ApplicationSet deletes its report.
-    appsets.delete(&set, &DeleteParams::default()).await?;
+    appsets.delete(set, &DeleteParams::default()).await?;
     wait_until(
         "the report deleted with its ApplicationSet",
         REACT_WAIT,
-        || async { Ok::<_, kube::Error>(reports.get_opt(&set).await?.is_none().then_some(())) },
+        || async { Ok::<_, kube::Error>(reports.get_opt(set).await?.is_none().then_some(())) },
     )
     .await?;
     let _ = hub_apps
         .delete(&format!("{}-{set}", sites[0].0), &DeleteParams::default())
         .await;
-    logs.passed();
+    ground.passed();
+    Ok(())
+}
+
+/// Label of the RollingSync test's generated Applications naming their cluster; each step selects
+/// one cluster's Application by it.
+const STEP_LABEL: &str = "e2e.argocd-agent.io/rollout-cluster";
+
+/// Two steps, each a sync through the pull model after the previous step is Healthy.
+const ROLLOUT_WAIT: Duration = Duration::from_secs(2 * SYNC_WAIT.as_secs());
+
+/// Every distinct value `read` takes from the objects a watch of `api` sends, in order, from
+/// before they exist (each object's versions as the apiserver sends them).
+struct Recorded<T> {
+    values: Arc<Mutex<Vec<T>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<T: Clone + PartialEq + Send + 'static> Recorded<T> {
+    fn watch<K>(
+        api: Api<K>,
+        config: watcher::Config,
+        read: impl Fn(K) -> T + Send + 'static,
+    ) -> Recorded<T>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let values = Arc::new(Mutex::new(Vec::new()));
+        let seen = values.clone();
+        let task = tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher::watcher(api, config)
+                .default_backoff()
+                .applied_objects());
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(object) => {
+                        let value = read(object);
+                        let mut seen = seen.lock().expect("record lock");
+                        if seen.last() != Some(&value) {
+                            seen.push(value);
+                        }
+                    }
+                    Err(e) => eprintln!("[ocm] watch: {e}"),
+                }
+            }
+        });
+        Recorded { values, task }
+    }
+
+    fn values(&self) -> Vec<T> {
+        self.values.lock().expect("record lock").clone()
+    }
+}
+
+impl<T> Drop for Recorded<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Every version of an ApplicationSet's `status.applicationStatus` that the apiserver sends a
+/// watch, from before the ApplicationSet exists: what the controller wrote, in order.
+struct Progression(Recorded<Vec<ApplicationSetApplicationStatus>>);
+
+impl Progression {
+    fn watch(api: Api<ApplicationSet>, name: &str) -> Progression {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        Progression(Recorded::watch(api, config, |set: ApplicationSet| {
+            set.status.map(|s| s.application_status).unwrap_or_default()
+        }))
+    }
+
+    fn versions(&self) -> Vec<Vec<ApplicationSetApplicationStatus>> {
+        self.0.values()
+    }
+
+    /// The statuses `app` went through, repeats folded.
+    fn path(&self, app: &str) -> Vec<String> {
+        fold_repeats(self.versions().iter().filter_map(|version| {
+            let entry = version.iter().find(|e| e.application == app)?;
+            Some(entry.status.clone())
+        }))
+    }
+
+    /// Every version, one line each: `app=status(step) since: message` per Application.
+    fn summary(&self) -> String {
+        self.versions()
+            .iter()
+            .map(|v| {
+                v.iter()
+                    .map(|e| {
+                        let at = e.last_transition_time.as_deref().unwrap_or_default();
+                        format!(
+                            "{}={}({}) {at} {:?}: {}",
+                            e.application, e.status, e.step, e.target_revisions, e.message
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// `values` with consecutive repeats folded into one.
+fn fold_repeats(values: impl Iterator<Item = String>) -> Vec<String> {
+    let mut path: Vec<String> = Vec::new();
+    for value in values {
+        if path.last() != Some(&value) {
+            path.push(value);
+        }
+    }
+    path
+}
+
+/// A time Argo CD wrote (Go's `metav1.Time`: RFC 3339 in UTC to the second), checked to be of that
+/// form so that comparing two as strings compares the times.
+fn go_time(written: Option<&str>) -> String {
+    let t = written.unwrap_or_default();
+    assert!(
+        t.len() == 20 && t.ends_with('Z') && t.as_bytes()[10] == b'T',
+        "not a metav1.Time: {t:?}"
+    );
+    t.to_string()
+}
+
+/// Argo CD's progressive sync (ApplicationSet `RollingSync`) over the pull model, all real: an
+/// ApplicationSet over the Placement with two steps, each selecting one cluster's Application by a
+/// label, run by the ApplicationSet controller with progressive syncs enabled. The controller
+/// requests a sync (`.operation`) of the generated Applications step by step;
+/// the pull model carries it to the spoke, whose Argo CD runs it, and brings the spoke's operation,
+/// sync and health back to the hub Application, from which the controller moves on. Asserted from
+/// the controller's own writes (every version of `status.applicationStatus`, watched): each
+/// Application is Pending (its sync requested), then Progressing, then Healthy, and the second
+/// step's leaves Waiting only once the first's is Healthy; from the hub Applications' health (a
+/// watch): each Progressing before Healthy; and from the spokes: each ran exactly one
+/// sync, the controller's, the second cluster's starting after the first's Application became
+/// Healthy, and the hub Applications show those syncs with their operation cleared.
+#[tokio::test]
+async fn rolling_sync_applicationset_over_the_pull_model_syncs_a_step_only_once_the_previous_is_healthy(
+) -> anyhow::Result<()> {
+    let ground = PlacedSites::start("ocm-rolling").await?;
+    let argocd_logs = || ground.argocd_logs();
+    let clusters: Vec<&str> = ground.sites.iter().map(|(c, _)| c.as_str()).collect();
+    let apps: Vec<String> = clusters.iter().map(|c| ground.app_name(c)).collect();
+    let steps: Vec<Value> = clusters
+        .iter()
+        .map(
+            |c| json!({"matchExpressions": [{"key": STEP_LABEL, "operator": "In", "values": [c]}]}),
+        )
+        .collect();
+    let strategy = json!({"type": "RollingSync", "rollingSync": {"steps": steps}});
+    // No automated sync in the template: Argo CD v3.4.3 turns it off in the Applications it
+    // writes but compares them with the template's spec, so with it every reconciliation finds
+    // the spec changed and sets the Application back to Waiting (Pending → Progressing never
+    // happens; the step is Healthy only once a sync it requested happened to finish).
+    let template = |app: &mut DynamicObject| {
+        app.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(STEP_LABEL.to_string(), "{{name}}".to_string());
+        app.data["spec"]["syncPolicy"] =
+            json!({"syncOptions": ["PrunePropagationPolicy=background"]});
+    };
+    let appsets = ground.appsets();
+    let progression = Progression::watch(appsets.clone(), &ground.set);
+    // The generated hub Applications as the ApplicationSet controller and the pull model write
+    // them: `(name, health, "sync revision operation? startedAt")`.
+    let hub_states = Recorded::watch(
+        Api::<Application>::namespaced(ground.hub.clone(), e2e::pull_model::ARGOCD_NAMESPACE),
+        watcher::Config::default().labels(STEP_LABEL),
+        |app: Application| {
+            let status = app.status.unwrap_or_default();
+            let word = |of: Option<StatusOf>| of.and_then(|o| o.status).unwrap_or_default();
+            let sync = status.sync.clone();
+            let revision = sync.as_ref().and_then(|s| s.other.get("revision").cloned());
+            let started = status.operation_state.and_then(|o| o.started_at);
+            let rest = format!(
+                "{} {} operation={} started={}",
+                word(sync),
+                revision.unwrap_or_default(),
+                app.operation.is_some(),
+                started.unwrap_or_default()
+            );
+            (
+                app.metadata.name.unwrap_or_default(),
+                word(status.health),
+                rest,
+            )
+        },
+    );
+    let started = Instant::now();
+    appsets
+        .create(
+            &PostParams::default(),
+            &ground.applicationset(template, Some(strategy))?,
+        )
+        .await?;
+    let timeline = || {
+        let hub = hub_states
+            .values()
+            .iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>();
+        format!(
+            "ApplicationSet progression:\n{}\nhub Applications:\n{}",
+            progression.summary(),
+            hub.join("\n")
+        )
+    };
+    let failed = |e: anyhow::Error| anyhow::anyhow!("{e}\n{}\n{}", timeline(), argocd_logs());
+    let rolled_out = wait_until(
+        "the ApplicationSet controller to roll both steps out to Healthy",
+        ROLLOUT_WAIT,
+        || async {
+            let set = appsets.get(&ground.set).await?;
+            let done = apps.iter().all(|a| {
+                set.application_status(a)
+                    .is_some_and(|s| s.status == "Healthy")
+            });
+            Ok::<_, kube::Error>(done.then_some(set))
+        },
+    )
+    .await
+    .map_err(failed)?;
+    eprintln!(
+        "[ocm] RollingSync rolled out to {} clusters in {:.1?}; progression:\n{}",
+        apps.len(),
+        started.elapsed(),
+        progression.summary()
+    );
+
+    // The controller's own record: each step's Application was last Pending (the controller
+    // requested its sync: the hub Application's revision is settled by then, or it would have been
+    // set back to Waiting), then Progressing (it saw the sync start; the pull model reports a
+    // Healthy Application Progressing first) and Healthy; the second left Waiting only once the
+    // first was Healthy.
+    for (i, app) in apps.iter().enumerate() {
+        let entry = rolled_out.application_status(app).expect("rolled out");
+        assert_eq!(entry.step, (i + 1).to_string(), "{app}'s step");
+        let path = progression.path(app);
+        let from_pending = path.iter().rposition(|s| s == "Pending");
+        let rest: Option<Vec<&str>> =
+            from_pending.map(|p| path[p + 1..].iter().map(String::as_str).collect());
+        assert_eq!(
+            rest.as_deref(),
+            Some(&["Progressing", "Healthy"][..]),
+            "{app} went {path:?}"
+        );
+    }
+    // As upstream reports it: the hub Application Progressing before it is Healthy.
+    let health_paths = wait_until("the hub Applications' Healthy seen", REACT_WAIT, || async {
+        let paths: Vec<Vec<String>> = apps
+            .iter()
+            .map(|app| {
+                let health = hub_states.values().into_iter().filter(|(a, ..)| a == app);
+                fold_repeats(health.map(|(_, h, _)| h))
+            })
+            .collect();
+        let seen = paths.iter().all(|p| p.iter().any(|h| h == "Healthy"));
+        Ok::<_, anyhow::Error>(seen.then_some(paths))
+    })
+    .await?;
+    eprintln!("[ocm] hub Applications' health: {health_paths:?}");
+    for (app, path) in apps.iter().zip(health_paths) {
+        let healthy = path.iter().position(|h| h == "Healthy");
+        assert!(
+            healthy.is_some_and(|i| i > 0 && path[i - 1] == "Progressing"),
+            "{app}'s hub Application health went {path:?}"
+        );
+    }
+    for version in progression.versions() {
+        let status = |app: &str| {
+            version
+                .iter()
+                .find(|e| e.application == app)
+                .map(|e| e.status.as_str())
+        };
+        if status(&apps[1]).is_some_and(|s| s != "Waiting") {
+            assert_eq!(
+                status(&apps[0]),
+                Some("Healthy"),
+                "step 2 moved before step 1 was Healthy:\n{}",
+                progression.summary()
+            );
+        }
+    }
+
+    // The spokes: each ran exactly one sync, the one the controller requested, the second after the first step's Application was Healthy;
+    // the hub shows each sync, its `.operation` cleared by the pull model.
+    let hub_apps = ground.hub_apps();
+    let spoke_apps = wait_until(
+        "the hub Applications to show their spoke's sync with the operation cleared",
+        SYNC_WAIT,
+        || async {
+            let spoke_apps =
+                spoke_applications(&ground.sites, &ground.spoke_ns, &ground.set).await?;
+            let mut done = spoke_apps.len() == apps.len();
+            for ((_, spoke_app), app) in spoke_apps.iter().zip(&apps) {
+                let hub_app = serde_json::to_value(hub_apps.get(app).await?)?;
+                done &= hub_app.get("operation").is_none()
+                    && operation_started_at(&hub_app) == operation_started_at(spoke_app)
+                    && sync_state(&hub_app) == sync_state(spoke_app);
+            }
+            Ok::<_, anyhow::Error>(done.then_some(spoke_apps))
+        },
+    )
+    .await
+    .map_err(failed)?;
+    for (_, spoke_app) in &spoke_apps {
+        let name = spoke_app
+            .pointer("/metadata/name")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            spoke_app.pointer("/status/operationState/operation/initiatedBy/username"),
+            Some(&json!("applicationset-controller")),
+            "{name}: the spoke's sync is the controller's"
+        );
+        assert_eq!(
+            sync_history(spoke_app).len(),
+            1,
+            "{name} synced once: {spoke_app}\n{}",
+            timeline()
+        );
+    }
+    let first_healthy = go_time(
+        rolled_out
+            .application_status(&apps[0])
+            .and_then(|e| e.last_transition_time.as_deref()),
+    );
+    let second_started = go_time(Some(&operation_started_at(&spoke_apps[1].1)));
+    assert!(
+        second_started >= first_healthy,
+        "the second cluster's sync started at {second_started}, before the first step was Healthy at {first_healthy}"
+    );
+
+    appsets
+        .delete(&ground.set, &DeleteParams::default())
+        .await?;
+    for app in &apps {
+        let _ = hub_apps.delete(app, &DeleteParams::default()).await;
+    }
+    ground.passed();
     Ok(())
 }
 

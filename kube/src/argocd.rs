@@ -271,16 +271,71 @@ pub struct OperationState {
     pub other: Other,
 }
 
-/// An Argo CD ApplicationSet. Only its metadata is read here (the pull model's report is named
-/// after it and owned by it); the rest is kept as read.
+/// An Argo CD ApplicationSet. Its metadata (the pull model's report is named after it and owned
+/// by it) and where a progressive sync is with each Application are read here; the rest is kept
+/// as read.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ApplicationSet {
     /// Standard object metadata.
     #[serde(default)]
     pub metadata: ObjectMeta,
-    /// Everything else (`apiVersion`, `kind`, `spec`, `status`, ...).
+    /// What the ApplicationSet controller observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ApplicationSetStatus>,
+    /// Everything else (`apiVersion`, `kind`, `spec`, ...).
     #[serde(flatten)]
     pub other: Other,
+}
+
+/// `ApplicationSet.status`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationSetStatus {
+    /// Per generated Application, where a progressive sync (`RollingSync`) is with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub application_status: Vec<ApplicationSetApplicationStatus>,
+    /// Everything else (`conditions`, `resources`, ...).
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// An entry of `ApplicationSet.status.applicationStatus`, written by the ApplicationSet controller
+/// when progressive syncs are enabled.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationSetApplicationStatus {
+    /// The Application's name.
+    #[serde(default)]
+    pub application: String,
+    /// `Waiting`, `Pending` (the controller asked for a sync), `Progressing`, `Healthy`.
+    #[serde(default)]
+    pub status: String,
+    /// Why it is in that status.
+    #[serde(default)]
+    pub message: String,
+    /// The RollingSync step (1-based) that selects it, `-1` for none.
+    #[serde(default)]
+    pub step: String,
+    /// When it entered that status (RFC 3339, kept as written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    /// The Application's revisions when it entered `Waiting` (a change sets it back there).
+    #[serde(default)]
+    pub target_revisions: Vec<String>,
+    /// Everything else.
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+impl ApplicationSet {
+    /// The progressive-sync entry of Application `name`, if the controller wrote one.
+    pub fn application_status(&self, name: &str) -> Option<&ApplicationSetApplicationStatus> {
+        self.status
+            .as_ref()?
+            .application_status
+            .iter()
+            .find(|s| s.application == name)
+    }
 }
 
 argoproj_resource!(ApplicationSet, "ApplicationSet", "applicationsets");

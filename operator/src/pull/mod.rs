@@ -9,7 +9,8 @@
 //! `kube::runtime::Controller` (reconcile, error policy, triggers from the other kinds it reads)
 //! over the watches all of them share ([`watches`]: one watch and store per kind):
 //! - [`propagation`]: which ManifestWork should exist for an Application, and its content (with
-//!   [`operation`]: when a hub-requested operation has run on the spoke and is cleared);
+//!   [`operation`]: when a hub-requested operation reaches the spoke, when it has run there and
+//!   is cleared, in step with an ApplicationSet's progressive sync);
 //! - [`status`]: the spoke status (ManifestWork status feedback) written into the hub Application;
 //! - [`cleanup`]: which ManifestWorks must go (Application deleted, unlabelled, retargeted, orphaned);
 //! - [`cluster_secret`]: one Argo CD cluster Secret per ManagedCluster (ApplicationSet cluster generator);
@@ -195,12 +196,20 @@ pub async fn run_pull_model_from(
         all(),
         cluster_resource,
     );
+    // Read by propagation (where an Application's rollout is) and the report.
+    let mut appsets = SharedWatch::new(
+        "ApplicationSet",
+        Api::<ApplicationSet>::all(client.clone()),
+        all(),
+        (),
+    );
     tasks.spawn(propagation::run(
         client.clone(),
         opts.clone(),
         apps.subscribe(),
         works.subscribe(),
         clusters.subscribe(),
+        appsets.subscribe(),
         signal.clone(),
     ));
     tasks.spawn(status::run(
@@ -233,12 +242,6 @@ pub async fn run_pull_model_from(
         tasks.spawn(follow(secrets, signal.clone()));
     }
     if opts.appset_report {
-        let mut appsets = SharedWatch::new(
-            "ApplicationSet",
-            Api::<ApplicationSet>::all(client.clone()),
-            all(),
-            (),
-        );
         let mut reports = SharedWatch::new(
             "ApplicationSet report",
             Api::<report::MulticlusterApplicationSetReport>::all(client.clone()),
@@ -254,9 +257,9 @@ pub async fn run_pull_model_from(
             [reports.subscribe(), reports.subscribe()],
             signal.clone(),
         ));
-        tasks.spawn(follow(appsets, signal.clone()));
         tasks.spawn(follow(reports, signal.clone()));
     }
+    tasks.spawn(follow(appsets, signal.clone()));
     if let ApplicationWatch::Own(apps) = apps {
         tasks.spawn(follow(*apps, signal.clone()));
     }

@@ -4,14 +4,16 @@
 //! Owns creating and updating ManifestWorks (server-side apply, field manager
 //! [`PROPAGATION_MANAGER`]), clearing the hub Application's `.operation` once it has run on the
 //! spoke (as upstream clears it, but only when [`super::operation`] says it ran, so it is neither
-//! lost while the cluster is offline nor withdrawn while running), and the `PullModelSpecError`
-//! condition
+//! lost while the cluster is offline nor withdrawn while running, and for an Application in an
+//! ApplicationSet's progressive sync only when delivering and clearing it fit that rollout), and
+//! the `PullModelSpecError` condition
 //! that tells the user why nothing was propagated (label without cluster annotation, unknown
 //! ManagedCluster, cluster without namespace). Deleting ManifestWorks is [`cleanup`](super::cleanup)'s.
 //!
 //! Triggers: Application changes; ManifestWork changes or deletions (drift is repaired);
 //! ManagedCluster and Namespace changes (an Application waiting for its cluster proceeds as soon
-//! as it appears). Reconciling an Application whose ManifestWork is already current makes no API
+//! as it appears); ApplicationSet changes, for its Applications that request an operation (the
+//! rollout moved on). Reconciling an Application whose ManifestWork is already current makes no API
 //! call, so the status controller's writes to the Application cost nothing here.
 
 use argocd_agent_kube::CancellationToken;
@@ -28,13 +30,16 @@ use kube::runtime::WatchStreamExt;
 use kube::ResourceExt;
 
 use super::application::{
-    conditions, managed_cluster_resource, pull_intent, set_condition, Application, PullIntent,
-    CLUSTER_ANNOTATION, SPEC_ERROR_CONDITION,
+    conditions, hosting_appset, managed_cluster_resource, pull_intent, set_condition, Application,
+    ApplicationSet, PullIntent, CLUSTER_ANNOTATION, SPEC_ERROR_CONDITION,
 };
 use super::manifestwork::{
     build_manifest_work, hub_application_of, work_is_current, BuildError, ManifestWork,
 };
-use super::operation::{baseline_for, operation_ran, requested, OPERATION_BASELINE_ANNOTATION};
+use super::operation::{
+    baseline_for, carried, clear_awaits_rollout, delivery_hold, operation_ran, requested,
+    rollout_of, Hold, OPERATION_BASELINE_ANNOTATION,
+};
 use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
 
@@ -89,9 +94,17 @@ struct Context {
     cluster_resource: ApiResource,
     works: Store<ManifestWork>,
     clusters: Store<DynamicObject>,
+    appsets: Store<ApplicationSet>,
 }
 
 impl Context {
+    /// The ApplicationSet that generated `app`, if it is in the store.
+    fn appset_of(&self, app: &Application) -> Option<Arc<ApplicationSet>> {
+        let key = hosting_appset(&app.metadata)?;
+        self.appsets
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))
+    }
+
     async fn set_spec_error(
         &self,
         app: &Application,
@@ -193,12 +206,35 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
     let existing = ctx
         .works
         .get(&ObjectRef::new(&work_name).within(&target.cluster));
+    let rollout = rollout_of(&app, ctx.appset_of(&app).as_deref());
     if operation_ran(&app, existing.as_deref()) {
+        let mark = rollout.as_ref().and_then(|r| r.pending());
+        if existing
+            .as_deref()
+            .is_some_and(|w| clear_awaits_rollout(w, mark))
+        {
+            // The ApplicationSet's next change (the Pending mark gone) brings it back here.
+            tracing::debug!(app = %app_key(&app), "operation ran on the spoke; cleared once its ApplicationSet has taken the run");
+            return Ok(Action::await_change());
+        }
         // The next reconciliation (this patch's watch event) builds the payload without it.
         ctx.clear_operation(&app).await?;
         return Ok(Action::await_change());
     }
-    if let Some(operation) = requested(&app) {
+    let hold = delivery_hold(
+        &app,
+        existing.as_deref(),
+        rollout.as_ref(),
+        chrono::Utc::now(),
+    );
+    let mut sent = app.clone();
+    if let Some(hold) = &hold {
+        // The work keeps what it carried; the rest of the Application goes out as usual.
+        tracing::debug!(app = %app_key(&app), ?hold, "operation requested by an ApplicationSet rollout held back");
+        Arc::make_mut(&mut sent).operation = existing.as_deref().and_then(carried).cloned();
+        work = build_manifest_work(&sent, &target, ctx.opts.feedback)?;
+    }
+    if let Some(operation) = requested(&sent) {
         work.metadata
             .annotations
             .get_or_insert_with(Default::default)
@@ -231,7 +267,11 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
     if has_spec_error {
         ctx.set_spec_error(&app, None).await?;
     }
-    Ok(Action::await_change())
+    Ok(match hold {
+        Some(Hold::For(delay)) => Action::requeue(delay),
+        // The feedback, the hub Application or the ApplicationSet changes first.
+        Some(Hold::Revision | Hold::Waiting) | None => Action::await_change(),
+    })
 }
 
 fn error_policy(_app: Arc<Application>, error: &PropagationError, ctx: Arc<Context>) -> Action {
@@ -261,6 +301,20 @@ fn apps_targeting(apps: &Store<Application>, cluster: &str) -> Vec<ObjectRef<App
         .collect()
 }
 
+/// Applications (in `apps`) generated by `appset` that request an operation.
+fn rollout_requests(
+    apps: &Store<Application>,
+    appset: &ApplicationSet,
+) -> Vec<ObjectRef<Application>> {
+    let key = (appset.namespace(), appset.name_any());
+    apps.state()
+        .iter()
+        .filter(|a| requested(a).is_some())
+        .filter(|a| hosting_appset(&a.metadata).is_some_and(|k| (Some(k.namespace), k.name) == key))
+        .map(|a| ObjectRef::from_obj(a.as_ref()))
+        .collect()
+}
+
 /// Runs the propagation controller until `shutdown`.
 pub async fn run(
     client: kube::Client,
@@ -268,6 +322,7 @@ pub async fn run(
     apps: Subscription<Application>,
     works: Subscription<ManifestWork>,
     clusters: Subscription<DynamicObject>,
+    appsets: Subscription<ApplicationSet>,
     shutdown: CancellationToken,
 ) -> Result<(), PullModelError> {
     let cluster_resource = managed_cluster_resource();
@@ -292,6 +347,10 @@ pub async fn run(
         move |cluster: String| apps_targeting(&apps, &cluster)
     };
     let targeting_too = targeting.clone();
+    let requesting = {
+        let apps = apps.store.clone();
+        move |appset: ApplicationSet| rollout_requests(&apps, &appset)
+    };
     // A changed or deleted work is re-checked against its Application (drift repair).
     let work_app = |w: ManifestWork| {
         hub_application_of(&w).map(|(ns, name)| ObjectRef::new(&name).within(&ns))
@@ -301,6 +360,7 @@ pub async fn run(
         apps.ready.clone(),
         works.ready.clone(),
         clusters.ready.clone(),
+        appsets.ready.clone(),
     ];
     let controller = Controller::for_stream(touched(apps.events), apps.store)
         .watches_stream(touched(works.events), work_app)
@@ -309,7 +369,8 @@ pub async fn run(
             move |c| targeting(c.name_any()),
             cluster_resource.clone(),
         )
-        .watches_stream(namespaces, move |ns| targeting_too(ns.name_any()));
+        .watches_stream(namespaces, move |ns| targeting_too(ns.name_any()))
+        .watches_stream(touched(appsets.events), requesting);
     let config = controller_config(opts.concurrency.max(1), DEBOUNCE);
     let ctx = Arc::new(Context {
         client,
@@ -317,6 +378,7 @@ pub async fn run(
         cluster_resource,
         works: works.store,
         clusters: clusters.store,
+        appsets: appsets.store,
     });
     run_controller(
         "propagation",

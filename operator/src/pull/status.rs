@@ -7,6 +7,11 @@
 //! `status.operationState`, `status.resources`), and the `ManifestWorkError` condition that says
 //! why a cluster did not apply the work or did not report all of its status. It never touches
 //! the spec or the ManifestWork.
+//!
+//! As upstream (argocd-pull-integration) writes it, for Argo CD's ApplicationSet controller
+//! (progressive syncs read the generated Applications' status): the spoke state is written only
+//! once the feedback carries both health and sync; an operation state always has a `startedAt`;
+//! and an Application that becomes Healthy is first written Progressing ([`progressing_first`]).
 
 use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
@@ -245,27 +250,69 @@ pub fn work_problem(work: &ManifestWork, feedback: &[FeedbackError]) -> Option<S
     (!parts.is_empty()).then(|| format!("ManifestWork {cluster}/{work_name}: {}", parts.join("; ")))
 }
 
+fn word(of: Option<&StatusOf>) -> Option<&str> {
+    of.and_then(|o| o.status.as_deref())
+}
+
+/// The hub Application's `status.health.status`.
+fn hub_health(app: &Application) -> Option<&str> {
+    word(app.status.as_ref().and_then(|s| s.health.as_ref()))
+}
+
+/// The health Argo CD reports while an Application's resources are still coming up.
+const PROGRESSING: &str = "Progressing";
+const HEALTHY: &str = "Healthy";
+
+/// What to write first when the spoke reports Healthy and the hub Application shows another
+/// health than Healthy or Progressing: the same, but Progressing (upstream writes it before
+/// Healthy, so the ApplicationSet controller sees the Application progress before it is Healthy;
+/// Healthy follows in a second write). `None` when no such step is due.
+pub fn progressing_first(app: &Application, spoke: &SpokeStatus) -> Option<SpokeStatus> {
+    let due = spoke.health.as_deref() == Some(HEALTHY)
+        && spoke.sync.is_some()
+        && !matches!(hub_health(app), Some(HEALTHY | PROGRESSING));
+    due.then(|| SpokeStatus {
+        health: Some(PROGRESSING.to_string()),
+        ..spoke.clone()
+    })
+}
+
 /// The merge patch that brings the hub Application up to date with the spoke, or `None` if it
 /// already is. Includes the `resourceVersion` read, so a concurrent change makes it fail (409).
+/// The spoke state is written only when the feedback carries both health and sync (as upstream:
+/// an Application with one of them missing is half reported); the condition always is. An
+/// operation phase reported without a start time keeps the hub's, or gets `now` (Argo CD's schema
+/// requires `startedAt`, and its ApplicationSet controller reads it).
 pub fn status_patch(
     app: &Application,
     spoke: &SpokeStatus,
     problem: Option<&str>,
     now: &str,
 ) -> Option<Value> {
-    let current = app.status.as_ref();
-    fn word(of: Option<&StatusOf>) -> Option<&str> {
-        of.and_then(|o| o.status.as_deref())
+    let mut status = ApplicationStatus {
+        conditions: with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now),
+        ..ApplicationStatus::default()
+    };
+    if spoke.health.is_some() && spoke.sync.is_some() {
+        spoke_state(app, spoke, now, &mut status);
     }
+    if status == ApplicationStatus::default() {
+        return None;
+    }
+    Some(json!({"metadata": {"resourceVersion": app.metadata.resource_version}, "status": status}))
+}
+
+/// Fills `status` with what of `spoke` the hub Application does not show yet.
+fn spoke_state(app: &Application, spoke: &SpokeStatus, now: &str, status: &mut ApplicationStatus) {
+    let current = app.status.as_ref();
     let status_of = |word: &str| StatusOf {
         status: Some(word.to_string()),
         ..StatusOf::default()
     };
-    let mut status = ApplicationStatus::default();
     if let Some(h) = spoke
         .health
         .as_deref()
-        .filter(|h| word(current.and_then(|c| c.health.as_ref())) != Some(h))
+        .filter(|h| hub_health(app) != Some(h))
     {
         status.health = Some(status_of(h));
     }
@@ -289,10 +336,15 @@ pub fn status_patch(
     if sync != StatusOf::default() {
         status.sync = Some(sync);
     }
-    if let (Some(phase), Some(started)) = (&spoke.operation_phase, &spoke.operation_started_at) {
+    if let Some(phase) = &spoke.operation_phase {
         let state = current.and_then(|c| c.operation_state.as_ref());
+        let started = spoke
+            .operation_started_at
+            .as_ref()
+            .or_else(|| state.and_then(|o| o.started_at.as_ref()))
+            .map_or(now, String::as_str);
         let changed = state.and_then(|o| o.phase.as_ref()) != Some(phase)
-            || state.and_then(|o| o.started_at.as_ref()) != Some(started)
+            || state.and_then(|o| o.started_at.as_deref()) != Some(started)
             || (spoke.operation_message.is_some()
                 && state.and_then(|o| o.message.as_ref()) != spoke.operation_message.as_ref());
         if changed {
@@ -301,7 +353,7 @@ pub fn status_patch(
                 // existing one.
                 operation: Some(json!({})),
                 phase: Some(phase.clone()),
-                started_at: Some(started.clone()),
+                started_at: Some(started.to_string()),
                 message: spoke.operation_message.clone(),
                 ..OperationState::default()
             });
@@ -314,11 +366,6 @@ pub fn status_patch(
     {
         status.resources = Some(resources.clone());
     }
-    status.conditions = with_condition(conditions(app), WORK_ERROR_CONDITION, problem, now);
-    if status == ApplicationStatus::default() {
-        return None;
-    }
-    Some(json!({"metadata": {"resourceVersion": app.metadata.resource_version}, "status": status}))
 }
 
 /// Errors of one status reconciliation (retried).
@@ -377,15 +424,20 @@ async fn reconcile(work: Arc<ManifestWork>, ctx: Arc<Context>) -> Result<Action,
         tracing::warn!(work = %work.name_any(), cluster = ?work.namespace(), "{p}");
     }
     let problem = work_problem(&work, &problems);
-    if let Some(patch) = status_patch(&app, &spoke, problem.as_deref(), &now_rfc3339()) {
-        let params = PatchParams {
-            field_manager: Some(STATUS_MANAGER.to_string()),
-            ..Default::default()
-        };
-        apps.patch(&name, &params, &Patch::Merge(&patch))
-            .await
-            .map_err(err)?;
-        tracing::debug!(app = %format!("{namespace}/{name}"), ?spoke, "hub Application status updated from feedback");
+    let params = PatchParams {
+        field_manager: Some(STATUS_MANAGER.to_string()),
+        ..Default::default()
+    };
+    let mut app = app;
+    // Progressing first when due, then the spoke's state as reported.
+    for spoke in progressing_first(&app, &spoke).iter().chain([&spoke]) {
+        if let Some(patch) = status_patch(&app, spoke, problem.as_deref(), &now_rfc3339()) {
+            app = apps
+                .patch(&name, &params, &Patch::Merge(&patch))
+                .await
+                .map_err(err)?;
+            tracing::debug!(app = %format!("{namespace}/{name}"), ?spoke, "hub Application status updated from feedback");
+        }
     }
     Ok(Action::await_change())
 }
@@ -488,6 +540,104 @@ mod tests {
         assert_eq!(status_patch(&current, &spoke, None, "now"), None);
     }
 
+    fn spoke(health: Option<&str>, sync: Option<&str>) -> SpokeStatus {
+        SpokeStatus {
+            health: health.map(str::to_string),
+            sync: sync.map(str::to_string),
+            sync_revision: Some("4f1c2d".into()),
+            ..SpokeStatus::default()
+        }
+    }
+
+    #[test]
+    fn the_spoke_state_is_written_only_once_both_health_and_sync_are_reported() {
+        for half in [spoke(Some("Healthy"), None), spoke(None, Some("OutOfSync"))] {
+            assert_eq!(
+                status_patch(&app(json!({})), &half, None, "now"),
+                None,
+                "{half:?}"
+            );
+        }
+        let problem = "ManifestWork cluster1/guestbook-3f2a9: not applied";
+        let patch = status_patch(
+            &app(json!({})),
+            &spoke(Some("Healthy"), None),
+            Some(problem),
+            "now",
+        )
+        .expect("the condition");
+        assert_eq!(patch["status"].get("health"), None, "{patch}");
+        assert_eq!(patch["status"]["conditions"][0]["message"], problem);
+        let patch = status_patch(
+            &app(json!({})),
+            &spoke(Some("Missing"), Some("OutOfSync")),
+            None,
+            "now",
+        )
+        .expect("both reported");
+        assert_eq!(
+            patch["status"],
+            json!({"health": {"status": "Missing"},
+                   "sync": {"status": "OutOfSync", "revision": "4f1c2d"}})
+        );
+    }
+
+    #[test]
+    fn an_operation_state_always_has_a_start_time() {
+        let mut running = spoke(Some("Progressing"), Some("OutOfSync"));
+        running.operation_phase = Some("Running".into());
+        let patch = status_patch(&app(json!({})), &running, None, "2024-05-01T10:00:07Z")
+            .expect("a change");
+        assert_eq!(
+            patch["status"]["operationState"],
+            json!({"operation": {}, "phase": "Running", "startedAt": "2024-05-01T10:00:07Z"})
+        );
+        // The hub's start time is kept while the phase changes without one.
+        let shown = app(json!({"health": {"status": "Progressing"},
+                               "sync": {"status": "OutOfSync", "revision": "4f1c2d"},
+                               "operationState": {"operation": {}, "phase": "Running",
+                                                  "startedAt": "2024-05-01T10:00:07Z"}}));
+        assert_eq!(status_patch(&shown, &running, None, "later"), None);
+        running.operation_phase = Some("Succeeded".into());
+        let patch = status_patch(&shown, &running, None, "later").expect("phase");
+        assert_eq!(
+            patch["status"]["operationState"]["startedAt"],
+            "2024-05-01T10:00:07Z"
+        );
+    }
+
+    #[test]
+    fn an_application_becoming_healthy_is_written_progressing_first() {
+        let healthy = spoke(Some("Healthy"), Some("Synced"));
+        for before in [
+            json!({}),
+            json!({"health": {"status": "Missing"}, "sync": {"status": "OutOfSync"}}),
+            json!({"health": {"status": "Degraded"}, "sync": {"status": "Synced"}}),
+        ] {
+            let first = progressing_first(&app(before.clone()), &healthy).expect("due");
+            assert_eq!(first.health.as_deref(), Some("Progressing"), "{before}");
+            assert_eq!(first.sync, healthy.sync);
+            let patch = status_patch(&app(before), &first, None, "now").expect("a change");
+            assert_eq!(patch["status"]["health"]["status"], "Progressing");
+        }
+        for before in [
+            json!({"health": {"status": "Progressing"}}),
+            json!({"health": {"status": "Healthy"}}),
+        ] {
+            assert_eq!(
+                progressing_first(&app(before.clone()), &healthy),
+                None,
+                "{before}"
+            );
+        }
+        for not_healthy in [
+            spoke(Some("Degraded"), Some("Synced")),
+            spoke(Some("Healthy"), None),
+        ] {
+            assert_eq!(progressing_first(&app(json!({})), &not_healthy), None);
+        }
+    }
+
     #[test]
     fn malformed_feedback_values_are_reported_not_written() {
         let work = work_with_feedback(
@@ -513,7 +663,7 @@ mod tests {
             problem.contains("operationStateStartedAt=\"yesterday\""),
             "{problem}"
         );
-        // Phase without a valid start time is not written (Argo CD requires startedAt).
+        // Neither health nor sync readable: only the condition is written.
         let patch =
             status_patch(&app(json!({})), &spoke, Some(&problem), "now").expect("condition");
         assert_eq!(
@@ -532,7 +682,11 @@ mod tests {
     fn resources_feedback_becomes_the_hub_applications_resources() {
         let listed = r#"[{"version":"v1","kind":"ConfigMap","namespace":"demo","name":"demo-config","status":"Synced"},{"group":"apps","version":"v1","kind":"Deployment","namespace":"demo","name":"web","status":"Synced","health":{"status":"Healthy"}}]"#;
         let work = work_with_feedback(
-            json!([string("healthStatus", "Healthy"), raw("resources", listed)]),
+            json!([
+                string("healthStatus", "Healthy"),
+                string("syncStatus", "Synced"),
+                raw("resources", listed)
+            ]),
             json!([]),
         );
         let (spoke, problems) = read_feedback(&work);
@@ -544,8 +698,10 @@ mod tests {
             patch["status"]["resources"],
             serde_json::from_str::<Value>(listed).unwrap()
         );
-        let current = app(json!({"health": {"status": "Healthy"},
-                                 "resources": serde_json::from_str::<Value>(listed).unwrap()}));
+        let current = app(
+            json!({"health": {"status": "Healthy"}, "sync": {"status": "Synced"},
+                                 "resources": serde_json::from_str::<Value>(listed).unwrap()}),
+        );
         assert_eq!(
             status_patch(&current, &spoke, None, "now"),
             None,
