@@ -77,6 +77,13 @@ pub fn operation_state(app: &Value) -> (String, String) {
     )
 }
 
+/// Whether an Application's last operation ended terminated (Argo CD's `Failed` or `Error` with
+/// a message saying so).
+pub fn operation_terminated(app: &Value) -> bool {
+    let (phase, message) = operation_state(app);
+    (phase == "Failed" || phase == "Error") && message.contains("terminated")
+}
+
 /// Waits until Application `name` in `api` is Synced and Healthy at `revision`; the error carries
 /// `logs()`.
 pub async fn wait_synced(

@@ -17,7 +17,7 @@ use e2e::gateway::{
     application, application_resource, appproject_resource, ensure_namespace, text, SOURCE_UID,
 };
 use e2e::git_server::{demo_manifests, GitServer, PRESYNC_HOOK_JOB};
-use e2e::scenario::{demo_application, operation_state, SYNC_WAIT};
+use e2e::scenario::{demo_application, operation_state, operation_terminated, SYNC_WAIT};
 use e2e::{shared_planes, wait_until};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -255,18 +255,15 @@ async fn autonomous_spoke_objects_are_mirrored_protected_and_operable_from_the_h
             &Patch::Merge(json!({"status": {"operationState": {"phase": "Terminating"}}})),
         )
         .await?;
-    let terminated = |app: &Value| {
-        let (phase, message) = operation_state(app);
-        (phase == "Failed" || phase == "Error") && message.contains("terminated")
-    };
     wait_until(
         "the spoke's and the mirror's operation to end terminated",
         SYNC_WAIT,
         || async {
             let spoke_app = get_json(&spoke_apps, &hooked).await?.unwrap_or_default();
             let mirror = get_json(&hub_apps, &hooked).await?.unwrap_or_default();
-            let done =
-                terminated(&spoke_app) && terminated(&mirror) && mirror.get("operation").is_none();
+            let done = operation_terminated(&spoke_app)
+                && operation_terminated(&mirror)
+                && mirror.get("operation").is_none();
             Ok::<_, anyhow::Error>(done.then_some(()))
         },
     )

@@ -45,8 +45,8 @@ use e2e::pod_runner::{Image, Pod, PodRunner};
 use e2e::redis::resp_exchange;
 use e2e::redis::TlsFiles;
 use e2e::scenario::{
-    demo_application, demo_config_uid, operation_state, record_demo_event, sync_state, wait_synced,
-    SYNC_WAIT,
+    demo_application, demo_config_uid, operation_state, operation_terminated, record_demo_event,
+    sync_state, wait_synced, SYNC_WAIT,
 };
 use e2e::{shared_planes, wait_until, ControlPlane, Redis, TestContext};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -877,17 +877,15 @@ async fn hub_argocd_refreshes_diffs_syncs_terminates_acts_on_and_deletes_an_app_
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
     lv.cli(&["app", "terminate-op", &app_ref]).await?;
-    let terminated = |app: &Value| {
-        let (phase, message) = operation_state(app);
-        (phase == "Failed" || phase == "Error") && message.contains("terminated")
-    };
     wait_until(
         "the spoke's and the hub's operation to end terminated",
         SYNC_WAIT,
         || async {
             let spoke = lv.spoke_app().await?.unwrap_or_default();
             let hub = lv.hub_app().await?.unwrap_or_default();
-            Ok::<_, anyhow::Error>((terminated(&spoke) && terminated(&hub)).then_some(()))
+            Ok::<_, anyhow::Error>(
+                (operation_terminated(&spoke) && operation_terminated(&hub)).then_some(()),
+            )
         },
     )
     .await

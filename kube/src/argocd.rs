@@ -357,6 +357,15 @@ impl Application {
             .as_ref()
     }
 
+    /// Whether the requested operation is the one the last or running operation state ran: the
+    /// controller started it (see [`same_operation`]).
+    pub fn operation_started(&self) -> bool {
+        match (self.operation(), self.started_operation()) {
+            (Some(requested), Some(started)) => same_operation(requested, started),
+            _ => false,
+        }
+    }
+
     /// The phase of the last or running operation.
     pub fn operation_phase(&self) -> Option<&str> {
         self.status
@@ -366,6 +375,37 @@ impl Application {
             .phase
             .as_deref()
     }
+}
+
+/// Whether two operations (`.operation`, `status.operationState.operation`) are the same as Argo
+/// CD's Go types read them: the controller copies a requested operation through those types, which
+/// write empty structs (`"retry": {}`, `"initiatedBy": {}`) a request may not have and leave out
+/// the `omitempty` fields a request may spell out (`"prune": false`, `"revision": ""`); so both
+/// sides are compared without empty and zero values.
+pub fn same_operation(a: &Value, b: &Value) -> bool {
+    fn without_empty(v: &Value) -> Option<Value> {
+        match v {
+            Value::Null | Value::Bool(false) => None,
+            Value::String(s) if s.is_empty() => None,
+            Value::Number(n) if n.as_f64() == Some(0.0) => None,
+            Value::Array(items) if items.is_empty() => None,
+            Value::Array(items) => Some(Value::Array(
+                items
+                    .iter()
+                    .map(|i| without_empty(i).unwrap_or(Value::Null))
+                    .collect(),
+            )),
+            Value::Object(fields) => {
+                let kept: serde_json::Map<String, Value> = fields
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), without_empty(v)?)))
+                    .collect();
+                (!kept.is_empty()).then_some(Value::Object(kept))
+            }
+            other => Some(other.clone()),
+        }
+    }
+    without_empty(a) == without_empty(b)
 }
 
 /// `apiVersion` and `kind` of Argo CD kind `K`, for the `other` map of an object built here.
@@ -506,6 +546,29 @@ mod tests {
         );
         assert_eq!(typed.annotation("x"), Some("y"));
         assert_eq!(serde_json::to_value(&typed).unwrap(), app);
+    }
+
+    #[test]
+    fn an_operation_is_the_same_as_the_controllers_copy_with_go_defaults() {
+        let requested = json!({"sync": {"revision": "r", "prune": false}, "initiatedBy": {"username": "admin"}});
+        let started =
+            json!({"sync": {"revision": "r"}, "initiatedBy": {"username": "admin"}, "retry": {}});
+        assert!(same_operation(&requested, &started));
+        let other =
+            json!({"sync": {"revision": "r2"}, "initiatedBy": {"username": "admin"}, "retry": {}});
+        assert!(!same_operation(&requested, &other));
+        let pruning = json!({"sync": {"revision": "r", "prune": true}, "retry": {}});
+        assert!(!same_operation(&requested, &pruning));
+
+        let mut app: Application = serde_json::from_value(json!({
+            "metadata": {"name": "a"},
+            "operation": requested,
+            "status": {"operationState": {"operation": started, "phase": "Running"}},
+        }))
+        .unwrap();
+        assert!(app.operation_started());
+        app.operation = Some(json!({"sync": {"revision": "r3"}}));
+        assert!(!app.operation_started());
     }
 
     #[test]

@@ -21,7 +21,9 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use argocd_agent_kube::argocd::{AppProject, Application, ApplicationCondition, ObjectMetaExt};
+use argocd_agent_kube::argocd::{
+    same_operation, AppProject, Application, ApplicationCondition, ObjectMetaExt,
+};
 use argocd_agent_proto::event::{
     names, spec_checksum, Event, EventType, Target, GPG_KEY_RESYNC_KIND, REPOSITORY_RESYNC_KIND,
     SOURCE_UID_ANNOTATION,
@@ -146,7 +148,10 @@ impl AgentInbound {
             .map_err(|e| HandleError::Rejected(e.to_string()))?;
         let mut ops = vec![json!({"op": "add", "path": "/status", "value": status})];
         let hub_op = hub_app.operation();
-        if hub_op.is_some() && spoke.operation().is_none() && spoke.started_operation() == hub_op {
+        let ran = hub_op
+            .zip(spoke.started_operation())
+            .is_some_and(|(requested, started)| same_operation(requested, started));
+        if ran && spoke.operation().is_none() {
             ops.push(json!({"op": "remove", "path": "/operation"}));
         }
         let checksum = {

@@ -56,10 +56,7 @@ pub fn application_change_events(old: Option<&Application>, new: &Application) -
 /// Whether the spoke already started the hub's pending operation (it copied it into
 /// `status.operationState.operation`), so sending it again would run it twice.
 pub fn operation_already_started(app: &Application) -> bool {
-    match app.operation() {
-        Some(op) => app.started_operation() == Some(op),
-        None => true,
-    }
+    app.operation().is_none() || app.operation_started()
 }
 
 /// The requests on hub Application `hub_app` (refresh, hydrate) that a managed agent's
