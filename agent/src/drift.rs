@@ -31,8 +31,13 @@ pub struct CachedCopy {
 impl CachedCopy {
     /// A copy of `desired` not yet written.
     pub fn new(desired: &SpokeObject) -> Self {
+        Self::from_packed(PackedObject::pack(desired), desired)
+    }
+
+    /// A copy of `desired`, already packed as `packed` by its caller, not yet written.
+    pub fn from_packed(packed: PackedObject, desired: &SpokeObject) -> Self {
         CachedCopy {
-            desired: PackedObject::pack(desired),
+            desired: packed,
             desired_view: managed_view(desired),
             applied: None,
         }
@@ -45,7 +50,12 @@ impl CachedCopy {
 
     /// Whether this is the copy of `desired`.
     pub fn holds(&self, desired: &SpokeObject) -> bool {
-        self.desired == PackedObject::pack(desired)
+        self.holds_packed(&PackedObject::pack(desired))
+    }
+
+    /// Whether this is the copy whose packed form is `packed`.
+    pub fn holds_packed(&self, packed: &PackedObject) -> bool {
+        self.desired == *packed
     }
 
     /// What the live object should look like in its managed view.

@@ -67,7 +67,7 @@ use crate::drift::{
 use crate::placement::{AppPlacement, Placed, NAMESPACE_REMAPPED_ANNOTATION};
 use crate::spoke_copy::{
     managed_view, matches_desired, replacement_body, reported_view, spoke_copy,
-    with_requested_operation, ReportedView, SpokeObject, SyncedKind,
+    with_requested_operation, PackedObject, ReportedView, SpokeObject, SyncedKind,
 };
 use crate::spoke_watch::{SpokeInformers, SpokeObserver};
 
@@ -423,13 +423,16 @@ impl ManagedSync {
             }
         }
         let key = ObjectKey::of(kind, &desired);
+        // Packed once, outside the lock: compared with the copy held, and kept when it differs.
+        let packed = PackedObject::pack(&desired);
         {
             let mut st = self.lock();
             st.expected_deletions.remove(&key);
-            match st.cache.get_mut(&key) {
-                Some(c) if c.holds(&desired) => {}
+            match st.cache.get(&key) {
+                Some(c) if c.holds_packed(&packed) => {}
                 _ => {
-                    st.cache.insert(key.clone(), CachedCopy::new(&desired));
+                    st.cache
+                        .insert(key.clone(), CachedCopy::from_packed(packed, &desired));
                 }
             }
         }
