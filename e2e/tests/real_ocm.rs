@@ -1147,16 +1147,31 @@ async fn applicationset_over_an_ocm_placement_is_pulled_synced_by_real_argocd_an
     // The report: per cluster what that spoke's Argo CD says, and the resources deployed.
     let reports: Api<MulticlusterApplicationSetReport> = Api::namespaced(hub.clone(), ns);
     let report_matches = |wanted: usize| {
-        let (reports, sites, spoke_ns, set) = (&reports, &sites, &spoke_ns, &set);
+        let (reports, sites, spoke_ns, set, hub_apps) =
+            (&reports, &sites, &spoke_ns, &set, &hub_apps);
         async move {
             let Some(report) = reports.get_opt(set).await? else {
                 return Ok::<_, anyhow::Error>(None);
             };
             let spoke_apps = spoke_applications(&sites[..wanted], spoke_ns, set).await?;
-            let expected: Vec<[String; 7]> = spoke_apps
-                .iter()
-                .map(|(c, a)| expected_condition(c, &format!("{ns}/{c}-{set}"), a))
-                .collect();
+            // `app` as upstream's aggregator writes it: the hub Application, the cluster and
+            // the ManifestWork carrying it there.
+            let mut expected: Vec<[String; 7]> = Vec::new();
+            for (c, a) in &spoke_apps {
+                let hub_name = format!("{c}-{set}");
+                let uid = hub_apps
+                    .get(&hub_name)
+                    .await?
+                    .metadata
+                    .uid
+                    .unwrap_or_default();
+                let work = manifest_work_name(&hub_name, &uid);
+                expected.push(expected_condition(
+                    c,
+                    &format!("{ns}/{hub_name}/{c}/{work}"),
+                    a,
+                ));
+            }
             let statuses = &report.spec.statuses;
             let reported: Vec<[String; 7]> = statuses
                 .cluster_conditions

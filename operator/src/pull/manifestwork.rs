@@ -45,8 +45,9 @@ pub const FEEDBACK_OPERATION_MESSAGE: &str = "operationStateMessage";
 /// Feedback value carrying the spoke Application's `status.resources` as raw JSON (ours, asked for
 /// with [`Feedback::StatusAndResources`]: upstream's report lists resources from ACM's search
 /// add-on, which OCM alone does not have). The work agent returns a list only with its
-/// `RawFeedbackJsonString` feature gate and within its `--max-json-raw-length` (1 KiB by
-/// default, about eight resources); otherwise it reports the value unsynced.
+/// `RawFeedbackJsonString` feature gate and within 1,024 characters (its `--max-json-raw-length`
+/// default, and the ManifestWork CRD's `maxLength` for `jsonRaw`, so raising the flag does not
+/// help: about eight resources); otherwise it reports the value unsynced.
 pub const FEEDBACK_RESOURCES: &str = "resources";
 /// The payload field the work agent must not write again once the spoke changed it: Argo CD on
 /// the spoke removes `.operation` when the sync it asks for has run.

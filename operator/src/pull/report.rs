@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::application::{hosting_appset, pull_intent, AppSetKey, ApplicationSet};
+use super::manifestwork::manifest_work_name_of;
 use super::watches::{controller_config, run_controller, touched, triggers, Subscription};
 use super::{PullModelError, PullModelOptions, REPORT_MANAGER};
 use argocd_agent_kube::argocd::{Application, StatusOf};
@@ -109,7 +110,7 @@ pub struct ClusterCondition {
     /// Health status of the application on that cluster.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub health_status: String,
-    /// The hub Application (`<namespace>/<name>`).
+    /// The hub Application and its ManifestWork (`<namespace>/<name>/<cluster>/<work>`, upstream's form).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub app: String,
     /// Phase of the last or running operation on that cluster.
@@ -268,6 +269,17 @@ fn operation_fields(app: &Application) -> (String, String, String) {
     )
 }
 
+/// A report entry's `app`: `<namespace>/<name>/<cluster>/<ManifestWork>` as upstream's aggregator
+/// writes it (its readers take the Application from the first two parts and the ManifestWork from
+/// the last two); `<namespace>/<name>` for an Application without a UID yet.
+fn report_app(cluster: &str, app: &Application) -> String {
+    let hub = format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any());
+    match manifest_work_name_of(app) {
+        Some(work) => format!("{hub}/{cluster}/{work}"),
+        None => hub,
+    }
+}
+
 /// Aggregates an ApplicationSet's pulled Applications (each with its cluster) into the report
 /// content. A cluster counts as synced/healthy when all its applications are; `Progressing`
 /// counts as in progress and not healthy (upstream's rule).
@@ -280,7 +292,7 @@ pub fn report_statuses(apps: &[(String, &Application)]) -> AppConditions {
                 cluster: cluster.clone(),
                 sync_status: status_word(app.status.as_ref().and_then(|s| s.sync.as_ref())),
                 health_status: status_word(app.status.as_ref().and_then(|s| s.health.as_ref())),
-                app: format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any()),
+                app: report_app(cluster, app),
                 operation_state_phase: phase,
                 operation_state_started_at: started_at,
                 sync_revision: revision,
@@ -698,6 +710,7 @@ mod tests {
         serde_json::from_value(json!({
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": {"name": name, "namespace": "apps", "labels": {PULL_LABEL: "true"},
+                         "uid": "0a1b2c3d-0000-4000-8000-000000000000",
                          "annotations": {CLUSTER_ANNOTATION: cluster}},
             "spec": {},
             "status": {"sync": {"status": sync}, "health": {"status": health}, "conditions": conditions}
@@ -741,7 +754,11 @@ mod tests {
             .collect();
         assert_eq!(names, ["c1", "c2", "c3"], "sorted by cluster");
         let failing = &statuses.cluster_conditions[2];
-        assert_eq!(failing.app, "apps/set-c3");
+        // Upstream's form: the hub Application, then the cluster and its ManifestWork.
+        assert_eq!(failing.app, "apps/set-c3/c3/set-c3-0a1b2");
+        let mut unsaved = c.clone();
+        unsaved.metadata.uid = None;
+        assert_eq!(report_app("c3", &unsaved), "apps/set-c3");
         assert_eq!(
             failing.conditions,
             vec![Condition {

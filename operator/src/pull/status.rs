@@ -58,9 +58,10 @@ pub struct SpokeStatus {
     pub resources: Option<Vec<ResourceStatus>>,
 }
 
-/// Largest `status.resources` feedback value read (raw JSON). The work agent's own bound
-/// (`--max-json-raw-length`) is 1 KiB by default; this one holds whatever it is raised to, and
-/// keeps what a spoke can make the hub parse and write back small.
+/// Largest `status.resources` feedback value read (raw JSON). The ManifestWork CRD already caps
+/// a raw value at 1,024 characters (`jsonRaw`'s `maxLength`, the work agent's
+/// `--max-json-raw-length` default); this bound holds on its own, for a hub whose CRD was edited,
+/// and keeps what a spoke can make the hub parse and write back small.
 pub const MAX_RESOURCES_FEEDBACK: usize = 256 * 1024;
 
 /// A feedback value that cannot be used.
