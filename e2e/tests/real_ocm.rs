@@ -485,6 +485,64 @@ async fn stopped_klusterlet_is_tainted_unreachable_and_restart_clears_it() -> an
     Ok(())
 }
 
+/// The ground of a single-cluster pull test: the pull-model controllers on the shared planes, a
+/// klusterlet joined as cluster `<label>-…`, the spoke's Argo CD, the destination and hub
+/// namespaces, and a Git server with the demo app at v1. Its `logs` print the OCM logs unless
+/// the test passed.
+struct PullGround {
+    planes: &'static SharedPlanes,
+    logs: FailureLogs,
+    ctx: TestContext,
+    cluster: String,
+    spoke: &'static e2e::ControlPlane,
+    hub: kube::Client,
+    spoke_client: kube::Client,
+    spoke_ns: String,
+    dest: String,
+    hub_ns: String,
+    argocd: ArgoCd,
+    git: GitServer,
+    klusterlet: Klusterlet,
+}
+
+impl PullGround {
+    async fn start(test: &str, label: &str) -> anyhow::Result<PullGround> {
+        let (planes, ocm_hub) = ocm().await;
+        e2e::pull_model::start_controllers(planes).await?;
+        let mut logs = FailureLogs::new(ocm_hub);
+        let ctx = TestContext::new(test)?;
+        let cluster = ctx.unique(label);
+        let spoke = &planes.spokes[0];
+        let hub = planes.hub.client().await?;
+        let spoke_client = spoke.client().await?;
+        let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
+        logs.watch(&klusterlet);
+        let (spoke_ns, dest, hub_ns) =
+            (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("apps"));
+        let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
+        ensure_namespace(&spoke_client, &dest).await?;
+        ensure_namespace(&hub, &hub_ns).await?;
+        let git = GitServer::start(&ctx.unique("git"))?;
+        git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
+        wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
+        Ok(PullGround {
+            planes,
+            logs,
+            ctx,
+            cluster,
+            spoke,
+            hub,
+            spoke_client,
+            spoke_ns,
+            dest,
+            hub_ns,
+            argocd,
+            git,
+            klusterlet,
+        })
+    }
+}
+
 /// The hub's `demo` Application (the local Git server's demo app, automated sync) opted into the
 /// pull model for `cluster`, to run in Argo CD namespace `spoke_ns` there and deploy into `dest`.
 fn pulled_demo_application(
@@ -529,23 +587,21 @@ fn operation_started_at(app: &Value) -> String {
 #[tokio::test]
 async fn pulled_application_is_applied_by_the_real_work_agent_synced_by_real_argocd_and_reported_on_the_hub(
 ) -> anyhow::Result<()> {
-    let (planes, ocm_hub) = ocm().await;
-    e2e::pull_model::start_controllers(planes).await?;
-    let mut logs = FailureLogs::new(ocm_hub);
-    let ctx = TestContext::new("ocm-pull")?;
-    let cluster = ctx.unique("pull");
-    let spoke = &planes.spokes[0];
-    let hub = planes.hub.client().await?;
-    let spoke_client = spoke.client().await?;
-    let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
-    logs.watch(&klusterlet);
-    let (spoke_ns, dest, hub_ns) = (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("apps"));
-    let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
-    ensure_namespace(&spoke_client, &dest).await?;
-    ensure_namespace(&hub, &hub_ns).await?;
-    let git = GitServer::start(&ctx.unique("git"))?;
-    git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
-    wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
+    let PullGround {
+        logs,
+        ctx: _ctx,
+        cluster,
+        spoke,
+        hub,
+        spoke_client,
+        spoke_ns,
+        dest,
+        hub_ns,
+        argocd,
+        git,
+        klusterlet: _klusterlet,
+        ..
+    } = PullGround::start("ocm-pull", "pull").await?;
     let argocd_logs = || argocd.log_tails(20);
 
     // The hub Application is wrapped into a ManifestWork, which the real work agent applies on
@@ -652,23 +708,21 @@ fn sync_history(app: &Value) -> Vec<Value> {
 #[tokio::test]
 async fn sync_requested_on_the_hub_runs_exactly_once_on_the_spoke_across_a_work_agent_reapply(
 ) -> anyhow::Result<()> {
-    let (planes, ocm_hub) = ocm().await;
-    e2e::pull_model::start_controllers(planes).await?;
-    let mut logs = FailureLogs::new(ocm_hub);
-    let ctx = TestContext::new("ocm-pull-once")?;
-    let cluster = ctx.unique("once");
-    let spoke = &planes.spokes[0];
-    let hub = planes.hub.client().await?;
-    let spoke_client = spoke.client().await?;
-    let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
-    logs.watch(&klusterlet);
-    let (spoke_ns, dest, hub_ns) = (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("apps"));
-    let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
-    ensure_namespace(&spoke_client, &dest).await?;
-    ensure_namespace(&hub, &hub_ns).await?;
-    let git = GitServer::start(&ctx.unique("git"))?;
-    git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
-    wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
+    let PullGround {
+        logs,
+        ctx: _ctx,
+        cluster,
+        spoke,
+        hub,
+        spoke_client,
+        spoke_ns,
+        dest,
+        hub_ns,
+        argocd,
+        git,
+        klusterlet: _klusterlet,
+        ..
+    } = PullGround::start("ocm-pull-once", "once").await?;
     let argocd_logs = || argocd.log_tails(20);
 
     // A hub Application without automated sync: only the operation the test requests syncs it.
@@ -857,23 +911,21 @@ const REAPPLIED_ANNOTATION: &str = "e2e/reapplied";
 #[tokio::test]
 async fn refresh_requested_on_the_hub_with_the_argocd_cli_reaches_the_spoke_once_and_is_cleared_on_the_hub(
 ) -> anyhow::Result<()> {
-    let (planes, ocm_hub) = ocm().await;
-    e2e::pull_model::start_controllers(planes).await?;
-    let mut logs = FailureLogs::new(ocm_hub);
-    let ctx = TestContext::new("ocm-pull-refresh")?;
-    let cluster = ctx.unique("refresh");
-    let spoke = &planes.spokes[0];
-    let hub = planes.hub.client().await?;
-    let spoke_client = spoke.client().await?;
-    let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
-    logs.watch(&klusterlet);
-    let (spoke_ns, dest, hub_ns, server_ns) = (
-        ctx.unique("argocd"),
-        ctx.unique("demo"),
-        ctx.unique("apps"),
-        ctx.unique("hub-argocd"),
-    );
-    let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
+    let PullGround {
+        planes,
+        logs,
+        ctx,
+        cluster,
+        spoke_client,
+        hub,
+        spoke_ns,
+        dest,
+        hub_ns,
+        argocd,
+        git,
+        klusterlet: _klusterlet,
+        ..
+    } = PullGround::start("ocm-pull-refresh", "refresh").await?;
     // The hub's argocd-server (API and CLI) with a Redis of its own; no application controller
     // runs on the hub, as the pull model has it.
     let server_redis = Redis::start(&ctx.unique("hub-redis"))?;
@@ -881,7 +933,7 @@ async fn refresh_requested_on_the_hub_with_the_argocd_cli_reaches_the_spoke_once
         &ctx.suffix,
         &ctx.dir,
         &planes.hub,
-        &server_ns,
+        &ctx.unique("hub-argocd"),
         RedisEndpoint {
             address: server_redis.address(),
             password: None,
@@ -889,11 +941,6 @@ async fn refresh_requested_on_the_hub_with_the_argocd_cli_reaches_the_spoke_once
         },
     )
     .await?;
-    ensure_namespace(&spoke_client, &dest).await?;
-    ensure_namespace(&hub, &hub_ns).await?;
-    let git = GitServer::start(&ctx.unique("git"))?;
-    git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
-    wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
     let argocd_logs = || format!("{}\n{}", argocd.log_tails(20), server.log_tails(20));
 
     let spoke_apps: Api<DynamicObject> =
