@@ -279,6 +279,17 @@ impl ArgoCd {
             .join("\n")
     }
 
+    /// The whole log of this instance's `component` (e.g. `argocd-application-controller`); ""
+    /// when it does not run here.
+    pub fn log_of(&self, component: &str) -> String {
+        let prefix = format!("{component}-");
+        self.processes
+            .iter()
+            .find(|p| p.name().starts_with(&prefix))
+            .map(|p| p.log())
+            .unwrap_or_default()
+    }
+
     /// Runs the `argocd` CLI against this server, logged in as admin (the first call logs in);
     /// returns stdout, failing with stderr.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {

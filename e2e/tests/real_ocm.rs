@@ -6,7 +6,9 @@
 //! is back. Then the operator's pull model with all of it real: a hub Application opted into the
 //! pull model (controllers of `e2e::pull_model`) is applied on a spoke by the work agent, synced
 //! there by real Argo CD from the local Git server, and its status comes back to the hub through
-//! the work agent's feedback, and a sync requested on the hub runs exactly once there; an
+//! the work agent's feedback, a sync requested on the hub runs exactly once there, and a refresh
+//! asked on the hub with the `argocd` CLI (a real argocd-server on the hub) reaches the spoke's
+//! Argo CD once each time and is cleared on the hub; an
 //! ApplicationSet over an OCM Placement (Argo CD's real ApplicationSet controller, the
 //! `clusterDecisionResource` generator as upstream documents it) pulled to two clusters, each
 //! synced by its own Argo CD, and its MulticlusterApplicationSetReport filled from the work
@@ -17,7 +19,8 @@
 //! real argocd-cmp-server beside the hub's repo-server: the hub's Argo CD applies the ManifestWork
 //! it renders, the work agent delivers it to a spoke without Argo CD. Tests write
 //! only what a user writes (Placements, bindings, ManifestWorks, Applications, an ApplicationSet
-//! and its generator's ConfigMap, an operation, a pre-created ManagedCluster's spec and labels);
+//! and its generator's ConfigMap, an operation, a pre-created ManagedCluster's spec and labels; a
+//! refresh is asked through argocd-server);
 //! every status, decision, generated Application, namespace and taint checked here is OCM's or
 //! Argo CD's.
 
@@ -34,7 +37,8 @@ use argocd_agent_operator::pull::application::{
 use argocd_agent_operator::pull::cluster_secret::cluster_secret_name;
 use argocd_agent_operator::pull::manifestwork::manifest_work_name;
 use argocd_agent_operator::pull::report::MulticlusterApplicationSetReport;
-use e2e::argocd::ArgoCd;
+use argocd_agent_proto::event::{HYDRATE_ANNOTATION, REFRESH_ANNOTATION};
+use e2e::argocd::{ArgoCd, RedisEndpoint};
 use e2e::gateway::{application_resource, ensure_namespace};
 use e2e::git_server::{demo_manifests, GitServer};
 use e2e::ocm::{
@@ -45,7 +49,7 @@ use e2e::ocm::{
 };
 use e2e::process::print_log_tail;
 use e2e::scenario::{demo_application, sync_state, wait_greeting, SYNC_WAIT};
-use e2e::{shared_planes, wait_until, SharedPlanes, TestContext};
+use e2e::{shared_planes, wait_until, Redis, SharedPlanes, TestContext};
 use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -481,6 +485,64 @@ async fn stopped_klusterlet_is_tainted_unreachable_and_restart_clears_it() -> an
     Ok(())
 }
 
+/// The ground of a single-cluster pull test: the pull-model controllers on the shared planes, a
+/// klusterlet joined as cluster `<label>-…`, the spoke's Argo CD, the destination and hub
+/// namespaces, and a Git server with the demo app at v1. Its `logs` print the OCM logs unless
+/// the test passed.
+struct PullGround {
+    planes: &'static SharedPlanes,
+    logs: FailureLogs,
+    ctx: TestContext,
+    cluster: String,
+    spoke: &'static e2e::ControlPlane,
+    hub: kube::Client,
+    spoke_client: kube::Client,
+    spoke_ns: String,
+    dest: String,
+    hub_ns: String,
+    argocd: ArgoCd,
+    git: GitServer,
+    klusterlet: Klusterlet,
+}
+
+impl PullGround {
+    async fn start(test: &str, label: &str) -> anyhow::Result<PullGround> {
+        let (planes, ocm_hub) = ocm().await;
+        e2e::pull_model::start_controllers(planes).await?;
+        let mut logs = FailureLogs::new(ocm_hub);
+        let ctx = TestContext::new(test)?;
+        let cluster = ctx.unique(label);
+        let spoke = &planes.spokes[0];
+        let hub = planes.hub.client().await?;
+        let spoke_client = spoke.client().await?;
+        let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
+        logs.watch(&klusterlet);
+        let (spoke_ns, dest, hub_ns) =
+            (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("apps"));
+        let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
+        ensure_namespace(&spoke_client, &dest).await?;
+        ensure_namespace(&hub, &hub_ns).await?;
+        let git = GitServer::start(&ctx.unique("git"))?;
+        git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
+        wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
+        Ok(PullGround {
+            planes,
+            logs,
+            ctx,
+            cluster,
+            spoke,
+            hub,
+            spoke_client,
+            spoke_ns,
+            dest,
+            hub_ns,
+            argocd,
+            git,
+            klusterlet,
+        })
+    }
+}
+
 /// The hub's `demo` Application (the local Git server's demo app, automated sync) opted into the
 /// pull model for `cluster`, to run in Argo CD namespace `spoke_ns` there and deploy into `dest`.
 fn pulled_demo_application(
@@ -525,23 +587,21 @@ fn operation_started_at(app: &Value) -> String {
 #[tokio::test]
 async fn pulled_application_is_applied_by_the_real_work_agent_synced_by_real_argocd_and_reported_on_the_hub(
 ) -> anyhow::Result<()> {
-    let (planes, ocm_hub) = ocm().await;
-    e2e::pull_model::start_controllers(planes).await?;
-    let mut logs = FailureLogs::new(ocm_hub);
-    let ctx = TestContext::new("ocm-pull")?;
-    let cluster = ctx.unique("pull");
-    let spoke = &planes.spokes[0];
-    let hub = planes.hub.client().await?;
-    let spoke_client = spoke.client().await?;
-    let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
-    logs.watch(&klusterlet);
-    let (spoke_ns, dest, hub_ns) = (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("apps"));
-    let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
-    ensure_namespace(&spoke_client, &dest).await?;
-    ensure_namespace(&hub, &hub_ns).await?;
-    let git = GitServer::start(&ctx.unique("git"))?;
-    git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
-    wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
+    let PullGround {
+        logs,
+        ctx: _ctx,
+        cluster,
+        spoke,
+        hub,
+        spoke_client,
+        spoke_ns,
+        dest,
+        hub_ns,
+        argocd,
+        git,
+        klusterlet: _klusterlet,
+        ..
+    } = PullGround::start("ocm-pull", "pull").await?;
     let argocd_logs = || argocd.log_tails(20);
 
     // The hub Application is wrapped into a ManifestWork, which the real work agent applies on
@@ -648,23 +708,21 @@ fn sync_history(app: &Value) -> Vec<Value> {
 #[tokio::test]
 async fn sync_requested_on_the_hub_runs_exactly_once_on_the_spoke_across_a_work_agent_reapply(
 ) -> anyhow::Result<()> {
-    let (planes, ocm_hub) = ocm().await;
-    e2e::pull_model::start_controllers(planes).await?;
-    let mut logs = FailureLogs::new(ocm_hub);
-    let ctx = TestContext::new("ocm-pull-once")?;
-    let cluster = ctx.unique("once");
-    let spoke = &planes.spokes[0];
-    let hub = planes.hub.client().await?;
-    let spoke_client = spoke.client().await?;
-    let klusterlet = Klusterlet::start(&cluster, spoke, &planes.hub, &ctx.dir).await?;
-    logs.watch(&klusterlet);
-    let (spoke_ns, dest, hub_ns) = (ctx.unique("argocd"), ctx.unique("demo"), ctx.unique("apps"));
-    let argocd = ArgoCd::start_spoke(&ctx.suffix, &ctx.dir, spoke, &spoke_ns, &[]).await?;
-    ensure_namespace(&spoke_client, &dest).await?;
-    ensure_namespace(&hub, &hub_ns).await?;
-    let git = GitServer::start(&ctx.unique("git"))?;
-    git.commit("apps", "demo", &demo_manifests("v1"), "demo v1")?;
-    wait_cluster_available(&hub, &cluster, JOIN_WAIT).await?;
+    let PullGround {
+        logs,
+        ctx: _ctx,
+        cluster,
+        spoke,
+        hub,
+        spoke_client,
+        spoke_ns,
+        dest,
+        hub_ns,
+        argocd,
+        git,
+        klusterlet: _klusterlet,
+        ..
+    } = PullGround::start("ocm-pull-once", "once").await?;
     let argocd_logs = || argocd.log_tails(20);
 
     // A hub Application without automated sync: only the operation the test requests syncs it.
@@ -752,8 +810,12 @@ async fn sync_requested_on_the_hub_runs_exactly_once_on_the_spoke_across_a_work_
     )
     .await?;
     assert_eq!(
-        work.pointer("/spec/manifestConfigs/0/updateStrategy/serverSideApply/ignoreFields"),
-        Some(&json!([{"condition": "OnSpokeChange", "jsonPaths": [".operation"]}])),
+        work.pointer("/spec/manifestConfigs/0/updateStrategy/serverSideApply/ignoreFields/0"),
+        Some(&json!({"condition": "OnSpokeChange", "jsonPaths": [
+            ".operation",
+            r".metadata.annotations.argocd\.argoproj\.io/refresh",
+            r".metadata.annotations.argocd\.argoproj\.io/hydrate"
+        ]})),
     );
 
     // A hub change makes the work agent apply the payload again. Had the payload kept the
@@ -811,6 +873,202 @@ async fn sync_requested_on_the_hub_runs_exactly_once_on_the_spoke_across_a_work_
         },
     )
     .await?;
+
+    hub_apps.delete("demo", &DeleteParams::default()).await?;
+    wait_until("hub Application gone", SYNC_WAIT, || async {
+        Ok::<_, kube::Error>(hub_apps.get_opt("demo").await?.is_none().then_some(()))
+    })
+    .await?;
+    logs.passed();
+    Ok(())
+}
+
+/// The annotations of Argo CD's refresh request on the spoke Application, and the test's re-apply
+/// marker, as `key=value` pairs (`""` for none).
+fn request_annotations(app: DynamicObject) -> String {
+    let annotations = app.metadata.annotations.unwrap_or_default();
+    [REFRESH_ANNOTATION, HYDRATE_ANNOTATION, REAPPLIED_ANNOTATION]
+        .iter()
+        .filter_map(|k| annotations.get(*k).map(|v| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What a hub change makes the work agent apply again on the spoke.
+const REAPPLIED_ANNOTATION: &str = "e2e/reapplied";
+
+/// A refresh asked on the hub with the real `argocd` CLI (`argocd app get --refresh`, twice, the
+/// second right after the first returns) against a real argocd-server on the hub: argocd-server
+/// writes the refresh and hydrate annotations on the hub Application and returns only once the
+/// refresh annotation is gone from it, which in the pull model only the operator does. Each
+/// request is put on the spoke Application once by the real work agent, consumed by the spoke's
+/// real Argo CD (its controller logs the requested refresh and removes the annotations) and
+/// cleared on the hub, so the next request is a change again and reaches the spoke too. A hub
+/// change then makes the work agent apply the payload again, and that apply puts no request back;
+/// a third request after it (`--hard-refresh`) is delivered as asked. Every version of the spoke
+/// Application's request annotations is watched, so a request put back and consumed within a
+/// moment is seen.
+#[tokio::test]
+async fn refresh_requested_on_the_hub_with_the_argocd_cli_reaches_the_spoke_once_and_is_cleared_on_the_hub(
+) -> anyhow::Result<()> {
+    let PullGround {
+        planes,
+        logs,
+        ctx,
+        cluster,
+        spoke_client,
+        hub,
+        spoke_ns,
+        dest,
+        hub_ns,
+        argocd,
+        git,
+        klusterlet: _klusterlet,
+        ..
+    } = PullGround::start("ocm-pull-refresh", "refresh").await?;
+    // The hub's argocd-server (API and CLI) with a Redis of its own; no application controller
+    // runs on the hub, as the pull model has it.
+    let server_redis = Redis::start(&ctx.unique("hub-redis"))?;
+    let server = ArgoCd::start_server(
+        &ctx.suffix,
+        &ctx.dir,
+        &planes.hub,
+        &ctx.unique("hub-argocd"),
+        RedisEndpoint {
+            address: server_redis.address(),
+            password: None,
+            tls_ca: None,
+        },
+    )
+    .await?;
+    let argocd_logs = || format!("{}\n{}", argocd.log_tails(20), server.log_tails(20));
+
+    let spoke_apps: Api<DynamicObject> =
+        Api::namespaced_with(spoke_client.clone(), &spoke_ns, &application_resource());
+    let spoke_versions = Recorded::watch(
+        spoke_apps.clone(),
+        watcher::Config::default().fields("metadata.name=demo"),
+        request_annotations,
+    );
+    let hub_apps: Api<DynamicObject> =
+        Api::namespaced_with(hub.clone(), &hub_ns, &application_resource());
+    hub_apps
+        .create(
+            &PostParams::default(),
+            &pulled_demo_application(&hub_ns, &git.url("apps"), &cluster, &spoke_ns, &dest),
+        )
+        .await?;
+    wait_until(
+        "the spoke's Argo CD to compare the pulled Application",
+        SYNC_WAIT,
+        || async {
+            let app = spoke_apps.get_opt("demo").await?;
+            let app = app.map(serde_json::to_value).transpose()?;
+            Ok::<_, anyhow::Error>(app.filter(|a| sync_state(a).0 == "Synced"))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+
+    let app_ref = format!("{hub_ns}/demo");
+    let refreshes = |kind: &str| {
+        argocd
+            .log_of("argocd-application-controller")
+            .matches(&format!("({kind} refresh requested)"))
+            .count()
+    };
+    let requested = |kind: &'static str| {
+        let (app_ref, hub_apps, server, refreshes) = (&app_ref, &hub_apps, &server, &refreshes);
+        async move {
+            let flag = if kind == "hard" {
+                "--hard-refresh"
+            } else {
+                "--refresh"
+            };
+            let before = refreshes(kind);
+            let started = Instant::now();
+            server
+                .cli_run(&["app", "get", app_ref, flag], SYNC_WAIT)
+                .await?
+                .success()?;
+            eprintln!(
+                "[ocm] hub `argocd app get {flag}` returned in {:.1?}",
+                started.elapsed()
+            );
+            // argocd-server returned: the hub Application no longer carries the request.
+            let annotations = hub_apps.get("demo").await?.metadata.annotations;
+            let left: Vec<String> = annotations
+                .unwrap_or_default()
+                .into_keys()
+                .filter(|k| [REFRESH_ANNOTATION, HYDRATE_ANNOTATION].contains(&k.as_str()))
+                .collect();
+            anyhow::ensure!(left.is_empty(), "left on the hub Application: {left:?}");
+            // The spoke's Argo CD refreshed as asked.
+            wait_until(
+                &format!("the spoke's application controller to log a {kind} refresh requested"),
+                REACT_WAIT,
+                || async { Ok::<_, anyhow::Error>((refreshes(kind) > before).then_some(())) },
+            )
+            .await
+        }
+    };
+    let versions = |want: Vec<String>| {
+        let spoke_versions = &spoke_versions;
+        async move {
+            wait_until(
+                "the spoke Application's request annotations to go through",
+                REACT_WAIT,
+                || async {
+                    let seen = spoke_versions.values();
+                    Ok::<_, anyhow::Error>((seen == want).then_some(()))
+                },
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}: {:?}", spoke_versions.values()))
+        }
+    };
+    let on_spoke = |refresh: &str, extra: &str| {
+        format!("{REFRESH_ANNOTATION}={refresh},{HYDRATE_ANNOTATION}=normal{extra}")
+    };
+
+    // Two refreshes, the second asked as soon as the first returned (the same request again, while
+    // the operator's cache may still show the first consumed): each is put on the spoke once and
+    // removed there by Argo CD.
+    requested("normal")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    requested("normal")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    let mut want = vec![
+        String::new(),
+        on_spoke("normal", ""),
+        String::new(),
+        on_spoke("normal", ""),
+        String::new(),
+    ];
+    versions(want.clone()).await?;
+
+    // A hub change makes the work agent apply the payload again: without the requests, which the
+    // hub no longer carries. Had it put one back, the watch would show that version.
+    hub_apps
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {REAPPLIED_ANNOTATION: "yes"}}})),
+        )
+        .await?;
+    want.push(format!("{REAPPLIED_ANNOTATION}=yes"));
+    versions(want.clone()).await?;
+    // A third request after the re-apply, a hard refresh, reaches the spoke again as asked.
+    requested("hard")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", argocd_logs()))?;
+    want.extend([
+        on_spoke("hard", &format!(",{REAPPLIED_ANNOTATION}=yes")),
+        format!("{REAPPLIED_ANNOTATION}=yes"),
+    ]);
+    versions(want).await?;
 
     hub_apps.delete("demo", &DeleteParams::default()).await?;
     wait_until("hub Application gone", SYNC_WAIT, || async {

@@ -4,8 +4,10 @@
 //! Owns the ManifestWork name of an Application (upstream's `<app name>-<first 5 chars of the
 //! UID>`, so a controller taking over from argocd-pull-integration finds the same objects), the
 //! cleaning of the payload Application (hub-only metadata and OCM opt-in keys dropped,
-//! destination forced to the spoke's own API server, namespace from the annotation) and the
-//! status feedback rules that bring the spoke Application's health, sync and operation back.
+//! destination forced to the spoke's own API server, namespace from the annotation), the
+//! status feedback rules that bring the spoke Application's health, sync and operation back (and
+//! the annotations that show a refresh request consumed), and the fields the work agent leaves to
+//! the spoke once changed there (`ignoreFields`).
 
 use std::collections::BTreeMap;
 
@@ -20,6 +22,8 @@ use super::application::{
     DESTINATION_NAME_ANNOTATION, DESTINATION_SERVER_ANNOTATION, HOSTING_APPSET_ANNOTATION,
     PULL_LABEL, SKIP_RECONCILE_ANNOTATION,
 };
+use super::refresh::{DELIVERY_ANNOTATION, REQUEST_ANNOTATIONS};
+use argocd_agent_proto::event::{HYDRATE_ANNOTATION, REFRESH_ANNOTATION};
 
 /// ManifestWork annotation naming the hub Application's namespace.
 pub const HUB_APP_NAMESPACE_ANNOTATION: &str =
@@ -49,8 +53,17 @@ pub const FEEDBACK_OPERATION_MESSAGE: &str = "operationStateMessage";
 /// default, and the ManifestWork CRD's `maxLength` for `jsonRaw`, so raising the flag does not
 /// help: about eight resources); otherwise it reports the value unsynced.
 pub const FEEDBACK_RESOURCES: &str = "resources";
+/// Feedback value carrying the spoke Application's [`DELIVERY_ANNOTATION`] (ours: which refresh
+/// request the snapshot was taken after, [`super::refresh`]).
+pub const FEEDBACK_REFRESH_DELIVERY: &str = "refreshDelivery";
+/// Feedback value carrying the spoke Application's `argocd.argoproj.io/refresh` annotation (ours;
+/// absent once Argo CD has consumed the request).
+pub const FEEDBACK_REFRESH_REQUESTED: &str = "refreshRequested";
+/// Feedback value carrying the spoke Application's `argocd.argoproj.io/hydrate` annotation (ours).
+pub const FEEDBACK_HYDRATE_REQUESTED: &str = "hydrateRequested";
 /// The payload field the work agent must not write again once the spoke changed it: Argo CD on
-/// the spoke removes `.operation` when the sync it asks for has run.
+/// the spoke removes `.operation` when the sync it asks for has run (and the refresh request
+/// annotations once it refreshed, [`annotation_path`]).
 pub const OPERATION_PATH: &str = ".operation";
 /// Longest Kubernetes object name.
 const MAX_NAME_LEN: usize = 253;
@@ -185,7 +198,7 @@ pub struct ServerSideApplyConfig {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct IgnoreField {
-    /// `OnSpokeChange` (applied again only when the hub's value changes) or `OnSpokePresent`
+    /// `OnSpokeChange` (applied again only when the payload changes) or `OnSpokePresent`
     /// (never written once present on the spoke).
     pub condition: String,
     /// Paths such as `.operation`.
@@ -446,30 +459,57 @@ pub enum Feedback {
     StatusAndResources,
 }
 
-/// The feedback rules that bring the spoke Application's state back.
+/// The JSONPath of annotation `key` in the syntax the work agent parses (client-go's, as
+/// `kubectl -o jsonpath`): every dot of the key escaped. Client-go takes no double-quoted key
+/// (upstream's `.metadata.annotations["argocd.argoproj.io/refresh"]`) and splits a single-quoted
+/// one at its dots.
+pub fn annotation_path(key: &str) -> String {
+    format!(".metadata.annotations.{}", key.replace('.', "\\."))
+}
+
+/// The feedback rules that bring the spoke Application's state back: its status, and the
+/// annotations that tell whether it consumed a refresh request ([`super::refresh`]).
 pub fn application_feedback_rules(feedback: Feedback) -> Vec<FeedbackRule> {
     let mut paths = vec![
-        (FEEDBACK_HEALTH, ".status.health.status"),
-        (FEEDBACK_SYNC, ".status.sync.status"),
+        (FEEDBACK_HEALTH, ".status.health.status".to_string()),
+        (FEEDBACK_SYNC, ".status.sync.status".to_string()),
         (
             FEEDBACK_OPERATION_STARTED_AT,
-            ".status.operationState.startedAt",
+            ".status.operationState.startedAt".to_string(),
         ),
-        (FEEDBACK_OPERATION_PHASE, ".status.operationState.phase"),
-        (FEEDBACK_SYNC_REVISION, ".status.sync.revision"),
-        (FEEDBACK_OPERATION_MESSAGE, ".status.operationState.message"),
+        (
+            FEEDBACK_OPERATION_PHASE,
+            ".status.operationState.phase".to_string(),
+        ),
+        (FEEDBACK_SYNC_REVISION, ".status.sync.revision".to_string()),
+        (
+            FEEDBACK_OPERATION_MESSAGE,
+            ".status.operationState.message".to_string(),
+        ),
+        (
+            FEEDBACK_REFRESH_DELIVERY,
+            annotation_path(DELIVERY_ANNOTATION),
+        ),
+        (
+            FEEDBACK_REFRESH_REQUESTED,
+            annotation_path(REFRESH_ANNOTATION),
+        ),
+        (
+            FEEDBACK_HYDRATE_REQUESTED,
+            annotation_path(HYDRATE_ANNOTATION),
+        ),
     ];
     if feedback == Feedback::StatusAndResources {
-        paths.push((FEEDBACK_RESOURCES, ".status.resources"));
+        paths.push((FEEDBACK_RESOURCES, ".status.resources".to_string()));
     }
     // One rule per value, like upstream: the work agent skips a whole rule whose path is absent.
     paths
-        .iter()
+        .into_iter()
         .map(|(name, path)| FeedbackRule {
             type_: "JSONPaths".into(),
             json_paths: vec![JsonPath {
                 name: name.to_string(),
-                path: path.to_string(),
+                path,
             }],
         })
         .collect()
@@ -478,9 +518,18 @@ pub fn application_feedback_rules(feedback: Feedback) -> Vec<FeedbackRule> {
 /// Wraps the hub Application into the ManifestWork for `target`: named by
 /// [`manifest_work_name`], in the cluster's namespace, labelled for the pull model, annotated
 /// with the hub Application (and its ApplicationSet), applied on the spoke with server-side apply
-/// so the spoke Argo CD's status writes are never overwritten, and with `.operation` ignored on
-/// spoke change: the work agent writes a requested operation once, and re-applying the same work
-/// (resync, restart) never puts back the operation Argo CD removed after running it.
+/// so the spoke Argo CD's status writes are never overwritten, and with `.operation` and the
+/// refresh request annotations ignored on spoke change: the work agent writes a requested
+/// operation or refresh once, and re-applying the same work (resync, restart) never puts back
+/// what Argo CD removed after acting on it.
+///
+/// The work agent (OCM v1.2.1, and OCM's main branch still) reads no path of an `OnSpokeChange`
+/// entry: with any `ignoreFields` it stamps a hash of the whole payload on the spoke object and
+/// skips the apply while that hash is unchanged, so a field the spoke changed is written again
+/// only with a changed payload. The paths say which fields that is meant for, in the syntax its
+/// JSONPath library parses ([`annotation_path`]); as `OnSpokePresent` paths (cut at every dot
+/// there) no annotation key with a dot could be addressed at all. The API allows one entry per
+/// condition.
 pub fn build_manifest_work(
     app: &Application,
     target: &PullTarget,
@@ -534,7 +583,9 @@ pub fn build_manifest_work(
                     force: true,
                     ignore_fields: vec![IgnoreField {
                         condition: "OnSpokeChange".into(),
-                        json_paths: vec![OPERATION_PATH.into()],
+                        json_paths: std::iter::once(OPERATION_PATH.to_string())
+                            .chain(REQUEST_ANNOTATIONS.map(annotation_path))
+                            .collect(),
                     }],
                 }),
             }),
@@ -641,6 +692,7 @@ mod tests {
                     APP_NAMESPACE_ANNOTATION: "argocd",
                     SKIP_RECONCILE_ANNOTATION: "true",
                     "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                    REFRESH_ANNOTATION: "hard",
                     "notes": "kept"
                 },
                 "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "ApplicationSet", "name": "fleet", "uid": "u1"}],
@@ -714,6 +766,11 @@ mod tests {
         }
         assert_eq!(payload.annotation("notes"), Some("kept"));
         assert_eq!(
+            payload.annotation(REFRESH_ANNOTATION),
+            Some("hard"),
+            "a refresh request reaches the spoke's Argo CD"
+        );
+        assert_eq!(
             payload.annotation(HOSTING_APPSET_ANNOTATION),
             Some("apps/fleet")
         );
@@ -775,9 +832,16 @@ mod tests {
                 "operationStateStartedAt",
                 "operationStatePhase",
                 "syncRevision",
-                "operationStateMessage"
+                "operationStateMessage",
+                "refreshDelivery",
+                "refreshRequested",
+                "hydrateRequested"
             ]
         );
+        assert!(paths.contains(&(
+            "refreshRequested".into(),
+            r".metadata.annotations.argocd\.argoproj\.io/refresh".into()
+        )));
         assert!(paths.contains(&("syncRevision".into(), ".status.sync.revision".into())));
         assert!(config.feedback_rules.iter().all(|r| r.type_ == "JSONPaths"));
         // Asked for, the resources too, as one more rule of their own.
@@ -795,7 +859,11 @@ mod tests {
             wire["spec"]["manifestConfigs"][0]["updateStrategy"],
             json!({"type": "ServerSideApply", "serverSideApply": {
                 "force": true,
-                "ignoreFields": [{"condition": "OnSpokeChange", "jsonPaths": [".operation"]}]
+                "ignoreFields": [{"condition": "OnSpokeChange", "jsonPaths": [
+                    ".operation",
+                    r".metadata.annotations.argocd\.argoproj\.io/refresh",
+                    r".metadata.annotations.argocd\.argoproj\.io/hydrate"
+                ]}]
             }})
         );
     }

@@ -10,7 +10,8 @@
 //! over the watches all of them share ([`watches`]: one watch and store per kind):
 //! - [`propagation`]: which ManifestWork should exist for an Application, and its content (with
 //!   [`operation`]: when a hub-requested operation reaches the spoke, when it has run there and
-//!   is cleared, in step with an ApplicationSet's progressive sync);
+//!   is cleared, in step with an ApplicationSet's progressive sync; and [`refresh`]: a
+//!   hub-requested refresh carried to the spoke and cleared once its Argo CD consumed it);
 //! - [`status`]: the spoke status (ManifestWork status feedback) written into the hub Application;
 //! - [`cleanup`]: which ManifestWorks must go (Application deleted, unlabelled, retargeted, orphaned);
 //! - [`cluster_secret`]: one Argo CD cluster Secret per ManagedCluster (ApplicationSet cluster generator);
@@ -27,6 +28,7 @@ pub mod cluster_secret;
 pub mod manifestwork;
 pub mod operation;
 pub mod propagation;
+pub mod refresh;
 pub mod report;
 pub mod status;
 pub mod watches;

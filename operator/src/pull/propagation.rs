@@ -5,16 +5,18 @@
 //! [`PROPAGATION_MANAGER`]), clearing the hub Application's `.operation` once it has run on the
 //! spoke (as upstream clears it, but only when [`super::operation`] says it ran, so it is neither
 //! lost while the cluster is offline nor withdrawn while running, and for an Application in an
-//! ApplicationSet's progressive sync only when delivering and clearing it fit that rollout), and
-//! the `PullModelSpecError` condition
-//! that tells the user why nothing was propagated (label without cluster annotation, unknown
-//! ManagedCluster, cluster without namespace). Deleting ManifestWorks is [`cleanup`](super::cleanup)'s.
+//! ApplicationSet's progressive sync only when delivering and clearing it fit that rollout),
+//! likewise its refresh request once the spoke's Argo CD has consumed it ([`super::refresh`]), and
+//! the `PullModelSpecError` condition that tells the user why nothing was propagated (label
+//! without cluster annotation, unknown ManagedCluster, cluster without namespace). Deleting
+//! ManifestWorks is [`cleanup`](super::cleanup)'s.
 //!
 //! Triggers: Application changes; ManifestWork changes or deletions (drift is repaired);
 //! ManagedCluster and Namespace changes (an Application waiting for its cluster proceeds as soon
 //! as it appears); ApplicationSet changes, for its Applications that request an operation (the
 //! rollout moved on). Reconciling an Application whose ManifestWork is already current makes no API
-//! call, so the status controller's writes to the Application cost nothing here.
+//! call (but one read of the work before clearing a consumed refresh), so the status controller's
+//! writes to the Application cost nothing here.
 
 use argocd_agent_kube::CancellationToken;
 use std::sync::Arc;
@@ -40,6 +42,7 @@ use super::operation::{
     baseline_for, carried, clear_awaits_rollout, delivery_hold, operation_ran, requested,
     rollout_of, Hold, OPERATION_BASELINE_ANNOTATION,
 };
+use super::refresh::{self, REQUEST_ANNOTATIONS};
 use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, PROPAGATION_MANAGER};
 
@@ -127,15 +130,18 @@ impl Context {
         })
     }
 
-    /// Removes the hub Application's `.operation`, unless the Application changed since it was
-    /// read (a newer version triggers another reconciliation, which decides again).
-    async fn clear_operation(&self, app: &Application) -> Result<(), PropagationError> {
+    /// Merge-patches the hub Application with `patch`, which removes a request the spoke has
+    /// acted on and carries the `resourceVersion` read: returns the Application as written, or
+    /// `None` if it changed since it was read or is gone (a newer version triggers another
+    /// reconciliation, which decides again).
+    async fn clear(
+        &self,
+        app: &Application,
+        patch: serde_json::Value,
+        what: &'static str,
+    ) -> Result<Option<Application>, PropagationError> {
         let apps: Api<Application> =
             Api::namespaced(self.client.clone(), &app.namespace().unwrap_or_default());
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": app.metadata.resource_version},
-            "operation": null
-        });
         let params = PatchParams {
             field_manager: Some(PROPAGATION_MANAGER.to_string()),
             ..Default::default()
@@ -144,17 +150,71 @@ impl Context {
             .patch(&app.name_any(), &params, &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => {
-                tracing::info!(app = %app_key(app), "operation delivered to the spoke; cleared on the hub");
-                Ok(())
+            Ok(written) => {
+                tracing::info!(app = %app_key(app), "{what} delivered to the spoke; cleared on the hub");
+                Ok(Some(written))
             }
-            Err(kube::Error::Api(s)) if s.code == 409 || s.is_not_found() => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.is_not_found() => Ok(None),
             Err(source) => Err(PropagationError::Kube {
-                action: "clearing the delivered operation",
+                action: "clearing a delivered request",
                 app: app_key(app),
                 source,
             }),
         }
+    }
+
+    /// Removes the hub Application's `.operation` (see [`Context::clear`]).
+    async fn clear_operation(&self, app: &Application) -> Result<(), PropagationError> {
+        let rv = &app.metadata.resource_version;
+        let patch = serde_json::json!({"metadata": {"resourceVersion": rv}, "operation": null});
+        self.clear(app, patch, "operation").await.map(drop)
+    }
+
+    /// Clears the hub Application's refresh request once the spoke has consumed it
+    /// ([`refresh::delivered`] on the `cached` work, then on the work read again from the API
+    /// server). Returns the Application to go on with (as written when cleared) and the work, or
+    /// `None` when the Application changed meanwhile.
+    async fn settle_refresh(
+        &self,
+        app: Arc<Application>,
+        cached: Option<Arc<ManifestWork>>,
+        cluster: &str,
+        work_name: &str,
+    ) -> Result<Option<(Arc<Application>, Option<Arc<ManifestWork>>)>, PropagationError> {
+        if !refresh::delivered(&app, cached.as_deref()) {
+            return Ok(Some((app, cached)));
+        }
+        let works: Api<ManifestWork> = Api::namespaced(self.client.clone(), cluster);
+        let work = works
+            .get_opt(work_name)
+            .await
+            .map_err(|source| PropagationError::Kube {
+                action: "reading the ManifestWork",
+                app: app_key(&app),
+                source,
+            })?
+            .map(Arc::new);
+        if !refresh::delivered(&app, work.as_deref()) {
+            return Ok(Some((app, work)));
+        }
+        Ok(self
+            .clear_refresh(&app)
+            .await?
+            .map(|cleared| (Arc::new(cleared), work)))
+    }
+
+    /// Removes the hub Application's refresh request annotations (see [`Context::clear`]).
+    async fn clear_refresh(
+        &self,
+        app: &Application,
+    ) -> Result<Option<Application>, PropagationError> {
+        let gone: serde_json::Map<_, _> = REQUEST_ANNOTATIONS
+            .iter()
+            .map(|k| (k.to_string(), serde_json::Value::Null))
+            .collect();
+        let rv = &app.metadata.resource_version;
+        let patch = serde_json::json!({"metadata": {"resourceVersion": rv, "annotations": gone}});
+        self.clear(app, patch, "refresh request").await
     }
 }
 
@@ -201,11 +261,16 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
         }
         return Ok(Action::await_change());
     }
-    let mut work = build_manifest_work(&app, &target, ctx.opts.feedback)?;
-    let work_name = work.name_any();
+    let work_name = build_manifest_work(&app, &target, ctx.opts.feedback)?.name_any();
     let existing = ctx
         .works
         .get(&ObjectRef::new(&work_name).within(&target.cluster));
+    let Some((app, existing)) = ctx
+        .settle_refresh(app, existing, &target.cluster, &work_name)
+        .await?
+    else {
+        return Ok(Action::await_change());
+    };
     let rollout = rollout_of(&app, ctx.appset_of(&app).as_deref());
     if operation_ran(&app, existing.as_deref()) {
         let mark = rollout.as_ref().and_then(|r| r.pending());
@@ -232,8 +297,12 @@ async fn reconcile(app: Arc<Application>, ctx: Arc<Context>) -> Result<Action, P
         // The work keeps what it carried; the rest of the Application goes out as usual.
         tracing::debug!(app = %app_key(&app), ?hold, "operation requested by an ApplicationSet rollout held back");
         Arc::make_mut(&mut sent).operation = existing.as_deref().and_then(carried).cloned();
-        work = build_manifest_work(&sent, &target, ctx.opts.feedback)?;
     }
+    if let Some(request) = refresh::requested(&app) {
+        let token = refresh::token_for(&app, &request, existing.as_deref());
+        refresh::stamp(&mut Arc::make_mut(&mut sent).metadata, token);
+    }
+    let mut work = build_manifest_work(&sent, &target, ctx.opts.feedback)?;
     if let Some(operation) = requested(&sent) {
         work.metadata
             .annotations

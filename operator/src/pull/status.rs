@@ -30,8 +30,9 @@ use super::application::{
 };
 use super::manifestwork::{
     hub_application_of, manifest_work_name_of, FeedbackValue, ManifestCondition, ManifestWork,
-    FEEDBACK_HEALTH, FEEDBACK_OPERATION_MESSAGE, FEEDBACK_OPERATION_PHASE,
-    FEEDBACK_OPERATION_STARTED_AT, FEEDBACK_RESOURCES, FEEDBACK_SYNC, FEEDBACK_SYNC_REVISION,
+    FEEDBACK_HEALTH, FEEDBACK_HYDRATE_REQUESTED, FEEDBACK_OPERATION_MESSAGE,
+    FEEDBACK_OPERATION_PHASE, FEEDBACK_OPERATION_STARTED_AT, FEEDBACK_REFRESH_DELIVERY,
+    FEEDBACK_REFRESH_REQUESTED, FEEDBACK_RESOURCES, FEEDBACK_SYNC, FEEDBACK_SYNC_REVISION,
 };
 use super::watches::{controller_config, run_controller, touched, Subscription};
 use super::{PullModelError, PullModelOptions, STATUS_MANAGER};
@@ -56,6 +57,12 @@ pub struct SpokeStatus {
     pub operation_message: Option<String>,
     /// `status.resources`, when the work agent reports it ([`FEEDBACK_RESOURCES`]).
     pub resources: Option<Vec<ResourceStatus>>,
+    /// The refresh delivery token on the spoke Application ([`super::refresh`]).
+    pub refresh_delivery: Option<String>,
+    /// Its `argocd.argoproj.io/refresh` annotation (a refresh not consumed yet).
+    pub refresh_requested: Option<String>,
+    /// Its `argocd.argoproj.io/hydrate` annotation.
+    pub hydrate_requested: Option<String>,
 }
 
 /// Largest `status.resources` feedback value read (raw JSON). The ManifestWork CRD already caps
@@ -153,6 +160,9 @@ pub fn read_feedback(work: &ManifestWork) -> (SpokeStatus, Vec<FeedbackError>) {
             FEEDBACK_OPERATION_PHASE => &mut status.operation_phase,
             FEEDBACK_OPERATION_STARTED_AT => &mut status.operation_started_at,
             FEEDBACK_OPERATION_MESSAGE => &mut status.operation_message,
+            FEEDBACK_REFRESH_DELIVERY => &mut status.refresh_delivery,
+            FEEDBACK_REFRESH_REQUESTED => &mut status.refresh_requested,
+            FEEDBACK_HYDRATE_REQUESTED => &mut status.hydrate_requested,
             _ => continue,
         };
         let field = &value.field_value;
@@ -166,7 +176,14 @@ pub fn read_feedback(work: &ManifestWork) -> (SpokeStatus, Vec<FeedbackError>) {
                 continue;
             }
         };
-        if text.is_empty() && value.name != FEEDBACK_OPERATION_MESSAGE {
+        // A message, or an annotation, may be empty.
+        let may_be_empty = [
+            FEEDBACK_OPERATION_MESSAGE,
+            FEEDBACK_REFRESH_DELIVERY,
+            FEEDBACK_REFRESH_REQUESTED,
+            FEEDBACK_HYDRATE_REQUESTED,
+        ];
+        if text.is_empty() && !may_be_empty.contains(&value.name.as_str()) {
             problems.push(FeedbackError::Empty {
                 name: value.name.clone(),
             });
