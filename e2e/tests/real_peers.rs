@@ -3,7 +3,8 @@
 //! local Git server on a spoke; then the interop matrix, every scenario run in every pairing of
 //! {our, upstream} principal × {our, upstream} agent with the spoke's real Argo CD syncing from Git:
 //! managed (hub → spoke: create, update, drift revert, refresh, delete with cascade, AppProject and
-//! repository Secret, the GPG keys ConfigMap, resync after an agent restart) and autonomous
+//! repository Secret, the GPG keys ConfigMap, resync after an agent restart, a sync and its
+//! terminate requested with the `argocd` CLI through the hub's real argocd-server) and autonomous
 //! (spoke → hub mirror: create, update, delete, with the real status); and the live view: the
 //! resource proxy (kubectl discovery, version, logs and exec; our principal's web terminal caps)
 //! and the Redis proxy (the hub's real argocd-server reading the resource tree). Nobody here
@@ -622,6 +623,20 @@ impl Cell {
         })
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))
+    }
+
+    /// Runs the `argocd` CLI against the hub's argocd-server of a [`Proxies::Redis`] cell, logged
+    /// in as admin; returns its stdout, failing with its output and the cell's logs.
+    async fn hub_cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let view = self
+            .hub_view
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("start the cell with Cell::start_hub_view"))?;
+        view.server
+            .cli_run(args, Duration::from_secs(60))
+            .await
+            .and_then(|run| run.success())
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))
     }
 
     /// Merge-patches the demo app in `api`; returns the object as written.
@@ -1316,18 +1331,23 @@ cells!(managed_resync_after_agent_restart, Mode::Managed, {
     managed_resync_after_agent_restart_upstream_principal_upstream_agent: Upstream, Upstream;
 });
 
-/// A sync requested on the hub for a managed Application without automated sync (the `operation`
-/// `argocd app sync` has argocd-server write) runs on the spoke's real Argo CD, held up by a PreSync
-/// hook that never completes, and the hub shows it Running; a terminate requested on the hub (the
-/// `status.operationState.phase: Terminating` `argocd app terminate-op` has argocd-server write)
+/// A sync requested on the hub with the real `argocd` CLI (`argocd app sync <agent>/demo --async
+/// --revision <commit>` against the hub's real argocd-server, deployed as upstream documents it:
+/// Applications in any namespace, its Redis the principal's Redis proxy) for a managed Application
+/// without automated sync runs on the spoke's real Argo CD, held up by a PreSync hook that never
+/// completes, and the hub shows it Running at that commit; `argocd app terminate-op <agent>/demo`
 /// reaches the spoke, whose Argo CD ends the operation terminated; the hub shows that, its
-/// `.operation` gone.
+/// `.operation` gone. argocd-server writes both requests on the hub Application itself (an
+/// Update of the whole object: `.operation` for the sync, `status.operationState.phase:
+/// Terminating` for the terminate, each after its RBAC and AppProject checks) and reads no
+/// cluster for either, so the agent's cluster Secret is not needed; a commit SHA as revision is
+/// taken as is, without asking repo-server.
 async fn managed_sync_and_terminate(
     principal: Side,
     agent: Side,
-    mode: Mode,
+    _mode: Mode,
 ) -> anyhow::Result<()> {
-    let cell = Cell::start("managed_sync_terminate", principal, agent, mode, true).await?;
+    let cell = Cell::start_hub_view("managed_sync_terminate", principal, agent).await?;
     let mut files = demo_manifests("v1");
     files.push(("presync-job.yaml", PRESYNC_HOOK_JOB.to_string()));
     let revision = cell
@@ -1345,8 +1365,8 @@ async fn managed_sync_and_terminate(
     )
     .await?;
 
-    let op = json!({"sync": {"revision": revision}, "initiatedBy": {"username": "admin"}});
-    cell.patch_app(&cell.hub_apps, json!({"operation": op}))
+    let app_ref = format!("{}/demo", cell.name);
+    cell.hub_cli(&["app", "sync", &app_ref, "--async", "--revision", &revision])
         .await?;
     let jobs: Api<Job> = Api::namespaced(cell.spoke.client().await?, &cell.dest);
     let last_hub = std::sync::Mutex::new(Value::Null);
@@ -1370,11 +1390,7 @@ async fn managed_sync_and_terminate(
         anyhow::anyhow!("{e}\nlast hub Application: {hub}\n{}", cell.logs())
     })?;
 
-    cell.patch_app(
-        &cell.hub_apps,
-        json!({"status": {"operationState": {"phase": "Terminating"}}}),
-    )
-    .await?;
+    cell.hub_cli(&["app", "terminate-op", &app_ref]).await?;
     wait_until(
         "the spoke's and the hub's operation to end terminated, the hub's .operation gone",
         SYNC_WAIT,
@@ -1396,6 +1412,8 @@ async fn managed_sync_and_terminate(
     Ok(())
 }
 
+// Each cell runs the spoke's Argo CD and the hub's argocd-server; an upstream principal's Redis
+// proxy holds the machine's port 6379, so those cells run one at a time.
 cells!(managed_sync_and_terminate, Mode::Managed, {
     managed_sync_and_terminate_ours_principal_ours_agent: Ours, Ours;
     managed_sync_and_terminate_ours_principal_upstream_agent: Ours, Upstream;
