@@ -207,6 +207,23 @@ impl AutonomousSync {
         checksum: Vec<u8>,
         new: bool,
     ) -> Result<(), HandleError> {
+        self.report_unless(kind, obj, checksum, new, |_| false)
+            .map(|_| ())
+    }
+
+    /// [`report`](Self::report), unless `settled` says, under the same lock that records what was
+    /// reported, that the principal already has it. Deciding and recording under one lock makes
+    /// two requests about one object answered at once (upstream's principal can ask twice: each
+    /// `request-update` has its own event id, so they run on different lanes) send it once.
+    /// Returns whether the object was queued.
+    fn report_unless(
+        &self,
+        kind: SyncedKind,
+        obj: &SpokeObject,
+        checksum: Vec<u8>,
+        new: bool,
+        settled: impl FnOnce(&SentState) -> bool,
+    ) -> Result<bool, HandleError> {
         let event_type = if new {
             EventType::Create
         } else {
@@ -217,10 +234,13 @@ impl AutonomousSync {
         let key = (kind, obj.name_str().to_string());
         let (uid, version) = (obj.uid_str().to_string(), resource_version(obj));
         let mut st = self.lock();
+        if settled(&st) {
+            return Ok(false);
+        }
         if let (Some((newest_uid, newest)), Some(v)) = (st.newest.get(&key), version) {
             if *newest_uid == uid && v < *newest {
                 debug!(kind = %kind, name = %key.1, "not queuing an older read of the object");
-                return Ok(());
+                return Ok(false);
             }
         }
         self.push(ev)?;
@@ -229,7 +249,7 @@ impl AutonomousSync {
         }
         st.reported.set(kind, &key.1, &checksum);
         st.sent.insert(key, checksum);
-        Ok(())
+        Ok(true)
     }
 
     fn report_deleted(&self, kind: SyncedKind, name: &str, uid: &str) -> Result<(), HandleError> {
@@ -336,17 +356,16 @@ impl AutonomousSync {
                 let spec = (!req.uid.is_empty())
                     .then(|| upstream_mirror_spec_checksum(kind, &json, &req.namespace))
                     .flatten();
-                let last = self
-                    .lock()
-                    .reported
-                    .get(kind, &req.name)
-                    .map(<[u8]>::to_vec);
-                if !mirror_differs(&checksum, spec.as_deref(), &req.checksum, last.as_deref()) {
-                    return Ok(());
-                }
-                debug!(kind = %kind, name = %req.name, "hub mirror differs; sending the spoke's object");
+                let owned = checksum.clone();
                 // No uid in the request: announced as new.
-                self.report(kind, &live, checksum, req.uid.is_empty())
+                let sent = self.report_unless(kind, &live, checksum, req.uid.is_empty(), |st| {
+                    let last = st.reported.get(kind, &req.name);
+                    !mirror_differs(&owned, spec.as_deref(), &req.checksum, last)
+                })?;
+                if sent {
+                    debug!(kind = %kind, name = %req.name, "hub mirror differed; sent the spoke's object");
+                }
+                Ok(())
             }
             _ => {
                 debug!(kind = %kind, name = %req.name, "hub mirrors an object the spoke no longer has");
@@ -671,5 +690,62 @@ mod tests {
         assert!(outbox.ack(&created.ack()));
         let updated = outbox.take_next(now()).expect("spec-update queued");
         assert_eq!(updated.event_type, EventType::SpecUpdate);
+    }
+
+    /// A client whose apiserver answers every GET with `obj`, each answer held until `together`
+    /// requests are in flight, so the answers to them are checked at the same moment.
+    fn serving_together(obj: &SpokeObject, together: usize) -> kube::Client {
+        let body = bytes::Bytes::from(serde_json::to_vec(obj).expect("json"));
+        let barrier = Arc::new(tokio::sync::Barrier::new(together));
+        let service = tower::service_fn(move |_req: http::Request<kube::client::Body>| {
+            let (body, barrier) = (body.clone(), barrier.clone());
+            async move {
+                barrier.wait().await;
+                let response = http::Response::builder()
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(body))
+                    .expect("response");
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        kube::Client::new(service, "ns")
+    }
+
+    /// Upstream's principal can ask about one mirror twice at once (two `request-update`s, two
+    /// event ids, two lanes): the object whose status changed since it was last reported is sent
+    /// once, not once per request (seen in e2e: the second answer had read the record before the
+    /// first one updated it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn requests_about_one_mirror_answered_at_once_send_the_object_once() {
+        const AT_ONCE: usize = 8;
+        let live = app("r1", "7");
+        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
+        let mut reported = Reported::default();
+        reported.set(SyncedKind::Application, "a", &[9u8]);
+        let sync = AutonomousSync::new(
+            serving_together(&live, AT_ONCE),
+            "ns".into(),
+            None,
+            outbox.clone(),
+            true,
+            reported,
+        );
+        let spec = upstream_mirror_spec_checksum(SyncedKind::Application, &live.to_json(), "m")
+            .expect("a spec checksum");
+        let request = RequestUpdate {
+            name: "a".into(),
+            namespace: "m".into(),
+            uid: "u1".into(),
+            kind: "Application".into(),
+            checksum: spec,
+        };
+        let answers = (0..AT_ONCE).map(|_| {
+            let (sync, request) = (sync.clone(), request.clone());
+            tokio::spawn(async move { sync.answer_request_update(request).await })
+        });
+        for answer in futures::future::join_all(answers).await {
+            answer.expect("joined").expect("answered");
+        }
+        assert_eq!(drain(&outbox), ["spec-update a"]);
     }
 }
