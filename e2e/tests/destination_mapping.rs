@@ -183,6 +183,29 @@ impl DestCell {
         out
     }
 
+    /// The last lines of every log (principal, agents) that name `app`, after the whole logs: a
+    /// CI failure shows only the end of a test's output, so what matters comes last.
+    fn logs_about(&self, app: &str) -> String {
+        let mut lines: Vec<String> = Vec::new();
+        let mut take = |who: &str, log: String| {
+            lines.extend(
+                log.lines()
+                    .filter(|l| l.contains(app))
+                    .map(|l| format!("[{who}] {l}")),
+            )
+        };
+        take("principal", self.principal.process().log());
+        for a in &self.agents {
+            take(&a.name, a.agent.process().log());
+        }
+        let tail = lines.len().saturating_sub(40);
+        format!(
+            "{}\n--- the last lines naming {app} ---\n{}",
+            self.logs(),
+            lines[tail..].join("\n")
+        )
+    }
+
     /// Hub Application `name` in the Applications' namespace, destined to agent `to`.
     fn hub_app(&self, name: &str, to: usize, finalizer: bool) -> DynamicObject {
         let mut app = demo_application(
@@ -209,14 +232,21 @@ impl DestCell {
             .collect())
     }
 
-    /// Waits until agent `i`'s spoke holds exactly `names` in the Applications' namespace.
-    async fn wait_spoke_names(&self, i: usize, names: &[&str], what: &str) -> anyhow::Result<()> {
+    /// Waits until agent `i`'s spoke holds exactly `names` in the Applications' namespace; on
+    /// failure the logs end with the lines about Application `about`.
+    async fn wait_spoke_names(
+        &self,
+        i: usize,
+        names: &[&str],
+        about: &str,
+        what: &str,
+    ) -> anyhow::Result<()> {
         let want: BTreeSet<String> = names.iter().map(|s| s.to_string()).collect();
         wait_until(what, SYNC_WAIT, || async {
             Ok::<_, anyhow::Error>((self.spoke_names(i).await? == want).then_some(()))
         })
         .await
-        .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs_about(about)))
     }
 
     async fn wait_greeting(&self, i: usize, app: &str, greeting: &str) -> anyhow::Result<()> {
@@ -410,8 +440,13 @@ async fn applications_follow_their_destination(principal: Side, agent: Side) -> 
     let to = cell.agents[1].name.clone();
     cell.patch_hub("demo-a", json!({"spec": {"destination": {"name": to}}}))
         .await?;
-    cell.wait_spoke_names(1, &["demo-a", "demo-b"], "demo-a on the agent it moved to")
-        .await?;
+    cell.wait_spoke_names(
+        1,
+        &["demo-a", "demo-b"],
+        "demo-a",
+        "demo-a on the agent it moved to",
+    )
+    .await?;
     cell.wait_greeting(1, "demo-a", "v2").await?;
     wait_synced(
         &cell.agents[1].apps,
@@ -451,7 +486,7 @@ async fn applications_follow_their_destination(principal: Side, agent: Side) -> 
     cell.hub_apps
         .delete("demo-b", &DeleteParams::default())
         .await?;
-    cell.wait_spoke_names(1, &["demo-a"], "demo-b gone from its spoke")
+    cell.wait_spoke_names(1, &["demo-a"], "demo-b", "demo-b gone from its spoke")
         .await?;
     let dest_b = dest(&cell.ctx, "demo-b");
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
