@@ -26,6 +26,15 @@
 //! asks for one more resync, which finds what was created while the first list ran. The agent
 //! connects to the principal only after that first list ([`AutonomousSync::wait_listed`]), so
 //! what is created once the agent is connected is always queued.
+//!
+//! AppProjects are the exception: the first list sends each one whose content differs from what
+//! an earlier run reported (or was never reported), as upstream's agent sends every object on
+//! start. Upstream's principal (v0.9.0, `internal/resync`) cannot find a spoke project through
+//! its resync: it looks the spoke's name up in its own namespace, where the mirror is
+//! `<agent>-<name>`, so it fails on a name the hub also has (`default`, which argocd-server
+//! always creates: "source UID annotation not found") and the mirror would never be written, and
+//! the hub's argocd-server refuses every operation on the mirrored Applications ("app is not
+//! allowed in project"). Projects are few; an unchanged one costs nothing on restart.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -295,7 +304,10 @@ impl AutonomousSync {
                 return;
             }
             let new = sent.is_none();
-            let record_only = st.record_only.contains(&kind);
+            // A project not reported as it is now is sent even in the first list (module docs).
+            let unreported_project = kind == SyncedKind::AppProject
+                && st.reported.get(kind, name) != Some(checksum.as_slice());
+            let record_only = st.record_only.contains(&kind) && !unreported_project;
             if record_only {
                 st.sent.insert((kind, name.to_string()), checksum.clone());
             }
@@ -631,6 +643,57 @@ mod tests {
             drain(&outbox),
             ["spec-update a", "create c", "delete b", "delete d"]
         );
+    }
+
+    /// The first list sends a project the earlier runs never reported, or reported otherwise,
+    /// and only records one reported as it is (upstream's principal cannot resync projects).
+    #[tokio::test]
+    async fn the_first_list_sends_the_projects_not_reported_as_they_are() {
+        let project = |name: &str, repo: &str| {
+            object(json!({
+                "apiVersion": "argoproj.io/v1alpha1",
+                "kind": "AppProject",
+                "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"), "resourceVersion": "1"},
+                "spec": {"sourceRepos": [repo]},
+            }))
+        };
+        let (same, changed, unknown) = (
+            project("same", "*"),
+            project("changed", "https://new"),
+            project("default", "*"),
+        );
+        let mut reported = Reported::default();
+        reported.set(
+            SyncedKind::AppProject,
+            "same",
+            &owned_checksum(&same.to_json()),
+        );
+        reported.set(
+            SyncedKind::AppProject,
+            "changed",
+            &owned_checksum(&project("changed", "https://old").to_json()),
+        );
+        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
+        let sync = AutonomousSync::new(
+            unreachable_client(),
+            "ns".into(),
+            None,
+            outbox.clone(),
+            false,
+            reported,
+        );
+        use kube::runtime::watcher::Event::{Init, InitApply, InitDone};
+        let first_list = vec![
+            Init,
+            InitApply(same),
+            InitApply(changed),
+            InitApply(unknown),
+            InitDone,
+        ];
+        sync.spoke
+            .feed(&sync, SyncedKind::AppProject, first_list)
+            .await;
+        assert_eq!(drain(&outbox), ["create changed", "create default"]);
     }
 
     #[tokio::test]

@@ -1,25 +1,18 @@
 //! Autonomous mode end to end on real control planes: the spoke owns its Applications and
 //! AppProjects; the principal mirrors them into the hub (namespace `<agent>`, projects renamed
 //! `<agent>-<name>` with policies rewritten), reverts hub edits and deletions of mirrors, and
-//! forwards sync / refresh / terminate requested on a mirror to the spoke. One principal serves
-//! a managed and an autonomous agent at the same time.
+//! removes a mirror when the spoke deletes its object. One principal serves a managed and an
+//! autonomous agent at the same time.
 //!
-//! A real Argo CD (application-controller + repo-server, `e2e::argocd`) runs in the autonomous
-//! agent's namespace on its spoke: a sync requested on a mirror is run by it (held up by a PreSync
-//! hook that never completes on these kubelet-less planes), its real operation state reaches the
-//! hub, and a terminate requested on the mirror stops it. Nobody here writes what Argo CD writes.
+//! Sync, refresh and terminate requested on a mirror with the real `argocd` CLI through the hub's
+//! argocd-server, run by the spoke's real Argo CD, are `real_peers`'
+//! `autonomous_sync_and_terminate_*` (every pairing with upstream's principal and agent).
 
 use std::time::Duration;
 
-use e2e::argocd::ArgoCd;
 use e2e::fleet::{Fleet, FleetAgent};
-use e2e::gateway::{
-    application, application_resource, appproject_resource, ensure_namespace, text, SOURCE_UID,
-};
-use e2e::git_server::{demo_manifests, GitServer, PRESYNC_HOOK_JOB};
-use e2e::scenario::{demo_application, operation_state, operation_terminated, SYNC_WAIT};
+use e2e::gateway::{application, application_resource, appproject_resource, text, SOURCE_UID};
 use e2e::{shared_planes, wait_until};
-use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
@@ -168,107 +161,6 @@ async fn autonomous_spoke_objects_are_mirrored_protected_and_operable_from_the_h
             && v["metadata"]["annotations"][SOURCE_UID] == spoke_uid.as_str()
     })
     .await?;
-
-    // Refresh requested on the hub reaches the spoke.
-    hub_apps
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"argocd.argoproj.io/refresh": "hard"}}}),
-            ),
-        )
-        .await?;
-    wait_for(&spoke_apps, "web", "refresh on the spoke", |v| {
-        v["metadata"]["annotations"]["argocd.argoproj.io/refresh"] == "hard"
-    })
-    .await?;
-
-    // From here a real Argo CD runs in the agent's namespace (it would consume the refresh
-    // annotation above before the test could see it arrive).
-    let argocd = ArgoCd::start_spoke(
-        &fleet.ctx.suffix,
-        &fleet.ctx.dir,
-        &planes.spokes[0],
-        &spoke_ns,
-        &[],
-    )
-    .await?;
-    let logs = || format!("{}\n{}", logs(), argocd.log_tails(20));
-
-    // Sync requested on a hub mirror runs on the spoke: an app of the local Git server whose
-    // PreSync hook never completes, synced manually, so the sync is the hub's and keeps running.
-    let git = GitServer::start(&fleet.ctx.unique("git"))?;
-    let mut files = demo_manifests("v1");
-    files.push(("presync-job.yaml", PRESYNC_HOOK_JOB.to_string()));
-    let revision = git.commit("apps", "demo", &files, "demo with a PreSync hook")?;
-    let dest = fleet.ctx.unique("demo");
-    ensure_namespace(&spoke, &dest).await?;
-    // Unique: Argo CD instances sharing a spoke claim each other's resources by app name.
-    let hooked = fleet.ctx.unique("hooked");
-    let mut app = demo_application(
-        &hooked,
-        &spoke_ns,
-        &git.url("apps"),
-        json!({"name": "in-cluster", "namespace": dest}),
-    );
-    app.data["spec"]["syncPolicy"] = json!({"syncOptions": ["PrunePropagationPolicy=background"]});
-    spoke_apps.create(&PostParams::default(), &app).await?;
-    wait_for(&hub_apps, &hooked, "hub mirror of the Git app", |_| true)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
-    let op = json!({"sync": {"revision": revision}, "initiatedBy": {"username": "admin"}});
-    hub_apps
-        .patch(
-            &hooked,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"operation": op})),
-        )
-        .await?;
-    // The spoke's Argo CD runs it and waits for the hook; the hub mirror shows it running (Argo
-    // CD keeps `.operation` until the operation completes).
-    let jobs: Api<Job> = Api::namespaced(spoke.clone(), &dest);
-    let last_mirror = std::sync::Mutex::new(Value::Null);
-    wait_until(
-        "the hub's sync running on the spoke (hook Job created), seen on the hub",
-        SYNC_WAIT,
-        || async {
-            let hook = jobs.get_opt("demo-presync").await?;
-            let mirror = get_json(&hub_apps, &hooked).await?.unwrap_or_default();
-            let running = operation_state(&mirror).0 == "Running"
-                && text(&mirror, "/status/operationState/operation/sync/revision") == revision;
-            *last_mirror.lock().unwrap() = mirror;
-            Ok::<_, anyhow::Error>((hook.is_some() && running).then_some(()))
-        },
-    )
-    .await
-    .map_err(|e| {
-        let mirror = last_mirror.lock().unwrap();
-        anyhow::anyhow!("{e}\nlast hub mirror: {mirror}\n{}", logs())
-    })?;
-    // Terminate requested on the hub mirror (what `argocd app terminate-op` has argocd-server
-    // write) stops the spoke's sync; spoke and mirror end terminated, the operation done.
-    hub_apps
-        .patch(
-            &hooked,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"operationState": {"phase": "Terminating"}}})),
-        )
-        .await?;
-    wait_until(
-        "the spoke's and the mirror's operation to end terminated",
-        SYNC_WAIT,
-        || async {
-            let spoke_app = get_json(&spoke_apps, &hooked).await?.unwrap_or_default();
-            let mirror = get_json(&hub_apps, &hooked).await?.unwrap_or_default();
-            let done = operation_terminated(&spoke_app)
-                && operation_terminated(&mirror)
-                && mirror.get("operation").is_none();
-            Ok::<_, anyhow::Error>(done.then_some(()))
-        },
-    )
-    .await
-    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
 
     // The managed agent is served by the same principal at the same time.
     let managed_hub: Api<DynamicObject> =

@@ -252,12 +252,22 @@ impl Cell {
     /// A managed cell with the spoke's Argo CD and the hub's argocd-server reading through the
     /// principal's Redis proxy ([`Proxies::Redis`]).
     async fn start_hub_view(scenario: &str, principal: Side, agent: Side) -> anyhow::Result<Cell> {
+        Cell::start_hub_view_in(scenario, principal, agent, Mode::Managed).await
+    }
+
+    /// [`Cell::start_hub_view`] with the agent in `mode`.
+    async fn start_hub_view_in(
+        scenario: &str,
+        principal: Side,
+        agent: Side,
+        mode: Mode,
+    ) -> anyhow::Result<Cell> {
         let options = CellOptions {
             with_argocd: true,
             proxies: Proxies::Redis,
             ..CellOptions::default()
         };
-        Cell::start_full(scenario, principal, agent, Mode::Managed, options).await
+        Cell::start_full(scenario, principal, agent, mode, options).await
     }
 
     async fn start_full(
@@ -1331,41 +1341,70 @@ cells!(managed_resync_after_agent_restart, Mode::Managed, {
     managed_resync_after_agent_restart_upstream_principal_upstream_agent: Upstream, Upstream;
 });
 
-/// A sync requested on the hub with the real `argocd` CLI (`argocd app sync <agent>/demo --async
-/// --revision <commit>` against the hub's real argocd-server, deployed as upstream documents it:
-/// Applications in any namespace, its Redis the principal's Redis proxy) for a managed Application
-/// without automated sync runs on the spoke's real Argo CD, held up by a PreSync hook that never
+/// A refresh requested on the hub with the real `argocd` CLI (`argocd app get <agent>/demo
+/// --refresh`, which returns once the spoke refreshed; see the exception below), then a sync
+/// (`argocd app sync <agent>/demo --async --revision <commit>`), both against the hub's real
+/// argocd-server, deployed as upstream documents it: Applications in any namespace, its Redis the
+/// principal's Redis proxy. The sync of the Application, without automated sync, runs on the
+/// spoke's real Argo CD, held up by a PreSync hook that never
 /// completes, and the hub shows it Running at that commit; `argocd app terminate-op <agent>/demo`
 /// reaches the spoke, whose Argo CD ends the operation terminated; the hub shows that, its
 /// `.operation` gone. argocd-server writes both requests on the hub Application itself (an
 /// Update of the whole object: `.operation` for the sync, `status.operationState.phase:
 /// Terminating` for the terminate, each after its RBAC and AppProject checks) and reads no
 /// cluster for either, so the agent's cluster Secret is not needed; a commit SHA as revision is
-/// taken as is, without asking repo-server.
-async fn managed_sync_and_terminate(
+/// taken as is, without asking repo-server. Managed: the Application is created on the hub;
+/// autonomous: on the spoke, and the hub's requests go to its mirror (project
+/// `<agent>-default`).
+async fn sync_and_terminate_from_the_hub(
     principal: Side,
     agent: Side,
-    _mode: Mode,
+    mode: Mode,
 ) -> anyhow::Result<()> {
-    let cell = Cell::start_hub_view("managed_sync_terminate", principal, agent).await?;
+    let scenario = match mode {
+        Mode::Managed => "managed_sync_terminate",
+        Mode::Autonomous => "autonomous_sync_terminate",
+    };
+    let cell = Cell::start_hub_view_in(scenario, principal, agent, mode).await?;
     let mut files = demo_manifests("v1");
     files.push(("presync-job.yaml", PRESYNC_HOOK_JOB.to_string()));
     let revision = cell
         .git
         .commit("apps", "hooked", &files, "demo with a PreSync hook")?;
-    let mut app = cell.demo_app(&cell.name, false);
+    let (owner, other, namespace, what) = match mode {
+        Mode::Managed => (
+            &cell.hub_apps,
+            &cell.spoke_apps,
+            &cell.name,
+            "the manually synced Application on the spoke",
+        ),
+        Mode::Autonomous => (
+            &cell.spoke_apps,
+            &cell.hub_apps,
+            &cell.spoke_ns,
+            "the hub mirror of the manually synced spoke Application",
+        ),
+    };
+    let mut app = cell.demo_app(namespace, false);
     app.data["spec"]["source"]["path"] = json!("hooked");
     app.data["spec"]["syncPolicy"] = json!({"syncOptions": ["PrunePropagationPolicy=background"]});
-    cell.hub_apps.create(&PostParams::default(), &app).await?;
-    cell.wait_field(
-        &cell.spoke_apps,
-        "/spec/source/path",
-        "hooked",
-        "the manually synced Application on the spoke",
-    )
-    .await?;
+    owner.create(&PostParams::default(), &app).await?;
+    cell.wait_field(other, "/spec/source/path", "hooked", what)
+        .await?;
 
     let app_ref = format!("{}/demo", cell.name);
+    // `argocd app get --refresh` writes the refresh annotation on the hub Application and returns
+    // once it is gone again: the spoke's Argo CD refreshed and that reached the hub. Not asked of
+    // an autonomous upstream agent: its `UpdateOperation` (v0.9.0,
+    // internal/manager/application) turns the request into a JSON patch adding the annotation
+    // under `/metadata/annotations`, which the apiserver refuses ("the server rejected our
+    // request") for a spoke Application without annotations, like this one; the agent never
+    // ACKs the event, so every later event about the Application waits behind it, under either
+    // principal (PROTOCOL.md, note 13).
+    if mode == Mode::Managed || agent == Side::Ours {
+        let refreshed = cell.hub_cli(&["app", "get", &app_ref, "--refresh"]).await?;
+        anyhow::ensure!(refreshed.contains("hooked"), "{refreshed}");
+    }
     cell.hub_cli(&["app", "sync", &app_ref, "--async", "--revision", &revision])
         .await?;
     let jobs: Api<Job> = Api::namespaced(cell.spoke.client().await?, &cell.dest);
@@ -1414,11 +1453,18 @@ async fn managed_sync_and_terminate(
 
 // Each cell runs the spoke's Argo CD and the hub's argocd-server; an upstream principal's Redis
 // proxy holds the machine's port 6379, so those cells run one at a time.
-cells!(managed_sync_and_terminate, Mode::Managed, {
+cells!(sync_and_terminate_from_the_hub, Mode::Managed, {
     managed_sync_and_terminate_ours_principal_ours_agent: Ours, Ours;
     managed_sync_and_terminate_ours_principal_upstream_agent: Ours, Upstream;
     managed_sync_and_terminate_upstream_principal_ours_agent: Upstream, Ours;
     managed_sync_and_terminate_upstream_principal_upstream_agent: Upstream, Upstream;
+});
+
+cells!(sync_and_terminate_from_the_hub, Mode::Autonomous, {
+    autonomous_sync_and_terminate_ours_principal_ours_agent: Ours, Ours;
+    autonomous_sync_and_terminate_ours_principal_upstream_agent: Ours, Upstream;
+    autonomous_sync_and_terminate_upstream_principal_ours_agent: Upstream, Ours;
+    autonomous_sync_and_terminate_upstream_principal_upstream_agent: Upstream, Upstream;
 });
 
 // ---- autonomous: the spoke owns the Application -------------------------------------------------
@@ -2334,17 +2380,26 @@ async fn terminal_sessions_over_the_cap_are_refused_on_our_principal_upstream_ag
 /// Redis) through the principal's Redis proxy, which is argocd-server's Redis in front of the
 /// password-protected hub Redis: the proxy asks the agent, which answers from the spoke's Redis.
 /// The nodes are the spoke's live objects, recognised by their uids on the spoke, which nothing on
-/// the hub knows.
+/// the hub knows. Autonomous: the same reads of the hub mirror of an Application created on the
+/// spoke (the cluster-version probe and the tree watch are the managed cells').
 async fn hub_reads_the_resource_tree_through_the_redis_proxy(
     principal: Side,
     agent: Side,
-    _mode: Mode,
+    mode: Mode,
 ) -> anyhow::Result<()> {
-    let cell = Cell::start_hub_view("redis_tree", principal, agent).await?;
+    let scenario = match mode {
+        Mode::Managed => "redis_tree",
+        Mode::Autonomous => "autonomous_redis_tree",
+    };
+    let cell = Cell::start_hub_view_in(scenario, principal, agent, mode).await?;
     let view = cell.hub_view.as_ref().expect("a hub view cell");
     let server = &view.server;
-    cell.hub_apps
-        .create(&PostParams::default(), &cell.demo_app(&cell.name, false))
+    let (owner, namespace) = match mode {
+        Mode::Managed => (&cell.hub_apps, &cell.name),
+        Mode::Autonomous => (&cell.spoke_apps, &cell.spoke_ns),
+    };
+    owner
+        .create(&PostParams::default(), &cell.demo_app(namespace, false))
         .await?;
     cell.wait_greeting("v1").await?;
     cell.wait_synced(&cell.hub_apps, &cell.first, "the hub Application Synced")
@@ -2411,6 +2466,9 @@ async fn hub_reads_the_resource_tree_through_the_redis_proxy(
     );
     let keys = resp_exchange(&mut hub, &["KEYS", "app|*"]).await?;
     assert_eq!(keys, "*0\r\n", "live-view keys in the hub Redis: {keys}");
+    if mode == Mode::Autonomous {
+        return Ok(());
+    }
 
     // argocd-server's read of the agent's cluster version: an Application destined to the agent's
     // cluster (its cluster Secret names our resource proxy; the Application stays on the hub, in
@@ -2525,6 +2583,13 @@ cells!(hub_reads_the_resource_tree_through_the_redis_proxy, Mode::Managed, {
     redis_proxy_resource_tree_ours_principal_upstream_agent: Ours, Upstream;
     redis_proxy_resource_tree_upstream_principal_ours_agent: Upstream, Ours;
     redis_proxy_resource_tree_upstream_principal_upstream_agent: Upstream, Upstream;
+});
+
+cells!(hub_reads_the_resource_tree_through_the_redis_proxy, Mode::Autonomous, {
+    autonomous_redis_proxy_resource_tree_ours_principal_ours_agent: Ours, Ours;
+    autonomous_redis_proxy_resource_tree_ours_principal_upstream_agent: Ours, Upstream;
+    autonomous_redis_proxy_resource_tree_upstream_principal_ours_agent: Upstream, Ours;
+    autonomous_redis_proxy_resource_tree_upstream_principal_upstream_agent: Upstream, Upstream;
 });
 
 /// The hub's real argocd-server opens a web terminal into a pod of an Application on the spoke

@@ -175,7 +175,11 @@ pub struct ApplicationStatus {
     /// The resources the Application manages, as Argo CD last compared them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Vec<ResourceStatus>>,
-    /// Everything else (`summary`, `reconciledAt`, `history`, ...).
+    /// When Argo CD last compared the Application with its sources (RFC 3339, seconds): a
+    /// refresh moves it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconciled_at: Option<String>,
+    /// Everything else (`summary`, `history`, ...).
     #[serde(flatten)]
     pub other: Other,
 }

@@ -502,6 +502,14 @@ impl EventHandler for AgentInbound {
     async fn handle(&self, ev: Event) -> Result<(), HandleError> {
         // Before any use: names reach apiserver URLs (`name?dryRun=All` must not).
         names::check_event_names(&ev).map_err(HandleError::Rejected)?;
+        // Answers to the live view's requests (resource and Redis proxies), in either mode: the
+        // hub's argocd-server shows an autonomous agent's mirrors live too, as upstream's does.
+        if matches!(
+            ev.event_type,
+            EventType::Response | EventType::RedisResponse
+        ) {
+            return self.live.handle_reply(&self.session, &ev).await;
+        }
         if self.session.mode() == AgentMode::Autonomous {
             return self.handle_autonomous(ev).await;
         }
@@ -521,9 +529,6 @@ impl EventHandler for AgentInbound {
             (EventType::Error, Target::Application) => self.error_report(&ev).await,
             (EventType::Ping | EventType::Pong, _) => Ok(()),
             (EventType::ClusterCacheInfoUpdate, _) => self.cluster_cache_info(&ev).await,
-            (EventType::Response | EventType::RedisResponse, _) => {
-                self.live.handle_reply(&self.session, &ev).await
-            }
             (t, target) => {
                 let msg = format!(
                     "event type {} for target {} is not accepted from a managed agent",

@@ -176,6 +176,11 @@ pub trait Mirrored:
     fn requested_operation(&self) -> Option<&Value> {
         None
     }
+    /// Whether the spoke refreshed this object later than mirror `live` shows (Applications:
+    /// Argo CD moved `status.reconciledAt` on), so a refresh requested on `live` was carried out.
+    fn refreshed_since(&self, _live: &Self) -> bool {
+        false
+    }
 }
 
 impl Mirrored for Application {
@@ -208,6 +213,20 @@ impl Mirrored for Application {
 
     fn requested_operation(&self) -> Option<&Value> {
         self.operation()
+    }
+
+    fn refreshed_since(&self, live: &Self) -> bool {
+        let reconciled = |app: &Application| {
+            app.status
+                .as_ref()
+                .and_then(|s| s.reconciled_at.as_deref())
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        };
+        match (reconciled(self), reconciled(live)) {
+            (Some(now), Some(before)) => now > before,
+            (Some(_), None) => true,
+            _ => false,
+        }
     }
 }
 
@@ -413,7 +432,10 @@ impl Mirrors {
     /// (and counted) when `live` is not `agent`'s mirror, retried later while it is being deleted,
     /// nothing when it already is `desired` (what hub edits may not change, and the requested
     /// operation), else the PUT body: `desired` with `live`'s resourceVersion (a concurrent write
-    /// conflicts), a refresh the hub requested on it and its finalizers.
+    /// conflicts), its finalizers, and a refresh the hub requested on it until the spoke shows it
+    /// refreshed since (`desired` reconciled later than `live`): argocd-server's `app get
+    /// --refresh` (and the UI's refresh) waits for the annotation to go, as upstream's principal
+    /// lets it go with the spoke's next update.
     fn replacement<K: Mirrored>(
         &self,
         agent: &str,
@@ -435,7 +457,10 @@ impl Mirrors {
         let mut body = desired.clone();
         let meta = body.meta_mut();
         meta.resource_version = live.meta().resource_version.clone();
-        if let Some(r) = live.annotation(REFRESH_ANNOTATION) {
+        if let Some(r) = live
+            .annotation(REFRESH_ANNOTATION)
+            .filter(|_| !desired.refreshed_since(live))
+        {
             meta.annotations
                 .get_or_insert_with(Default::default)
                 .insert(REFRESH_ANNOTATION.into(), r.into());
@@ -1047,6 +1072,36 @@ mod tests {
             f.mirrors
                 .application_changed(&session, None, &typed(&hub_made));
             assert!(drained(&session).is_empty());
+        }
+
+        /// A refresh requested on the hub stays on the mirror until the spoke's Argo CD shows it
+        /// refreshed (reconciled later than the mirror), then goes: `argocd app get --refresh`
+        /// waits for exactly that.
+        #[tokio::test]
+        async fn a_hub_refresh_stays_on_the_mirror_until_the_spoke_reconciled_since() {
+            let f = fixture(vec![], vec![]).await;
+            let at = |v: &Value, t: &str| {
+                let mut v = v.clone();
+                v["status"]["reconciledAt"] = json!(t);
+                serde_json::from_value::<Application>(v).unwrap()
+            };
+            let mirror = app_mirror("auto", "guestbook", "00");
+            let mut live = mirror.clone();
+            live["metadata"]["resourceVersion"] = json!("7");
+            live["metadata"]["annotations"][REFRESH_ANNOTATION] = json!("normal");
+            let live = at(&live, "2026-11-29T10:00:00Z");
+            let mut changed = mirror.clone();
+            changed["spec"]["source"]["targetRevision"] = json!("v2");
+            let replace = |desired: &Application| {
+                f.mirrors
+                    .replacement("auto", &live, desired, "guestbook")
+                    .unwrap()
+                    .expect("a replacement")
+            };
+            let not_yet = replace(&at(&changed, "2026-11-29T10:00:00Z"));
+            assert_eq!(not_yet.annotation(REFRESH_ANNOTATION), Some("normal"));
+            let refreshed = replace(&at(&changed, "2026-11-29T10:00:05Z"));
+            assert_eq!(refreshed.annotation(REFRESH_ANNOTATION), None);
         }
 
         #[tokio::test]
