@@ -9,6 +9,8 @@
 //! informer's changes handed on as watcher events to `Controller`s of the same process
 //! ([`fanout`]), a handler narrowed to part of a shared informer ([`narrowed`]), the
 //! Argo CD resource kinds ([`resources`]), Argo CD's repository Secrets typed ([`repository`]),
+//! objects kept as their JSON, and views kept as digests, for the per-object copies a process
+//! holds ([`packed`]),
 //! Lease-based leader election ([`lease`]) and TLS material
 //! read from Secrets into files ([`secret_files`]). Stopping is
 //! a `tokio_util::sync::CancellationToken` throughout.
@@ -22,6 +24,7 @@ pub mod fanout;
 pub mod informer;
 pub mod lease;
 pub mod narrowed;
+pub mod packed;
 pub mod repository;
 pub mod resources;
 pub mod secret_files;

@@ -1,7 +1,8 @@
 //! Autonomous agents: the hub mirrors of what their spokes own, and the mirrors' protection.
 //!
 //! Owns writing the mirrors of spoke objects ([`Mirrors::upsert_mirror`], [`Mirrors::delete_mirror`]),
-//! remembering each mirror as written and reverting hub edits and deletions of it, forwarding
+//! remembering each mirror as written ([`Remembered`]: packed, its JSON, so thousands of them cost
+//! about their JSON) and reverting hub edits and deletions of it, forwarding
 //! operations, terminations and refresh requests made on a mirror to the spoke, and the checksum
 //! resync ([`Mirrors::autonomous_resync`]): one `request-update` (carrying the mirror's checksum)
 //! per mirror plus one `request-synced-resource-list`, so a resync where nothing changed costs
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use argocd_agent_kube::argocd::{AppProject, Application, ObjectMetaExt};
 use argocd_agent_kube::errors::handle_error;
+use argocd_agent_kube::packed::{JsonDigest, Packed};
 use argocd_agent_proto::event::{
     set_checksum, Event, EventType, ResourceKey, Target, SOURCE_UID_ANNOTATION,
 };
@@ -98,11 +100,26 @@ pub fn check_mirror_owner<K: kube::Resource>(
     live: &K,
     agent: &str,
 ) -> Result<(), MirrorCollision> {
-    match live.annotation(MIRROR_AGENT_ANNOTATION) {
+    owned_by(
+        kind,
+        live.name_str(),
+        live.annotation(MIRROR_AGENT_ANNOTATION),
+        agent,
+    )
+}
+
+/// Whether `agent` may replace or delete the hub object `name` whose owner mark is `owner`.
+fn owned_by(
+    kind: MirrorKind,
+    name: &str,
+    owner: Option<&str>,
+    agent: &str,
+) -> Result<(), MirrorCollision> {
+    match owner {
         Some(owner) if owner == agent => Ok(()),
         owner => Err(MirrorCollision {
             kind,
-            name: live.name_str().to_string(),
+            name: name.to_string(),
             owner: owner.map(str::to_string),
         }),
     }
@@ -140,9 +157,10 @@ pub enum MirrorKind {
     AppProject,
 }
 
-/// Where a remembered mirror is kept: (agent, name) for Applications, ("", mirror name) for
-/// AppProjects (whose mirror names are one namespace for every agent).
-type MirrorKey = (String, String);
+/// Where a remembered mirror is kept: `<agent>/<name>` for Applications (the hub object's
+/// namespace and name; neither can hold a `/`), the mirror name for AppProjects (whose mirror
+/// names are one namespace for every agent). One allocation, 16 bytes in the table.
+type MirrorKey = Box<str>;
 
 /// A kind the mirrors write: how its mirror is named, made and found, and where the principal
 /// remembers the mirrors it wrote.
@@ -167,7 +185,7 @@ pub trait Mirrored:
     /// The key of `agent`'s remembered mirror `mirror_name`.
     fn key(agent: &str, mirror_name: &str) -> MirrorKey;
     /// The mirrors of this kind as the principal last wrote them.
-    fn remembered(mirrors: &Mirrors) -> &RwLock<HashMap<MirrorKey, Self>>;
+    fn remembered(mirrors: &Mirrors) -> &Remembered<Self>;
     /// The hub view's object `mirror_name` where `agent`'s mirrors of this kind live.
     fn in_view(view: &HubView, agent: &str, mirror_name: &str) -> Option<Arc<Self>>;
     /// The hub view's kind.
@@ -200,10 +218,10 @@ impl Mirrored for Application {
     }
 
     fn key(agent: &str, mirror_name: &str) -> MirrorKey {
-        (agent.to_string(), mirror_name.to_string())
+        format!("{agent}/{mirror_name}").into()
     }
 
-    fn remembered(mirrors: &Mirrors) -> &RwLock<HashMap<MirrorKey, Self>> {
+    fn remembered(mirrors: &Mirrors) -> &Remembered<Self> {
         &mirrors.app_mirrors
     }
 
@@ -247,10 +265,10 @@ impl Mirrored for AppProject {
     }
 
     fn key(_: &str, mirror_name: &str) -> MirrorKey {
-        (String::new(), mirror_name.to_string())
+        mirror_name.into()
     }
 
-    fn remembered(mirrors: &Mirrors) -> &RwLock<HashMap<MirrorKey, Self>> {
+    fn remembered(mirrors: &Mirrors) -> &Remembered<Self> {
         &mirrors.project_mirrors
     }
 
@@ -276,8 +294,8 @@ pub struct Mirrors {
     namespaces: Namespaces,
     options: MirrorOptions,
     /// Hub edits are reverted to these; deletions recreate them.
-    app_mirrors: RwLock<HashMap<MirrorKey, Application>>,
-    project_mirrors: RwLock<HashMap<MirrorKey, AppProject>>,
+    app_mirrors: Remembered<Application>,
+    project_mirrors: Remembered<AppProject>,
 }
 
 impl Mirrors {
@@ -295,8 +313,8 @@ impl Mirrors {
             view,
             namespaces,
             options,
-            app_mirrors: RwLock::new(HashMap::new()),
-            project_mirrors: RwLock::new(HashMap::new()),
+            app_mirrors: Remembered::default(),
+            project_mirrors: Remembered::default(),
         })
     }
 }
@@ -336,17 +354,13 @@ impl Mirrors {
         if let Some(cached) = K::in_view(&self.view, agent, &name) {
             self.refuse_foreign(agent, &*cached)?;
         }
-        remember_mirror(
-            &mut write(K::remembered(self)),
-            K::key(agent, &name),
-            &desired,
-            agent,
-        )
-        .map_err(|c| self.refused(agent, c))?;
+        let remembered = K::remembered(self)
+            .remember(K::key(agent, &name), &desired, agent)
+            .map_err(|c| self.refused(agent, c))?;
         let written = self.write_mirror(agent, &desired).await;
         if let Err(HandleError::Rejected(_)) = &written {
             // Not written (e.g. the name is another owner's): nothing to protect or restore.
-            self.forget_mirror(agent, &name, Some(&desired));
+            self.forget_mirror::<K>(agent, &name, Some(&remembered));
         }
         written
     }
@@ -365,15 +379,8 @@ impl Mirrors {
 
     /// Drops the remembered mirror `name` of `agent` (when it is `only_if`, if given): it is no
     /// longer restored after hub edits or deletions.
-    fn forget_mirror<K: Mirrored>(&self, agent: &str, name: &str, only_if: Option<&K>) {
-        let mut remembered = write(K::remembered(self));
-        let key = K::key(agent, name);
-        let ours = |v: &K| {
-            v.annotation(MIRROR_AGENT_ANNOTATION) == Some(agent) && only_if.is_none_or(|o| o == v)
-        };
-        if remembered.get(&key).is_some_and(ours) {
-            remembered.remove(&key);
-        }
+    fn forget_mirror<K: Mirrored>(&self, agent: &str, name: &str, only_if: Option<&Packed<K>>) {
+        K::remembered(self).forget(&K::key(agent, name), agent, only_if);
     }
 
     /// Creates or replaces a mirror with `desired`, keeping a hub-requested operation.
@@ -554,22 +561,25 @@ impl Mirrors {
         }
     }
 
-    /// Recreates or reverts a mirror from what the principal last wrote, in the background.
-    fn spawn_restore<K: Mirrored>(self: &Arc<Self>, desired: K, why: &'static str) {
+    /// Recreates or reverts a mirror from what the principal last wrote, in the background, while
+    /// it is still what the principal remembers.
+    fn spawn_restore<K: Mirrored>(
+        self: &Arc<Self>,
+        remembered: RememberedMirror<K>,
+        why: &'static str,
+    ) {
         let mirrors = self.clone();
         tokio::spawn(async move {
-            let agent = desired
-                .annotation(MIRROR_AGENT_ANNOTATION)
-                .unwrap_or_default()
-                .to_string();
-            let name = desired.name_str().to_string();
-            let key = K::key(&agent, &name);
+            let desired = remembered.object.unpack();
+            let agent = remembered.owner.as_ref();
+            let name = desired.name_str();
+            let key = K::key(agent, name);
             tracing::info!(agent, kind = ?K::KIND, name, "hub mirror was {why}; restoring the spoke's version");
             for attempt in 0..5u32 {
-                if read(K::remembered(&mirrors)).get(&key) != Some(&desired) {
+                if !K::remembered(&mirrors).holds(&key, &remembered.object) {
                     return;
                 }
-                match mirrors.write_mirror(&agent, &desired).await {
+                match mirrors.write_mirror(agent, &desired).await {
                     Ok(()) => return,
                     Err(e) => {
                         tracing::debug!(agent, name, error = %e, "restoring the mirror failed; retrying");
@@ -589,10 +599,7 @@ impl Mirrors {
     ) {
         let agent = session.name.as_str();
         let name = new.name_str();
-        let Some(desired) = read(&self.app_mirrors)
-            .get(&Application::key(agent, name))
-            .cloned()
-        else {
+        let Some(remembered) = self.app_mirrors.get(&Application::key(agent, name)) else {
             return;
         };
         if new.is_terminating() {
@@ -605,10 +612,14 @@ impl Mirrors {
             }
             return;
         }
+        // A request the mirror was written with is the spoke's, not the hub's: the remembered
+        // mirror is unpacked to tell, only when `new` requests what `old` did not.
+        let unpacked = std::cell::OnceCell::new();
+        let desired = || unpacked.get_or_init(|| remembered.object.unpack());
         let new_op = new.operation();
         if new_op.is_some()
             && new_op != old.and_then(Application::operation)
-            && new_op != desired.operation()
+            && new_op != desired().operation()
         {
             tracing::info!(
                 agent,
@@ -623,7 +634,7 @@ impl Mirrors {
             );
         }
         let terminating = |a: &Application| a.operation_phase() == Some("Terminating");
-        if terminating(new) && !old.is_some_and(terminating) && !terminating(&desired) {
+        if terminating(new) && !old.is_some_and(terminating) && !terminating(desired()) {
             tracing::info!(
                 agent,
                 app = name,
@@ -639,7 +650,7 @@ impl Mirrors {
         let refresh = new.annotation(REFRESH_ANNOTATION);
         if refresh.is_some()
             && refresh != old.and_then(|o| o.annotation(REFRESH_ANNOTATION))
-            && refresh != desired.annotation(REFRESH_ANNOTATION)
+            && refresh != desired().annotation(REFRESH_ANNOTATION)
         {
             tracing::info!(
                 agent,
@@ -653,8 +664,8 @@ impl Mirrors {
                 &application_payload(new, false),
             );
         }
-        if mirror_view(new) != mirror_view(&desired) {
-            self.spawn_restore(desired, "edited on the hub");
+        if !remembered.shows(new) {
+            self.spawn_restore(remembered, "edited on the hub");
         }
     }
 
@@ -662,11 +673,11 @@ impl Mirrors {
     /// a remembered mirror (the change is the managed agents' business).
     pub fn project_changed(self: &Arc<Self>, new: &AppProject) -> bool {
         let key = AppProject::key("", new.name_str());
-        let Some(desired) = read(&self.project_mirrors).get(&key).cloned() else {
+        let Some(remembered) = self.project_mirrors.get(&key) else {
             return false;
         };
-        if !new.is_terminating() && mirror_view(new) != mirror_view(&desired) {
-            self.spawn_restore(desired, "edited on the hub");
+        if !new.is_terminating() && !remembered.shows(new) {
+            self.spawn_restore(remembered, "edited on the hub");
         }
         true
     }
@@ -675,8 +686,8 @@ impl Mirrors {
     /// recreated.
     pub fn application_deleted(self: &Arc<Self>, agent: &str, last: &Application) {
         let key = Application::key(agent, last.name_str());
-        if let Some(desired) = read(&self.app_mirrors).get(&key).cloned() {
-            self.spawn_restore(desired, "deleted on the hub");
+        if let Some(remembered) = self.app_mirrors.get(&key) {
+            self.spawn_restore(remembered, "deleted on the hub");
         }
     }
 
@@ -684,10 +695,10 @@ impl Mirrors {
     /// a remembered mirror.
     pub fn project_deleted(self: &Arc<Self>, last: &AppProject) -> bool {
         let key = AppProject::key("", last.name_str());
-        let Some(desired) = read(&self.project_mirrors).get(&key).cloned() else {
+        let Some(remembered) = self.project_mirrors.get(&key) else {
             return false;
         };
-        self.spawn_restore(desired, "deleted on the hub");
+        self.spawn_restore(remembered, "deleted on the hub");
         true
     }
 
@@ -724,9 +735,8 @@ impl Mirrors {
         for app in &apps {
             let name = app.name_str();
             let uid = app.annotation(SOURCE_UID_ANNOTATION).unwrap_or_default();
-            write(&self.app_mirrors)
-                .entry(Application::key(agent, name))
-                .or_insert_with(|| (**app).clone());
+            self.app_mirrors
+                .remember_found(Application::key(agent, name), &**app, agent);
             keys.push(ResourceKey::new("Application", name, "", uid));
             request_object(session, "Application", name, uid, mirror_checksum(&**app));
         }
@@ -736,9 +746,11 @@ impl Mirrors {
             let uid = project
                 .annotation(SOURCE_UID_ANNOTATION)
                 .unwrap_or_default();
-            write(&self.project_mirrors)
-                .entry(AppProject::key(agent, mirror_name))
-                .or_insert_with(|| (**project).clone());
+            self.project_mirrors.remember_found(
+                AppProject::key(agent, mirror_name),
+                &**project,
+                agent,
+            );
             keys.push(ResourceKey::new("AppProject", name, "", uid));
             request_object(
                 session,
@@ -770,24 +782,121 @@ async fn release_finalizers<K: Mirrored>(api: &Api<K>, name: &str) -> Result<(),
         .map(|_| ())
 }
 
-/// Remembers `desired` as `agent`'s mirror under `key`, unless another owner's mirror is
-/// remembered there (two agents whose `<agent>-<project>` names meet).
-fn remember_mirror<K: Mirrored>(
-    map: &mut HashMap<MirrorKey, K>,
-    key: MirrorKey,
-    desired: &K,
-    agent: &str,
-) -> Result<(), MirrorCollision> {
-    if let Some(remembered) = map.get(&key) {
-        check_mirror_owner(K::KIND, remembered, agent)?;
+/// The mirrors of one kind as the principal last wrote them (hub edits are reverted to these,
+/// deletions recreate them), each packed with its owner and the digest of its [`mirror_view`]:
+/// thousands of them cost about their JSON, and neither telling whether a hub change touched
+/// what a mirror protects nor whether a restore is still wanted parses one.
+pub struct Remembered<K>(RwLock<HashMap<MirrorKey, RememberedMirror<K>>>);
+
+impl<K> Default for Remembered<K> {
+    fn default() -> Self {
+        Remembered(RwLock::new(HashMap::new()))
     }
-    map.insert(key, desired.clone());
-    Ok(())
+}
+
+/// One remembered mirror.
+pub struct RememberedMirror<K> {
+    /// The agent whose mirror it is.
+    owner: Box<str>,
+    /// The mirror as the principal last wrote it.
+    object: Packed<K>,
+    /// [`mirror_view`] of `object`, digested.
+    view: JsonDigest,
+}
+
+// Derived, `Clone` would ask `K: Clone`; the fields are clones of bytes whatever `K` is.
+impl<K> Clone for RememberedMirror<K> {
+    fn clone(&self) -> Self {
+        RememberedMirror {
+            owner: self.owner.clone(),
+            object: self.object.clone(),
+            view: self.view,
+        }
+    }
+}
+
+/// What hub edits of `obj` may not change ([`mirror_view`]), digested.
+fn view_digest<K: Mirrored>(obj: &K) -> JsonDigest {
+    JsonDigest::of(&mirror_view(obj))
+}
+
+impl<K: Mirrored> RememberedMirror<K> {
+    fn of(obj: &K, owner: &str) -> Self {
+        RememberedMirror {
+            owner: owner.into(),
+            object: Packed::pack(obj),
+            view: view_digest(obj),
+        }
+    }
+
+    /// Whether hub object `live` shows everything this mirror protects as it was written.
+    fn shows(&self, live: &K) -> bool {
+        self.view == view_digest(live)
+    }
+}
+
+impl<K: Mirrored> Remembered<K> {
+    /// Remembers `desired` as `agent`'s mirror under `key`, unless another owner's mirror is
+    /// remembered there (two agents whose `<agent>-<project>` names meet); what it remembered.
+    fn remember(
+        &self,
+        key: MirrorKey,
+        desired: &K,
+        agent: &str,
+    ) -> Result<Packed<K>, MirrorCollision> {
+        let mirror = RememberedMirror::of(desired, agent);
+        let packed = mirror.object.clone();
+        let mut map = write(&self.0);
+        if let Some(remembered) = map.get(&key) {
+            owned_by(K::KIND, desired.name_str(), Some(&remembered.owner), agent)?;
+        }
+        map.insert(key, mirror);
+        Ok(packed)
+    }
+
+    /// Remembers hub object `found`, `agent`'s mirror, under `key` unless a mirror is remembered
+    /// there already (one the principal wrote since is newer than what the hub view shows).
+    fn remember_found(&self, key: MirrorKey, found: &K, agent: &str) {
+        write(&self.0)
+            .entry(key)
+            .or_insert_with(|| RememberedMirror::of(found, agent));
+    }
+
+    /// The mirror remembered under `key`.
+    fn get(&self, key: &str) -> Option<RememberedMirror<K>> {
+        read(&self.0).get(key).cloned()
+    }
+
+    /// Whether `object` is the mirror remembered under `key`.
+    fn holds(&self, key: &str, object: &Packed<K>) -> bool {
+        read(&self.0).get(key).is_some_and(|m| m.object == *object)
+    }
+
+    /// Forgets `agent`'s mirror under `key` (when it is `only_if`, if given).
+    fn forget(&self, key: &str, agent: &str, only_if: Option<&Packed<K>>) {
+        let mut map = write(&self.0);
+        let ours =
+            |m: &RememberedMirror<K>| *m.owner == *agent && only_if.is_none_or(|o| *o == m.object);
+        if map.get(key).is_some_and(ours) {
+            map.remove(key);
+        }
+    }
+
+    #[cfg(test)]
+    fn unpacked(&self, key: &str) -> Option<K> {
+        self.get(key).map(|m| m.object.unpack())
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        read(&self.0).is_empty()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use argocd_agent_proto::event::LAST_APPLIED_ANNOTATION;
     use serde_json::json;
 
     fn hub_object(name: &str, owner: Option<&str>) -> AppProject {
@@ -830,18 +939,62 @@ mod tests {
 
     #[test]
     fn a_remembered_mirror_is_never_replaced_by_another_agents_version() {
-        let mut remembered: HashMap<MirrorKey, AppProject> = HashMap::new();
+        let remembered = Remembered::<AppProject>::default();
         let key = || AppProject::key("team-b", "team-b-x");
         let theirs = hub_object("team-b-x", Some("team-b"));
-        remember_mirror(&mut remembered, key(), &theirs, "team-b").unwrap();
+        remembered.remember(key(), &theirs, "team-b").unwrap();
         let mine = hub_object("team-b-x", Some("team"));
-        assert!(remember_mirror(&mut remembered, key(), &mine, "team").is_err());
-        assert_eq!(remembered[&key()], theirs);
+        let refused = remembered.remember(key(), &mine, "team").unwrap_err();
+        assert_eq!(refused.owner.as_deref(), Some("team-b"));
+        assert_eq!(remembered.unpacked(&key()), Some(theirs.clone()));
+        // Nor forgotten by it.
+        remembered.forget(&key(), "team", None);
+        assert_eq!(remembered.unpacked(&key()), Some(theirs.clone()));
         // The owner's next version replaces its own.
         let mut newer = theirs.clone();
         newer.spec.other.insert("description".into(), json!("v2"));
-        remember_mirror(&mut remembered, key(), &newer, "team-b").unwrap();
-        assert_eq!(remembered[&key()], newer);
+        let packed = remembered.remember(key(), &newer, "team-b").unwrap();
+        assert_eq!(remembered.unpacked(&key()), Some(newer.clone()));
+        assert!(remembered.holds(&key(), &packed));
+        assert!(!remembered.holds(&key(), &Packed::pack(&theirs)));
+        // Forgetting only a version it no longer holds leaves it; forgetting it drops it.
+        remembered.forget(&key(), "team-b", Some(&Packed::pack(&theirs)));
+        assert!(remembered.holds(&key(), &packed));
+        remembered.forget(&key(), "team-b", Some(&packed));
+        assert!(remembered.is_empty());
+    }
+
+    #[test]
+    fn a_remembered_mirror_tells_hub_edits_of_what_it_protects_from_the_rest() {
+        let written: Application = serde_json::from_value(json!({
+            "metadata": {"name": "guestbook", "namespace": "auto",
+                         "annotations": {MIRROR_AGENT_ANNOTATION: "auto"}},
+            "spec": {"project": "auto-default"},
+            "status": {"sync": {"status": "Synced"}}
+        }))
+        .unwrap();
+        let remembered = RememberedMirror::of(&written, "auto");
+        // As the apiserver stores it, with a refresh requested and kubectl's copy: no edit.
+        let mut live = written.clone();
+        live.metadata.resource_version = Some("7".into());
+        live.metadata.uid = Some("hub-uid".into());
+        live.metadata.labels = Some(Default::default());
+        let annotations = live
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        annotations.insert(REFRESH_ANNOTATION.into(), "hard".into());
+        annotations.insert(LAST_APPLIED_ANNOTATION.into(), "{}".into());
+        assert!(remembered.shows(&live));
+        let mut edited = live.clone();
+        edited.spec.project = Some("default".into());
+        assert!(!remembered.shows(&edited));
+        let mut relabelled = live.clone();
+        relabelled.metadata.labels = Some([("x".to_string(), "1".to_string())].into());
+        assert!(!remembered.shows(&relabelled));
+        let mut restated = live;
+        restated.status = None;
+        assert!(!remembered.shows(&restated));
     }
 
     #[test]
@@ -1212,8 +1365,8 @@ mod tests {
                 assert!(text.lines().any(|l| l == line), "{text}");
             }
             // Nothing refused is remembered (so never restored over the hub's object).
-            assert!(read(&f.mirrors.app_mirrors).is_empty());
-            assert!(read(&f.mirrors.project_mirrors).is_empty());
+            assert!(f.mirrors.app_mirrors.is_empty());
+            assert!(f.mirrors.project_mirrors.is_empty());
         }
 
         #[tokio::test]
