@@ -31,6 +31,29 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(90);
 /// apiserver answered the create).
 const SLOW_SAMPLE: Duration = Duration::from_millis(50);
 
+/// Prints a latency sample over [`SLOW_SAMPLE`] with its timeline: when the bench wrote `what` to
+/// the `from` apiserver (wall clock), when that apiserver answered, when `to` showed it. With
+/// `--log-level debug` the principal's and agent's logs have the rest (event queued, sent,
+/// received, handled: see `proto::sync`).
+fn report_slow(
+    what: &str,
+    wall: time::OffsetDateTime,
+    from: &str,
+    answered: Duration,
+    to: &str,
+    took: Duration,
+) {
+    if took > SLOW_SAMPLE {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        eprintln!(
+            "    slow: {what} at {wall} (UTC), the {from} apiserver answered after {:.1} ms, \
+             {to} visible after {:.1} ms",
+            ms(answered),
+            ms(took)
+        );
+    }
+}
+
 /// `--log-level` of a side's binaries: ours take `--log-level FILTER` from the bench's flags
 /// (`info` by default; e.g. `debug` gives every event's queued / sent / received / handled time),
 /// upstream's stay at `info`.
@@ -238,18 +261,9 @@ impl Cell {
             self.source()
                 .create(&PostParams::default(), &application(&name, &ns, "v1"))
                 .await?;
-            let created = t0.elapsed();
+            let answered = t0.elapsed();
             let took = replica_seen.wait(&name, ARRIVAL_LIMIT).await? - t0;
-            if took > SLOW_SAMPLE {
-                // With `--log-level debug`, the principal's and agent's logs have the rest of this
-                // sample's timeline (event queued, sent, received, handled: see proto::sync).
-                eprintln!(
-                    "    slow: {name} created at {wall} (UTC), the {from} apiserver answered after \
-                     {:.1} ms, {to} visible after {:.1} ms",
-                    created.as_secs_f64() * 1e3,
-                    took.as_secs_f64() * 1e3
-                );
-            }
+            report_slow(&format!("{name} created"), wall, from, answered, to, took);
             create_to_replica.push(took);
         }
 
@@ -260,12 +274,23 @@ impl Cell {
                 json!({"status": {"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}});
             for i in 0..sizes.count {
                 let name = format!("lat-{i}");
-                let t0 = Instant::now();
+                let (t0, wall) = (Instant::now(), time::OffsetDateTime::now_utc());
                 self.spoke_apps
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&status))
                     .await?;
+                let answered = t0.elapsed();
                 match hub_healthy.wait(&name, ARRIVAL_LIMIT).await {
-                    Ok(t) => status_to_hub.push(t - t0),
+                    Ok(t) => {
+                        report_slow(
+                            &format!("{name} status"),
+                            wall,
+                            "spoke",
+                            answered,
+                            "hub",
+                            t - t0,
+                        );
+                        status_to_hub.push(t - t0)
+                    }
                     Err(e) => {
                         eprintln!("    {e}: the remaining status updates are counted as missing");
                         break;
