@@ -100,9 +100,16 @@ impl<H: EventHandler> EventHandler for Instrumented<H> {
         use tracing::Instrument;
         let span = crate::trace_context::handling_span(&event);
         let target = event.target.clone();
+        let logged = tracing::enabled!(tracing::Level::DEBUG)
+            .then(|| (event.event_type.clone(), event.event_id.clone()));
         let started = std::time::Instant::now();
         let result = self.inner.handle(event).instrument(span).await;
-        self.handling.observe(&target, &result, started.elapsed());
+        let took = started.elapsed();
+        self.handling.observe(&target, &result, took);
+        if let Some((event_type, event_id)) = logged {
+            tracing::debug!(event_type = %Truncated(event_type.name()), event_id = %Truncated(&event_id),
+                took_ms = took.as_secs_f64() * 1e3, ok = result.is_ok(), "event handled");
+        }
         if let (Err(e), Some(errors)) = (&result, &self.errors) {
             let reason = match e {
                 HandleError::Retryable(_) => "retryable",

@@ -12,6 +12,10 @@
 //!   labels (`*_event_processing_time{status,..,resource_type}`, `*_errors{resource_type}`).
 //! - [`pump`]: drives one live stream: ACKs and heartbeats on a priority lane that never waits
 //!   behind bulk traffic, then resends, then new events.
+//!
+//! At DEBUG every event's path is logged with its type and `eventid` (`event queued`, `event
+//! sent`, `event received`, `event handled` with how long the handler took), so one event's
+//! timeline can be read across both processes' logs.
 
 pub mod handling_metrics;
 pub mod journal;

@@ -402,6 +402,7 @@ impl Outbox {
             ExtensionValue::String(uuid::Uuid::new_v4().to_string()),
         );
         crate::trace_context::emit_span_context(&mut event);
+        tracing::debug!(event_type = event.event_type.name(), event_id = %event.event_id, "event queued");
         let key = key_of(&event);
         let mut st = self.lock();
         if !st.resources.contains_key(&key) && st.resources.len() >= self.config.max_resources {

@@ -70,8 +70,15 @@ where
                 },
                 ev = outbox.next() => ev,
             };
+            // Per-event timing at DEBUG: with the peer's "received" line and the handler's
+            // "handled" line it gives each event's timeline across both processes.
+            let logged = tracing::enabled!(tracing::Level::DEBUG)
+                .then(|| (ev.event_type.clone(), ev.event_id.clone()));
             if outbound.send(ev.into_stream_event()).await.is_err() {
                 return StreamEnd::Shutdown;
+            }
+            if let Some((event_type, event_id)) = logged {
+                tracing::debug!(event_type = %Truncated(event_type.name()), event_id = %Truncated(&event_id), "event sent");
             }
         }
     };
@@ -83,6 +90,7 @@ where
                 Some(Err(status)) => return StreamEnd::Error(status),
                 Some(Ok(wire)) => match Event::try_from_stream_event(wire) {
                     Ok(ev) => {
+                        tracing::debug!(event_type = %Truncated(ev.event_type.name()), event_id = %Truncated(&ev.event_id), "event received");
                         on_event(&ev);
                         if ev.is_ack() {
                             if let Some(err) = ev.ack_error() {

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use e2e::bench::{rss_kib, Arrivals};
+use e2e::bench::{flag_value, rss_kib, Arrivals};
 use e2e::gateway::{application, application_resource, ensure_namespace, text};
 use e2e::sides::{AnyAgent, AnyPrincipal, Mode, Side};
 use futures::{StreamExt, TryStreamExt};
@@ -27,6 +27,42 @@ const WRITERS: usize = 8;
 const ARRIVAL_LIMIT: Duration = Duration::from_secs(30);
 /// How long the first Application may take to cross (the agent connects first).
 const CONNECT_LIMIT: Duration = Duration::from_secs(90);
+/// A latency sample above this is printed with its timeline (when it started, when the source
+/// apiserver answered the create).
+const SLOW_SAMPLE: Duration = Duration::from_millis(50);
+
+/// Prints a latency sample over [`SLOW_SAMPLE`] with its timeline: when the bench wrote `what` to
+/// the `from` apiserver (wall clock), when that apiserver answered, when `to` showed it. With
+/// `--log-level debug` the principal's and agent's logs have the rest (event queued, sent,
+/// received, handled: see `proto::sync`).
+fn report_slow(
+    what: &str,
+    wall: time::OffsetDateTime,
+    from: &str,
+    answered: Duration,
+    to: &str,
+    took: Duration,
+) {
+    if took > SLOW_SAMPLE {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        eprintln!(
+            "    slow: {what} at {wall} (UTC), the {from} apiserver answered after {:.1} ms, \
+             {to} visible after {:.1} ms",
+            ms(answered),
+            ms(took)
+        );
+    }
+}
+
+/// `--log-level` of a side's binaries: ours take `--log-level FILTER` from the bench's flags
+/// (`info` by default; e.g. `debug` gives every event's queued / sent / received / handled time),
+/// upstream's stay at `info`.
+fn log_level(side: Side) -> String {
+    match side {
+        Side::Ours => flag_value("log-level").unwrap_or_else(|| "info".into()),
+        Side::Upstream => "info".into(),
+    }
+}
 
 /// What the offline scenario measured.
 #[derive(Debug, Default)]
@@ -110,7 +146,8 @@ impl Cell {
                 None
             }
         };
-        let principal_args: Vec<String> = std::iter::once("--log-level=info".to_string())
+        let log_level = format!("--log-level={}", log_level(side));
+        let principal_args: Vec<String> = std::iter::once(log_level.clone())
             .chain(
                 live.iter()
                     .flat_map(|l| l.principal_args(side, &ground.pki)),
@@ -129,7 +166,7 @@ impl Cell {
                 .collect::<Vec<_>>(),
         )
         .await?;
-        let agent_args: Vec<String> = std::iter::once("--log-level=info".to_string())
+        let agent_args: Vec<String> = std::iter::once(log_level)
             .chain(live.iter().flat_map(|l| l.agent_args(side)))
             .collect();
         let agent = AnyAgent::start(
@@ -220,11 +257,14 @@ impl Cell {
         let mut create_to_replica = Vec::new();
         for i in 0..sizes.count {
             let name = format!("lat-{i}");
-            let t0 = Instant::now();
+            let (t0, wall) = (Instant::now(), time::OffsetDateTime::now_utc());
             self.source()
                 .create(&PostParams::default(), &application(&name, &ns, "v1"))
                 .await?;
-            create_to_replica.push(replica_seen.wait(&name, ARRIVAL_LIMIT).await? - t0);
+            let answered = t0.elapsed();
+            let took = replica_seen.wait(&name, ARRIVAL_LIMIT).await? - t0;
+            report_slow(&format!("{name} created"), wall, from, answered, to, took);
+            create_to_replica.push(took);
         }
 
         let mut status_to_hub = Vec::new();
@@ -234,12 +274,23 @@ impl Cell {
                 json!({"status": {"health": {"status": "Healthy"}, "sync": {"status": "Synced"}}});
             for i in 0..sizes.count {
                 let name = format!("lat-{i}");
-                let t0 = Instant::now();
+                let (t0, wall) = (Instant::now(), time::OffsetDateTime::now_utc());
                 self.spoke_apps
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&status))
                     .await?;
+                let answered = t0.elapsed();
                 match hub_healthy.wait(&name, ARRIVAL_LIMIT).await {
-                    Ok(t) => status_to_hub.push(t - t0),
+                    Ok(t) => {
+                        report_slow(
+                            &format!("{name} status"),
+                            wall,
+                            "spoke",
+                            answered,
+                            "hub",
+                            t - t0,
+                        );
+                        status_to_hub.push(t - t0)
+                    }
                     Err(e) => {
                         eprintln!("    {e}: the remaining status updates are counted as missing");
                         break;

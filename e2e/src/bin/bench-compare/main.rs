@@ -32,6 +32,11 @@
 //! `--modes managed,autonomous` and `--sides ours,upstream` (both by default) run only those
 //! cells, e.g. `--modes autonomous --sides ours --skip-fleet` for our autonomous catch-up alone.
 //!
+//! `--log-level FILTER` (ours only; default `info`): e.g. `info,argocd_agent_proto=debug` logs
+//! every event's queued / sent / received / handled time in our principal's and agent's logs;
+//! a latency sample over 50 ms is printed with when it started and when the source apiserver
+//! answered, to match against them.
+//!
 //! `--smoke`: 1 round, small sizes, finishes in a few minutes (the fleet part in about 1 more).
 //! Full runs default to the sizes (5,000 Applications and 5,000 offline changes per cell).
 //! Build with `--release` (`hack/bench.sh --compare` does).
