@@ -694,7 +694,7 @@ async fn source_uid_mismatch_policy_recreates_or_updates_in_place() -> anyhow::R
 /// the hub (`null`: none; self-heal, which would sync again whatever the last operation was, off
 /// otherwise). The spoke's Application is deleted there (Argo CD deletes demo-config first), and
 /// the agent recreates it. Returns the recreated Application and the operation state it had
-/// before the deletion.
+/// last before it was gone.
 async fn delete_on_the_spoke(cell: &Cell, automated: Value) -> anyhow::Result<(Value, Value)> {
     cell.hub_apps
         .create(
@@ -740,12 +740,25 @@ async fn delete_on_the_spoke(cell: &Cell, automated: Value) -> anyhow::Result<(V
     })
     .await?;
     let synced = serde_json::to_value(cell.spoke_apps.get("demo").await?)?;
-    let operation = synced["status"]["operationState"].clone();
     anyhow::ensure!(
-        !operation.is_null(),
+        !synced["status"]["operationState"].is_null(),
         "the first sync left an operation state"
     );
     let old_uid = cell.spoke_apps.get("demo").await?.uid().unwrap_or_default();
+    // The operation state the deleted Application had last: Argo CD may still finish an automated
+    // sync it started before it saw the new policy, so it is read until the object is gone.
+    let last_operation = std::sync::Mutex::new(synced["status"]["operationState"].clone());
+    let spoke_app = || async {
+        let app = cell.spoke_apps.get_opt("demo").await?;
+        match &app {
+            Some(a) if a.uid().as_deref() == Some(old_uid.as_str()) => {
+                *last_operation.lock().expect("not poisoned") =
+                    serde_json::to_value(a)?["status"]["operationState"].clone();
+                Ok::<_, anyhow::Error>(None)
+            }
+            _ => Ok(app),
+        }
+    };
     cell.spoke_apps
         .delete("demo", &DeleteParams::default())
         .await?;
@@ -754,7 +767,8 @@ async fn delete_on_the_spoke(cell: &Cell, automated: Value) -> anyhow::Result<(V
         "Argo CD's cascade to delete demo-config",
         SYNC_WAIT,
         || async {
-            Ok::<_, kube::Error>(cms.get_opt("demo-config").await?.is_none().then_some(()))
+            spoke_app().await?;
+            Ok::<_, anyhow::Error>(cms.get_opt("demo-config").await?.is_none().then_some(()))
         },
     )
     .await
@@ -763,18 +777,12 @@ async fn delete_on_the_spoke(cell: &Cell, automated: Value) -> anyhow::Result<(V
         "the Application recreated on the spoke",
         SYNC_WAIT,
         || async {
-            Ok::<_, anyhow::Error>(
-                cell.spoke_apps
-                    .get_opt("demo")
-                    .await?
-                    .filter(|a| a.uid().as_deref() != Some(old_uid.as_str()))
-                    .map(serde_json::to_value)
-                    .transpose()?,
-            )
+            Ok::<_, anyhow::Error>(spoke_app().await?.map(serde_json::to_value).transpose()?)
         },
     )
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", cell.logs()))?;
+    let operation = last_operation.into_inner().expect("not poisoned");
     Ok((recreated, operation))
 }
 
