@@ -572,6 +572,24 @@ mod tests {
     use crate::spoke_watch::seam::{drain, object, unreachable_client, watch_history};
     use argocd_agent_proto::sync::OutboxConfig;
 
+    /// An autonomous sync of namespace `ns` through `client` and the outbox it queues to.
+    fn sync_over(
+        client: kube::Client,
+        full_resync: bool,
+        reported: Reported,
+    ) -> (Arc<AutonomousSync>, Arc<Outbox>) {
+        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
+        let sync = AutonomousSync::new(
+            client,
+            "ns".into(),
+            None,
+            outbox.clone(),
+            full_resync,
+            reported,
+        );
+        (sync, outbox)
+    }
+
     fn app(rev: &str, resource_version: &str) -> SpokeObject {
         object(json!({
             "apiVersion": "argoproj.io/v1alpha1",
@@ -625,15 +643,7 @@ mod tests {
 
     #[tokio::test]
     async fn after_the_first_list_adds_changes_deletions_and_relist_vanishings_are_reported() {
-        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
-        let sync = AutonomousSync::new(
-            unreachable_client(),
-            "ns".into(),
-            None,
-            outbox.clone(),
-            false,
-            Reported::default(),
-        );
+        let (sync, outbox) = sync_over(unreachable_client(), false, Reported::default());
         // The first list only records (the principal's resync on connect finds what changed).
         let history = watch_history(|name, version| named(name, &format!("r{version}")));
         sync.spoke
@@ -673,15 +683,7 @@ mod tests {
             "changed",
             &owned_checksum(&project("changed", "https://old").to_json()),
         );
-        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
-        let sync = AutonomousSync::new(
-            unreachable_client(),
-            "ns".into(),
-            None,
-            outbox.clone(),
-            false,
-            reported,
-        );
+        let (sync, outbox) = sync_over(unreachable_client(), false, reported);
         use kube::runtime::watcher::Event::{Init, InitApply, InitDone};
         let first_list = vec![
             Init,
@@ -698,16 +700,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_older_read_never_replaces_a_newer_queued_object() {
-        let client = unreachable_client();
-        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
-        let sync = AutonomousSync::new(
-            client,
-            "ns".into(),
-            None,
-            outbox.clone(),
-            false,
-            Reported::default(),
-        );
+        let (sync, outbox) = sync_over(unreachable_client(), false, Reported::default());
         let (newer, older) = (app("r3", "12"), app("r2", "11"));
         sync.report(
             SyncedKind::Application,
@@ -732,17 +725,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_spoke_object_is_announced_as_create_and_later_changes_as_spec_update() {
-        let client = unreachable_client();
-        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
         // Past the first list (full resync): every object seen is reported.
-        let sync = AutonomousSync::new(
-            client,
-            "ns".into(),
-            None,
-            outbox.clone(),
-            true,
-            Reported::default(),
-        );
+        let (sync, outbox) = sync_over(unreachable_client(), true, Reported::default());
         let (first, second) = (app("r1", "10"), app("r2", "11"));
         sync.on_applied(SyncedKind::Application, &first);
         sync.on_applied(SyncedKind::Application, &second);
@@ -782,17 +766,9 @@ mod tests {
     async fn requests_about_one_mirror_answered_at_once_send_the_object_once() {
         const AT_ONCE: usize = 8;
         let live = app("r1", "7");
-        let outbox = Arc::new(Outbox::new(OutboxConfig::default()));
         let mut reported = Reported::default();
         reported.set(SyncedKind::Application, "a", &[9u8]);
-        let sync = AutonomousSync::new(
-            serving_together(&live, AT_ONCE),
-            "ns".into(),
-            None,
-            outbox.clone(),
-            true,
-            reported,
-        );
+        let (sync, outbox) = sync_over(serving_together(&live, AT_ONCE), true, reported);
         let spec = upstream_mirror_spec_checksum(SyncedKind::Application, &live.to_json(), "m")
             .expect("a spec checksum");
         let request = RequestUpdate {
